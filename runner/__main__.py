@@ -1,0 +1,3 @@
+from runner.cli import entry_point
+
+entry_point()

@@ -1,0 +1,115 @@
+"""Command line: `ggbatch run [JOB.yaml] [flags]`. The only place errors become exit codes.
+
+Exit codes: 0 all answered; 1 finished but some questions failed (each failure is recorded on its
+question in the output); 2 bad usage, config, input or model; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, Optional, Sequence
+
+from runner.config import build_config, load_job_file
+from runner.errors import GgbatchError, WorkerFailure
+from runner.progress import setup_logging
+
+log = logging.getLogger("ggbatch")
+
+# flag dest -> dotted job key
+FLAG_KEYS = {
+    "model": "model", "input": "input", "output": "output", "report": "report",
+    "workers": "workers", "threads": "threads", "slots": "slots", "n_ctx": "model.n_ctx",
+    "n_batch": "n_batch", "max_tokens": "max_tokens", "system": "system",
+    "template": "prompt.template", "chat_template": "prompt.chat_template", "stop": "stop",
+    "ignore_eos": "ignore_eos", "batch_invariant": "batch_invariant", "id_field": "fields.id", "question_field": "fields.question",
+    "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
+    "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ggbatch", description="Answer a file of questions "
+                                     "with a local GGUF model, using every core.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="answer a question file",
+                         description="Flags override the job file; the job file overrides defaults.")
+    run.add_argument("job", nargs="?", help="YAML job file (see jobs/example.yaml)")
+    a = run.add_argument
+    a("--model", help="GGUF model path, or 'demo' for the generated demo model")
+    a("--input", help="question file: .json (array) or .jsonl")
+    a("--output", help="answers file: .json (array) or .jsonl")
+    a("--report", help="write the run report (JSON) here")
+    a("--workers", help="worker processes, or auto")
+    a("--threads", help="threads per worker, or auto (= usable cores / workers)")
+    a("--slots", help="sequences decoded together per worker, or auto")
+    a("--n-ctx", dest="n_ctx", help="context tokens per sequence, or auto (longest prompt + max tokens)")
+    a("--n-batch", dest="n_batch", help="token budget of one decode step (default 512)")
+    a("--max-tokens", dest="max_tokens", help="most tokens generated per answer (default 256)")
+    a("--system", help="system prompt")
+    a("--template", help="Jinja template over the record's fields giving the user message")
+    a("--chat-template", dest="chat_template", help="auto (the model's), plain, or a Jinja chat template")
+    a("--stop", action="append", help="stop string (repeatable)")
+    a("--ignore-eos", dest="ignore_eos", action="store_true", default=None,
+      help="generate max tokens even past end-of-generation (benchmarks)")
+    a("--batch-invariant", dest="batch_invariant", action="store_true", default=None,
+      help="answers never depend on what they are batched with (per-sequence KV; slower)")
+    a("--id-field", dest="id_field", help="record field holding the id (default questionID)")
+    a("--question-field", dest="question_field", help="record field holding the question (default question)")
+    a("--temperature")
+    a("--top-k", dest="top_k")
+    a("--top-p", dest="top_p")
+    a("--min-p", dest="min_p")
+    a("--repeat-penalty", dest="repeat_penalty")
+    a("--seed", help="job seed; each question's seed derives from it and the question id")
+    a("--progress", choices=["auto", "bar", "log"], default="auto",
+      help="bar on a terminal, periodic log lines otherwise (auto)")
+    a("-v", "--verbose", action="store_true", help="log worker start-up and errors in detail")
+    return parser
+
+
+def _flag_layer(args: argparse.Namespace) -> dict[str, Any]:
+    layer = {}
+    for dest, key in FLAG_KEYS.items():
+        value = getattr(args, dest)
+        if value is not None:
+            layer[key] = value
+    return layer
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runner.job import run_job
+    from runner.report import format_summary
+
+    layers = []
+    if args.job:
+        layers.append((args.job, load_job_file(args.job)))
+    layers.append(("command line", _flag_layer(args)))
+    config = build_config(layers)
+    bar = {"auto": None, "bar": True, "log": False}[args.progress]
+    report = run_job(config, progress_bar=bar)
+    print(format_summary(report))
+    print(f"wrote {report['questions']['records']} answers to {config.output}"
+          + (f", report to {config.report}" if config.report else ""))
+    return 1 if report["questions"]["failed"] else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(getattr(args, "verbose", False))
+    try:
+        return {"run": cmd_run}[args.command](args)
+    except GgbatchError as exc:
+        print(f"ggbatch: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except WorkerFailure as exc:
+        print(f"ggbatch: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("ggbatch: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry_point() -> None:
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Job configuration: one loader, one schema, unknown keys rejected, errors that name the key.
+
+Precedence: command-line flags > job file > defaults. Relative paths in a job file are relative
+to the job file's folder; relative paths given as flags are relative to the current directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import yaml
+
+from runner.errors import ConfigError
+from workers.protocol import SamplingParams
+
+AUTO = None  # "auto" in a job file or on the command line is stored as None
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    model: str = ""  # path to a GGUF file, or "demo" for the generated demo model
+    input: str = ""
+    output: str = ""
+    report: Optional[str] = None
+    n_ctx: Optional[int] = AUTO  # context per sequence; auto = longest prompt + max_tokens
+    workers: Optional[int] = AUTO
+    threads: Optional[int] = AUTO
+    slots: Optional[int] = AUTO
+    n_batch: int = 512
+    max_tokens: int = 256
+    system: Optional[str] = None
+    prompt_template: Optional[str] = None  # Jinja over the record's fields -> the user message
+    chat_template: str = "auto"  # "auto" (the model's own), "plain", or a Jinja chat template
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    batch_invariant: bool = False  # answers independent of batch-mates (per-sequence KV, slower)
+    id_field: str = "questionID"
+    question_field: str = "question"
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+# -- value checks: each returns the converted value or raises ValueError("must be ...") ----------
+
+
+def _int(lo: int, allow_auto: bool = False) -> Callable[[Any], Optional[int]]:
+    def check(v: Any) -> Optional[int]:
+        if allow_auto and v == "auto":
+            return AUTO
+        if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"must be an integer{' or auto' if allow_auto else ''}")
+        if v < lo:
+            raise ValueError(f"must be >= {lo}")
+        return v
+    return check
+
+
+def _float(lo: float, hi: float = float("inf"), lo_open: bool = False) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            f = float(v)
+        except (TypeError, ValueError):
+            raise ValueError("must be a number") from None
+        if f < lo or (lo_open and f == lo) or f > hi:
+            bound = f"> {lo}" if lo_open else f">= {lo}"
+            raise ValueError(f"must be {bound}" + (f" and <= {hi}" if hi != float("inf") else ""))
+        return f
+    return check
+
+
+def _str(optional: bool = False) -> Callable[[Any], Optional[str]]:
+    def check(v: Any) -> Optional[str]:
+        if v is None and optional:
+            return None
+        if not isinstance(v, str) or (not optional and not v):
+            raise ValueError("must be a non-empty string" if not optional else "must be a string")
+        return v
+    return check
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    raise ValueError("must be true or false")
+
+
+def _stop(v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+        raise ValueError("must be a list of non-empty strings")
+    return tuple(v)
+
+
+# dotted key -> (JobConfig field or "sampling.<field>", check)
+SCHEMA: dict[str, Callable[[Any], Any]] = {
+    "model": _str(),
+    "model.path": _str(),
+    "model.n_ctx": _int(16, allow_auto=True),
+    "input": _str(),
+    "output": _str(),
+    "report": _str(optional=True),
+    "workers": _int(1, allow_auto=True),
+    "threads": _int(1, allow_auto=True),
+    "slots": _int(1, allow_auto=True),
+    "n_batch": _int(1),
+    "max_tokens": _int(1),
+    "system": _str(optional=True),
+    "prompt.template": _str(optional=True),
+    "prompt.chat_template": _str(),
+    "stop": _stop,
+    "ignore_eos": _bool,
+    "batch_invariant": _bool,
+    "fields.id": _str(),
+    "fields.question": _str(),
+    "sampling.temperature": _float(0.0),
+    "sampling.top_k": _int(0),
+    "sampling.top_p": _float(0.0, 1.0, lo_open=True),
+    "sampling.min_p": _float(0.0, 1.0),
+    "sampling.repeat_penalty": _float(0.0, lo_open=True),
+    "sampling.repeat_last_n": _int(0),
+    "sampling.seed": _int(0),
+}
+SECTIONS = {"model", "prompt", "fields", "sampling"}  # keys that may hold a mapping
+PATH_KEYS = ("model", "model.path", "input", "output", "report")
+_TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "prompt.template": "prompt_template",
+           "prompt.chat_template": "chat_template", "fields.id": "id_field",
+           "fields.question": "question_field"}
+
+
+def flatten(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[str, Any]:
+    """{"sampling": {"seed": 1}} -> {"sampling.seed": 1}, rejecting unknown keys with a hint."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        dotted = f"{prefix}{key}"
+        if dotted in SECTIONS and isinstance(value, Mapping):
+            flat.update(flatten(value, source, dotted + "."))
+        elif dotted in SCHEMA:
+            flat[dotted] = value
+        else:
+            known = [k[len(prefix):] for k in SCHEMA if k.startswith(prefix) and "." not in k[len(prefix):]]
+            known += [s for s in SECTIONS if not prefix and s not in known]
+            hint = difflib.get_close_matches(str(key), known, n=1)
+            where = f" in {prefix[:-1]}" if prefix else ""
+            raise ConfigError(f"{source}: unknown key '{key}'{where}"
+                              + (f" (did you mean '{hint[0]}'?)" if hint else ""))
+    return flat
+
+
+def load_job_file(path: str) -> dict[str, Any]:
+    """Read a YAML job file into flat dotted keys, paths made relative to the file's folder."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: job file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read job file: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}{where}: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: a job file must be a mapping of keys to values")
+    flat = flatten(data, str(path))
+    base = p.resolve().parent
+    for key in PATH_KEYS:
+        value = flat.get(key)
+        if isinstance(value, str) and value != "demo" and not Path(value).expanduser().is_absolute():
+            flat[key] = str(base / value)
+    return flat
+
+
+def build_config(layers: list[tuple[str, Mapping[str, Any]]]) -> JobConfig:
+    """Apply flat key/value layers in order (later wins) over the defaults, checking each value.
+    Each layer is (source name for errors, {dotted key: value})."""
+    values: dict[str, Any] = {}
+    sampling: dict[str, Any] = {}
+    for source, layer in layers:
+        for key, raw in layer.items():
+            if key not in SCHEMA:
+                raise ConfigError(f"{source}: unknown key '{key}'")
+            try:
+                value = SCHEMA[key](raw)
+            except ValueError as exc:
+                raise ConfigError(f"{source}: {key}: {exc}, got {raw!r}") from None
+            if key.startswith("sampling."):
+                sampling[key.split(".", 1)[1]] = value
+            else:
+                values[_TARGET.get(key, key)] = value
+    config = replace(JobConfig(), **values, sampling=SamplingParams(**sampling))
+    for key in ("model", "input", "output"):
+        if not getattr(config, key):
+            raise ConfigError(f"missing required setting '{key}' (give it in the job file or as --{key})")
+    return config

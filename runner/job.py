@@ -1,0 +1,152 @@
+"""One job from start to finish: check everything that can be checked before any worker starts,
+render and tokenize every prompt once, plan the layout, run the pool, merge, write, report.
+
+    records ─▶ prompts (chat template) ─▶ token arrays ─▶ dedup ─▶ longest first ─▶ WorkerPool
+                                                                                       │
+    output file ◀── merge in input order (duplicates fanned out) ◀── answers by qid ◀──┘
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from runner import modelgen
+from runner.config import JobConfig
+from runner.errors import ModelError
+from runner.inputs import Record, read_records
+from runner.monitor import Monitor
+from runner.outputs import check_writable, merge, render, write_atomic
+from runner.planning import (Layout, common_prefix, context_per_sequence, plan_layout,
+                             question_seed, usable_cores)
+from runner.pool import WorkerPool
+from runner.progress import Progress
+from runner.prompts import PLAIN_STOP, PromptBuilder
+from runner.report import build_report
+from workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
+
+EngineFactory = Callable[[EngineConfig, int], Any]
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    records: list[Record]
+    questions: list[Question]  # unique prompts, longest first
+    aliases: dict[str, str]  # qid -> qid of the identical prompt that is actually answered
+    prefix: array
+    n_ctx_seq: int
+    generation: GenerationParams
+    chat_template: str  # "model", "plain" or "job"
+
+
+def resolve_model(model: str) -> str:
+    """The GGUF path to load: `demo` builds (once) the project's own tiny model."""
+    if model == "demo":
+        return str(modelgen.ensure_demo_model())
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelError(f"{model}: model file not found")
+    if path.is_dir():
+        raise ModelError(f"{model}: model path is a directory, not a GGUF file")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelError(f"{model}: not a GGUF file (no GGUF magic at the start)")
+    return str(path)
+
+
+def prepare(config: JobConfig, model_path: str) -> PreparedJob:
+    """Read, render and tokenize every question; decide context size and shared prefix."""
+    from workers.model_runner import ModelLoadError, Tokenizer  # loads llama.cpp (vocab only)
+
+    records = read_records(config.input, config.id_field, config.question_field)
+    try:
+        tokenizer = Tokenizer(model_path)
+    except ModelLoadError as exc:
+        raise ModelError(str(exc)) from None
+    try:
+        if config.chat_template == "auto":
+            template, kind = tokenizer.chat_template, "model" if tokenizer.chat_template else "plain"
+        elif config.chat_template == "plain":
+            template, kind = None, "plain"
+        else:
+            template, kind = config.chat_template, "job"
+        builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
+                                tokenizer.bos_text, tokenizer.eos_text)
+        by_prompt: dict[bytes, str] = {}
+        aliases: dict[str, str] = {}
+        questions: list[Question] = []
+        greedy = config.sampling.temperature <= 0
+        for rec in records:
+            text = builder.render(builder.user_message(rec.fields))
+            tokens = tokenizer.tokenize(text, add_bos=builder.needs_bos(text))
+            key = tokens.tobytes()
+            # Identical prompts are answered once, but only when greedy: with sampling each
+            # question has its own seed, so duplicates are meant to differ.
+            if greedy and key in by_prompt:
+                aliases[rec.qid] = by_prompt[key]
+                continue
+            by_prompt[key] = rec.qid
+            questions.append(Question(rec.qid, tokens, question_seed(config.sampling.seed, rec.qid)))
+        n_ctx_train = tokenizer.n_ctx_train
+    finally:
+        tokenizer.close()
+    stop = config.stop or (PLAIN_STOP if builder.is_plain else ())
+    generation = GenerationParams(config.max_tokens, stop, config.ignore_eos, config.sampling)
+    longest = max((len(q.tokens) for q in questions), default=0)
+    n_ctx_seq = context_per_sequence(longest, config.max_tokens, n_ctx_train, config.n_ctx)
+    # Longest prompts first: the long ones start early and the tail of the run stays short.
+    questions.sort(key=lambda q: len(q.tokens), reverse=True)
+    prefix = common_prefix([q.tokens for q in questions]) if len(questions) > 1 else array("i")
+    return PreparedJob(records, questions, aliases, prefix, n_ctx_seq, generation, kind)
+
+
+def worker_specs(config: JobConfig, model_path: str, layout: Layout, job: PreparedJob,
+                 engine_factory: Optional[EngineFactory]) -> list[WorkerSpec]:
+    # A prompt chunk and the decode tokens of every slot must fit in one batch.
+    n_batch = max(config.n_batch, layout.slots)
+    engine = EngineConfig(model_path, layout.threads, layout.slots, job.n_ctx_seq, n_batch,
+                          job.prefix, job.generation, kv_unified=not config.batch_invariant)
+    return [WorkerSpec(i, cores, engine, engine_factory) for i, cores in enumerate(layout.cores)]
+
+
+def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
+            progress_bar: Optional[bool] = None) -> dict[str, Any]:
+    """Run a whole job and return its report (also written to config.report if set).
+    Raises GgbatchError subclasses for anything the user can fix."""
+    t_start = time.perf_counter()
+    model_path = resolve_model(config.model)
+    check_writable(config.output)
+    if config.report:
+        check_writable(config.report)
+    job = prepare(config, model_path)
+    layout = plan_layout(usable_cores(), config.workers, config.threads, config.slots, len(job.questions))
+    specs = worker_specs(config, model_path, layout, job, engine_factory)
+    t_prepared = time.perf_counter()
+
+    progress = Progress(len(job.questions), bar=progress_bar)
+    monitor = Monitor()
+
+    def tick(p: WorkerPool) -> None:
+        monitor.sample(p.live_pids)
+        progress.tick()
+
+    pool = WorkerPool(specs, on_answer=progress.answered, on_tick=tick)
+    try:
+        answers = pool.run(job.questions) if job.questions else {}
+    finally:
+        progress.close()
+    rows = merge(job.records, answers, job.aliases, config.id_field)
+    write_atomic(config.output, render(rows, config.output))
+    t_end = time.perf_counter()
+    report = build_report(config, model_path, layout, job, answers, pool, monitor,
+                          timings={"total_s": t_end - t_start, "prepare_s": t_prepared - t_start,
+                                   "run_s": t_end - t_prepared,
+                                   "first_worker_ready_s": (pool.first_ready_at - t_start)
+                                   if pool.first_ready_at else None})
+    if config.report:
+        import json
+        write_atomic(config.report, json.dumps(report, indent=2) + "\n")
+    return report

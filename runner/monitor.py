@@ -1,0 +1,70 @@
+"""psutil sampling of the workers and the machine, about once a second (from the pool's tick).
+
+PSS, not RSS: llama.cpp mmaps the model file, and those pages are shared between workers, so
+summed RSS would count them once per worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import psutil
+
+
+@dataclass
+class WorkerUsage:
+    cpu_samples: list[float] = field(default_factory=list)
+    peak_pss: int = 0
+    peak_uss: int = 0
+    peak_rss: int = 0
+    last_pss: int = 0
+
+    @property
+    def mean_cpu(self) -> float:
+        return sum(self.cpu_samples) / len(self.cpu_samples) if self.cpu_samples else 0.0
+
+
+class Monitor:
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}  # pid -> Process (keeps cpu_percent's baseline)
+        self.workers: dict[int, WorkerUsage] = {}
+        self.core_samples: list[list[float]] = []
+        self.min_available = psutil.virtual_memory().available
+        self.peak_used = 0
+        psutil.cpu_percent(percpu=True)  # prime the per-core counters
+
+    def sample(self, pids: Mapping[int, int]) -> None:
+        """pids: worker id -> pid of its live process."""
+        for worker_id, pid in pids.items():
+            usage = self.workers.setdefault(worker_id, WorkerUsage())
+            proc = self._procs.get(pid)
+            try:
+                if proc is None:
+                    proc = self._procs[pid] = psutil.Process(pid)
+                    proc.cpu_percent(None)  # first call only sets the baseline
+                else:
+                    usage.cpu_samples.append(proc.cpu_percent(None))
+                mem = proc.memory_full_info()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            usage.last_pss = mem.pss
+            usage.peak_pss = max(usage.peak_pss, mem.pss)
+            usage.peak_uss = max(usage.peak_uss, mem.uss)
+            usage.peak_rss = max(usage.peak_rss, mem.rss)
+        vm = psutil.virtual_memory()
+        self.min_available = min(self.min_available, vm.available)
+        self.peak_used = max(self.peak_used, vm.total - vm.available)
+        self.core_samples.append(psutil.cpu_percent(percpu=True))
+
+    def summary(self) -> dict[str, Any]:
+        cores = [round(sum(c) / len(c), 1) for c in zip(*self.core_samples)] if self.core_samples else []
+        return {
+            "workers": {str(wid): {"mean_cpu_percent": round(u.mean_cpu, 1),
+                                   "peak_pss_mib": round(u.peak_pss / 2**20, 1),
+                                   "peak_uss_mib": round(u.peak_uss / 2**20, 1),
+                                   "peak_rss_mib": round(u.peak_rss / 2**20, 1)}
+                        for wid, u in sorted(self.workers.items())},
+            "mean_core_utilisation_percent": cores,
+            "peak_system_used_mib": round(self.peak_used / 2**20, 1),
+            "min_system_available_mib": round(self.min_available / 2**20, 1),
+        }

@@ -1,0 +1,88 @@
+"""Deciding the layout (workers × threads × slots, which cores each worker owns) and the context
+size. Pure functions: the inputs are numbers and lists, so every rule is unit-tested."""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+from array import array
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from runner.errors import ConfigError
+
+MAX_AUTO_SLOTS = 16  # where the batched-decode speed-up flattens out on CPU (see README)
+
+
+@dataclass(frozen=True)
+class Layout:
+    workers: int
+    threads: int  # per worker
+    slots: int  # sequences per worker
+    cores: tuple[tuple[int, ...], ...]  # cores[i] = the cores worker i is pinned to
+
+
+def usable_cores() -> list[int]:
+    """The cores this process may run on (its affinity mask, not the machine's core count)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[int],
+                slots: Optional[int], n_questions: int) -> Layout:
+    """Choose workers × threads within the usable cores (None = auto) and give each worker a
+    disjoint set of cores. Never more worker threads than usable cores."""
+    n_cores = len(cores)
+    if workers is not None and workers > n_cores:
+        raise ConfigError(f"workers: {workers} workers need at least {workers} cores, "
+                          f"{n_cores} are usable here")
+    if threads is not None and threads > n_cores:
+        raise ConfigError(f"threads: {threads} threads per worker exceed the {n_cores} usable cores")
+    if workers is None and threads is None:
+        # One worker using every core: continuous batching inside one context shares the weight
+        # reads across all sequences, which several smaller workers cannot (see README).
+        workers, threads = 1, n_cores
+    elif workers is None:
+        workers = max(1, n_cores // threads)
+    elif threads is None:
+        threads = max(1, n_cores // workers)
+    if workers * threads > n_cores:
+        raise ConfigError(f"workers × threads = {workers} × {threads} = {workers * threads} "
+                          f"exceeds the {n_cores} usable cores")
+    if slots is None:
+        slots = max(1, min(MAX_AUTO_SLOTS, math.ceil(n_questions / workers)))
+    assignment = tuple(tuple(cores[i * threads:(i + 1) * threads]) for i in range(workers))
+    return Layout(workers, threads, slots, assignment)
+
+
+def context_per_sequence(longest_prompt: int, max_tokens: int, n_ctx_train: int,
+                         requested: Optional[int]) -> int:
+    """Tokens of KV each sequence may use: as asked, or just enough for the longest prompt plus
+    max_tokens, capped by what the model was trained for (0 = unknown)."""
+    if requested is not None:
+        return requested
+    need = longest_prompt + max_tokens + 1
+    return min(need, n_ctx_train) if n_ctx_train > 0 else need
+
+
+def common_prefix(prompts: Sequence[array]) -> array:
+    """The tokens every prompt starts with (system prompt, few-shot examples): decoded once per
+    worker and shared by every sequence."""
+    if not prompts:
+        return array("i")
+    first = prompts[0]
+    n = len(first)
+    for p in prompts[1:]:
+        m = min(n, len(p))
+        i = 0
+        while i < m and p[i] == first[i]:
+            i += 1
+        n = i
+        if n == 0:
+            break
+    return first[:n]
+
+
+def question_seed(job_seed: int, qid: str) -> int:
+    """Per-question sampling seed: an answer never depends on which worker or slot produced it."""
+    return zlib.crc32(f"{job_seed}:{qid}".encode("utf-8"))

@@ -1,0 +1,216 @@
+"""The worker pool: spawn pinned workers, hand out questions as they ask, collect the answers,
+notice deaths by their sentinels and give a dead worker's questions to the others.
+
+    pending (longest prompts first) ──Chunk──▶ task queue of worker i (one per worker)
+    results queue (shared) ◀── Ready | WantWork | AnswerBatch | WorkerError ── every worker
+    wait(results reader + worker sentinels, timeout = next monitor tick)
+
+Dispatch is pull-based: a worker says how many questions it wants when its engine runs low, so
+no fixed shard can leave one worker busy while another idles. Near the end the chunks shrink
+(never more than an even share of what is left), which keeps the tail short.
+
+When a worker dies, every question it held is a suspect. Suspects are retried one at a time, each
+alone on a worker, so the next death names its culprit exactly; a question in flight at
+`max_question_deaths` deaths is failed with the reason, and its innocent batch-mates are answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import multiprocess as mp
+from multiprocess.connection import wait
+
+from runner.errors import ModelError, WorkerFailure
+from workers.main import worker_main
+from workers.protocol import (Answer, AnswerBatch, Chunk, FinishReason, Question, Ready, Stop,
+                              WantWork, WorkerError, WorkerSpec)
+
+log = logging.getLogger("ggbatch")
+
+TICK_S = 1.0
+
+
+@dataclass
+class WorkerState:
+    spec: WorkerSpec
+    process: Any = None
+    tasks: Any = None
+    ready: Optional[Ready] = None
+    wants: int = 0
+    in_flight: dict[str, Question] = field(default_factory=dict)
+    solo: bool = False  # holds one suspect question and nothing else
+    engine_stats: dict[str, float] = field(default_factory=dict)
+    restarts: int = 0
+    answered: int = 0
+    last_error: str = ""
+
+
+class WorkerPool:
+    def __init__(self, specs: Sequence[WorkerSpec], on_answer: Callable[[Answer], None],
+                 on_tick: Optional[Callable[["WorkerPool"], None]] = None,
+                 max_restarts: int = 3, max_question_deaths: int = 2) -> None:
+        self._ctx = mp.get_context("spawn")
+        self._results = self._ctx.SimpleQueue()
+        self.workers = [WorkerState(spec) for spec in specs]
+        self._on_answer = on_answer
+        self._on_tick = on_tick
+        self._max_restarts = max_restarts
+        self._max_question_deaths = max_question_deaths
+        self._pending: deque[Question] = deque()
+        self._suspects: deque[Question] = deque()  # were in flight when a worker died
+        self._deaths: dict[str, int] = {}  # question id -> workers that died holding it
+        self.answers: dict[str, Answer] = {}
+        self.started_at = 0.0
+        self.first_ready_at: Optional[float] = None
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def run(self, questions: Sequence[Question]) -> dict[str, Answer]:
+        """Answer every question (or record why not). Questions should come longest first."""
+        self._pending.extend(questions)
+        total = len(questions)
+        self.started_at = time.perf_counter()
+        for w in self.workers:
+            self._start(w)
+        next_tick = time.perf_counter() + TICK_S
+        try:
+            while len(self.answers) < total:
+                timeout = max(0.0, next_tick - time.perf_counter())
+                self._wait_once(timeout)
+                if time.perf_counter() >= next_tick:
+                    next_tick = time.perf_counter() + TICK_S
+                    if self._on_tick:
+                        self._on_tick(self)
+        finally:
+            self._shutdown()
+        return self.answers
+
+    @property
+    def live_pids(self) -> dict[int, int]:
+        """worker id -> pid of its live process."""
+        return {w.spec.worker_id: w.process.pid for w in self.workers
+                if w.process is not None and w.process.is_alive()}
+
+    # -- event loop -----------------------------------------------------------------------------
+
+    def _wait_once(self, timeout: float) -> None:
+        reader = self._results._reader
+        sentinels = {w.process.sentinel: w for w in self.workers if w.process is not None}
+        ready = wait([reader, *sentinels], timeout)
+        if reader in ready:
+            while reader.poll():
+                self._handle(self._results.get())
+        for s in ready:
+            if s in sentinels:
+                # Drain first: the worker may have sent answers or its error just before dying.
+                while reader.poll():
+                    self._handle(self._results.get())
+                self._on_death(sentinels[s])
+
+    def _handle(self, msg: Any) -> None:
+        w = self.workers[msg.worker_id]
+        if isinstance(msg, AnswerBatch):
+            w.engine_stats = msg.step_stats
+            for answer in msg.answers:
+                w.in_flight.pop(answer.qid, None)
+                self._record(answer)
+            w.answered += len(msg.answers)
+            if not w.in_flight:
+                w.solo = False
+            self._dispatch()
+        elif isinstance(msg, WantWork):
+            w.wants = msg.n
+            self._dispatch()
+        elif isinstance(msg, Ready):
+            w.ready = msg
+            if self.first_ready_at is None:
+                self.first_ready_at = time.perf_counter()
+            log.debug("worker %d: ready in %.2f s (pid %d, cores %s)", msg.worker_id, msg.load_s,
+                      msg.pid, msg.cores)
+        elif isinstance(msg, WorkerError):
+            w.last_error = msg.message
+            log.debug("worker %d: %s\n%s", msg.worker_id, msg.message, msg.traceback)
+            if w.ready is None and msg.message.startswith("ModelLoadError"):
+                # The model itself is bad: every worker would fail the same way.
+                raise ModelError(msg.message.split(": ", 1)[1])
+
+    def _record(self, answer: Answer) -> None:
+        if answer.qid not in self.answers:  # a requeued question may be answered twice: keep one
+            self.answers[answer.qid] = answer
+            self._on_answer(answer)
+
+    def _dispatch(self) -> None:
+        hungry = [w for w in self.workers if w.process is not None and w.wants > 0 and not w.solo]
+        n_workers = max(1, sum(1 for w in self.workers if w.process is not None))
+        for w in hungry:
+            if self._suspects and not w.in_flight:
+                chunk: tuple[Question, ...] = (self._suspects.popleft(),)
+                w.solo = True
+            elif self._pending:
+                share = max(1, math.ceil(len(self._pending) / n_workers))
+                n = min(w.wants, share, len(self._pending))
+                chunk = tuple(self._pending.popleft() for _ in range(n))
+            else:
+                continue
+            for q in chunk:
+                w.in_flight[q.qid] = q
+            w.tasks.put(Chunk(chunk))
+            w.wants = 0
+
+    # -- worker lifecycle -----------------------------------------------------------------------
+
+    def _start(self, w: WorkerState) -> None:
+        w.tasks = self._ctx.Queue()
+        w.process = self._ctx.Process(target=worker_main, args=(w.spec, w.tasks, self._results),
+                                      name=f"ggbatch-worker-{w.spec.worker_id}", daemon=True)
+        w.process.start()
+        w.ready, w.wants = None, 0
+
+    def _on_death(self, w: WorkerState) -> None:
+        w.process.join()
+        code = w.process.exitcode
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        lost = list(w.in_flight.values())
+        w.in_flight.clear()
+        w.process = None
+        log.warning("worker %d died (%s)%s; %d questions go back to the queue",
+                    w.spec.worker_id, how, f": {w.last_error}" if w.last_error else "", len(lost))
+        for q in lost:
+            self._deaths[q.qid] = self._deaths.get(q.qid, 0) + 1
+            if self._deaths[q.qid] >= self._max_question_deaths:
+                self._record(Answer(q.qid, "", FinishReason.ERROR, len(q.tokens), 0, w.spec.worker_id,
+                                    0.0, 0.0, error=f"worker died {self._deaths[q.qid]} times while "
+                                                    f"answering it (last: {how})"))
+            else:
+                self._suspects.append(q)
+        w.solo = False
+        if w.restarts >= self._max_restarts:
+            if all(x.process is None for x in self.workers):
+                raise WorkerFailure(f"all workers died; worker {w.spec.worker_id} restarted "
+                                    f"{w.restarts} times (last: {how}{': ' + w.last_error if w.last_error else ''})")
+            return
+        w.restarts += 1
+        w.last_error = ""
+        self._start(w)
+        self._dispatch()
+
+    def _shutdown(self) -> None:
+        for w in self.workers:
+            if w.process is not None and w.process.is_alive():
+                w.tasks.put(Stop())
+        deadline = time.monotonic() + 5.0
+        for w in self.workers:
+            if w.process is not None:
+                w.process.join(max(0.0, deadline - time.monotonic()))
+                if w.process.is_alive():
+                    w.process.kill()
+                    w.process.join()
+            if w.tasks is not None:
+                w.tasks.close()
+                w.tasks.cancel_join_thread()

@@ -1,0 +1,67 @@
+"""The one owner of the terminal: a tqdm bar on a TTY, a one-line log every few seconds otherwise
+(cron). Log records go through tqdm.write so they never tear the bar."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Optional, TextIO
+
+from tqdm import tqdm
+
+from workers.protocol import Answer
+
+log = logging.getLogger("ggbatch")
+
+
+class TqdmHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm.write(self.format(record), file=sys.stderr)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    handler = TqdmHandler()
+    handler.setFormatter(logging.Formatter("ggbatch: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    log.propagate = False
+
+
+class Progress:
+    def __init__(self, total: int, stream: TextIO = sys.stderr, log_every_s: float = 5.0,
+                 bar: Optional[bool] = None) -> None:
+        self.total = total
+        self.done = 0
+        self.failed = 0
+        self.generated = 0
+        self._t0 = time.perf_counter()
+        self._log_every = log_every_s
+        self._last_log = self._t0
+        use_bar = stream.isatty() if bar is None else bar
+        self._bar = tqdm(total=total, file=stream, unit="q", dynamic_ncols=True,
+                         smoothing=0.1) if use_bar else None
+
+    def answered(self, answer: Answer) -> None:
+        self.done += 1
+        self.failed += answer.error is not None
+        self.generated += answer.completion_tokens
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def tick(self) -> None:
+        elapsed = time.perf_counter() - self._t0
+        tok_s = self.generated / elapsed if elapsed > 0 else 0.0
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{tok_s:.1f} tok/s" + (f", {self.failed} failed" if self.failed else ""))
+        elif time.perf_counter() - self._last_log >= self._log_every:
+            self._last_log = time.perf_counter()
+            rate = self.done / elapsed if elapsed > 0 else 0.0
+            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+            log.info("%d/%d answered (%d failed), %.2f q/s, %.1f generated tok/s, ETA %s",
+                     self.done, self.total, self.failed, rate, tok_s,
+                     f"{eta:.0f} s" if eta != float("inf") else "?")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

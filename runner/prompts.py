@@ -1,0 +1,87 @@
+"""Turning a record into the exact prompt text the model sees. Pure: no model needed.
+
+The user message comes from the job's `prompt.template` (Jinja over the record's fields, default:
+the question). The chat template is the model's own (GGUF `tokenizer.chat_template`), rendered
+with Jinja2 in a sandbox as Hugging Face does; models without one get PLAIN_TEMPLATE.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Mapping, Optional
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from runner.errors import ConfigError
+
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m.role == 'system' %}{{ m.content }}\n\n"
+    "{% elif m.role == 'user' %}Question: {{ m.content }}\n"
+    "{% elif m.role == 'assistant' %}Answer: {{ m.content }}\n\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Answer:{% endif %}"
+)
+# A model on the plain template would otherwise go on to invent the next question.
+PLAIN_STOP = ("\nQuestion:",)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                       extensions=[jinja2.ext.loopcontrols])
+    # Hugging Face renders tojson without ASCII escaping; templates rely on it.
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+    return env
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+class PromptBuilder:
+    def __init__(self, chat_template: Optional[str], system: Optional[str] = None,
+                 user_template: Optional[str] = None, question_field: str = "question",
+                 bos_token: str = "", eos_token: str = "",
+                 template_kwargs: Optional[Mapping[str, Any]] = None) -> None:
+        env = _environment()
+        self.is_plain = chat_template is None
+        try:
+            self._chat = env.from_string(chat_template or PLAIN_TEMPLATE)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"chat template: line {exc.lineno}: {exc.message}") from None
+        try:
+            self._user = env.from_string(user_template or "{{ %s }}" % question_field)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"prompt.template: line {exc.lineno}: {exc.message}") from None
+        self.system = system
+        self.question_field = question_field
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.template_kwargs = dict(template_kwargs or {})
+
+    def user_message(self, fields: Mapping[str, Any]) -> str:
+        try:
+            return self._user.render(**fields)
+        except jinja2.TemplateError as exc:
+            raise ConfigError(f"prompt.template: {exc}") from None
+
+    def render(self, user_message: str) -> str:
+        messages = []
+        if self.system:
+            messages.append({"role": "system", "content": self.system})
+        messages.append({"role": "user", "content": user_message})
+        try:
+            return self._chat.render(messages=messages, add_generation_prompt=True,
+                                     bos_token=self.bos_token, eos_token=self.eos_token,
+                                     raise_exception=_raise,
+                                     strftime_now=lambda f: datetime.now().strftime(f),
+                                     **self.template_kwargs)
+        except jinja2.TemplateError as exc:
+            raise ConfigError(f"chat template: {exc}") from None
+
+    def needs_bos(self, prompt: str) -> bool:
+        """Whether the tokenizer should add BOS: not when the template already wrote it."""
+        return not (self.bos_token and prompt.startswith(self.bos_token))

@@ -1,0 +1,82 @@
+from pathlib import Path
+
+import pytest
+
+from runner.config import build_config, load_job_file
+from runner.errors import ConfigError
+
+
+def job(tmp_path, text, name="job.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_flags_override_job_file_which_overrides_defaults(tmp_path):
+    path = job(tmp_path, "model: m.gguf\ninput: q.jsonl\noutput: a.json\nworkers: 2\n"
+                         "sampling:\n  temperature: 0.7\n  seed: 3\n")
+    config = build_config([(path, load_job_file(path)), ("command line", {"workers": "1", "max_tokens": "32"})])
+    assert config.workers == 1
+    assert config.max_tokens == 32
+    assert config.sampling.temperature == 0.7 and config.sampling.seed == 3
+    assert config.slots is None  # default auto
+    assert config.n_batch == 512
+
+
+def test_job_paths_are_relative_to_the_job_file(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    path = job(tmp_path / "jobs", "model: demo\ninput: q.jsonl\noutput: ../a.json\n")
+    flat = load_job_file(path)
+    assert flat["model"] == "demo"
+    assert flat["input"] == str(tmp_path / "jobs" / "q.jsonl")
+    assert Path(flat["output"]).resolve() == (tmp_path / "a.json").resolve()
+
+
+def test_model_mapping_with_context(tmp_path):
+    path = job(tmp_path, "model:\n  path: /m.gguf\n  n_ctx: 1024\ninput: /q\noutput: /a.json\n")
+    config = build_config([(path, load_job_file(path))])
+    assert (config.model, config.n_ctx) == ("/m.gguf", 1024)
+
+
+def test_auto_values(tmp_path):
+    config = build_config([("flags", {"model": "m", "input": "i", "output": "o", "workers": "auto",
+                                      "slots": "auto", "model.n_ctx": "auto"})])
+    assert (config.workers, config.slots, config.n_ctx) == (None, None, None)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("sampling:\n  temprature: 1\n", "unknown key 'temprature' in sampling (did you mean 'temperature'?)"),
+    ("wokers: 2\n", "unknown key 'wokers' (did you mean 'workers'?)"),
+    ("sampling:\n  temperature: -1\n", "sampling.temperature: must be >= 0.0, got -1"),
+    ("workers: two\n", "workers: must be an integer or auto, got 'two'"),
+    ("workers: 0\n", "workers: must be >= 1, got 0"),
+    ("ignore_eos: yes please\n", "ignore_eos: must be true or false"),
+    ("stop: [1, 2]\n", "stop: must be a list of non-empty strings"),
+    ("sampling:\n  top_p: 0\n", "sampling.top_p: must be > 0.0 and <= 1.0"),
+    ("- a\n- b\n", "a job file must be a mapping"),
+    ("workers: [\n", "job.yaml:5: expected the node content"),
+])
+def test_errors_name_file_and_key(tmp_path, text, message):
+    path = job(tmp_path, "model: m\ninput: i\noutput: o\n" + text if not text.startswith("-") else text)
+    with pytest.raises(ConfigError) as err:
+        build_config([(path, load_job_file(path))])
+    assert message in str(err.value)
+    assert str(err.value).startswith(path)
+
+
+def test_missing_required_setting():
+    with pytest.raises(ConfigError, match="missing required setting 'model'"):
+        build_config([("command line", {"input": "i", "output": "o"})])
+
+
+def test_missing_job_file(tmp_path):
+    with pytest.raises(ConfigError, match="job file not found"):
+        load_job_file(str(tmp_path / "nope.yaml"))
+
+
+def test_example_job_is_valid():
+    root = Path(__file__).resolve().parents[1]
+    path = str(root / "jobs" / "example.yaml")
+    config = build_config([(path, load_job_file(path))])
+    assert config.model == "demo"
+    assert Path(config.input).exists()

@@ -1,0 +1,82 @@
+import json
+
+import pytest
+
+from runner.errors import InputError
+from runner.inputs import detect_format, read_records
+
+
+def write(tmp_path, name, text, binary=False):
+    p = tmp_path / name
+    (p.write_bytes if binary else p.write_text)(text)
+    return str(p)
+
+
+def test_jsonl_keeps_order_and_string_ids(tmp_path):
+    path = write(tmp_path, "q.jsonl", '{"questionID": 7, "question": "a"}\n\n{"questionID": "007", "question": "b"}\n')
+    recs = read_records(path)
+    assert [r.qid for r in recs] == ["7", "007"]
+    assert [r.line for r in recs] == [1, 3]
+    assert recs[1].fields["question"] == "b"
+
+
+def test_json_array_with_line_numbers(tmp_path):
+    path = write(tmp_path, "q.json", '[\n {"questionID": "a", "question": "x"},\n {"questionID": "b", "question": "y"}\n]\n')
+    assert [(r.qid, r.line) for r in read_records(path)] == [("a", 2), ("b", 3)]
+
+
+def test_custom_field_names(tmp_path):
+    path = write(tmp_path, "q.jsonl", '{"id": "q1", "prompt": "hello"}\n')
+    assert read_records(path, id_field="id", question_field="prompt")[0].qid == "q1"
+
+
+def test_nel_inside_a_string_is_not_a_line_break(tmp_path):
+    path = write(tmp_path, "q.jsonl", json.dumps({"questionID": "1", "question": "a\u0085b"}, ensure_ascii=False) + "\n")
+    assert read_records(path)[0].fields["question"] == "a\u0085b"
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("q.jsonl", '{"questionID": "1", "question": "a"}\n{"questionID": "2", "question": \n', "q.jsonl:2: malformed JSON"),
+    ("q.jsonl", '{"question": "a"}\n', "q.jsonl:1: record has no 'questionID'"),
+    ("q.jsonl", '{"questionID": "1"}\n', "q.jsonl:1: record has no 'question'"),
+    ("q.jsonl", '{"questionID": "1", "question": 5}\n', "'question' must be a string"),
+    ("q.jsonl", '{"questionID": [1], "question": "a"}\n', "'questionID' must be a string or an integer"),
+    ("q.jsonl", '{"questionID": "1", "question": "  "}\n', "'question' is empty"),
+    ("q.jsonl", '["a"]\n', "looks like a JSON array"),
+    ("q.json", '{"questionID": "1", "question": "a"}\n', "must hold a JSON array"),
+    ("q.json", '[{"questionID": "1", "question": "a"} {"questionID": "2"}]', "expected ',' or ']'"),
+    ("q.jsonl", '"just a string"\n', "must be a JSON object"),
+])
+def test_bad_input_names_file_and_line(tmp_path, name, text, message):
+    path = write(tmp_path, name, text)
+    with pytest.raises(InputError) as err:
+        read_records(path)
+    assert message in str(err.value)
+    assert str(err.value).startswith(path)
+
+
+def test_duplicate_ids_listed_with_lines(tmp_path):
+    lines = "".join(json.dumps({"questionID": q, "question": "x"}) + "\n" for q in ["a", "b", "a", "c", "b"])
+    with pytest.raises(InputError, match=r"duplicate questionID: 'a' \(lines 1 and 3\), 'b' \(lines 2 and 5\)"):
+        read_records(write(tmp_path, "q.jsonl", lines))
+
+
+def test_non_utf8_names_line(tmp_path):
+    path = write(tmp_path, "q.jsonl", b'{"questionID": "1", "question": "a"}\n{"questionID": "2", "question": "\xff"}\n', binary=True)
+    with pytest.raises(InputError, match=r"q.jsonl:2: not UTF-8"):
+        read_records(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="input file not found"):
+        read_records(str(tmp_path / "nope.jsonl"))
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "empty.json"])
+def test_empty_file_is_no_questions(tmp_path, name):
+    assert read_records(write(tmp_path, name, "")) == []
+
+
+def test_format_sniffed_for_other_extensions():
+    assert detect_format("q.txt", "  [ ]") == "json"
+    assert detect_format("q.txt", '{"a": 1}\n') == "jsonl"

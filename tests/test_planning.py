@@ -1,0 +1,59 @@
+from array import array
+
+import pytest
+
+from runner.errors import ConfigError
+from runner.planning import common_prefix, context_per_sequence, plan_layout, question_seed
+
+
+def test_auto_uses_one_worker_on_every_core():
+    layout = plan_layout([0, 1, 2, 3], None, None, None, 100)
+    assert (layout.workers, layout.threads, layout.cores) == (1, 4, ((0, 1, 2, 3),))
+
+
+def test_workers_split_cores_disjointly():
+    layout = plan_layout([2, 3, 5, 7], 2, None, 4, 10)
+    assert layout.threads == 2
+    assert layout.cores == ((2, 3), (5, 7))
+    flat = [c for cores in layout.cores for c in cores]
+    assert len(flat) == len(set(flat))
+
+
+def test_threads_given_derives_workers():
+    assert plan_layout([0, 1, 2, 3], None, 2, 1, 10).workers == 2
+
+
+@pytest.mark.parametrize("workers,threads,message", [
+    (3, None, "3 workers need at least 3 cores"),
+    (None, 4, "4 threads per worker exceed"),
+    (2, 2, "exceeds the 2 usable cores"),
+])
+def test_never_more_threads_than_cores(workers, threads, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_layout([0, 1], workers, threads, None, 10)
+
+
+def test_auto_slots_never_exceed_questions_per_worker():
+    assert plan_layout([0, 1], 2, 1, None, 5).slots == 3
+    assert plan_layout([0, 1], 1, 2, None, 1000).slots == 16
+
+
+def test_context_fits_longest_prompt_capped_by_model():
+    assert context_per_sequence(300, 64, 2048, None) == 365
+    assert context_per_sequence(3000, 64, 2048, None) == 2048
+    assert context_per_sequence(3000, 64, 0, None) == 3065  # unknown training context
+    assert context_per_sequence(300, 64, 2048, 1024) == 1024
+
+
+def test_common_prefix():
+    a = array("i", [1, 2, 3, 4])
+    assert common_prefix([a, array("i", [1, 2, 9]), array("i", [1, 2, 3])]).tolist() == [1, 2]
+    assert common_prefix([a, array("i", [5])]).tolist() == []
+    assert common_prefix([a]).tolist() == [1, 2, 3, 4]
+    assert common_prefix([]).tolist() == []
+
+
+def test_question_seed_depends_on_job_seed_and_id_only():
+    assert question_seed(0, "q1") == question_seed(0, "q1")
+    assert question_seed(0, "q1") != question_seed(1, "q1")
+    assert question_seed(0, "q1") != question_seed(0, "q2")

@@ -1,0 +1,56 @@
+import pytest
+
+from runner.errors import ConfigError
+from runner.prompts import PLAIN_TEMPLATE, PromptBuilder
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def test_chat_template_with_system_prompt():
+    b = PromptBuilder(CHATML, system="Be brief.")
+    assert b.render("2+2?") == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+                                "<|im_start|>assistant\n")
+
+
+def test_plain_fallback():
+    b = PromptBuilder(None, system="Answer concisely.")
+    assert b.is_plain
+    assert b.render("What is 2+2?") == "Answer concisely.\n\nQuestion: What is 2+2?\nAnswer:"
+    assert PromptBuilder(None).render("Hi") == "Question: Hi\nAnswer:"
+
+
+def test_user_template_over_record_fields():
+    b = PromptBuilder(None, user_template="{{ question }}\nChoices: {{ choices | join(', ') }}")
+    assert b.user_message({"question": "Pick", "choices": ["A", "B"]}) == "Pick\nChoices: A, B"
+    assert PromptBuilder(None, question_field="prompt").user_message({"prompt": "x"}) == "x"
+
+
+def test_bos_in_template_is_not_doubled():
+    b = PromptBuilder("{{ bos_token }}{{ messages[0]['content'] }}", bos_token="<s>")
+    prompt = b.render("hi")
+    assert prompt == "<s>hi"
+    assert not b.needs_bos(prompt)
+    assert PromptBuilder(None, bos_token="<s>").needs_bos("Question: hi")
+
+
+def test_template_exceptions_and_syntax_errors_are_config_errors():
+    with pytest.raises(ConfigError, match="chat template: no system"):
+        PromptBuilder("{{ raise_exception('no system') }}").render("x")
+    with pytest.raises(ConfigError, match="prompt.template: line 1"):
+        PromptBuilder(None, user_template="{{ question ")
+
+
+def test_real_model_templates_render(request):
+    from conftest import MODELS, require
+    from workers.model_runner import Tokenizer
+
+    for name in ["ggml-vocab-qwen2.gguf", "ggml-vocab-phi-3.gguf"]:
+        tok = Tokenizer(str(require(MODELS / name)))
+        b = PromptBuilder(tok.chat_template, system="Be brief.", bos_token=tok.bos_text, eos_token=tok.eos_text)
+        prompt = b.render("What is 2+2?")
+        assert "What is 2+2?" in prompt
+        tokens = tok.tokenize(prompt, add_bos=b.needs_bos(prompt))
+        assert len(tokens) > 5
+        tok.close()
+    assert "Question:" in PLAIN_TEMPLATE

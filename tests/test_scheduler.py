@@ -1,0 +1,95 @@
+"""The scheduler and stop rules are pure: tested with no model."""
+
+from array import array
+
+import pytest
+
+from workers.protocol import Question
+from workers.scheduler import Scheduler
+from workers.sequence import Phase, Sequence, find_stop, shared_prefix_len
+
+
+def seq(qid, n_prompt):
+    return Sequence(Question(qid, array("i", range(1, n_prompt + 1)), 0))
+
+
+def test_admission_fills_free_slots_in_order():
+    s = Scheduler(slots=2, n_batch=64)
+    a, b, c = seq("a", 5), seq("b", 5), seq("c", 5)
+    for x in (a, b, c):
+        s.add(x)
+    assert s.admit() == [a, b]
+    assert (a.seq_id, b.seq_id) == (0, 1)
+    assert c.phase is Phase.WAITING and s.n_unfinished == 3
+
+
+def test_shared_prefix_is_counted_as_cached():
+    s = Scheduler(slots=1, n_batch=64, prefix=array("i", [1, 2, 3]))
+    a = seq("a", 5)
+    s.add(a)
+    s.admit()
+    assert a.n_cached == 3
+
+
+def test_at_least_one_prompt_token_is_decoded():
+    assert shared_prefix_len([1, 2, 3], [1, 2, 3]) == 2
+    assert shared_prefix_len([1, 2, 3, 4], [1, 2, 9]) == 2
+
+
+def test_decode_tokens_first_then_prefill_chunks_within_budget():
+    s = Scheduler(slots=3, n_batch=10)
+    a, b, c = seq("a", 4), seq("b", 20), seq("c", 20)
+    for x in (a, b, c):
+        s.add(x)
+    s.admit()
+    a.phase, a.output = Phase.DECODE, [7]
+    spans = s.schedule()
+    assert [(sp.seq.question.qid, sp.start_pos, sp.n, sp.wants_logits) for sp in spans] == [
+        ("a", 4, 1, True), ("b", 0, 9, False)]  # chunked prefill: c waits for room
+    assert sum(sp.n for sp in spans) == 10
+
+
+def test_last_prompt_chunk_asks_for_logits():
+    s = Scheduler(slots=1, n_batch=8)
+    a = seq("a", 12)
+    s.add(a)
+    s.admit()
+    a.n_cached = 8
+    (span,) = s.schedule()
+    assert (span.start_pos, span.n, span.wants_logits) == (8, 4, True)
+
+
+def test_release_refills_slot_next_admission():
+    s = Scheduler(slots=1, n_batch=8)
+    a, b = seq("a", 3), seq("b", 3)
+    s.add(a)
+    s.add(b)
+    s.admit()
+    s.release(a)
+    assert s.admit() == [b] and b.seq_id == 0
+
+
+def test_preempt_newest_goes_back_to_front():
+    s = Scheduler(slots=2, n_batch=8)
+    a, b, c = seq("a", 3), seq("b", 3), seq("c", 3)
+    for x in (a, b, c):
+        s.add(x)
+    s.admit()
+    b.output = [5]
+    assert s.preempt_newest() is b
+    assert b.phase is Phase.WAITING and b.output == [] and list(s.waiting) == [b, c]
+
+
+def test_slots_cannot_exceed_batch():
+    with pytest.raises(ValueError):
+        Scheduler(slots=16, n_batch=8)
+
+
+@pytest.mark.parametrize("text,stops,start,expected", [
+    ("hello world", ["wor"], 0, 6),
+    ("hello world", ["o", "l"], 0, 2),
+    ("hello world", ["x"], 0, None),
+    ("abcabc", ["abc"], 1, 3),
+])
+def test_find_stop(text, stops, start, expected):
+    assert find_stop(text, stops, start) == expected

@@ -1,0 +1,2 @@
+"""ggbatch worker side: the continuous-batching engine and the worker process around it.
+Never imports runner/."""

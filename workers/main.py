@@ -1,0 +1,85 @@
+"""The worker process: pin, load, then pull questions and push answers until told to stop.
+
+    tasks (Chunk | Stop) ──▶ engine.add ──▶ engine.step() ──▶ results (AnswerBatch)
+                          ◀── WantWork when fewer than 2 × slots questions are left locally
+
+The worker never blocks while its engine has work: it drains the task queue without waiting,
+runs one step, ships whatever finished. It blocks only when it has nothing at all to do.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import traceback
+from typing import Any
+
+from workers.protocol import AnswerBatch, Chunk, Ready, Stop, WantWork, WorkerError, WorkerSpec
+
+
+def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
+    """Entry point of a worker process. Takes only picklable config; builds the model here."""
+    # The coordinator owns shutdown: Ctrl-C reaches the whole process group, but only the
+    # coordinator decides what happens to in-flight questions.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    engine = None
+    try:
+        # Pin before the model loads, so llama.cpp's thread pool is created on our cores.
+        os.sched_setaffinity(0, spec.cores)
+        t0 = time.perf_counter()
+        engine = _build_engine(spec)
+        results.put(Ready(spec.worker_id, os.getpid(), time.perf_counter() - t0,
+                          spec.engine.n_threads, tuple(sorted(os.sched_getaffinity(0)))))
+        _serve(engine, spec, tasks, results)
+    except BaseException as exc:  # report anything, then die: the coordinator decides what next
+        results.put(WorkerError(spec.worker_id, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        raise SystemExit(1)
+    finally:
+        if engine is not None:
+            engine.close()
+
+
+def _build_engine(spec: WorkerSpec) -> Any:
+    if spec.engine_factory is not None:
+        return spec.engine_factory(spec.engine, spec.worker_id)
+    from workers.engine import LlamaEngine  # imported here: llama.cpp loads only in workers
+
+    return LlamaEngine(spec.engine, spec.worker_id)
+
+
+def _serve(engine: Any, spec: WorkerSpec, tasks: Any, results: Any) -> None:
+    target = 2 * engine.slots  # questions held locally: a full batch plus a full refill
+    asked = False
+    stopping = False
+    while True:
+        if not asked and not stopping and engine.n_unfinished < target:
+            results.put(WantWork(spec.worker_id, target - engine.n_unfinished))
+            asked = True
+        idle = engine.n_unfinished == 0
+        if idle and stopping:
+            return
+        for msg in _messages(tasks, block=idle):
+            if isinstance(msg, Stop):
+                stopping = True
+            elif isinstance(msg, Chunk):
+                for question in msg.questions:
+                    engine.add(question)
+                asked = False
+        if engine.n_unfinished:
+            answers = engine.step()
+            if answers:
+                results.put(AnswerBatch(spec.worker_id, tuple(answers), engine.stats()))
+
+
+def _messages(tasks: Any, block: bool) -> list[Any]:
+    """Everything waiting on the task queue; waits for the first message only if `block`."""
+    out = []
+    try:
+        out.append(tasks.get() if block else tasks.get_nowait())
+        while True:
+            out.append(tasks.get_nowait())
+    except queue.Empty:
+        pass
+    return out

@@ -1,0 +1,143 @@
+"""Everything that crosses the process boundary between the coordinator and a worker.
+
+One small frozen dataclass per message, so a reader sees the whole conversation here:
+
+    coordinator                         worker
+        │ ── start(WorkerSpec) ──────────▶ │  pins itself, loads the model
+        │ ◀───────────────────── Ready ─── │
+        │ ◀─────────────────── WantWork ── │  its engine is running low
+        │ ── Chunk(questions) ───────────▶ │
+        │ ◀───────────── AnswerBatch ───── │  every step that finished a question
+        │ ── Stop ───────────────────────▶ │  nothing left anywhere: exit
+        │ ◀──────────────── WorkerError ── │  only when the worker itself cannot go on
+
+Questions travel as token ids: the coordinator tokenizes once (it needs the counts to size the
+context and order the work), so a worker never renders or tokenizes a prompt.
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # end-of-generation token or a stop string
+    LENGTH = "length"  # max_tokens reached
+    ERROR = "error"  # the question could not be answered; see Answer.error
+
+
+@dataclass(frozen=True)
+class Question:
+    """One prompt to answer. `tokens` is the full rendered prompt (shared prefix included)."""
+
+    qid: str
+    tokens: array  # array('i'): compact to pickle, cheap to slice
+    seed: int  # per-question sampling seed, so an answer never depends on worker or slot
+
+
+@dataclass(frozen=True)
+class Answer:
+    qid: str
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    worker_id: int
+    ttft_s: float  # admission to first generated token
+    latency_s: float  # admission to finish
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """llama.cpp sampler-chain settings. temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    sampling: SamplingParams = SamplingParams()
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What a worker needs to build its engine, decided by the coordinator."""
+
+    model_path: str
+    n_threads: int
+    slots: int  # sequences decoded together in one llama_decode
+    n_ctx_seq: int  # context per sequence: longest prompt + max_tokens, capped by the model
+    n_batch: int  # token budget of one step (decode tokens + prefill chunks)
+    prefix_tokens: array  # tokens every prompt starts with; decoded once, then shared
+    generation: GenerationParams = GenerationParams()
+    # False = batch-invariant: per-sequence KV streams and no flash attention, so no float
+    # reduction depends on the batch's composition (see workers/engine.py).
+    kv_unified: bool = True
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    worker_id: int
+    cores: tuple[int, ...]  # the worker pins itself to these before loading the model
+    engine: EngineConfig
+    # Module-level callable building the engine inside the child; tests pass a fake engine here.
+    engine_factory: Optional[Callable[[EngineConfig, int], Any]] = None
+    low_water: int = 0  # ask for more work when fewer unfinished questions than this remain
+
+
+# worker -> coordinator
+
+
+@dataclass(frozen=True)
+class Ready:
+    worker_id: int
+    pid: int
+    load_s: float
+    n_threads: int
+    cores: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class WantWork:
+    worker_id: int
+    n: int
+
+
+@dataclass(frozen=True)
+class AnswerBatch:
+    worker_id: int
+    answers: tuple[Answer, ...]
+    step_stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerError:
+    worker_id: int
+    message: str
+    traceback: str
+
+
+# coordinator -> worker
+
+
+@dataclass(frozen=True)
+class Chunk:
+    questions: tuple[Question, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass

@@ -1,0 +1,91 @@
+"""One question's life inside the engine, and the pure stop rules applied to it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence as Seq
+
+from workers.protocol import FinishReason, Question
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # queued, no slot yet
+    PREFILL = "prefill"  # prompt tokens still going into the KV cache, maybe over several steps
+    DECODE = "decode"  # one new token per step
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    question: Question
+    phase: Phase = Phase.WAITING
+    seq_id: int = -1  # llama.cpp sequence id (the slot) while admitted
+    n_cached: int = 0  # prompt tokens already in the KV cache (shared prefix included)
+    output: list[int] = field(default_factory=list)
+    text_bytes: bytearray = field(default_factory=bytearray)
+    sampler: Any = None  # llama.cpp sampler chain, owned by the engine
+    t_admit: float = 0.0
+    t_first: float = 0.0
+    finish: Optional[FinishReason] = None
+    stop_cut: Optional[int] = None  # character index where a stop string begins
+
+    @property
+    def prompt(self) -> array:
+        return self.question.tokens
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.question.tokens)
+
+    @property
+    def next_pos(self) -> int:
+        """Position of the next token fed to the model."""
+        return self.n_cached if self.phase is Phase.PREFILL else self.n_prompt + len(self.output) - 1
+
+    def admit(self, seq_id: int, n_shared: int) -> None:
+        self.seq_id = seq_id
+        self.n_cached = n_shared
+        self.phase = Phase.PREFILL
+        self.t_admit = time.perf_counter()
+
+    def reset_to_waiting(self) -> None:
+        """Preempted (no KV room): drop its progress, it starts over when re-admitted."""
+        self.phase = Phase.WAITING
+        self.seq_id = -1
+        self.n_cached = 0
+        self.output.clear()
+        self.text_bytes.clear()
+
+
+def common_prefix_len(a: Seq[int], b: Seq[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def shared_prefix_len(prompt: Seq[int], prefix: Seq[int]) -> int:
+    """How many prompt tokens can be copied from the shared prefix. At least one prompt token is
+    always decoded by the sequence itself, because its logits are needed to sample."""
+    return min(common_prefix_len(prompt, prefix), len(prompt) - 1)
+
+
+def find_stop(text: str, stops: Seq[str], search_from: int = 0) -> Optional[int]:
+    """Index of the earliest stop string in text[search_from:] (as an index into text), or None.
+    Callers pass search_from = len(previous text) - longest stop + 1 so each step scans only the tail."""
+    best: Optional[int] = None
+    start = max(0, search_from)
+    for stop in stops:
+        i = text.find(stop, start)
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best
+
+
+def decode_text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
