@@ -5,7 +5,8 @@ summed RSS would count them once per worker."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import psutil
@@ -13,20 +14,24 @@ import psutil
 
 @dataclass
 class WorkerUsage:
-    cpu_samples: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0  # user + system CPU time at the last sample
+    alive_s: float = 0.0  # wall time since the process started, at the last sample
     peak_pss: int = 0
     peak_uss: int = 0
     peak_rss: int = 0
     last_pss: int = 0
+    affinity: tuple[int, ...] = ()  # read from outside: the cores the process may run on
+    peak_threads: int = 0
 
     @property
     def mean_cpu(self) -> float:
-        return sum(self.cpu_samples) / len(self.cpu_samples) if self.cpu_samples else 0.0
+        """Mean CPU% over the process's life so far (100 = one core busy all the time)."""
+        return 100.0 * self.cpu_s / self.alive_s if self.alive_s > 0 else 0.0
 
 
 class Monitor:
     def __init__(self) -> None:
-        self._procs: dict[int, psutil.Process] = {}  # pid -> Process (keeps cpu_percent's baseline)
+        self._procs: dict[int, psutil.Process] = {}  # pid -> Process
         self.workers: dict[int, WorkerUsage] = {}
         self.core_samples: list[list[float]] = []
         self.min_available = psutil.virtual_memory().available
@@ -37,14 +42,15 @@ class Monitor:
         """pids: worker id -> pid of its live process."""
         for worker_id, pid in pids.items():
             usage = self.workers.setdefault(worker_id, WorkerUsage())
-            proc = self._procs.get(pid)
             try:
-                if proc is None:
-                    proc = self._procs[pid] = psutil.Process(pid)
-                    proc.cpu_percent(None)  # first call only sets the baseline
-                else:
-                    usage.cpu_samples.append(proc.cpu_percent(None))
-                mem = proc.memory_full_info()
+                proc = self._procs.get(pid) or self._procs.setdefault(pid, psutil.Process(pid))
+                with proc.oneshot():
+                    times = proc.cpu_times()
+                    usage.cpu_s = times.user + times.system
+                    usage.alive_s = time.time() - proc.create_time()
+                    mem = proc.memory_full_info()
+                    usage.affinity = tuple(proc.cpu_affinity())
+                    usage.peak_threads = max(usage.peak_threads, proc.num_threads())
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             usage.last_pss = mem.pss
@@ -62,7 +68,8 @@ class Monitor:
             "workers": {str(wid): {"mean_cpu_percent": round(u.mean_cpu, 1),
                                    "peak_pss_mib": round(u.peak_pss / 2**20, 1),
                                    "peak_uss_mib": round(u.peak_uss / 2**20, 1),
-                                   "peak_rss_mib": round(u.peak_rss / 2**20, 1)}
+                                   "peak_rss_mib": round(u.peak_rss / 2**20, 1),
+                                   "affinity": list(u.affinity), "peak_os_threads": u.peak_threads}
                         for wid, u in sorted(self.workers.items())},
             "mean_core_utilisation_percent": cores,
             "peak_system_used_mib": round(self.peak_used / 2**20, 1),

@@ -87,6 +87,8 @@ class WorkerPool:
                     next_tick = time.perf_counter() + TICK_S
                     if self._on_tick:
                         self._on_tick(self)
+            if self._on_tick:  # a last sample while the workers are still alive
+                self._on_tick(self)
         finally:
             self._shutdown()
         return self.answers

@@ -66,6 +66,7 @@ def build_report(config: "JobConfig", model_path: str, layout: "Layout", job: "P
                            "generated_tokens": sum(a.completion_tokens for a in mine),
                            "restarts": w.restarts,
                            "load_s": round(w.ready.load_s, 3) if w.ready else None,
+                           "llama_n_threads": w.ready.n_threads if w.ready else None,
                            **usage.get(wid, {}),
                            "engine": {k: round(v, 4) for k, v in stats.items()}}
     failures = [a for a in done if a.error is not None]

@@ -82,6 +82,7 @@ class LlamaEngine:
         self.runner = ModelRunner(config.model_path, config.n_threads, n_ctx=n_ctx,
                                   n_seq_max=config.slots + 1, n_batch=config.n_batch,
                                   kv_unified=config.kv_unified)
+        self.n_threads = self.runner.n_threads  # as llama.cpp reports it
         self.sched = Scheduler(config.slots, config.n_batch, prefix)
         self._rejected: list[Answer] = []
         self._longest_stop = max((len(s) for s in self.gen.stop), default=0)

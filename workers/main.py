@@ -31,7 +31,8 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
         t0 = time.perf_counter()
         engine = _build_engine(spec)
         results.put(Ready(spec.worker_id, os.getpid(), time.perf_counter() - t0,
-                          spec.engine.n_threads, tuple(sorted(os.sched_getaffinity(0)))))
+                          getattr(engine, "n_threads", spec.engine.n_threads),
+                          tuple(sorted(os.sched_getaffinity(0)))))
         _serve(engine, spec, tasks, results)
     except BaseException as exc:  # report anything, then die: the coordinator decides what next
         results.put(WorkerError(spec.worker_id, f"{type(exc).__name__}: {exc}", traceback.format_exc()))

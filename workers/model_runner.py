@@ -169,6 +169,7 @@ class ModelRunner:
             raise ModelLoadError(f"{model_path}: could not create a context of {n_ctx} tokens "
                                  f"for {n_seq_max} sequences")
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        self.n_threads = int(llama_cpp.llama_n_threads(self.ctx))
         self.n_batch = n_batch
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = _Batch(n_batch)

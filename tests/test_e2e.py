@@ -1,0 +1,129 @@
+"""End to end through the command line, with real llama.cpp in real worker processes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, gsm8k_records
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def ggbatch(*args, timeout=200):
+    return subprocess.run([sys.executable, "-m", "runner", "run", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def two_cores():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable cores")
+
+
+@pytest.mark.parametrize("model", ["stories", "demo"])
+def test_two_pinned_workers_answer_50_gsm8k_questions_in_input_order(request, tmp_path, gsm8k_file, model):
+    two_cores()
+    model_path = request.getfixturevalue("stories") if model == "stories" else "demo"
+    questions, out, report = gsm8k_file(50), tmp_path / "answers.json", tmp_path / "report.json"
+    r = ggbatch("--model", model_path, "--input", questions, "--output", out, "--workers", 2,
+                "--max-tokens", 16, "--report", report)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    assert [row["questionID"] for row in rows] == [rec["questionID"] for rec in gsm8k_records(50)]
+    assert all(isinstance(row["answer"], str) and row["answer"] for row in rows)
+    rep = json.loads(report.read_text())
+    workers = rep["workers"]
+    assert len(workers) == 2
+    # Pinned to disjoint single cores (read from outside with psutil), one llama.cpp thread each.
+    affinities = [tuple(w["affinity"]) for w in workers.values()]
+    assert all(len(a) == 1 for a in affinities) and len(set(affinities)) == 2
+    assert affinities == [tuple(w["cores"]) for w in workers.values()]
+    assert all(w["llama_n_threads"] == 1 for w in workers.values())
+    assert sum(w["questions"] for w in workers.values()) == 50
+    assert rep["questions"]["answered"] == 50 and rep["questions"]["failed"] == 0
+    assert "answered   50/50" in r.stdout
+
+
+def test_one_worker_gets_every_core_by_default(tmp_path, stories, gsm8k_file):
+    out, report = tmp_path / "a.jsonl", tmp_path / "r.json"
+    r = ggbatch("--model", stories, "--input", gsm8k_file(5), "--output", out, "--max-tokens", 8,
+                "--report", report)
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text().splitlines()
+    assert [json.loads(line)["questionID"] for line in lines] == [f"gsm8k-{i}" for i in range(1, 6)]
+    w = json.loads(report.read_text())["workers"]["0"]
+    cores = sorted(os.sched_getaffinity(0))
+    assert w["affinity"] == cores and w["llama_n_threads"] == len(cores)
+
+
+def test_example_job_runs(tmp_path):
+    out = tmp_path / "example.json"
+    r = ggbatch("jobs/example.yaml", "--output", out, "--report", tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    assert len(rows) == 12 and all(row["answer"] for row in rows)
+
+
+def test_missing_model_is_one_line_exit_2(tmp_path, gsm8k_file):
+    r = ggbatch("--model", tmp_path / "nope.gguf", "--input", gsm8k_file(3), "--output", tmp_path / "a.json")
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"ggbatch: error: {tmp_path / 'nope.gguf'}: model file not found"
+
+
+def test_file_that_is_not_gguf_is_exit_2(tmp_path, gsm8k_file):
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("hello")
+    r = ggbatch("--model", fake, "--input", gsm8k_file(3), "--output", tmp_path / "a.json")
+    assert r.returncode == 2 and "not a GGUF file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_input_line_is_one_line_exit_2_and_nothing_written(tmp_path, stories):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"questionID": "1", "question": "a"}\n{"questionID": "2", "question": "b"\n')
+    out = tmp_path / "a.json"
+    out.write_text("previous answers")
+    r = ggbatch("--model", stories, "--input", questions, "--output", out)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith(f"ggbatch: error: {questions}:2: malformed JSON")
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert out.read_text() == "previous answers"
+
+
+def test_empty_input_gives_empty_output(tmp_path, stories):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("")
+    r = ggbatch("--model", stories, "--input", questions, "--output", tmp_path / "a.json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "a.json").read_text()) == []
+
+
+def test_failed_question_is_recorded_and_exit_1(tmp_path, stories):
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([{"questionID": "short", "question": "Hi"},
+                                     {"questionID": "long", "question": "word " * 300}]))
+    r = ggbatch("--model", stories, "--input", questions, "--output", tmp_path / "a.json",
+                "--n-ctx", 64, "--max-tokens", 8)
+    assert r.returncode == 1, r.stderr
+    rows = {row["questionID"]: row for row in json.loads((tmp_path / "a.json").read_text())}
+    assert rows["short"]["answer"]
+    assert rows["long"]["answer"] is None and "context per sequence is 64" in rows["long"]["error"]
+
+
+def test_too_many_workers_is_a_usage_error(tmp_path, stories, gsm8k_file):
+    n = len(os.sched_getaffinity(0)) + 1
+    r = ggbatch("--model", stories, "--input", gsm8k_file(3), "--output", tmp_path / "a.json", "--workers", n)
+    assert r.returncode == 2 and f"{n} workers need at least {n} cores" in r.stderr
+
+
+def test_python_api_returns_the_report(tmp_path, stories, gsm8k_file):
+    from runner import build_config, run_job
+
+    config = build_config([("api", {"model": stories, "input": gsm8k_file(4), "output": str(tmp_path / "a.json"),
+                                    "max_tokens": 8, "workers": 1})])
+    report = run_job(config, progress_bar=False)
+    assert report["questions"]["answered"] == 4
+    assert 0 < report["tokens"]["generated"] <= 4 * 8
+    assert Path(tmp_path / "a.json").exists()
