@@ -8,6 +8,8 @@ render and tokenize every prompt once, plan the layout, run the pool, merge, wri
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from array import array
 from dataclasses import dataclass
@@ -16,10 +18,13 @@ from typing import Any, Callable, Optional
 
 from runner import modelgen
 from runner.config import JobConfig
-from runner.errors import ModelError
+from runner.errors import ConfigError, ModelError
+from runner.memory import MemoryPlan, ModelDims, describe, dims_from_metadata, fit_layout
 from runner.inputs import Record, read_records
 from runner.monitor import Monitor
 from runner.outputs import check_writable, merge, render, write_atomic
+import psutil
+
 from runner.planning import (Layout, common_prefix, context_per_sequence, plan_layout,
                              question_seed, usable_cores)
 from runner.pool import WorkerPool
@@ -27,6 +32,10 @@ from runner.progress import Progress
 from runner.prompts import PLAIN_STOP, PromptBuilder
 from runner.report import build_report
 from workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
+from workers.scheduler import kv_cells
+
+log = logging.getLogger("ggbatch")
+LOW_MEMORY_FRACTION = 0.05  # stop admitting questions below this share of RAM available
 
 EngineFactory = Callable[[EngineConfig, int], Any]
 
@@ -40,6 +49,7 @@ class PreparedJob:
     n_ctx_seq: int
     generation: GenerationParams
     chat_template: str  # "model", "plain" or "job"
+    dims: ModelDims
 
 
 def resolve_model(model: str) -> str:
@@ -91,6 +101,7 @@ def prepare(config: JobConfig, model_path: str) -> PreparedJob:
             by_prompt[key] = rec.qid
             questions.append(Question(rec.qid, tokens, question_seed(config.sampling.seed, rec.qid)))
         n_ctx_train = tokenizer.n_ctx_train
+        dims = dims_from_metadata(tokenizer.metadata, os.path.getsize(model_path), tokenizer.n_vocab)
     finally:
         tokenizer.close()
     stop = config.stop or (PLAIN_STOP if builder.is_plain else ())
@@ -100,7 +111,24 @@ def prepare(config: JobConfig, model_path: str) -> PreparedJob:
     # Longest prompts first: the long ones start early and the tail of the run stays short.
     questions.sort(key=lambda q: len(q.tokens), reverse=True)
     prefix = common_prefix([q.tokens for q in questions]) if len(questions) > 1 else array("i")
-    return PreparedJob(records, questions, aliases, prefix, n_ctx_seq, generation, kind)
+    return PreparedJob(records, questions, aliases, prefix, n_ctx_seq, generation, kind, dims)
+
+
+def plan(config: JobConfig, job: PreparedJob, available: int) -> tuple[Layout, MemoryPlan]:
+    """The layout asked for (or auto), shrunk if its memory plan does not fit."""
+    cores = usable_cores()
+    layout = plan_layout(cores, config.workers, config.threads, config.slots, len(job.questions))
+    unified = not config.batch_invariant
+    memory = fit_layout(job.dims, layout.workers, layout.slots,
+                        lambda slots: kv_cells(slots, job.n_ctx_seq, len(job.prefix), unified),
+                        max(config.n_batch, layout.slots), available)
+    if not memory.fits:
+        raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}")
+    if memory.note:
+        log.warning("memory plan: %s (%s)", memory.note, describe(memory))
+        threads = config.threads if config.threads is not None else len(cores) // memory.workers
+        layout = plan_layout(cores, memory.workers, threads, memory.slots, len(job.questions))
+    return layout, memory
 
 
 def worker_specs(config: JobConfig, model_path: str, layout: Layout, job: PreparedJob,
@@ -122,15 +150,25 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     if config.report:
         check_writable(config.report)
     job = prepare(config, model_path)
-    layout = plan_layout(usable_cores(), config.workers, config.threads, config.slots, len(job.questions))
+    layout, memory = plan(config, job, psutil.virtual_memory().available)
     specs = worker_specs(config, model_path, layout, job, engine_factory)
     t_prepared = time.perf_counter()
 
     progress = Progress(len(job.questions), bar=progress_bar)
     monitor = Monitor()
+    low_memory = int(psutil.virtual_memory().total * LOW_MEMORY_FRACTION)
 
     def tick(p: WorkerPool) -> None:
-        monitor.sample(p.live_pids)
+        available = monitor.sample(p.live_pids)
+        # Out of memory, the kernel kills a worker and its questions are redone: better to
+        # let the running ones finish without admitting more until memory comes back.
+        if available < low_memory and not p.paused:
+            log.warning("only %d MiB available: admitting no new questions until memory recovers",
+                        available >> 20)
+            p.pause(True)
+        elif available > 2 * low_memory and p.paused:
+            log.warning("%d MiB available again: admitting questions", available >> 20)
+            p.pause(False)
         progress.tick()
 
     pool = WorkerPool(specs, on_answer=progress.answered, on_tick=tick)
@@ -141,7 +179,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     rows = merge(job.records, answers, job.aliases, config.id_field)
     write_atomic(config.output, render(rows, config.output))
     t_end = time.perf_counter()
-    report = build_report(config, model_path, layout, job, answers, pool, monitor,
+    report = build_report(config, model_path, layout, memory, job, answers, pool, monitor,
                           timings={"total_s": t_end - t_start, "prepare_s": t_prepared - t_start,
                                    "run_s": t_end - t_prepared,
                                    "first_worker_ready_s": (pool.first_ready_at - t_start)

@@ -38,8 +38,8 @@ class Monitor:
         self.peak_used = 0
         psutil.cpu_percent(percpu=True)  # prime the per-core counters
 
-    def sample(self, pids: Mapping[int, int]) -> None:
-        """pids: worker id -> pid of its live process."""
+    def sample(self, pids: Mapping[int, int]) -> int:
+        """pids: worker id -> pid of its live process. Returns the system's available memory."""
         for worker_id, pid in pids.items():
             usage = self.workers.setdefault(worker_id, WorkerUsage())
             try:
@@ -61,6 +61,7 @@ class Monitor:
         self.min_available = min(self.min_available, vm.available)
         self.peak_used = max(self.peak_used, vm.total - vm.available)
         self.core_samples.append(psutil.cpu_percent(percpu=True))
+        return vm.available
 
     def summary(self) -> dict[str, Any]:
         cores = [round(sum(c) / len(c), 1) for c in zip(*self.core_samples)] if self.core_samples else []

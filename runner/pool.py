@@ -66,6 +66,7 @@ class WorkerPool:
         self._suspects: deque[Question] = deque()  # were in flight when a worker died
         self._deaths: dict[str, int] = {}  # question id -> workers that died holding it
         self.answers: dict[str, Answer] = {}
+        self.paused = False  # admit no new questions (memory is low)
         self.started_at = 0.0
         self.first_ready_at: Optional[float] = None
 
@@ -92,6 +93,12 @@ class WorkerPool:
         finally:
             self._shutdown()
         return self.answers
+
+    def pause(self, paused: bool) -> None:
+        """Stop (or resume) handing out questions; workers finish what they hold."""
+        self.paused = paused
+        if not paused:
+            self._dispatch()
 
     @property
     def live_pids(self) -> dict[int, int]:
@@ -148,6 +155,8 @@ class WorkerPool:
             self._on_answer(answer)
 
     def _dispatch(self) -> None:
+        if self.paused:
+            return
         hungry = [w for w in self.workers if w.process is not None and w.wants > 0 and not w.solo]
         n_workers = max(1, sum(1 for w in self.workers if w.process is not None))
         for w in hungry:

@@ -14,6 +14,7 @@ from workers.protocol import Answer
 if TYPE_CHECKING:
     from runner.config import JobConfig
     from runner.job import PreparedJob
+    from runner.memory import MemoryPlan
     from runner.monitor import Monitor
     from runner.planning import Layout
     from runner.pool import WorkerPool
@@ -45,7 +46,7 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def build_report(config: "JobConfig", model_path: str, layout: "Layout", job: "PreparedJob",
+def build_report(config: "JobConfig", model_path: str, layout: "Layout", memory: "MemoryPlan", job: "PreparedJob",
                  answers: Mapping[str, Answer], pool: "WorkerPool", monitor: "Monitor",
                  timings: Mapping[str, Any]) -> dict[str, Any]:
     done = list(answers.values())
@@ -93,7 +94,9 @@ def build_report(config: "JobConfig", model_path: str, layout: "Layout", job: "P
         "mean_slot_occupancy": round(busy / (steps * layout.slots), 3) if steps else None,
         "timings_s": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in timings.items()},
         "workers": per_worker,
-        "memory": {k: v for k, v in monitor.summary().items() if k != "workers"},
+        "memory": {"plan": memory.as_report(),
+                   "measured_peak_pss_mib": round(sum(u.get("peak_pss_mib", 0) for u in usage.values()), 1),
+                   **{k: v for k, v in monitor.summary().items() if k != "workers"}},
     }
 
 

@@ -28,11 +28,12 @@ def questions(tokenizer, texts, system=None, seed=0):
     return [Question(f"q{i}", tokenizer.tokenize(b.render(t)), seed + i) for i, t in enumerate(texts)]
 
 
-def answer_all(model, qs, slots, prefix=None, n_ctx_seq=512, n_batch=256, unified=True, **gen):
+def answer_all(model, qs, slots, prefix=None, n_ctx_seq=512, n_batch=256, unified=True, kv=0,
+               stats=None, **gen):
     from workers.engine import LlamaEngine
 
     config = EngineConfig(model, 1, slots, n_ctx_seq, n_batch, prefix if prefix is not None else array("i"),
-                          GenerationParams(**gen), kv_unified=unified)
+                          GenerationParams(**gen), kv_unified=unified, kv_cells=kv)
     engine = LlamaEngine(config, worker_id=0)
     try:
         for q in qs:
@@ -41,6 +42,8 @@ def answer_all(model, qs, slots, prefix=None, n_ctx_seq=512, n_batch=256, unifie
         while engine.n_unfinished:
             for a in engine.step():
                 out[a.qid] = a
+        if stats is not None:
+            stats.update(engine.stats())
         return out
     finally:
         engine.close()
@@ -130,3 +133,19 @@ def test_answer_metadata(stories, tokenizer):
     assert 0 < a.completion_tokens <= 10
     assert 0 < a.ttft_s <= a.latency_s
     assert a.worker_id == 0
+
+
+def test_small_kv_pool_admits_only_what_fits(stories, tokenizer):
+    qs = questions(tokenizer, [r["question"] for r in gsm8k_records(12)])
+    longest = max(len(q.tokens) for q in qs)
+    stats = {}
+    # Room for about two sequences at full length, but eight slots: admission waits for room
+    # instead of letting llama_decode run out of KV cells.
+    out = answer_all(stories, qs, slots=8, n_ctx_seq=longest + 40, kv=2 * (longest + 40),
+                     max_tokens=40, ignore_eos=True, stats=stats)
+    assert sorted(out) == sorted(q.qid for q in qs)
+    assert all(a.error is None and a.completion_tokens == 40 for a in out.values())
+    assert stats["preemptions"] == 0 and stats["kv_full_retries"] == 0
+    # Never more running than fit (8 slots were free); llama.cpp pads the pool up to a multiple
+    # of 256 cells, which makes room for a third sequence here.
+    assert stats["busy_slots"] / stats["steps"] <= 3

@@ -80,6 +80,23 @@ def test_preempt_newest_goes_back_to_front():
     assert b.phase is Phase.WAITING and b.output == [] and list(s.waiting) == [b, c]
 
 
+def test_kv_budget_limits_admission_until_cells_are_released():
+    s = Scheduler(slots=4, n_batch=64, kv_budget=30, max_new_tokens=5)
+    a, b, c = seq("a", 10), seq("b", 10), seq("c", 10)  # each needs 10 + 5 cells
+    for x in (a, b, c):
+        s.add(x)
+    assert s.admit() == [a, b] and s.kv_reserved == 30
+    s.release(a)
+    assert s.admit() == [c]
+
+
+def test_a_sequence_larger_than_the_budget_still_runs_alone():
+    s = Scheduler(slots=2, n_batch=64, kv_budget=5, max_new_tokens=5)
+    a = seq("a", 10)
+    s.add(a)
+    assert s.admit() == [a]
+
+
 def test_slots_cannot_exceed_batch():
     with pytest.raises(ValueError):
         Scheduler(slots=16, n_batch=8)

@@ -35,7 +35,7 @@ import numpy as np
 
 from workers.model_runner import ModelRunner
 from workers.protocol import Answer, EngineConfig, FinishReason, Question
-from workers.scheduler import Scheduler, Span
+from workers.scheduler import Scheduler, Span, kv_cells
 from workers.sequence import Phase, Sequence, decode_text, find_stop
 
 
@@ -60,15 +60,6 @@ class EngineError(RuntimeError):
     pass
 
 
-def kv_cells(slots: int, n_ctx_seq: int, n_prefix: int, unified: bool) -> int:
-    """KV cells (llama.cpp n_ctx) for `slots` sequences of up to n_ctx_seq tokens sharing
-    n_prefix tokens, plus the prefix sequence. Unified: one pool where the prefix is stored once.
-    Not unified: llama.cpp splits n_ctx evenly into one stream per sequence."""
-    if unified:
-        return n_prefix + slots * max(1, n_ctx_seq - n_prefix)
-    return (slots + 1) * n_ctx_seq
-
-
 class LlamaEngine:
     def __init__(self, config: EngineConfig, worker_id: int) -> None:
         self.config = config
@@ -78,16 +69,21 @@ class LlamaEngine:
         self.n_ctx_seq = config.n_ctx_seq
         prefix = config.prefix_tokens
         self.prefix_id = config.slots  # the sequence id after the slots holds the shared prefix
-        n_ctx = kv_cells(config.slots, config.n_ctx_seq, len(prefix), config.kv_unified)
+        n_ctx = config.kv_cells or kv_cells(config.slots, config.n_ctx_seq, len(prefix), config.kv_unified)
         self.runner = ModelRunner(config.model_path, config.n_threads, n_ctx=n_ctx,
                                   n_seq_max=config.slots + 1, n_batch=config.n_batch,
                                   kv_unified=config.kv_unified)
         self.n_threads = self.runner.n_threads  # as llama.cpp reports it
-        self.sched = Scheduler(config.slots, config.n_batch, prefix)
+        # With one unified pool, admission keeps the sequences within it; separate streams
+        # give each slot its own room.
+        budget = self.runner.n_ctx - len(prefix) if config.kv_unified else None
+        self.sched = Scheduler(config.slots, config.n_batch, prefix, budget, self.gen.max_tokens)
         self._rejected: list[Answer] = []
         self._longest_stop = max((len(s) for s in self.gen.stop), default=0)
-        self._stats = {"steps": 0.0, "step_s": 0.0, "decode_s": 0.0, "batch_tokens": 0.0,
-                       "busy_slots": 0.0, "generated_tokens": 0.0}
+        # step_s - decode_s - sample_s is the engine's own Python work.
+        self._stats = {"steps": 0.0, "step_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "batch_tokens": 0.0,
+                       "busy_slots": 0.0, "generated_tokens": 0.0,
+                       "kv_full_retries": 0.0, "preemptions": 0.0}
         self._decode_prefix(prefix)
 
     # -- public interface -----------------------------------------------------------------------
@@ -116,7 +112,9 @@ class LlamaEngine:
         busy = len(self.sched.running)
         spans = self._decode_with_room()
         for span, row in _logit_rows(spans):
+            t_sample = time.perf_counter()
             token = self.runner.sample(span.seq.sampler, row)
+            self._stats["sample_s"] += time.perf_counter() - t_sample
             if self._accept(span.seq, token):
                 done.append(self._finish(span.seq))
         st = self._stats
@@ -171,6 +169,7 @@ class LlamaEngine:
                 return spans
             if status != 1:
                 raise EngineError(f"llama_decode failed with status {status}")
+            self._stats["kv_full_retries"] += 1
             n_tokens = sum(s.n for s in spans)
             if n_tokens > 1:
                 budget = n_tokens // 2
@@ -180,6 +179,7 @@ class LlamaEngine:
                 self.runner.free_sampler(victim.sampler)
                 victim.sampler = None
                 self.sched.preempt_newest()
+                self._stats["preemptions"] += 1
             else:
                 raise EngineError("no KV cache room for a single sequence")
 

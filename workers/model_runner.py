@@ -101,6 +101,7 @@ class Tokenizer:
         # A vocab-only load leaves the hyper-parameters unset, so read the context from metadata.
         arch = self.metadata("general.architecture") or "llama"
         self.n_ctx_train = int(self.metadata(f"{arch}.context_length") or 0)
+        self.n_vocab = self._vocab.n_tokens
         template = llama_cpp.llama_model_chat_template(self._model, None)
         self.chat_template: Optional[str] = template.decode("utf-8") if template else None
 

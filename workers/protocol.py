@@ -86,6 +86,9 @@ class EngineConfig:
     # False = batch-invariant: per-sequence KV streams and no flash attention, so no float
     # reduction depends on the batch's composition (see workers/engine.py).
     kv_unified: bool = True
+    # KV cells of the whole context; 0 = room for every slot at full length. A smaller pool
+    # (memory-bound runs) works too: the engine shrinks batches and preempts when it is full.
+    kv_cells: int = 0
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,15 @@ from dataclasses import dataclass
 from workers.sequence import Phase, Sequence, shared_prefix_len
 
 
+def kv_cells(slots: int, n_ctx_seq: int, n_prefix: int, unified: bool) -> int:
+    """KV cells (llama.cpp n_ctx) for `slots` sequences of up to n_ctx_seq tokens sharing
+    n_prefix tokens, plus the prefix sequence. Unified: one pool where the prefix is stored once.
+    Not unified: llama.cpp splits n_ctx evenly into one stream per sequence."""
+    if unified:
+        return n_prefix + slots * max(1, n_ctx_seq - n_prefix)
+    return (slots + 1) * n_ctx_seq
+
+
 @dataclass(frozen=True)
 class Span:
     """A run of consecutive tokens of one sequence in the batch."""
@@ -26,11 +35,18 @@ class Span:
 
 
 class Scheduler:
-    def __init__(self, slots: int, n_batch: int, prefix: array | None = None) -> None:
+    def __init__(self, slots: int, n_batch: int, prefix: array | None = None,
+                 kv_budget: int | None = None, max_new_tokens: int = 0) -> None:
+        """kv_budget: KV cells the sequences may fill beyond the shared prefix (None = each slot
+        has its own room). A sequence is admitted only when its prompt plus max_new_tokens fits
+        what the running ones may still claim, so a full pool never thrashes."""
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) cannot exceed the token budget n_batch ({n_batch})")
         self.n_batch = n_batch
         self.prefix = prefix if prefix is not None else array("i")
+        self.kv_budget = kv_budget
+        self.max_new_tokens = max_new_tokens
+        self.kv_reserved = 0
         self.free_ids: list[int] = list(range(slots - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
@@ -47,8 +63,15 @@ class Scheduler:
         as it shares (`n_cached`); the caller copies that much KV into its slot."""
         admitted = []
         while self.free_ids and self.waiting:
-            seq = self.waiting.popleft()
-            seq.admit(self.free_ids.pop(), shared_prefix_len(seq.prompt, self.prefix))
+            seq = self.waiting[0]
+            shared = shared_prefix_len(seq.prompt, self.prefix)
+            need = seq.n_prompt - shared + self.max_new_tokens
+            if self.kv_budget is not None and self.running and self.kv_reserved + need > self.kv_budget:
+                break  # wait for a running sequence to finish and give its cells back
+            self.waiting.popleft()
+            seq.admit(self.free_ids.pop(), shared)
+            seq.kv_reserved = need
+            self.kv_reserved += need
             self.running.append(seq)
             admitted.append(seq)
         return admitted
@@ -72,6 +95,8 @@ class Scheduler:
         """Give the slot back (finished or preempted)."""
         self.running.remove(seq)
         self.free_ids.append(seq.seq_id)
+        self.kv_reserved -= seq.kv_reserved
+        seq.kv_reserved = 0
 
     def preempt_newest(self) -> Sequence:
         """Take the most recently admitted sequence out to make KV room; it goes back to the

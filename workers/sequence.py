@@ -24,6 +24,7 @@ class Sequence:
     phase: Phase = Phase.WAITING
     seq_id: int = -1  # llama.cpp sequence id (the slot) while admitted
     n_cached: int = 0  # prompt tokens already in the KV cache (shared prefix included)
+    kv_reserved: int = 0  # KV cells this sequence may still claim (see Scheduler.admit)
     output: list[int] = field(default_factory=list)
     text_bytes: bytearray = field(default_factory=bytearray)
     sampler: Any = None  # llama.cpp sampler chain, owned by the engine

@@ -1,0 +1,111 @@
+"""Generated tokens per second of one worker's engine at several slot counts, and how much of each
+step is the engine's own Python work (the rest is llama_decode and llama.cpp's samplers).
+
+    python bench/engine_bench.py [--model M.gguf] [--slots 1,4,8,16] [--tokens 64]
+
+Without --model it builds (once, cached) the project's realistic-shape benchmark model: 28 layers
+× 1024 hidden, 16 heads, 8 KV heads, FFN 3072, Q4_K_M, random weights, with the qwen2 tokenizer
+and chat template copied from ../shared/models/ggml-vocab-qwen2.gguf.
+
+Each run answers 2 × slots GSM8K questions (chat template, system prompt "Answer the question
+concisely.") with exactly --tokens generated tokens each (ignore_eos), greedy. Targets: slots 8
+>= 1.8 × slots 1 in generated tok/s, Python work < 5% of step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from runner.planning import common_prefix, usable_cores  # noqa: E402
+from runner.prompts import PromptBuilder  # noqa: E402
+from workers.protocol import EngineConfig, GenerationParams, Question  # noqa: E402
+
+SHARED = ROOT.parent / "shared"
+QWEN2_VOCAB = SHARED / "models" / "ggml-vocab-qwen2.gguf"
+GSM8K = SHARED / "data" / "gsm8k" / "questions.jsonl"
+
+
+def bench_model() -> str:
+    """The realistic-shape benchmark model, built once into the user's cache."""
+    from runner import modelgen
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ggbatch"
+    path = cache / "bench-28x1024-q4_k_m.gguf"
+    if not path.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        print(f"building {path} (about a minute and a half) ...", file=sys.stderr)
+        modelgen.make_model(path, "bench-28x1024", vocab=str(QWEN2_VOCAB), quant="q4_k_m")
+    return str(path)
+
+
+def load_questions(model: str, n: int, system: str) -> list[Question]:
+    from workers.model_runner import Tokenizer
+
+    tok = Tokenizer(model)
+    builder = PromptBuilder(tok.chat_template, system=system, bos_token=tok.bos_text, eos_token=tok.eos_text)
+    with open(GSM8K, encoding="utf-8") as f:
+        records = [json.loads(line) for _, line in zip(range(n), f)]
+    out = []
+    for r in records:
+        text = builder.render(r["question"])
+        out.append(Question(r["questionID"], tok.tokenize(text, add_bos=builder.needs_bos(text)), 0))
+    tok.close()
+    return out
+
+
+def run_once(model: str, questions: list[Question], slots: int, threads: int, tokens: int) -> dict:
+    from workers.engine import LlamaEngine
+
+    prefix = common_prefix([q.tokens for q in questions])
+    longest = max(len(q.tokens) for q in questions)
+    config = EngineConfig(model, threads, slots, longest + tokens + 1, 512, prefix,
+                          GenerationParams(max_tokens=tokens, ignore_eos=True))
+    engine = LlamaEngine(config, worker_id=0)
+    for q in questions:
+        engine.add(q)
+    t0 = time.perf_counter()
+    while engine.n_unfinished:
+        engine.step()
+    wall = time.perf_counter() - t0
+    st = engine.stats()
+    engine.close()
+    python_s = st["step_s"] - st["decode_s"] - st["sample_s"]
+    return {"slots": slots, "questions": len(questions), "wall_s": wall,
+            "gen_tok_s": st["generated_tokens"] / wall, "decode_share": st["decode_s"] / st["step_s"],
+            "sample_share": st["sample_s"] / st["step_s"], "python_share": python_s / st["step_s"],
+            "python_ms_per_step": 1000 * python_s / st["steps"], "steps": st["steps"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--slots", default="1,4,8,16")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=len(usable_cores()))
+    ap.add_argument("--system", default="Answer the question concisely.")
+    args = ap.parse_args()
+    model = args.model or bench_model()
+    slot_list = [int(s) for s in args.slots.split(",")]
+    questions = load_questions(model, 2 * max(slot_list), args.system)
+    print(f"model {model}, {args.threads} threads, {args.tokens} generated tokens per question")
+    print(f"{'slots':>5} {'questions':>9} {'wall s':>7} {'gen tok/s':>9} {'vs 1':>5} "
+          f"{'decode%':>7} {'sample%':>7} {'python%':>7} {'py ms/step':>10}")
+    base = None
+    for slots in slot_list:
+        r = run_once(model, questions[:2 * slots], slots, args.threads, args.tokens)
+        base = base or r["gen_tok_s"]
+        print(f"{slots:>5} {r['questions']:>9} {r['wall_s']:>7.2f} {r['gen_tok_s']:>9.1f} "
+              f"{r['gen_tok_s'] / base:>5.2f} {100 * r['decode_share']:>7.1f} {100 * r['sample_share']:>7.1f} "
+              f"{100 * r['python_share']:>7.2f} {r['python_ms_per_step']:>10.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+import pytest
+
+from runner.memory import MIB, ModelDims, dims_from_metadata, fit_layout, plan_memory
+
+# The 28 × 1024 benchmark shape: 8 KV heads × 128 head size → 28 × 8 × 128 × 2 × 2 = 114,688 B per cell.
+DIMS = ModelDims(file_bytes=400 * MIB, n_layer=28, n_embd=1024, n_head=8, n_head_kv=8, head_dim=128,
+                 n_vocab=151936, n_ff=3072)
+
+
+def cells(slots):
+    return 1000 * slots
+
+
+def test_kv_bytes_per_cell():
+    assert DIMS.kv_bytes_per_cell == 114_688
+
+
+def test_plan_adds_weights_per_worker_kv_and_shared_pages_once():
+    plan = plan_memory(DIMS, 2, 4, cells, 512, available=64 << 30)
+    assert plan.kv_per_worker == 4000 * 114_688
+    assert plan.total == 2 * (400 * MIB + plan.kv_per_worker + plan.compute_per_worker) + 400 * MIB
+    assert plan.fits and not plan.note
+
+
+def test_shrinks_slots_first_then_workers():
+    need_2x16 = plan_memory(DIMS, 2, 16, cells, 512, available=1 << 40).total
+    plan = fit_layout(DIMS, 2, 16, cells, 512, available=int(need_2x16 / 0.9) - 1)
+    assert (plan.workers, plan.slots) == (2, 8) and plan.fits
+    assert "shrunk from 2 workers × 16 slots" in plan.note
+    one_worker = plan_memory(DIMS, 1, 1, cells, 512, available=1 << 40).total
+    plan = fit_layout(DIMS, 2, 16, cells, 512, available=int(one_worker / 0.9) + 1)
+    assert (plan.workers, plan.slots) == (1, 1) and plan.fits
+
+
+def test_refuses_when_one_worker_with_one_slot_does_not_fit():
+    plan = fit_layout(DIMS, 2, 16, cells, 512, available=200 * MIB)
+    assert not plan.fits and (plan.workers, plan.slots) == (1, 1)
+
+
+@pytest.mark.parametrize("available,fits", [(8 << 30, True), (300 * MIB, False)])
+def test_fits_flag(available, fits):
+    assert plan_memory(DIMS, 1, 4, cells, 512, available).fits is fits
+
+
+def test_dims_from_gguf_metadata():
+    meta = {"general.architecture": "qwen2", "qwen2.block_count": "28", "qwen2.embedding_length": "1024",
+            "qwen2.attention.head_count": "16", "qwen2.attention.head_count_kv": "8",
+            "qwen2.feed_forward_length": "3072"}
+    dims = dims_from_metadata(meta.get, 123, 151936)
+    assert (dims.n_layer, dims.head_dim, dims.n_head_kv, dims.n_ff, dims.file_bytes) == (28, 64, 8, 3072, 123)
