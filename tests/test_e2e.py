@@ -127,3 +127,30 @@ def test_python_api_returns_the_report(tmp_path, stories, gsm8k_file):
     assert report["questions"]["answered"] == 4
     assert 0 < report["tokens"]["generated"] <= 4 * 8
     assert Path(tmp_path / "a.json").exists()
+
+
+def test_identical_prompts_answered_once_and_report_adds_up(tmp_path, stories):
+    questions = tmp_path / "q.jsonl"
+    texts = ["Once upon a time", "The dog ran", "Once upon a time", "A big red ball", "The dog ran"]
+    questions.write_text("".join(json.dumps({"questionID": f"d{i}", "question": t}) + "\n"
+                                 for i, t in enumerate(texts)))
+    out, report = tmp_path / "a.json", tmp_path / "r.json"
+    r = ggbatch("--model", stories, "--input", questions, "--output", out, "--max-tokens", 12,
+                "--report", report, "--workers", 1)
+    assert r.returncode == 0, r.stderr
+    rows = {row["questionID"]: row["answer"] for row in json.loads(out.read_text())}
+    assert rows["d0"] == rows["d2"] and rows["d1"] == rows["d4"]
+    rep = json.loads(report.read_text())
+    q = rep["questions"]
+    assert (q["records"], q["unique_prompts"], q["answered"], q["failed"]) == (5, 3, 3, 0)
+    assert sum(q["finish_reasons"].values()) == 3
+    workers = rep["workers"].values()
+    assert sum(w["questions"] for w in workers) == 3
+    assert sum(w["generated_tokens"] for w in workers) == rep["tokens"]["generated"] <= 3 * 12
+    for key in ("ggbatch_version", "llama_cpp_python_version", "model", "layout", "generation", "tokens",
+                "latency_s", "ttft_s", "mean_slot_occupancy", "timings_s", "memory"):
+        assert key in rep, key
+    assert len(rep["model"]["sha256_first_mib"]) == 64
+    assert rep["memory"]["plan"]["fits"] is True
+    assert 0 < rep["mean_slot_occupancy"] <= 1
+    assert rep["latency_s"]["p50"] <= rep["latency_s"]["p95"] <= rep["latency_s"]["max"]

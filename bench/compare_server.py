@@ -1,0 +1,133 @@
+"""W1 / W2: ggbatch against llama-server with parallel slots, on the same model, same prompts,
+exactly 64 generated tokens per question, in the same sitting.
+
+    python bench/compare_server.py --server PATH/llama-server [--model M.gguf] [--workloads W1,W2]
+
+W1: the first 32 GSM8K questions, system prompt "Answer the question concisely."
+W2: the system prompt also holds the first 8 GSM8K questions with their answers as examples,
+    and the questions are records 9-40 (a long shared prefix).
+
+ggbatch is timed as a whole command (start-up, model load, tokenizing, answering, writing). The
+server is started and loaded first and timed from the first request to the last answer, with 16
+concurrent clients and its prompt cache on: the comparison favours the server.
+
+llama-server is not part of ggbatch; build it from the llama.cpp sources that ship inside the
+pinned llama-cpp-python source package (same llama.cpp as ggbatch uses):
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 && tar xf llama_cpp_python-0.3.36.tar.gz
+    cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B build -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
+    cmake --build build -j --target llama-server llama-batched-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from engine_bench import GSM8K, bench_model  # noqa: E402
+
+SYSTEM = "Answer the question concisely."
+TOKENS = 64
+
+
+def workload(name: str) -> tuple[str, list[dict]]:
+    with open(GSM8K, encoding="utf-8") as f:
+        records = [json.loads(line) for _, line in zip(range(40), f)]
+    if name == "W1":
+        return SYSTEM, records[:32]
+    examples = "\n\n".join(f"Question: {r['question']}\nAnswer: {r['answer']}" for r in records[:8])
+    return f"{SYSTEM}\n\nExamples:\n\n{examples}", records[8:40]
+
+
+def run_ggbatch(model: str, system: str, records: list[dict], extra: list[str]) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        q = Path(tmp) / "q.jsonl"
+        q.write_text("".join(json.dumps({"questionID": r["questionID"], "question": r["question"]}) + "\n"
+                             for r in records))
+        cmd = [sys.executable, "-m", "runner", "run", "--model", model, "--input", str(q),
+               "--output", str(Path(tmp) / "a.json"), "--system", system, "--max-tokens", str(TOKENS),
+               "--ignore-eos", "--report", str(Path(tmp) / "r.json"), "--progress", "log", *extra]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        wall = time.perf_counter() - t0
+        report = json.loads((Path(tmp) / "r.json").read_text())
+        assert report["tokens"]["generated"] == TOKENS * len(records), report["tokens"]
+        lay = report["layout"]
+        print(f"    ggbatch layout: {lay['workers']}w × {lay['threads_per_worker']}t × "
+              f"{lay['slots_per_worker']} slots, prefix {lay['shared_prefix_tokens']} tokens, "
+              f"prepare {report['timings_s']['prepare_s']:.2f} s, first ready "
+              f"{report['timings_s']['first_worker_ready_s']:.2f} s", flush=True)
+        return wall
+
+
+def run_server(server: str, model: str, system: str, records: list[dict], port: int = 18080) -> float:
+    threads = str(len(os.sched_getaffinity(0)))
+    proc = subprocess.Popen([server, "-m", model, "-np", "16", "-c", str(16 * 1024), "-t", threads,
+                             "-tb", threads, "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline or proc.poll() is not None:
+                raise RuntimeError("llama-server did not start")
+            time.sleep(0.3)
+
+        def ask(r: dict) -> int:
+            body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": r["question"]}],
+                    "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True, "cache_prompt": True}
+            req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as resp:
+                return json.load(resp)["usage"]["completion_tokens"]
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(16) as pool:
+            generated = sum(pool.map(ask, records))
+        wall = time.perf_counter() - t0
+        assert generated == TOKENS * len(records), generated
+        return wall
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--model")
+    ap.add_argument("--workloads", default="W1,W2")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--ggbatch-args", default="", help="extra ggbatch flags, e.g. '--slots 16'")
+    args = ap.parse_args()
+    model = args.model or bench_model()
+    print(f"model {model}")
+    print(f"{'workload':>8} {'tool':>12} {'wall s':>8} {'gen tok/s':>9}")
+    for name in args.workloads.split(","):
+        system, records = workload(name)
+        n_tokens = TOKENS * len(records)
+        for _ in range(args.repeat):
+            s = run_server(args.server, model, system, records)
+            print(f"{name:>8} {'llama-server':>12} {s:>8.1f} {n_tokens / s:>9.1f}", flush=True)
+            g = run_ggbatch(model, system, records, args.ggbatch_args.split())
+            print(f"{name:>8} {'ggbatch':>12} {g:>8.1f} {n_tokens / g:>9.1f}   ({s / g:.2f}× the server)",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
