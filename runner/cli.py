@@ -12,7 +12,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from runner.config import build_config, load_job_file
-from runner.errors import GgbatchError, WorkerFailure
+from runner.errors import GgbatchError, Interrupted, WorkerFailure
 from runner.progress import setup_logging
 
 log = logging.getLogger("ggbatch")
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--min-p", dest="min_p")
     a("--repeat-penalty", dest="repeat_penalty")
     a("--seed", help="job seed; each question's seed derives from it and the question id")
+    a("--fresh", action="store_true", help="ignore the journal of an earlier run and start over")
     a("--progress", choices=["auto", "bar", "log"], default="auto",
       help="bar on a terminal, periodic log lines otherwise (auto)")
     a("-v", "--verbose", action="store_true", help="log worker start-up and errors in detail")
@@ -88,7 +89,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     layers.append(("command line", _flag_layer(args)))
     config = build_config(layers)
     bar = {"auto": None, "bar": True, "log": False}[args.progress]
-    report = run_job(config, progress_bar=bar)
+    try:
+        report = run_job(config, progress_bar=bar, fresh=args.fresh)
+    except Interrupted as exc:
+        print(f"ggbatch: stopped by signal {exc.signum}; every answer so far is in "
+              f"{config.output}.journal.jsonl: run the same command again to finish", file=sys.stderr)
+        return exc.exit_code
     print(format_summary(report))
     print(f"wrote {report['questions']['records']} answers to {config.output}"
           + (f", report to {config.report}" if config.report else ""))

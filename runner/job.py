@@ -8,19 +8,27 @@ render and tokenize every prompt once, plan the layout, run the pool, merge, wri
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from dataclasses import asdict
+from typing import Any, Callable, Iterator, Optional
 
 from runner import modelgen
 from runner.config import JobConfig
 from runner.errors import ConfigError, ModelError
 from runner.memory import MemoryPlan, ModelDims, describe, dims_from_metadata, fit_layout
 from runner.inputs import Record, read_records
+from runner.journal import Journal, journal_path
+from runner.lock import OutputLock
 from runner.monitor import Monitor
 from runner.outputs import check_writable, merge, render, write_atomic
 import psutil
@@ -29,9 +37,9 @@ from runner.planning import (Layout, common_prefix, context_per_sequence, plan_l
                              question_seed, usable_cores)
 from runner.pool import WorkerPool
 from runner.progress import Progress
-from runner.prompts import PLAIN_STOP, PromptBuilder
-from runner.report import build_report
-from workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
+from runner.prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
+from runner.report import build_report, model_identity
+from workers.protocol import Answer, EngineConfig, GenerationParams, Question, WorkerSpec
 from workers.scheduler import kv_cells
 
 log = logging.getLogger("ggbatch")
@@ -49,6 +57,7 @@ class PreparedJob:
     n_ctx_seq: int
     generation: GenerationParams
     chat_template: str  # "model", "plain" or "job"
+    template_sha: str  # of the chat template text actually used
     dims: ModelDims
 
 
@@ -111,13 +120,25 @@ def prepare(config: JobConfig, model_path: str) -> PreparedJob:
     # Longest prompts first: the long ones start early and the tail of the run stays short.
     questions.sort(key=lambda q: len(q.tokens), reverse=True)
     prefix = common_prefix([q.tokens for q in questions]) if len(questions) > 1 else array("i")
-    return PreparedJob(records, questions, aliases, prefix, n_ctx_seq, generation, kind, dims)
+    template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
+    return PreparedJob(records, questions, aliases, prefix, n_ctx_seq, generation, kind, template_sha, dims)
 
 
-def plan(config: JobConfig, job: PreparedJob, available: int) -> tuple[Layout, MemoryPlan]:
+def fingerprint(config: JobConfig, model_path: str, job: PreparedJob) -> dict[str, Any]:
+    """Everything that decides an answer; a journal is reused only when all of it is unchanged."""
+    model = model_identity(model_path)
+    return {"model.size_bytes": model["size_bytes"], "model.sha256_first_mib": model["sha256_first_mib"],
+            "chat_template": job.template_sha, "system": config.system,
+            "prompt.template": config.prompt_template, "fields.question": config.question_field,
+            "max_tokens": config.max_tokens, "stop": list(job.generation.stop),
+            "ignore_eos": config.ignore_eos, "batch_invariant": config.batch_invariant,
+            **{f"sampling.{k}": v for k, v in asdict(config.sampling).items()}}
+
+
+def plan(config: JobConfig, job: PreparedJob, n_questions: int, available: int) -> tuple[Layout, MemoryPlan]:
     """The layout asked for (or auto), shrunk if its memory plan does not fit."""
     cores = usable_cores()
-    layout = plan_layout(cores, config.workers, config.threads, config.slots, len(job.questions))
+    layout = plan_layout(cores, config.workers, config.threads, config.slots, n_questions)
     unified = not config.batch_invariant
     memory = fit_layout(job.dims, layout.workers, layout.slots,
                         lambda slots: kv_cells(slots, job.n_ctx_seq, len(job.prefix), unified),
@@ -127,7 +148,7 @@ def plan(config: JobConfig, job: PreparedJob, available: int) -> tuple[Layout, M
     if memory.note:
         log.warning("memory plan: %s (%s)", memory.note, describe(memory))
         threads = config.threads if config.threads is not None else len(cores) // memory.workers
-        layout = plan_layout(cores, memory.workers, threads, memory.slots, len(job.questions))
+        layout = plan_layout(cores, memory.workers, threads, memory.slots, n_questions)
     return layout, memory
 
 
@@ -140,51 +161,85 @@ def worker_specs(config: JobConfig, model_path: str, layout: Layout, job: Prepar
     return [WorkerSpec(i, cores, engine, engine_factory) for i, cores in enumerate(layout.cores)]
 
 
+@contextmanager
+def _stop_on_signals(pool: WorkerPool) -> Iterator[None]:
+    """SIGINT/SIGTERM ask the pool to stop gracefully; a second one stops it at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, lambda signum, frame: pool.request_stop(signum))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
-            progress_bar: Optional[bool] = None) -> dict[str, Any]:
+            progress_bar: Optional[bool] = None, fresh: bool = False) -> dict[str, Any]:
     """Run a whole job and return its report (also written to config.report if set).
-    Raises GgbatchError subclasses for anything the user can fix."""
+    Answers already in the output's journal from an earlier run of the same job are reused
+    unless `fresh`. Raises GgbatchError subclasses for anything the user can fix, Interrupted
+    when stopped by a signal (the journal keeps every answer so far)."""
     t_start = time.perf_counter()
     model_path = resolve_model(config.model)
     check_writable(config.output)
     if config.report:
         check_writable(config.report)
-    job = prepare(config, model_path)
-    layout, memory = plan(config, job, psutil.virtual_memory().available)
-    specs = worker_specs(config, model_path, layout, job, engine_factory)
-    t_prepared = time.perf_counter()
+    with OutputLock(config.output):
+        job = prepare(config, model_path)
+        journal = Journal(journal_path(config.output), fingerprint(config, model_path, job), fresh)
+        reused = {q.qid: a for q in job.questions if (a := journal.reusable(q.qid, q.tokens)) is not None}
+        todo = [q for q in job.questions if q.qid not in reused]
+        if reused:
+            log.info("resuming: %d answers from %s, %d questions to answer",
+                     len(reused), journal.path, len(todo))
+        layout, memory = plan(config, job, len(todo), psutil.virtual_memory().available)
+        specs = worker_specs(config, model_path, layout, job, engine_factory)
+        t_prepared = time.perf_counter()
 
-    progress = Progress(len(job.questions), bar=progress_bar)
-    monitor = Monitor()
-    low_memory = int(psutil.virtual_memory().total * LOW_MEMORY_FRACTION)
+        progress = Progress(len(todo), bar=progress_bar)
+        monitor = Monitor()
+        low_memory = int(psutil.virtual_memory().total * LOW_MEMORY_FRACTION)
+        tokens_of = {q.qid: q.tokens for q in todo}
 
-    def tick(p: WorkerPool) -> None:
-        available = monitor.sample(p.live_pids)
-        # Out of memory, the kernel kills a worker and its questions are redone: better to
-        # let the running ones finish without admitting more until memory comes back.
-        if available < low_memory and not p.paused:
-            log.warning("only %d MiB available: admitting no new questions until memory recovers",
-                        available >> 20)
-            p.pause(True)
-        elif available > 2 * low_memory and p.paused:
-            log.warning("%d MiB available again: admitting questions", available >> 20)
-            p.pause(False)
-        progress.tick()
+        def on_answer(answer: Answer) -> None:
+            journal.append(answer, tokens_of[answer.qid])
+            progress.answered(answer)
 
-    pool = WorkerPool(specs, on_answer=progress.answered, on_tick=tick)
-    try:
-        answers = pool.run(job.questions) if job.questions else {}
-    finally:
-        progress.close()
-    rows = merge(job.records, answers, job.aliases, config.id_field)
-    write_atomic(config.output, render(rows, config.output))
+        def tick(p: WorkerPool) -> None:
+            available = monitor.sample(p.live_pids)
+            # Out of memory, the kernel kills a worker and its questions are redone: better to
+            # let the running ones finish without admitting more until memory comes back.
+            if available < low_memory and not p.paused:
+                log.warning("only %d MiB available: admitting no new questions until memory recovers",
+                            available >> 20)
+                p.pause(True)
+            elif available > 2 * low_memory and p.paused:
+                log.warning("%d MiB available again: admitting questions", available >> 20)
+                p.pause(False)
+            journal.sync()
+            progress.tick()
+
+        pool = WorkerPool(specs, on_answer=on_answer, on_tick=tick)
+        try:
+            with _stop_on_signals(pool):
+                answers = pool.run(todo) if todo else {}
+        finally:
+            progress.close()
+            journal.close()
+        answers = {**reused, **answers}
+        rows = merge(job.records, answers, job.aliases, config.id_field)
+        write_atomic(config.output, render(rows, config.output))
     t_end = time.perf_counter()
     report = build_report(config, model_path, layout, memory, job, answers, pool, monitor,
                           timings={"total_s": t_end - t_start, "prepare_s": t_prepared - t_start,
                                    "run_s": t_end - t_prepared,
                                    "first_worker_ready_s": (pool.first_ready_at - t_start)
                                    if pool.first_ready_at else None})
+    report["questions"]["from_journal"] = len(reused)
     if config.report:
-        import json
         write_atomic(config.report, json.dumps(report, indent=2) + "\n")
     return report

@@ -9,6 +9,10 @@ Dispatch is pull-based: a worker says how many questions it wants when its engin
 no fixed shard can leave one worker busy while another idles. Near the end the chunks shrink
 (never more than an even share of what is left), which keeps the tail short.
 
+Stopping (SIGINT/SIGTERM through `request_stop`): no new questions go out, the in-flight ones get
+GRACE_S to finish, then the workers are killed and Interrupted is raised; a second request kills
+at once.
+
 When a worker dies, every question it held is a suspect. Suspects are retried one at a time, each
 alone on a worker, so the next death names its culprit exactly; a question in flight at
 `max_question_deaths` deaths is failed with the reason, and its innocent batch-mates are answered.
@@ -26,7 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 import multiprocess as mp
 from multiprocess.connection import wait
 
-from runner.errors import ModelError, WorkerFailure
+from runner.errors import Interrupted, ModelError, WorkerFailure
 from workers.main import worker_main
 from workers.protocol import (Answer, AnswerBatch, Chunk, FinishReason, Question, Ready, Stop,
                               WantWork, WorkerError, WorkerSpec)
@@ -34,6 +38,7 @@ from workers.protocol import (Answer, AnswerBatch, Chunk, FinishReason, Question
 log = logging.getLogger("ggbatch")
 
 TICK_S = 1.0
+GRACE_S = 2.0  # in-flight questions may finish this long after a stop request
 
 
 @dataclass
@@ -54,7 +59,7 @@ class WorkerState:
 class WorkerPool:
     def __init__(self, specs: Sequence[WorkerSpec], on_answer: Callable[[Answer], None],
                  on_tick: Optional[Callable[["WorkerPool"], None]] = None,
-                 max_restarts: int = 3, max_question_deaths: int = 2) -> None:
+                 max_restarts: int = 3, max_question_deaths: int = 3) -> None:
         self._ctx = mp.get_context("spawn")
         self._results = self._ctx.SimpleQueue()
         self.workers = [WorkerState(spec) for spec in specs]
@@ -66,7 +71,9 @@ class WorkerPool:
         self._suspects: deque[Question] = deque()  # were in flight when a worker died
         self._deaths: dict[str, int] = {}  # question id -> workers that died holding it
         self.answers: dict[str, Answer] = {}
-        self.paused = False  # admit no new questions (memory is low)
+        self.paused = False  # admit no new questions (memory is low, or stopping)
+        self._stop_signal = 0
+        self._stop_deadline = 0.0
         self.started_at = 0.0
         self.first_ready_at: Optional[float] = None
 
@@ -80,9 +87,13 @@ class WorkerPool:
         for w in self.workers:
             self._start(w)
         next_tick = time.perf_counter() + TICK_S
+        graceful = False
         try:
             while len(self.answers) < total:
-                timeout = max(0.0, next_tick - time.perf_counter())
+                if self._stop_signal and (time.perf_counter() >= self._stop_deadline or
+                                          not any(w.in_flight for w in self.workers)):
+                    raise Interrupted(self._stop_signal)
+                timeout = max(0.0, min(next_tick, self._stop_deadline or next_tick) - time.perf_counter())
                 self._wait_once(timeout)
                 if time.perf_counter() >= next_tick:
                     next_tick = time.perf_counter() + TICK_S
@@ -90,9 +101,20 @@ class WorkerPool:
                         self._on_tick(self)
             if self._on_tick:  # a last sample while the workers are still alive
                 self._on_tick(self)
+            graceful = True
         finally:
-            self._shutdown()
+            self._shutdown(graceful)
         return self.answers
+
+    def request_stop(self, signum: int) -> None:
+        """First call: finish in-flight questions for a short grace, then stop. Second: now."""
+        if self._stop_signal:
+            raise Interrupted(signum)
+        self._stop_signal = signum
+        self._stop_deadline = time.perf_counter() + GRACE_S
+        self.paused = True
+        log.warning("stopping: no new questions; %d in flight get %.0f s to finish",
+                    sum(len(w.in_flight) for w in self.workers), GRACE_S)
 
     def pause(self, paused: bool) -> None:
         """Stop (or resume) handing out questions; workers finish what they hold."""
@@ -211,10 +233,15 @@ class WorkerPool:
         self._start(w)
         self._dispatch()
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, graceful: bool) -> None:
+        """Graceful: idle workers exit on Stop. Otherwise (interrupted, error) they hold work
+        they would finish first, so they are killed."""
         for w in self.workers:
             if w.process is not None and w.process.is_alive():
-                w.tasks.put(Stop())
+                if graceful:
+                    w.tasks.put(Stop())
+                else:
+                    w.process.kill()
         deadline = time.monotonic() + 5.0
         for w in self.workers:
             if w.process is not None:

@@ -6,6 +6,7 @@ Behaviour is chosen through EngineConfig.model_path, which the fake engine does 
   "fake"                         answer everything
   "fake:slow=0.01"               sleep per step (seconds)
   "fake:exit_after=N:marker=P"   os._exit(3) after N answers, once (P marks that it happened)
+  "fake:raise_after=N:marker=P"  raise RuntimeError after N answers, once
   "fake:segv_on=QID"             crash with SIGSEGV whenever QID is admitted
   "fake:fail_load"               raise at start-up, like a model llama.cpp cannot load
 """
@@ -60,11 +61,14 @@ class FakeEngine:
         return out
 
     def _maybe_exit(self) -> None:
-        limit = self.opts.get("exit_after")
         marker = Path(self.opts.get("marker", "/nonexistent"))
-        if limit is not None and self.answered >= int(limit) and not marker.exists():
-            marker.touch()
-            os._exit(3)
+        for how in ("exit_after", "raise_after"):
+            limit = self.opts.get(how)
+            if limit is not None and self.answered >= int(limit) and not marker.exists():
+                marker.touch()
+                if how == "exit_after":
+                    os._exit(3)
+                raise RuntimeError("fake engine failed mid-run")
 
     def stats(self) -> dict[str, float]:
         return {"steps": float(self.steps), "busy_slots": float(self.steps * self.slots)}

@@ -52,8 +52,16 @@ def test_dead_worker_questions_go_to_the_queue_again(tmp_path):
 
 def test_question_that_keeps_killing_workers_is_failed_not_retried_forever():
     pool, answers, _ = run(specs(2, "fake:segv_on=q3"), qs(20))
-    assert answers["q3"].error.startswith("worker died 2 times while answering it (last: signal 11)")
+    assert answers["q3"].error.startswith("worker died 3 times while answering it (last: signal 11)")
     assert all(answers[f"q{i}"].error is None for i in range(20) if i != 3)
+
+
+def test_engine_that_raises_mid_run_loses_nothing(tmp_path):
+    marker = tmp_path / "raised"
+    pool, answers, seen = run(specs(2, f"fake:raise_after=7:marker={marker}"), qs(60))
+    assert marker.exists()
+    assert sorted(seen) == sorted(f"q{i}" for i in range(60))
+    assert all(a.error is None for a in answers.values())
 
 
 def test_engine_that_cannot_start_fails_the_run():

@@ -9,6 +9,7 @@ runs one step, ships whatever finished. It blocks only when it has nothing at al
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
 import signal
@@ -18,12 +19,15 @@ from typing import Any
 
 from workers.protocol import AnswerBatch, Chunk, Ready, Stop, WantWork, WorkerError, WorkerSpec
 
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
 
 def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
     """Entry point of a worker process. Takes only picklable config; builds the model here."""
     # The coordinator owns shutdown: Ctrl-C reaches the whole process group, but only the
     # coordinator decides what happens to in-flight questions.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     engine = None
     try:
         # Pin before the model loads, so llama.cpp's thread pool is created on our cores.
@@ -40,6 +44,18 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
     finally:
         if engine is not None:
             engine.close()
+
+
+def _die_with_parent() -> None:
+    """If the coordinator is killed (kill -9, OOM), its workers must not live on holding cores
+    and memory: ask Linux to SIGKILL this process when its parent dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the worker notices on its next queue operation
+        pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _build_engine(spec: WorkerSpec) -> Any:

@@ -1,0 +1,127 @@
+"""The journal: every finished answer appended and flushed beside the output, so a run that dies
+at 90% loses nothing and a rerun answers only what is missing.
+
+    <output>.journal.jsonl
+    line 1   {"ggbatch_journal": 1, "fingerprint": {setting: value, ...}}
+    line 2+  {"qid": ..., "prompt": <hash of the prompt tokens>, "text": ..., ...}   one per answer
+
+The fingerprint holds everything that decides an answer (model identity, prompt and chat
+template, sampling, max tokens, ...). A rerun with a different fingerprint is refused, naming the
+setting, unless started fresh. An entry is reused only if its prompt hash still matches, so an
+edited question under the same id is answered again. The journal is kept after a complete run:
+rerunning the same job then rewrites the same output without answering anything, and a job whose
+question file grew answers only the new questions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from array import array
+from typing import Any, Mapping, Optional
+
+from runner.errors import ConfigError, OutputError
+from workers.protocol import Answer, FinishReason
+
+VERSION = 1
+
+
+def journal_path(output: str) -> str:
+    return f"{output}.journal.jsonl"
+
+
+def prompt_hash(tokens: array) -> str:
+    return hashlib.blake2b(tokens.tobytes(), digest_size=12).hexdigest()
+
+
+def changed_setting(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[str]:
+    """The first setting whose value differs, or None."""
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            return key
+    return None
+
+
+def _entry(answer: Answer, prompt: str) -> dict[str, Any]:
+    return {"qid": answer.qid, "prompt": prompt, "text": answer.text,
+            "finish_reason": answer.finish_reason.value, "prompt_tokens": answer.prompt_tokens,
+            "completion_tokens": answer.completion_tokens, "worker_id": answer.worker_id,
+            "ttft_s": round(answer.ttft_s, 4), "latency_s": round(answer.latency_s, 4),
+            "error": answer.error}
+
+
+def _answer(e: Mapping[str, Any]) -> Answer:
+    return Answer(e["qid"], e["text"], FinishReason(e["finish_reason"]), e["prompt_tokens"],
+                  e["completion_tokens"], e["worker_id"], e["ttft_s"], e["latency_s"], e["error"])
+
+
+class Journal:
+    def __init__(self, path: str, fingerprint: Mapping[str, Any], fresh: bool = False) -> None:
+        self.path = path
+        self.fingerprint = dict(fingerprint)
+        # qid -> (prompt hash, answer) from an earlier run of the same job
+        self.previous: dict[str, tuple[str, Answer]] = {}
+        if not fresh and os.path.exists(path):
+            self.previous = self._read()
+        try:
+            # Rewrite header + kept entries first, so a torn last line of a killed run never
+            # ends up in the middle of the file; then append from there.
+            tmp = f"{path}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(json.dumps({"ggbatch_journal": VERSION, "fingerprint": self.fingerprint}) + "\n")
+                for h, answer in self.previous.values():
+                    f.write(json.dumps(_entry(answer, h), ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            self._file = open(path, "a", encoding="utf-8")
+        except OSError as exc:
+            raise OutputError(f"{path}: cannot write the journal: {exc.strerror or exc}") from None
+
+    def reusable(self, qid: str, tokens: array) -> Optional[Answer]:
+        """A journaled answer for this question, if its prompt is unchanged and it did not fail."""
+        entry = self.previous.get(qid)
+        if entry is None or entry[0] != prompt_hash(tokens) or entry[1].error is not None:
+            return None
+        return entry[1]
+
+    def append(self, answer: Answer, tokens: array) -> None:
+        try:
+            self._file.write(json.dumps(_entry(answer, prompt_hash(tokens)), ensure_ascii=False) + "\n")
+            self._file.flush()  # in the kernel's hands now: survives kill -9 of this process
+        except OSError as exc:
+            raise OutputError(f"{self.path}: cannot append to the journal ({exc.strerror or exc}); "
+                              "every answer written before this one is kept") from None
+
+    def sync(self) -> None:
+        """Make what was appended survive a power cut too (a killed process loses nothing anyway)."""
+        try:
+            os.fsync(self._file.fileno())
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sync()
+        self._file.close()
+
+    def _read(self) -> dict[str, tuple[str, Answer]]:
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().split("\n")
+        try:
+            old = json.loads(lines[0])["fingerprint"]
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f"{self.path}: not a ggbatch journal; remove it or run with --fresh") from None
+        key = changed_setting(old, self.fingerprint)
+        if key is not None:
+            raise ConfigError(f"{self.path}: '{key}' changed since the journaled run "
+                              f"({old.get(key)!r} -> {self.fingerprint.get(key)!r}); "
+                              "run with --fresh to start over")
+        kept: dict[str, tuple[str, Answer]] = {}
+        for line in lines[1:]:
+            try:
+                e = json.loads(line)
+                kept[e["qid"]] = (e["prompt"], _answer(e))
+            except (ValueError, KeyError, TypeError):
+                continue  # the last line of a run killed mid-write: that answer is redone
+        return kept

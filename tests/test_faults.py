@@ -1,0 +1,220 @@
+"""Nothing lost: the real runner on a real model, killed, stopped and fed bad input.
+Every run here has a hard timeout; a hang is a failure."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.timeout(180)
+
+N_QUESTIONS, MAX_TOKENS = 64, 64
+
+
+def cmd(model, questions, out, *extra):
+    # batch-invariant: answers do not depend on batch composition, so a resumed or disturbed run
+    # must give byte-identical output.
+    return [sys.executable, "-m", "runner", "run", "--model", str(model), "--input", str(questions),
+            "--output", str(out), "--workers", "2", "--max-tokens", str(MAX_TOKENS), "--batch-invariant",
+            "--progress", "log", *map(str, extra)]
+
+
+def journal_entries(out) -> int:
+    path = Path(f"{out}.journal.jsonl")
+    if not path.exists():
+        return 0
+    return max(0, len(path.read_text().splitlines()) - 1)
+
+
+def wait_for(predicate, timeout=60.0, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def workers_of(proc):
+    try:
+        return [c for c in psutil.Process(proc.pid).children()
+                if any("spawn_main" in part for part in c.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run: the bytes every disturbed run must reproduce."""
+    from conftest import STORIES, gsm8k_records, require
+
+    model = require(STORIES)
+    folder = tmp_path_factory.mktemp("reference")
+    questions = folder / "q.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": r["questionID"], "question": r["question"]}) + "\n"
+                                 for r in gsm8k_records(N_QUESTIONS)))
+    out = folder / "answers.json"
+    r = subprocess.run(cmd(model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return model, questions, out.read_bytes()
+
+
+def test_kill_9_of_the_coordinator_then_rerun_gives_identical_output(reference, tmp_path):
+    model, questions, expected = reference
+    out = tmp_path / "answers.json"
+    proc = subprocess.Popen(cmd(model, questions, out), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_for(lambda: journal_entries(out) >= 8, what="some journaled answers")
+    workers = workers_of(proc)
+    proc.kill()
+    proc.wait(10)
+    # The workers die with their coordinator (PR_SET_PDEATHSIG): nothing left holding cores.
+    gone, alive = psutil.wait_procs(workers, timeout=5)
+    assert not alive
+    assert not out.exists()
+    done_before = journal_entries(out)
+    assert 0 < done_before < N_QUESTIONS
+    r = subprocess.run(cmd(model, questions, out, "--report", tmp_path / "r.json"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == expected
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["questions"]["from_journal"] >= done_before - 1  # a torn last line is redone
+
+
+def test_sigterm_stops_within_5_seconds_and_the_rerun_completes(reference, tmp_path):
+    model, questions, expected = reference
+    out = tmp_path / "answers.json"
+    proc = subprocess.Popen(cmd(model, questions, out), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: journal_entries(out) >= 4, what="some journaled answers")
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=10)
+    assert time.time() - t0 < 5.0
+    assert proc.returncode == 143
+    assert "stopped by signal 15" in stderr and "Traceback" not in stderr
+    lines = Path(f"{out}.journal.jsonl").read_text().splitlines()
+    assert all(json.loads(line) for line in lines)  # every line whole: the journal is valid
+    r = subprocess.run(cmd(model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == expected
+
+
+def test_workers_killed_at_random_moments_lose_and_duplicate_nothing(reference, tmp_path):
+    model, questions, expected = reference
+    out = tmp_path / "answers.json"
+    proc = subprocess.Popen(cmd(model, questions, out, "--slots", 4), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(3):
+        wait_for(lambda: len(workers_of(proc)) == 2 or proc.poll() is not None, what="two live workers")
+        time.sleep(rng.uniform(0.1, 0.4))
+        victims = workers_of(proc)
+        if proc.poll() is not None or not victims:
+            break
+        os.kill(rng.choice(victims).pid, signal.SIGKILL)
+        kills += 1
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert kills >= 2, "the job finished before the workers could be killed: make it longer"
+    assert stderr.count("died (signal 9)") == kills
+    assert out.read_bytes() == expected
+    ids = [json.loads(line)["qid"] for line in Path(f"{out}.journal.jsonl").read_text().splitlines()[1:]]
+    assert len(ids) == len(set(ids)) == N_QUESTIONS  # each answer journaled exactly once
+
+
+def test_a_second_run_on_the_same_output_is_refused(reference, tmp_path):
+    model, questions, _ = reference
+    out = tmp_path / "answers.json"
+    first = subprocess.Popen(cmd(model, questions, out), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: Path(f"{out}.lock").exists(), what="the first run's lock")
+        second = subprocess.run(cmd(model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2
+        assert f"another ggbatch run (pid {first.pid}) is writing this output" in second.stderr
+    finally:
+        first.kill()
+        first.wait(10)
+
+
+def test_changed_setting_refuses_the_journal_until_fresh(reference, tmp_path):
+    model, questions, _ = reference
+    out = tmp_path / "answers.json"
+    base = [sys.executable, "-m", "runner", "run", "--model", str(model), "--input", str(questions),
+            "--output", str(out), "--max-tokens", "8"]
+    assert subprocess.run(base, cwd=ROOT, capture_output=True, timeout=120).returncode == 0
+    r = subprocess.run([*base, "--temperature", "0.5"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "'sampling.temperature' changed since the journaled run (0.0 -> 0.5)" in r.stderr
+    r = subprocess.run([*base, "--temperature", "0.5", "--fresh"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def _unknown_architecture(path):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "no-such-arch")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+BAD = [
+    # (name, file contents or builder, extra flags, expected message fragment)
+    ("malformed.jsonl", '{"questionID": "1", "question": "a"}\n{"questionID": 2, "question": }\n', [],
+     "malformed.jsonl:2: malformed JSON"),
+    ("noid.jsonl", '{"question": "a"}\n', [], "noid.jsonl:1: record has no 'questionID'"),
+    ("noquestion.json", '[{"questionID": "1"}]', [], "noquestion.json:1: record has no 'question'"),
+    ("dups.jsonl", '{"questionID": "a", "question": "x"}\n{"questionID": "a", "question": "y"}\n', [],
+     "duplicate questionID: 'a' (lines 1 and 2)"),
+    ("latin1.jsonl", b'{"questionID": "1", "question": "caf\xe9"}\n', [], "latin1.jsonl:1: not UTF-8"),
+    ("types.jsonl", '{"questionID": "1", "question": ["a"]}\n', [], "'question' must be a string, got list"),
+    ("ok.jsonl", None, ["--workers", "zero"], "workers: must be an integer or auto, got 'zero'"),
+    ("ok.jsonl", None, ["--temperature", "-1"], "sampling.temperature: must be >= 0.0, got '-1'"),
+    ("ok.jsonl", None, ["--model", "MISSING"], "missing.gguf: model file not found"),
+    ("ok.jsonl", None, ["--model", "NOTGGUF"], "not a GGUF file"),
+    ("ok.jsonl", None, ["--model", "BADARCH"], "llama.cpp could not load this model"),
+    ("ok.jsonl", None, ["--output", "NODIR"], "does not exist"),
+    ("ok.jsonl", None, ["JOB"], "unknown key 'temprature' in sampling (did you mean 'temperature'?)"),
+]
+
+
+@pytest.mark.parametrize("name,content,extra,message", BAD, ids=[f"{b[0]}-{b[3][:24]}" for b in BAD])
+def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, stories, name, content, extra, message):
+    questions = tmp_path / name
+    if content is None:
+        content = '{"questionID": "1", "question": "a"}\n'
+    (questions.write_bytes if isinstance(content, bytes) else questions.write_text)(content)
+    out = tmp_path / "answers.json"
+    out.write_text("earlier answers")
+    (tmp_path / "notgguf.gguf").write_text("not a model")
+    _unknown_architecture(tmp_path / "badarch.gguf")
+    (tmp_path / "job.yaml").write_text("sampling:\n  temprature: 1\n")
+    replace = {"MISSING": tmp_path / "missing.gguf", "NOTGGUF": tmp_path / "notgguf.gguf",
+               "BADARCH": tmp_path / "badarch.gguf", "NODIR": tmp_path / "no" / "dir" / "a.json",
+               "JOB": tmp_path / "job.yaml"}
+    job = [str(replace["JOB"])] if "JOB" in extra else []  # the job file is the positional argument
+    flags = [str(replace.get(x, x)) for x in extra if x != "JOB"]
+    args = [sys.executable, "-m", "runner", "run", *job, "--model", stories, "--input", str(questions),
+            "--output", str(out), "--max-tokens", "4", *flags]
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ggbatch: error: "), r.stderr
+    assert message in lines[0]
+    assert out.read_text() == "earlier answers"
