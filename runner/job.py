@@ -205,9 +205,9 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
         low_memory = int(psutil.virtual_memory().total * LOW_MEMORY_FRACTION)
         tokens_of = {q.qid: q.tokens for q in todo}
 
-        def on_answer(answer: Answer) -> None:
-            journal.append(answer, tokens_of[answer.qid])
-            progress.answered(answer)
+        def on_answers(answers: list[Answer]) -> None:
+            journal.append(answers, tokens_of)
+            progress.answered(answers)
 
         def tick(p: WorkerPool) -> None:
             available = monitor.sample(p.live_pids)
@@ -223,7 +223,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             journal.sync()
             progress.tick()
 
-        pool = WorkerPool(specs, on_answer=on_answer, on_tick=tick)
+        pool = WorkerPool(specs, on_answers=on_answers, on_tick=tick)
         try:
             with _stop_on_signals(pool):
                 answers = pool.run(todo) if todo else {}

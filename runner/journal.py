@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 from array import array
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from runner.errors import ConfigError, OutputError
 from workers.protocol import Answer, FinishReason
@@ -86,9 +86,12 @@ class Journal:
             return None
         return entry[1]
 
-    def append(self, answer: Answer, tokens: array) -> None:
+    def append(self, answers: Sequence[Answer], tokens_of: Mapping[str, array]) -> None:
+        """Append answers (those of one worker message) with one write and one flush."""
+        text = "".join(json.dumps(_entry(a, prompt_hash(tokens_of[a.qid])), ensure_ascii=False) + "\n"
+                       for a in answers)
         try:
-            self._file.write(json.dumps(_entry(answer, prompt_hash(tokens)), ensure_ascii=False) + "\n")
+            self._file.write(text)
             self._file.flush()  # in the kernel's hands now: survives kill -9 of this process
         except OSError as exc:
             raise OutputError(f"{self.path}: cannot append to the journal ({exc.strerror or exc}); "

@@ -33,7 +33,7 @@ from multiprocess.connection import wait
 from runner.errors import Interrupted, ModelError, WorkerFailure
 from workers.main import worker_main
 from workers.protocol import (Answer, AnswerBatch, Chunk, FinishReason, Question, Ready, Stop,
-                              WantWork, WorkerError, WorkerSpec)
+                              WantWork, WorkerError, WorkerSpec, decode, encode)
 
 log = logging.getLogger("ggbatch")
 
@@ -57,13 +57,13 @@ class WorkerState:
 
 
 class WorkerPool:
-    def __init__(self, specs: Sequence[WorkerSpec], on_answer: Callable[[Answer], None],
+    def __init__(self, specs: Sequence[WorkerSpec], on_answers: Callable[[list[Answer]], None],
                  on_tick: Optional[Callable[["WorkerPool"], None]] = None,
                  max_restarts: int = 3, max_question_deaths: int = 3) -> None:
         self._ctx = mp.get_context("spawn")
         self._results = self._ctx.SimpleQueue()
         self.workers = [WorkerState(spec) for spec in specs]
-        self._on_answer = on_answer
+        self._on_answers = on_answers  # called with each batch of new answers
         self._on_tick = on_tick
         self._max_restarts = max_restarts
         self._max_question_deaths = max_question_deaths
@@ -136,12 +136,12 @@ class WorkerPool:
         ready = wait([reader, *sentinels], timeout)
         if reader in ready:
             while reader.poll():
-                self._handle(self._results.get())
+                self._handle(decode(self._results.get()))
         for s in ready:
             if s in sentinels:
                 # Drain first: the worker may have sent answers or its error just before dying.
                 while reader.poll():
-                    self._handle(self._results.get())
+                    self._handle(decode(self._results.get()))
                 self._on_death(sentinels[s])
 
     def _handle(self, msg: Any) -> None:
@@ -150,7 +150,7 @@ class WorkerPool:
             w.engine_stats = msg.step_stats
             for answer in msg.answers:
                 w.in_flight.pop(answer.qid, None)
-                self._record(answer)
+            self._record(msg.answers)
             w.answered += len(msg.answers)
             if not w.in_flight:
                 w.solo = False
@@ -171,10 +171,14 @@ class WorkerPool:
                 # The model itself is bad: every worker would fail the same way.
                 raise ModelError(msg.message.split(": ", 1)[1])
 
-    def _record(self, answer: Answer) -> None:
-        if answer.qid not in self.answers:  # a requeued question may be answered twice: keep one
-            self.answers[answer.qid] = answer
-            self._on_answer(answer)
+    def _record(self, answers: Sequence[Answer]) -> None:
+        # A requeued question may come back twice (its first worker's answer arriving after the
+        # worker was given up on): keep the first.
+        new = [a for a in answers if a.qid not in self.answers]
+        for a in new:
+            self.answers[a.qid] = a
+        if new:
+            self._on_answers(new)
 
     def _dispatch(self) -> None:
         if self.paused:
@@ -193,7 +197,7 @@ class WorkerPool:
                 continue
             for q in chunk:
                 w.in_flight[q.qid] = q
-            w.tasks.put(Chunk(chunk))
+            w.tasks.put(encode(Chunk(chunk)))
             w.wants = 0
 
     # -- worker lifecycle -----------------------------------------------------------------------
@@ -217,9 +221,9 @@ class WorkerPool:
         for q in lost:
             self._deaths[q.qid] = self._deaths.get(q.qid, 0) + 1
             if self._deaths[q.qid] >= self._max_question_deaths:
-                self._record(Answer(q.qid, "", FinishReason.ERROR, len(q.tokens), 0, w.spec.worker_id,
-                                    0.0, 0.0, error=f"worker died {self._deaths[q.qid]} times while "
-                                                    f"answering it (last: {how})"))
+                self._record([Answer(q.qid, "", FinishReason.ERROR, len(q.tokens), 0, w.spec.worker_id,
+                                     0.0, 0.0, error=f"worker died {self._deaths[q.qid]} times while "
+                                                     f"answering it (last: {how})")])
             else:
                 self._suspects.append(q)
         w.solo = False
@@ -239,7 +243,7 @@ class WorkerPool:
         for w in self.workers:
             if w.process is not None and w.process.is_alive():
                 if graceful:
-                    w.tasks.put(Stop())
+                    w.tasks.put(encode(Stop()))
                 else:
                     w.process.kill()
         deadline = time.monotonic() + 5.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Optional, TextIO
+from typing import Optional, Sequence, TextIO
 
 from tqdm import tqdm
 
@@ -42,12 +42,12 @@ class Progress:
         self._bar = tqdm(total=total, file=stream, unit="q", dynamic_ncols=True,
                          smoothing=0.1) if use_bar else None
 
-    def answered(self, answer: Answer) -> None:
-        self.done += 1
-        self.failed += answer.error is not None
-        self.generated += answer.completion_tokens
+    def answered(self, answers: Sequence[Answer]) -> None:
+        self.done += len(answers)
+        self.failed += sum(a.error is not None for a in answers)
+        self.generated += sum(a.completion_tokens for a in answers)
         if self._bar is not None:
-            self._bar.update(1)
+            self._bar.update(len(answers))
 
     def tick(self) -> None:
         elapsed = time.perf_counter() - self._t0

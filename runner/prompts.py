@@ -56,6 +56,7 @@ class PromptBuilder:
             self._user = env.from_string(user_template or "{{ %s }}" % question_field)
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError(f"prompt.template: line {exc.lineno}: {exc.message}") from None
+        self._user_is_question = user_template is None
         self.system = system
         self.question_field = question_field
         self.bos_token = bos_token
@@ -63,6 +64,8 @@ class PromptBuilder:
         self.template_kwargs = dict(template_kwargs or {})
 
     def user_message(self, fields: Mapping[str, Any]) -> str:
+        if self._user_is_question:  # the default template: skip Jinja, it is most of the cost
+            return fields[self.question_field]
         try:
             return self._user.render(**fields)
         except jinja2.TemplateError as exc:

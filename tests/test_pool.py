@@ -23,7 +23,7 @@ def qs(n):
 
 def run(pool_specs, questions):
     seen = []
-    pool = WorkerPool(pool_specs, on_answer=lambda a: seen.append(a.qid))
+    pool = WorkerPool(pool_specs, on_answers=lambda answers: seen.extend(a.qid for a in answers))
     answers = pool.run(questions)
     return pool, answers, seen
 

@@ -17,7 +17,8 @@ import time
 import traceback
 from typing import Any
 
-from workers.protocol import AnswerBatch, Chunk, Ready, Stop, WantWork, WorkerError, WorkerSpec
+from workers.protocol import (AnswerBatch, Chunk, Ready, Stop, WantWork, WorkerError, WorkerSpec, decode,
+                              encode)
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -34,12 +35,12 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
         os.sched_setaffinity(0, spec.cores)
         t0 = time.perf_counter()
         engine = _build_engine(spec)
-        results.put(Ready(spec.worker_id, os.getpid(), time.perf_counter() - t0,
-                          getattr(engine, "n_threads", spec.engine.n_threads),
-                          tuple(sorted(os.sched_getaffinity(0)))))
+        results.put(encode(Ready(spec.worker_id, os.getpid(), time.perf_counter() - t0,
+                                 getattr(engine, "n_threads", spec.engine.n_threads),
+                                 tuple(sorted(os.sched_getaffinity(0))))))
         _serve(engine, spec, tasks, results)
     except BaseException as exc:  # report anything, then die: the coordinator decides what next
-        results.put(WorkerError(spec.worker_id, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        results.put(encode(WorkerError(spec.worker_id, f"{type(exc).__name__}: {exc}", traceback.format_exc())))
         raise SystemExit(1)
     finally:
         if engine is not None:
@@ -72,7 +73,7 @@ def _serve(engine: Any, spec: WorkerSpec, tasks: Any, results: Any) -> None:
     stopping = False
     while True:
         if not asked and not stopping and engine.n_unfinished < target:
-            results.put(WantWork(spec.worker_id, target - engine.n_unfinished))
+            results.put(encode(WantWork(spec.worker_id, target - engine.n_unfinished)))
             asked = True
         idle = engine.n_unfinished == 0
         if idle and stopping:
@@ -87,16 +88,16 @@ def _serve(engine: Any, spec: WorkerSpec, tasks: Any, results: Any) -> None:
         if engine.n_unfinished:
             answers = engine.step()
             if answers:
-                results.put(AnswerBatch(spec.worker_id, tuple(answers), engine.stats()))
+                results.put(encode(AnswerBatch(spec.worker_id, tuple(answers), engine.stats())))
 
 
 def _messages(tasks: Any, block: bool) -> list[Any]:
     """Everything waiting on the task queue; waits for the first message only if `block`."""
     out = []
     try:
-        out.append(tasks.get() if block else tasks.get_nowait())
+        out.append(decode(tasks.get() if block else tasks.get_nowait()))
         while True:
-            out.append(tasks.get_nowait())
+            out.append(decode(tasks.get_nowait()))
     except queue.Empty:
         pass
     return out

@@ -13,11 +13,16 @@ One small frozen dataclass per message, so a reader sees the whole conversation 
 
 Questions travel as token ids: the coordinator tokenizes once (it needs the counts to size the
 context and order the work), so a worker never renders or tokenizes a prompt.
+
+Messages cross the queues as bytes from the standard pickle (`encode`/`decode`): multiprocess
+pickles queue items with dill, which costs 28-30 µs per question or answer against 2 µs for
+pickle; with the message already bytes, dill's share is a copy.
 """
 
 from __future__ import annotations
 
 import enum
+import pickle
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -144,3 +149,11 @@ class Chunk:
 @dataclass(frozen=True)
 class Stop:
     pass
+
+
+def encode(msg: Any) -> bytes:
+    return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Any:
+    return pickle.loads(data)
