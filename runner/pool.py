@@ -9,9 +9,9 @@ Dispatch is pull-based: a worker says how many questions it wants when its engin
 no fixed shard can leave one worker busy while another idles. Near the end the chunks shrink
 (never more than an even share of what is left), which keeps the tail short.
 
-Stopping (SIGINT/SIGTERM through `request_stop`): no new questions go out, the in-flight ones get
-GRACE_S to finish, then the workers are killed and Interrupted is raised; a second request kills
-at once.
+Stopping (SIGINT/SIGTERM through `request_stop`): no new questions go out, every worker is told
+to Stop (finish what is decoding, drop what has not started), and after GRACE_S or when all have
+exited, Interrupted is raised; a second request kills at once.
 
 When a worker dies, every question it held is a suspect. Suspects are retried one at a time, each
 alone on a worker, so the next death names its culprit exactly; a question in flight at
@@ -91,7 +91,7 @@ class WorkerPool:
         try:
             while len(self.answers) < total:
                 if self._stop_signal and (time.perf_counter() >= self._stop_deadline or
-                                          not any(w.in_flight for w in self.workers)):
+                                          all(w.process is None for w in self.workers)):
                     raise Interrupted(self._stop_signal)
                 timeout = max(0.0, min(next_tick, self._stop_deadline or next_tick) - time.perf_counter())
                 self._wait_once(timeout)
@@ -113,8 +113,10 @@ class WorkerPool:
         self._stop_signal = signum
         self._stop_deadline = time.perf_counter() + GRACE_S
         self.paused = True
-        log.warning("stopping: no new questions; %d in flight get %.0f s to finish",
-                    sum(len(w.in_flight) for w in self.workers), GRACE_S)
+        for w in self.workers:
+            if w.process is not None:
+                w.tasks.put(encode(Stop()))  # the worker finishes what is decoding, then exits
+        log.warning("stopping: questions already decoding get %.0f s to finish", GRACE_S)
 
     def pause(self, paused: bool) -> None:
         """Stop (or resume) handing out questions; workers finish what they hold."""
@@ -211,6 +213,9 @@ class WorkerPool:
 
     def _on_death(self, w: WorkerState) -> None:
         w.process.join()
+        if self._stop_signal:  # it exited as told: nothing to redo now, the journal has the rest
+            w.process = None
+            return
         code = w.process.exitcode
         how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         lost = list(w.in_flight.values())

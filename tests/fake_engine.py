@@ -73,5 +73,10 @@ class FakeEngine:
     def stats(self) -> dict[str, float]:
         return {"steps": float(self.steps), "busy_slots": float(self.steps * self.slots)}
 
+    def drop_waiting(self) -> int:
+        n = len(self.waiting)
+        self.waiting.clear()
+        return n
+
     def close(self) -> None:
         pass

@@ -53,6 +53,8 @@ class Engine(Protocol):
 
     def stats(self) -> dict[str, float]: ...
 
+    def drop_waiting(self) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -126,6 +128,12 @@ class LlamaEngine:
 
     def stats(self) -> dict[str, float]:
         return dict(self._stats)
+
+    def drop_waiting(self) -> int:
+        """Forget the questions not yet admitted (stopping); returns how many."""
+        n = len(self.sched.waiting)
+        self.sched.waiting.clear()
+        return n
 
     def close(self) -> None:
         for seq in self.sched.running:

@@ -81,6 +81,7 @@ def _serve(engine: Any, spec: WorkerSpec, tasks: Any, results: Any) -> None:
         for msg in _messages(tasks, block=idle):
             if isinstance(msg, Stop):
                 stopping = True
+                engine.drop_waiting()
             elif isinstance(msg, Chunk):
                 for question in msg.questions:
                     engine.add(question)

@@ -8,7 +8,7 @@ One small frozen dataclass per message, so a reader sees the whole conversation 
         │ ◀─────────────────── WantWork ── │  its engine is running low
         │ ── Chunk(questions) ───────────▶ │
         │ ◀───────────── AnswerBatch ───── │  every step that finished a question
-        │ ── Stop ───────────────────────▶ │  nothing left anywhere: exit
+        │ ── Stop ───────────────────────▶ │  finish what is decoding, drop the rest, exit
         │ ◀──────────────── WorkerError ── │  only when the worker itself cannot go on
 
 Questions travel as token ids: the coordinator tokenizes once (it needs the counts to size the
@@ -148,7 +148,7 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Stop:
-    pass
+    """Finish the questions already decoding, drop the ones not started, then exit."""
 
 
 def encode(msg: Any) -> bytes:
