@@ -210,7 +210,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             progress.answered(answers)
 
         def tick(p: WorkerPool) -> None:
-            available = monitor.sample(p.live_pids)
+            available = monitor.sample(p.live_pids, final=p.finished)
             # Out of memory, the kernel kills a worker and its questions are redone: better to
             # let the running ones finish without admitting more until memory comes back.
             if available < low_memory and not p.paused:

@@ -22,6 +22,7 @@ class WorkerUsage:
     last_pss: int = 0
     affinity: tuple[int, ...] = ()  # read from outside: the cores the process may run on
     peak_threads: int = 0
+    samples: int = 0
 
     @property
     def mean_cpu(self) -> float:
@@ -38,7 +39,9 @@ class Monitor:
         self.peak_used = 0
         psutil.cpu_percent(percpu=True)  # prime the per-core counters
 
-    def sample(self, pids: Mapping[int, int]) -> int:
+    PSS_EVERY = 5  # samples: PSS walks the page tables, RSS and CPU are cheap
+
+    def sample(self, pids: Mapping[int, int], final: bool = False) -> int:
         """pids: worker id -> pid of its live process. Returns the system's available memory."""
         for worker_id, pid in pids.items():
             usage = self.workers.setdefault(worker_id, WorkerUsage())
@@ -48,15 +51,19 @@ class Monitor:
                     times = proc.cpu_times()
                     usage.cpu_s = times.user + times.system
                     usage.alive_s = time.time() - proc.create_time()
-                    mem = proc.memory_full_info()
                     usage.affinity = tuple(proc.cpu_affinity())
                     usage.peak_threads = max(usage.peak_threads, proc.num_threads())
+                    # Every core runs a llama.cpp thread, so the monitor's own CPU is taken
+                    # from them: the page-table walk for PSS/USS runs on every 5th sample only.
+                    if usage.samples % self.PSS_EVERY == 0 or final:
+                        full = proc.memory_full_info()
+                        usage.last_pss = full.pss
+                        usage.peak_pss = max(usage.peak_pss, full.pss)
+                        usage.peak_uss = max(usage.peak_uss, full.uss)
+                    usage.peak_rss = max(usage.peak_rss, proc.memory_info().rss)
+                    usage.samples += 1
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            usage.last_pss = mem.pss
-            usage.peak_pss = max(usage.peak_pss, mem.pss)
-            usage.peak_uss = max(usage.peak_uss, mem.uss)
-            usage.peak_rss = max(usage.peak_rss, mem.rss)
         vm = psutil.virtual_memory()
         self.min_available = min(self.min_available, vm.available)
         self.peak_used = max(self.peak_used, vm.total - vm.available)

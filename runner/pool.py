@@ -72,6 +72,7 @@ class WorkerPool:
         self._deaths: dict[str, int] = {}  # question id -> workers that died holding it
         self.answers: dict[str, Answer] = {}
         self.paused = False  # admit no new questions (memory is low, or stopping)
+        self.finished = False  # every question answered; the workers are still alive
         self._stop_signal = 0
         self._stop_deadline = 0.0
         self.started_at = 0.0
@@ -99,6 +100,7 @@ class WorkerPool:
                     next_tick = time.perf_counter() + TICK_S
                     if self._on_tick:
                         self._on_tick(self)
+            self.finished = True
             if self._on_tick:  # a last sample while the workers are still alive
                 self._on_tick(self)
             graceful = True

@@ -149,3 +149,12 @@ def test_small_kv_pool_admits_only_what_fits(stories, tokenizer):
     # Never more running than fit (8 slots were free); llama.cpp pads the pool up to a multiple
     # of 256 cells, which makes room for a third sequence here.
     assert stats["busy_slots"] / stats["steps"] <= 3
+
+
+def test_repeat_penalty_goes_through_llama_cpp_samplers(stories, tokenizer):
+    qs = questions(tokenizer, ["The cat was very happy. The cat"])
+    plain = answer_all(stories, qs, slots=1, max_tokens=40)["q0"].text
+    penalised = answer_all(stories, qs, slots=1, max_tokens=40,
+                           sampling=SamplingParams(repeat_penalty=1.5, repeat_last_n=64))["q0"].text
+    assert penalised != plain
+    assert len(set(penalised.split())) > len(set(plain.split())) * 0.8

@@ -82,10 +82,13 @@ class LlamaEngine:
         self.sched = Scheduler(config.slots, config.n_batch, prefix, budget, self.gen.max_tokens)
         self._rejected: list[Answer] = []
         self._longest_stop = max((len(s) for s in self.gen.stop), default=0)
+        sampling = self.gen.sampling
+        # Plain greedy needs no sampler state: one argmax per row does it (see _sample).
+        self._greedy = sampling.temperature <= 0 and sampling.repeat_penalty == 1.0
         # step_s - decode_s - sample_s is the engine's own Python work.
         self._stats = {"steps": 0.0, "step_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "batch_tokens": 0.0,
                        "busy_slots": 0.0, "generated_tokens": 0.0,
-                       "kv_full_retries": 0.0, "preemptions": 0.0}
+                       "kv_full_retries": 0.0, "preemptions": 0.0, "tg_steps_s": 0.0, "tg_tokens": 0.0}
         self._decode_prefix(prefix)
 
     # -- public interface -----------------------------------------------------------------------
@@ -110,20 +113,23 @@ class LlamaEngine:
         for seq in self.sched.admit():
             if seq.n_cached:
                 self._copy_prefix(seq)
-            seq.sampler = self.runner.new_sampler(self.gen.sampling, seq.question.seed)
+            if not self._greedy:
+                seq.sampler = self.runner.new_sampler(self.gen.sampling, seq.question.seed)
         busy = len(self.sched.running)
         spans = self._decode_with_room()
-        for span, row in _logit_rows(spans):
-            t_sample = time.perf_counter()
-            token = self.runner.sample(span.seq.sampler, row)
-            self._stats["sample_s"] += time.perf_counter() - t_sample
-            if self._accept(span.seq, token):
-                done.append(self._finish(span.seq))
+        for seq, token in self._sample(_logit_rows(spans)):
+            if self._accept(seq, token):
+                done.append(self._finish(seq))
         st = self._stats
+        dt = time.perf_counter() - t0
+        n_tokens = sum(s.n for s in spans)
         st["steps"] += 1
-        st["step_s"] += time.perf_counter() - t0
-        st["batch_tokens"] += sum(s.n for s in spans)
+        st["step_s"] += dt
+        st["batch_tokens"] += n_tokens
         st["busy_slots"] += busy
+        if spans and n_tokens == len(spans):  # one token per sequence: a pure generation step
+            st["tg_steps_s"] += dt
+            st["tg_tokens"] += n_tokens
         return done
 
     def stats(self) -> dict[str, float]:
@@ -137,7 +143,8 @@ class LlamaEngine:
 
     def close(self) -> None:
         for seq in self.sched.running:
-            self.runner.free_sampler(seq.sampler)
+            if seq.sampler is not None:
+                self.runner.free_sampler(seq.sampler)
         self.runner.close()
 
     # -- internals ------------------------------------------------------------------------------
@@ -151,6 +158,18 @@ class LlamaEngine:
                                         np.full(n, self.prefix_id, np.int32), np.zeros(n, np.int8))
             if status != 0:
                 raise EngineError(f"decoding the shared prefix failed (llama_decode status {status})")
+
+    def _sample(self, rows: list[tuple[Span, int]]) -> list[tuple[Sequence, int]]:
+        """The next token of every sequence that got logits: greedy in one argmax over all rows,
+        otherwise each sequence's own llama.cpp sampler chain on its row."""
+        t0 = time.perf_counter()
+        if self._greedy:
+            tokens = self.runner.greedy(len(rows)).tolist() if rows else []
+            out = [(span.seq, token) for (span, _), token in zip(rows, tokens)]
+        else:
+            out = [(span.seq, self.runner.sample(span.seq.sampler, row)) for span, row in rows]
+        self._stats["sample_s"] += time.perf_counter() - t0
+        return out
 
     def _copy_prefix(self, seq: Sequence) -> None:
         # Copy the whole prefix sequence: without kv_unified llama.cpp can only copy a full
@@ -184,8 +203,9 @@ class LlamaEngine:
             elif len(self.sched.running) > 1:
                 victim = self.sched.running[-1]
                 self.runner.seq_rm(victim.seq_id)
-                self.runner.free_sampler(victim.sampler)
-                victim.sampler = None
+                if victim.sampler is not None:
+                    self.runner.free_sampler(victim.sampler)
+                    victim.sampler = None
                 self.sched.preempt_newest()
                 self._stats["preemptions"] += 1
             else:
@@ -224,8 +244,9 @@ class LlamaEngine:
         if seq.stop_cut is not None:
             text = text[:seq.stop_cut]
         self.runner.seq_rm(seq.seq_id)
-        self.runner.free_sampler(seq.sampler)
-        seq.sampler = None
+        if seq.sampler is not None:
+            self.runner.free_sampler(seq.sampler)
+            seq.sampler = None
         self.sched.release(seq)
         seq.phase = Phase.FINISHED
         now = time.perf_counter()

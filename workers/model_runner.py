@@ -220,6 +220,14 @@ class ModelRunner:
         add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         return chain
 
+    def greedy(self, n_rows: int) -> np.ndarray:
+        """Argmax of each of the last decode's n_rows logits rows (stored in batch order), in one
+        numpy pass: a llama.cpp greedy sampler would copy the whole vocabulary into a candidate
+        array per sequence first. Ties go to the lowest token id, as in llama.cpp's greedy."""
+        ptr = llama_cpp.llama_get_logits(self.ctx)
+        rows = np.ctypeslib.as_array(ptr, shape=(n_rows, self.vocab.n_tokens))
+        return rows.argmax(axis=1)
+
     def sample(self, sampler: llama_cpp.llama_sampler_p, batch_index: int) -> int:
         """Sample from the logits row of batch position `batch_index` (also accepts the token)."""
         return int(llama_cpp.llama_sampler_sample(sampler, self.ctx, batch_index))
