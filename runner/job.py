@@ -15,24 +15,22 @@ import os
 import signal
 import threading
 import time
-from contextlib import contextmanager
 from array import array
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from dataclasses import asdict
 from typing import Any, Callable, Iterator, Optional
 
-from runner import modelgen
+import psutil
+
 from runner.config import JobConfig
 from runner.errors import ConfigError, ModelError
-from runner.memory import MemoryPlan, ModelDims, describe, dims_from_metadata, fit_layout
 from runner.inputs import Record, read_records
 from runner.journal import Journal, journal_path
 from runner.lock import OutputLock
+from runner.memory import MemoryPlan, ModelDims, describe, dims_from_metadata, fit_layout
 from runner.monitor import Monitor
 from runner.outputs import check_writable, merge, render, write_atomic
-import psutil
-
 from runner.planning import (Layout, common_prefix, context_per_sequence, plan_layout,
                              question_seed, usable_cores)
 from runner.pool import WorkerPool
@@ -50,7 +48,7 @@ EngineFactory = Callable[[EngineConfig, int], Any]
 
 @dataclass(frozen=True)
 class PreparedJob:
-    records: list[Record]
+    ids: list[str]  # every record's id, in input order
     questions: list[Question]  # unique prompts, longest first
     aliases: dict[str, str]  # qid -> qid of the identical prompt that is actually answered
     prefix: array
@@ -64,6 +62,8 @@ class PreparedJob:
 def resolve_model(model: str) -> str:
     """The GGUF path to load: `demo` builds (once) the project's own tiny model."""
     if model == "demo":
+        from runner import modelgen  # numpy + gguf: only needed to build the demo model
+
         return str(modelgen.ensure_demo_model())
     path = Path(model).expanduser()
     if not path.exists():
@@ -76,6 +76,36 @@ def resolve_model(model: str) -> str:
     return str(path)
 
 
+def _chat_template(config: JobConfig, model_template: Optional[str]) -> tuple[Optional[str], str]:
+    """(template text or None for the plain one, which: "model", "plain" or "job")."""
+    if config.chat_template == "auto":
+        return (model_template, "model") if model_template else (None, "plain")
+    if config.chat_template == "plain":
+        return None, "plain"
+    return config.chat_template, "job"
+
+
+def _questions(records: list[Record], builder: PromptBuilder, tokenizer: Any,
+               config: JobConfig) -> tuple[list[Question], dict[str, str]]:
+    """Render and tokenize every record; identical prompts collapse onto the first one (aliases)."""
+    by_prompt: dict[bytes, str] = {}
+    aliases: dict[str, str] = {}
+    questions: list[Question] = []
+    # Identical prompts are answered once, but only when greedy: with sampling each question
+    # has its own seed, so duplicates are meant to differ.
+    greedy = config.sampling.temperature <= 0
+    for rec in records:
+        text = builder.render(builder.user_message(rec.fields))
+        tokens = tokenizer.tokenize(text, add_bos=builder.needs_bos(text))
+        key = tokens.tobytes()
+        if greedy and key in by_prompt:
+            aliases[rec.qid] = by_prompt[key]
+            continue
+        by_prompt[key] = rec.qid
+        questions.append(Question(rec.qid, tokens, question_seed(config.sampling.seed, rec.qid)))
+    return questions, aliases
+
+
 def prepare(config: JobConfig, model_path: str) -> PreparedJob:
     """Read, render and tokenize every question; decide context size and shared prefix."""
     from workers.model_runner import ModelLoadError, Tokenizer  # loads llama.cpp (vocab only)
@@ -86,29 +116,10 @@ def prepare(config: JobConfig, model_path: str) -> PreparedJob:
     except ModelLoadError as exc:
         raise ModelError(str(exc)) from None
     try:
-        if config.chat_template == "auto":
-            template, kind = tokenizer.chat_template, "model" if tokenizer.chat_template else "plain"
-        elif config.chat_template == "plain":
-            template, kind = None, "plain"
-        else:
-            template, kind = config.chat_template, "job"
+        template, kind = _chat_template(config, tokenizer.chat_template)
         builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
                                 tokenizer.bos_text, tokenizer.eos_text)
-        by_prompt: dict[bytes, str] = {}
-        aliases: dict[str, str] = {}
-        questions: list[Question] = []
-        greedy = config.sampling.temperature <= 0
-        for rec in records:
-            text = builder.render(builder.user_message(rec.fields))
-            tokens = tokenizer.tokenize(text, add_bos=builder.needs_bos(text))
-            key = tokens.tobytes()
-            # Identical prompts are answered once, but only when greedy: with sampling each
-            # question has its own seed, so duplicates are meant to differ.
-            if greedy and key in by_prompt:
-                aliases[rec.qid] = by_prompt[key]
-                continue
-            by_prompt[key] = rec.qid
-            questions.append(Question(rec.qid, tokens, question_seed(config.sampling.seed, rec.qid)))
+        questions, aliases = _questions(records, builder, tokenizer, config)
         n_ctx_train = tokenizer.n_ctx_train
         dims = dims_from_metadata(tokenizer.metadata, os.path.getsize(model_path), tokenizer.n_vocab)
     finally:
@@ -121,7 +132,9 @@ def prepare(config: JobConfig, model_path: str) -> PreparedJob:
     questions.sort(key=lambda q: len(q.tokens), reverse=True)
     prefix = common_prefix([q.tokens for q in questions]) if len(questions) > 1 else array("i")
     template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
-    return PreparedJob(records, questions, aliases, prefix, n_ctx_seq, generation, kind, template_sha, dims)
+    # Only the ids are kept: the records' fields were needed for rendering alone.
+    return PreparedJob([r.qid for r in records], questions, aliases, prefix, n_ctx_seq, generation,
+                       kind, template_sha, dims)
 
 
 def fingerprint(config: JobConfig, model_path: str, job: PreparedJob) -> dict[str, Any]:
@@ -231,7 +244,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             progress.close()
             journal.close()
         answers = {**reused, **answers}
-        rows = merge(job.records, answers, job.aliases, config.id_field)
+        rows = merge(job.ids, answers, job.aliases, config.id_field)
         write_atomic(config.output, render(rows, config.output))
     t_end = time.perf_counter()
     report = build_report(config, model_path, layout, memory, job, answers, pool, monitor,

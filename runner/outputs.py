@@ -9,18 +9,18 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from runner.errors import OutputError
-from runner.inputs import JSONL_SUFFIXES, Record
+from runner.inputs import JSONL_SUFFIXES
 from workers.protocol import Answer
 
 
-def merge(records: Sequence[Record], answers: Mapping[str, Answer],
+def merge(ids: Sequence[str], answers: Mapping[str, Answer],
           aliases: Optional[Mapping[str, str]] = None, id_field: str = "questionID") -> list[dict[str, Any]]:
-    """One output row per input record, in input order. `aliases` maps a question id to the id
+    """One output row per input id, in input order. `aliases` maps a question id to the id
     whose answer it shares (identical prompts are answered once)."""
     rows = []
-    for rec in records:
-        answer = answers.get((aliases or {}).get(rec.qid, rec.qid))
-        row: dict[str, Any] = {id_field: rec.qid}
+    for qid in ids:
+        answer = answers.get((aliases or {}).get(qid, qid))
+        row: dict[str, Any] = {id_field: qid}
         if answer is None:
             row.update(answer=None, error="not answered")
         elif answer.error is not None:

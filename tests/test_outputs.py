@@ -4,7 +4,6 @@ import os
 import pytest
 
 from runner.errors import OutputError
-from runner.inputs import Record
 from runner.outputs import check_writable, merge, render, write_atomic
 from workers.protocol import Answer, FinishReason
 
@@ -14,9 +13,9 @@ def answer(qid, text="x", error=None):
 
 
 def test_merge_restores_input_order_fans_out_aliases_and_records_failures():
-    records = [Record(q, {}, i) for i, q in enumerate(["c", "a", "b", "d"])]
+    ids = ["c", "a", "b", "d"]
     answers = {"a": answer("a", " A "), "b": answer("b", error="prompt too long"), "c": answer("c", "C")}
-    rows = merge(records, answers, aliases={"d": "a"})
+    rows = merge(ids, answers, aliases={"d": "a"})
     assert rows == [{"questionID": "c", "answer": "C"}, {"questionID": "a", "answer": "A"},
                     {"questionID": "b", "answer": None, "error": "prompt too long"},
                     {"questionID": "d", "answer": "A"}]
