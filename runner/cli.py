@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any, Optional, Sequence
 
 from runner.config import build_config, load_job_file
-from runner.errors import GgbatchError, Interrupted, WorkerFailure
+from runner.errors import ConfigError, GgbatchError, Interrupted, WorkerFailure
 from runner.progress import setup_logging
 
 log = logging.getLogger("ggbatch")
@@ -67,7 +68,33 @@ def build_parser() -> argparse.ArgumentParser:
     a("--progress", choices=["auto", "bar", "log"], default="auto",
       help="bar on a terminal, periodic log lines otherwise (auto)")
     a("-v", "--verbose", action="store_true", help="log worker start-up and errors in detail")
+    _add_make_model(sub)
     return parser
+
+
+def _add_make_model(sub: Any) -> None:
+    mm = sub.add_parser("make-model", help="write a random-weight llama GGUF of a realistic shape",
+                        description="Random weights (nonsense answers, real cost): for benchmarks and "
+                                    "tests without downloading a model.")
+    mm.add_argument("out", help="GGUF file to write")
+    mm.add_argument("--shape", default="bench-28x1024", help="demo, bench-28x1024, qwen3-0.6b-like, qwen3-1.7b-like")
+    mm.add_argument("--vocab", help="vocab-only GGUF whose tokenizer and chat template to copy "
+                                    "(default: the project's own small tokenizer)")
+    mm.add_argument("--quant", help="q4_k_m, q8_0, q4_0, ... (default: unquantized f16)")
+    mm.add_argument("--seed", type=int, default=0)
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from runner import modelgen
+
+    if args.vocab and not os.path.isfile(args.vocab):
+        raise ConfigError(f"{args.vocab}: vocab file not found")
+    try:
+        path = modelgen.make_model(args.out, args.shape, vocab=args.vocab, quant=args.quant, seed=args.seed)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB)")
+    return 0
 
 
 def _flag_layer(args: argparse.Namespace) -> dict[str, Any]:
@@ -105,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(getattr(args, "verbose", False))
     try:
-        return {"run": cmd_run}[args.command](args)
+        return {"run": cmd_run, "make-model": cmd_make_model}[args.command](args)
     except GgbatchError as exc:
         print(f"ggbatch: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,10 +1,15 @@
 """The memory plan: will this layout fit in the memory that is available? Pure arithmetic.
 
-Per worker, on CPU: llama.cpp repacks the weights at load into a private buffer, so every worker
-holds its own copy (measured on a 329 MiB Q4_K_M file: one process 690 MiB RSS, two processes
-1,208 MiB PSS together); the mmap'd file pages are shared, counted once. Then each worker's KV
-cache (layers × KV heads × head size × 2 (K and V) × 2 bytes (f16) per cell) and its compute and
-logits buffers.
+What a worker holds, as llama.cpp reports it and as PSS measures it (28 × 1024 Q4_K_M model,
+413 MiB file, 16 slots, two workers: plan 1,281 MiB, measured PSS 1,304 MiB):
+- the model file, mmap'd: its pages are shared by all workers, counted once;
+- a private repacked copy of the weights that the CPU kernels prefer (llama.cpp's CPU_REPACK
+  buffer: 161 MiB of that 405 MiB model, about 40%), so every worker pays it again;
+- its KV cache: layers × KV heads × head size × 2 (K and V) × 2 bytes (f16) per cell, with the
+  cell count rounded up to a multiple of 256 as llama.cpp does;
+- the logits of one step and the part of the compute buffer a step touches (llama.cpp reserves
+  300 MiB for it, but only about n_batch × n_embd × 80 bytes is ever written), and the
+  interpreter and libraries (~45 MiB).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
 MIB = 1 << 20
-OVERHEAD_PER_PROCESS = 60 * MIB  # Python, numpy, llama.cpp's code: measured ~45-60 MiB PSS
+OVERHEAD_PER_PROCESS = 45 * MIB  # Python, numpy, llama.cpp's code
+REPACKED_SHARE = 0.4  # of the file: weights llama.cpp copies into its CPU_REPACK buffer
+KV_CELL_ROUNDING = 256
 
 
 @dataclass(frozen=True)
@@ -56,9 +63,8 @@ class MemoryPlan:
 
 
 def compute_bytes(dims: ModelDims, n_batch: int, slots: int) -> int:
-    """Graph compute buffer (activations of one n_batch ubatch) plus logits for every slot."""
-    width = max(dims.n_embd, dims.n_ff, dims.n_head * dims.head_dim)
-    activations = n_batch * (4 * width + dims.n_vocab) * 4
+    """The compute buffer a step actually touches, the logits of every slot, the interpreter."""
+    activations = n_batch * dims.n_embd * 80
     logits = max(slots, 1) * dims.n_vocab * 4
     return activations + logits + OVERHEAD_PER_PROCESS
 
@@ -66,13 +72,13 @@ def compute_bytes(dims: ModelDims, n_batch: int, slots: int) -> int:
 def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
                 n_batch: int, available: int, safety: float = 0.9) -> MemoryPlan:
     """The memory a layout needs, with `kv_cells_for(slots)` the KV pool a worker allocates."""
-    cells = kv_cells_for(slots)
+    cells = -(-kv_cells_for(slots) // KV_CELL_ROUNDING) * KV_CELL_ROUNDING
     kv = cells * dims.kv_bytes_per_cell
     compute = compute_bytes(dims, n_batch, slots)
-    per_worker = dims.file_bytes + kv + compute
-    total = workers * per_worker + dims.file_bytes
+    weights = int(dims.file_bytes * REPACKED_SHARE)
+    total = workers * (weights + kv + compute) + dims.file_bytes
     budget = int(available * safety)
-    return MemoryPlan(workers, slots, cells, dims.file_bytes, kv, compute, dims.file_bytes, total,
+    return MemoryPlan(workers, slots, cells, weights, kv, compute, dims.file_bytes, total,
                       available, total <= budget)
 
 
@@ -95,7 +101,7 @@ def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable
 
 
 def describe(plan: MemoryPlan) -> str:
-    return (f"{plan.workers} workers × ({plan.weights_per_worker / MIB:.0f} MiB weights + "
+    return (f"{plan.workers} workers × ({plan.weights_per_worker / MIB:.0f} MiB repacked weights + "
             f"{plan.kv_per_worker / MIB:.0f} MiB KV + {plan.compute_per_worker / MIB:.0f} MiB compute) "
             f"+ {plan.shared_file_pages / MIB:.0f} MiB shared file pages = {plan.total / MIB:.0f} MiB, "
             f"{plan.available / MIB:.0f} MiB available")

@@ -154,3 +154,16 @@ def test_identical_prompts_answered_once_and_report_adds_up(tmp_path, stories):
     assert rep["memory"]["plan"]["fits"] is True
     assert 0 < rep["mean_slot_occupancy"] <= 1
     assert rep["latency_s"]["p50"] <= rep["latency_s"]["p95"] <= rep["latency_s"]["max"]
+
+
+def test_make_model_writes_a_model_that_answers(tmp_path, gsm8k_file):
+    model = tmp_path / "m.gguf"
+    r = subprocess.run([sys.executable, "-m", "runner", "make-model", "--shape", "demo", "--quant", "q8_0",
+                        str(model)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert model.read_bytes()[:4] == b"GGUF"
+    r = ggbatch("--model", model, "--input", gsm8k_file(3), "--output", tmp_path / "a.json", "--max-tokens", 4)
+    assert r.returncode == 0, r.stderr
+    bad = subprocess.run([sys.executable, "-m", "runner", "make-model", "--shape", "nope", str(model)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown shape 'nope'" in bad.stderr

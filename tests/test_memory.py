@@ -15,11 +15,20 @@ def test_kv_bytes_per_cell():
     assert DIMS.kv_bytes_per_cell == 114_688
 
 
-def test_plan_adds_weights_per_worker_kv_and_shared_pages_once():
+def test_plan_adds_private_weights_kv_per_worker_and_shared_pages_once():
     plan = plan_memory(DIMS, 2, 4, cells, 512, available=64 << 30)
-    assert plan.kv_per_worker == 4000 * 114_688
-    assert plan.total == 2 * (400 * MIB + plan.kv_per_worker + plan.compute_per_worker) + 400 * MIB
+    assert plan.kv_cells_per_worker == 4096  # 4000 rounded up to a multiple of 256, as llama.cpp does
+    assert plan.kv_per_worker == 4096 * 114_688
+    assert plan.weights_per_worker == int(400 * MIB * 0.4)
+    assert plan.total == 2 * (plan.weights_per_worker + plan.kv_per_worker + plan.compute_per_worker) + 400 * MIB
     assert plan.fits and not plan.note
+
+
+def test_plan_matches_the_measured_benchmark_model():
+    # 28 × 1024 Q4_K_M, 2 workers × 16 slots, 2911 KV cells each: measured 1,304 MiB PSS in all.
+    dims = ModelDims(432_746_144, 28, 1024, 16, 8, 64, 151936, 3072)
+    plan = plan_memory(dims, 2, 16, lambda s: 2911, 512, available=24 << 30)
+    assert abs(plan.total / MIB - 1304) / 1304 < 0.10
 
 
 def test_shrinks_slots_first_then_workers():
