@@ -93,16 +93,17 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=len(usable_cores()))
     ap.add_argument("--system", default="Answer the question concisely.")
+    ap.add_argument("--questions", type=int, help="questions per run (default: as many as slots)")
     args = ap.parse_args()
     model = args.model or bench_model()
     slot_list = [int(s) for s in args.slots.split(",")]
-    questions = load_questions(model, max(slot_list), args.system)
+    questions = load_questions(model, args.questions or max(slot_list), args.system)
     print(f"model {model}, {args.threads} threads, {args.tokens} generated tokens per question")
     print(f"{'slots':>5} {'S_TG tok/s':>10} {'vs 1':>5} {'wall s':>7} {'wall gen tok/s':>14} "
           f"{'decode%':>7} {'sample%':>7} {'python%':>7} {'py ms/step':>10}")
     base = None
     for slots in slot_list:
-        r = run_once(model, questions[:slots], slots, args.threads, args.tokens)
+        r = run_once(model, questions[:args.questions or slots], slots, args.threads, args.tokens)
         base = base or r["s_tg"]
         print(f"{slots:>5} {r['s_tg']:>10.1f} {r['s_tg'] / base:>5.2f} {r['wall_s']:>7.2f} "
               f"{r['gen_tok_s']:>14.1f} {100 * r['decode_share']:>7.1f} {100 * r['sample_share']:>7.1f} "

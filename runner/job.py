@@ -32,7 +32,7 @@ from runner.memory import MemoryPlan, ModelDims, describe, dims_from_metadata, f
 from runner.monitor import Monitor
 from runner.outputs import check_writable, merge, render, write_atomic
 from runner.planning import (Layout, common_prefix, context_per_sequence, plan_layout,
-                             question_seed, usable_cores)
+                             question_seed, step_budget, usable_cores)
 from runner.pool import WorkerPool
 from runner.progress import Progress
 from runner.prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
@@ -106,11 +106,10 @@ def _questions(records: list[Record], builder: PromptBuilder, tokenizer: Any,
     return questions, aliases
 
 
-def prepare(config: JobConfig, model_path: str) -> PreparedJob:
-    """Read, render and tokenize every question; decide context size and shared prefix."""
+def prepare(config: JobConfig, model_path: str, records: list[Record]) -> PreparedJob:
+    """Render and tokenize every question; decide context size and shared prefix."""
     from workers.model_runner import ModelLoadError, Tokenizer  # loads llama.cpp (vocab only)
 
-    records = read_records(config.input, config.id_field, config.question_field)
     try:
         tokenizer = Tokenizer(model_path)
     except ModelLoadError as exc:
@@ -148,30 +147,29 @@ def fingerprint(config: JobConfig, model_path: str, job: PreparedJob) -> dict[st
             **{f"sampling.{k}": v for k, v in asdict(config.sampling).items()}}
 
 
-def plan(config: JobConfig, job: PreparedJob, n_questions: int, available: int) -> tuple[Layout, MemoryPlan]:
-    """The layout asked for (or auto), shrunk if its memory plan does not fit."""
-    cores = usable_cores()
-    layout = plan_layout(cores, config.workers, config.threads, config.slots, n_questions)
+def plan(config: JobConfig, job: PreparedJob, n_questions: int, started: Layout,
+         available: int) -> tuple[Layout, MemoryPlan]:
+    """Slots for the workers already started, and the memory plan; workers, then slots, are
+    reduced if the plan does not fit."""
+    cells_per_slot = job.n_ctx_seq - len(job.prefix)
+    layout = plan_layout(usable_cores(), started.workers, started.threads, config.slots, n_questions,
+                         cells_per_slot)
     unified = not config.batch_invariant
     memory = fit_layout(job.dims, layout.workers, layout.slots,
                         lambda slots: kv_cells(slots, job.n_ctx_seq, len(job.prefix), unified),
-                        max(config.n_batch, layout.slots), available)
+                        step_budget(config.n_batch, layout.slots), available)
     if not memory.fits:
         raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}")
     if memory.note:
         log.warning("memory plan: %s (%s)", memory.note, describe(memory))
-        threads = config.threads if config.threads is not None else len(cores) // memory.workers
-        layout = plan_layout(cores, memory.workers, threads, memory.slots, n_questions)
+        layout = Layout(memory.workers, layout.threads, memory.slots, layout.cores[:memory.workers])
     return layout, memory
 
 
-def worker_specs(config: JobConfig, model_path: str, layout: Layout, job: PreparedJob,
-                 engine_factory: Optional[EngineFactory]) -> list[WorkerSpec]:
-    # A prompt chunk and the decode tokens of every slot must fit in one batch.
-    n_batch = max(config.n_batch, layout.slots)
-    engine = EngineConfig(model_path, layout.threads, layout.slots, job.n_ctx_seq, n_batch,
-                          job.prefix, job.generation, kv_unified=not config.batch_invariant)
-    return [WorkerSpec(i, cores, engine, engine_factory) for i, cores in enumerate(layout.cores)]
+def engine_config(config: JobConfig, model_path: str, layout: Layout, job: PreparedJob) -> EngineConfig:
+    return EngineConfig(model_path, layout.threads, layout.slots, job.n_ctx_seq,
+                        step_budget(config.n_batch, layout.slots),
+                        job.prefix, job.generation, kv_unified=not config.batch_invariant)
 
 
 @contextmanager
@@ -202,21 +200,15 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     if config.report:
         check_writable(config.report)
     with OutputLock(config.output):
-        job = prepare(config, model_path)
-        journal = Journal(journal_path(config.output), fingerprint(config, model_path, job), fresh)
-        reused = {q.qid: a for q in job.questions if (a := journal.reusable(q.qid, q.tokens)) is not None}
-        todo = [q for q in job.questions if q.qid not in reused]
-        if reused:
-            log.info("resuming: %d answers from %s, %d questions to answer",
-                     len(reused), journal.path, len(todo))
-        layout, memory = plan(config, job, len(todo), psutil.virtual_memory().available)
-        specs = worker_specs(config, model_path, layout, job, engine_factory)
-        t_prepared = time.perf_counter()
-
-        progress = Progress(len(todo), bar=progress_bar)
+        records = read_records(config.input, config.id_field, config.question_field)
+        # Workers start now and load the model while this process tokenizes: their layout
+        # (workers × threads, pinned cores) does not depend on the questions.
+        started = plan_layout(usable_cores(), config.workers, config.threads, 1, 1)
+        progress = Progress(0, bar=progress_bar)
         monitor = Monitor()
         low_memory = int(psutil.virtual_memory().total * LOW_MEMORY_FRACTION)
-        tokens_of = {q.qid: q.tokens for q in todo}
+        journal: Optional[Journal] = None
+        tokens_of: dict[str, array] = {}
 
         def on_answers(answers: list[Answer]) -> None:
             journal.append(answers, tokens_of)
@@ -236,13 +228,32 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             journal.sync()
             progress.tick()
 
-        pool = WorkerPool(specs, on_answers=on_answers, on_tick=tick)
+        pool = WorkerPool([WorkerSpec(i, cores, model_path, engine_factory)
+                           for i, cores in enumerate(started.cores)], on_answers=on_answers, on_tick=tick)
         try:
-            with _stop_on_signals(pool):
-                answers = pool.run(todo) if todo else {}
+            if records:
+                pool.start()
+            job = prepare(config, model_path, records)
+            journal = Journal(journal_path(config.output), fingerprint(config, model_path, job), fresh)
+            reused = {q.qid: a for q in job.questions if (a := journal.reusable(q.qid, q.tokens)) is not None}
+            todo = [q for q in job.questions if q.qid not in reused]
+            tokens_of.update((q.qid, q.tokens) for q in todo)
+            if reused:
+                log.info("resuming: %d answers from %s, %d questions to answer",
+                         len(reused), journal.path, len(todo))
+            layout, memory = plan(config, job, len(todo), started, psutil.virtual_memory().available)
+            pool.keep(layout.workers)
+            t_prepared = time.perf_counter()
+            progress.total = len(todo)
+            answers: dict[str, Answer] = {}
+            if todo:
+                with _stop_on_signals(pool):
+                    answers = pool.run(todo, engine_config(config, model_path, layout, job))
         finally:
+            pool.close()
             progress.close()
-            journal.close()
+            if journal is not None:
+                journal.close()
         answers = {**reused, **answers}
         rows = merge(job.ids, answers, job.aliases, config.id_field)
         write_atomic(config.output, render(rows, config.output))

@@ -32,8 +32,8 @@ from multiprocess.connection import wait
 
 from runner.errors import Interrupted, ModelError, WorkerFailure
 from workers.main import worker_main
-from workers.protocol import (Answer, AnswerBatch, Chunk, FinishReason, Question, Ready, Stop,
-                              WantWork, WorkerError, WorkerSpec, decode, encode)
+from workers.protocol import (Answer, AnswerBatch, Chunk, Configure, EngineConfig, FinishReason, Question,
+                              Ready, Stop, WantWork, WorkerError, WorkerSpec, decode, encode)
 
 log = logging.getLogger("ggbatch")
 
@@ -75,18 +75,35 @@ class WorkerPool:
         self.finished = False  # every question answered; the workers are still alive
         self._stop_signal = 0
         self._stop_deadline = 0.0
-        self.started_at = 0.0
+        self._engine: Optional[EngineConfig] = None
         self.first_ready_at: Optional[float] = None
 
     # -- public ---------------------------------------------------------------------------------
 
-    def run(self, questions: Sequence[Question]) -> dict[str, Answer]:
+    def start(self) -> None:
+        """Spawn the workers: they pin themselves and load the model, then wait for run()."""
+        for w in self.workers:
+            if w.process is None:
+                self._start(w)
+
+    def keep(self, n_workers: int) -> None:
+        """Let go of the workers past the first n (the memory plan wants fewer)."""
+        for w in self.workers[n_workers:]:
+            self._stop_process(w, graceful=True)
+        del self.workers[n_workers:]
+
+    def close(self) -> None:
+        """Kill every worker (an error before run(), or nothing left to answer); idempotent."""
+        self._shutdown(graceful=False)
+
+    def run(self, questions: Sequence[Question], engine: EngineConfig) -> dict[str, Answer]:
         """Answer every question (or record why not). Questions should come longest first."""
         self._pending.extend(questions)
         total = len(questions)
-        self.started_at = time.perf_counter()
+        self._engine = engine
+        self.start()
         for w in self.workers:
-            self._start(w)
+            w.tasks.put(encode(Configure(engine)))
         next_tick = time.perf_counter() + TICK_S
         graceful = False
         try:
@@ -212,6 +229,21 @@ class WorkerPool:
                                       name=f"ggbatch-worker-{w.spec.worker_id}", daemon=True)
         w.process.start()
         w.ready, w.wants = None, 0
+        if self._engine is not None:  # a restart during the run: configure it at once
+            w.tasks.put(encode(Configure(self._engine)))
+
+    def _stop_process(self, w: WorkerState, graceful: bool, timeout: float = 5.0) -> None:
+        if w.process is not None and w.process.is_alive():
+            if graceful:
+                w.tasks.put(encode(Stop()))
+                w.process.join(timeout)
+            if w.process.is_alive():
+                w.process.kill()
+            w.process.join()
+        if w.tasks is not None:
+            w.tasks.close()
+            w.tasks.cancel_join_thread()
+            w.tasks = None
 
     def _on_death(self, w: WorkerState) -> None:
         w.process.join()
@@ -245,21 +277,16 @@ class WorkerPool:
         self._dispatch()
 
     def _shutdown(self, graceful: bool) -> None:
-        """Graceful: idle workers exit on Stop. Otherwise (interrupted, error) they hold work
-        they would finish first, so they are killed."""
-        for w in self.workers:
-            if w.process is not None and w.process.is_alive():
-                if graceful:
+        """Graceful: every worker is idle and exits on Stop (told all at once, then joined).
+        Otherwise (interrupted, error, nothing to do) they are killed: waiting for them would
+        mean waiting for work nobody will collect."""
+        if graceful:
+            for w in self.workers:
+                if w.process is not None and w.process.is_alive():
                     w.tasks.put(encode(Stop()))
-                else:
-                    w.process.kill()
-        deadline = time.monotonic() + 5.0
+            deadline = time.monotonic() + 5.0
+            for w in self.workers:
+                if w.process is not None:
+                    w.process.join(max(0.0, deadline - time.monotonic()))
         for w in self.workers:
-            if w.process is not None:
-                w.process.join(max(0.0, deadline - time.monotonic()))
-                if w.process.is_alive():
-                    w.process.kill()
-                    w.process.join()
-            if w.tasks is not None:
-                w.tasks.close()
-                w.tasks.cancel_join_thread()
+            self._stop_process(w, graceful=False)  # kills whatever is still alive

@@ -31,7 +31,7 @@ def setup_logging(verbose: bool = False) -> None:
 class Progress:
     def __init__(self, total: int, stream: TextIO = sys.stderr, log_every_s: float = 5.0,
                  bar: Optional[bool] = None) -> None:
-        self.total = total
+        self._total = total
         self.done = 0
         self.failed = 0
         self.generated = 0
@@ -39,8 +39,20 @@ class Progress:
         self._log_every = log_every_s
         self._last_log = self._t0
         use_bar = stream.isatty() if bar is None else bar
-        self._bar = tqdm(total=total, file=stream, unit="q", dynamic_ncols=True,
+        self._bar = tqdm(total=total or None, file=stream, unit="q", dynamic_ncols=True,
                          smoothing=0.1) if use_bar else None
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+    @total.setter
+    def total(self, value: int) -> None:
+        """Set once the questions left to answer are known (after tokenizing and the journal)."""
+        self._total = value
+        self._t0 = self._last_log = time.perf_counter()
+        if self._bar is not None:
+            self._bar.reset(total=value)
 
     def answered(self, answers: Sequence[Answer]) -> None:
         self.done += len(answers)

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from runner.planning import step_budget
 from workers.protocol import Answer
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ def build_report(config: "JobConfig", model_path: str, layout: "Layout", memory:
         "layout": {"workers": layout.workers, "threads_per_worker": layout.threads,
                    "slots_per_worker": layout.slots, "cores": [list(c) for c in layout.cores],
                    "n_ctx_per_sequence": job.n_ctx_seq, "batch_invariant": config.batch_invariant, "shared_prefix_tokens": len(job.prefix),
-                   "n_batch": pool.workers[0].spec.engine.n_batch if pool.workers else None},
+                   "n_batch": step_budget(config.n_batch, layout.slots)},
         "generation": {"max_tokens": config.max_tokens, "stop": list(job.generation.stop),
                        "ignore_eos": config.ignore_eos, "chat_template": job.chat_template,
                        "system": config.system, "sampling": asdict(config.sampling)},

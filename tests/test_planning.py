@@ -35,7 +35,14 @@ def test_never_more_threads_than_cores(workers, threads, message):
 
 def test_auto_slots_never_exceed_questions_per_worker():
     assert plan_layout([0, 1], 2, 1, None, 5).slots == 3
-    assert plan_layout([0, 1], 1, 2, None, 1000).slots == 16
+    assert plan_layout([0, 1], 1, 2, None, 1000).slots == 32
+
+
+def test_auto_slots_shrink_for_long_sequences():
+    assert plan_layout([0, 1], 1, 2, None, 1000, cells_per_slot=170).slots == 32
+    assert plan_layout([0, 1], 1, 2, None, 1000, cells_per_slot=500).slots == 16
+    assert plan_layout([0, 1], 1, 2, None, 1000, cells_per_slot=4000).slots == 4  # never below 4
+    assert plan_layout([0, 1], 1, 2, 8, 1000, cells_per_slot=4000).slots == 8  # as asked
 
 
 def test_context_fits_longest_prompt_capped_by_model():

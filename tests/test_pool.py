@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def specs(n_workers, behaviour="fake", slots=4):
     engine = EngineConfig(behaviour, 1, slots, 64, 64, array("i"), GenerationParams())
-    return [WorkerSpec(i, (0,), engine, FakeEngine) for i in range(n_workers)]
+    return [WorkerSpec(i, (0,), behaviour, FakeEngine) for i in range(n_workers)], engine
 
 
 def qs(n):
@@ -22,9 +22,10 @@ def qs(n):
 
 
 def run(pool_specs, questions):
+    worker_specs, engine = pool_specs
     seen = []
-    pool = WorkerPool(pool_specs, on_answers=lambda answers: seen.extend(a.qid for a in answers))
-    answers = pool.run(questions)
+    pool = WorkerPool(worker_specs, on_answers=lambda answers: seen.extend(a.qid for a in answers))
+    answers = pool.run(questions, engine)
     return pool, answers, seen
 
 

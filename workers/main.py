@@ -17,14 +17,14 @@ import time
 import traceback
 from typing import Any
 
-from workers.protocol import (AnswerBatch, Chunk, Ready, Stop, WantWork, WorkerError, WorkerSpec, decode,
-                              encode)
+from workers.protocol import (AnswerBatch, Chunk, Configure, EngineConfig, Ready, Stop, WantWork,
+                              WorkerError, WorkerSpec, decode, encode)
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
-    """Entry point of a worker process. Takes only picklable config; builds the model here."""
+    """Entry point of a worker process. Takes only picklable config; loads the model here."""
     # The coordinator owns shutdown: Ctrl-C reaches the whole process group, but only the
     # coordinator decides what happens to in-flight questions.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -34,9 +34,15 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
         # Pin before the model loads, so llama.cpp's thread pool is created on our cores.
         os.sched_setaffinity(0, spec.cores)
         t0 = time.perf_counter()
-        engine = _build_engine(spec)
-        results.put(encode(Ready(spec.worker_id, os.getpid(), time.perf_counter() - t0,
-                                 getattr(engine, "n_threads", spec.engine.n_threads),
+        _preload(spec)
+        load_s = time.perf_counter() - t0
+        first = decode(tasks.get())  # Configure, or Stop if the job needs no answering after all
+        if not isinstance(first, Configure):
+            return
+        t1 = time.perf_counter()
+        engine = _build_engine(spec, first.engine)
+        results.put(encode(Ready(spec.worker_id, os.getpid(), load_s + time.perf_counter() - t1,
+                                 getattr(engine, "n_threads", first.engine.n_threads),
                                  tuple(sorted(os.sched_getaffinity(0))))))
         _serve(engine, spec, tasks, results)
     except BaseException as exc:  # report anything, then die: the coordinator decides what next
@@ -59,12 +65,20 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _build_engine(spec: WorkerSpec) -> Any:
-    if spec.engine_factory is not None:
-        return spec.engine_factory(spec.engine, spec.worker_id)
-    from workers.engine import LlamaEngine  # imported here: llama.cpp loads only in workers
+def _preload(spec: WorkerSpec) -> None:
+    """Load the weights now, while the coordinator is still tokenizing the questions."""
+    if spec.engine_factory is None:
+        from workers.model_runner import preload_model  # llama.cpp loads only in workers
 
-    return LlamaEngine(spec.engine, spec.worker_id)
+        preload_model(spec.model_path)
+
+
+def _build_engine(spec: WorkerSpec, config: EngineConfig) -> Any:
+    if spec.engine_factory is not None:
+        return spec.engine_factory(config, spec.worker_id)
+    from workers.engine import LlamaEngine
+
+    return LlamaEngine(config, spec.worker_id)
 
 
 def _serve(engine: Any, spec: WorkerSpec, tasks: Any, results: Any) -> None:

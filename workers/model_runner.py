@@ -53,6 +53,15 @@ def _load_model(path: str, vocab_only: bool) -> llama_cpp.llama_model_p:
     return model
 
 
+_preloaded: dict[str, llama_cpp.llama_model_p] = {}
+
+
+def preload_model(path: str) -> None:
+    """Load a model before its context settings are known; the next ModelRunner for the same path
+    takes it over."""
+    _preloaded[path] = _load_model(path, vocab_only=False)
+
+
 class _Vocab:
     """Token <-> text for a loaded model; pieces are cached because detokenizing is per token."""
 
@@ -148,7 +157,7 @@ class ModelRunner:
 
     def __init__(self, model_path: str, n_threads: int, n_ctx: int, n_seq_max: int, n_batch: int,
                  kv_unified: bool) -> None:
-        self.model = _load_model(model_path, vocab_only=False)
+        self.model = _preloaded.pop(model_path, None) or _load_model(model_path, vocab_only=False)
         self.vocab = _Vocab(self.model)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx

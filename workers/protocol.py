@@ -4,6 +4,7 @@ One small frozen dataclass per message, so a reader sees the whole conversation 
 
     coordinator                         worker
         │ ── start(WorkerSpec) ──────────▶ │  pins itself, loads the model
+        │ ── Configure(EngineConfig) ────▶ │  builds its context and engine
         │ ◀───────────────────── Ready ─── │
         │ ◀─────────────────── WantWork ── │  its engine is running low
         │ ── Chunk(questions) ───────────▶ │
@@ -98,12 +99,14 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class WorkerSpec:
+    """What a worker needs to start: it pins itself and loads the model while the coordinator is
+    still tokenizing; the engine's settings follow in a Configure message."""
+
     worker_id: int
     cores: tuple[int, ...]  # the worker pins itself to these before loading the model
-    engine: EngineConfig
+    model_path: str
     # Module-level callable building the engine inside the child; tests pass a fake engine here.
     engine_factory: Optional[Callable[[EngineConfig, int], Any]] = None
-    low_water: int = 0  # ask for more work when fewer unfinished questions than this remain
 
 
 # worker -> coordinator
@@ -139,6 +142,13 @@ class WorkerError:
 
 
 # coordinator -> worker
+
+
+@dataclass(frozen=True)
+class Configure:
+    """The engine to build: sent once the coordinator has tokenized and planned."""
+
+    engine: EngineConfig
 
 
 @dataclass(frozen=True)
