@@ -31,8 +31,8 @@ from runner.lock import OutputLock
 from runner.memory import MemoryPlan, ModelDims, describe, dims_from_metadata, fit_layout
 from runner.monitor import Monitor
 from runner.outputs import check_writable, merge, render, write_atomic
-from runner.planning import (Layout, common_prefix, context_per_sequence, plan_layout,
-                             question_seed, step_budget, usable_cores)
+from runner.planning import (Layout, common_prefix, context_per_sequence, kv_unified_for,
+                             plan_layout, question_seed, step_budget, usable_cores)
 from runner.pool import WorkerPool
 from runner.progress import Progress
 from runner.prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
@@ -154,7 +154,7 @@ def plan(config: JobConfig, job: PreparedJob, n_questions: int, started: Layout,
     cells_per_slot = job.n_ctx_seq - len(job.prefix)
     layout = plan_layout(usable_cores(), started.workers, started.threads, config.slots, n_questions,
                          cells_per_slot)
-    unified = not config.batch_invariant
+    unified = kv_unified_for(len(job.prefix), job.n_ctx_seq, config.batch_invariant)
     memory = fit_layout(job.dims, layout.workers, layout.slots,
                         lambda slots: kv_cells(slots, job.n_ctx_seq, len(job.prefix), unified),
                         step_budget(config.n_batch, layout.slots), available)
@@ -168,8 +168,9 @@ def plan(config: JobConfig, job: PreparedJob, n_questions: int, started: Layout,
 
 def engine_config(config: JobConfig, model_path: str, layout: Layout, job: PreparedJob) -> EngineConfig:
     return EngineConfig(model_path, layout.threads, layout.slots, job.n_ctx_seq,
-                        step_budget(config.n_batch, layout.slots),
-                        job.prefix, job.generation, kv_unified=not config.batch_invariant)
+                        step_budget(config.n_batch, layout.slots), job.prefix, job.generation,
+                        kv_unified=kv_unified_for(len(job.prefix), job.n_ctx_seq, config.batch_invariant),
+                        flash_attn=not config.batch_invariant)
 
 
 @contextmanager

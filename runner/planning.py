@@ -61,6 +61,13 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
     return Layout(workers, threads, slots, assignment)
 
 
+def kv_unified_for(n_prefix: int, n_ctx_seq: int, batch_invariant: bool) -> bool:
+    """One KV pool when the shared prefix is longer than the rest of a sequence (it is then
+    stored once instead of copied into every slot); otherwise one stream per sequence, whose
+    attention scans only its own cells. Measurements in workers/engine.py."""
+    return not batch_invariant and n_prefix > n_ctx_seq - n_prefix
+
+
 def step_budget(n_batch: int, slots: int) -> int:
     """Tokens per decode step: every slot's decode token must fit, whatever n_batch says."""
     return max(n_batch, slots)

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from runner.planning import step_budget
+from runner.planning import kv_unified_for, step_budget
 from workers.protocol import Answer
 
 if TYPE_CHECKING:
@@ -86,7 +86,9 @@ def build_report(config: "JobConfig", model_path: str, layout: "Layout", memory:
         "model": model_identity(model_path),
         "layout": {"workers": layout.workers, "threads_per_worker": layout.threads,
                    "slots_per_worker": layout.slots, "cores": [list(c) for c in layout.cores],
-                   "n_ctx_per_sequence": job.n_ctx_seq, "batch_invariant": config.batch_invariant, "shared_prefix_tokens": len(job.prefix),
+                   "n_ctx_per_sequence": job.n_ctx_seq, "batch_invariant": config.batch_invariant,
+                   "kv": "unified" if kv_unified_for(len(job.prefix), job.n_ctx_seq, config.batch_invariant)
+                   else "per-sequence", "shared_prefix_tokens": len(job.prefix),
                    "n_batch": step_budget(config.n_batch, layout.slots)},
         "generation": {"max_tokens": config.max_tokens, "stop": list(job.generation.stop),
                        "ignore_eos": config.ignore_eos, "chat_template": job.chat_template,
@@ -119,7 +121,7 @@ def format_summary(report: Mapping[str, Any]) -> str:
         + (f" ({q['records']} records)" if q["records"] != q["unique_prompts"] else ""),
         f"layout     {lay['workers']} workers × {lay['threads_per_worker']} threads × "
         f"{lay['slots_per_worker']} slots, {lay['n_ctx_per_sequence']} ctx/seq, "
-        f"{lay['shared_prefix_tokens']} shared prefix tokens",
+        f"{lay['shared_prefix_tokens']} shared prefix tokens, {lay['kv']} KV",
         f"wall time  {report['timings_s']['total_s']:.2f} s (prepare {report['timings_s']['prepare_s']:.2f} s)",
         f"tokens     {t['prompt']} prompt ({t['prompt_per_s']:.1f}/s), "
         f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)",

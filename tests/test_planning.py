@@ -3,7 +3,7 @@ from array import array
 import pytest
 
 from runner.errors import ConfigError
-from runner.planning import common_prefix, context_per_sequence, plan_layout, question_seed
+from runner.planning import common_prefix, context_per_sequence, kv_unified_for, plan_layout, question_seed
 
 
 def test_auto_uses_one_worker_on_every_core():
@@ -64,3 +64,9 @@ def test_question_seed_depends_on_job_seed_and_id_only():
     assert question_seed(0, "q1") == question_seed(0, "q1")
     assert question_seed(0, "q1") != question_seed(1, "q1")
     assert question_seed(0, "q1") != question_seed(0, "q2")
+
+
+def test_unified_kv_only_for_a_long_shared_prefix():
+    assert kv_unified_for(545, 735, batch_invariant=False)  # W2: 545 shared of 735
+    assert not kv_unified_for(15, 181, batch_invariant=False)  # W1: short system prompt
+    assert not kv_unified_for(545, 735, batch_invariant=True)

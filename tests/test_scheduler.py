@@ -49,6 +49,18 @@ def test_decode_tokens_first_then_prefill_chunks_within_budget():
     assert sum(sp.n for sp in spans) == 10
 
 
+def test_without_mixing_prompt_steps_and_decode_steps_alternate():
+    s = Scheduler(slots=2, n_batch=16, mix_prefill=False)
+    a, b = seq("a", 4), seq("b", 6)
+    s.add(a)
+    s.add(b)
+    s.admit()
+    a.phase, a.output = Phase.DECODE, [7]
+    assert [(sp.seq.question.qid, sp.n) for sp in s.schedule()] == [("b", 6)]  # prompt only
+    b.phase, b.output = Phase.DECODE, [8]
+    assert [(sp.seq.question.qid, sp.n) for sp in s.schedule()] == [("a", 1), ("b", 1)]
+
+
 def test_last_prompt_chunk_asks_for_logits():
     s = Scheduler(slots=1, n_batch=8)
     a = seq("a", 12)

@@ -11,19 +11,23 @@
 The shared prefix (system prompt, few-shot examples: whatever every prompt starts with) is
 decoded once into its own sequence when the engine starts and copied into each slot.
 
-KV layout, chosen by measurement (32 GSM8K prompts × 64 tokens, 16 slots, 2 threads, 28×1024
-Q4_K_M model; llama.cpp's flash attention left on auto, i.e. on):
-  kv_unified = true,  flash attention       75-79 generated tok/s
-  kv_unified = true,  no flash attention    53-64 tok/s
-  kv_unified = false, flash attention       58 tok/s   (one KV stream per sequence)
-  kv_unified = false, no flash attention    56-59 tok/s
-So unified KV with flash attention is the default. Its cost: flash attention's online softmax
-depends on how many KV cells it scans, which changes with whatever else is in the batch, so at a
-near-tie a token can flip (2 of 64 greedy stories260K answers differed between 1 and 16 slots;
-a prefix decoded apart from its prompt flips some too). `batch_invariant: true` in a job picks
-per-sequence streams without flash attention: every float reduction then sees the same cells in
-the same order whatever the batch, and answers are bit-identical across slots, layouts and
-prefix sharing (tested), at about 25% less throughput.
+KV layout, chosen per job by measurement (32 GSM8K prompts of ~79 tokens, 64 generated tokens
+each, 32 slots, 2 threads, 28×1024 Q4_K_M model):
+  one stream per sequence, flash attention   22.3-23.0 s   S_TG 147-151 tok/s
+  one unified pool, flash attention          25.2-28.0 s   S_TG 120-125 tok/s
+Separate streams win because each token's attention scans only its own sequence's cells, where
+a unified pool makes every token scan every slot's cells. A unified pool wins when the prompts
+share a long prefix: it stores the prefix once and a copy into a slot only tags cells, where
+separate streams copy it physically into each (with a 545-token shared prefix: 37 s vs 61 s).
+So the coordinator picks unified exactly when the shared prefix is longer than the rest of a
+sequence (runner/planning.py).
+
+Flash attention's online softmax depends on how many KV cells it scans, which changes with the
+rest of the batch, so at a near-tie a token can flip (2 of 64 greedy stories260K answers
+differed between 1 and 16 slots in a unified pool). `batch_invariant: true` in a job picks
+separate streams without flash attention: every float reduction then sees the same cells in the
+same order whatever the batch, and answers are bit-identical across slots, layouts and prefix
+sharing (tested), at some cost in speed.
 """
 
 from __future__ import annotations
@@ -74,12 +78,16 @@ class LlamaEngine:
         n_ctx = config.kv_cells or kv_cells(config.slots, config.n_ctx_seq, len(prefix), config.kv_unified)
         self.runner = ModelRunner(config.model_path, config.n_threads, n_ctx=n_ctx,
                                   n_seq_max=config.slots + 1, n_batch=config.n_batch,
-                                  kv_unified=config.kv_unified)
+                                  kv_unified=config.kv_unified, flash_attn=config.flash_attn)
         self.n_threads = self.runner.n_threads  # as llama.cpp reports it
         # With one unified pool, admission keeps the sequences within it; separate streams
         # give each slot its own room.
         budget = self.runner.n_ctx - len(prefix) if config.kv_unified else None
-        self.sched = Scheduler(config.slots, config.n_batch, prefix, budget, self.gen.max_tokens)
+        # With one stream per sequence llama.cpp splits a batch into equal-length parts per
+        # sequence, so a step mixing prompt chunks with decode tokens reads the weights twice:
+        # there, prompt steps and decode steps are kept apart.
+        self.sched = Scheduler(config.slots, config.n_batch, prefix, budget, self.gen.max_tokens,
+                               mix_prefill=config.kv_unified)
         self._rejected: list[Answer] = []
         self._longest_stop = max((len(s) for s in self.gen.stop), default=0)
         sampling = self.gen.sampling

@@ -156,7 +156,7 @@ class ModelRunner:
     """One model + one multi-sequence context. Sequence ids are plain ints in [0, n_seq_max)."""
 
     def __init__(self, model_path: str, n_threads: int, n_ctx: int, n_seq_max: int, n_batch: int,
-                 kv_unified: bool) -> None:
+                 kv_unified: bool, flash_attn: bool = True) -> None:
         self.model = _preloaded.pop(model_path, None) or _load_model(model_path, vocab_only=False)
         self.vocab = _Vocab(self.model)
         params = llama_cpp.llama_context_default_params()
@@ -168,7 +168,7 @@ class ModelRunner:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.kv_unified = kv_unified
-        if not kv_unified:
+        if not flash_attn:
             # Flash attention's online softmax depends on how many KV cells it scans, which
             # changes with the batch; the plain path adds exact zeros for masked cells instead.
             params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED

@@ -89,9 +89,12 @@ class EngineConfig:
     n_batch: int  # token budget of one step (decode tokens + prefill chunks)
     prefix_tokens: array  # tokens every prompt starts with; decoded once, then shared
     generation: GenerationParams = GenerationParams()
-    # False = batch-invariant: per-sequence KV streams and no flash attention, so no float
-    # reduction depends on the batch's composition (see workers/engine.py).
+    # One KV pool shared by all slots (a shared prefix is stored once), or one stream per slot
+    # (attention scans only the sequence's own cells). See workers/engine.py.
     kv_unified: bool = True
+    # Off (with kv_unified off) makes answers batch-invariant: no float reduction then depends
+    # on what else is in the batch.
+    flash_attn: bool = True
     # KV cells of the whole context; 0 = room for every slot at full length. A smaller pool
     # (memory-bound runs) works too: the engine shrinks batches and preempts when it is full.
     kv_cells: int = 0

@@ -36,7 +36,7 @@ class Span:
 
 class Scheduler:
     def __init__(self, slots: int, n_batch: int, prefix: array | None = None,
-                 kv_budget: int | None = None, max_new_tokens: int = 0) -> None:
+                 kv_budget: int | None = None, max_new_tokens: int = 0, mix_prefill: bool = True) -> None:
         """kv_budget: KV cells the sequences may fill beyond the shared prefix (None = each slot
         has its own room). A sequence is admitted only when its prompt plus max_new_tokens fits
         what the running ones may still claim, so a full pool never thrashes."""
@@ -47,6 +47,7 @@ class Scheduler:
         self.kv_budget = kv_budget
         self.max_new_tokens = max_new_tokens
         self.kv_reserved = 0
+        self.mix_prefill = mix_prefill  # False: a step holds prompt chunks or decode tokens, not both
         self.free_ids: list[int] = list(range(slots - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
@@ -79,7 +80,10 @@ class Scheduler:
     def schedule(self, budget: int | None = None) -> list[Span]:
         """The spans of the next batch, within `budget` tokens (default n_batch)."""
         budget = self.n_batch if budget is None else budget
+        prefilling = any(s.phase is Phase.PREFILL for s in self.running)
         decoding = [s for s in self.running if s.phase is Phase.DECODE][:budget]
+        if prefilling and not self.mix_prefill:
+            decoding = []  # prompts first; decoding resumes when they are all in
         spans = [Span(s, s.next_pos, 1, True) for s in decoding]
         budget -= len(spans)
         for seq in self.running:
