@@ -7,7 +7,8 @@ Without --model it builds (once, cached) the project's realistic-shape benchmark
 × 1024 hidden, 16 heads, 8 KV heads, FFN 3072, Q4_K_M, random weights, with the qwen2 tokenizer
 and chat template copied from ../shared/models/ggml-vocab-qwen2.gguf.
 
-Each run answers `slots` GSM8K questions (chat template, system prompt "Answer the question
+The KV layout is the one a job would pick (runner.planning.kv_unified_for). Each run answers
+`slots` GSM8K questions (chat template, system prompt "Answer the question
 concisely.") with exactly --tokens generated tokens each (ignore_eos), greedy, and reports, like
 llama-batched-bench: S_TG, generated tok/s over the steps that only generate (one token per
 sequence), and over the whole run with prompt processing (wall). Targets: slots 8 >= 1.8 ×
@@ -26,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runner.planning import common_prefix, usable_cores  # noqa: E402
+from runner.planning import common_prefix, kv_unified_for, usable_cores  # noqa: E402
 from runner.prompts import PromptBuilder  # noqa: E402
 from workers.protocol import EngineConfig, GenerationParams, Question  # noqa: E402
 
@@ -68,8 +69,10 @@ def run_once(model: str, questions: list[Question], slots: int, threads: int, to
 
     prefix = common_prefix([q.tokens for q in questions])
     longest = max(len(q.tokens) for q in questions)
-    config = EngineConfig(model, threads, slots, longest + tokens + 1, 512, prefix,
-                          GenerationParams(max_tokens=tokens, ignore_eos=True))
+    n_ctx_seq = longest + tokens + 1
+    config = EngineConfig(model, threads, slots, n_ctx_seq, 512, prefix,
+                          GenerationParams(max_tokens=tokens, ignore_eos=True),
+                          kv_unified=kv_unified_for(len(prefix), n_ctx_seq, batch_invariant=False))
     engine = LlamaEngine(config, worker_id=0)
     for q in questions:
         engine.add(q)
