@@ -100,10 +100,11 @@ class WorkerPool:
         """Answer every question (or record why not). Questions should come longest first."""
         self._pending.extend(questions)
         total = len(questions)
-        self._engine = engine
-        self.start()
         for w in self.workers:
-            w.tasks.put(encode(Configure(engine)))
+            if w.process is not None:  # started early, waiting for its configuration
+                w.tasks.put(encode(Configure(engine)))
+        self._engine = engine
+        self.start()  # the others get their configuration as they start
         next_tick = time.perf_counter() + TICK_S
         graceful = False
         try:
