@@ -7,13 +7,15 @@ question in the output); 2 bad usage, config, input or model; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 from typing import Any, Optional, Sequence
 
 from runner.config import build_config, load_job_file
-from runner.errors import ConfigError, GgbatchError, Interrupted, WorkerFailure
+from runner.errors import ConfigError, GgbatchError, Interrupted, ModelError, WorkerFailure
+from runner.outputs import write_atomic
 from runner.progress import setup_logging
 
 log = logging.getLogger("ggbatch")
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="bar on a terminal, periodic log lines otherwise (auto)")
     a("-v", "--verbose", action="store_true", help="log worker start-up and errors in detail")
     _add_make_model(sub)
+    _add_bench(sub)
     return parser
 
 
@@ -94,6 +97,68 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         raise ConfigError(str(exc)) from None
     print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB)")
+    return 0
+
+
+def _add_bench(sub: Any) -> None:
+    b = sub.add_parser("bench", help="measure this machine with this model, like llama-batched-bench, "
+                                     "and the runner's overhead over the raw engine")
+    b.add_argument("--model", required=True)
+    b.add_argument("--npp", default="128", help="prompt tokens, comma-separated (default 128)")
+    b.add_argument("--ntg", default="64", help="generated tokens, comma-separated (default 64)")
+    b.add_argument("--npl", default="1,2,4,8,16", help="sequences per decode, comma-separated")
+    b.add_argument("--threads", type=int, help="threads (default: every usable core)")
+    b.add_argument("--json", help="also write the rows here as JSON")
+    b.add_argument("--csv", help="also write the rows here as CSV")
+    b.add_argument("--no-runner", dest="runner", action="store_false",
+                   help="skip the runner-overhead measurement")
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag}: expected integers >= 1, got {text!r}")
+    return values
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from runner import bench
+    from runner.job import resolve_model
+    from runner.planning import usable_cores
+    from workers.model_runner import ModelLoadError, Tokenizer
+
+    model = resolve_model(args.model)
+    npp, ntg, npl = _ints(args.npp, "--npp"), _ints(args.ntg, "--ntg"), _ints(args.npl, "--npl")
+    threads = args.threads or len(usable_cores())
+    try:
+        tokenizer = Tokenizer(model)
+    except ModelLoadError as exc:
+        raise ModelError(str(exc)) from None
+    n_vocab = tokenizer.n_vocab
+    tokenizer.close()
+    print(f"model {model}, {threads} threads; raw engine, one context, no coordinator:", flush=True)
+    print(bench.header(bench.COLUMNS), flush=True)
+    rows = []
+    for pp in npp:
+        for tg in ntg:
+            for b in npl:
+                rows.append(bench.raw_row(model, threads, pp, tg, b, n_vocab))
+                print(bench.row_line(rows[-1], bench.COLUMNS), flush=True)
+    overhead = []
+    if args.runner:
+        print("\nthe whole runner (one pinned worker process) against the raw engine, same work:", flush=True)
+        for pp in npp:
+            for tg in ntg:
+                b = max(npl)
+                overhead.append(bench.overhead_row(model, threads, pp, tg, b, n_vocab))
+        print(bench.format_table(overhead))
+    if args.json:
+        write_atomic(args.json, json.dumps({"raw": rows, "runner": overhead}, indent=1) + "\n")
+    if args.csv:
+        write_atomic(args.csv, bench.to_csv(rows))
     return 0
 
 
@@ -132,7 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(getattr(args, "verbose", False))
     try:
-        return {"run": cmd_run, "make-model": cmd_make_model}[args.command](args)
+        return {"run": cmd_run, "make-model": cmd_make_model, "bench": cmd_bench}[args.command](args)
     except GgbatchError as exc:
         print(f"ggbatch: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,0 +1,114 @@
+"""`ggbatch bench`: how fast can this machine go with this model, and what does the runner cost?
+
+For each (PP, TG, B): the raw engine loop (B sequences of PP prompt tokens in one context, TG
+generated tokens each, no coordinator, no processes) gives llama-batched-bench's table; then the
+whole runner (pool, pinned worker, dispatch, answers) answers the same B × 2 questions and its
+throughput is compared with the raw loop on the same work.
+
+    PP, TG, B   prompt tokens, generated tokens, sequences decoded together
+    N_KV        KV cells used: B × (PP + TG)
+    T_PP, S_PP  time and tokens/s of the prompt steps
+    T_TG, S_TG  time and tokens/s of the generation steps
+    T, S        total time and all tokens / total time
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from array import array
+from typing import Any, Sequence
+
+from runner.planning import kv_unified_for, plan_layout, usable_cores
+from runner.pool import WorkerPool
+from workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
+
+COLUMNS = ["PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"]
+
+
+def synthetic_questions(n: int, pp: int, n_vocab: int, seed: int = 0) -> list[Question]:
+    """n prompts of exactly pp random ordinary tokens (no shared prefix, as batched-bench)."""
+    rng = random.Random(seed)
+    low = min(1000, n_vocab // 4)  # keep clear of control tokens at the start of the vocabulary
+    return [Question(f"b{i}", array("i", (rng.randrange(low, n_vocab) for _ in range(pp))), i)
+            for i in range(n)]
+
+
+def engine_config(model: str, threads: int, pp: int, tg: int, b: int) -> EngineConfig:
+    n_ctx_seq = pp + tg + 1
+    return EngineConfig(model, threads, b, n_ctx_seq, max(512, b), array("i"),
+                        GenerationParams(max_tokens=tg, ignore_eos=True),
+                        kv_unified=kv_unified_for(0, n_ctx_seq, batch_invariant=False))
+
+
+def _engine_run(model: str, threads: int, questions: list[Question], pp: int, tg: int,
+                b: int) -> tuple[float, dict[str, float]]:
+    """The engine alone, in this process: (seconds from first step to last answer, its stats)."""
+    from workers.engine import LlamaEngine
+
+    engine = LlamaEngine(engine_config(model, threads, pp, tg, b), worker_id=0)
+    try:
+        for q in questions:
+            engine.add(q)
+        t0 = time.perf_counter()
+        while engine.n_unfinished:
+            engine.step()
+        return time.perf_counter() - t0, engine.stats()
+    finally:
+        engine.close()
+
+
+def raw_row(model: str, threads: int, pp: int, tg: int, b: int, n_vocab: int) -> dict[str, Any]:
+    """One line of the table: B sequences in one context, one wave, like llama-batched-bench."""
+    total, st = _engine_run(model, threads, synthetic_questions(b, pp, n_vocab), pp, tg, b)
+    t_tg = st["tg_steps_s"]
+    t_pp = total - t_tg
+    return {"PP": pp, "TG": tg, "B": b, "N_KV": b * (pp + tg), "T_PP s": t_pp, "S_PP t/s": b * pp / t_pp,
+            "T_TG s": t_tg, "S_TG t/s": st["tg_tokens"] / t_tg if t_tg else 0.0, "T s": total,
+            "S t/s": b * (pp + tg) / total}
+
+
+def overhead_row(model: str, threads: int, pp: int, tg: int, b: int, n_vocab: int) -> dict[str, Any]:
+    """The same work (3 × B questions, so slots are refilled) by the engine alone and by the whole
+    runner: one pinned worker process, dispatch, answers, timed from the worker ready to the
+    last answer. Overhead = how much lower the runner's tokens/s is."""
+    questions = synthetic_questions(3 * b, pp, n_vocab, seed=1)
+    work = len(questions) * (pp + tg)
+    raw_s, _ = _engine_run(model, threads, questions, pp, tg, b)
+    layout = plan_layout(usable_cores(), 1, threads, b, len(questions))
+    last: list[float] = []
+    pool = WorkerPool([WorkerSpec(0, layout.cores[0], model)],
+                      on_answers=lambda answers: last.append(time.perf_counter()))
+    pool.run(questions, engine_config(model, layout.threads, pp, tg, b))
+    runner_s = last[-1] - (pool.first_ready_at or last[-1])
+    return {"PP": pp, "TG": tg, "B": b, "raw S t/s": work / raw_s, "runner S t/s": work / runner_s,
+            "overhead %": 100.0 * (1 - raw_s / runner_s)}
+
+
+def _width(columns: Sequence[str]) -> int:
+    return max(8, *(len(c) for c in columns))
+
+
+def header(columns: Sequence[str]) -> str:
+    """The two header lines of a table as llama-batched-bench prints it (Markdown)."""
+    w = _width(columns)
+    return ("| " + " | ".join(f"{c:>{w}}" for c in columns) + " |\n"
+            + "|" + "|".join("-" * (w + 2) for _ in columns) + "|")
+
+
+def row_line(row: dict[str, Any], columns: Sequence[str]) -> str:
+    w = _width(columns)
+    return "| " + " | ".join(f"{row[c]:>{w}d}" if isinstance(row[c], int) else f"{row[c]:>{w}.2f}"
+                             for c in columns) + " |"
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    columns = list(rows[0]) if rows else COLUMNS
+    return "\n".join([header(columns), *(row_line(r, columns) for r in rows)])
+
+
+def to_csv(rows: Sequence[dict[str, Any]]) -> str:
+    keys = list(rows[0]) if rows else COLUMNS
+    return "\n".join([",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in rows]) + "\n"
+
+
