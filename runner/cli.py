@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 from runner.config import build_config, load_job_file
 from runner.errors import ConfigError, GgbatchError, Interrupted, ModelError, WorkerFailure
 from runner.outputs import write_atomic
+from runner.planning import usable_cores
 from runner.progress import setup_logging
 
 log = logging.getLogger("ggbatch")
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("-v", "--verbose", action="store_true", help="log worker start-up and errors in detail")
     _add_make_model(sub)
     _add_bench(sub)
+    _add_tune(sub)
     return parser
 
 
@@ -127,7 +129,6 @@ def _ints(text: str, flag: str) -> list[int]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from runner import bench
     from runner.job import resolve_model
-    from runner.planning import usable_cores
     from workers.model_runner import ModelLoadError, Tokenizer
 
     model = resolve_model(args.model)
@@ -159,6 +160,49 @@ def cmd_bench(args: argparse.Namespace) -> int:
         write_atomic(args.json, json.dumps({"raw": rows, "runner": overhead}, indent=1) + "\n")
     if args.csv:
         write_atomic(args.csv, bench.to_csv(rows))
+    return 0
+
+
+TUNE_OWNS = {"model", "model.path", "input", "output", "report", "workers", "threads", "slots",
+             "max_tokens", "ignore_eos"}
+
+
+def _add_tune(sub: Any) -> None:
+    t = sub.add_parser("tune", help="try layouts on a sample of your questions; `auto` then uses the fastest")
+    t.add_argument("job", nargs="?", help="YAML job file (its prompt and sampling settings are used)")
+    t.add_argument("--model", help="GGUF model path (or from the job file)")
+    t.add_argument("--input", help="questions to sample (default: built-in ones)")
+    t.add_argument("--questions", type=int, default=64, help="sample size (default 64)")
+    t.add_argument("--max-tokens", dest="max_tokens", type=int, default=32,
+                   help="generated tokens per question, exactly (default 32)")
+    t.add_argument("--slots", default="4,8,16,32", help="slot counts to try (default 4,8,16,32)")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from runner import tune
+    from runner.job import resolve_model
+
+    job = load_job_file(args.job) if args.job else {}
+    model_arg = args.model or job.get("model.path") or job.get("model")
+    # The job's prompt and sampling settings shape the trials; the layout and files are tune's.
+    settings = {k: v for k, v in job.items() if k not in TUNE_OWNS}
+    if not model_arg:
+        raise ConfigError("tune: give --model or a job file with a model")
+    model = resolve_model(model_arg)
+    slot_options = _ints(args.slots, "--slots")
+    layouts = tune.candidates(len(usable_cores()), slot_options)
+    estimate = tune.rough_seconds(os.path.getsize(model), len(layouts), args.questions, args.max_tokens)
+    print(f"trying {len(layouts)} layouts on {args.questions} questions × {args.max_tokens} tokens: "
+          f"about {estimate / 60:.0f} min (a rough guess)", flush=True)
+
+    def show(trial: dict[str, Any]) -> None:
+        print(f"  {trial['workers']} workers × {trial['threads']} threads × {trial['slots']:>2} slots: "
+              f"{trial['generated_tok_s']:7.1f} generated tok/s", flush=True)
+
+    choice, trials = tune.tune(model, args.input, args.questions, args.max_tokens, slot_options, settings, show)
+    path = tune.save_choice(model, choice, trials)
+    print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots; "
+          f"saved to {path}: `auto` uses it for this model on this machine")
     return 0
 
 
@@ -197,7 +241,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(getattr(args, "verbose", False))
     try:
-        return {"run": cmd_run, "make-model": cmd_make_model, "bench": cmd_bench}[args.command](args)
+        return {"run": cmd_run, "make-model": cmd_make_model, "bench": cmd_bench,
+                "tune": cmd_tune}[args.command](args)
     except GgbatchError as exc:
         print(f"ggbatch: error: {exc}", file=sys.stderr)
         return exc.exit_code

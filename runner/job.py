@@ -31,8 +31,8 @@ from runner.lock import OutputLock
 from runner.memory import MemoryPlan, ModelDims, describe, dims_from_metadata, fit_layout
 from runner.monitor import Monitor
 from runner.outputs import check_writable, merge, render, write_atomic
-from runner.planning import (Layout, common_prefix, context_per_sequence, kv_unified_for,
-                             plan_layout, question_seed, step_budget, usable_cores)
+from runner.planning import (MAX_AUTO_SLOTS, Layout, common_prefix, context_per_sequence,
+                             kv_unified_for, plan_layout, question_seed, step_budget, usable_cores)
 from runner.pool import WorkerPool
 from runner.progress import Progress
 from runner.prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
@@ -148,12 +148,12 @@ def fingerprint(config: JobConfig, model_path: str, job: PreparedJob) -> dict[st
 
 
 def plan(config: JobConfig, job: PreparedJob, n_questions: int, started: Layout,
-         available: int) -> tuple[Layout, MemoryPlan]:
+         available: int, max_auto_slots: int = MAX_AUTO_SLOTS) -> tuple[Layout, MemoryPlan]:
     """Slots for the workers already started, and the memory plan; workers, then slots, are
     reduced if the plan does not fit."""
     cells_per_slot = job.n_ctx_seq - len(job.prefix)
     layout = plan_layout(usable_cores(), started.workers, started.threads, config.slots, n_questions,
-                         cells_per_slot)
+                         cells_per_slot, max_auto_slots)
     unified = kv_unified_for(len(job.prefix), job.n_ctx_seq, config.batch_invariant)
     memory = fit_layout(job.dims, layout.workers, layout.slots,
                         lambda slots: kv_cells(slots, job.n_ctx_seq, len(job.prefix), unified),
@@ -173,6 +173,20 @@ def engine_config(config: JobConfig, model_path: str, layout: Layout, job: Prepa
                         flash_attn=not config.batch_invariant)
 
 
+def _tuned_layout(config: JobConfig, model_path: str) -> Optional[dict[str, int]]:
+    """The layout `ggbatch tune` chose for this model on this machine, when the job leaves
+    workers, threads and slots all to auto."""
+    if (config.workers, config.threads, config.slots) != (None, None, None):
+        return None
+    from runner.tune import cache_file, load_choice
+
+    choice = load_choice(model_path)
+    if choice:
+        log.info("layout from ggbatch tune (%s): %d workers × %d threads × up to %d slots",
+                 cache_file(), choice["workers"], choice["threads"], choice["slots"])
+    return choice
+
+
 @contextmanager
 def _stop_on_signals(pool: WorkerPool) -> Iterator[None]:
     """SIGINT/SIGTERM ask the pool to stop gracefully; a second one stops it at once."""
@@ -190,7 +204,8 @@ def _stop_on_signals(pool: WorkerPool) -> Iterator[None]:
 
 
 def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
-            progress_bar: Optional[bool] = None, fresh: bool = False) -> dict[str, Any]:
+            progress_bar: Optional[bool] = None, fresh: bool = False,
+            use_tuned: bool = True) -> dict[str, Any]:
     """Run a whole job and return its report (also written to config.report if set).
     Answers already in the output's journal from an earlier run of the same job are reused
     unless `fresh`. Raises GgbatchError subclasses for anything the user can fix, Interrupted
@@ -204,7 +219,9 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
         records = read_records(config.input, config.id_field, config.question_field)
         # Workers start now and load the model while this process tokenizes: their layout
         # (workers × threads, pinned cores) does not depend on the questions.
-        started = plan_layout(usable_cores(), config.workers, config.threads, 1, 1)
+        tuned = _tuned_layout(config, model_path) if use_tuned else None
+        workers, threads = (tuned["workers"], tuned["threads"]) if tuned else (config.workers, config.threads)
+        started = plan_layout(usable_cores(), workers, threads, 1, 1)
         progress = Progress(0, bar=progress_bar)
         monitor = Monitor()
         low_memory = int(psutil.virtual_memory().total * LOW_MEMORY_FRACTION)
@@ -242,7 +259,8 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             if reused:
                 log.info("resuming: %d answers from %s, %d questions to answer",
                          len(reused), journal.path, len(todo))
-            layout, memory = plan(config, job, len(todo), started, psutil.virtual_memory().available)
+            layout, memory = plan(config, job, len(todo), started, psutil.virtual_memory().available,
+                                  tuned["slots"] if tuned else MAX_AUTO_SLOTS)
             pool.keep(layout.workers)
             t_prepared = time.perf_counter()
             progress.total = len(todo)

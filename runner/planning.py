@@ -33,7 +33,8 @@ def usable_cores() -> list[int]:
 
 
 def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[int],
-                slots: Optional[int], n_questions: int, cells_per_slot: int = 0) -> Layout:
+                slots: Optional[int], n_questions: int, cells_per_slot: int = 0,
+                max_auto_slots: int = MAX_AUTO_SLOTS) -> Layout:
     """Choose workers × threads within the usable cores (None = auto) and give each worker a
     disjoint set of cores. Never more worker threads than usable cores. `cells_per_slot` (the KV
     one sequence needs beyond the shared prefix) limits auto slots on long sequences."""
@@ -55,8 +56,8 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
         raise ConfigError(f"workers × threads = {workers} × {threads} = {workers * threads} "
                           f"exceeds the {n_cores} usable cores")
     if slots is None:
-        by_kv = MAX_AUTO_KV_CELLS // cells_per_slot if cells_per_slot > 0 else MAX_AUTO_SLOTS
-        slots = max(1, min(MAX_AUTO_SLOTS, max(4, by_kv), math.ceil(n_questions / workers)))
+        by_kv = MAX_AUTO_KV_CELLS // cells_per_slot if cells_per_slot > 0 else max_auto_slots
+        slots = max(1, min(max_auto_slots, max(4, by_kv), math.ceil(n_questions / workers)))
     assignment = tuple(tuple(cores[i * threads:(i + 1) * threads]) for i in range(workers))
     return Layout(workers, threads, slots, assignment)
 

@@ -183,3 +183,28 @@ def test_bench_prints_the_batched_bench_table_and_the_runner_overhead(tmp_path, 
     bad = subprocess.run([sys.executable, "-m", "runner", "bench", "--model", stories, "--npl", "0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--npl: expected integers >= 1" in bad.stderr
+
+
+def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k_file):
+    r = subprocess.run([sys.executable, "-m", "runner", "tune", "--model", stories, "--input", gsm8k_file(8),
+                        "--questions", "8", "--max-tokens", "8", "--slots", "2,4"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=200,
+                       env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    assert "trying" in r.stdout and "about" in r.stdout.splitlines()[0]  # says how long first
+    cache = json.loads((tmp_path / "cache" / "ggbatch" / "layouts.json").read_text())
+    (entry,) = cache.values()
+    best = max(entry["trials"], key=lambda t: t["generated_tok_s"])
+    assert entry["choice"] == {k: best[k] for k in ("workers", "threads", "slots")}  # the fastest tried
+    assert len(entry["trials"]) == 2 * sum(1 for w in range(1, len(os.sched_getaffinity(0)) + 1)
+                                           if len(os.sched_getaffinity(0)) % w == 0)
+    out, report = tmp_path / "a.json", tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "runner", "run", "--model", stories, "--input", gsm8k_file(8),
+                        "--output", str(out), "--max-tokens", "4", "--report", str(report)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    layout = json.loads(report.read_text())["layout"]
+    assert (layout["workers"], layout["threads_per_worker"]) == (entry["choice"]["workers"], entry["choice"]["threads"])
+    assert layout["slots_per_worker"] <= entry["choice"]["slots"]
+    assert "layout from ggbatch tune" in r.stderr
