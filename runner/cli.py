@@ -199,6 +199,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"  {trial['workers']} workers × {trial['threads']} threads × {trial['slots']:>2} slots: "
               f"{trial['generated_tok_s']:7.1f} generated tok/s", flush=True)
 
+    log.setLevel(logging.WARNING)  # each trial's own progress lines would bury the results
     choice, trials = tune.tune(model, args.input, args.questions, args.max_tokens, slot_options, settings, show)
     path = tune.save_choice(model, choice, trials)
     print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots; "
