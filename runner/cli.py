@@ -27,7 +27,8 @@ FLAG_KEYS = {
     "workers": "workers", "threads": "threads", "slots": "slots", "n_ctx": "model.n_ctx",
     "n_batch": "n_batch", "max_tokens": "max_tokens", "system": "system",
     "template": "prompt.template", "chat_template": "prompt.chat_template", "stop": "stop",
-    "ignore_eos": "ignore_eos", "batch_invariant": "batch_invariant", "id_field": "fields.id", "question_field": "fields.question",
+    "ignore_eos": "ignore_eos", "batch_invariant": "batch_invariant",
+    "id_field": "fields.id", "question_field": "fields.question",
     "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
     "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
 }

@@ -52,7 +52,6 @@ class WorkerState:
     solo: bool = False  # holds one suspect question and nothing else
     engine_stats: dict[str, float] = field(default_factory=dict)
     restarts: int = 0
-    answered: int = 0
     last_error: str = ""
 
 
@@ -173,7 +172,6 @@ class WorkerPool:
             for answer in msg.answers:
                 w.in_flight.pop(answer.qid, None)
             self._record(msg.answers)
-            w.answered += len(msg.answers)
             if not w.in_flight:
                 w.solo = False
             self._dispatch()
