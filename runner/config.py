@@ -34,6 +34,8 @@ class JobConfig:
     system: Optional[str] = None
     prompt_template: Optional[str] = None  # Jinja over the record's fields -> the user message
     chat_template: str = "auto"  # "auto" (the model's own), "plain", or a Jinja chat template
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"enable_thinking": False}
+    keep_thinking: bool = False  # also write a reasoning model's <think> block, as "thinking"
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     batch_invariant: bool = False  # answers independent of batch-mates (per-sequence KV, slower)
@@ -90,6 +92,12 @@ def _bool(v: Any) -> bool:
     raise ValueError("must be true or false")
 
 
+def _mapping(v: Any) -> dict[str, Any]:
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+        raise ValueError("must be a mapping of names to values")
+    return dict(v)
+
+
 def _stop(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         v = [v]
@@ -114,6 +122,8 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "system": _str(optional=True),
     "prompt.template": _str(optional=True),
     "prompt.chat_template": _str(),
+    "prompt.template_kwargs": _mapping,
+    "keep_thinking": _bool,
     "stop": _stop,
     "ignore_eos": _bool,
     "batch_invariant": _bool,
@@ -130,7 +140,8 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
 SECTIONS = {"model", "prompt", "fields", "sampling"}  # keys that may hold a mapping
 PATH_KEYS = ("model", "model.path", "input", "output", "report")
 _TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "prompt.template": "prompt_template",
-           "prompt.chat_template": "chat_template", "fields.id": "id_field",
+           "prompt.chat_template": "chat_template", "prompt.template_kwargs": "template_kwargs",
+           "fields.id": "id_field",
            "fields.question": "question_field"}
 
 

@@ -117,7 +117,7 @@ def prepare(config: JobConfig, model_path: str, records: list[Record]) -> Prepar
     try:
         template, kind = _chat_template(config, tokenizer.chat_template)
         builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
-                                tokenizer.bos_text, tokenizer.eos_text)
+                                tokenizer.bos_text, tokenizer.eos_text, config.template_kwargs)
         questions, aliases = _questions(records, builder, tokenizer, config)
         n_ctx_train = tokenizer.n_ctx_train
         dims = dims_from_metadata(tokenizer.metadata, os.path.getsize(model_path), tokenizer.n_vocab)
@@ -142,6 +142,7 @@ def fingerprint(config: JobConfig, model_path: str, job: PreparedJob) -> dict[st
     return {"model.size_bytes": model["size_bytes"], "model.sha256_first_mib": model["sha256_first_mib"],
             "chat_template": job.template_sha, "system": config.system,
             "prompt.template": config.prompt_template, "fields.question": config.question_field,
+            "prompt.template_kwargs": config.template_kwargs,
             "max_tokens": config.max_tokens, "stop": list(job.generation.stop),
             "ignore_eos": config.ignore_eos, "batch_invariant": config.batch_invariant,
             **{f"sampling.{k}": v for k, v in asdict(config.sampling).items()}}
@@ -274,7 +275,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             if journal is not None:
                 journal.close()
         answers = {**reused, **answers}
-        rows = merge(job.ids, answers, job.aliases, config.id_field)
+        rows = merge(job.ids, answers, job.aliases, config.id_field, config.keep_thinking)
         write_atomic(config.output, render(rows, config.output))
     t_end = time.perf_counter()
     report = build_report(config, model_path, layout, memory, job, answers, pool, monitor,

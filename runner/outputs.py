@@ -13,10 +13,25 @@ from runner.inputs import JSONL_SUFFIXES
 from workers.protocol import Answer
 
 
+def split_thinking(text: str) -> tuple[Optional[str], str]:
+    """(reasoning, answer) of a reasoning model's output: `<think>…</think>` at the start, or
+    everything before `</think>` when the chat template itself opened the block."""
+    end = text.find("</think>")
+    if end == -1:
+        return None, text
+    start = text.find("<think>")
+    if start != -1 and (start > end or text[:start].strip()):
+        return None, text  # a tag in the middle of an answer is the answer's business
+    thinking = text[start + len("<think>") if start != -1 else 0:end]
+    return thinking.strip(), text[end + len("</think>"):]
+
+
 def merge(ids: Sequence[str], answers: Mapping[str, Answer],
-          aliases: Optional[Mapping[str, str]] = None, id_field: str = "questionID") -> list[dict[str, Any]]:
+          aliases: Optional[Mapping[str, str]] = None, id_field: str = "questionID",
+          keep_thinking: bool = False) -> list[dict[str, Any]]:
     """One output row per input id, in input order. `aliases` maps a question id to the id
-    whose answer it shares (identical prompts are answered once)."""
+    whose answer it shares (identical prompts are answered once). A reasoning model's
+    `<think>` block is taken out of the answer (kept as "thinking" if asked)."""
     rows = []
     for qid in ids:
         answer = answers.get((aliases or {}).get(qid, qid))
@@ -26,7 +41,10 @@ def merge(ids: Sequence[str], answers: Mapping[str, Answer],
         elif answer.error is not None:
             row.update(answer=None, error=answer.error)
         else:
-            row["answer"] = answer.text.strip()
+            thinking, text = split_thinking(answer.text)
+            row["answer"] = text.strip()
+            if keep_thinking and thinking is not None:
+                row["thinking"] = thinking
         rows.append(row)
     return rows
 

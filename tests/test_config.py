@@ -52,6 +52,7 @@ def test_auto_values(tmp_path):
     ("workers: 0\n", "workers: must be >= 1, got 0"),
     ("ignore_eos: yes please\n", "ignore_eos: must be true or false"),
     ("stop: [1, 2]\n", "stop: must be a list of non-empty strings"),
+    ("prompt:\n  template_kwargs: [1]\n", "prompt.template_kwargs: must be a mapping of names to values"),
     ("sampling:\n  top_p: 0\n", "sampling.top_p: must be > 0.0 and <= 1.0"),
     ("- a\n- b\n", "a job file must be a mapping"),
     ("workers: [\n", "job.yaml:5: expected the node content"),
@@ -80,3 +81,10 @@ def test_example_job_is_valid():
     config = build_config([(path, load_job_file(path))])
     assert config.model == "demo"
     assert Path(config.input).exists()
+
+
+def test_template_kwargs_and_keep_thinking(tmp_path):
+    path = job(tmp_path, "model: m\ninput: i\noutput: o\nkeep_thinking: true\n"
+                         "prompt:\n  template_kwargs:\n    enable_thinking: false\n")
+    config = build_config([(path, load_job_file(path))])
+    assert config.template_kwargs == {"enable_thinking": False} and config.keep_thinking

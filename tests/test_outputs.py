@@ -4,7 +4,7 @@ import os
 import pytest
 
 from runner.errors import OutputError
-from runner.outputs import check_writable, merge, render, write_atomic
+from runner.outputs import check_writable, merge, render, split_thinking, write_atomic
 from workers.protocol import Answer, FinishReason
 
 
@@ -41,3 +41,20 @@ def test_check_writable(tmp_path):
         check_writable(str(tmp_path / "missing" / "a.json"))
     with pytest.raises(OutputError, match="is a directory"):
         check_writable(str(tmp_path))
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("<think>\nadd them\n</think>\n\n4", ("add them", "\n\n4")),
+    ("add them\n</think>\n4", ("add them", "\n4")),  # the template opened the block
+    ("4", (None, "4")),
+    ("The tag </think> closes <think> blocks", (None, "The tag </think> closes <think> blocks")),
+    ("Answer: <think>x</think> 4", (None, "Answer: <think>x</think> 4")),
+])
+def test_split_thinking(text, expected):
+    assert split_thinking(text) == expected
+
+
+def test_merge_cuts_thinking_and_keeps_it_on_request():
+    answers = {"a": answer("a", "<think>2+2</think> 4")}
+    assert merge(["a"], answers) == [{"questionID": "a", "answer": "4"}]
+    assert merge(["a"], answers, keep_thinking=True) == [{"questionID": "a", "answer": "4", "thinking": "2+2"}]

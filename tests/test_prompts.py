@@ -54,3 +54,9 @@ def test_real_model_templates_render(request):
         assert len(tokens) > 5
         tok.close()
     assert "Question:" in PLAIN_TEMPLATE
+
+
+def test_template_kwargs_reach_the_chat_template():
+    t = "{{ messages[0]['content'] }}{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}"
+    assert PromptBuilder(t, template_kwargs={"enable_thinking": False}).render("hi") == "hi/no_think"
+    assert PromptBuilder(t).render("hi") == "hi"
