@@ -22,10 +22,11 @@ N_QUESTIONS, MAX_TOKENS = 64, 64
 
 def cmd(model, questions, out, *extra):
     # batch-invariant: answers do not depend on batch composition, so a resumed or disturbed run
-    # must give byte-identical output.
+    # must give byte-identical output. 4 slots per worker: most questions are still waiting when
+    # a test strikes, so the job cannot finish in the same instant.
     return [sys.executable, "-m", "runner", "run", "--model", str(model), "--input", str(questions),
-            "--output", str(out), "--workers", "2", "--max-tokens", str(MAX_TOKENS), "--batch-invariant",
-            "--progress", "log", *map(str, extra)]
+            "--output", str(out), "--workers", "2", "--slots", "4", "--max-tokens", str(MAX_TOKENS),
+            "--batch-invariant", "--progress", "log", *map(str, extra)]
 
 
 def journal_entries(out) -> int:
@@ -113,7 +114,7 @@ def test_sigterm_stops_within_5_seconds_and_the_rerun_completes(reference, tmp_p
 def test_workers_killed_at_random_moments_lose_and_duplicate_nothing(reference, tmp_path):
     model, questions, expected = reference
     out = tmp_path / "answers.json"
-    proc = subprocess.Popen(cmd(model, questions, out, "--slots", 4), cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd(model, questions, out), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     rng = random.Random(7)
     kills = 0
