@@ -106,7 +106,10 @@ class Journal:
 
     def close(self) -> None:
         self.sync()
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:
+            pass  # a failed append has already said so; everything flushed before it is kept
 
     def _read(self) -> dict[str, tuple[str, Answer]]:
         with open(self.path, encoding="utf-8", errors="replace") as f:

@@ -219,3 +219,36 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, stories, 
     assert len(lines) == 1 and lines[0].startswith("ggbatch: error: "), r.stderr
     assert message in lines[0]
     assert out.read_text() == "earlier answers"
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 24 KiB filesystem, to fill up. Needs root (mount); skipped otherwise."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(folder)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here to fill: {r.stderr.decode().strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+def test_disk_full_is_exit_2_and_the_journal_keeps_what_was_answered(reference, tiny_disk, tmp_path):
+    model, questions, expected = reference
+    out = tiny_disk / "answers.json"
+    r = subprocess.run(cmd(model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert "No space left on device" in lines[-1] and "Traceback" not in r.stderr
+    journal = Path(f"{out}.journal.jsonl").read_text().splitlines()
+    kept = [json.loads(line) for line in journal[1:] if line.endswith("}")]
+    assert kept  # some answers made it to disk before it filled
+    # With room again (the same files moved to a bigger disk), the rerun finishes the job.
+    roomy = tmp_path / "roomy"
+    roomy.mkdir()
+    Path(f"{roomy / 'answers.json'}.journal.jsonl").write_text("\n".join(journal) + "\n")
+    r = subprocess.run(cmd(model, questions, roomy / "answers.json", "--report", tmp_path / "r.json"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (roomy / "answers.json").read_bytes() == expected
+    assert json.loads((tmp_path / "r.json").read_text())["questions"]["from_journal"] >= len(kept) - 1
