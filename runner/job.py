@@ -188,6 +188,41 @@ def _tuned_layout(config: JobConfig, model_path: str) -> Optional[dict[str, int]
     return choice
 
 
+class _Watch:
+    """What the coordinator does with each batch of answers (journal, progress) and on each tick
+    of the pool (monitor, memory guard, journal sync, progress line)."""
+
+    def __init__(self, progress_bar: Optional[bool]) -> None:
+        self.progress = Progress(0, bar=progress_bar)
+        self.monitor = Monitor()
+        self.low_memory = int(psutil.virtual_memory().total * LOW_MEMORY_FRACTION)
+        self.journal: Optional[Journal] = None  # opened once the questions are tokenized
+        self.tokens_of: dict[str, array] = {}
+
+    def on_answers(self, answers: list[Answer]) -> None:
+        self.journal.append(answers, self.tokens_of)
+        self.progress.answered(answers)
+
+    def tick(self, pool: WorkerPool) -> None:
+        available = self.monitor.sample(pool.live_pids, final=pool.finished)
+        # Out of memory, the kernel kills a worker and its questions are redone: better to let
+        # the running ones finish without admitting more until memory comes back.
+        if available < self.low_memory and not pool.paused:
+            log.warning("only %d MiB available: admitting no new questions until memory recovers",
+                        available >> 20)
+            pool.pause(True)
+        elif available > 2 * self.low_memory and pool.paused:
+            log.warning("%d MiB available again: admitting questions", available >> 20)
+            pool.pause(False)
+        self.journal.sync()
+        self.progress.tick()
+
+    def close(self) -> None:
+        self.progress.close()
+        if self.journal is not None:
+            self.journal.close()
+
+
 @contextmanager
 def _stop_on_signals(pool: WorkerPool) -> Iterator[None]:
     """SIGINT/SIGTERM ask the pool to stop gracefully; a second one stops it at once."""
@@ -223,40 +258,19 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
         tuned = _tuned_layout(config, model_path) if use_tuned else None
         workers, threads = (tuned["workers"], tuned["threads"]) if tuned else (config.workers, config.threads)
         started = plan_layout(usable_cores(), workers, threads, 1, 1)
-        progress = Progress(0, bar=progress_bar)
-        monitor = Monitor()
-        low_memory = int(psutil.virtual_memory().total * LOW_MEMORY_FRACTION)
-        journal: Optional[Journal] = None
-        tokens_of: dict[str, array] = {}
-
-        def on_answers(answers: list[Answer]) -> None:
-            journal.append(answers, tokens_of)
-            progress.answered(answers)
-
-        def tick(p: WorkerPool) -> None:
-            available = monitor.sample(p.live_pids, final=p.finished)
-            # Out of memory, the kernel kills a worker and its questions are redone: better to
-            # let the running ones finish without admitting more until memory comes back.
-            if available < low_memory and not p.paused:
-                log.warning("only %d MiB available: admitting no new questions until memory recovers",
-                            available >> 20)
-                p.pause(True)
-            elif available > 2 * low_memory and p.paused:
-                log.warning("%d MiB available again: admitting questions", available >> 20)
-                p.pause(False)
-            journal.sync()
-            progress.tick()
-
+        watch = _Watch(progress_bar)
         pool = WorkerPool([WorkerSpec(i, cores, model_path, engine_factory)
-                           for i, cores in enumerate(started.cores)], on_answers=on_answers, on_tick=tick)
+                           for i, cores in enumerate(started.cores)],
+                          on_answers=watch.on_answers, on_tick=watch.tick)
         try:
             if records:
                 pool.start()
             job = prepare(config, model_path, records)
-            journal = Journal(journal_path(config.output), fingerprint(config, model_path, job), fresh)
+            journal = watch.journal = Journal(journal_path(config.output),
+                                              fingerprint(config, model_path, job), fresh)
             reused = {q.qid: a for q in job.questions if (a := journal.reusable(q.qid, q.tokens)) is not None}
             todo = [q for q in job.questions if q.qid not in reused]
-            tokens_of.update((q.qid, q.tokens) for q in todo)
+            watch.tokens_of.update((q.qid, q.tokens) for q in todo)
             if reused:
                 log.info("resuming: %d answers from %s, %d questions to answer",
                          len(reused), journal.path, len(todo))
@@ -264,21 +278,19 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
                                   tuned["slots"] if tuned else MAX_AUTO_SLOTS)
             pool.keep(layout.workers)
             t_prepared = time.perf_counter()
-            progress.total = len(todo)
+            watch.progress.total = len(todo)
             answers: dict[str, Answer] = {}
             if todo:
                 with _stop_on_signals(pool):
                     answers = pool.run(todo, engine_config(config, model_path, layout, job))
         finally:
             pool.close()
-            progress.close()
-            if journal is not None:
-                journal.close()
+            watch.close()
         answers = {**reused, **answers}
         rows = merge(job.ids, answers, job.aliases, config.id_field, config.keep_thinking)
         write_atomic(config.output, render(rows, config.output))
     t_end = time.perf_counter()
-    report = build_report(config, model_path, layout, memory, job, answers, pool, monitor,
+    report = build_report(config, model_path, layout, memory, job, answers, pool, watch.monitor,
                           timings={"total_s": t_end - t_start, "prepare_s": t_prepared - t_start,
                                    "run_s": t_end - t_prepared,
                                    "first_worker_ready_s": (pool.first_ready_at - t_start)

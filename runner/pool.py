@@ -138,7 +138,10 @@ class WorkerPool:
         log.warning("stopping: questions already decoding get %.0f s to finish", GRACE_S)
 
     def pause(self, paused: bool) -> None:
-        """Stop (or resume) handing out questions; workers finish what they hold."""
+        """Stop (or resume) handing out questions; workers finish what they hold. A pool that
+        is stopping stays paused."""
+        if self._stop_signal:
+            return
         self.paused = paused
         if not paused:
             self._dispatch()
