@@ -57,6 +57,7 @@ class PreparedJob:
     chat_template: str  # "model", "plain" or "job"
     template_sha: str  # of the chat template text actually used
     dims: ModelDims
+    kv_unified: bool  # one KV pool (long shared prefix) or one stream per sequence
 
 
 def resolve_model(model: str) -> str:
@@ -133,7 +134,8 @@ def prepare(config: JobConfig, model_path: str, records: list[Record]) -> Prepar
     template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
     # Only the ids are kept: the records' fields were needed for rendering alone.
     return PreparedJob([r.qid for r in records], questions, aliases, prefix, n_ctx_seq, generation,
-                       kind, template_sha, dims)
+                       kind, template_sha, dims,
+                       kv_unified_for(len(prefix), n_ctx_seq, config.batch_invariant))
 
 
 def fingerprint(config: JobConfig, model_path: str, job: PreparedJob) -> dict[str, Any]:
@@ -155,9 +157,8 @@ def plan(config: JobConfig, job: PreparedJob, n_questions: int, started: Layout,
     cells_per_slot = job.n_ctx_seq - len(job.prefix)
     layout = plan_layout(usable_cores(), started.workers, started.threads, config.slots, n_questions,
                          cells_per_slot, max_auto_slots)
-    unified = kv_unified_for(len(job.prefix), job.n_ctx_seq, config.batch_invariant)
     memory = fit_layout(job.dims, layout.workers, layout.slots,
-                        lambda slots: kv_cells(slots, job.n_ctx_seq, len(job.prefix), unified),
+                        lambda slots: kv_cells(slots, job.n_ctx_seq, len(job.prefix), job.kv_unified),
                         step_budget(config.n_batch, layout.slots), available)
     if not memory.fits:
         raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}")
@@ -170,7 +171,7 @@ def plan(config: JobConfig, job: PreparedJob, n_questions: int, started: Layout,
 def engine_config(config: JobConfig, model_path: str, layout: Layout, job: PreparedJob) -> EngineConfig:
     return EngineConfig(model_path, layout.threads, layout.slots, job.n_ctx_seq,
                         step_budget(config.n_batch, layout.slots), job.prefix, job.generation,
-                        kv_unified=kv_unified_for(len(job.prefix), job.n_ctx_seq, config.batch_invariant),
+                        kv_unified=job.kv_unified,
                         flash_attn=not config.batch_invariant)
 
 

@@ -19,7 +19,6 @@ class WorkerUsage:
     peak_pss: int = 0
     peak_uss: int = 0
     peak_rss: int = 0
-    last_pss: int = 0
     affinity: tuple[int, ...] = ()  # read from outside: the cores the process may run on
     peak_threads: int = 0
     samples: int = 0
@@ -57,7 +56,6 @@ class Monitor:
                     # from them: the page-table walk for PSS/USS runs on every 5th sample only.
                     if usage.samples % self.PSS_EVERY == 0 or final:
                         full = proc.memory_full_info()
-                        usage.last_pss = full.pss
                         usage.peak_pss = max(usage.peak_pss, full.pss)
                         usage.peak_uss = max(usage.peak_uss, full.uss)
                     usage.peak_rss = max(usage.peak_rss, proc.memory_info().rss)

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from runner.planning import kv_unified_for, step_budget
+from runner.planning import step_budget
 from workers.protocol import Answer
 
 if TYPE_CHECKING:
@@ -65,7 +65,8 @@ def build_report(config: "JobConfig", model_path: str, layout: "Layout", memory:
     generated = sum(a.completion_tokens for a in done)
     per_worker: dict[str, Any] = {}
     busy = steps = 0.0
-    usage = monitor.summary()["workers"]
+    measured = monitor.summary()
+    usage = measured["workers"]
     for w in pool.workers:
         wid = str(w.spec.worker_id)
         mine = [a for a in done if a.worker_id == w.spec.worker_id]
@@ -87,8 +88,7 @@ def build_report(config: "JobConfig", model_path: str, layout: "Layout", memory:
         "layout": {"workers": layout.workers, "threads_per_worker": layout.threads,
                    "slots_per_worker": layout.slots, "cores": [list(c) for c in layout.cores],
                    "n_ctx_per_sequence": job.n_ctx_seq, "batch_invariant": config.batch_invariant,
-                   "kv": "unified" if kv_unified_for(len(job.prefix), job.n_ctx_seq, config.batch_invariant)
-                   else "per-sequence", "shared_prefix_tokens": len(job.prefix),
+                   "kv": "unified" if job.kv_unified else "per-sequence", "shared_prefix_tokens": len(job.prefix),
                    "n_batch": step_budget(config.n_batch, layout.slots)},
         "generation": {"max_tokens": config.max_tokens, "stop": list(job.generation.stop),
                        "ignore_eos": config.ignore_eos, "chat_template": job.chat_template,
@@ -108,7 +108,7 @@ def build_report(config: "JobConfig", model_path: str, layout: "Layout", memory:
         "workers": per_worker,
         "memory": {"plan": memory.as_report(),
                    "measured_peak_pss_mib": round(sum(u.get("peak_pss_mib", 0) for u in usage.values()), 1),
-                   **{k: v for k, v in monitor.summary().items() if k != "workers"}},
+                   **{k: v for k, v in measured.items() if k != "workers"}},
     }
 
 
