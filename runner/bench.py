@@ -15,7 +15,9 @@ throughput is compared with the raw loop on the same work.
 from __future__ import annotations
 
 import random
+import statistics
 import time
+from itertools import groupby
 from array import array
 from typing import Any, Sequence
 
@@ -35,19 +37,23 @@ def synthetic_questions(n: int, pp: int, n_vocab: int, seed: int = 0) -> list[Qu
 
 
 def engine_config(model: str, threads: int, pp: int, tg: int, b: int) -> EngineConfig:
-    n_ctx_seq = pp + tg + 1
+    # tg + 1 sampled tokens means PP + TG decoded ones, as llama-batched-bench decodes: the
+    # prompt step gives the first token, then TG generation steps follow.
+    n_ctx_seq = pp + tg + 2
     return EngineConfig(model, threads, b, n_ctx_seq, max(512, b), array("i"),
-                        GenerationParams(max_tokens=tg, ignore_eos=True),
+                        GenerationParams(max_tokens=tg + 1, ignore_eos=True),
                         kv_unified=kv_unified_for(0, n_ctx_seq, batch_invariant=False))
 
 
 def _engine_run(model: str, threads: int, questions: list[Question], pp: int, tg: int,
-                b: int) -> tuple[float, dict[str, float]]:
+                b: int, warm_up: bool) -> tuple[float, dict[str, float]]:
     """The engine alone, in this process: (seconds from first step to last answer, its stats)."""
     from workers.engine import LlamaEngine
 
     engine = LlamaEngine(engine_config(model, threads, pp, tg, b), worker_id=0)
     try:
+        if warm_up:
+            engine.warm_up()
         for q in questions:
             engine.add(q)
         t0 = time.perf_counter()
@@ -58,13 +64,18 @@ def _engine_run(model: str, threads: int, questions: list[Question], pp: int, tg
         engine.close()
 
 
-def raw_row(model: str, threads: int, pp: int, tg: int, b: int, n_vocab: int) -> dict[str, Any]:
-    """One line of the table: B sequences in one context, one wave, like llama-batched-bench."""
-    total, st = _engine_run(model, threads, synthetic_questions(b, pp, n_vocab), pp, tg, b)
-    t_tg = st["tg_steps_s"]
+def raw_row(model: str, threads: int, pp: int, tg: int, b: int, n_vocab: int,
+            repeat: int = 1) -> dict[str, Any]:
+    """One line of the table: B sequences in one context, one wave, after a warm-up decode, like
+    llama-batched-bench. With repeat > 1 each time is the median of that many fresh runs."""
+    runs = [_engine_run(model, threads, synthetic_questions(b, pp, n_vocab), pp, tg, b, warm_up=True)
+            for _ in range(repeat)]
+    total = statistics.median(t for t, _ in runs)
+    t_tg = statistics.median(st["tg_steps_s"] for _, st in runs)
+    tg_tokens = runs[0][1]["tg_tokens"]
     t_pp = total - t_tg
     return {"PP": pp, "TG": tg, "B": b, "N_KV": b * (pp + tg), "T_PP s": t_pp, "S_PP t/s": b * pp / t_pp,
-            "T_TG s": t_tg, "S_TG t/s": st["tg_tokens"] / t_tg if t_tg else 0.0, "T s": total,
+            "T_TG s": t_tg, "S_TG t/s": tg_tokens / t_tg if t_tg else 0.0, "T s": total,
             "S t/s": b * (pp + tg) / total}
 
 
@@ -74,7 +85,8 @@ def overhead_row(model: str, threads: int, pp: int, tg: int, b: int, n_vocab: in
     last answer. Overhead = how much lower the runner's tokens/s is."""
     questions = synthetic_questions(3 * b, pp, n_vocab, seed=1)
     work = len(questions) * (pp + tg)
-    raw_s, _ = _engine_run(model, threads, questions, pp, tg, b)
+    # No warm-up here: the runner's worker pays for the first use of its buffers too.
+    raw_s, _ = _engine_run(model, threads, questions, pp, tg, b, warm_up=False)
     layout = plan_layout(usable_cores(), 1, threads, b, len(questions))
     last: list[float] = []
     pool = WorkerPool([WorkerSpec(0, layout.cores[0], model)],
@@ -112,3 +124,33 @@ def to_csv(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join([",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in rows]) + "\n"
 
 
+def require_matplotlib() -> None:
+    """Fail before a long benchmark, not after it, when the plot cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'ggbatch[plot]'") from None
+
+
+def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
+    """S_TG and S against B, one line per (PP, TG), as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tg, ax_all) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for (pp, tg), group in groupby(sorted(rows, key=lambda r: (r["PP"], r["TG"], r["B"])),
+                                   key=lambda r: (r["PP"], r["TG"])):
+        group = list(group)
+        b = [r["B"] for r in group]
+        ax_tg.plot(b, [r["S_TG t/s"] for r in group], marker="o", label=f"PP {pp}, TG {tg}")
+        ax_all.plot(b, [r["S t/s"] for r in group], marker="o", label=f"PP {pp}, TG {tg}")
+    for ax, title in ((ax_tg, "S_TG: generated tokens/s"), (ax_all, "S: prompt + generated tokens/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("B (sequences per decode)")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

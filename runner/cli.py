@@ -113,7 +113,10 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--ntg", default="64", help="generated tokens, comma-separated (default 64)")
     b.add_argument("--npl", default="1,2,4,8,16", help="sequences per decode, comma-separated")
     b.add_argument("--threads", type=int, help="threads (default: every usable core)")
+    b.add_argument("--repeat", type=int, default=1,
+                   help="runs per row; each time is the median (default 1; use 3 on a noisy machine)")
     b.add_argument("--json", help="also write the rows here as JSON")
+    b.add_argument("--plot", help="also draw S_TG and S against B into this PNG (needs ggbatch[plot])")
     b.add_argument("--csv", help="also write the rows here as CSV")
     b.add_argument("--no-runner", dest="runner", action="store_false",
                    help="skip the runner-overhead measurement")
@@ -132,11 +135,20 @@ def _ints(text: str, flag: str) -> list[int]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from runner import bench
     from runner.job import resolve_model
+    from runner.outputs import check_writable
     from workers.model_runner import ModelLoadError, Tokenizer
 
     model = resolve_model(args.model)
     npp, ntg, npl = _ints(args.npp, "--npp"), _ints(args.ntg, "--ntg"), _ints(args.npl, "--npl")
     threads = args.threads or len(usable_cores())
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat: expected an integer >= 1, got {args.repeat}")
+    if args.plot:
+        try:
+            bench.require_matplotlib()
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from None
+        check_writable(args.plot)
     try:
         tokenizer = Tokenizer(model)
     except ModelLoadError as exc:
@@ -149,7 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for pp in npp:
         for tg in ntg:
             for b in npl:
-                rows.append(bench.raw_row(model, threads, pp, tg, b, n_vocab))
+                rows.append(bench.raw_row(model, threads, pp, tg, b, n_vocab, args.repeat))
                 print(bench.row_line(rows[-1], bench.COLUMNS), flush=True)
     overhead = []
     if args.runner:
@@ -163,6 +175,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         write_atomic(args.json, json.dumps({"raw": rows, "runner": overhead}, indent=1) + "\n")
     if args.csv:
         write_atomic(args.csv, bench.to_csv(rows))
+    if args.plot:
+        bench.plot(rows, args.plot)
+        print(f"plot: {args.plot}")
     return 0
 
 

@@ -2,7 +2,9 @@
 coordinator across real processes in milliseconds. It answers each question with a text derived
 from its id and token count, `slots` questions per step.
 
-Behaviour is chosen through EngineConfig.model_path, which the fake engine does not load:
+Behaviour is chosen through EngineConfig.model_path, which the fake engine does not load, or
+through the GGBATCH_FAKE_ENGINE environment variable (inherited by the spawned workers) when the
+job goes through run_job, whose model path must be a real file:
   "fake"                         answer everything
   "fake:slow=0.01"               sleep per step (seconds)
   "fake:exit_after=N:marker=P"   os._exit(3) after N answers, once (P marks that it happened)
@@ -29,7 +31,7 @@ def _options(spec: str) -> dict[str, str]:
 
 class FakeEngine:
     def __init__(self, config: EngineConfig, worker_id: int) -> None:
-        self.opts = _options(config.model_path)
+        self.opts = _options(os.environ.get("GGBATCH_FAKE_ENGINE", config.model_path))
         if "fail_load" in self.opts:
             raise RuntimeError("fake engine refused to load")
         self.slots = config.slots

@@ -171,13 +171,17 @@ def test_make_model_writes_a_model_that_answers(tmp_path, gsm8k_file):
 
 def test_bench_prints_the_batched_bench_table_and_the_runner_overhead(tmp_path, stories):
     r = subprocess.run([sys.executable, "-m", "runner", "bench", "--model", stories, "--npp", "32", "--ntg", "8",
-                        "--npl", "1,4", "--json", str(tmp_path / "b.json"), "--csv", str(tmp_path / "b.csv")],
+                        "--npl", "1,4", "--repeat", "2", "--json", str(tmp_path / "b.json"),
+                        "--csv", str(tmp_path / "b.csv"), "--plot", str(tmp_path / "b.png")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "|       PP |       TG |        B |     N_KV |   T_PP s | S_PP t/s |" in r.stdout
     data = json.loads((tmp_path / "b.json").read_text())
     assert [(row["PP"], row["TG"], row["B"], row["N_KV"]) for row in data["raw"]] == [(32, 8, 1, 40), (32, 8, 4, 160)]
     assert all(row["S_TG t/s"] > 0 and row["T s"] > 0 for row in data["raw"])
+    # like llama-batched-bench: TG generation steps of B tokens each, after the prompt step
+    assert all(row["S_TG t/s"] * row["T_TG s"] == pytest.approx(row["B"] * row["TG"]) for row in data["raw"])
+    assert (tmp_path / "b.png").read_bytes().startswith(b"\x89PNG")
     assert data["runner"][0]["B"] == 4 and data["runner"][0]["runner S t/s"] > 0
     assert (tmp_path / "b.csv").read_text().startswith("PP,TG,B,N_KV")
     bad = subprocess.run([sys.executable, "-m", "runner", "bench", "--model", stories, "--npl", "0"],

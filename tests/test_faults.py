@@ -111,6 +111,49 @@ def test_sigterm_stops_within_5_seconds_and_the_rerun_completes(reference, tmp_p
     assert out.read_bytes() == expected
 
 
+STUCK_JOB = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from fake_engine import FakeEngine
+from runner import build_config, run_job
+from runner.errors import Interrupted
+
+if __name__ == "__main__":
+    config = build_config([("t", {{"model": {model!r}, "input": {questions!r}, "output": {out!r}, "workers": 2}})])
+    try:
+        run_job(config, engine_factory=FakeEngine, progress_bar=False)
+    except Interrupted as exc:
+        sys.exit(exc.exit_code)
+"""
+
+
+@pytest.mark.parametrize("signals, seconds", [(1, (1.8, 5.0)), (2, (0.0, 1.0))])
+def test_one_signal_gives_a_grace_and_a_second_stops_at_once(tmp_path, stories, signals, seconds):
+    # Every engine step takes 60 s, so questions in flight never finish: one signal waits out the
+    # 2 s grace before stopping the workers, a second one stops them at once.
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": "Hi?"}) + "\n" for i in range(8)))
+    script = tmp_path / "job.py"
+    script.write_text(STUCK_JOB.format(root=str(ROOT), tests=str(ROOT / "tests"), model=stories,
+                                       questions=str(questions), out=str(tmp_path / "a.json")))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "GGBATCH_FAKE_ENGINE": "fake:slow=60"})
+    wait_for(lambda: len(workers_of(proc)) == 2, what="two workers")
+    time.sleep(1.0)  # let them take questions into their (stuck) first step
+    workers = workers_of(proc)
+    for i in range(signals):
+        if i:
+            time.sleep(0.3)  # two signals sent at once would merge into one pending signal
+        proc.send_signal(signal.SIGINT)
+    t0 = time.time()  # from the last signal
+    _, stderr = proc.communicate(timeout=15)
+    assert seconds[0] <= time.time() - t0 < seconds[1]
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    assert not alive
+
+
 def test_workers_killed_at_random_moments_lose_and_duplicate_nothing(reference, tmp_path):
     model, questions, expected = reference
     out = tmp_path / "answers.json"
@@ -252,3 +295,22 @@ def test_disk_full_is_exit_2_and_the_journal_keeps_what_was_answered(reference, 
     assert r.returncode == 0, r.stderr
     assert (roomy / "answers.json").read_bytes() == expected
     assert json.loads((tmp_path / "r.json").read_text())["questions"]["from_journal"] >= len(kept) - 1
+
+
+def test_read_only_output_folder_is_exit_2_before_any_work(tmp_path, stories):
+    """Root may write anywhere, except on a read-only filesystem: mount one (skipped without mount)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        questions = tmp_path / "q.jsonl"
+        questions.write_text('{"questionID": "a", "question": "Hi?"}\n')
+        r = subprocess.run(cmd(stories, questions, folder / "answers.json"), cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2
+        assert r.stderr.strip().splitlines() == [f"ggbatch: error: {folder / 'answers.json'}: output folder "
+                                                 f"{folder} is not writable"]
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)

@@ -143,6 +143,18 @@ class LlamaEngine:
     def stats(self) -> dict[str, float]:
         return dict(self._stats)
 
+    def warm_up(self, n_tokens: int = 16) -> None:
+        """Decode a few throw-away tokens in an empty slot, so that a timed first step does not
+        also pay for the first use of llama.cpp's buffers (llama-batched-bench warms up alike)."""
+        if self.sched.running:
+            raise EngineError("warm_up() is for an engine that has not admitted a question yet")
+        n = min(n_tokens, self.n_ctx_seq - 1, self.config.n_batch)
+        status = self.runner.decode(np.arange(n, dtype=np.int32), np.arange(n, dtype=np.int32),
+                                    np.zeros(n, np.int32), np.zeros(n, np.int8))
+        if status != 0:
+            raise EngineError(f"warm-up decode failed (llama_decode status {status})")
+        self.runner.seq_rm(0)
+
     def drop_waiting(self) -> int:
         """Forget the questions not yet admitted (stopping); returns how many."""
         n = len(self.sched.waiting)
