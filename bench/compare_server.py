@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -118,6 +119,7 @@ def main() -> None:
     model = args.model or bench_model()
     print(f"model {model}")
     print(f"{'workload':>8} {'tool':>12} {'wall s':>8} {'gen tok/s':>9}")
+    walls: dict[str, list[tuple[float, float]]] = {}
     for name in args.workloads.split(","):
         system, records = workload(name)
         n_tokens = TOKENS * len(records)
@@ -127,6 +129,12 @@ def main() -> None:
             g = run_ggbatch(model, system, records, args.ggbatch_args.split())
             print(f"{name:>8} {'ggbatch':>12} {g:>8.1f} {n_tokens / g:>9.1f}   ({s / g:.2f}× the server)",
                   flush=True)
+            walls.setdefault(name, []).append((s, g))
+    for name, pairs in walls.items():
+        s, g = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+        ratio = statistics.median(p[0] / p[1] for p in pairs)
+        print(f"{name}: median of {len(pairs)}: llama-server {s:.1f} s, ggbatch {g:.1f} s, "
+              f"median ratio {ratio:.2f}× the server's throughput")
 
 
 if __name__ == "__main__":

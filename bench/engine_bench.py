@@ -84,7 +84,8 @@ def run_once(model: str, questions: list[Question], slots: int, threads: int, to
     engine.close()
     python_s = st["step_s"] - st["decode_s"] - st["sample_s"]
     return {"slots": slots, "questions": len(questions), "wall_s": wall,
-            "gen_tok_s": st["generated_tokens"] / wall, "s_tg": st["tg_tokens"] / st["tg_steps_s"], "decode_share": st["decode_s"] / st["step_s"],
+            "gen_tok_s": st["generated_tokens"] / wall, "s_tg": st["tg_tokens"] / st["tg_steps_s"],
+            "decode_share": st["decode_s"] / st["step_s"],
             "sample_share": st["sample_s"] / st["step_s"], "python_share": python_s / st["step_s"],
             "python_ms_per_step": 1000 * python_s / st["steps"], "steps": st["steps"]}
 

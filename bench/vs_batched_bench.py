@@ -8,7 +8,7 @@ Both tools run in turns, one B at a time and in fresh processes (llama-batched-b
 machine fall on both. For every B it prints
 the median over the rounds of S_PP, S_TG and S from each tool and the gap in percent
 (ggbatch / batched-bench - 1). Both use one context with one KV stream per sequence, flash
-attention on auto, a warm-up decode first and the same threads.
+attention on auto, a warm-up decode first, the same threads and at most 512 tokens per decode.
 
 Build llama-batched-bench from the llama.cpp sources inside the pinned llama-cpp-python source
 package (see bench/compare_server.py); do not commit the binary.
@@ -35,8 +35,12 @@ METRICS = ("S_PP", "S_TG", "S")
 
 
 def run_batched_bench(binary: str, model: str, npp: str, ntg: str, npl: str, threads: int) -> dict[int, dict]:
+    # -b 512: ggbatch's engine takes at most n_batch = 512 tokens per llama_decode. With its
+    # default -b 2048 batched-bench hands llama.cpp all 16 prompts of 128 tokens at once, which
+    # it splits into ubatches of 16 sequences x 32 tokens: 7-10% slower prompt processing here.
     out = subprocess.run([binary, "-m", model, "-npp", npp, "-ntg", ntg, "-npl", npl, "-t", str(threads),
-                          "--output-format", "jsonl"], capture_output=True, text=True, check=True).stdout
+                          "-b", "512", "-ub", "512", "--output-format", "jsonl"],
+                         capture_output=True, text=True, check=True).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return {(r["pp"], r["tg"], r["pl"]): {"S_PP": r["speed_pp"], "S_TG": r["speed_tg"], "S": r["speed"]}
             for r in rows}

@@ -21,7 +21,8 @@ def test_jsonl_keeps_order_and_string_ids(tmp_path):
 
 
 def test_json_array_with_line_numbers(tmp_path):
-    path = write(tmp_path, "q.json", '[\n {"questionID": "a", "question": "x"},\n {"questionID": "b", "question": "y"}\n]\n')
+    path = write(tmp_path, "q.json",
+                 '[\n {"questionID": "a", "question": "x"},\n {"questionID": "b", "question": "y"}\n]\n')
     assert [(r.qid, r.line) for r in read_records(path)] == [("a", 2), ("b", 3)]
 
 
@@ -31,12 +32,14 @@ def test_custom_field_names(tmp_path):
 
 
 def test_nel_inside_a_string_is_not_a_line_break(tmp_path):
-    path = write(tmp_path, "q.jsonl", json.dumps({"questionID": "1", "question": "a\u0085b"}, ensure_ascii=False) + "\n")
+    record = json.dumps({"questionID": "1", "question": "a\u0085b"}, ensure_ascii=False)
+    path = write(tmp_path, "q.jsonl", record + "\n")
     assert read_records(path)[0].fields["question"] == "a\u0085b"
 
 
 @pytest.mark.parametrize("name,text,message", [
-    ("q.jsonl", '{"questionID": "1", "question": "a"}\n{"questionID": "2", "question": \n', "q.jsonl:2: malformed JSON"),
+    ("q.jsonl", '{"questionID": "1", "question": "a"}\n{"questionID": "2", "question": \n',
+     "q.jsonl:2: malformed JSON"),
     ("q.jsonl", '{"question": "a"}\n', "q.jsonl:1: record has no 'questionID'"),
     ("q.jsonl", '{"questionID": "1"}\n', "q.jsonl:1: record has no 'question'"),
     ("q.jsonl", '{"questionID": "1", "question": 5}\n', "'question' must be a string"),
@@ -62,7 +65,8 @@ def test_duplicate_ids_listed_with_lines(tmp_path):
 
 
 def test_non_utf8_names_line(tmp_path):
-    path = write(tmp_path, "q.jsonl", b'{"questionID": "1", "question": "a"}\n{"questionID": "2", "question": "\xff"}\n', binary=True)
+    content = b'{"questionID": "1", "question": "a"}\n{"questionID": "2", "question": "\xff"}\n'
+    path = write(tmp_path, "q.jsonl", content, binary=True)
     with pytest.raises(InputError, match=r"q.jsonl:2: not UTF-8"):
         read_records(path)
 
