@@ -89,6 +89,10 @@ def _add_make_model(sub: Any) -> None:
     mm.add_argument("--vocab", help="vocab-only GGUF whose tokenizer and chat template to copy "
                                     "(default: the project's own small tokenizer)")
     mm.add_argument("--quant", help="q4_k_m, q8_0, q4_0, ... (default: unquantized f16)")
+    # default None, not False: without the flag each shape keeps its own tying
+    mm.add_argument("--tie-embeddings", dest="tie_embeddings", action="store_true", default=None,
+                    help="no output.weight: the logits use the token embeddings, as in Qwen3-0.6B/1.7B "
+                         "(always so for the qwen3-*-like shapes)")
     mm.add_argument("--seed", type=int, default=0)
 
 
@@ -98,7 +102,8 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     if args.vocab and not os.path.isfile(args.vocab):
         raise ConfigError(f"{args.vocab}: vocab file not found")
     try:
-        path = modelgen.make_model(args.out, args.shape, vocab=args.vocab, quant=args.quant, seed=args.seed)
+        path = modelgen.make_model(args.out, args.shape, vocab=args.vocab, quant=args.quant, seed=args.seed,
+                                   tie_embeddings=args.tie_embeddings)
     except (ValueError, FileNotFoundError) as exc:
         raise ConfigError(str(exc)) from None
     print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB)")
@@ -219,9 +224,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     log.setLevel(logging.WARNING)  # each trial's own progress lines would bury the results
     choice, trials = tune.tune(model, args.input, args.questions, args.max_tokens, slot_options, settings, show)
-    path = tune.save_choice(model, choice, trials)
+    n_ctx_seq = tune.sample_context(trials)
+    path = tune.save_choice(model, choice, trials, n_ctx_seq)
     print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots; "
-          f"saved to {path}: `auto` uses it for this model on this machine")
+          f"saved to {path} under context {tune.context_bucket(n_ctx_seq)} ({n_ctx_seq} tokens per sequence "
+          f"here): `auto` uses it for this model on this machine when no saved context is nearer a job's")
     return 0
 
 

@@ -175,17 +175,23 @@ def engine_config(config: JobConfig, model_path: str, layout: Layout, job: Prepa
                         flash_attn=not config.batch_invariant)
 
 
-def _tuned_layout(config: JobConfig, model_path: str) -> Optional[dict[str, int]]:
-    """The layout `ggbatch tune` chose for this model on this machine, when the job leaves
-    workers, threads and slots all to auto."""
+def _tuned_layout(config: JobConfig, model_path: str, records: list[Record]) -> Optional[dict[str, int]]:
+    """The layout `ggbatch tune` chose for this model on this machine at the context nearest this
+    job's, when the job leaves workers, threads and slots all to auto. Workers start before the
+    questions are tokenized, so the job's context is guessed from their characters."""
     if (config.workers, config.threads, config.slots) != (None, None, None):
         return None
-    from runner.tune import cache_file, load_choice
+    from runner import tune
 
-    choice = load_choice(model_path)
-    if choice:
-        log.info("layout from ggbatch tune (%s): %d workers × %d threads × up to %d slots",
-                 cache_file(), choice["workers"], choice["threads"], choice["slots"])
+    n_ctx_guess = tune.estimate_context(tune.longest_prompt_chars(records, config), config.max_tokens,
+                                        config.n_ctx)
+    found = tune.load_choice(model_path, n_ctx_guess)
+    if found is None:
+        return None
+    bucket, choice = found
+    log.info("layout from ggbatch tune (%s, tuned for <= %d tokens per sequence, this job ~%d): "
+             "%d workers × %d threads × up to %d slots", tune.cache_file(), bucket, n_ctx_guess,
+             choice["workers"], choice["threads"], choice["slots"])
     return choice
 
 
@@ -256,7 +262,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
         records = read_records(config.input, config.id_field, config.question_field)
         # Workers start now and load the model while this process tokenizes: their layout
         # (workers × threads, pinned cores) does not depend on the questions.
-        tuned = _tuned_layout(config, model_path) if use_tuned else None
+        tuned = _tuned_layout(config, model_path, records) if use_tuned else None
         workers, threads = (tuned["workers"], tuned["threads"]) if tuned else (config.workers, config.threads)
         started = plan_layout(usable_cores(), workers, threads, 1, 1)
         watch = _Watch(progress_bar)

@@ -13,7 +13,7 @@ import logging
 import os
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,11 @@ WEIGHT_STD = 0.02
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Hyper-parameters of a llama-architecture model (head_dim = n_embd // n_head)."""
+    """Hyper-parameters of a llama-architecture model (head_dim = n_embd // n_head).
+
+    ``tied_embeddings``: no ``output.weight``; llama.cpp's llama architecture then computes the
+    logits with ``token_embd.weight``, as small models that share the two matrices do.
+    """
 
     n_layer: int
     n_embd: int
@@ -42,6 +46,7 @@ class ModelShape:
     n_ctx: int
     rope_freq_base: float = 10000.0
     rms_eps: float = 1e-5
+    tied_embeddings: bool = False
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
@@ -55,9 +60,12 @@ class ModelShape:
 SHAPES: dict[str, ModelShape] = {
     "demo": ModelShape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=192, n_ctx=2048),
     "bench-28x1024": ModelShape(n_layer=28, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072, n_ctx=4096),
-    # "like" Qwen3: same layer/width/FFN/context, but head_dim = n_embd / n_head and no q/k norms.
-    "qwen3-0.6b-like": ModelShape(28, 1024, 16, 8, 3072, 40960, rope_freq_base=1e6, rms_eps=1e-6),
-    "qwen3-1.7b-like": ModelShape(28, 2048, 16, 8, 6144, 40960, rope_freq_base=1e6, rms_eps=1e-6),
+    # "like" Qwen3: same layer/width/FFN/context and, as the real ones, the output layer tied to the
+    # token embeddings; but head_dim = n_embd / n_head and no q/k norms.
+    "qwen3-0.6b-like": ModelShape(28, 1024, 16, 8, 3072, 40960, rope_freq_base=1e6, rms_eps=1e-6,
+                                  tied_embeddings=True),
+    "qwen3-1.7b-like": ModelShape(28, 2048, 16, 8, 6144, 40960, rope_freq_base=1e6, rms_eps=1e-6,
+                                  tied_embeddings=True),
 }
 
 _V = gguf.GGUFValueType
@@ -235,7 +243,10 @@ def _tensor_specs(shape: ModelShape, n_vocab: int) -> list[tuple[str, tuple[int,
             (f"blk.{i}.ffn_up.weight", (shape.n_ff, e)),
             (f"blk.{i}.ffn_down.weight", (e, shape.n_ff)),
         ]
-    return specs + [("output_norm.weight", (e,)), ("output.weight", (n_vocab, e))]
+    specs.append(("output_norm.weight", (e,)))
+    if not shape.tied_embeddings:
+        specs.append(("output.weight", (n_vocab, e)))
+    return specs
 
 
 def _temp_sibling(path: Path) -> Path:
@@ -252,7 +263,8 @@ def write_random_llama_gguf(
 ) -> Path:
     """Write a llama GGUF with N(0, WEIGHT_STD) weights and unit norms; byte-for-byte deterministic.
 
-    Special and byte tokens get zero output rows, so they are never the greedy choice.
+    Special and byte tokens get zero output rows (the token embedding rows when tied), so they
+    are never the greedy choice.
     """
     if ftype not in ("f16", "f32"):
         raise ValueError(f"ftype must be 'f16' or 'f32', not {ftype!r}")
@@ -289,13 +301,19 @@ def write_random_llama_gguf(
         # Output rows of non-NORMAL tokens (control, byte, unknown) are zeroed: their logit is then
         # exactly 0, below the best of the many random ones, so greedy decoding writes words and
         # runs to max_tokens instead of stopping at a random EOS or emitting stray UTF-8 bytes.
+        # Tied, the output rows are the embedding rows, so those are zeroed instead. Such a token
+        # then enters the model as a zero vector, which is harmless: RMS norm maps it to zero (no
+        # NaN), attention mixes in the other positions' values at the first layer, and only a
+        # prompt made of nothing but special tokens would leave all logits at 0 (a chat prompt
+        # always ends in text). The cost per token is unchanged, which is what these models are for.
         silent = np.asarray(tokenizer.token_types) != gguf.TokenType.NORMAL
+        output_rows = "token_embd.weight" if shape.tied_embeddings else "output.weight"
         for tname, tshape in specs:
             if len(tshape) == 1:
                 data = np.ones(tshape, dtype=np.float32)
             else:
                 data = (rng.standard_normal(tshape, dtype=np.float32) * WEIGHT_STD).astype(wdtype)
-                if tname == "output.weight":
+                if tname == output_rows:
                     data[silent] = 0
             writer.write_tensor_data(data)
         writer.close()
@@ -352,24 +370,35 @@ def quantize(
     return dst
 
 
-def make_model(
-    out: str | os.PathLike[str], shape_name: str, vocab: str | os.PathLike[str] | None = None,
-    quant: str | None = None, seed: int = 0, ftype: str = "f16",
-) -> Path:
-    """Build a random model of a named shape; ``vocab``: GGUF to take the tokenizer from (None: demo)."""
+def _named_shape(shape_name: str, tie_embeddings: bool | None) -> tuple[ModelShape, str]:
+    """The shape and the model's ``general.name``; a tying that differs from the named shape's own
+    is part of the name, so a file says what it holds."""
     if shape_name not in SHAPES:
         raise ValueError(f"unknown shape {shape_name!r}; known shapes: {', '.join(SHAPES)}")
+    shape = SHAPES[shape_name]
+    name = f"ggbatch-random-{shape_name}"
+    if tie_embeddings is None or tie_embeddings == shape.tied_embeddings:
+        return shape, name
+    return replace(shape, tied_embeddings=tie_embeddings), name + ("-tied" if tie_embeddings else "-untied")
+
+
+def make_model(
+    out: str | os.PathLike[str], shape_name: str, vocab: str | os.PathLike[str] | None = None,
+    quant: str | None = None, seed: int = 0, ftype: str = "f16", tie_embeddings: bool | None = None,
+) -> Path:
+    """Build a random model of a named shape; ``vocab``: GGUF to take the tokenizer from (None: demo);
+    ``tie_embeddings``: override the shape's own tying (None keeps it)."""
+    shape, name = _named_shape(shape_name, tie_embeddings)
     if quant is not None and quant.lower() not in _QTYPES:
         raise ValueError(f"unknown quantization type {quant!r}; known: {', '.join(_QTYPES)}")
     tokenizer = build_demo_tokenizer() if vocab is None else tokenizer_from_vocab_gguf(vocab)
     out = Path(out)
-    name = f"ggbatch-random-{shape_name}"
     if quant is None:
-        return write_random_llama_gguf(out, SHAPES[shape_name], tokenizer, seed, ftype, name=name)
+        return write_random_llama_gguf(out, shape, tokenizer, seed, ftype, name=name)
     out.parent.mkdir(parents=True, exist_ok=True)
     unquantized = _temp_sibling(out)
     try:
-        write_random_llama_gguf(unquantized, SHAPES[shape_name], tokenizer, seed, ftype, name=name)
+        write_random_llama_gguf(unquantized, shape, tokenizer, seed, ftype, name=name)
         return quantize(unquantized, out, quant)
     finally:
         unquantized.unlink(missing_ok=True)

@@ -1,5 +1,10 @@
 """`ggbatch tune`: try layouts (workers × threads × slots) on a sample of the user's questions,
-keep the fastest, and remember it per machine and model so that `auto` uses it from then on.
+keep the fastest, and remember it per machine, model and context so that `auto` uses it from
+then on.
+
+The context is bucketed (tokens per sequence rounded up to a power of two): the best layout for
+200-token sequences is not the best for 4,000-token ones, but one for 300 serves 400 as well.
+The cache file maps machine|model to {"contexts": {bucket: {"choice", "trials"}}}.
 
 Each trial is a real run of the whole runner (the same code path as `ggbatch run`) with exactly
 max_tokens generated per question; the rate is generated tokens per second from the first worker
@@ -10,20 +15,30 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from runner.config import build_config
-from runner.inputs import read_records
+from runner.config import JobConfig, build_config
+from runner.inputs import Record, read_records
 from runner.memory import MIB
 from runner.outputs import write_atomic
 from runner.planning import usable_cores
 from runner.report import model_identity
 
 log = logging.getLogger("ggbatch")
+
+# The smallest context bucket: below it a layout's speed hardly depends on the context.
+MIN_CONTEXT_BUCKET = 256
+# Before the questions are tokenized only their characters are known. ~4 characters make a token
+# of English in a large BPE vocabulary, fewer in small vocabularies and other scripts: 3 is in
+# between, and a power-of-two bucket absorbs the error.
+CHARS_PER_TOKEN = 3
+CHAT_TEMPLATE_TOKENS = 32  # role markers and the like that the chat template adds around the text
 
 SAMPLE_QUESTIONS = [f"A shop sells {a} pens for {b} dollars. How much do {c} pens cost? Show the steps."
                     for a, b, c in ((3, 2, 12), (5, 4, 30), (7, 3, 21), (4, 9, 16), (6, 5, 18), (8, 2, 40))]
@@ -49,25 +64,82 @@ def _key(model_path: str) -> str:
     return f"{machine_key()}|{ident['size_bytes']}:{ident['sha256_first_mib']}"
 
 
-def load_choice(model_path: str) -> Optional[dict[str, int]]:
-    """The layout `tune` chose for this model on this machine, if any."""
-    try:
-        entry = json.loads(cache_file().read_text()).get(_key(model_path))
-    except (OSError, ValueError):
-        return None
-    return entry["choice"] if entry else None
+def context_bucket(n_ctx_seq: int) -> int:
+    """Tokens per sequence rounded up to a power of two, at least MIN_CONTEXT_BUCKET."""
+    return max(MIN_CONTEXT_BUCKET, 1 << max(n_ctx_seq - 1, 0).bit_length())
 
 
-def save_choice(model_path: str, choice: dict[str, int], trials: Sequence[dict[str, Any]]) -> Path:
-    path = cache_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
+def nearest_bucket(buckets: Iterable[int], n_ctx_seq: int) -> int | None:
+    """The saved bucket nearest to this context by ratio (log2 distance); between two equally near
+    the larger, whose layout was measured with more KV per sequence. None if nothing is saved."""
+    target = math.log2(context_bucket(n_ctx_seq))
+    return min(buckets, key=lambda b: (abs(math.log2(b) - target), -b), default=None)
+
+
+def longest_prompt_chars(records: Sequence[Record], config: JobConfig) -> int:
+    """Characters of the longest prompt before the chat template: system prompt and user message.
+    A prompt template may use any field, so then every field and the template's own text count
+    (an overestimate, like the guess it feeds)."""
+    def message_chars(rec: Record) -> int:
+        if config.prompt_template is None:
+            return len(str(rec.fields.get(config.question_field, "")))
+        return len(config.prompt_template) + sum(len(str(v)) for v in rec.fields.values())
+
+    return len(config.system or "") + max(map(message_chars, records), default=0)
+
+
+def estimate_context(prompt_chars: int, max_tokens: int, n_ctx: int | None) -> int:
+    """Tokens per sequence guessed before tokenizing (as planning.context_per_sequence, with the
+    prompt's tokens guessed from its characters); the job's own n_ctx when it sets one."""
+    if n_ctx is not None:
+        return n_ctx
+    return math.ceil(prompt_chars / CHARS_PER_TOKEN) + CHAT_TEMPLATE_TOKENS + max_tokens + 1
+
+
+def _contexts(entry: Any) -> dict[int, dict[str, Any]]:
+    """{bucket: {"choice", "trials"}} of one cache entry. Entries written before choices were kept
+    per context ({"choice", "trials"} alone) have none: their context is unknown, so they are
+    ignored, and the next tune of that model replaces them."""
+    contexts = entry.get("contexts") if isinstance(entry, dict) else None
+    if not isinstance(contexts, dict):
+        return {}
+    return {int(b): saved for b, saved in contexts.items()
+            if str(b).isdigit() and int(b) > 0 and isinstance(saved, dict) and "choice" in saved}
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        data = {}
-    data[_key(model_path)] = {"choice": choice, "trials": list(trials)}
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_choice(model_path: str, n_ctx_seq: int) -> tuple[int, dict[str, int]] | None:
+    """(bucket, layout) that `tune` chose for this model on this machine at the saved context
+    nearest to n_ctx_seq tokens per sequence, if any."""
+    contexts = _contexts(_read_cache(cache_file()).get(_key(model_path)))
+    bucket = nearest_bucket(contexts, n_ctx_seq)
+    return None if bucket is None else (bucket, contexts[bucket]["choice"])
+
+
+def save_choice(model_path: str, choice: dict[str, int], trials: Sequence[dict[str, Any]],
+                n_ctx_seq: int) -> Path:
+    """Remember the layout for this machine, model and context bucket, keeping other buckets."""
+    path = cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _read_cache(path)
+    key = _key(model_path)
+    contexts = {**_contexts(data.get(key)),
+                context_bucket(n_ctx_seq): {"choice": choice, "trials": list(trials)}}
+    data[key] = {"contexts": {str(b): contexts[b] for b in sorted(contexts)}}
     write_atomic(str(path), json.dumps(data, indent=1) + "\n")
     return path
+
+
+def sample_context(trials: Sequence[dict[str, Any]]) -> int:
+    """Tokens per sequence the trials ran with (the same sample and max_tokens for all)."""
+    return max(t["n_ctx_per_sequence"] for t in trials)
 
 
 def candidates(n_cores: int, slot_options: Sequence[int]) -> list[dict[str, int]]:
@@ -116,7 +188,7 @@ def tune(model_path: str, input_path: Optional[str], n_questions: int, max_token
             seconds = t["total_s"] - (t["first_worker_ready_s"] or 0.0)
             used = report["layout"]
             trial = {"workers": used["workers"], "threads": used["threads_per_worker"],
-                     "slots": used["slots_per_worker"],
+                     "slots": used["slots_per_worker"], "n_ctx_per_sequence": used["n_ctx_per_sequence"],
                      "generated_tok_s": round(report["tokens"]["generated"] / seconds, 2),
                      "wall_s": round(t["total_s"], 2)}
             trials.append(trial)

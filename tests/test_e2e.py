@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, gsm8k_records
+from runner.tune import context_bucket
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -197,7 +198,10 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k
     assert r.returncode == 0, r.stderr
     assert "trying" in r.stdout and "about" in r.stdout.splitlines()[0]  # says how long first
     cache = json.loads((tmp_path / "cache" / "ggbatch" / "layouts.json").read_text())
-    (entry,) = cache.values()
+    (model_entry,) = cache.values()
+    (bucket, entry), = model_entry["contexts"].items()
+    (n_ctx_seq,) = {t["n_ctx_per_sequence"] for t in entry["trials"]}  # one sample: one context
+    assert int(bucket) == context_bucket(n_ctx_seq)  # saved under the sample's context bucket
     best = max(entry["trials"], key=lambda t: t["generated_tok_s"])
     assert entry["choice"] == {k: best[k] for k in ("workers", "threads", "slots")}  # the fastest tried
     assert len(entry["trials"]) == 2 * sum(1 for w in range(1, len(os.sched_getaffinity(0)) + 1)
@@ -211,4 +215,4 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k
     layout = json.loads(report.read_text())["layout"]
     assert (layout["workers"], layout["threads_per_worker"]) == (entry["choice"]["workers"], entry["choice"]["threads"])
     assert layout["slots_per_worker"] <= entry["choice"]["slots"]
-    assert "layout from ggbatch tune" in r.stderr
+    assert f"layout from ggbatch tune ({tmp_path / 'cache' / 'ggbatch' / 'layouts.json'}, tuned for <= {bucket}" in r.stderr

@@ -50,6 +50,9 @@ def test_shapes() -> None:
         28, 1024, 16, 8, 3072, 4096)
     assert bench.head_dim == 64
     assert mg.SHAPES["qwen3-1.7b-like"].n_ctx == 40960
+    # As the real Qwen3-0.6B/1.7B; demo and bench stay untied so their files and figures hold.
+    assert {name for name, shape in mg.SHAPES.items() if shape.tied_embeddings} == {
+        "qwen3-0.6b-like", "qwen3-1.7b-like"}
     with pytest.raises(ValueError):
         mg.ModelShape(n_layer=1, n_embd=64, n_head=5, n_head_kv=1, n_ff=64, n_ctx=64)
 
@@ -88,6 +91,54 @@ def test_metadata_and_tensors(tmp_path: Path) -> None:
     assert len(types) == 3 + 9 * TINY.n_layer
     assert types["blk.1.attn_k.weight"] == (gguf.GGMLQuantizationType.F16, (64, 32))  # ggml order: ne
     assert types["blk.0.ffn_norm.weight"][0] == gguf.GGMLQuantizationType.F32
+
+
+def tensor_names(path: Path) -> set[str]:
+    return {t.name for t in gguf.GGUFReader(path).tensors}
+
+
+@pytest.fixture(scope="module")
+def tied_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return mg.make_model(tmp_path_factory.mktemp("tied") / "tied.gguf", "demo", tie_embeddings=True)
+
+
+def test_tied_model_has_no_output_layer(tied_demo: Path, tmp_path: Path) -> None:
+    untied = mg.make_model(tmp_path / "untied.gguf", "demo")
+    assert "output.weight" in tensor_names(untied)
+    assert tensor_names(tied_demo) == tensor_names(untied) - {"output.weight"}
+    assert tied_demo.stat().st_size < untied.stat().st_size
+    reader = gguf.GGUFReader(tied_demo)
+    assert reader.fields["general.name"].contents() == "ggbatch-random-demo-tied"  # says it was forced
+    # The embedding rows now double as output rows: special and byte tokens' rows are zero, the rest not.
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight").data
+    silent = [t != gguf.TokenType.NORMAL for t in mg.build_demo_tokenizer().token_types]
+    assert not embd[silent].any() and all(embd[[not s for s in silent]].any(axis=1))
+
+
+def test_make_model_flag_ties(tmp_path: Path) -> None:
+    from runner.cli import build_parser, cmd_make_model
+
+    def make_model(*argv: str) -> int:
+        return cmd_make_model(build_parser().parse_args(["make-model", *argv]))
+
+    assert make_model("--shape", "demo", "--tie-embeddings", str(tmp_path / "t.gguf")) == 0
+    assert make_model("--shape", "demo", str(tmp_path / "u.gguf")) == 0
+    assert "output.weight" not in tensor_names(tmp_path / "t.gguf")
+    assert "output.weight" in tensor_names(tmp_path / "u.gguf")  # without the flag, the shape decides
+
+
+@pytest.mark.timeout(120)
+def test_tied_model_generates_words(tied_demo: Path) -> None:
+    from itertools import islice
+
+    llm = load(tied_demo)
+    out = llm.create_completion("Hello", max_tokens=8, temperature=0)
+    assert out["usage"]["completion_tokens"] == 8 and out["choices"][0]["finish_reason"] == "length"
+    # Greedy never picks a special or byte token, even though their rows are also their inputs.
+    types = mg.build_demo_tokenizer().token_types
+    prompt = llm.tokenize(b"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", special=True)
+    generated = list(islice(llm.generate(prompt, temp=0), 16))
+    assert [types[t] for t in generated] == [gguf.TokenType.NORMAL] * 16
 
 
 def test_unknown_names_raise(tmp_path: Path) -> None:
