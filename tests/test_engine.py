@@ -169,3 +169,16 @@ def test_per_sequence_streams_with_flash_attention_answer_like_the_unified_pool(
     pool = answer_all(stories, qs, slots=4, max_tokens=16)
     assert sorted(split) == sorted(pool)
     assert sum(split[k].text == pool[k].text for k in split) >= 14  # near-ties aside
+
+
+def test_sequences_moved_between_streams_answer_as_if_alone(stories, tokenizer):
+    # A stop string ends answers at different steps, so slots free up out of order in the tail
+    # and the engine moves the highest sequences down into them (one pass over the weights per
+    # step needs consecutive ids); each move copies a whole KV stream.
+    qs = questions(tokenizer, [r["question"] for r in gsm8k_records(24)])
+    one = answer_all(stories, qs, slots=1, max_tokens=48, stop=(".",), invariant=True)
+    stats = {}
+    eight = answer_all(stories, qs, slots=8, max_tokens=48, stop=(".",), invariant=True, stats=stats)
+    assert stats["moves"] > 0
+    assert len({a.completion_tokens for a in one.values()}) > 4  # answers of many lengths
+    assert {k: a.text for k, a in one.items()} == {k: a.text for k, a in eight.items()}

@@ -50,7 +50,7 @@ def test_decode_tokens_first_then_prefill_chunks_within_budget():
 
 
 def test_without_mixing_prompt_steps_and_decode_steps_alternate():
-    s = Scheduler(slots=2, n_batch=16, mix_prefill=False)
+    s = Scheduler(slots=2, n_batch=16, stream_per_sequence=True)
     a, b = seq("a", 4), seq("b", 6)
     s.add(a)
     s.add(b)
@@ -79,6 +79,62 @@ def test_release_refills_slot_next_admission():
     s.admit()
     s.release(a)
     assert s.admit() == [b] and b.seq_id == 0
+
+
+def test_admission_takes_the_lowest_free_id():
+    s = Scheduler(slots=3, n_batch=8)
+    a, b, c, d = seq("a", 3), seq("b", 3), seq("c", 3), seq("d", 3)
+    for x in (a, b, c, d):
+        s.add(x)
+    s.admit()
+    s.release(c)
+    s.release(a)
+    assert s.admit() == [d] and d.seq_id == 0
+
+
+def decoding(s, *seqs):
+    for x in seqs:
+        x.phase, x.output = Phase.DECODE, [7]
+
+
+def test_batches_list_sequences_by_id_not_by_admission():
+    # llama.cpp puts only consecutive ids into one pass over the weights (per-sequence streams).
+    s = Scheduler(slots=3, n_batch=8, stream_per_sequence=True)
+    a, b, c, d = seq("a", 3), seq("b", 3), seq("c", 3), seq("d", 3)
+    for x in (a, b, c, d):
+        s.add(x)
+    s.admit()
+    s.release(a)
+    s.admit()  # d takes id 0, admitted after b and c
+    decoding(s, b, c, d)
+    assert [(sp.seq.question.qid, sp.seq.seq_id) for sp in s.schedule()] == [("d", 0), ("b", 1), ("c", 2)]
+
+
+@pytest.mark.parametrize("per_stream", [True, False])
+def test_compact_moves_the_highest_sequence_into_a_gap_only_with_streams(per_stream):
+    s = Scheduler(slots=4, n_batch=8, stream_per_sequence=per_stream)
+    a, b, c, d = seq("a", 3), seq("b", 3), seq("c", 3), seq("d", 3)
+    for x in (a, b, c, d):
+        s.add(x)
+    s.admit()
+    s.release(a)
+    s.release(c)  # ids 0 and 2 free, b at 1, d at 3
+    if not per_stream:  # one pool: ids do not matter to llama.cpp, nothing moves
+        assert s.compact() == []
+        return
+    assert s.compact() == [(d, 3)] and (b.seq_id, d.seq_id) == (1, 0)
+    assert sorted(s.free_ids) == [2, 3] and s.compact() == []  # contiguous: nothing more to move
+
+
+def test_compact_leaves_gaps_that_waiting_questions_fill():
+    s = Scheduler(slots=3, n_batch=8, stream_per_sequence=True)
+    a, b, c, d = seq("a", 3), seq("b", 3), seq("c", 3), seq("d", 3)
+    for x in (a, b, c, d):
+        s.add(x)
+    s.admit()
+    s.release(a)
+    assert s.admit() == [d] and d.seq_id == 0
+    assert s.compact() == []
 
 
 def test_preempt_newest_goes_back_to_front():

@@ -83,11 +83,10 @@ class LlamaEngine:
         # With one unified pool, admission keeps the sequences within it; separate streams
         # give each slot its own room.
         budget = self.runner.n_ctx - len(prefix) if config.kv_unified else None
-        # With one stream per sequence llama.cpp splits a batch into equal-length parts per
-        # sequence, so a step mixing prompt chunks with decode tokens reads the weights twice:
-        # there, prompt steps and decode steps are kept apart.
+        # With one stream per sequence, how llama.cpp cuts a batch into passes over the weights
+        # depends on the sequence ids in it: the scheduler lays batches out for that.
         self.sched = Scheduler(config.slots, config.n_batch, prefix, budget, self.gen.max_tokens,
-                               mix_prefill=config.kv_unified)
+                               stream_per_sequence=not config.kv_unified)
         self._rejected: list[Answer] = []
         self._longest_stop = max((len(s) for s in self.gen.stop), default=0)
         sampling = self.gen.sampling
@@ -96,7 +95,7 @@ class LlamaEngine:
         # step_s - decode_s - sample_s is the engine's own Python work.
         self._stats = {"steps": 0.0, "step_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "batch_tokens": 0.0,
                        "busy_slots": 0.0, "generated_tokens": 0.0,
-                       "kv_full_retries": 0.0, "preemptions": 0.0, "tg_steps_s": 0.0, "tg_tokens": 0.0}
+                       "kv_full_retries": 0.0, "preemptions": 0.0, "moves": 0.0, "tg_steps_s": 0.0, "tg_tokens": 0.0}
         self._decode_prefix(prefix)
 
     # -- public interface -----------------------------------------------------------------------
@@ -123,6 +122,12 @@ class LlamaEngine:
                 self._copy_prefix(seq)
             if not self._greedy:
                 seq.sampler = self.runner.new_sampler(self.gen.sampling, seq.question.seed)
+        for seq, old_id in self.sched.compact():
+            # A whole-stream copy (a few MiB, done at the next decode) instead of a second pass
+            # over the weights in every step that remains.
+            self.runner.seq_cp(old_id, seq.seq_id, -1, -1)
+            self.runner.seq_rm(old_id)
+            self._stats["moves"] += 1
         busy = len(self.sched.running)
         spans = self._decode_with_room()
         for seq, token in self._sample(_logit_rows(spans)):

@@ -4,10 +4,20 @@ Every step feeds one token for each decoding sequence, then fills the rest of th
 with prompt chunks of admitted sequences in admission order (chunked prefill: a long prompt takes
 several steps and never stalls the decoding ones). A finished sequence frees its slot at once and
 the next waiting question takes it in the following step, so the batch does not decay.
+
+With one KV stream per sequence, llama.cpp cuts a batch into ubatches (one pass over the weights
+each) of sequences with consecutive ids, in batch order (llama_batch_allocr::split_equal,
+"sequential"), and each ubatch takes the same number of tokens from every sequence in it. So
+there: a step holds prompt chunks or decode tokens, not both; every batch lists its sequences
+by id; a free slot is always the lowest free id; and when a slot below the highest busy one stays
+free (no question waiting to fill it), the highest sequence moves down into it (`compact`).
+Measured on the 28 × 1024 model, 32 sequences decoding: 107 ms a step with ids 0..31 in order,
+141-156 ms with one id out of place, 330-410 ms shuffled or reversed.
 """
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from collections import deque
 from dataclasses import dataclass
@@ -36,10 +46,12 @@ class Span:
 
 class Scheduler:
     def __init__(self, slots: int, n_batch: int, prefix: array | None = None,
-                 kv_budget: int | None = None, max_new_tokens: int = 0, mix_prefill: bool = True) -> None:
+                 kv_budget: int | None = None, max_new_tokens: int = 0,
+                 stream_per_sequence: bool = False) -> None:
         """kv_budget: KV cells the sequences may fill beyond the shared prefix (None = each slot
         has its own room). A sequence is admitted only when its prompt plus max_new_tokens fits
-        what the running ones may still claim, so a full pool never thrashes."""
+        what the running ones may still claim, so a full pool never thrashes.
+        stream_per_sequence: the context keeps one KV stream per sequence (see the module doc)."""
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) cannot exceed the token budget n_batch ({n_batch})")
         self.n_batch = n_batch
@@ -47,8 +59,8 @@ class Scheduler:
         self.kv_budget = kv_budget
         self.max_new_tokens = max_new_tokens
         self.kv_reserved = 0
-        self.mix_prefill = mix_prefill  # False: a step holds prompt chunks or decode tokens, not both
-        self.free_ids: list[int] = list(range(slots - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self.stream_per_sequence = stream_per_sequence
+        self.free_ids: list[int] = list(range(slots))  # a heap: admission takes the lowest
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
 
@@ -70,19 +82,36 @@ class Scheduler:
             if self.kv_budget is not None and self.running and self.kv_reserved + need > self.kv_budget:
                 break  # wait for a running sequence to finish and give its cells back
             self.waiting.popleft()
-            seq.admit(self.free_ids.pop(), shared)
+            seq.admit(heapq.heappop(self.free_ids), shared)
             seq.kv_reserved = need
             self.kv_reserved += need
             self.running.append(seq)
             admitted.append(seq)
         return admitted
 
+    def compact(self) -> list[tuple[Sequence, int]]:
+        """With one stream per sequence, keep the busy ids contiguous from 0: while a free id is
+        lower than the highest busy one, that sequence takes it. Returns (sequence, old id) for
+        each move; the caller moves its KV stream. Called after admit(), so a free id here has
+        no waiting question to fill it (the tail of the run)."""
+        moves: list[tuple[Sequence, int]] = []
+        if not self.stream_per_sequence:
+            return moves
+        while self.free_ids and self.running:
+            top = max(self.running, key=_seq_id)
+            if self.free_ids[0] > top.seq_id:
+                break
+            old = top.seq_id
+            top.seq_id = heapq.heapreplace(self.free_ids, old)
+            moves.append((top, old))
+        return moves
+
     def schedule(self, budget: int | None = None) -> list[Span]:
-        """The spans of the next batch, within `budget` tokens (default n_batch)."""
+        """The spans of the next batch, within `budget` tokens (default n_batch), by sequence id."""
         budget = self.n_batch if budget is None else budget
         prefilling = any(s.phase is Phase.PREFILL for s in self.running)
-        decoding = [s for s in self.running if s.phase is Phase.DECODE][:budget]
-        if prefilling and not self.mix_prefill:
+        decoding = sorted((s for s in self.running if s.phase is Phase.DECODE), key=_seq_id)[:budget]
+        if prefilling and self.stream_per_sequence:
             decoding = []  # prompts first; decoding resumes when they are all in
         spans = [Span(s, s.next_pos, 1, True) for s in decoding]
         budget -= len(spans)
@@ -93,12 +122,12 @@ class Scheduler:
                 n = min(seq.n_prompt - seq.n_cached, budget)
                 spans.append(Span(seq, seq.n_cached, n, seq.n_cached + n == seq.n_prompt))
                 budget -= n
-        return spans
+        return sorted(spans, key=lambda span: span.seq.seq_id)
 
     def release(self, seq: Sequence) -> None:
         """Give the slot back (finished or preempted)."""
         self.running.remove(seq)
-        self.free_ids.append(seq.seq_id)
+        heapq.heappush(self.free_ids, seq.seq_id)
         self.kv_reserved -= seq.kv_reserved
         seq.kv_reserved = 0
 
@@ -110,3 +139,7 @@ class Scheduler:
         seq.reset_to_waiting()
         self.waiting.appendleft(seq)
         return seq
+
+
+def _seq_id(seq: Sequence) -> int:
+    return seq.seq_id
