@@ -198,7 +198,7 @@ def _add_tune(sub: Any) -> None:
     t.add_argument("--questions", type=int, default=64, help="sample size (default 64)")
     t.add_argument("--max-tokens", dest="max_tokens", type=int, default=32,
                    help="generated tokens per question, exactly (default 32)")
-    t.add_argument("--slots", default="4,8,16,32", help="slot counts to try (default 4,8,16,32)")
+    t.add_argument("--slots", default="8,16,32,64", help="slot counts to try (default 8,16,32,64)")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

@@ -154,9 +154,9 @@ def plan(config: JobConfig, job: PreparedJob, n_questions: int, started: Layout,
          available: int, max_auto_slots: int = MAX_AUTO_SLOTS) -> tuple[Layout, MemoryPlan]:
     """Slots for the workers already started, and the memory plan; workers, then slots, are
     reduced if the plan does not fit."""
-    cells_per_slot = job.n_ctx_seq - len(job.prefix)
+    pool_cells_per_slot = job.n_ctx_seq - len(job.prefix) if job.kv_unified else 0
     layout = plan_layout(usable_cores(), started.workers, started.threads, config.slots, n_questions,
-                         cells_per_slot, max_auto_slots)
+                         pool_cells_per_slot, max_auto_slots)
     memory = fit_layout(job.dims, layout.workers, layout.slots,
                         lambda slots: kv_cells(slots, job.n_ctx_seq, len(job.prefix), job.kv_unified),
                         step_budget(config.n_batch, layout.slots), available)

@@ -12,11 +12,15 @@ from typing import Optional, Sequence
 
 from runner.errors import ConfigError
 
-# Auto slots: on the 28 × 1024 benchmark model 32 slots answered 32 questions 8% faster than 16
-# (README, Performance). Past a few thousand KV cells, though, attention over the unified pool
-# starts to cost as much as the weights, so long sequences get fewer slots.
-MAX_AUTO_SLOTS = 32
-MAX_AUTO_KV_CELLS = 8192
+# Auto slots. With one KV stream per sequence (the usual layout) each token's attention scans
+# only its own sequence's cells, so more slots keep paying off for as long as memory lasts (the
+# memory plan has the last word). On the 28 × 1024 benchmark model: 128 GSM8K questions × 64
+# tokens, S_TG 233 / 267 / 307 tok/s at 16 / 32 / 64 slots; 96 questions × 256 tokens (~400 KV
+# cells a sequence) 123 s at 20 slots, 111 s at 32, 94 s at 48. In one unified pool (long shared
+# prefix) every token scans every slot's cells, and past a few thousand cells attention costs as
+# much as the weights, so there long sequences get fewer slots.
+MAX_AUTO_SLOTS = 64
+MAX_AUTO_POOL_CELLS = 8192
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,12 @@ def usable_cores() -> list[int]:
 
 
 def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[int],
-                slots: Optional[int], n_questions: int, cells_per_slot: int = 0,
+                slots: Optional[int], n_questions: int, pool_cells_per_slot: int = 0,
                 max_auto_slots: int = MAX_AUTO_SLOTS) -> Layout:
     """Choose workers × threads within the usable cores (None = auto) and give each worker a
-    disjoint set of cores. Never more worker threads than usable cores. `cells_per_slot` (the KV
-    one sequence needs beyond the shared prefix) limits auto slots on long sequences."""
+    disjoint set of cores. Never more worker threads than usable cores. `pool_cells_per_slot`
+    (the KV one sequence adds to a unified pool beyond the shared prefix; 0 with one stream per
+    sequence) limits auto slots on long sequences."""
     n_cores = len(cores)
     if workers is not None and workers > n_cores:
         raise ConfigError(f"workers: {workers} workers need at least {workers} cores, "
@@ -56,7 +61,7 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
         raise ConfigError(f"workers × threads = {workers} × {threads} = {workers * threads} "
                           f"exceeds the {n_cores} usable cores")
     if slots is None:
-        by_kv = MAX_AUTO_KV_CELLS // cells_per_slot if cells_per_slot > 0 else max_auto_slots
+        by_kv = MAX_AUTO_POOL_CELLS // pool_cells_per_slot if pool_cells_per_slot > 0 else max_auto_slots
         slots = max(1, min(max_auto_slots, max(4, by_kv), math.ceil(n_questions / workers)))
     assignment = tuple(tuple(cores[i * threads:(i + 1) * threads]) for i in range(workers))
     return Layout(workers, threads, slots, assignment)

@@ -35,14 +35,15 @@ def test_never_more_threads_than_cores(workers, threads, message):
 
 def test_auto_slots_never_exceed_questions_per_worker():
     assert plan_layout([0, 1], 2, 1, None, 5).slots == 3
-    assert plan_layout([0, 1], 1, 2, None, 1000).slots == 32
+    assert plan_layout([0, 1], 1, 2, None, 1000).slots == 64
+    assert plan_layout([0, 1], 1, 2, None, 1000, max_auto_slots=16).slots == 16  # a tuned bound
 
 
-def test_auto_slots_shrink_for_long_sequences():
-    assert plan_layout([0, 1], 1, 2, None, 1000, cells_per_slot=170).slots == 32
-    assert plan_layout([0, 1], 1, 2, None, 1000, cells_per_slot=500).slots == 16
-    assert plan_layout([0, 1], 1, 2, None, 1000, cells_per_slot=4000).slots == 4  # never below 4
-    assert plan_layout([0, 1], 1, 2, 8, 1000, cells_per_slot=4000).slots == 8  # as asked
+def test_auto_slots_shrink_for_long_sequences_in_a_unified_pool():
+    assert plan_layout([0, 1], 1, 2, None, 1000, pool_cells_per_slot=100).slots == 64
+    assert plan_layout([0, 1], 1, 2, None, 1000, pool_cells_per_slot=500).slots == 16
+    assert plan_layout([0, 1], 1, 2, None, 1000, pool_cells_per_slot=4000).slots == 4  # never below 4
+    assert plan_layout([0, 1], 1, 2, 8, 1000, pool_cells_per_slot=4000).slots == 8  # as asked
 
 
 def test_context_fits_longest_prompt_capped_by_model():
@@ -70,3 +71,20 @@ def test_unified_kv_only_for_a_long_shared_prefix():
     assert kv_unified_for(545, 735, batch_invariant=False)  # W2: 545 shared of 735
     assert not kv_unified_for(15, 181, batch_invariant=False)  # W1: short system prompt
     assert not kv_unified_for(545, 735, batch_invariant=True)
+
+
+@pytest.mark.parametrize("unified,slots", [(False, 64), (True, 8192 // 410)])
+def test_long_sequences_keep_every_slot_with_one_stream_per_sequence(unified, slots):
+    # 420 tokens per sequence: in a unified pool 8192 cells hold 19 of them (beyond the 10 shared), but with one stream
+    # per sequence a token's attention never scans another slot, so only memory limits slots.
+    from runner.config import build_config
+    from runner.job import PreparedJob, plan
+    from runner.memory import ModelDims
+    from workers.protocol import GenerationParams
+
+    dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
+    job = PreparedJob([], [], {}, array("i", [1] * 10), 420, GenerationParams(), "model", "", dims, unified)
+    config = build_config([("test", {"model": "m.gguf", "input": "q.jsonl", "output": "a.json"})])
+    started = plan_layout([0, 1], None, None, 1, 1)
+    layout, memory = plan(config, job, 1000, started, available=64 << 30)
+    assert layout.slots == memory.slots == slots
