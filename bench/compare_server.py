@@ -1,4 +1,4 @@
-"""W1 / W2: ggbatch against llama-server with parallel slots, on the same model, same prompts,
+"""W1 / W2 / W4: ggbatch against llama-server with parallel slots, on the same model, same prompts,
 exactly 64 generated tokens per question, in the same sitting.
 
     python bench/compare_server.py --server PATH/llama-server [--model M.gguf] [--workloads W1,W2]
@@ -6,6 +6,7 @@ exactly 64 generated tokens per question, in the same sitting.
 W1: the first 32 GSM8K questions, system prompt "Answer the question concisely."
 W2: the system prompt also holds the first 8 GSM8K questions with their answers as examples,
     and the questions are records 9-40 (a long shared prefix).
+W4: as W1 with the first 256 questions: slots are refilled many times over (continuous batching).
 
 ggbatch is timed as a whole command (start-up, model load, tokenizing, answering, writing). The
 server is started and loaded first and timed from the first request to the last answer, with 16
@@ -42,9 +43,13 @@ TOKENS = 64
 
 def workload(name: str) -> tuple[str, list[dict]]:
     with open(GSM8K, encoding="utf-8") as f:
-        records = [json.loads(line) for _, line in zip(range(40), f)]
+        records = [json.loads(line) for _, line in zip(range(256), f)]
     if name == "W1":
         return SYSTEM, records[:32]
+    if name == "W4":
+        return SYSTEM, records
+    if name != "W2":
+        raise SystemExit(f"unknown workload {name!r}: W1, W2 or W4")
     examples = "\n\n".join(f"Question: {r['question']}\nAnswer: {r['answer']}" for r in records[:8])
     return f"{SYSTEM}\n\nExamples:\n\n{examples}", records[8:40]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -70,8 +71,10 @@ def render(rows: Iterable[Mapping[str, Any]], path: str) -> str:
 def write_atomic(path: str, text: str) -> None:
     """Write to a temporary file beside the target, then rename: readers never see half a file."""
     target = Path(path)
+    mode = _mode_for(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent)
     try:
+        os.fchmod(fd, mode)  # mkstemp's 0600 would hide the answers from the pipeline's other users
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -83,3 +86,14 @@ def write_atomic(path: str, text: str) -> None:
         except OSError:
             pass
         raise OutputError(f"{path}: could not write answers: {exc.strerror or exc}") from None
+
+
+def _mode_for(target: Path) -> int:
+    """The permissions a plain open(target, "w") would leave: the file's own if it exists,
+    otherwise 0666 less the umask."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)  # the only way to read it; set straight back
+        os.umask(umask)
+        return 0o666 & ~umask

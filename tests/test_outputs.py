@@ -58,3 +58,18 @@ def test_merge_cuts_thinking_and_keeps_it_on_request():
     answers = {"a": answer("a", "<think>2+2</think> 4")}
     assert merge(["a"], answers) == [{"questionID": "a", "answer": "4"}]
     assert merge(["a"], answers, keep_thinking=True) == [{"questionID": "a", "answer": "4", "thinking": "2+2"}]
+
+
+def test_written_file_gets_the_permissions_open_would_give(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        new = tmp_path / "new.json"
+        write_atomic(str(new), "[]\n")
+        assert new.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+        kept = tmp_path / "kept.json"
+        kept.write_text("old")
+        kept.chmod(0o640)
+        write_atomic(str(kept), "[]\n")
+        assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_text() == "[]\n"
+    finally:
+        os.umask(umask)
