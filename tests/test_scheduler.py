@@ -81,42 +81,36 @@ def test_release_refills_slot_next_admission():
     assert s.admit() == [b] and b.seq_id == 0
 
 
-def test_admission_takes_the_lowest_free_id():
-    s = Scheduler(slots=3, n_batch=8)
-    a, b, c, d = seq("a", 3), seq("b", 3), seq("c", 3), seq("d", 3)
-    for x in (a, b, c, d):
+def four_added(slots, per_stream=False):
+    """A scheduler with `slots` slots and four 3-token questions a, b, c, d admitted in order."""
+    s = Scheduler(slots=slots, n_batch=8, stream_per_sequence=per_stream)
+    seqs = [seq(qid, 3) for qid in "abcd"]
+    for x in seqs:
         s.add(x)
     s.admit()
+    return s, seqs
+
+
+def test_admission_takes_the_lowest_free_id():
+    s, (a, b, c, d) = four_added(slots=3)
     s.release(c)
     s.release(a)
     assert s.admit() == [d] and d.seq_id == 0
 
 
-def decoding(s, *seqs):
-    for x in seqs:
-        x.phase, x.output = Phase.DECODE, [7]
-
-
 def test_batches_list_sequences_by_id_not_by_admission():
     # llama.cpp puts only consecutive ids into one pass over the weights (per-sequence streams).
-    s = Scheduler(slots=3, n_batch=8, stream_per_sequence=True)
-    a, b, c, d = seq("a", 3), seq("b", 3), seq("c", 3), seq("d", 3)
-    for x in (a, b, c, d):
-        s.add(x)
-    s.admit()
+    s, (a, b, c, d) = four_added(slots=3, per_stream=True)
     s.release(a)
     s.admit()  # d takes id 0, admitted after b and c
-    decoding(s, b, c, d)
+    for x in (b, c, d):
+        x.phase, x.output = Phase.DECODE, [7]
     assert [(sp.seq.question.qid, sp.seq.seq_id) for sp in s.schedule()] == [("d", 0), ("b", 1), ("c", 2)]
 
 
 @pytest.mark.parametrize("per_stream", [True, False])
 def test_compact_moves_the_highest_sequence_into_a_gap_only_with_streams(per_stream):
-    s = Scheduler(slots=4, n_batch=8, stream_per_sequence=per_stream)
-    a, b, c, d = seq("a", 3), seq("b", 3), seq("c", 3), seq("d", 3)
-    for x in (a, b, c, d):
-        s.add(x)
-    s.admit()
+    s, (a, b, c, d) = four_added(slots=4, per_stream=per_stream)
     s.release(a)
     s.release(c)  # ids 0 and 2 free, b at 1, d at 3
     if not per_stream:  # one pool: ids do not matter to llama.cpp, nothing moves
@@ -127,11 +121,7 @@ def test_compact_moves_the_highest_sequence_into_a_gap_only_with_streams(per_str
 
 
 def test_compact_leaves_gaps_that_waiting_questions_fill():
-    s = Scheduler(slots=3, n_batch=8, stream_per_sequence=True)
-    a, b, c, d = seq("a", 3), seq("b", 3), seq("c", 3), seq("d", 3)
-    for x in (a, b, c, d):
-        s.add(x)
-    s.admit()
+    s, (a, b, c, d) = four_added(slots=3, per_stream=True)
     s.release(a)
     assert s.admit() == [d] and d.seq_id == 0
     assert s.compact() == []
