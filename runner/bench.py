@@ -79,22 +79,26 @@ def raw_row(model: str, threads: int, pp: int, tg: int, b: int, n_vocab: int,
             "S t/s": b * (pp + tg) / total}
 
 
-def overhead_row(model: str, threads: int, pp: int, tg: int, b: int, n_vocab: int) -> dict[str, Any]:
-    """The same work (3 × B questions, so slots are refilled) by the engine alone and by the whole
-    runner: one pinned worker process, dispatch, answers, timed from the worker ready to the
-    last answer. Overhead = how much lower the runner's tokens/s is."""
-    questions = synthetic_questions(3 * b, pp, n_vocab, seed=1)
-    work = len(questions) * (pp + tg)
+def overhead_row(model: str, workers: int, threads: int, pp: int, tg: int, b: int,
+                 n_vocab: int) -> dict[str, Any]:
+    """The same work per worker (3 × B questions, so slots are refilled) by the engine alone and
+    by the whole runner: `workers` pinned worker processes of `threads` threads and B slots,
+    dispatch, answers, timed from the first worker ready to the last answer. The raw rate is the
+    engine's alone times `workers`, as if the workers did not share the machine's memory
+    bandwidth. Overhead = how much lower the runner's tokens/s is."""
+    layout = plan_layout(usable_cores(), workers, threads, b, 3 * b * workers)
+    questions = synthetic_questions(3 * b * workers, pp, n_vocab, seed=1)
     # No warm-up here: the runner's worker pays for the first use of its buffers too.
-    raw_s, _ = _engine_run(model, threads, questions, pp, tg, b, warm_up=False)
-    layout = plan_layout(usable_cores(), 1, threads, b, len(questions))
+    raw_s, _ = _engine_run(model, threads, questions[:3 * b], pp, tg, b, warm_up=False)
     last: list[float] = []
-    pool = WorkerPool([WorkerSpec(0, layout.cores[0], model)],
+    pool = WorkerPool([WorkerSpec(i, cores, model) for i, cores in enumerate(layout.cores)],
                       on_answers=lambda answers: last.append(time.perf_counter()))
     pool.run(questions, engine_config(model, layout.threads, pp, tg, b))
     runner_s = last[-1] - (pool.first_ready_at or last[-1])
-    return {"PP": pp, "TG": tg, "B": b, "raw S t/s": work / raw_s, "runner S t/s": work / runner_s,
-            "overhead %": 100.0 * (1 - raw_s / runner_s)}
+    work = len(questions) * (pp + tg)
+    raw_rate = workers * 3 * b * (pp + tg) / raw_s
+    return {"PP": pp, "TG": tg, "B": b, "workers": workers, "raw S t/s": raw_rate,
+            "runner S t/s": work / runner_s, "overhead %": 100.0 * (1 - work / runner_s / raw_rate)}
 
 
 def _width(columns: Sequence[str]) -> int:

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 from runner.config import build_config, load_job_file
 from runner.errors import ConfigError, GgbatchError, Interrupted, ModelError, WorkerFailure
 from runner.outputs import write_atomic
-from runner.planning import usable_cores
+from runner.planning import plan_layout, usable_cores
 from runner.progress import setup_logging
 
 log = logging.getLogger("ggbatch")
@@ -117,7 +117,10 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--npp", default="128", help="prompt tokens, comma-separated (default 128)")
     b.add_argument("--ntg", default="64", help="generated tokens, comma-separated (default 64)")
     b.add_argument("--npl", default="1,2,4,8,16", help="sequences per decode, comma-separated")
-    b.add_argument("--threads", type=int, help="threads (default: every usable core)")
+    b.add_argument("--workers", type=int, default=1,
+                   help="worker processes in the runner measurement (default 1)")
+    b.add_argument("--threads", type=int,
+                   help="threads of the raw engine and of each worker (default: usable cores / workers)")
     b.add_argument("--repeat", type=int, default=1,
                    help="runs per row; each time is the median (default 1; use 3 on a noisy machine)")
     b.add_argument("--json", help="also write the rows here as JSON")
@@ -145,7 +148,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     model = resolve_model(args.model)
     npp, ntg, npl = _ints(args.npp, "--npp"), _ints(args.ntg, "--ntg"), _ints(args.npl, "--npl")
-    threads = args.threads or len(usable_cores())
+    layout = plan_layout(usable_cores(), args.workers, args.threads, 1, 1)  # checks the cores
+    threads = layout.threads
     if args.repeat < 1:
         raise ConfigError(f"--repeat: expected an integer >= 1, got {args.repeat}")
     if args.plot:
@@ -170,11 +174,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 print(bench.row_line(rows[-1], bench.COLUMNS), flush=True)
     overhead = []
     if args.runner:
-        print("\nthe whole runner (one pinned worker process) against the raw engine, same work:", flush=True)
+        print(f"\nthe whole runner ({args.workers} pinned worker process(es) × {threads} threads) against "
+              f"the raw engine (× {args.workers}), same work per worker:", flush=True)
         for pp in npp:
             for tg in ntg:
-                b = max(npl)
-                overhead.append(bench.overhead_row(model, threads, pp, tg, b, n_vocab))
+                overhead.append(bench.overhead_row(model, args.workers, threads, pp, tg, max(npl), n_vocab))
         print(bench.format_table(overhead))
     if args.json:
         write_atomic(args.json, json.dumps({"raw": rows, "runner": overhead}, indent=1) + "\n")

@@ -190,6 +190,20 @@ def test_bench_prints_the_batched_bench_table_and_the_runner_overhead(tmp_path, 
     assert bad.returncode == 2 and "--npl: expected integers >= 1" in bad.stderr
 
 
+def test_bench_runner_row_with_several_workers(tmp_path, stories):
+    n_cores = len(os.sched_getaffinity(0))
+    r = subprocess.run([sys.executable, "-m", "runner", "bench", "--model", stories, "--npp", "16", "--ntg", "4",
+                        "--npl", "2", "--workers", str(n_cores), "--json", str(tmp_path / "b.json")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads((tmp_path / "b.json").read_text())["runner"]
+    assert row["workers"] == n_cores and row["runner S t/s"] > 0
+    assert f"{n_cores} pinned worker process(es) × 1 threads" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "runner", "bench", "--model", stories, "--workers", str(n_cores + 1)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and f"{n_cores + 1} workers need at least {n_cores + 1} cores" in bad.stderr
+
+
 def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k_file):
     r = subprocess.run([sys.executable, "-m", "runner", "tune", "--model", stories, "--input", gsm8k_file(8),
                         "--questions", "8", "--max-tokens", "8", "--slots", "2,4"],
