@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import multiprocess as mp
 from multiprocess.connection import wait
@@ -55,23 +53,6 @@ class WorkerState:
     engine_stats: dict[str, float] = field(default_factory=dict)
     restarts: int = 0
     last_error: str = ""
-
-
-@contextmanager
-def _worker_environment() -> Iterator[None]:
-    """Let glibc back the workers' large allocations with transparent huge pages: the model's
-    repacked weights and the zeroed KV cache are then faulted in 2 MiB at a time. Measured on
-    the 28×1024 model: model load 0.78 -> 0.40 s, first 33-stream context 1.31 -> 1.00 s.
-    Set only while a worker is spawned (it reads the variable at start-up), and never over the
-    user's own setting."""
-    if "GLIBC_TUNABLES" in os.environ:
-        yield
-        return
-    os.environ["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
-    try:
-        yield
-    finally:
-        del os.environ["GLIBC_TUNABLES"]
 
 
 class WorkerPool:
@@ -248,8 +229,7 @@ class WorkerPool:
         w.tasks = self._ctx.Queue()
         w.process = self._ctx.Process(target=worker_main, args=(w.spec, w.tasks, self._results),
                                       name=f"ggbatch-worker-{w.spec.worker_id}", daemon=True)
-        with _worker_environment():
-            w.process.start()
+        w.process.start()
         w.ready, w.wants = None, 0
         if self._engine is not None:  # a restart during the run: configure it at once
             w.tasks.put(encode(Configure(self._engine)))
