@@ -28,7 +28,8 @@ from runner.errors import ConfigError, ModelError
 from runner.inputs import Record, read_records
 from runner.journal import Journal, journal_path
 from runner.lock import OutputLock
-from runner.memory import MemoryPlan, ModelDims, describe, dims_from_metadata, fit_layout
+from runner.memory import (MemoryPlan, ModelDims, allocated_kv_cells, describe, dims_from_metadata,
+                           fit_layout)
 from runner.monitor import Monitor
 from runner.outputs import check_writable, merge, render, write_atomic
 from runner.planning import (MAX_AUTO_SLOTS, Layout, common_prefix, context_per_sequence,
@@ -158,7 +159,8 @@ def plan(config: JobConfig, job: PreparedJob, n_questions: int, started: Layout,
     layout = plan_layout(usable_cores(), started.workers, started.threads, config.slots, n_questions,
                          pool_cells_per_slot, max_auto_slots)
     memory = fit_layout(job.dims, layout.workers, layout.slots,
-                        lambda slots: kv_cells(slots, job.n_ctx_seq, len(job.prefix), job.kv_unified),
+                        lambda slots: allocated_kv_cells(kv_cells(slots, job.n_ctx_seq, len(job.prefix),
+                                                                  job.kv_unified), slots + 1, job.kv_unified),
                         step_budget(config.n_batch, layout.slots), available)
     if not memory.fits:
         raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}")

@@ -1,6 +1,6 @@
 import pytest
 
-from runner.memory import MIB, ModelDims, dims_from_metadata, fit_layout, plan_memory
+from runner.memory import MIB, ModelDims, allocated_kv_cells, dims_from_metadata, fit_layout, plan_memory
 
 # The 28 × 1024 benchmark shape: 8 KV heads × 128 head size → 28 × 8 × 128 × 2 × 2 = 114,688 B per cell.
 DIMS = ModelDims(file_bytes=400 * MIB, n_layer=28, n_embd=1024, n_head=8, n_head_kv=8, head_dim=128,
@@ -57,3 +57,22 @@ def test_dims_from_gguf_metadata():
             "qwen2.feed_forward_length": "3072"}
     dims = dims_from_metadata(meta.get, 123, 151936)
     assert (dims.n_layer, dims.head_dim, dims.n_head_kv, dims.n_ff, dims.file_bytes) == (28, 64, 8, 3072, 123)
+
+
+@pytest.mark.parametrize("n_ctx,n_seq_max,unified,cells", [
+    (13_845, 65, False, 65 * 256),  # 64 slots + the prefix sequence, 213 tokens each
+    (13_845, 65, True, 14_080),  # one pool: padded once
+    (4_000, 1, False, 4_096),
+    (33 * 600, 33, False, 33 * 768),  # 19,800 padded to 19,968 -> 605 a stream -> 768
+])
+def test_allocated_kv_cells_as_llama_cpp_pads_them(n_ctx, n_seq_max, unified, cells):
+    assert allocated_kv_cells(n_ctx, n_seq_max, unified) == cells
+
+
+def test_plan_matches_the_measured_64_slot_run():
+    # 28 × 1024 Q4_K_M, 1 worker × 64 slots, 213 tokens per sequence, per-sequence streams:
+    # measured peak PSS 1,641 MiB (the plan said 1,470 before the per-stream padding).
+    dims = ModelDims(432_746_144, 28, 1024, 16, 8, 64, 151936, 3072)
+    plan = plan_memory(dims, 1, 64, lambda s: allocated_kv_cells((s + 1) * 213, s + 1, False), 512,
+                       available=24 << 30)
+    assert abs(plan.total / MIB - 1641) / 1641 < 0.10
