@@ -17,6 +17,7 @@ from runner.errors import ConfigError
 from workers.protocol import SamplingParams
 
 AUTO = None  # "auto" in a job file or on the command line is stored as None
+MAX_SLOTS = 255  # llama.cpp LLAMA_MAX_SEQ (256) sequences per context, less the shared prefix one
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class JobConfig:
 # -- value checks: each returns the converted value or raises ValueError("must be ...") ----------
 
 
-def _int(lo: int, allow_auto: bool = False) -> Callable[[Any], Optional[int]]:
+def _int(lo: int, allow_auto: bool = False, hi: Optional[int] = None,
+         why_hi: str = "") -> Callable[[Any], Optional[int]]:
     def check(v: Any) -> Optional[int]:
         if allow_auto and v == "auto":
             return AUTO
@@ -57,6 +59,8 @@ def _int(lo: int, allow_auto: bool = False) -> Callable[[Any], Optional[int]]:
             raise ValueError(f"must be an integer{' or auto' if allow_auto else ''}")
         if v < lo:
             raise ValueError(f"must be >= {lo}")
+        if hi is not None and v > hi:
+            raise ValueError(f"must be <= {hi}{why_hi}")
         return v
     return check
 
@@ -116,7 +120,9 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "report": _str(optional=True),
     "workers": _int(1, allow_auto=True),
     "threads": _int(1, allow_auto=True),
-    "slots": _int(1, allow_auto=True),
+    "slots": _int(1, allow_auto=True, hi=MAX_SLOTS,
+                  why_hi=f" (a llama.cpp context holds at most {MAX_SLOTS + 1} sequences, one of them "
+                         "the shared prefix)"),
     "n_batch": _int(1),
     "max_tokens": _int(1),
     "system": _str(optional=True),

@@ -50,6 +50,8 @@ def test_auto_values(tmp_path):
     ("sampling:\n  temperature: -1\n", "sampling.temperature: must be >= 0.0, got -1"),
     ("workers: two\n", "workers: must be an integer or auto, got 'two'"),
     ("workers: 0\n", "workers: must be >= 1, got 0"),
+    ("slots: 300\n", "slots: must be <= 255 (a llama.cpp context holds at most 256 sequences, one of them "
+                     "the shared prefix), got 300"),
     ("ignore_eos: yes please\n", "ignore_eos: must be true or false"),
     ("stop: [1, 2]\n", "stop: must be a list of non-empty strings"),
     ("prompt:\n  template_kwargs: [1]\n", "prompt.template_kwargs: must be a mapping of names to values"),
