@@ -74,16 +74,20 @@ def allocated_kv_cells(n_ctx: int, n_seq_max: int, unified: bool) -> int:
     padded to a multiple of 256, and with one stream per sequence each stream's share padded to
     256 again. Measured: 64 slots × 213 tokens per sequence ask for 13,845 cells and get
     65 × 256 = 16,640, 140 MiB more KV on the 28 × 1024 model than the first padding alone."""
-    n_ctx = -(-n_ctx // KV_CELL_ROUNDING) * KV_CELL_ROUNDING
+    n_ctx = _round_up(n_ctx)
     if unified or n_seq_max <= 1:
         return n_ctx
-    return n_seq_max * -(-(n_ctx // n_seq_max) // KV_CELL_ROUNDING) * KV_CELL_ROUNDING
+    return n_seq_max * _round_up(n_ctx // n_seq_max)
+
+
+def _round_up(cells: int) -> int:
+    return -(-cells // KV_CELL_ROUNDING) * KV_CELL_ROUNDING
 
 
 def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
                 n_batch: int, available: int, safety: float = 0.9) -> MemoryPlan:
     """The memory a layout needs, with `kv_cells_for(slots)` the KV pool a worker allocates."""
-    cells = -(-kv_cells_for(slots) // KV_CELL_ROUNDING) * KV_CELL_ROUNDING
+    cells = _round_up(kv_cells_for(slots))
     kv = cells * dims.kv_bytes_per_cell
     compute = compute_bytes(dims, n_batch, slots)
     weights = int(dims.file_bytes * REPACKED_SHARE)
