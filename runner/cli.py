@@ -217,10 +217,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError("tune: give --model or a job file with a model")
     model = resolve_model(model_arg)
     slot_options = _ints(args.slots, "--slots")
-    layouts = tune.candidates(len(usable_cores()), slot_options)
+    n_cores = len(usable_cores())
+    layouts = tune.candidates(n_cores, slot_options, args.questions)
     estimate = tune.rough_seconds(os.path.getsize(model), len(layouts), args.questions, args.max_tokens)
     print(f"trying {len(layouts)} layouts on {args.questions} questions × {args.max_tokens} tokens: "
           f"about {estimate / 60:.0f} min (a rough guess)", flush=True)
+    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30)) - len(layouts)
+    if skipped:
+        print(f"  ({skipped} layouts skipped: their slots are more than {args.questions} questions can "
+              "fill; a bigger --questions tries them)", flush=True)
 
     def show(trial: dict[str, Any]) -> None:
         print(f"  {trial['workers']} workers × {trial['threads']} threads × {trial['slots']:>2} slots: "

@@ -190,9 +190,11 @@ def quantize(
 
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
+    from workers.model_runner import set_fields
+
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, _QTYPES[key])
-    params.nthread = nthread or 0  # 0: llama.cpp uses all hardware threads
+    # nthread 0: llama.cpp uses all hardware threads
+    set_fields(params, ftype=getattr(llama_cpp, _QTYPES[key]), nthread=nthread or 0)
     # llama-cpp-python prints llama.cpp's log through this logger's level (it is what verbose= sets).
     log = logging.getLogger("llama-cpp-python")
     saved_level = log.level

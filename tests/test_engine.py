@@ -182,3 +182,15 @@ def test_sequences_moved_between_streams_answer_as_if_alone(stories, tokenizer):
     assert stats["moves"] > 0
     assert len({a.completion_tokens for a in one.values()}) > 4  # answers of many lengths
     assert {k: a.text for k, a in one.items()} == {k: a.text for k, a in eight.items()}
+
+
+def test_params_refuse_a_field_the_bindings_do_not_have():
+    # ctypes takes any attribute name silently: a renamed field must fail loudly instead.
+    import llama_cpp
+    from workers.model_runner import set_fields
+
+    params = llama_cpp.llama_model_default_params()
+    set_fields(params, load_mode=llama_cpp.LLAMA_LOAD_MODE_MMAP, vocab_only=True)
+    assert (params.load_mode, params.vocab_only) == (llama_cpp.LLAMA_LOAD_MODE_MMAP, True)
+    with pytest.raises(AttributeError, match="use_mmap"):
+        set_fields(params, use_mmap=True)

@@ -122,3 +122,14 @@ def test_unreadable_cache_means_no_choice(cache: Path, model: str, text: str) ->
     assert tune.load_choice(model, 200) is None
     tune.save_choice(model, SHORT, [], 200)
     assert tune.load_choice(model, 200) == (256, SHORT)
+
+
+def test_candidates_skip_slots_the_sample_cannot_fill() -> None:
+    def layouts(n_questions: int) -> set[tuple[int, int, int]]:
+        return {(c["workers"], c["threads"], c["slots"]) for c in tune.candidates(2, [8, 16, 32, 64], n_questions)}
+
+    # 64 questions: one worker can fill 64 slots, two workers only 32 each.
+    assert layouts(64) == {(1, 2, 8), (1, 2, 16), (1, 2, 32), (1, 2, 64), (2, 1, 8), (2, 1, 16), (2, 1, 32)}
+    assert (2, 1, 64) in layouts(128)
+    # A tiny sample still tries the smallest slot count with every worker count.
+    assert layouts(4) == {(1, 2, 8), (2, 1, 8)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 from array import array
-from typing import Optional
+from typing import Any, Optional
 
 import llama_cpp
 import numpy as np
@@ -32,6 +32,20 @@ def _drop_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 _backend_ready = False
 
 
+def set_fields(struct: ctypes.Structure, **values: Any) -> None:
+    """Set fields of a llama.cpp params struct by name, refusing names it does not have. A ctypes
+    Structure silently takes any attribute, so a field renamed in the bindings would otherwise be
+    dropped without a word (llama-cpp-python replaced `use_mmap` by `load_mode`, and setting
+    `use_mmap` went on working and doing nothing)."""
+    known = {field[0] for field in type(struct)._fields_}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise AttributeError(f"{type(struct).__name__} has no field {', '.join(unknown)} "
+                             "(the llama-cpp-python bindings changed?)")
+    for name, value in values.items():
+        setattr(struct, name, value)
+
+
 def _init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
@@ -44,8 +58,9 @@ def _init_backend() -> None:
 def _load_model(path: str, vocab_only: bool) -> llama_cpp.llama_model_p:
     _init_backend()
     params = llama_cpp.llama_model_default_params()
-    params.vocab_only = vocab_only
-    params.use_mmap = True
+    # mmap: the file's pages are the page cache's, shared by every worker (the memory plan counts
+    # them once); only the repacked weights are private.
+    set_fields(params, vocab_only=vocab_only, load_mode=llama_cpp.LLAMA_LOAD_MODE_MMAP)
     model = llama_cpp.llama_model_load_from_file(path.encode(), params)
     if not model:
         raise ModelLoadError(f"{path}: llama.cpp could not load this model (not a GGUF file, "
@@ -160,19 +175,13 @@ class ModelRunner:
         self.model = _preloaded.pop(model_path, None) or _load_model(model_path, vocab_only=False)
         self.vocab = _Vocab(self.model)
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = n_seq_max
         # Explicit thread counts: the defaults ignore CPU affinity and oversubscribe pinned workers.
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
-        params.kv_unified = kv_unified
+        set_fields(params, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_seq_max=n_seq_max,
+                   n_threads=n_threads, n_threads_batch=n_threads, kv_unified=kv_unified, no_perf=True)
         if not flash_attn:
             # Flash attention's online softmax depends on how many KV cells it scans, which
             # changes with the batch; the plain path adds exact zeros for masked cells instead.
-            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        params.no_perf = True
+            set_fields(params, flash_attn_type=llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
