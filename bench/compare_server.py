@@ -69,16 +69,18 @@ def run_ggbatch(model: str, system: str, records: list[dict], extra: list[str]) 
         assert report["tokens"]["generated"] == TOKENS * len(records), report["tokens"]
         lay = report["layout"]
         print(f"    ggbatch layout: {lay['workers']}w × {lay['threads_per_worker']}t × "
-              f"{lay['slots_per_worker']} slots, prefix {lay['shared_prefix_tokens']} tokens, "
+              f"{lay['slots_per_worker']} slots, prefix {lay['shared_prefix_tokens']} tokens, weights "
+              f"{'repacked' if lay['repack_weights'] else 'not repacked'} ({lay['repack_reason']}), "
               f"prepare {report['timings_s']['prepare_s']:.2f} s, first ready "
               f"{report['timings_s']['first_worker_ready_s']:.2f} s", flush=True)
         return wall
 
 
-def run_server(server: str, model: str, system: str, records: list[dict], port: int = 18080) -> float:
+def run_server(server: str, model: str, system: str, records: list[dict], extra: list[str],
+               port: int = 18080) -> float:
     threads = str(len(os.sched_getaffinity(0)))
     proc = subprocess.Popen([server, "-m", model, "-np", "16", "-c", str(16 * 1024), "-t", threads,
-                             "-tb", threads, "--host", "127.0.0.1", "--port", str(port)],
+                             "-tb", threads, "--host", "127.0.0.1", "--port", str(port), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -120,6 +122,9 @@ def main() -> None:
     ap.add_argument("--workloads", default="W1,W2")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--ggbatch-args", default="", help="extra ggbatch flags, e.g. '--slots 16'")
+    ap.add_argument("--server-args", default="",
+                    help="extra llama-server flags, e.g. '--no-repack' for the weight layout ggbatch "
+                         "picks on AVX-512 CPUs")
     args = ap.parse_args()
     model = args.model or bench_model()
     print(f"model {model}")
@@ -129,7 +134,7 @@ def main() -> None:
         system, records = workload(name)
         n_tokens = TOKENS * len(records)
         for _ in range(args.repeat):
-            s = run_server(args.server, model, system, records)
+            s = run_server(args.server, model, system, records, args.server_args.split())
             print(f"{name:>8} {'llama-server':>12} {s:>8.1f} {n_tokens / s:>9.1f}", flush=True)
             g = run_ggbatch(model, system, records, args.ggbatch_args.split())
             print(f"{name:>8} {'ggbatch':>12} {g:>8.1f} {n_tokens / g:>9.1f}   ({s / g:.2f}× the server)",

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runner.planning import common_prefix, kv_unified_for, usable_cores  # noqa: E402
+from runner.planning import common_prefix, cpu_flags, kv_unified_for, repack_weights, usable_cores  # noqa: E402
 from runner.prompts import PromptBuilder  # noqa: E402
 from workers.protocol import EngineConfig, GenerationParams, Question  # noqa: E402
 
@@ -64,7 +64,8 @@ def load_questions(model: str, n: int, system: str) -> list[Question]:
     return out
 
 
-def run_once(model: str, questions: list[Question], slots: int, threads: int, tokens: int) -> dict:
+def run_once(model: str, questions: list[Question], slots: int, threads: int, tokens: int,
+             repack: bool) -> dict:
     from workers.engine import LlamaEngine
 
     prefix = common_prefix([q.tokens for q in questions])
@@ -72,7 +73,8 @@ def run_once(model: str, questions: list[Question], slots: int, threads: int, to
     n_ctx_seq = longest + tokens + 1
     config = EngineConfig(model, threads, slots, n_ctx_seq, 512, prefix,
                           GenerationParams(max_tokens=tokens, ignore_eos=True),
-                          kv_unified=kv_unified_for(len(prefix), n_ctx_seq, batch_invariant=False))
+                          kv_unified=kv_unified_for(len(prefix), n_ctx_seq, batch_invariant=False),
+                          repack=repack)
     engine = LlamaEngine(config, worker_id=0)
     for q in questions:
         engine.add(q)
@@ -98,16 +100,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=len(usable_cores()))
     ap.add_argument("--system", default="Answer the question concisely.")
     ap.add_argument("--questions", type=int, help="questions per run (default: as many as slots)")
+    ap.add_argument("--repack", choices=["auto", "true", "false"], default="auto",
+                    help="weights in llama.cpp's repacked layout (auto: as a job decides by CPU)")
     args = ap.parse_args()
+    repack, why = repack_weights({"auto": None, "true": True, "false": False}[args.repack], None, cpu_flags())
     model = args.model or bench_model()
     slot_list = [int(s) for s in args.slots.split(",")]
     questions = load_questions(model, args.questions or max(slot_list), args.system)
-    print(f"model {model}, {args.threads} threads, {args.tokens} generated tokens per question")
+    print(f"model {model}, {args.threads} threads, {args.tokens} generated tokens per question, "
+          f"weights {'repacked' if repack else 'not repacked'} ({why})")
     print(f"{'slots':>5} {'S_TG tok/s':>10} {'vs 1':>5} {'wall s':>7} {'wall gen tok/s':>14} "
           f"{'decode%':>7} {'sample%':>7} {'python%':>7} {'py ms/step':>10}")
     base = None
     for slots in slot_list:
-        r = run_once(model, questions[:args.questions or slots], slots, args.threads, args.tokens)
+        r = run_once(model, questions[:args.questions or slots], slots, args.threads, args.tokens, repack)
         base = base or r["s_tg"]
         print(f"{slots:>5} {r['s_tg']:>10.1f} {r['s_tg'] / base:>5.2f} {r['wall_s']:>7.2f} "
               f"{r['gen_tok_s']:>14.1f} {100 * r['decode_share']:>7.1f} {100 * r['sample_share']:>7.1f} "

@@ -8,7 +8,9 @@ Both tools run in turns, one B at a time and in fresh processes (llama-batched-b
 machine fall on both. For every B it prints
 the median over the rounds of S_PP, S_TG and S from each tool and the gap in percent
 (ggbatch / batched-bench - 1). Both use one context with one KV stream per sequence, flash
-attention on auto, a warm-up decode first, the same threads and at most 512 tokens per decode.
+attention on auto, a warm-up decode first, the same threads, at most 512 tokens per decode, and
+the same weight layout: repacked or not as `ggbatch run` would decide on this CPU (--repack
+overrides; llama-batched-bench gets --no-repack when not).
 
 Build llama-batched-bench from the llama.cpp sources inside the pinned llama-cpp-python source
 package (see bench/compare_server.py); do not commit the binary.
@@ -29,28 +31,31 @@ sys.path.insert(0, str(ROOT / "bench"))
 from engine_bench import bench_model  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from runner.planning import usable_cores  # noqa: E402
+from runner.planning import cpu_flags, repack_weights, usable_cores  # noqa: E402
 
 METRICS = ("S_PP", "S_TG", "S")
 
 
-def run_batched_bench(binary: str, model: str, npp: str, ntg: str, npl: str, threads: int) -> dict[int, dict]:
+def run_batched_bench(binary: str, model: str, npp: str, ntg: str, npl: str, threads: int,
+                      repack: bool) -> dict[int, dict]:
     # -b 512: ggbatch's engine takes at most n_batch = 512 tokens per llama_decode. With its
     # default -b 2048 batched-bench hands llama.cpp all 16 prompts of 128 tokens at once, which
     # it splits into ubatches of 16 sequences x 32 tokens: 7-10% slower prompt processing here.
     out = subprocess.run([binary, "-m", model, "-npp", npp, "-ntg", ntg, "-npl", npl, "-t", str(threads),
-                          "-b", "512", "-ub", "512", "--output-format", "jsonl"],
+                          "-b", "512", "-ub", "512", "--output-format", "jsonl",
+                          *([] if repack else ["--no-repack"])],
                          capture_output=True, text=True, check=True).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return {(r["pp"], r["tg"], r["pl"]): {"S_PP": r["speed_pp"], "S_TG": r["speed_tg"], "S": r["speed"]}
             for r in rows}
 
 
-def run_ggbatch(model: str, npp: str, ntg: str, npl: str, threads: int) -> dict[int, dict]:
+def run_ggbatch(model: str, npp: str, ntg: str, npl: str, threads: int, repack: bool) -> dict[int, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         subprocess.run([sys.executable, "-m", "runner", "bench", "--model", model, "--npp", npp, "--ntg", ntg,
-                        "--npl", npl, "--threads", str(threads), "--no-runner", "--json", str(out)],
+                        "--npl", npl, "--threads", str(threads), "--no-runner", "--json", str(out),
+                        "--repack", "true" if repack else "false"],
                        cwd=ROOT, capture_output=True, text=True, check=True)
         rows = json.loads(out.read_text())["raw"]
     return {(r["PP"], r["TG"], r["B"]): {"S_PP": r["S_PP t/s"], "S_TG": r["S_TG t/s"], "S": r["S t/s"]}
@@ -70,11 +75,13 @@ def main() -> None:
     ap.add_argument("--npl", default="1,4,8,16")
     ap.add_argument("--threads", type=int, default=len(usable_cores()))
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--repack", choices=["auto", "true", "false"], default="auto")
     args = ap.parse_args()
     model = args.model or bench_model()
+    repack, why = repack_weights({"auto": None, "true": True, "false": False}[args.repack], None, cpu_flags())
     tools = {"batched-bench": lambda b: run_batched_bench(args.batched_bench, model, args.npp, args.ntg, b,
-                                                          args.threads),
-             "ggbatch": lambda b: run_ggbatch(model, args.npp, args.ntg, b, args.threads)}
+                                                          args.threads, repack),
+             "ggbatch": lambda b: run_ggbatch(model, args.npp, args.ntg, b, args.threads, repack)}
     runs: dict[str, list[dict]] = {name: [] for name in tools}
     for i in range(args.rounds):
         # One B at a time, the two tools back to back, in ABBA order: a slow spell of the
@@ -87,7 +94,8 @@ def main() -> None:
             runs[name].append(results[name])
         print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     ref, ours = medians(runs["batched-bench"]), medians(runs["ggbatch"])
-    print(f"model {model}, {args.threads} threads, median of {args.rounds} alternating rounds")
+    print(f"model {model}, {args.threads} threads, weights {'repacked' if repack else 'not repacked'} "
+          f"({why}), median of {args.rounds} alternating rounds")
     print("| PP | TG | B | " + " | ".join(f"bb {m} | gg {m} | gap" for m in METRICS) + " |")
     print("|---" * (3 + 3 * len(METRICS)) + "|")
     for key in sorted(ref):

@@ -36,21 +36,21 @@ def synthetic_questions(n: int, pp: int, n_vocab: int, seed: int = 0) -> list[Qu
             for i in range(n)]
 
 
-def engine_config(model: str, threads: int, pp: int, tg: int, b: int) -> EngineConfig:
+def engine_config(model: str, threads: int, pp: int, tg: int, b: int, repack: bool) -> EngineConfig:
     # tg + 1 sampled tokens means PP + TG decoded ones, as llama-batched-bench decodes: the
     # prompt step gives the first token, then TG generation steps follow.
     n_ctx_seq = pp + tg + 2
     return EngineConfig(model, threads, b, n_ctx_seq, max(512, b), array("i"),
                         GenerationParams(max_tokens=tg + 1, ignore_eos=True),
-                        kv_unified=kv_unified_for(0, n_ctx_seq, batch_invariant=False))
+                        kv_unified=kv_unified_for(0, n_ctx_seq, batch_invariant=False), repack=repack)
 
 
 def _engine_run(model: str, threads: int, questions: list[Question], pp: int, tg: int,
-                b: int, warm_up: bool) -> tuple[float, dict[str, float]]:
+                b: int, warm_up: bool, repack: bool) -> tuple[float, dict[str, float]]:
     """The engine alone, in this process: (seconds from first step to last answer, its stats)."""
     from workers.engine import LlamaEngine
 
-    engine = LlamaEngine(engine_config(model, threads, pp, tg, b), worker_id=0)
+    engine = LlamaEngine(engine_config(model, threads, pp, tg, b, repack), worker_id=0)
     try:
         if warm_up:
             engine.warm_up()
@@ -65,10 +65,10 @@ def _engine_run(model: str, threads: int, questions: list[Question], pp: int, tg
 
 
 def raw_row(model: str, threads: int, pp: int, tg: int, b: int, n_vocab: int,
-            repeat: int = 1) -> dict[str, Any]:
+            repeat: int = 1, repack: bool = True) -> dict[str, Any]:
     """One line of the table: B sequences in one context, one wave, after a warm-up decode, like
     llama-batched-bench. With repeat > 1 each time is the median of that many fresh runs."""
-    runs = [_engine_run(model, threads, synthetic_questions(b, pp, n_vocab), pp, tg, b, warm_up=True)
+    runs = [_engine_run(model, threads, synthetic_questions(b, pp, n_vocab), pp, tg, b, True, repack)
             for _ in range(repeat)]
     total = statistics.median(t for t, _ in runs)
     t_tg = statistics.median(st["tg_steps_s"] for _, st in runs)
@@ -80,7 +80,7 @@ def raw_row(model: str, threads: int, pp: int, tg: int, b: int, n_vocab: int,
 
 
 def overhead_row(model: str, workers: int, threads: int, pp: int, tg: int, b: int,
-                 n_vocab: int) -> dict[str, Any]:
+                 n_vocab: int, repack: bool = True) -> dict[str, Any]:
     """The same work per worker (3 × B questions, so slots are refilled) by the engine alone and
     by the whole runner: `workers` pinned worker processes of `threads` threads and B slots,
     dispatch, answers, timed from the first worker ready to the last answer. The raw rate is the
@@ -89,11 +89,11 @@ def overhead_row(model: str, workers: int, threads: int, pp: int, tg: int, b: in
     layout = plan_layout(usable_cores(), workers, threads, b, 3 * b * workers)
     questions = synthetic_questions(3 * b * workers, pp, n_vocab, seed=1)
     # No warm-up here: the runner's worker pays for the first use of its buffers too.
-    raw_s, _ = _engine_run(model, threads, questions[:3 * b], pp, tg, b, warm_up=False)
+    raw_s, _ = _engine_run(model, threads, questions[:3 * b], pp, tg, b, False, repack)
     last: list[float] = []
-    pool = WorkerPool([WorkerSpec(i, cores, model) for i, cores in enumerate(layout.cores)],
+    pool = WorkerPool([WorkerSpec(i, cores, model, repack=repack) for i, cores in enumerate(layout.cores)],
                       on_answers=lambda answers: last.append(time.perf_counter()))
-    pool.run(questions, engine_config(model, layout.threads, pp, tg, b))
+    pool.run(questions, engine_config(model, layout.threads, pp, tg, b, repack))
     runner_s = last[-1] - (pool.first_ready_at or last[-1])
     work = len(questions) * (pp + tg)  # the raw engine did 1/workers of it in raw_s
     return {"PP": pp, "TG": tg, "B": b, "workers": workers, "raw S t/s": work / raw_s,

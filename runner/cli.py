@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 from runner.config import build_config, load_job_file
 from runner.errors import ConfigError, GgbatchError, Interrupted, ModelError, WorkerFailure
 from runner.outputs import write_atomic
-from runner.planning import plan_layout, usable_cores
+from runner.planning import cpu_flags, plan_layout, repack_weights, usable_cores
 from runner.progress import setup_logging
 
 log = logging.getLogger("ggbatch")
@@ -25,6 +25,7 @@ log = logging.getLogger("ggbatch")
 FLAG_KEYS = {
     "model": "model", "input": "input", "output": "output", "report": "report",
     "workers": "workers", "threads": "threads", "slots": "slots", "n_ctx": "model.n_ctx",
+    "repack": "model.repack",
     "n_batch": "n_batch", "max_tokens": "max_tokens", "system": "system",
     "template": "prompt.template", "chat_template": "prompt.chat_template", "stop": "stop",
     "ignore_eos": "ignore_eos", "batch_invariant": "batch_invariant", "keep_thinking": "keep_thinking",
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--threads", help="threads per worker, or auto (= usable cores / workers)")
     a("--slots", help="sequences decoded together per worker, or auto")
     a("--n-ctx", dest="n_ctx", help="context tokens per sequence, or auto (longest prompt + max tokens)")
+    a("--repack", choices=["auto", "true", "false"],
+      help="copy the weights into llama.cpp's repacked layout (auto: by CPU, or as ggbatch tune measured)")
     a("--n-batch", dest="n_batch", help="token budget of one decode step (default 512)")
     a("--max-tokens", dest="max_tokens", help="most tokens generated per answer (default 256)")
     a("--system", help="system prompt")
@@ -123,6 +126,8 @@ def _add_bench(sub: Any) -> None:
                    help="threads of the raw engine and of each worker (default: usable cores / workers)")
     b.add_argument("--repeat", type=int, default=1,
                    help="runs per row; each time is the median (default 1; use 3 on a noisy machine)")
+    b.add_argument("--repack", choices=["auto", "true", "false"], default="auto",
+                   help="weights in llama.cpp's repacked layout (auto: as `ggbatch run` decides by CPU)")
     b.add_argument("--json", help="also write the rows here as JSON")
     b.add_argument("--plot", help="also draw S_TG and S against B into this PNG (needs ggbatch[plot])")
     b.add_argument("--csv", help="also write the rows here as CSV")
@@ -164,13 +169,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ModelError(str(exc)) from None
     n_vocab = tokenizer.n_vocab
     tokenizer.close()
-    print(f"model {model}, {threads} threads; raw engine, one context, no coordinator:", flush=True)
+    requested = {"auto": None, "true": True, "false": False}[args.repack]
+    repack, why = repack_weights(requested, None, cpu_flags())
+    print(f"model {model}, {threads} threads, weights {'repacked' if repack else 'not repacked'} ({why}); "
+          "raw engine, one context, no coordinator:", flush=True)
     print(bench.header(bench.COLUMNS), flush=True)
     rows = []
     for pp in npp:
         for tg in ntg:
             for b in npl:
-                rows.append(bench.raw_row(model, threads, pp, tg, b, n_vocab, args.repeat))
+                rows.append(bench.raw_row(model, threads, pp, tg, b, n_vocab, args.repeat, repack))
                 print(bench.row_line(rows[-1], bench.COLUMNS), flush=True)
     overhead = []
     if args.runner:
@@ -178,7 +186,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"the raw engine (× {args.workers}), same work per worker:", flush=True)
         for pp in npp:
             for tg in ntg:
-                overhead.append(bench.overhead_row(model, args.workers, threads, pp, tg, max(npl), n_vocab))
+                overhead.append(bench.overhead_row(model, args.workers, threads, pp, tg, max(npl), n_vocab,
+                                                   repack))
         print(bench.format_table(overhead))
     if args.json:
         write_atomic(args.json, json.dumps({"raw": rows, "runner": overhead}, indent=1) + "\n")
@@ -191,7 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 TUNE_OWNS = {"model", "model.path", "input", "output", "report", "workers", "threads", "slots",
-             "max_tokens", "ignore_eos"}
+             "model.repack", "max_tokens", "ignore_eos"}
 
 
 def _add_tune(sub: Any) -> None:
@@ -228,14 +237,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
               "fill; a bigger --questions tries them)", flush=True)
 
     def show(trial: dict[str, Any]) -> None:
-        print(f"  {trial['workers']} workers × {trial['threads']} threads × {trial['slots']:>2} slots: "
+        print(f"  {trial['workers']} workers × {trial['threads']} threads × {trial['slots']:>2} slots, "
+              f"weights {'repacked    ' if trial['repack'] else 'not repacked'}: "
               f"{trial['generated_tok_s']:7.1f} generated tok/s", flush=True)
 
     log.setLevel(logging.WARNING)  # each trial's own progress lines would bury the results
     choice, trials = tune.tune(model, args.input, args.questions, args.max_tokens, slot_options, settings, show)
     n_ctx_seq = tune.sample_context(trials)
     path = tune.save_choice(model, choice, trials, n_ctx_seq)
-    print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots; "
+    print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots, "
+          f"weights {'repacked' if choice['repack'] else 'not repacked'}; "
           f"saved to {path} under context {tune.context_bucket(n_ctx_seq)} ({n_ctx_seq} tokens per sequence "
           f"here): `auto` uses it for this model on this machine when no saved context is nearer a job's")
     return 0

@@ -30,6 +30,7 @@ class JobConfig:
     workers: Optional[int] = AUTO
     threads: Optional[int] = AUTO
     slots: Optional[int] = AUTO
+    repack: Optional[bool] = AUTO  # llama.cpp's CPU_REPACK weight layout; auto: planning.repack_weights
     n_batch: int = 512
     max_tokens: int = 256
     system: Optional[str] = None
@@ -96,6 +97,16 @@ def _bool(v: Any) -> bool:
     raise ValueError("must be true or false")
 
 
+def _bool_or_auto(v: Any) -> Optional[bool]:
+    if v == "auto":
+        return AUTO
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    if isinstance(v, bool):
+        return v
+    raise ValueError("must be true, false or auto")
+
+
 def _mapping(v: Any) -> dict[str, Any]:
     if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
         raise ValueError("must be a mapping of names to values")
@@ -115,6 +126,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "model": _str(),
     "model.path": _str(),
     "model.n_ctx": _int(16, allow_auto=True),
+    "model.repack": _bool_or_auto,
     "input": _str(),
     "output": _str(),
     "report": _str(optional=True),
@@ -145,7 +157,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
 }
 SECTIONS = {"model", "prompt", "fields", "sampling"}  # keys that may hold a mapping
 PATH_KEYS = ("model", "model.path", "input", "output", "report")
-_TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "prompt.template": "prompt_template",
+_TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "model.repack": "repack", "prompt.template": "prompt_template",
            "prompt.chat_template": "chat_template", "prompt.template_kwargs": "template_kwargs",
            "fields.id": "id_field",
            "fields.question": "question_field"}

@@ -17,7 +17,7 @@ import threading
 import time
 from array import array
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -32,8 +32,9 @@ from runner.memory import (MemoryPlan, ModelDims, allocated_kv_cells, describe, 
                            fit_layout)
 from runner.monitor import Monitor
 from runner.outputs import check_writable, merge, render, write_atomic
-from runner.planning import (MAX_AUTO_SLOTS, Layout, common_prefix, context_per_sequence,
-                             kv_unified_for, plan_layout, question_seed, step_budget, usable_cores)
+from runner.planning import (MAX_AUTO_SLOTS, Layout, common_prefix, context_per_sequence, cpu_flags,
+                             kv_unified_for, plan_layout, question_seed, repack_weights, step_budget,
+                             usable_cores)
 from runner.pool import WorkerPool
 from runner.progress import Progress
 from runner.prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
@@ -156,17 +157,18 @@ def plan(config: JobConfig, job: PreparedJob, n_questions: int, started: Layout,
     """Slots for the workers already started, and the memory plan; workers, then slots, are
     reduced if the plan does not fit."""
     pool_cells_per_slot = job.n_ctx_seq - len(job.prefix) if job.kv_unified else 0
-    layout = plan_layout(usable_cores(), started.workers, started.threads, config.slots, n_questions,
-                         pool_cells_per_slot, max_auto_slots)
+    layout = replace(plan_layout(usable_cores(), started.workers, started.threads, config.slots, n_questions,
+                                 pool_cells_per_slot, max_auto_slots),
+                     repack=started.repack, repack_reason=started.repack_reason)
     memory = fit_layout(job.dims, layout.workers, layout.slots,
                         lambda slots: allocated_kv_cells(kv_cells(slots, job.n_ctx_seq, len(job.prefix),
                                                                   job.kv_unified), slots + 1, job.kv_unified),
-                        step_budget(config.n_batch, layout.slots), available)
+                        step_budget(config.n_batch, layout.slots), available, layout.repack)
     if not memory.fits:
         raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}")
     if memory.note:
         log.warning("memory plan: %s (%s)", memory.note, describe(memory))
-        layout = Layout(memory.workers, layout.threads, memory.slots, layout.cores[:memory.workers])
+        layout = replace(layout, workers=memory.workers, slots=memory.slots, cores=layout.cores[:memory.workers])
     return layout, memory
 
 
@@ -174,7 +176,7 @@ def engine_config(config: JobConfig, model_path: str, layout: Layout, job: Prepa
     return EngineConfig(model_path, layout.threads, layout.slots, job.n_ctx_seq,
                         step_budget(config.n_batch, layout.slots), job.prefix, job.generation,
                         kv_unified=job.kv_unified,
-                        flash_attn=not config.batch_invariant)
+                        flash_attn=not config.batch_invariant, repack=layout.repack)
 
 
 def _tuned_layout(config: JobConfig, model_path: str, records: list[Record]) -> Optional[dict[str, int]]:
@@ -266,9 +268,10 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
         # (workers × threads, pinned cores) does not depend on the questions.
         tuned = _tuned_layout(config, model_path, records) if use_tuned else None
         workers, threads = (tuned["workers"], tuned["threads"]) if tuned else (config.workers, config.threads)
-        started = plan_layout(usable_cores(), workers, threads, 1, 1)
+        repack, why = repack_weights(config.repack, tuned.get("repack") if tuned else None, cpu_flags())
+        started = replace(plan_layout(usable_cores(), workers, threads, 1, 1), repack=repack, repack_reason=why)
         watch = _Watch(progress_bar)
-        pool = WorkerPool([WorkerSpec(i, cores, model_path, engine_factory)
+        pool = WorkerPool([WorkerSpec(i, cores, model_path, engine_factory, repack)
                            for i, cores in enumerate(started.cores)],
                           on_answers=watch.on_answers, on_tick=watch.tick)
         try:

@@ -3,8 +3,9 @@
 What a worker holds, as llama.cpp reports it and as PSS measures it (28 × 1024 Q4_K_M model,
 413 MiB file, 16 slots, two workers: plan 1,281 MiB, measured PSS 1,304 MiB):
 - the model file, mmap'd: its pages are shared by all workers, counted once;
-- a private repacked copy of the weights that the CPU kernels prefer (llama.cpp's CPU_REPACK
-  buffer: 161 MiB of that 405 MiB model, about 40%), so every worker pays it again;
+- when the weights are repacked (runner/planning.py repack_weights), a private copy of those
+  the repacked kernels take (llama.cpp's CPU_REPACK buffer: 161 MiB of that 405 MiB model,
+  about 40%), so every worker pays it again;
 - its KV cache: layers × KV heads × head size × 2 (K and V) × 2 bytes (f16) per cell, with the
   cell count rounded up to a multiple of 256 as llama.cpp does;
 - the logits of one step and the part of the compute buffer a step touches (llama.cpp reserves
@@ -85,12 +86,13 @@ def _round_up(cells: int) -> int:
 
 
 def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
-                n_batch: int, available: int, safety: float = 0.9) -> MemoryPlan:
-    """The memory a layout needs, with `kv_cells_for(slots)` the KV pool a worker allocates."""
+                n_batch: int, available: int, repacked: bool = True, safety: float = 0.9) -> MemoryPlan:
+    """The memory a layout needs, with `kv_cells_for(slots)` the KV pool a worker allocates.
+    Without repacking, a worker's weights are the shared file pages alone."""
     cells = _round_up(kv_cells_for(slots))
     kv = cells * dims.kv_bytes_per_cell
     compute = compute_bytes(dims, n_batch, slots)
-    weights = int(dims.file_bytes * REPACKED_SHARE)
+    weights = int(dims.file_bytes * REPACKED_SHARE) if repacked else 0
     total = workers * (weights + kv + compute) + dims.file_bytes
     budget = int(available * safety)
     return MemoryPlan(workers, slots, cells, weights, kv, compute, dims.file_bytes, total,
@@ -98,17 +100,17 @@ def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callabl
 
 
 def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
-               n_batch: int, available: int) -> MemoryPlan:
+               n_batch: int, available: int, repacked: bool = True) -> MemoryPlan:
     """The plan for the requested layout, shrunk to fit: slots first (halving), then workers.
     The returned plan has fits=False only if one worker with one slot does not fit."""
-    plan = plan_memory(dims, workers, slots, kv_cells_for, n_batch, available)
+    plan = plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked)
     asked = (workers, slots)
     while not plan.fits and (plan.slots > 1 or plan.workers > 1):
         if plan.slots > 1:
             slots = max(1, plan.slots // 2)
         else:
             workers -= 1
-        plan = plan_memory(dims, workers, slots, kv_cells_for, n_batch, available)
+        plan = plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked)
     if (plan.workers, plan.slots) != asked:
         plan = MemoryPlan(**{**asdict(plan), "note": f"shrunk from {asked[0]} workers × {asked[1]} "
                              f"slots to fit {available / MIB:.0f} MiB available"})

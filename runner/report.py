@@ -89,6 +89,7 @@ def build_report(config: "JobConfig", model_path: str, layout: "Layout", memory:
                    "slots_per_worker": layout.slots, "cores": [list(c) for c in layout.cores],
                    "n_ctx_per_sequence": job.n_ctx_seq, "batch_invariant": config.batch_invariant,
                    "kv": "unified" if job.kv_unified else "per-sequence", "shared_prefix_tokens": len(job.prefix),
+                   "repack_weights": layout.repack, "repack_reason": layout.repack_reason,
                    "n_batch": step_budget(config.n_batch, layout.slots)},
         "generation": {"max_tokens": config.max_tokens, "stop": list(job.generation.stop),
                        "ignore_eos": config.ignore_eos, "chat_template": job.chat_template,
@@ -121,7 +122,8 @@ def format_summary(report: Mapping[str, Any]) -> str:
         + (f" ({q['records']} records)" if q["records"] != q["unique_prompts"] else ""),
         f"layout     {lay['workers']} workers × {lay['threads_per_worker']} threads × "
         f"{lay['slots_per_worker']} slots, {lay['n_ctx_per_sequence']} ctx/seq, "
-        f"{lay['shared_prefix_tokens']} shared prefix tokens, {lay['kv']} KV",
+        f"{lay['shared_prefix_tokens']} shared prefix tokens, {lay['kv']} KV, "
+        f"weights {'repacked' if lay['repack_weights'] else 'not repacked'} ({lay['repack_reason']})",
         f"wall time  {report['timings_s']['total_s']:.2f} s (prepare {report['timings_s']['prepare_s']:.2f} s)",
         f"tokens     {t['prompt']} prompt ({t['prompt_per_s']:.1f}/s), "
         f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)",

@@ -143,13 +143,16 @@ def sample_context(trials: Sequence[dict[str, Any]]) -> int:
 
 
 def candidates(n_cores: int, slot_options: Sequence[int], n_questions: int) -> list[dict[str, int]]:
-    """Every split of the cores into equal workers, with every slot count the sample can fill:
-    `workers` workers share n_questions, so slots beyond each one's share would stay empty and the
-    trial would repeat a smaller one under a bigger name. The smallest slot count always stays."""
+    """Every split of the cores into equal workers, with every slot count the sample can fill,
+    with the weights repacked by llama.cpp and not (which is faster depends on the CPU and the
+    batch: planning.repack_weights). `workers` workers share n_questions, so slots beyond each
+    one's share would stay empty and the trial would repeat a smaller one under a bigger name.
+    The smallest slot count always stays."""
     smallest = min(slot_options)
-    return [{"workers": w, "threads": n_cores // w, "slots": s}
+    return [{"workers": w, "threads": n_cores // w, "slots": s, "repack": repack}
             for w in range(1, n_cores + 1) if n_cores % w == 0
-            for s in slot_options if s == smallest or s <= math.ceil(n_questions / w)]
+            for s in slot_options if s == smallest or s <= math.ceil(n_questions / w)
+            for repack in (True, False)]
 
 
 def rough_seconds(model_bytes: int, n_trials: int, n_questions: int, max_tokens: int) -> float:
@@ -186,16 +189,19 @@ def tune(model_path: str, input_path: Optional[str], n_questions: int, max_token
         for layout in candidates(len(usable_cores()), slot_options, n_questions):
             config = build_config([("tune", {**settings, "model": model_path, "input": sample,
                                              "output": os.path.join(tmp, "answers.jsonl"),
-                                             "max_tokens": max_tokens, "ignore_eos": True, **layout})])
+                                             "max_tokens": max_tokens, "ignore_eos": True,
+                                             "workers": layout["workers"], "threads": layout["threads"],
+                                             "slots": layout["slots"], "model.repack": layout["repack"]})])
             report = run_job(config, progress_bar=False, fresh=True, use_tuned=False)
             t = report["timings_s"]
             seconds = t["total_s"] - (t["first_worker_ready_s"] or 0.0)
             used = report["layout"]
             trial = {"workers": used["workers"], "threads": used["threads_per_worker"],
-                     "slots": used["slots_per_worker"], "n_ctx_per_sequence": used["n_ctx_per_sequence"],
+                     "slots": used["slots_per_worker"], "repack": used["repack_weights"],
+                     "n_ctx_per_sequence": used["n_ctx_per_sequence"],
                      "generated_tok_s": round(report["tokens"]["generated"] / seconds, 2),
                      "wall_s": round(t["total_s"], 2)}
             trials.append(trial)
             on_trial(trial)
     best = max(trials, key=lambda r: r["generated_tok_s"])
-    return {k: best[k] for k in ("workers", "threads", "slots")}, trials
+    return {k: best[k] for k in ("workers", "threads", "slots", "repack")}, trials

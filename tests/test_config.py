@@ -38,6 +38,13 @@ def test_model_mapping_with_context(tmp_path):
     assert (config.model, config.n_ctx) == ("/m.gguf", 1024)
 
 
+@pytest.mark.parametrize("value,expected", [(True, True), (False, False), ("auto", None), ("false", False),
+                                            ("True", True)])
+def test_repack_is_true_false_or_auto(value, expected):
+    config = build_config([("flags", {"model": "m", "input": "i", "output": "o", "model.repack": value})])
+    assert config.repack is expected
+
+
 def test_auto_values(tmp_path):
     config = build_config([("flags", {"model": "m", "input": "i", "output": "o", "workers": "auto",
                                       "slots": "auto", "model.n_ctx": "auto"})])
@@ -53,6 +60,7 @@ def test_auto_values(tmp_path):
     ("slots: 300\n", "slots: must be <= 255 (a llama.cpp context holds at most 256 sequences, one of them "
                      "the shared prefix), got 300"),
     ("ignore_eos: yes please\n", "ignore_eos: must be true or false"),
+    ("model:\n  path: m\n  repack: sometimes\n", "model.repack: must be true, false or auto, got 'sometimes'"),
     ("stop: [1, 2]\n", "stop: must be a list of non-empty strings"),
     ("prompt:\n  template_kwargs: [1]\n", "prompt.template_kwargs: must be a mapping of names to values"),
     ("sampling:\n  top_p: 0\n", "sampling.top_p: must be > 0.0 and <= 1.0"),

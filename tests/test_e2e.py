@@ -217,9 +217,11 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k
     (n_ctx_seq,) = {t["n_ctx_per_sequence"] for t in entry["trials"]}  # one sample: one context
     assert int(bucket) == context_bucket(n_ctx_seq)  # saved under the sample's context bucket
     best = max(entry["trials"], key=lambda t: t["generated_tok_s"])
-    assert entry["choice"] == {k: best[k] for k in ("workers", "threads", "slots")}  # the fastest tried
-    assert len(entry["trials"]) == 2 * sum(1 for w in range(1, len(os.sched_getaffinity(0)) + 1)
-                                           if len(os.sched_getaffinity(0)) % w == 0)
+    assert entry["choice"] == {k: best[k] for k in ("workers", "threads", "slots", "repack")}  # the fastest
+    # 2 slot counts × weights repacked or not × each split of the cores into equal workers
+    assert len(entry["trials"]) == 2 * 2 * sum(1 for w in range(1, len(os.sched_getaffinity(0)) + 1)
+                                               if len(os.sched_getaffinity(0)) % w == 0)
+    assert {t["repack"] for t in entry["trials"]} == {True, False}
     out, report = tmp_path / "a.json", tmp_path / "r.json"
     r = subprocess.run([sys.executable, "-m", "runner", "run", "--model", stories, "--input", gsm8k_file(8),
                         "--output", str(out), "--max-tokens", "4", "--report", str(report)],
@@ -229,4 +231,27 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k
     layout = json.loads(report.read_text())["layout"]
     assert (layout["workers"], layout["threads_per_worker"]) == (entry["choice"]["workers"], entry["choice"]["threads"])
     assert layout["slots_per_worker"] <= entry["choice"]["slots"]
+    assert (layout["repack_weights"], layout["repack_reason"]) == (entry["choice"]["repack"], "ggbatch tune")
     assert f"layout from ggbatch tune ({tmp_path / 'cache' / 'ggbatch' / 'layouts.json'}, tuned for <= {bucket}" in r.stderr
+
+
+def test_repack_setting_reaches_llama_cpp(tmp_path, gsm8k_file):
+    # A Q4_K model (rows of 256: what llama.cpp's repacked kernels take). llama.cpp's own log,
+    # let through by GGBATCH_LLAMA_LOG, says whether it made a CPU_REPACK buffer.
+    from runner import modelgen as mg
+
+    shape = mg.ModelShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=512)
+    src = mg.write_random_llama_gguf(tmp_path / "f16.gguf", shape, mg.build_demo_tokenizer(), seed=0)
+    model = mg.quantize(src, tmp_path / "q4.gguf", "q4_k_m")
+    for repack in ("true", "false"):
+        report = tmp_path / f"r-{repack}.json"
+        r = subprocess.run([sys.executable, "-m", "runner", "run", "--model", str(model), "--input", gsm8k_file(4),
+                            "--output", str(tmp_path / f"a-{repack}.json"), "--max-tokens", "4",
+                            "--repack", repack, "--report", str(report)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "GGBATCH_LLAMA_LOG": "1"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert ("CPU_REPACK model buffer" in r.stderr) == (repack == "true")
+        layout = json.loads(report.read_text())["layout"]
+        assert (layout["repack_weights"], layout["repack_reason"]) == (repack == "true", "job")
+        assert f"weights {'repacked' if repack == 'true' else 'not repacked'} (job)" in r.stdout

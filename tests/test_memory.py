@@ -76,3 +76,18 @@ def test_plan_matches_the_measured_64_slot_run():
     plan = plan_memory(dims, 1, 64, lambda s: allocated_kv_cells((s + 1) * 213, s + 1, False), 512,
                        available=24 << 30)
     assert abs(plan.total / MIB - 1641) / 1641 < 0.10
+
+
+def test_without_repacking_a_worker_holds_no_private_weights():
+    repacked = plan_memory(DIMS, 2, 4, cells, 512, available=64 << 30)
+    plain = plan_memory(DIMS, 2, 4, cells, 512, available=64 << 30, repacked=False)
+    assert plain.weights_per_worker == 0
+    assert repacked.total - plain.total == 2 * int(400 * MIB * 0.4)
+
+
+@pytest.mark.parametrize("repacked,measured_pss_mib", [(True, 1156), (False, 996)])
+def test_plan_matches_w1_with_and_without_repacking(repacked, measured_pss_mib):
+    # W1 (32 GSM8K questions) on the 28 × 1024 Q4_K_M model: 1 worker × 32 slots, 8,448 KV cells.
+    dims = ModelDims(432_746_144, 28, 1024, 16, 8, 64, 151936, 3072)
+    plan = plan_memory(dims, 1, 32, lambda s: 8448, 512, available=24 << 30, repacked=repacked)
+    assert abs(plan.total / MIB - measured_pss_mib) / measured_pss_mib < 0.05

@@ -1,9 +1,11 @@
+import os
 from array import array
 
 import pytest
 
 from runner.errors import ConfigError
-from runner.planning import common_prefix, context_per_sequence, kv_unified_for, plan_layout, question_seed
+from runner.planning import (common_prefix, context_per_sequence, cpu_flags, kv_unified_for, plan_layout,
+                             question_seed, repack_weights)
 
 
 def test_auto_uses_one_worker_on_every_core():
@@ -88,3 +90,19 @@ def test_long_sequences_keep_every_slot_with_one_stream_per_sequence(unified, sl
     started = plan_layout([0, 1], None, None, 1, 1)
     layout, memory = plan(config, job, 1000, started, available=64 << 30)
     assert layout.slots == memory.slots == slots
+
+
+def test_repack_weights_job_then_tune_then_cpu():
+    avx512 = frozenset({"sse2", "avx2", "avx512f"})
+    assert repack_weights(True, False, avx512) == (True, "job")  # the job's word is final
+    assert repack_weights(None, True, avx512) == (True, "ggbatch tune")  # then what tune measured
+    assert repack_weights(None, None, avx512) == (False, "auto: AVX-512 CPU")
+    assert repack_weights(None, None, frozenset({"avx2", "fma"})) == (True, "auto: llama.cpp default")
+    assert repack_weights(None, None, frozenset({"neon", "asimd"})) == (True, "auto: llama.cpp default")
+
+
+def test_cpu_flags_are_read_from_this_machine():
+    flags = cpu_flags()
+    assert isinstance(flags, frozenset)
+    if os.path.exists("/proc/cpuinfo") and os.uname().machine == "x86_64":
+        assert "sse2" in flags  # every x86-64 CPU has it

@@ -78,7 +78,8 @@ class LlamaEngine:
         n_ctx = config.kv_cells or kv_cells(config.slots, config.n_ctx_seq, len(prefix), config.kv_unified)
         self.runner = ModelRunner(config.model_path, config.n_threads, n_ctx=n_ctx,
                                   n_seq_max=config.slots + 1, n_batch=config.n_batch,
-                                  kv_unified=config.kv_unified, flash_attn=config.flash_attn)
+                                  kv_unified=config.kv_unified, flash_attn=config.flash_attn,
+                                  repack=config.repack)
         self.n_threads = self.runner.n_threads  # as llama.cpp reports it
         # With one unified pool, admission keeps the sequences within it; separate streams
         # give each slot its own room.

@@ -75,7 +75,7 @@ def _preload(spec: WorkerSpec) -> None:
     if spec.engine_factory is None:
         from workers.model_runner import preload_model  # llama.cpp loads only in workers
 
-        preload_model(spec.model_path)
+        preload_model(spec.model_path, spec.repack)
 
 
 def _build_engine(spec: WorkerSpec, config: EngineConfig) -> Any:

@@ -55,12 +55,16 @@ def _init_backend() -> None:
         _backend_ready = True
 
 
-def _load_model(path: str, vocab_only: bool) -> llama_cpp.llama_model_p:
+def _load_model(path: str, vocab_only: bool, repack: bool = True) -> llama_cpp.llama_model_p:
+    """repack: let llama.cpp copy the weights it can into its CPU_REPACK buffer, in the interleaved
+    layout of its gemm kernels. Which is faster depends on the CPU and the batch: the coordinator
+    decides (runner/planning.py repack_weights)."""
     _init_backend()
     params = llama_cpp.llama_model_default_params()
     # mmap: the file's pages are the page cache's, shared by every worker (the memory plan counts
-    # them once); only the repacked weights are private.
-    set_fields(params, vocab_only=vocab_only, load_mode=llama_cpp.LLAMA_LOAD_MODE_MMAP)
+    # them once); only repacked weights are private.
+    set_fields(params, vocab_only=vocab_only, load_mode=llama_cpp.LLAMA_LOAD_MODE_MMAP,
+               use_extra_bufts=repack and not vocab_only)
     model = llama_cpp.llama_model_load_from_file(path.encode(), params)
     if not model:
         raise ModelLoadError(f"{path}: llama.cpp could not load this model (not a GGUF file, "
@@ -68,13 +72,13 @@ def _load_model(path: str, vocab_only: bool) -> llama_cpp.llama_model_p:
     return model
 
 
-_preloaded: dict[str, llama_cpp.llama_model_p] = {}
+_preloaded: dict[tuple[str, bool], llama_cpp.llama_model_p] = {}
 
 
-def preload_model(path: str) -> None:
+def preload_model(path: str, repack: bool) -> None:
     """Load a model before its context settings are known; the next ModelRunner for the same path
-    takes it over."""
-    _preloaded[path] = _load_model(path, vocab_only=False)
+    and repack setting takes it over."""
+    _preloaded[(path, repack)] = _load_model(path, vocab_only=False, repack=repack)
 
 
 class _Vocab:
@@ -171,8 +175,9 @@ class ModelRunner:
     """One model + one multi-sequence context. Sequence ids are plain ints in [0, n_seq_max)."""
 
     def __init__(self, model_path: str, n_threads: int, n_ctx: int, n_seq_max: int, n_batch: int,
-                 kv_unified: bool, flash_attn: bool = True) -> None:
-        self.model = _preloaded.pop(model_path, None) or _load_model(model_path, vocab_only=False)
+                 kv_unified: bool, flash_attn: bool = True, repack: bool = True) -> None:
+        self.model = (_preloaded.pop((model_path, repack), None)
+                      or _load_model(model_path, vocab_only=False, repack=repack))
         self.vocab = _Vocab(self.model)
         params = llama_cpp.llama_context_default_params()
         # Explicit thread counts: the defaults ignore CPU affinity and oversubscribe pinned workers.

@@ -98,6 +98,8 @@ class EngineConfig:
     # KV cells of the whole context; 0 = room for every slot at full length. A smaller pool
     # (memory-bound runs) works too: the engine shrinks batches and preempts when it is full.
     kv_cells: int = 0
+    # Weights copied into llama.cpp's CPU_REPACK layout at load (see WorkerSpec.repack).
+    repack: bool = True
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class WorkerSpec:
     model_path: str
     # Module-level callable building the engine inside the child; tests pass a fake engine here.
     engine_factory: Optional[Callable[[EngineConfig, int], Any]] = None
+    # Load the weights into llama.cpp's CPU_REPACK layout. Decided before the worker starts,
+    # because the model loads before its Configure arrives; EngineConfig.repack says the same.
+    repack: bool = True
 
 
 # worker -> coordinator
