@@ -103,21 +103,22 @@ def main() -> None:
     ap.add_argument("--repack", choices=["auto", "true", "false"], default="auto",
                     help="weights in llama.cpp's repacked layout (auto: as a job decides by CPU)")
     args = ap.parse_args()
-    repack, why = repack_weights({"auto": None, "true": True, "false": False}[args.repack], None, cpu_flags())
+    requested = {"auto": None, "true": True, "false": False}[args.repack]
     model = args.model or bench_model()
     slot_list = [int(s) for s in args.slots.split(",")]
     questions = load_questions(model, args.questions or max(slot_list), args.system)
-    print(f"model {model}, {args.threads} threads, {args.tokens} generated tokens per question, "
-          f"weights {'repacked' if repack else 'not repacked'} ({why})")
+    print(f"model {model}, {args.threads} threads, {args.tokens} generated tokens per question, weights "
+          f"repacked or not as a job with that many slots would ({args.repack})")
     print(f"{'slots':>5} {'S_TG tok/s':>10} {'vs 1':>5} {'wall s':>7} {'wall gen tok/s':>14} "
-          f"{'decode%':>7} {'sample%':>7} {'python%':>7} {'py ms/step':>10}")
+          f"{'decode%':>7} {'sample%':>7} {'python%':>7} {'py ms/step':>10} {'repacked':>8}")
     base = None
     for slots in slot_list:
+        repack = repack_weights(requested, None, cpu_flags(), slots)[0]
         r = run_once(model, questions[:args.questions or slots], slots, args.threads, args.tokens, repack)
         base = base or r["s_tg"]
         print(f"{slots:>5} {r['s_tg']:>10.1f} {r['s_tg'] / base:>5.2f} {r['wall_s']:>7.2f} "
               f"{r['gen_tok_s']:>14.1f} {100 * r['decode_share']:>7.1f} {100 * r['sample_share']:>7.1f} "
-              f"{100 * r['python_share']:>7.2f} {r['python_ms_per_step']:>10.2f}", flush=True)
+              f"{100 * r['python_share']:>7.2f} {r['python_ms_per_step']:>10.2f} {str(repack):>8}", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ machine fall on both. For every B it prints
 the median over the rounds of S_PP, S_TG and S from each tool and the gap in percent
 (ggbatch / batched-bench - 1). Both use one context with one KV stream per sequence, flash
 attention on auto, a warm-up decode first, the same threads, at most 512 tokens per decode, and
-the same weight layout: repacked or not as `ggbatch run` would decide on this CPU (--repack
-overrides; llama-batched-bench gets --no-repack when not).
+the same weight layout: repacked or not as `ggbatch run` would decide on this CPU for B
+sequences per worker (--repack overrides; llama-batched-bench gets --no-repack when not).
 
 Build llama-batched-bench from the llama.cpp sources inside the pinned llama-cpp-python source
 package (see bench/compare_server.py); do not commit the binary.
@@ -78,10 +78,11 @@ def main() -> None:
     ap.add_argument("--repack", choices=["auto", "true", "false"], default="auto")
     args = ap.parse_args()
     model = args.model or bench_model()
-    repack, why = repack_weights({"auto": None, "true": True, "false": False}[args.repack], None, cpu_flags())
+    requested, flags = {"auto": None, "true": True, "false": False}[args.repack], cpu_flags()
+    repacked = {b: repack_weights(requested, None, flags, int(b))[0] for b in args.npl.split(",")}
     tools = {"batched-bench": lambda b: run_batched_bench(args.batched_bench, model, args.npp, args.ntg, b,
-                                                          args.threads, repack),
-             "ggbatch": lambda b: run_ggbatch(model, args.npp, args.ntg, b, args.threads, repack)}
+                                                          args.threads, repacked[b]),
+             "ggbatch": lambda b: run_ggbatch(model, args.npp, args.ntg, b, args.threads, repacked[b])}
     runs: dict[str, list[dict]] = {name: [] for name in tools}
     for i in range(args.rounds):
         # One B at a time, the two tools back to back, in ABBA order: a slow spell of the
@@ -94,8 +95,8 @@ def main() -> None:
             runs[name].append(results[name])
         print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     ref, ours = medians(runs["batched-bench"]), medians(runs["ggbatch"])
-    print(f"model {model}, {args.threads} threads, weights {'repacked' if repack else 'not repacked'} "
-          f"({why}), median of {args.rounds} alternating rounds")
+    print(f"model {model}, {args.threads} threads, median of {args.rounds} alternating rounds; weights "
+          f"repacked at B = {[int(b) for b, r in repacked.items() if r]}, not at the others")
     print("| PP | TG | B | " + " | ".join(f"bb {m} | gg {m} | gap" for m in METRICS) + " |")
     print("|---" * (3 + 3 * len(METRICS)) + "|")
     for key in sorted(ref):

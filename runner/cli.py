@@ -170,22 +170,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     n_vocab = tokenizer.n_vocab
     tokenizer.close()
     requested = {"auto": None, "true": True, "false": False}[args.repack]
-    repack, why = repack_weights(requested, None, cpu_flags())
-    print(f"model {model}, {threads} threads, weights {'repacked' if repack else 'not repacked'} ({why}); "
-          "raw engine, one context, no coordinator:", flush=True)
-    print(bench.header(bench.COLUMNS), flush=True)
+    flags = cpu_flags()
+    print(f"model {model}, {threads} threads; raw engine, one context, no coordinator; weights repacked "
+          f"or not as a job of B sequences per worker would ({args.repack}):", flush=True)
+    columns = [*bench.COLUMNS, "repacked"]
+    print(bench.header(columns), flush=True)
     rows = []
     for pp in npp:
         for tg in ntg:
             for b in npl:
-                rows.append(bench.raw_row(model, threads, pp, tg, b, n_vocab, args.repeat, repack))
-                print(bench.row_line(rows[-1], bench.COLUMNS), flush=True)
+                repack = repack_weights(requested, None, flags, b)[0]
+                rows.append({**bench.raw_row(model, threads, pp, tg, b, n_vocab, args.repeat, repack),
+                             "repacked": int(repack)})
+                print(bench.row_line(rows[-1], columns), flush=True)
     overhead = []
     if args.runner:
         print(f"\nthe whole runner ({args.workers} pinned worker process(es) × {threads} threads) against "
               f"the raw engine (× {args.workers}), same work per worker:", flush=True)
         for pp in npp:
             for tg in ntg:
+                repack = repack_weights(requested, None, flags, max(npl))[0]
                 overhead.append(bench.overhead_row(model, args.workers, threads, pp, tg, max(npl), n_vocab,
                                                    repack))
         print(bench.format_table(overhead))

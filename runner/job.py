@@ -268,7 +268,11 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
         # (workers × threads, pinned cores) does not depend on the questions.
         tuned = _tuned_layout(config, model_path, records) if use_tuned else None
         workers, threads = (tuned["workers"], tuned["threads"]) if tuned else (config.workers, config.threads)
-        repack, why = repack_weights(config.repack, tuned.get("repack") if tuned else None, cpu_flags())
+        # The model loads before the questions are tokenized: the slots are estimated from the
+        # record count (duplicates and the memory plan may lower them later).
+        expected = plan_layout(usable_cores(), workers, threads, config.slots, max(1, len(records)))
+        repack, why = repack_weights(config.repack, tuned.get("repack") if tuned else None, cpu_flags(),
+                                     expected.slots)
         started = replace(plan_layout(usable_cores(), workers, threads, 1, 1), repack=repack, repack_reason=why)
         watch = _Watch(progress_bar)
         pool = WorkerPool([WorkerSpec(i, cores, model_path, engine_factory, repack)

@@ -127,23 +127,28 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def repack_weights(requested: Optional[bool], tuned: Optional[bool],
-                   flags: frozenset[str]) -> tuple[bool, str]:
-    """Whether workers let llama.cpp repack the weights into its CPU_REPACK layout, and why.
+# Sequences per worker from which llama.cpp's plain kernels beat its repacked ones on AVX-512.
+PLAIN_KERNELS_FROM_SLOTS = 16
+
+
+def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: frozenset[str],
+                   slots: int) -> tuple[bool, str]:
+    """Whether workers let llama.cpp repack the weights into its CPU_REPACK layout, and why;
+    `slots`: the sequences each worker is expected to decode together.
 
     llama.cpp repacks by default, for its interleaved gemm kernels. On an x86 CPU with AVX-512 its
-    plain kernels are faster at batch sizes a batch job runs, measured here (AMD EPYC, 28 × 1024
-    Q4_K_M, llama-batched-bench PP 128 TG 64, with and without --no-repack): prompt 506-554 →
-    822-844 tok/s at 32 sequences (1.5-1.6×), generation 253-277 → 296-309 tok/s at 32 and
-    138 → 131 at 8, whole runs 1.3× at 32 and 1.07× at 8; repacking wins only one sequence at a
-    time (78 → 60 tok/s generated). Not repacking also loads faster (0.30 s against 0.43 s) and
-    keeps the weights in the shared file pages (161 MiB less per worker). Elsewhere (ARM, where
-    llama.cpp reports 2-3.5× faster prompts repacked; AVX2) llama.cpp's default stays until
-    `ggbatch tune`, which tries both, says otherwise."""
+    plain kernels win from about 16 sequences a batch, measured here (AMD EPYC, 28 × 1024 Q4_K_M,
+    llama-batched-bench with and without --no-repack): prompts 1.5× faster at every batch size;
+    generation 143 → 126 tok/s at 8 sequences, 225 → 216 at 16, 255 → 318 at 32; whole runs of
+    32-token prompts and 256 generated tokens 12% slower at 8, even at 16, 26% faster at 32
+    (128-token prompts and 64 generated: 7% faster at 8, 1.3× at 32). Not repacking also loads
+    faster (0.30 s against 0.43 s) and keeps the weights in the shared file pages (161 MiB less
+    per worker). Elsewhere (ARM, where llama.cpp reports 2-3.5× faster prompts repacked; AVX2)
+    llama.cpp's default stays until `ggbatch tune`, which tries both, says otherwise."""
     if requested is not None:
         return requested, "job"
     if tuned is not None:
         return tuned, "ggbatch tune"
-    if "avx512f" in flags:
-        return False, "auto: AVX-512 CPU"
+    if "avx512f" in flags and slots >= PLAIN_KERNELS_FROM_SLOTS:
+        return False, f"auto: AVX-512 CPU, {PLAIN_KERNELS_FROM_SLOTS}+ sequences per worker"
     return True, "auto: llama.cpp default"

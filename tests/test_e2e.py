@@ -55,9 +55,12 @@ def test_one_worker_gets_every_core_by_default(tmp_path, stories, gsm8k_file):
     assert r.returncode == 0, r.stderr
     lines = out.read_text().splitlines()
     assert [json.loads(line)["questionID"] for line in lines] == [f"gsm8k-{i}" for i in range(1, 6)]
-    w = json.loads(report.read_text())["workers"]["0"]
+    data = json.loads(report.read_text())
+    w = data["workers"]["0"]
     cores = sorted(os.sched_getaffinity(0))
     assert w["affinity"] == cores and w["llama_n_threads"] == len(cores)
+    # 5 questions: 5 slots, too few for the plain kernels anywhere, so llama.cpp's default
+    assert (data["layout"]["repack_weights"], data["layout"]["repack_reason"]) == (True, "auto: llama.cpp default")
 
 
 def test_example_job_runs(tmp_path):
@@ -255,3 +258,15 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, gsm8k_file):
         layout = json.loads(report.read_text())["layout"]
         assert (layout["repack_weights"], layout["repack_reason"]) == (repack == "true", "job")
         assert f"weights {'repacked' if repack == 'true' else 'not repacked'} (job)" in r.stdout
+
+
+def test_auto_repack_follows_the_cpu_and_the_expected_slots(tmp_path, stories, gsm8k_file):
+    from runner.planning import cpu_flags, repack_weights
+
+    report = tmp_path / "r.json"
+    r = ggbatch("--model", stories, "--input", gsm8k_file(20), "--output", tmp_path / "a.json", "--max-tokens", 2,
+                "--workers", 1, "--report", report)
+    assert r.returncode == 0, r.stderr
+    layout = json.loads(report.read_text())["layout"]
+    assert layout["slots_per_worker"] == 20  # the estimate made before tokenizing was right
+    assert (layout["repack_weights"], layout["repack_reason"]) == repack_weights(None, None, cpu_flags(), 20)

@@ -92,13 +92,14 @@ def test_long_sequences_keep_every_slot_with_one_stream_per_sequence(unified, sl
     assert layout.slots == memory.slots == slots
 
 
-def test_repack_weights_job_then_tune_then_cpu():
+def test_repack_weights_job_then_tune_then_cpu_and_batch():
     avx512 = frozenset({"sse2", "avx2", "avx512f"})
-    assert repack_weights(True, False, avx512) == (True, "job")  # the job's word is final
-    assert repack_weights(None, True, avx512) == (True, "ggbatch tune")  # then what tune measured
-    assert repack_weights(None, None, avx512) == (False, "auto: AVX-512 CPU")
-    assert repack_weights(None, None, frozenset({"avx2", "fma"})) == (True, "auto: llama.cpp default")
-    assert repack_weights(None, None, frozenset({"neon", "asimd"})) == (True, "auto: llama.cpp default")
+    assert repack_weights(True, False, avx512, 64) == (True, "job")  # the job's word is final
+    assert repack_weights(None, True, avx512, 64) == (True, "ggbatch tune")  # then what tune measured
+    assert repack_weights(None, None, avx512, 16) == (False, "auto: AVX-512 CPU, 16+ sequences per worker")
+    assert repack_weights(None, None, avx512, 15) == (True, "auto: llama.cpp default")  # few sequences
+    assert repack_weights(None, None, frozenset({"avx2", "fma"}), 64) == (True, "auto: llama.cpp default")
+    assert repack_weights(None, None, frozenset({"neon", "asimd"}), 64) == (True, "auto: llama.cpp default")
 
 
 def test_cpu_flags_are_read_from_this_machine():
