@@ -141,7 +141,7 @@ def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: froz
     llama-batched-bench with and without --no-repack): prompts 1.5× faster at every batch size;
     generation 143 → 126 tok/s at 8 sequences, 225 → 216 at 16, 255 → 318 at 32; whole runs of
     32-token prompts and 256 generated tokens 12% slower at 8, even at 16, 26% faster at 32
-    (128-token prompts and 64 generated: 7% faster at 8, 1.3× at 32). Not repacking also loads
+    (128-token prompts and 64 generated: 8% faster at 8, 1.3× at 32). Not repacking also loads
     faster (0.30 s against 0.43 s) and keeps the weights in the shared file pages (161 MiB less
     per worker). Elsewhere (ARM, where llama.cpp reports 2-3.5× faster prompts repacked; AVX2)
     llama.cpp's default stays until `ggbatch tune`, which tries both, says otherwise."""
