@@ -242,6 +242,10 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, gsm8k_file):
     # A Q4_K model (rows of 256: what llama.cpp's repacked kernels take). llama.cpp's own log,
     # let through by GGBATCH_LLAMA_LOG, says whether it made a CPU_REPACK buffer.
     from runner import modelgen as mg
+    from runner.planning import cpu_flags
+
+    if "avx2" not in cpu_flags():
+        pytest.skip("llama.cpp repacks Q4_K weights only on x86 CPUs with AVX2 (this one has none)")
 
     shape = mg.ModelShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=512)
     src = mg.write_random_llama_gguf(tmp_path / "f16.gguf", shape, mg.build_demo_tokenizer(), seed=0)
