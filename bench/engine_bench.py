@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from runner.config import bool_or_auto  # noqa: E402
 from runner.planning import common_prefix, cpu_flags, kv_unified_for, repack_weights, usable_cores  # noqa: E402
 from runner.prompts import PromptBuilder  # noqa: E402
 from workers.protocol import EngineConfig, GenerationParams, Question  # noqa: E402
@@ -103,7 +104,7 @@ def main() -> None:
     ap.add_argument("--repack", choices=["auto", "true", "false"], default="auto",
                     help="weights in llama.cpp's repacked layout (auto: as a job decides by CPU)")
     args = ap.parse_args()
-    requested = {"auto": None, "true": True, "false": False}[args.repack]
+    requested = bool_or_auto(args.repack)
     model = args.model or bench_model()
     slot_list = [int(s) for s in args.slots.split(",")]
     questions = load_questions(model, args.questions or max(slot_list), args.system)

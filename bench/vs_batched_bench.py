@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from engine_bench import bench_model  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
+from runner.config import bool_or_auto  # noqa: E402
 from runner.planning import cpu_flags, repack_weights, usable_cores  # noqa: E402
 
 METRICS = ("S_PP", "S_TG", "S")
@@ -78,7 +79,7 @@ def main() -> None:
     ap.add_argument("--repack", choices=["auto", "true", "false"], default="auto")
     args = ap.parse_args()
     model = args.model or bench_model()
-    requested, flags = {"auto": None, "true": True, "false": False}[args.repack], cpu_flags()
+    requested, flags = bool_or_auto(args.repack), cpu_flags()
     repacked = {b: repack_weights(requested, None, flags, int(b))[0] for b in args.npl.split(",")}
     tools = {"batched-bench": lambda b: run_batched_bench(args.batched_bench, model, args.npp, args.ntg, b,
                                                           args.threads, repacked[b]),

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
-from runner.config import build_config, load_job_file
+from runner.config import bool_or_auto, build_config, load_job_file
 from runner.errors import ConfigError, GgbatchError, Interrupted, ModelError, WorkerFailure
 from runner.outputs import write_atomic
 from runner.planning import cpu_flags, plan_layout, repack_weights, usable_cores
@@ -169,7 +169,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ModelError(str(exc)) from None
     n_vocab = tokenizer.n_vocab
     tokenizer.close()
-    requested = {"auto": None, "true": True, "false": False}[args.repack]
+    requested = bool_or_auto(args.repack)
     flags = cpu_flags()
     print(f"model {model}, {threads} threads; raw engine, one context, no coordinator; weights repacked "
           f"or not as a job of B sequences per worker would ({args.repack}):", flush=True)

@@ -97,7 +97,8 @@ def _bool(v: Any) -> bool:
     raise ValueError("must be true or false")
 
 
-def _bool_or_auto(v: Any) -> Optional[bool]:
+def bool_or_auto(v: Any) -> Optional[bool]:
+    """true / false / auto (None), as in a job file or on the command line."""
     if v == "auto":
         return AUTO
     if isinstance(v, str) and v.lower() in ("true", "false"):
@@ -126,7 +127,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "model": _str(),
     "model.path": _str(),
     "model.n_ctx": _int(16, allow_auto=True),
-    "model.repack": _bool_or_auto,
+    "model.repack": bool_or_auto,
     "input": _str(),
     "output": _str(),
     "report": _str(optional=True),

@@ -157,9 +157,9 @@ def plan(config: JobConfig, job: PreparedJob, n_questions: int, started: Layout,
     """Slots for the workers already started, and the memory plan; workers, then slots, are
     reduced if the plan does not fit."""
     pool_cells_per_slot = job.n_ctx_seq - len(job.prefix) if job.kv_unified else 0
-    layout = replace(plan_layout(usable_cores(), started.workers, started.threads, config.slots, n_questions,
-                                 pool_cells_per_slot, max_auto_slots),
-                     repack=started.repack, repack_reason=started.repack_reason)
+    # The workers (cores, weight layout) are running already: only the slots are decided here.
+    layout = replace(started, slots=plan_layout(usable_cores(), started.workers, started.threads, config.slots,
+                                                n_questions, pool_cells_per_slot, max_auto_slots).slots)
     memory = fit_layout(job.dims, layout.workers, layout.slots,
                         lambda slots: allocated_kv_cells(kv_cells(slots, job.n_ctx_seq, len(job.prefix),
                                                                   job.kv_unified), slots + 1, job.kv_unified),
@@ -270,10 +270,10 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
         workers, threads = (tuned["workers"], tuned["threads"]) if tuned else (config.workers, config.threads)
         # The model loads before the questions are tokenized: the slots are estimated from the
         # record count (duplicates and the memory plan may lower them later).
-        expected = plan_layout(usable_cores(), workers, threads, config.slots, max(1, len(records)))
+        started = plan_layout(usable_cores(), workers, threads, config.slots, max(1, len(records)))
         repack, why = repack_weights(config.repack, tuned.get("repack") if tuned else None, cpu_flags(),
-                                     expected.slots)
-        started = replace(plan_layout(usable_cores(), workers, threads, 1, 1), repack=repack, repack_reason=why)
+                                     started.slots)
+        started = replace(started, repack=repack, repack_reason=why)
         watch = _Watch(progress_bar)
         pool = WorkerPool([WorkerSpec(i, cores, model_path, engine_factory, repack)
                            for i, cores in enumerate(started.cores)],
