@@ -16,6 +16,9 @@ Its behaviour is a `Fake`, a picklable engine factory that goes where the real e
                                             die after N answers, then fail every start-up
     Fake(started=P)                         touch P when a step first holds a question (tests wait on it)
     Fake(environ_to=P)                      write the worker's GPU-visibility variables to P (JSON) at start
+    Fake(threads=True)                      a model runner whose set_threads keeps the count it is given,
+                                            as the real one's llama.cpp context does (without it the
+                                            worker cannot change the engine's threads, and says so)
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Fake:
     fail_load_once_marked: bool = False
     started: Optional[str] = None
     environ_to: Optional[str] = None
+    threads: bool = False
 
     def __call__(self, config: EngineConfig, worker_id: int) -> "FakeEngine":
         return FakeEngine(config, worker_id, self)
@@ -63,6 +67,9 @@ class FakeEngine:
         self.steps = 0
         self.busy = 0  # slots busy, summed over steps
         self.prompt_tokens = 0  # of the questions answered
+        self.n_threads = config.n_threads
+        if fake.threads:
+            self.runner = FakeRunner(config.n_threads)
 
     @property
     def n_unfinished(self) -> int:
@@ -116,3 +123,14 @@ class FakeEngine:
 
     def close(self) -> None:
         pass
+
+
+class FakeRunner:
+    """The part of workers/model_runner.py ModelRunner the worker reaches through `engine.runner`."""
+
+    def __init__(self, n_threads: int) -> None:
+        self.n_threads = n_threads
+
+    def set_threads(self, n: int) -> int:
+        self.n_threads = n
+        return n
