@@ -85,12 +85,17 @@ def main() -> None:
             log.seek(0)
             samples = parse_samples(log.read())
         changes = json.loads(report.read_text())["threads"]["changes"]
-    Path(args.out).write_text(json.dumps({
-        "recorded": time.strftime("%Y-%m-%d %H:%M"), "load_average_before": round(load, 2),
-        "schedule": args.schedule, "model": Path(model).name, "questions": args.questions,
-        "max_tokens": args.max_tokens, "threads_adapt": args.adapt, "changes": changes,
-        "samples": samples}, indent=1) + "\n")
+    head = {"recorded": time.strftime("%Y-%m-%d %H:%M"), "load_average_before": round(load, 2),
+            "schedule": args.schedule, "model": Path(model).name, "questions": args.questions,
+            "max_tokens": args.max_tokens, "threads_adapt": args.adapt, "changes": changes}
+    Path(args.out).write_text(dump(head, samples))
     print(f"{len(samples)} samples, changes {changes}, load before {load:.2f}: {args.out}")
+
+
+def dump(head: dict, samples: list[dict]) -> str:
+    """JSON with one sample a line: readable, and a diff shows which samples changed."""
+    lines = ",\n".join("  " + json.dumps(s) for s in samples)
+    return json.dumps(head, indent=1)[:-2] + ',\n "samples": [\n' + lines + "\n ]\n}\n"
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -113,7 +114,9 @@ def test_a_run_beside_a_busy_loop_gives_a_thread_up_and_says_why(tmp_path, stori
     assert threads["adapt"] == "auto"
     first = threads["changes"][0]
     assert (first["worker"], first["from"], first["to"]) == (0, 2, 1), threads
-    assert first["reason"].startswith("about ") and "of other load on its 2 cores for 2 s" in first["reason"]
+    assert re.fullmatch(r"about \d\.\d cores? of other load on its 2 cores for \d s( \(.* CPU steal\))?",
+                        first["reason"]), first
     assert f"ggbatch: worker 0: 2 → 1 llama.cpp threads: {first['reason']}" in done.stderr
+    assert f"threads    worker 0: 2 → 1 at {first['t_s']:.0f} s" in done.stdout  # the summary
     timeline = json.loads(report.read_text())["timeline"]
     assert {s["workers"]["0"]["llama_threads"] for s in timeline if "0" in s["workers"]} >= {1}
