@@ -17,6 +17,7 @@ from .config import build_config, load_job_file
 from .crashes import address_space_limit
 from .errors import GgbatchError, Interrupted, WorkerFailure
 from .formats import FORMATS
+from .merge_command import add_merge_parser, cmd_merge
 from .paths import journal_path
 from .progress import setup_logging
 from .scoring.command import add_score_parser, cmd_score, print_run_score
@@ -28,6 +29,7 @@ log = logging.getLogger("ggbatch")
 FLAG_KEYS = {
     "model": "model", "input": "input", "output": "output", "report": "report",
     "input_format": "input_format", "output_format": "output_format", "errors_output": "errors_output",
+    "shard": "shard",
     "workers": "workers", "threads": "threads", "threads_adapt": "threads_adapt", "slots": "slots",
     "n_ctx": "model.n_ctx",
     "repack": "model.repack", "n_gpu_layers": "model.n_gpu_layers", "devices": "devices",
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     add_tool_commands(sub)
     add_score_parser(sub)
+    add_merge_parser(sub)
     return parser
 
 
@@ -127,6 +130,8 @@ def _add_file_flags(a: Any) -> None:
     a("--errors-output", dest="errors_output",
       help="write the questions without an answer here instead of in the output (as OpenAI's error file)")
     a("--report", help="write the run report (JSON) here")
+    a("--shard", help="I/N: answer only shard I of N (from 0; split by a hash of the question id) into "
+      "OUTPUT.shard-I-of-N.EXT; auto: this task's shard of a Slurm job array. Join them with ggbatch merge")
 
 
 def _flag_layer(args: argparse.Namespace) -> dict[str, Any]:
@@ -172,7 +177,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(getattr(args, "verbose", False), getattr(args, "quiet", False))
     try:
-        return {"run": cmd_run, "score": cmd_score, **TOOL_COMMANDS}[args.command](args)
+        return {"run": cmd_run, "score": cmd_score, "merge": cmd_merge, **TOOL_COMMANDS}[args.command](args)
     except GgbatchError as exc:
         print(f"ggbatch: error: {exc}", file=sys.stderr)
         return exc.exit_code

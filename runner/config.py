@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
@@ -18,6 +19,7 @@ from .errors import ConfigError, quote
 from .formats import FORMATS
 from .gpu import GPU_ALL
 from .hub import is_hub_name
+from .shards import Shard, parse_shard, shard_path
 from ..workers.protocol import SamplingParams
 
 AUTO = None  # "auto" in a job file or on the command line is stored as None
@@ -31,6 +33,7 @@ class JobConfig:
     output: str = ""
     report: Optional[str] = None
     input_format: Optional[str] = AUTO  # json, jsonl, csv or openai; auto: by extension and content
+    shard: Optional[Shard] = None  # answer only this shard's questions (runner/shards.py)
     output_format: Optional[str] = AUTO  # json, jsonl, csv or openai; auto: runner/formats/detect.py
     errors_output: Optional[str] = None  # questions without an answer go here instead of output
     n_ctx: Optional[int] = AUTO  # context per sequence; auto = longest prompt + max_tokens
@@ -174,6 +177,11 @@ def _devices(v: Any) -> tuple[int, ...]:
     return devices
 
 
+def _shard(v: Any) -> Optional[Shard]:
+    """`I/N`, or `auto`: this task's shard of a Slurm job array (read from its variables here)."""
+    return None if v is None else parse_shard(v, os.environ)
+
+
 def _stop(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         v = [v]
@@ -194,6 +202,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "output": _str(),
     "report": _str(optional=True),
     "input_format": _choice(*FORMATS),
+    "shard": _shard,
     "output_format": _choice(*FORMATS),
     "errors_output": _str(optional=True),
     "workers": _int(1, allow_auto=True),
@@ -302,4 +311,13 @@ def build_config(layers: list[tuple[str, Mapping[str, Any]]]) -> JobConfig:
     for key in ("model", "input", "output"):
         if not getattr(config, key):
             raise ConfigError(f"missing required setting '{key}' (give it in the job file or as --{key})")
-    return config
+    return _shard_files(config)
+
+
+def _shard_files(config: JobConfig) -> JobConfig:
+    """A shard writes files of its own (answers.shard-2-of-8.jsonl, and its journal beside it), so
+    every task of a job array can run the same job file."""
+    if config.shard is None:
+        return config
+    named = {key: getattr(config, key) for key in ("output", "report", "errors_output")}
+    return replace(config, **{key: shard_path(path, config.shard) for key, path in named.items() if path})

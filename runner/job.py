@@ -2,7 +2,7 @@
 the workers, prepare the questions while they load, reuse what the journal holds, settle the
 layout, answer the rest, write the answers and the report.
 
-    question file (runner/inputs.py, runner/formats) ─▶ records
+    question file (runner/inputs.py, runner/formats) ─▶ records (of one shard: runner/shards.py)
     records ─▶ prepare (runner/prepare.py) ─▶ journal.split ─▶ layout.settle ─▶ WorkerPool.run
                                                                                      │
     answers file ◀── rows in input order (duplicates fanned out) ◀── answers by qid ◀┘
@@ -36,6 +36,7 @@ from .paths import JobPaths, job_paths
 from .pool import WorkerPool
 from .prepare import PreparedJob, prepare
 from .report import JobSetup, RunOutcome, RunReport
+from .shards import shard_records
 from .signals import stop_on_signals
 from .watch import RunWatch
 from ..workers.protocol import Answer, EngineConfig, WorkerSpec
@@ -72,7 +73,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             clock["prepared"] = time.perf_counter()
             watch.start_run(len(todo), config.max_tokens, setup.layout.workers * setup.layout.slots, pool)
             answers, ended = _answer(pool, todo, layouts.engine_config(
-                model_path, setup.layout, job.prefix, job.generation, config.batch_invariant))
+                model_path, setup.layout, job.prefix, job.generation))
         _write_answers(config, job, {**reused, **answers, **job.rejected}, ended,
                        _output_spec(config, job, formats[1], clock["started_at"]))
     report = _report(setup, answers, len(reused), list(job.rejected.values()), pool, watch, clock)
@@ -84,7 +85,12 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
 def _read(config: JobConfig) -> tuple[list[Record], tuple[str, str]]:
     """The records, and the formats of the question file and of the answers file."""
     questions = read_question_file(config.input, config.id_field, config.question_field, config.input_format)
-    return questions.records, (questions.format, output_format(config.output, config.output_format, questions.format))
+    records = shard_records(questions.records, config.shard)
+    if config.shard is not None:
+        log.info("shard %s%s: %d of the %d questions, answers to %s", config.shard,
+                 f" ({config.shard.source})" if config.shard.source else "", len(records), len(questions.records),
+                 config.output)
+    return records, (questions.format, output_format(config.output, config.output_format, questions.format))
 
 
 def _start_layout(config: JobConfig, model: ModelIdentity, records: list[Record], use_tuned: bool) -> Layout:
@@ -93,7 +99,8 @@ def _start_layout(config: JobConfig, model: ModelIdentity, records: list[Record]
     # `ggbatch tune` measured CPU layouts: a job putting layers on a GPU plans its own.
     choice = tuned.for_job(config, model, records) if use_tuned and not n_gpu_layers else None
     return layouts.start(layouts.usable_cores(), config.workers, config.threads, config.slots, config.repack,
-                         len(records), layouts.cpu_flags(), choice, config.devices, n_gpu_layers)
+                         len(records), layouts.cpu_flags(), choice, config.devices, n_gpu_layers,
+                         config.batch_invariant)
 
 
 def _specs(started: Layout, model_path: str, engine_factory: Optional[EngineFactory]) -> list[WorkerSpec]:
@@ -120,7 +127,7 @@ def _settle(config: JobConfig, model: ModelIdentity, started: Layout, job: Prepa
     if started.n_gpu_layers and not job.gpu_offload:
         log.warning("%s", gpu.offload_warning(started.n_gpu_layers))
     layout, memory = layouts.settle(started, job.facts(n_todo), config.slots, config.n_ctx, job.max_tokens,
-                                    config.n_batch, config.batch_invariant, psutil.virtual_memory().available,
+                                    config.n_batch, psutil.virtual_memory().available,
                                     offload=job.gpu_offload)
     return JobSetup(config, model, layout, memory, job.generation, job.chat_template, len(job.prefix),
                     len(job.ids), len(job.questions) + len(job.rejected), formats, job.own_settings,

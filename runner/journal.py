@@ -52,6 +52,8 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             "prompt.template_kwargs": config.template_kwargs,
             "max_tokens": generation.max_tokens, "stop": list(generation.stop),
             "ignore_eos": generation.ignore_eos, "batch_invariant": config.batch_invariant,
+            # another shard's output holds other questions: refused rather than silently mixed
+            "shard": str(config.shard) if config.shard is not None else None,
             **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items()}}
 
 

@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 from . import gpu
 from .errors import ConfigError
 from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
+from ..workers.invariant import kv_streams
 from ..workers.protocol import EngineConfig, GenerationParams, kv_cells
 
 log = logging.getLogger("ggbatch")
@@ -64,6 +65,7 @@ class Layout:
     kv_unified: bool = False  # one KV pool for all slots, or one stream per sequence
     n_batch: int = 0  # tokens of one decode step
     slot_cap: int = MAX_AUTO_SLOTS  # most auto slots: the default, or what `ggbatch tune` measured
+    batch_invariant: bool = False  # answers independent of their batch: no repacking, no unified pool
     n_gpu_layers: int = 0  # layers each worker asks llama.cpp to store in VRAM (gpu.GPU_ALL: all)
     devices: tuple[int, ...] = ()  # devices[i] = the GPU of worker i (none: every GPU llama.cpp finds)
     threads_auto: bool = True  # the job left threads on auto (settle may pick GPU threads)
@@ -103,7 +105,8 @@ def cpu_flags() -> frozenset[str]:
 
 def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], slots: Optional[int],
           repack: Optional[bool], n_records: int, flags: frozenset[str],
-          tuned: Optional[dict[str, int]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0) -> Layout:
+          tuned: Optional[dict[str, int]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
+          batch_invariant: bool = False) -> Layout:
     """The workers to start now (None = auto; `tuned`: what `ggbatch tune` chose, used for what
     the job leaves to auto). Slots are an estimate from the record count. `devices`: one worker
     per GPU, each pinned to an equal share of the cores."""
@@ -114,9 +117,10 @@ def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], 
     if tuned:
         workers, threads, cap = tuned["workers"], tuned["threads"], tuned["slots"]
     layout = plan_layout(cores, workers, threads, slots, max(1, n_records), max_auto_slots=cap)
-    use_repack, why = repack_weights(repack, tuned.get("repack") if tuned else None, flags, layout.slots)
+    use_repack, why = repack_weights(repack, tuned.get("repack") if tuned else None, flags, layout.slots,
+                                     batch_invariant)
     return replace(layout, repack=use_repack, repack_reason=why, slot_cap=cap, n_gpu_layers=n_gpu_layers,
-                   devices=tuple(devices), threads_auto=threads_auto)
+                   devices=tuple(devices), threads_auto=threads_auto, batch_invariant=batch_invariant)
 
 
 def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[int],
@@ -151,9 +155,13 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
 
 
 def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: frozenset[str],
-                   slots: int) -> tuple[bool, str]:
+                   slots: int, batch_invariant: bool = False) -> tuple[bool, str]:
     """Whether workers let llama.cpp repack the weights into its CPU_REPACK layout, and why;
     `slots`: the sequences each worker is expected to decode together.
+
+    Never under batch_invariant: the repacked kernels compute each group of 4 batch rows with
+    gemm and the rest with gemv, which round differently (llama.cpp repack.cpp
+    forward_mul_mat_one_chunk), so a row's result would depend on the batch.
 
     llama.cpp repacks by default, for its interleaved gemm kernels. On an x86 CPU with AVX-512 its
     plain kernels win from about 16 sequences a batch, measured here (AMD EPYC, 28 × 1024 Q4_K_M,
@@ -164,6 +172,11 @@ def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: froz
     faster (0.30 s against 0.43 s) and keeps the weights in the shared file pages (161 MiB less
     per worker). Elsewhere (ARM, where llama.cpp reports 2-3.5× faster prompts repacked; AVX2)
     llama.cpp's default stays until `ggbatch tune`, which tries both, says otherwise."""
+    if batch_invariant:
+        if requested:
+            raise ConfigError("model.repack: true cannot be combined with batch_invariant: llama.cpp's "
+                              "repacked kernels give a row another result in another batch")
+        return False, "batch_invariant"
     if requested is not None:
         return requested, "job"
     if tuned is not None:
@@ -184,14 +197,14 @@ def estimate_context(prompt_chars: int, max_tokens: int, n_ctx: Optional[int]) -
 
 
 def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Optional[int],
-           max_tokens: int, n_batch: int, batch_invariant: bool, available: int,
-           offload: bool = False) -> tuple[Layout, MemoryPlan]:
+           max_tokens: int, n_batch: int, available: int, offload: bool = False) -> tuple[Layout, MemoryPlan]:
     """The layout of the workers already started, now that the prompts are known: context, KV
     layout and slots, shrunk (slots first, then workers) to the memory available. `offload`:
     this llama.cpp build can offload, so the layers the job puts on a GPU leave RAM (VRAM is
     llama.cpp's to fit) and a worker with every layer there needs few threads."""
     n_ctx_seq = context_per_sequence(facts.longest, max_tokens, facts.n_ctx_train, n_ctx)
-    unified = kv_unified_for(facts.n_prefix, n_ctx_seq, batch_invariant)
+    invariant = started.batch_invariant
+    unified = kv_unified_for(facts.n_prefix, n_ctx_seq, invariant)
     pool_cells = n_ctx_seq - facts.n_prefix if unified else 0
     wanted = plan_layout(usable_cores(), started.workers, started.threads, slots, facts.n_questions,
                          pool_cells, started.slot_cap).slots
@@ -199,7 +212,8 @@ def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Opt
                      n_batch=step_budget(n_batch, wanted),
                      threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))
     memory = fit_layout(facts.dims, layout.workers, layout.slots,
-                        lambda s: allocated_kv_cells(kv_cells(s, n_ctx_seq, facts.n_prefix, unified), s + 1, unified),
+                        lambda s: allocated_kv_cells(kv_cells(s, n_ctx_seq, facts.n_prefix, unified, invariant),
+                                                     kv_streams(s, invariant), unified),
                         layout.n_batch, available, layout.repack,
                         gpu.cpu_layer_share(layout.n_gpu_layers, facts.dims.n_layer, offload),
                         gpu.vram_note(layout.n_gpu_layers, offload))
@@ -234,10 +248,10 @@ def step_budget(n_batch: int, slots: int) -> int:
     return max(n_batch, slots)
 
 
-def engine_config(model_path: str, layout: Layout, prefix: array, generation: GenerationParams,
-                  batch_invariant: bool) -> EngineConfig:
+def engine_config(model_path: str, layout: Layout, prefix: array, generation: GenerationParams) -> EngineConfig:
     """What each worker builds its engine from."""
+    invariant = layout.batch_invariant
     return EngineConfig(model_path, layout.threads, layout.slots, layout.n_ctx_seq, layout.n_batch, prefix,
                         generation, kv_unified=layout.kv_unified,
-                        kv_cells=kv_cells(layout.slots, layout.n_ctx_seq, len(prefix), layout.kv_unified),
-                        flash_attn=not batch_invariant, repack=layout.repack)
+                        kv_cells=kv_cells(layout.slots, layout.n_ctx_seq, len(prefix), layout.kv_unified, invariant),
+                        flash_attn=not invariant, repack=layout.repack, batch_invariant=invariant)

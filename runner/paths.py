@@ -90,7 +90,7 @@ def check_distinct(paths: JobPaths) -> None:
     roles = paths.roles()
     for i, (role_a, a) in enumerate(roles):
         for role_b, b in roles[i + 1:]:
-            if _same_file(a, b):
+            if same_file(a, b):
                 # roles() lists what is read before what is written: role_b is the one written
                 harm = f": ggbatch would overwrite {role_a.split(' (')[0]}" if role_b in WRITTEN else ""
                 raise ConfigError(f"{role_b} and {role_a} are the same file ({b}){harm}; give another path")
@@ -117,7 +117,8 @@ def check_writable(path: str) -> None:
         raise OutputError(f"{path}: output folder {folder} is not writable: {exc.strerror or exc}") from None
 
 
-def _same_file(a: str, b: str) -> bool:
+def same_file(a: str, b: str) -> bool:
+    """The same file after following symlinks, or the same inode (a hard link)."""
     if os.path.realpath(a) == os.path.realpath(b):
         return True
     try:

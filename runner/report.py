@@ -138,8 +138,9 @@ class RunReport:
                 "own_settings": {**own, "response_format_enforced": RESPONSE_FORMAT_ENFORCED} if own else {}}
 
     def _questions(self) -> dict[str, Any]:
-        done = self.all_answers
+        done, shard = self.all_answers, self.setup.config.shard
         return {"records": self.setup.records, "unique_prompts": self.setup.unique_prompts,
+                "shard": {"index": shard.index, "count": shard.count} if shard is not None else None,
                 "input_format": self.setup.formats[0], "output_format": self.setup.formats[1],
                 "answered": self.answered, "failed": self.failed, "from_journal": self.outcome.reused,
                 "finish_reasons": dict(Counter(a.finish_reason.value for a in done))}

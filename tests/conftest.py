@@ -54,3 +54,17 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     cache = tmp_path_factory.getbasetemp() / "cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     os.makedirs(cache, exist_ok=True)
+
+
+@pytest.fixture(scope="session")
+def k_quant_model(tmp_path_factory) -> str:
+    """A tiny random-weight Q4_K_M model, built once. llama.cpp multiplies K-quant weights with
+    its tiled kernel from 8 batch rows on (ggml-cpu tiled/tiled.cpp), with vec_dot below, and
+    random weights make near-ties between the top two tokens common: a row that takes another
+    kernel in another batch shows in greedy answers."""
+    from ggbatch.runner.tools import modelgen as mg
+
+    folder = tmp_path_factory.mktemp("kquant")
+    shape = mg.ModelShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=512)
+    src = mg.write_random_llama_gguf(folder / "f16.gguf", shape, mg.build_demo_vocab(), seed=0)
+    return str(mg.quantize(src, folder / "q4_k_m.gguf", "q4_k_m"))

@@ -20,12 +20,12 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.model, pytest.mark.slow]
 N_QUESTIONS, MAX_TOKENS = 64, 64
 
 
-def cmd(model, questions, out, *extra):
+def cmd(model, questions, out, *extra, slots=4):
     # batch-invariant: answers do not depend on batch composition, so a resumed or disturbed run
     # must give byte-identical output. 4 slots per worker: most questions are still waiting when
     # a test strikes, so the job cannot finish in the same instant.
     return [sys.executable, "-m", "ggbatch", "run", "--model", str(model), "--input", str(questions),
-            "--output", str(out), "--workers", "2", "--slots", "4", "--max-tokens", str(MAX_TOKENS),
+            "--output", str(out), "--workers", "2", "--slots", str(slots), "--max-tokens", str(MAX_TOKENS),
             "--batch-invariant", "--progress", "log", *map(str, extra)]
 
 
@@ -208,6 +208,62 @@ def test_workers_killed_at_random_moments_lose_and_duplicate_nothing(long_refere
     assert out.read_bytes() == expected
     ids = [json.loads(line)["qid"] for line in Path(f"{out}.journal.jsonl").read_text().splitlines()[1:]]
     assert len(ids) == len(set(ids)) == 3 * N_QUESTIONS  # each answer journaled exactly once
+
+
+KQ_QUESTIONS, KQ_SLOTS = 160, 16
+def kq_cmd(model, questions, out):
+    # 16 slots per worker: the quiet run decodes 8 or more sequences a step, where llama.cpp
+    # multiplies K-quant weights with another kernel than for one sequence alone.
+    return cmd(model, questions, out, slots=KQ_SLOTS)
+
+
+@pytest.fixture(scope="module")
+def k_quant_reference(tmp_path_factory, k_quant_model):
+    """An uninterrupted --batch-invariant run of a K-quant model (see conftest.k_quant_model)."""
+    from conftest import gsm8k_records
+
+    folder = tmp_path_factory.mktemp("kq-reference")
+    questions = folder / "q.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": r["questionID"], "question": r["question"]}) + "\n"
+                                 for r in gsm8k_records(KQ_QUESTIONS)))
+    out = folder / "answers.json"
+    r = subprocess.run(kq_cmd(k_quant_model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return k_quant_model, questions, out.read_bytes()
+
+
+@pytest.mark.timeout(240)
+def test_batch_invariant_answers_retried_alone_after_kill_9_equal_a_quiet_run(k_quant_reference, tmp_path):
+    # Every kill sends the worker's questions back as suspects, each retried alone on a worker:
+    # the batch of one. Before batch-invariant batches were laid out (workers/invariant.py),
+    # a sixth of this model's answers changed when decoded alone.
+    # Each worker writes to a results pipe of its own (runner/pool.py), so a kill at any moment,
+    # in the middle of a message included, cannot block the other worker.
+    model, questions, expected = k_quant_reference
+    out = tmp_path / "answers.json"
+    proc = subprocess.Popen(kq_cmd(model, questions, out), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    kills = 0
+    try:
+        # Spread over the first half of the job, so every kill lands while questions are left.
+        for share in (0.1, 0.2, 0.35, 0.5):
+            wait_for(lambda: len(workers_of(proc)) == 2 or proc.poll() is not None, what="two live workers")
+            wait_for(lambda: journal_entries(out) >= share * KQ_QUESTIONS or proc.poll() is not None,
+                     what="answers")
+            victims = sorted(workers_of(proc), key=lambda w: w.create_time())
+            if proc.poll() is not None or not victims:
+                break
+            os.kill(victims[0].pid, signal.SIGKILL)
+            kills += 1
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # its workers die with it (PR_SET_PDEATHSIG)
+            proc.wait(10)
+    assert proc.returncode == 0, stderr
+    assert kills >= 3, "the job finished before the workers could be killed: make it longer"
+    assert stderr.count("died (signal 9)") == kills
+    assert out.read_bytes() == expected
 
 
 def test_a_second_run_on_the_same_output_is_refused(reference, tmp_path):

@@ -74,8 +74,8 @@ def test_settle_keeps_ram_for_the_layers_left_on_the_cpu_and_says_vram_is_llama_
     cores = usable_cores()
     started = start(cores, None, None, None, None, 16, frozenset(), devices=(0,), n_gpu_layers=GPU_ALL)
     facts = PromptFacts(16, 100, 0, 0, DIMS)
-    gpu, gpu_plan = settle(started, facts, None, None, 64, 512, False, 64 << 30, offload=True)
-    cpu, cpu_plan = settle(started, facts, None, None, 64, 512, False, 64 << 30, offload=False)
+    gpu, gpu_plan = settle(started, facts, None, None, 64, 512, 64 << 30, offload=True)
+    cpu, cpu_plan = settle(started, facts, None, None, 64, 512, 64 << 30, offload=False)
     assert (gpu.threads, cpu.threads) == (1, len(cores))
     assert gpu_plan.kv_per_worker == 0 and gpu_plan.shared_file_pages == 0 and gpu_plan.cpu_share == 0.0
     assert "VRAM not planned" in gpu_plan.vram and "VRAM not planned" in gpu_plan.as_report()["vram"]

@@ -87,7 +87,7 @@ def test_long_sequences_keep_every_slot_with_one_stream_per_sequence(longest, pr
 
     dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
     started = plan_layout([0, 1], None, None, 1, 1)
-    layout, memory = settle(started, PromptFacts(1000, longest, prefix, 0, dims), None, None, 256, 512, False,
+    layout, memory = settle(started, PromptFacts(1000, longest, prefix, 0, dims), None, None, 256, 512,
                             available=64 << 30)
     assert layout.kv_unified is unified
     assert layout.n_ctx_seq == longest + 256 + 1
@@ -110,6 +110,15 @@ def test_repack_weights_job_then_tune_then_cpu_and_batch():
     assert repack_weights(None, None, avx512, 15) == (True, "auto: llama.cpp default")  # few sequences
     assert repack_weights(None, None, frozenset({"avx2", "fma"}), 64) == (True, "auto: llama.cpp default")
     assert repack_weights(None, None, frozenset({"neon", "asimd"}), 64) == (True, "auto: llama.cpp default")
+
+
+def test_batch_invariant_never_repacks():
+    # llama.cpp's repacked kernels give a row another result in another batch (gemm for groups
+    # of 4 rows, gemv for the rest).
+    assert repack_weights(None, True, frozenset({"neon"}), 4, batch_invariant=True) == (False, "batch_invariant")
+    assert repack_weights(False, None, frozenset(), 4, batch_invariant=True) == (False, "batch_invariant")
+    with pytest.raises(ConfigError, match="model.repack: true cannot be combined with batch_invariant"):
+        repack_weights(True, None, frozenset(), 4, batch_invariant=True)
 
 
 def test_cpu_flags_are_read_from_this_machine():

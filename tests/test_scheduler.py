@@ -134,8 +134,17 @@ def test_preempt_newest_goes_back_to_front():
         s.add(x)
     s.admit()
     b.output = [5]
-    assert s.preempt_newest() is b
+    assert s.preempt_newest() == (b, 1)  # and the slot whose KV the engine frees
     assert b.phase is Phase.WAITING and b.output == [] and list(s.waiting) == [b, c]
+    assert s.free_ids == [1]
+
+
+def test_drop_waiting_forgets_what_was_not_admitted():
+    s = Scheduler(slots=1, n_batch=8)
+    for x in (seq("a", 3), seq("b", 3), seq("c", 3)):
+        s.add(x)
+    s.admit()
+    assert s.drop_waiting() == 2 and s.n_unfinished == 1
 
 
 def test_kv_budget_limits_admission_until_cells_are_released():

@@ -136,3 +136,8 @@ def test_candidates_skip_slots_the_sample_cannot_fill() -> None:
     assert (2, 1, 64) in layouts(128)
     # A tiny sample still tries the smallest slot count with every worker count.
     assert layouts(4) == {(1, 2, 8), (2, 1, 8)}
+
+
+def test_candidates_of_a_batch_invariant_job_are_never_repacked() -> None:
+    assert {c["repack"] for c in tune.candidates(2, [8, 16], 64)} == {True, False}
+    assert {c["repack"] for c in tune.candidates(2, [8, 16], 64, batch_invariant=True)} == {False}

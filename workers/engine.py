@@ -25,22 +25,28 @@ sequence (runner/layout.py).
 Flash attention's online softmax depends on how many KV cells it scans, which changes with the
 rest of the batch, so at a near-tie a token can flip (2 of 64 greedy stories260K answers
 differed between 1 and 16 slots in a unified pool). `batch_invariant: true` in a job picks
-separate streams without flash attention: every float reduction then sees the same cells in the
-same order whatever the batch, and answers are bit-identical across slots, layouts and prefix
-sharing (tested), at some cost in speed.
+separate streams without flash attention and without repacked weights, and lays every batch out
+so that each matrix product takes the same kernel whatever the batch (workers/invariant.py:
+decode steps of at least 8 tokens, with ballast tokens in free sequence ids when fewer
+sequences decode; prompts fed alone in chunks of 8 or more): every float reduction then sees
+the same numbers in the same order, and answers are bit-identical across slot counts including
+1, layouts and prefix sharing (tested), at some cost in speed.
 """
 
 from __future__ import annotations
 
 import time
+from array import array
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+from . import invariant
 from .model_runner import ModelRunner
 from .protocol import Answer, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
 from .scheduler import Scheduler, Span
-from .sequence import Phase, Sequence, decode_text, find_stop
+from .sequence import Phase, Sequence
 
 
 class Engine(Protocol):
@@ -66,6 +72,48 @@ class EngineError(RuntimeError):
     pass
 
 
+@dataclass
+class StepCounters:
+    """What the engine has done, for the report and the live progress. step_s - decode_s -
+    sample_s is the engine's own Python work; tg_*: the steps that only generate (one token per
+    sequence), llama-batched-bench's S_TG."""
+
+    steps: float = 0.0
+    step_s: float = 0.0
+    decode_s: float = 0.0
+    sample_s: float = 0.0
+    batch_tokens: float = 0.0
+    busy_slots: float = 0.0
+    generated_tokens: float = 0.0
+    kv_full_retries: float = 0.0
+    preemptions: float = 0.0
+    moves: float = 0.0
+    tg_steps_s: float = 0.0
+    tg_tokens: float = 0.0
+    ballast_tokens: float = 0.0
+
+    def step(self, spans: list[Span], busy: int, seconds: float) -> None:
+        n_tokens = sum(s.n for s in spans)
+        self.steps += 1
+        self.step_s += seconds
+        self.batch_tokens += n_tokens
+        self.busy_slots += busy
+        if spans and n_tokens == len(spans):
+            self.tg_steps_s += seconds
+            self.tg_tokens += n_tokens
+
+
+@dataclass
+class _Batch:
+    """One llama_decode: the spans scheduled, the arrays handed to llama.cpp (ballast included),
+    the ballast's sequence ids, and (span, batch index, logits row) for each span with logits."""
+
+    spans: list[Span] = field(default_factory=list)
+    arrays: tuple[np.ndarray, ...] = ()
+    ballast: list[int] = field(default_factory=list)
+    rows: list[tuple[Span, int, int]] = field(default_factory=list)
+
+
 class LlamaEngine:
     def __init__(self, config: EngineConfig, worker_id: int) -> None:
         self.config = config
@@ -73,26 +121,30 @@ class LlamaEngine:
         self.slots = config.slots
         self.gen = config.generation
         self.n_ctx_seq = config.n_ctx_seq
+        self.invariant = config.batch_invariant
+        # Batch-invariant prompt chunks are MIN_ROWS tokens or more and leave MIN_ROWS or none.
+        self.n_batch = max(config.n_batch, 2 * invariant.MIN_ROWS) if self.invariant else config.n_batch
         prefix = config.prefix_tokens
-        self.prefix_id = config.slots  # the sequence id after the slots holds the shared prefix
-        n_ctx = config.kv_cells or kv_cells(config.slots, config.n_ctx_seq, len(prefix), config.kv_unified)
-        self.runner = ModelRunner(config.model_path, config.n_threads, n_ctx=n_ctx,
-                                  n_seq_max=config.slots + 1, n_batch=config.n_batch,
-                                  kv_unified=config.kv_unified, flash_attn=config.flash_attn,
-                                  repack=config.repack)
+        if self.invariant and len(prefix) < invariant.MIN_ROWS:
+            prefix = array("i")  # too short to decode alone in a batch-invariant shape
+        self.prefix = prefix
+        streams = invariant.kv_streams(config.slots, self.invariant)
+        self.prefix_id = streams - 1  # the sequence id after the slots holds the shared prefix
+        n_ctx = config.kv_cells or kv_cells(config.slots, config.n_ctx_seq, len(prefix), config.kv_unified,
+                                            self.invariant)
+        self.runner = ModelRunner(config.model_path, config.n_threads, n_ctx=n_ctx, n_seq_max=streams,
+                                  n_batch=self.n_batch, kv_unified=config.kv_unified,
+                                  flash_attn=config.flash_attn, repack=config.repack)
         self.n_threads = self.runner.n_threads  # as llama.cpp reports it
         # With one unified pool, admission keeps the sequences within it; separate streams
         # give each slot its own room.
         budget = self.runner.n_ctx - len(prefix) if config.kv_unified else None
         # With one stream per sequence, how llama.cpp cuts a batch into passes over the weights
         # depends on the sequence ids in it: the scheduler lays batches out for that.
-        self.sched = Scheduler(config.slots, config.n_batch, prefix, budget, self.gen.max_tokens,
-                               stream_per_sequence=not config.kv_unified)
+        self.sched = Scheduler(config.slots, self.n_batch, prefix, budget, self.gen.max_tokens,
+                               stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant)
         self._rejected: list[Answer] = []
-        # step_s - decode_s - sample_s is the engine's own Python work.
-        self._stats = {"steps": 0.0, "step_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "batch_tokens": 0.0,
-                       "busy_slots": 0.0, "generated_tokens": 0.0,
-                       "kv_full_retries": 0.0, "preemptions": 0.0, "moves": 0.0, "tg_steps_s": 0.0, "tg_tokens": 0.0}
+        self.counters = StepCounters()
         self._decode_prefix(prefix)
 
     # -- public interface -----------------------------------------------------------------------
@@ -112,39 +164,22 @@ class LlamaEngine:
         self.sched.add(Sequence(question))
 
     def step(self) -> list[Answer]:
+        """schedule (admit, lay out the slots) → decode → sample → finish."""
         t0 = time.perf_counter()
         done, self._rejected = self._rejected, []
-        for seq in self.sched.admit():
-            if seq.n_cached:
-                self._copy_prefix(seq)
-            gen = self._gen(seq)
-            if needs_sampler(gen):
-                seq.sampler = self.runner.new_sampler(gen, seq.question.seed)
-        for seq, old_id in self.sched.compact():
-            # A whole-stream copy (a few MiB, done at the next decode) instead of a second pass
-            # over the weights in every step that remains.
-            self.runner.seq_cp(old_id, seq.seq_id, -1, -1)
-            self.runner.seq_rm(old_id)
-            self._stats["moves"] += 1
+        self._admit()
         busy = len(self.sched.running)
-        spans = self._decode_with_room()
-        for seq, token in self._sample(_logit_rows(spans)):
-            if self._accept(seq, token):
+        batch = self._decode_with_room()
+        vocab = self.runner.vocab
+        for seq, token in self._sample(batch):
+            if seq.accept(token, vocab.piece(token), vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
                 done.append(self._finish(seq))
-        st = self._stats
-        dt = time.perf_counter() - t0
-        n_tokens = sum(s.n for s in spans)
-        st["steps"] += 1
-        st["step_s"] += dt
-        st["batch_tokens"] += n_tokens
-        st["busy_slots"] += busy
-        if spans and n_tokens == len(spans):  # one token per sequence: a pure generation step
-            st["tg_steps_s"] += dt
-            st["tg_tokens"] += n_tokens
+        self.counters.generated_tokens += len(batch.rows)
+        self.counters.step(batch.spans, busy, time.perf_counter() - t0)
         return done
 
     def stats(self) -> dict[str, float]:
-        return dict(self._stats)
+        return asdict(self.counters)
 
     def warm_up(self, n_tokens: int = 16) -> None:
         """Decode a few throw-away tokens in an empty slot, so that a timed first step does not
@@ -160,125 +195,136 @@ class LlamaEngine:
 
     def drop_waiting(self) -> int:
         """Forget the questions not yet admitted (stopping); returns how many."""
-        n = len(self.sched.waiting)
-        self.sched.waiting.clear()
-        return n
+        return self.sched.drop_waiting()
 
     def close(self) -> None:
         for seq in self.sched.running:
-            if seq.sampler is not None:
-                self.runner.free_sampler(seq.sampler)
+            self._free_sampler(seq)
         self.runner.close()
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _decode_prefix(self, prefix) -> None:
-        n_batch = self.config.n_batch
-        for start in range(0, len(prefix), n_batch):
-            chunk = np.frombuffer(prefix, dtype=np.int32)[start:start + n_batch]
-            n = len(chunk)
-            status = self.runner.decode(chunk, np.arange(start, start + n, dtype=np.int32),
+    def _decode_prefix(self, prefix: array) -> None:
+        tokens = np.frombuffer(prefix, dtype=np.int32)
+        start = 0
+        while start < len(tokens):
+            left = len(tokens) - start
+            # Batch-invariant: every chunk MIN_ROWS tokens or more, like a sequence's own prompt.
+            n = invariant.chunk_len(left, self.n_batch) if self.invariant else min(left, self.n_batch)
+            status = self.runner.decode(tokens[start:start + n], np.arange(start, start + n, dtype=np.int32),
                                         np.full(n, self.prefix_id, np.int32), np.zeros(n, np.int8))
             if status != 0:
                 raise EngineError(f"decoding the shared prefix failed (llama_decode status {status})")
+            start += n
+
+    def _admit(self) -> None:
+        """Waiting questions into free slots (their shared prefix copied in, their sampler made),
+        then, with one stream per sequence, busy slots moved down so the ids stay contiguous."""
+        for seq in self.sched.admit():
+            if seq.n_cached:
+                self._copy_prefix(seq)
+            gen = self._gen(seq)
+            if needs_sampler(gen):
+                seq.sampler = self.runner.new_sampler(gen, seq.question.seed)
+        for seq, old_id in self.sched.compact():
+            # A whole-stream copy (a few MiB, done at the next decode) instead of a second pass
+            # over the weights in every step that remains.
+            self.runner.seq_cp(old_id, seq.seq_id, -1, -1)
+            self.runner.seq_rm(old_id)
+            self.counters.moves += 1
 
     def _gen(self, seq: Sequence) -> GenerationParams:
         """The question's own generation settings, or the job's."""
         return seq.question.generation or self.gen
 
-    def _sample(self, rows: list[tuple[Span, int]]) -> list[tuple[Sequence, int]]:
-        """The next token of every sequence that got logits: the greedy ones in one argmax over all
-        rows, the others by their own llama.cpp sampler chain on their row."""
+    def _sample(self, batch: _Batch) -> list[tuple[Sequence, int]]:
+        """The next token of every sequence that got logits: the greedy ones (no sampler) in one
+        argmax over their rows, the others by their own llama.cpp sampler chain on their row."""
         t0 = time.perf_counter()
-        greedy = any(span.seq.sampler is None for span, _ in rows)
-        tokens = self.runner.greedy(len(rows)).tolist() if greedy else [None] * len(rows)
-        out = [(span.seq, token if span.seq.sampler is None else self.runner.sample(span.seq.sampler, row))
-               for (span, row), token in zip(rows, tokens)]
-        self._stats["sample_s"] += time.perf_counter() - t0
+        rows = batch.rows
+        tokens = [0] * len(rows)
+        greedy = [i for i, (span, _, _) in enumerate(rows) if span.seq.sampler is None]
+        if greedy:
+            n_outputs = int(np.count_nonzero(batch.arrays[3]))
+            for i, token in zip(greedy, self.runner.greedy([rows[i][2] for i in greedy], n_outputs).tolist()):
+                tokens[i] = token
+        for i, (span, index, _) in enumerate(rows):
+            if span.seq.sampler is not None:
+                tokens[i] = self.runner.sample(span.seq.sampler, index)
+        out = [(span.seq, token) for (span, _, _), token in zip(rows, tokens)]
+        self.counters.sample_s += time.perf_counter() - t0
         return out
+
+    def _layout(self, spans: list[Span]) -> _Batch:
+        """The arrays of one llama_decode for these spans; in batch-invariant mode with ballast
+        and logits rows added as workers/invariant.py requires."""
+        arrays, ballast = _batch_arrays(spans), []
+        index = _logit_index(spans)
+        if self.invariant:
+            arrays, ballast = invariant.lay_out(arrays, self.prefix_id)
+            rows = invariant.output_rows(arrays[3], [i for _, i in index])
+        else:
+            rows = list(range(len(index)))  # exactly the spans' last tokens ask for logits
+        return _Batch(spans, arrays, ballast, [(span, i, row) for (span, i), row in zip(index, rows)])
 
     def _copy_prefix(self, seq: Sequence) -> None:
         # Copy the whole prefix sequence: without kv_unified llama.cpp can only copy a full
         # stream (a partial range aborts the process), and with it a full copy just tags cells.
         self.runner.seq_cp(self.prefix_id, seq.seq_id, -1, -1)
-        if seq.n_cached < len(self.config.prefix_tokens):
+        if seq.n_cached < len(self.prefix):
             self.runner.seq_rm(seq.seq_id, seq.n_cached, -1)
 
-    def _decode_with_room(self) -> list[Span]:
+    def _decode_with_room(self) -> _Batch:
         """Decode the scheduled batch. When llama.cpp finds no KV room (status 1) the batch is
-        halved and retried; when even one token has no room, the newest sequence is preempted."""
-        budget = self.config.n_batch
+        halved and retried; when even one token has no room, the newest sequence is preempted.
+        Batch-invariant mode preempts at once: a smaller batch would have another shape."""
+        budget = self.n_batch
         while True:
             spans = self.sched.schedule(budget)
             if not spans:
-                return []
+                return _Batch()
+            batch = self._layout(spans)
             t0 = time.perf_counter()
-            status = self.runner.decode(*_batch_arrays(spans))
-            self._stats["decode_s"] += time.perf_counter() - t0
+            status = self.runner.decode(*batch.arrays)
+            self.counters.decode_s += time.perf_counter() - t0
+            for seq_id in batch.ballast:
+                self.runner.seq_rm(seq_id)  # its stream is empty again, from cell 0
             if status == 0:
                 for span in spans:
                     if span.seq.phase is Phase.PREFILL:
                         span.seq.n_cached += span.n
-                return spans
+                self.counters.ballast_tokens += len(batch.ballast)
+                return batch
             if status != 1:
                 raise EngineError(f"llama_decode failed with status {status}")
-            self._stats["kv_full_retries"] += 1
+            self.counters.kv_full_retries += 1
             n_tokens = sum(s.n for s in spans)
-            if n_tokens > 1:
+            if n_tokens > 1 and not self.invariant:
                 budget = n_tokens // 2
             elif len(self.sched.running) > 1:
-                victim = self.sched.running[-1]
-                self.runner.seq_rm(victim.seq_id)
-                if victim.sampler is not None:
-                    self.runner.free_sampler(victim.sampler)
-                    victim.sampler = None
-                self.sched.preempt_newest()
-                self._stats["preemptions"] += 1
+                self._preempt_newest()
             else:
                 raise EngineError("no KV cache room for a single sequence")
 
-    def _accept(self, seq: Sequence, token: int) -> bool:
-        """Record a sampled token; True when the sequence is finished."""
-        now = time.perf_counter()
-        if seq.phase is Phase.PREFILL:
-            seq.phase = Phase.DECODE
-            seq.t_first = now
-        seq.output.append(token)
-        self._stats["generated_tokens"] += 1
-        vocab = self.runner.vocab
-        gen = self._gen(seq)
-        if not gen.ignore_eos and vocab.is_eog(token):
-            seq.output.pop()  # the end-of-generation token is not part of the answer
-            seq.finish = FinishReason.STOP
-            return True
-        before = len(seq.text_bytes)
-        seq.text_bytes += vocab.piece(token)
-        if gen.stop:
-            # Scan only the tail that could contain a stop string ending in this token.
-            text = seq.text_bytes.decode("utf-8", errors="ignore")
-            longest = max(map(len, gen.stop))
-            cut = find_stop(text, gen.stop, len(text) - (len(seq.text_bytes) - before) - longest)
-            if cut is not None:
-                seq.stop_cut = cut
-                seq.finish = FinishReason.STOP
-                return True
-        if len(seq.output) >= gen.max_tokens or seq.n_prompt + len(seq.output) >= self.n_ctx_seq:
-            seq.finish = FinishReason.LENGTH
-            return True
-        return False
+    def _preempt_newest(self) -> None:
+        victim, slot = self.sched.preempt_newest()
+        self.runner.seq_rm(slot)
+        self._free_sampler(victim)
+        self.counters.preemptions += 1
 
-    def _finish(self, seq: Sequence) -> Answer:
-        text = decode_text(bytes(seq.text_bytes))
-        if seq.stop_cut is not None:
-            text = text[:seq.stop_cut]
-        self.runner.seq_rm(seq.seq_id)
+    def _free_sampler(self, seq: Sequence) -> None:
         if seq.sampler is not None:
             self.runner.free_sampler(seq.sampler)
             seq.sampler = None
+
+    def _finish(self, seq: Sequence) -> Answer:
+        """The finished sequence's answer; its slot, KV and sampler given back."""
+        self.runner.seq_rm(seq.seq_id)
+        self._free_sampler(seq)
         self.sched.release(seq)
         seq.phase = Phase.FINISHED
         now = time.perf_counter()
-        return Answer(seq.question.qid, text, seq.finish or FinishReason.STOP, seq.n_prompt,
+        return Answer(seq.question.qid, seq.text(), seq.finish or FinishReason.STOP, seq.n_prompt,
                       len(seq.output), self.worker_id, seq.t_first - seq.t_admit, now - seq.t_admit,
                       created=time.time())
 
@@ -311,8 +357,8 @@ def _batch_arrays(spans: list[Span]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return tokens, pos, seq_ids, logits
 
 
-def _logit_rows(spans: list[Span]) -> list[tuple[Span, int]]:
-    """(span, batch index of its logits row) for the spans that asked for logits."""
+def _logit_index(spans: list[Span]) -> list[tuple[Span, int]]:
+    """(span, batch index of its last token) for the spans that asked for logits."""
     rows, i = [], 0
     for span in spans:
         i += span.n

@@ -355,13 +355,16 @@ class ModelRunner:
         entries = (llama_cpp.llama_logit_bias * len(bias))(*(llama_cpp.llama_logit_bias(t, b) for t, b in bias))
         return llama_cpp.llama_sampler_init_logit_bias(self.vocab.n_tokens, len(bias), entries)
 
-    def greedy(self, n_rows: int) -> np.ndarray:
-        """Argmax of each of the last decode's n_rows logits rows (stored in batch order), in one
-        numpy pass: a llama.cpp greedy sampler would copy the whole vocabulary into a candidate
-        array per sequence first. Ties go to the lowest token id, as in llama.cpp's greedy."""
+    def greedy(self, rows: list[int], n_outputs: int) -> np.ndarray:
+        """Argmax of the given rows of the last decode's n_outputs logits rows (stored in batch
+        order), in one numpy pass: a llama.cpp greedy sampler would copy the whole vocabulary into
+        a candidate array per sequence first. Ties go to the lowest token id, as in llama.cpp."""
         ptr = llama_cpp.llama_get_logits(self.ctx)
-        rows = np.ctypeslib.as_array(ptr, shape=(n_rows, self.vocab.n_tokens))
-        return rows.argmax(axis=1)
+        logits = np.ctypeslib.as_array(ptr, shape=(n_outputs, self.vocab.n_tokens))
+        first = rows[0]
+        if rows == list(range(first, first + len(rows))):  # the usual case: a view, no copy
+            return logits[first:first + len(rows)].argmax(axis=1)
+        return logits[rows].argmax(axis=1)
 
     def sample(self, sampler: llama_cpp.llama_sampler_p, batch_index: int) -> int:
         """Sample from the logits row of batch position `batch_index` (also accepts the token)."""

@@ -41,6 +41,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from .invariant import kv_streams
+
 
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # end-of-generation token or a stop string
@@ -115,13 +117,14 @@ class GenerationParams:
     response_format: Optional[ResponseFormat] = None  # see RESPONSE_FORMAT_ENFORCED
 
 
-def kv_cells(slots: int, n_ctx_seq: int, n_prefix: int, unified: bool) -> int:
+def kv_cells(slots: int, n_ctx_seq: int, n_prefix: int, unified: bool, batch_invariant: bool = False) -> int:
     """KV cells (llama.cpp n_ctx) for `slots` sequences of up to n_ctx_seq tokens sharing
     n_prefix tokens, plus the prefix sequence. Unified: one pool where the prefix is stored once.
-    Not unified: llama.cpp splits n_ctx evenly into one stream per sequence."""
+    Not unified: llama.cpp splits n_ctx evenly into one stream per sequence (invariant.kv_streams:
+    the slots, the prefix and, batch-invariant, the ballast's)."""
     if unified:
         return n_prefix + slots * max(1, n_ctx_seq - n_prefix)
-    return (slots + 1) * n_ctx_seq
+    return kv_streams(slots, batch_invariant) * n_ctx_seq
 
 
 @dataclass(frozen=True)
@@ -138,14 +141,22 @@ class EngineConfig:
     # One KV pool shared by all slots (a shared prefix is stored once), or one stream per slot
     # (attention scans only the sequence's own cells). See workers/engine.py.
     kv_unified: bool = True
-    # Off (with kv_unified off) makes answers batch-invariant: no float reduction then depends
-    # on what else is in the batch.
+    # Flash attention's online softmax depends on how many KV cells it scans (batch_invariant
+    # turns it off).
     flash_attn: bool = True
     # KV cells of the whole context; 0 = room for every slot at full length (kv_cells above). A
     # smaller pool works too: the engine shrinks batches and preempts when it is full.
     kv_cells: int = 0
     # Weights copied into llama.cpp's CPU_REPACK layout at load (see WorkerSpec.repack).
     repack: bool = True
+    # Answers bit-identical whatever else is in the batch, a batch of one included: every batch
+    # laid out as workers/invariant.py says. Needs kv_unified, flash_attn and repack all off.
+    batch_invariant: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_invariant and (self.kv_unified or self.flash_attn or self.repack):
+            raise ValueError("batch_invariant needs kv_unified, flash_attn and repack off (got "
+                             f"{self.kv_unified}, {self.flash_attn}, {self.repack})")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ by id; a free slot is always the lowest free id; and when a slot below the highe
 free (no question waiting to fill it), the highest sequence moves down into it (`compact`).
 Measured on the 28 × 1024 model, 32 sequences decoding: 107 ms a step with ids 0..31 in order,
 141-156 ms with one id out of place, 330-410 ms shuffled or reversed.
+
+Batch-invariant mode (workers/invariant.py) schedules a step as either one prompt chunk alone
+(at least MIN_ROWS tokens, or a whole short prompt) or one token of every running sequence,
+never shrinks a batch, and leaves every sequence at least MIN_ROWS prompt tokens of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
-from .sequence import Phase, Sequence, shared_prefix_len
+from . import invariant
+from .sequence import Phase, Sequence, common_prefix_len, shared_prefix_len
 
 
 @dataclass(frozen=True)
@@ -38,11 +43,12 @@ class Span:
 class Scheduler:
     def __init__(self, slots: int, n_batch: int, prefix: array | None = None,
                  kv_budget: int | None = None, max_new_tokens: int = 0,
-                 stream_per_sequence: bool = False) -> None:
+                 stream_per_sequence: bool = False, batch_invariant: bool = False) -> None:
         """kv_budget: KV cells the sequences may fill beyond the shared prefix (None = each slot
         has its own room). A sequence is admitted only when its prompt plus max_new_tokens fits
         what the running ones may still claim, so a full pool never thrashes.
-        stream_per_sequence: the context keeps one KV stream per sequence (see the module doc)."""
+        stream_per_sequence: the context keeps one KV stream per sequence (see the module doc).
+        batch_invariant: lay batches out as workers/invariant.py requires (needs streams)."""
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) cannot exceed the token budget n_batch ({n_batch})")
         self.n_batch = n_batch
@@ -50,7 +56,8 @@ class Scheduler:
         self.kv_budget = kv_budget
         self.max_new_tokens = max_new_tokens
         self.kv_reserved = 0
-        self.stream_per_sequence = stream_per_sequence
+        self.stream_per_sequence = stream_per_sequence or batch_invariant
+        self.batch_invariant = batch_invariant
         self.free_ids: list[int] = list(range(slots))  # a heap: admission takes the lowest
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
@@ -68,7 +75,7 @@ class Scheduler:
         admitted = []
         while self.free_ids and self.waiting:
             seq = self.waiting[0]
-            shared = shared_prefix_len(seq.prompt, self.prefix)
+            shared = self._shared(seq)
             own = seq.question.generation  # a question's own max_tokens, else the job's
             need = seq.n_prompt - shared + (own.max_tokens if own else self.max_new_tokens)
             if self.kv_budget is not None and self.running and self.kv_reserved + need > self.kv_budget:
@@ -80,6 +87,11 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
         return admitted
+
+    def _shared(self, seq: Sequence) -> int:
+        if self.batch_invariant:
+            return invariant.shared_len(common_prefix_len(seq.prompt, self.prefix), seq.n_prompt, len(self.prefix))
+        return shared_prefix_len(seq.prompt, self.prefix)
 
     def compact(self) -> list[tuple[Sequence, int]]:
         """With one stream per sequence, keep the busy ids contiguous from 0: while a free id is
@@ -101,6 +113,8 @@ class Scheduler:
     def schedule(self, budget: int | None = None) -> list[Span]:
         """The spans of the next batch, within `budget` tokens (default n_batch), by sequence id."""
         budget = self.n_batch if budget is None else budget
+        if self.batch_invariant:
+            return self._schedule_invariant()
         prefilling = any(s.phase is Phase.PREFILL for s in self.running)
         decoding = sorted((s for s in self.running if s.phase is Phase.DECODE), key=_seq_id)[:budget]
         if prefilling and self.stream_per_sequence:
@@ -116,6 +130,23 @@ class Scheduler:
                 budget -= n
         return sorted(spans, key=lambda span: span.seq.seq_id)
 
+    def _schedule_invariant(self) -> list[Span]:
+        """One prompt chunk alone (the earliest admitted prompt still going in), else one token of
+        every running sequence: their ids are 0..k-1 (admit and compact keep them so), which
+        llama.cpp keeps in one ubatch. The batch never shrinks (invariant.ballast_ids needs the
+        ids above it free), so `budget` does not apply; n_batch holds every slot's token."""
+        for seq in self.running:
+            if seq.phase is Phase.PREFILL:
+                n = invariant.chunk_len(seq.n_prompt - seq.n_cached, self.n_batch)
+                return [Span(seq, seq.n_cached, n, seq.n_cached + n == seq.n_prompt)]
+        return [Span(s, s.next_pos, 1, True) for s in sorted(self.running, key=_seq_id)]
+
+    def drop_waiting(self) -> int:
+        """Forget the sequences not yet admitted (stopping); returns how many."""
+        n = len(self.waiting)
+        self.waiting.clear()
+        return n
+
     def release(self, seq: Sequence) -> None:
         """Give the slot back (finished or preempted)."""
         self.running.remove(seq)
@@ -123,14 +154,16 @@ class Scheduler:
         self.kv_reserved -= seq.kv_reserved
         seq.kv_reserved = 0
 
-    def preempt_newest(self) -> Sequence:
+    def preempt_newest(self) -> tuple[Sequence, int]:
         """Take the most recently admitted sequence out to make KV room; it goes back to the
-        front of the queue and starts over later."""
+        front of the queue and starts over later. Returns it and the slot it held (whose KV the
+        caller frees)."""
         seq = self.running[-1]
+        slot = seq.seq_id
         self.release(seq)
         seq.reset_to_waiting()
         self.waiting.appendleft(seq)
-        return seq
+        return seq, slot
 
 
 def _seq_id(seq: Sequence) -> int:

@@ -8,7 +8,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence as Seq
 
-from .protocol import FinishReason, Question
+from .protocol import FinishReason, GenerationParams, Question
 
 
 class Phase(enum.Enum):
@@ -51,6 +51,39 @@ class Sequence:
         self.n_cached = n_shared
         self.phase = Phase.PREFILL
         self.t_admit = time.perf_counter()
+
+    def accept(self, token: int, piece: bytes, is_eog: bool, gen: GenerationParams, n_ctx_seq: int) -> bool:
+        """Record a sampled token (`piece`: its text, `is_eog`: it ends generation); True when the
+        sequence is finished, with `finish` (and `stop_cut` for a stop string) set. The rules, in
+        order: end of generation (not part of the answer), a stop string ending in this token,
+        max_tokens, the context full."""
+        if self.phase is Phase.PREFILL:
+            self.phase = Phase.DECODE
+            self.t_first = time.perf_counter()
+        self.output.append(token)
+        if is_eog and not gen.ignore_eos:
+            self.output.pop()
+            self.finish = FinishReason.STOP
+            return True
+        before = len(self.text_bytes)
+        self.text_bytes += piece
+        if gen.stop:
+            # Scan only the tail that could contain a stop string ending in this token.
+            text = self.text_bytes.decode("utf-8", errors="ignore")
+            longest = max(map(len, gen.stop))
+            cut = find_stop(text, gen.stop, len(text) - (len(self.text_bytes) - before) - longest)
+            if cut is not None:
+                self.stop_cut, self.finish = cut, FinishReason.STOP
+                return True
+        if len(self.output) >= gen.max_tokens or self.n_prompt + len(self.output) >= n_ctx_seq:
+            self.finish = FinishReason.LENGTH
+            return True
+        return False
+
+    def text(self) -> str:
+        """The answer so far: the generated text, cut where a stop string begins."""
+        text = decode_text(bytes(self.text_bytes))
+        return text[:self.stop_cut] if self.stop_cut is not None else text
 
     def reset_to_waiting(self) -> None:
         """Preempted (no KV room): drop its progress, it starts over when re-admitted."""

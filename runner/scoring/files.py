@@ -43,9 +43,9 @@ def read_answers(path: str, id_field: str = "questionID", answer_field: str = "a
         if not isinstance(row, dict):
             raise InputError(f"{where}: each answer must be a JSON object, got {type(row).__name__}")
         if id_field not in row and "custom_id" in row:
-            qid, text = _row_id(where, row, "custom_id"), openai_text(row)
+            qid, text = row_id(where, row, "custom_id"), openai_text(row)
         else:
-            qid, text = _row_id(where, row, id_field), _text(where, row, answer_field)
+            qid, text = row_id(where, row, id_field), _text(where, row, answer_field)
         if qid in lines:
             raise InputError(f"{path}: duplicate answer for {quote(qid)} (lines {lines[qid]} and {line})")
         lines[qid], answers[qid] = line, text
@@ -79,7 +79,7 @@ def read_gold(path: str, id_field: str = "questionID", gold_field: str = "answer
         where = f"{path}:{line}"
         if not isinstance(row, dict):
             raise InputError(f"{where}: each record must be a JSON object, got {type(row).__name__}")
-        qid = _row_id(where, row, id_field)
+        qid = row_id(where, row, id_field)
         if qid in lines:
             raise InputError(f"{path}: duplicate {id_field} {quote(qid)} (lines {lines[qid]} and {line})")
         lines[qid] = line
@@ -91,7 +91,8 @@ def read_gold(path: str, id_field: str = "questionID", gold_field: str = "answer
     return gold, without
 
 
-def _row_id(where: str, row: Mapping[str, Any], field: str) -> str:
+def row_id(where: str, row: Mapping[str, Any], field: str) -> str:
+    """A row's id as a string (ids are kept as strings, as the question reader keeps them)."""
     if field not in row:
         keys = ", ".join(map(str, list(row)[:8]))
         raise InputError(f"{where}: no '{field}' field (it has: {keys}); name the id field with --id-field")

@@ -43,8 +43,7 @@ def engine_config(model: str, threads: int, slots: int, n_ctx_seq: int, prefix: 
     exactly max_tokens per question."""
     layout = Layout(1, threads, slots, (), repack, "bench", n_ctx_seq,
                     kv_unified_for(len(prefix), n_ctx_seq, batch_invariant=False), step_budget(512, slots))
-    return layouts.engine_config(model, layout, prefix, GenerationParams(max_tokens=max_tokens, ignore_eos=True),
-                                 batch_invariant=False)
+    return layouts.engine_config(model, layout, prefix, GenerationParams(max_tokens=max_tokens, ignore_eos=True))
 
 
 def batched_bench_config(model: str, threads: int, pp: int, tg: int, b: int, repack: bool) -> EngineConfig:

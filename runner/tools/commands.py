@@ -155,7 +155,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # own thread count throughout: threads_adapt off), and the GPU settings, since it measures CPU
 # layouts (a job with GPU layers does not use them).
 TUNE_OWNS = {"model", "model.path", "input", "output", "report", "workers", "threads", "threads_adapt", "slots",
-             "model.repack", "max_tokens", "ignore_eos", "model.n_gpu_layers", "devices"}
+             "model.repack", "max_tokens", "ignore_eos", "model.n_gpu_layers", "devices", "shard"}
 
 
 def _add_tune(sub: Any) -> None:
@@ -182,11 +182,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     model = resolve_model(model_arg)
     slot_options = _ints(args.slots, "--slots")
     n_cores = len(usable_cores())
-    trials = tune.candidates(n_cores, slot_options, args.questions)
+    invariant = settings.get("batch_invariant") is True
+    trials = tune.candidates(n_cores, slot_options, args.questions, invariant)
     estimate = tune.rough_seconds(os.path.getsize(model), len(trials), args.questions, args.max_tokens)
     print(f"trying {len(trials)} layouts on {args.questions} questions × {args.max_tokens} tokens: "
           f"about {estimate / 60:.0f} min (a rough guess)", flush=True)
-    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30)) - len(trials)
+    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant)) - len(trials)
     if skipped:
         print(f"  ({skipped} layouts skipped: their slots are more than {args.questions} questions can "
               "fill; a bigger --questions tries them)", flush=True)

@@ -1,0 +1,183 @@
+"""`ggbatch merge`, without a model: answers files of every format written by the run's own
+renderer (runner/outputs.py) for a whole job and for each of its shards; the shards merged must
+be the whole job's file byte for byte, and a merge that would lose, mix or invent answers says so."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from ggbatch.runner.errors import ConfigError, InputError
+from ggbatch.runner.merge_command import merge_files
+from ggbatch.runner.merge_parts import MISSING
+from ggbatch.runner.outputs import OutputSpec, Row, render
+from ggbatch.runner.parts import read_part
+from ggbatch.runner.shards import shard_of
+from ggbatch.workers.protocol import Answer, FinishReason
+
+IDS = [f"q{i}" for i in range(1, 31)] + ["7", "007", "é-1", "with, comma"]
+TEXTS = {"q3": 'He said "hi",\nthen left', "q4": "<think>2+2</think> 4", "q5": "  ", "q6": "naïve – ünïcödé"}
+FAILED = "q9"
+EXT = {"json": "json", "jsonl": "jsonl", "csv": "csv", "openai": "jsonl"}
+
+
+def answer(i, qid):
+    error = "the prompt is longer than the context" if qid == FAILED else None
+    return Answer(qid, TEXTS.get(qid, f"answer {i}"), FinishReason.ERROR if error else FinishReason.STOP, 10 + i, i,
+                  0, 0.1, 0.2, error, created=1_700_000_000.5 + i)
+
+
+ROWS = [Row(qid, answer(i, qid), answer(i, qid).error) for i, qid in enumerate(IDS)]
+
+
+def spec(fmt, keep_thinking=False):
+    return OutputSpec(fmt, keep_thinking=keep_thinking, model_name="stories", completions=frozenset({"q2"}),
+                      started=1_700_000_000.0)
+
+
+def write_job(tmp_path, fmt, count=3, keep_thinking=False):
+    """(the question file, the whole job's answers as one run writes them, the shards' files)."""
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": q, "question": "?"}) + "\n" for q in IDS))
+    whole = tmp_path / f"whole.{EXT[fmt]}"
+    whole.write_text(render(ROWS, spec(fmt, keep_thinking)), newline="")
+    parts = []
+    for i in range(count):
+        part = tmp_path / f"answers.shard-{i}-of-{count}.{EXT[fmt]}"
+        part.write_text(render([r for r in ROWS if shard_of(r.qid, count) == i], spec(fmt, keep_thinking)),
+                        newline="")
+        parts.append(str(part))
+    return str(questions), whole.read_bytes(), parts
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "openai"])
+def test_the_shards_merged_are_the_whole_job_byte_for_byte(tmp_path, fmt):
+    questions, whole, parts = write_job(tmp_path, fmt)
+    out = tmp_path / f"merged.{EXT[fmt]}"
+    outcome = merge_files(str(out), parts[::-1], questions)
+    assert out.read_bytes() == whole
+    assert outcome.format == fmt and outcome.parts == 3
+    assert outcome.problems() == ["1 question has no answer in the parts (the rows say why)"]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_thinking_kept_merges_byte_for_byte(tmp_path, fmt):
+    questions, whole, parts = write_job(tmp_path, fmt, keep_thinking=True)
+    out = tmp_path / f"merged.{fmt}"
+    merge_files(str(out), parts, questions)
+    assert out.read_bytes() == whole
+
+
+def test_without_the_question_file_rows_come_in_the_parts_order(tmp_path):
+    _, _, parts = write_job(tmp_path, "jsonl")
+    out = tmp_path / "merged.jsonl"
+    outcome = merge_files(str(out), parts)
+    got = [json.loads(line)["questionID"] for line in out.read_text().splitlines()]
+    assert got == [q for i in range(3) for q in IDS if shard_of(q, 3) == i]
+    assert outcome.split == 3 and outcome.absent_shards == []
+
+
+@pytest.mark.parametrize("source,target", [("jsonl", "json"), ("csv", "json"), ("json", "csv"), ("csv", "jsonl")])
+def test_parts_convert_between_json_json_lines_and_csv(tmp_path, source, target):
+    questions, _, parts = write_job(tmp_path, source)
+    out = tmp_path / f"merged.{target}"
+    merge_files(str(out), parts, questions)
+    assert out.read_bytes() == render(ROWS, spec(target)).encode()
+
+
+def test_a_missing_shard_is_named_and_its_questions_marked(tmp_path):
+    questions, _, parts = write_job(tmp_path, "jsonl")
+    out = tmp_path / "merged.jsonl"
+    outcome = merge_files(str(out), [parts[0], parts[2]], questions)
+    missing = [q for q in IDS if shard_of(q, 3) == 1]
+    assert outcome.merged.missing == missing
+    first = ", ".join(repr(q) for q in missing[:5])
+    assert outcome.problems() == [
+        "no part is named for shard 1/3",
+        f"{len(missing)} of {len(IDS)} questions are in no part: {first} and {len(missing) - 5} more (by their ids, "
+        f"of shard 1/3); {out} marks them not answered",
+        "1 question has no answer in the parts (the rows say why)"]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["questionID"] for r in rows] == IDS
+    assert [r for r in rows if r["questionID"] in missing] == [
+        {"questionID": q, "answer": None, "error": MISSING} for q in missing]
+
+
+def test_an_absent_part_file_is_named(tmp_path):
+    questions, _, parts = write_job(tmp_path, "openai")
+    parts[1] = str(tmp_path / "gone.shard-1-of-3.jsonl")
+    outcome = merge_files(str(tmp_path / "merged.jsonl"), parts, questions)
+    assert outcome.problems()[0] == f"{parts[1]}: not found (an absent shard?)"
+    assert "by their ids, of shard 1/3" in outcome.problems()[1]
+    lines = [json.loads(line) for line in (tmp_path / "merged.jsonl").read_text().splitlines()]
+    assert [x["custom_id"] for x in lines] == IDS
+    marked = [x for x in lines if shard_of(x["custom_id"], 3) == 1]
+    assert all(x["response"] is None and x["error"] == {"code": "not_answered", "message": MISSING} for x in marked)
+
+
+def test_duplicate_ids_are_refused_naming_both_files(tmp_path):
+    questions, _, parts = write_job(tmp_path, "csv")
+    copy = tmp_path / "copy.csv"
+    shutil.copy(parts[0], copy)
+    qid = read_part(parts[0]).rows[0].qid
+    with pytest.raises(InputError, match=f"^id '{qid}' is in two parts: {parts[0]}:2 and {copy}:2 "):
+        merge_files(str(tmp_path / "m.csv"), [*parts, str(copy)], questions)
+    with pytest.raises(ConfigError, match="given twice as a part"):
+        merge_files(str(tmp_path / "m.csv"), [parts[0], parts[0]], questions)
+    assert not (tmp_path / "m.csv").exists()
+
+
+def test_an_id_the_question_file_does_not_have_is_refused(tmp_path):
+    questions, _, parts = write_job(tmp_path, "json")
+    stray = tmp_path / "stray.json"
+    stray.write_text('[\n{"questionID": "q1000", "answer": "x"}\n]\n')
+    with pytest.raises(InputError, match=f"^{stray}:2: id 'q1000' is not in the question file {questions}$"):
+        merge_files(str(tmp_path / "m.json"), [*parts, str(stray)], questions)
+
+
+def test_refused_merges(tmp_path):
+    questions, _, parts = write_job(tmp_path, "openai")
+    with pytest.raises(ConfigError, match="does not convert to json"):
+        merge_files(str(tmp_path / "m.json"), parts, questions)
+    rows = tmp_path / "rows.shard-0-of-3.jsonl"
+    rows.write_text('{"questionID": "q1", "answer": "x"}\n')
+    with pytest.raises(InputError, match="holds OpenAI Batch output lines and .*rows.shard-0-of-3.jsonl answers rows"):
+        merge_files(str(tmp_path / "m.jsonl"), [parts[1], str(rows)], questions)
+    with pytest.raises(ConfigError, match="OpenAI Batch output is made by a run"):
+        merge_files(str(tmp_path / "m.jsonl"), [str(rows)], output_fmt="openai")
+    with pytest.raises(ConfigError, match=f"the merged output {parts[0]} is a part"):
+        merge_files(parts[0], parts, questions)
+    other = tmp_path / "a.shard-1-of-4.jsonl"
+    shutil.copy(parts[1], other)
+    with pytest.raises(InputError, match="parts of two splits: .*shard 0/3, .*a.shard-1-of-4.jsonl is shard 1/4"):
+        merge_files(str(tmp_path / "m.jsonl"), [parts[0], str(other)], questions)
+
+
+def test_an_empty_shard_merges(tmp_path):
+    questions, whole, parts = write_job(tmp_path, "openai", count=40)  # more shards than some get questions
+    assert any(not read_part(p).rows for p in parts)
+    merge_files(str(tmp_path / "m.jsonl"), parts, questions)
+    assert (tmp_path / "m.jsonl").read_bytes() == whole
+
+
+def ggbatch(*args):
+    return subprocess.run([sys.executable, "-m", "ggbatch", "merge", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_the_command_line_exit_codes(tmp_path):
+    questions, whole, parts = write_job(tmp_path, "jsonl")
+    out = tmp_path / "merged.jsonl"
+    r = ggbatch("--input", questions, "--output", out, *parts)
+    assert r.returncode == 1 and out.read_bytes() == whole  # one row failed, as the run said (exit 1)
+    assert r.stdout == f"merged {len(IDS)} rows from 3 parts into {out} (jsonl, in the order of {questions})\n"
+    assert r.stderr == "ggbatch: merge: 1 question has no answer in the parts (the rows say why)\n"
+    r = ggbatch("-q", "--input", questions, "--output", out, parts[0], parts[2])
+    assert r.returncode == 1 and r.stdout == ""
+    assert "questions are in no part: " in r.stderr and "(by their ids, of shard 1/3)" in r.stderr
+    r = ggbatch("--input", questions, "--output", out, parts[0], parts[0].replace("answers", "./answers"))
+    assert r.returncode == 2 and r.stderr.startswith("ggbatch: error: ") and r.stderr.count("\n") == 1
