@@ -2,7 +2,8 @@
 llama.cpp thread count adapting to the contention (threads_adapt auto) and without.
 
     python bench/contention_bench.py [--model M.gguf] [--loops 0,1,2] [--adapt auto,off,threads1]
-                                     [--repeat 3] [--workload W1] [--wait-idle 0.3] [--log-dir DIR]
+                                     [--repeat 3] [--workload W1] [--wait-idle 0.3 [--patience 120]]
+                                     [--foreign-limit 0.15] [--retries 2] [--log-dir DIR]
 
 --adapt: `auto` and `off` are threads_adapt's settings; `threads1` is `--threads 1` with adapt off
 (the best fixed count beside one busy loop on 2 cores). A busy loop is `python -c "while True:
@@ -63,7 +64,7 @@ def children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def wait_idle(limit: float, patience_s: float = 900.0) -> None:
+def wait_idle(limit: float, patience_s: float) -> None:
     """Wait (at most patience_s) until the machine's busy cores over 2 s fall under `limit`."""
     deadline = time.monotonic() + patience_s
     while time.monotonic() < deadline:
@@ -72,6 +73,7 @@ def wait_idle(limit: float, patience_s: float = 900.0) -> None:
         if (machine_busy_s() - before) / 2.0 < limit:
             return
         time.sleep(3.0)
+    print(f"  (still more than {limit} busy cores after {patience_s:.0f} s: running anyway)", flush=True)
 
 
 def run_ggbatch(model: str, system: str, records: list[dict], adapt: str, log: Path | None) -> dict:
@@ -139,6 +141,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--wait-idle", type=float, metavar="CORES", help="wait before each run until the machine's "
                     "busy cores fall under CORES")
+    ap.add_argument("--patience", type=float, default=120.0, metavar="S",
+                    help="--wait-idle waits at most this long (default 120 s)")
     ap.add_argument("--foreign-limit", type=float, default=0.15, metavar="CORES",
                     help="a run with more foreign load was disturbed (default 0.15 cores)")
     ap.add_argument("--retries", type=int, default=2, help="runs again a disturbed run up to this many times")
@@ -158,7 +162,7 @@ def main() -> None:
             for adapt in args.adapt.split(","):
                 for attempt in range(args.retries + 1):
                     if args.wait_idle is not None:
-                        wait_idle(args.wait_idle)
+                        wait_idle(args.wait_idle, args.patience)
                     log = log_dir / f"r{rnd}-loops{loops}-{adapt}-{attempt}.log" if log_dir else None
                     run = one_run(model, system, records, loops, adapt, log)
                     results.setdefault((loops, adapt), []).append(run)

@@ -170,11 +170,78 @@ def as_load(s):
 
 
 def replay_recorded(samples):
-    """Each recorded sample with the thread count the worker ran then: [(sample index, change)]."""
-    c, now, out = ThreadController(), 0.0, []
+    """The controller fed each recorded sample as the live run fed it: [(sample index, change)].
+    After a change is asked, the live coordinator feeds nothing more until the worker answers
+    (beside busy loops one engine step can take seconds), so neither does the replay."""
+    c, now, out, asked = ThreadController(), 0.0, [], None
     for i, s in enumerate(samples):
         now += s["interval_s"]
+        if asked is not None and s["threads"] != asked:
+            continue
+        asked = None
         change = c.sample(0, now, as_load(s), s["threads"], 2)
         if change is not None:
             out.append((i, change))
+            asked = change.to
     return out
+
+
+RECORDINGS = sorted(p.name for p in RECORDED.glob("*.json"))
+
+
+def arrival(samples, start=0, above=0.5):
+    """The first sample from `start` on with more than `above` cores of other load."""
+    return next(i for i, s in enumerate(samples) if i >= start and s["other"] > above)
+
+
+def departure(samples, start, below=0.25):
+    return next(i for i, s in enumerate(samples) if i >= start and s["other"] < below)
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_replaying_a_recording_makes_the_live_runs_decisions(name):
+    # The controller is a pure function of what it is fed: fed the recorded samples, it decides
+    # what the coordinator decided in the recorded run, with the same reasons; and the worker
+    # ran each count it was given.
+    data, samples = recorded(name)
+    replayed = replay_recorded(samples)
+    assert [(c.threads, c.to, c.reason) for _, c in replayed] == \
+        [(c["from"], c["to"], c["reason"]) for c in data["changes"]]
+    for i, change in replayed:
+        assert any(s["threads"] == change.to for s in samples[i + 1:]), (i, change)
+
+
+def test_recorded_busy_loop_arriving_and_leaving():
+    # bench/record_cpu_samples.py --schedule 10:1,35:0: W1's questions at 160 tokens, a busy loop
+    # from 10 s to 35 s.
+    data, samples = recorded("arrive-leave.json")
+    came = arrival(samples)
+    went = departure(samples, came)
+    changes = replay_recorded(samples)
+    assert [(i - came, c.threads, c.to) for i, c in changes[:1]] == [(1, 2, 1)]  # after 2 intervals
+    assert [(i - went, c.threads, c.to) for i, c in changes[1:]] == [(4, 1, 2)]  # after 5 intervals
+    assert changes[0][1].reason == "about 0.7 cores of other load on its 2 cores for 2 s"
+    # At 1 thread the loop has a core to itself: the worker sees a whole core of other load.
+    alone = [s["other"] for s in samples[came + 3:went - 1]]
+    assert all(0.9 <= o <= 1.15 for o in alone), alone
+
+
+def test_recorded_two_busy_loops_give_up_one_thread_and_no_more():
+    # --schedule 8:2,30:0; after the loops, other engineers' tests took a core for the rest of the
+    # run (this machine is shared), and the worker gave the thread up again.
+    data, samples = recorded("two-loops.json")
+    came = arrival(samples)
+    went = departure(samples, came)
+    changes = replay_recorded(samples)
+    assert [(c.threads, c.to) for _, c in changes] == [(2, 1), (1, 2), (2, 1)]
+    assert changes[0][0] - came == 1 and changes[1][0] - went == 4
+    # Two loops beside one thread: about 1.33 cores of other load, and one thread is the floor.
+    beside = [s for s in samples[came:went] if s["threads"] == 1]
+    assert beside and min(s["other"] for s in beside[1:-1]) > 1.2
+
+
+def test_recorded_neighbours_arriving():
+    # A run without busy loops, while other engineers' runs started on this machine mid-way.
+    data, samples = recorded("neighbours.json")
+    came = arrival(samples)
+    assert [(i - came, c.threads, c.to) for i, c in replay_recorded(samples)] == [(1, 2, 1)]

@@ -58,30 +58,43 @@ def test_llama_cpp_takes_a_new_thread_count_on_a_live_context(stories):
         runner.close()
 
 
-@pytest.mark.parametrize("flash_attn", [True, False])
-def test_the_thread_count_changes_no_logit(stories, flash_attn):
-    # ggml splits each operation's output rows among the threads, never a sum: an answer does not
-    # depend on how many threads contention left the worker.
+def logits_at(runner, threads):
+    """Every logit row of 4 prompts of 24 tokens, then of 8 decode steps (odd ones a batch of one:
+    the single-query attention path), all run with `threads` llama.cpp threads."""
     import llama_cpp
 
+    runner.set_threads(threads)
+    for s in range(4):
+        runner.seq_rm(s)
+    n, vocab, rows = 24, runner.vocab.n_tokens, []
+    tokens = (np.arange(4 * n, dtype=np.int32) * 37) % 500 + 3
+    assert runner.decode(tokens, np.tile(np.arange(n, dtype=np.int32), 4),
+                         np.repeat(np.arange(4, dtype=np.int32), n), np.ones(4 * n, np.int8)) == 0
+    rows.append(np.ctypeslib.as_array(llama_cpp.llama_get_logits(runner.ctx), shape=(4 * n, vocab)).copy())
+    pos = [n] * 4
+    for step in range(8):
+        k = 1 if step % 2 else 4
+        assert runner.decode(np.full(k, 7 + step, np.int32), np.array(pos[:k], np.int32),
+                             np.arange(k, dtype=np.int32), np.ones(k, np.int8)) == 0
+        pos[:k] = [p + 1 for p in pos[:k]]
+        rows.append(np.ctypeslib.as_array(llama_cpp.llama_get_logits(runner.ctx), shape=(k, vocab)).copy())
+    return rows
+
+
+@pytest.mark.parametrize("flash_attn,kv_unified", [(True, True), (True, False), (False, False)])
+def test_the_thread_count_changes_no_logit(stories, flash_attn, kv_unified):
+    # ggml splits each operation's output rows among the threads, never a sum: an answer does not
+    # depend on how many threads contention left the worker (batch_invariant's layout included:
+    # flash attention and kv_unified off).
     from ggbatch.workers.model_runner import ModelRunner
 
-    runner = ModelRunner(stories, n_threads=2, n_ctx=256, n_seq_max=4, n_batch=128, kv_unified=False,
+    runner = ModelRunner(stories, n_threads=2, n_ctx=256, n_seq_max=4, n_batch=128, kv_unified=kv_unified,
                          flash_attn=flash_attn)
-    n, rows = 24, []
     try:
-        for threads in (2, 1):
-            runner.set_threads(threads)
-            for s in range(4):
-                runner.seq_rm(s)
-            tokens = (np.arange(4 * n, dtype=np.int32) * 37) % 500 + 3
-            assert runner.decode(tokens, np.tile(np.arange(n, dtype=np.int32), 4),
-                                 np.repeat(np.arange(4, dtype=np.int32), n), np.ones(4 * n, np.int8)) == 0
-            rows.append(np.ctypeslib.as_array(llama_cpp.llama_get_logits(runner.ctx),
-                                              shape=(4 * n, runner.vocab.n_tokens)).copy())
+        two, one = logits_at(runner, 2), logits_at(runner, 1)
     finally:
         runner.close()
-    assert np.array_equal(rows[0], rows[1])
+    assert all(np.array_equal(a, b) for a, b in zip(two, one))
 
 
 def test_a_real_worker_runs_the_thread_count_it_is_told(stories):
