@@ -211,10 +211,17 @@ class WorkerPool:
         return {w.spec.worker_id: len(w.in_flight) for w in self.workers if w.process is not None}
 
     def llama_threads(self) -> dict[int, WorkerThreads]:
-        """worker id -> its llama.cpp threads, for each live, ready worker."""
-        return {w.spec.worker_id: WorkerThreads(w.n_threads, w.ready.n_threads,
-                                                w.threads_asked is None and not w.threads_fixed)
-                for w in self.workers if w.process is not None and w.ready is not None and w.n_threads}
+        """worker id -> its llama.cpp threads, for each live worker once run() has configured it.
+        One still building its engine runs the configuration's count: a SetThreads sent now
+        reaches it before its first step, which under contention is the slowest (the prompts)."""
+        out = {}
+        for w in self.workers:
+            if w.process is None or self._engine is None:
+                continue
+            ceiling = w.ready.n_threads if w.ready is not None else self._engine.n_threads
+            out[w.spec.worker_id] = WorkerThreads(w.n_threads or ceiling, ceiling,
+                                                  w.threads_asked is None and not w.threads_fixed)
+        return out
 
     def set_threads(self, worker_id: int, n: int) -> None:
         """Ask a worker to run llama.cpp with n threads from its next step; it answers ThreadsSet."""

@@ -138,6 +138,27 @@ def test_an_engine_that_cannot_change_its_threads_says_so_and_is_not_asked_again
     assert after == WorkerThreads(2, 2, False)
 
 
+def test_a_worker_building_its_engine_can_be_told_its_threads_before_its_first_step(tmp_path):
+    # Under contention the first steps (the prompts) are the slowest: a worker still building its
+    # engine counts for the thread controller, and runs its first step with the count it was told.
+    first = tmp_path / "threads"
+    worker_specs, engine = specs(1, Fake(threads=True, build_s=3.0, first_step_threads_to=str(first)))
+    engine = replace(engine, n_threads=2)
+    views, acks = [], []
+
+    def on_tick(pool):
+        if not views:
+            views.append(pool.llama_threads()[0])
+            pool.set_threads(0, 1)
+
+    pool = WorkerPool(worker_specs, on_answers=lambda answers: None, on_tick=on_tick, on_threads=acks.append)
+    assert pool.llama_threads() == {}  # not configured yet: nothing to tell
+    answers = pool.run(qs(20), engine)
+    assert views == [WorkerThreads(2, 2, True)]  # the configuration's count, before Ready
+    assert acks == [ThreadsSet(0, before=2, n_threads=1)]
+    assert first.read_text() == "1" and len(answers) == 20
+
+
 def test_a_worker_given_a_device_sees_only_that_gpu(tmp_path, monkeypatch):
     import json
 
