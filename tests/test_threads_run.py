@@ -81,15 +81,16 @@ def logits_at(runner, threads):
     return rows
 
 
-@pytest.mark.parametrize("flash_attn,kv_unified", [(True, True), (True, False), (False, False)])
-def test_the_thread_count_changes_no_logit(stories, flash_attn, kv_unified):
+@pytest.mark.parametrize("flash_attn,kv_unified,repack", [(True, True, True), (True, False, True),
+                                                         (False, False, False)])
+def test_the_thread_count_changes_no_logit(stories, flash_attn, kv_unified, repack):
     # ggml splits each operation's output rows among the threads, never a sum: an answer does not
     # depend on how many threads contention left the worker (batch_invariant's layout included:
-    # flash attention and kv_unified off).
+    # flash attention, kv_unified and repacking off).
     from ggbatch.workers.model_runner import ModelRunner
 
     runner = ModelRunner(stories, n_threads=2, n_ctx=256, n_seq_max=4, n_batch=128, kv_unified=kv_unified,
-                         flash_attn=flash_attn)
+                         flash_attn=flash_attn, repack=repack)
     try:
         two, one = logits_at(runner, 2), logits_at(runner, 1)
     finally:
