@@ -35,6 +35,7 @@ FLAG_KEYS = {
     "n_batch": "n_batch", "max_tokens": "max_tokens", "system": "system",
     "template": "prompt.template", "chat_template": "prompt.chat_template", "stop": "stop",
     "ignore_eos": "ignore_eos", "batch_invariant": "batch_invariant", "keep_thinking": "keep_thinking",
+    "prefix_cache": "prefix_cache",
     "id_field": "fields.id", "question_field": "fields.question",
     "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
     "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
@@ -80,6 +81,9 @@ def _add_run(sub: Any) -> None:
       help="generate max tokens even past end-of-generation (benchmarks)")
     a("--batch-invariant", dest="batch_invariant", action="store_true", default=None,
       help="answers never depend on what they are batched with (per-sequence KV; slower)")
+    a("--prefix-cache", dest="prefix_cache", choices=["auto", "off"],
+      help="auto: questions that share a prefix (a passage, few-shot examples) go to a worker together "
+           "and reuse its KV; off: only the prefix every prompt shares is reused")
     a("--keep-thinking", dest="keep_thinking", action="store_true", default=None,
       help="write a reasoning model's <think> block too, as \"thinking\" (it is always cut from the answer)")
     a("--id-field", dest="id_field", help="record field holding the id (default questionID)")

@@ -53,6 +53,7 @@ class JobConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     batch_invariant: bool = False  # answers independent of batch-mates (per-sequence KV, slower)
+    prefix_cache: str = "auto"  # "auto": prompts sharing a prefix are sent together and reuse its KV; "off"
     id_field: str = "questionID"
     question_field: str = "question"
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -125,6 +126,15 @@ def bool_or_auto(v: Any) -> Optional[bool]:
     if isinstance(v, bool):
         return v
     raise ValueError("must be true, false or auto")
+
+
+def _auto_or_off(v: Any) -> str:
+    """auto or off (YAML reads a bare off as false)."""
+    if v is False or v == "off":
+        return "off"
+    if v == "auto":
+        return "auto"
+    raise ValueError("must be auto or off")
 
 
 def _choice(*choices: str) -> Callable[[Any], Optional[str]]:
@@ -210,6 +220,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "stop": _stop,
     "ignore_eos": _bool,
     "batch_invariant": _bool,
+    "prefix_cache": _auto_or_off,
     "fields.id": _str(),
     "fields.question": _str(),
     "sampling.temperature": _float(0.0),

@@ -130,7 +130,7 @@ def _settle(config: JobConfig, model: ModelIdentity, started: Layout, job: Prepa
                                     offload=job.gpu_offload)
     return JobSetup(config, model, layout, memory, job.generation, job.chat_template, len(job.prefix),
                     len(job.ids), len(job.questions) + len(job.rejected), formats, job.own_settings,
-                    job.gpu_offload)
+                    job.gpu_offload, job.sharing, job.dims.kv_bytes_per_cell)
 
 
 def _answer(pool: WorkerPool, todo: list, engine: EngineConfig) -> tuple[dict[str, Answer], Optional[Exception]]:

@@ -1,7 +1,9 @@
 """From records to questions: render every prompt with the chat template, tokenize it once,
 answer identical prompts once, order the work, find the prefix every prompt shares.
 
-    records ─▶ prompt (runner/questions.py) ─▶ tokens ─▶ dedup ─▶ longest first ─▶ shared prefix
+    records ─▶ prompt (runner/questions.py) ─▶ tokens ─▶ dedup ─▶ shared prefix ─▶ order:
+    longest first, or with the prefix cache groups of questions that share a prefix
+    (runner/prefix_groups.py)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .errors import ConfigError
 from .inputs import Record
 from .layout import PromptFacts
 from .memory import ModelDims, dims_from_metadata
+from .prefix_groups import Sharing, grouped_order
 from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
 from .question_settings import describe_own
 from .questions import QuestionSet, build_questions
@@ -49,11 +52,13 @@ class PreparedJob:
     model_name: str = ""  # the GGUF's general.name, else its file name
     own_settings: dict[str, int] = field(default_factory=dict)  # for the report (describe_own)
     gpu_offload: bool = False  # the llama.cpp build can offload layers (the tokenizer process says)
+    sharing: Optional[Sharing] = None  # what the prefix cache's grouping found (None: off)
 
     def facts(self, n_questions: int) -> PromptFacts:
         """What the layout needs to know, for n_questions left to answer."""
         longest = max((len(q.tokens) for q in self.questions), default=0)
-        return PromptFacts(n_questions, longest, len(self.prefix), self.n_ctx_train, self.dims)
+        return PromptFacts(n_questions, longest, len(self.prefix), self.n_ctx_train, self.dims,
+                           self.sharing.groups if self.sharing else 0)
 
     @property
     def max_tokens(self) -> int:
@@ -78,16 +83,29 @@ def prepare(config: JobConfig, model_path: str, records: list[Record]) -> Prepar
         made = build_questions(records, builder, [tokenizer], config, generation, info.n_vocab)
     _say(made)
     dims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)
-    questions = made.questions
-    # Longest prompts first: the long ones start early and the tail of the run stays short.
-    questions.sort(key=lambda q: len(q.tokens), reverse=True)
+    questions, sharing = order(made.questions, config.prefix_cache == "auto")
     prefix = common_prefix([q.tokens for q in questions]) if len(questions) > 1 else array("i")
     template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
     own = describe_own([q.generation for q in questions if q.generation is not None])
     # Only the ids are kept: the records' fields were needed for rendering alone.
     return PreparedJob([r.qid for r in records], questions, made.aliases, prefix, generation, kind, template_sha,
                        dims, info.n_ctx_train, made.rejected, frozenset(made.refused), frozenset(made.completions),
-                       info.metadata.get("general.name") or Path(model_path).stem, own, info.gpu_offload)
+                       info.metadata.get("general.name") or Path(model_path).stem, own, info.gpu_offload,
+                       sharing)
+
+
+def order(questions: list[Question], grouped: bool) -> tuple[list[Question], Optional[Sharing]]:
+    """Longest prompts first, so that the long ones start early and the tail of the run stays
+    short; `grouped`: the same by groups of questions sharing a prefix, kept together."""
+    if not grouped:
+        return sorted(questions, key=lambda q: len(q.tokens), reverse=True), None
+    prompts = [q.tokens for q in questions]
+    n_prefix = len(common_prefix(prompts)) if len(prompts) > 1 else 0
+    indices, sharing = grouped_order(prompts, n_prefix)
+    if sharing.groups:
+        log.info("prefix cache: %d groups of questions share a prefix (%d questions; %d prompt tokens "
+                 "need not be computed again)", sharing.groups, sharing.grouped, sharing.shareable)
+    return [questions[i] for i in indices], sharing
 
 
 def _say(made: QuestionSet) -> None:

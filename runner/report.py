@@ -19,6 +19,7 @@ from .layout import Layout
 from .memory import MemoryPlan
 from .model import ModelIdentity
 from .monitor import UsageSummary
+from .prefix_groups import Sharing
 from .versions import package_version
 from ..workers.protocol import RESPONSE_FORMAT_ENFORCED, Answer, GenerationParams
 
@@ -70,6 +71,8 @@ class JobSetup:
     formats: tuple[str, str] = ("json", "json")  # of the question file and of the answers file
     own_settings: dict[str, int] = field(default_factory=dict)  # questions with settings of their own
     gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
+    sharing: Optional[Sharing] = None  # the prefix cache's groups (None: prefix_cache off)
+    kv_bytes_per_cell: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class RunReport:
                 "errors": [{"questionID": a.qid, "error": a.error} for a in self.all_answers if a.error][:20],
                 **self._throughput(), "timings_s": self._timings(),
                 "workers": {str(w.worker_id): self._worker(w) for w in self.outcome.workers},
+                "prefix_cache": self._prefix_cache(),
                 "memory": self._memory(), "timeline": list(self.outcome.timeline)}
 
     def _layout(self) -> dict[str, Any]:
@@ -157,6 +161,23 @@ class RunReport:
                 "ttft_s": percentiles([a.ttft_s for a in ok if a.completion_tokens]),
                 "mean_slot_occupancy": round(busy / (steps * self.setup.layout.slots), 3) if steps else None}
 
+    def _prefix_cache(self) -> dict[str, Any]:
+        """Prompt tokens computed against those in the questions answered here (workers' last
+        lives: a restarted worker's earlier counters are gone), and what the cache held."""
+        engines = [w.engine for w in self.outcome.workers]
+        total = lambda key: int(sum(e.get(key, 0.0) for e in engines))  # noqa: E731
+        in_questions = sum(a.prompt_tokens for a in self.outcome.answers.values())
+        computed = total("prompt_computed")
+        sharing = self.setup.sharing
+        kept = max((int(e.get("kept_tokens_peak", 0.0)) for e in engines), default=0)
+        return {"mode": self.setup.config.prefix_cache, "active": self.setup.layout.prefix_cache,
+                "groups": sharing.groups if sharing else 0, "grouped_questions": sharing.grouped if sharing else 0,
+                "shareable_tokens": sharing.shareable if sharing else 0,
+                "prompt_tokens": in_questions, "prompt_tokens_computed": computed,
+                "computed_share": round(computed / in_questions, 3) if in_questions else None,
+                "hits": total("prefix_hits"), "stream_copies": total("stream_copies"),
+                "kept_tokens_peak": kept, "kept_mib_peak": round(kept * self.setup.kv_bytes_per_cell / 2**20, 1)}
+
     def _timings(self) -> dict[str, Any]:
         return {**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.outcome.timings.items()},
                 "coordinator_cpu_s": round(self.coordinator_cpu_s, 3)}
@@ -189,6 +210,13 @@ def _gpu_summary(report: RunReport) -> str:
             + ("" if report.setup.gpu_offload else " (none offloaded: this llama.cpp build has no GPU offload)"))
 
 
+def _cache_summary(cache: dict[str, Any]) -> str:
+    if not cache["active"]:
+        return ""
+    return (f"; {cache['prompt_tokens_computed']} prompt tokens computed "
+            f"({100 * (cache['computed_share'] or 0):.0f}%: prefix cache, {cache['hits']} hits)")
+
+
 def format_summary(report: RunReport) -> str:
     """The short table printed at the end of a run."""
     data = report.as_json()
@@ -206,7 +234,7 @@ def format_summary(report: RunReport) -> str:
         f"weights {'repacked' if lay.repack else 'not repacked'} ({lay.repack_reason})" + _gpu_summary(report),
         f"wall time  {timings['total_s']:.2f} s (prepare {timings['prepare_s']:.2f} s)",
         f"tokens     {t['prompt']} prompt ({t['prompt_per_s']:.1f}/s), "
-        f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)",
+        f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)" + _cache_summary(data["prefix_cache"]),
         f"latency    p50 {data['latency_s']['p50']:.2f} s, p95 {data['latency_s']['p95']:.2f} s, "
         f"max {data['latency_s']['max']:.2f} s",
     ]

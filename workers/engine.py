@@ -44,6 +44,7 @@ import numpy as np
 
 from . import invariant
 from .model_runner import ModelRunner
+from .prefix_cache import SlotContents
 from .protocol import Answer, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
 from .scheduler import Scheduler, Span
 from .sequence import Phase, Sequence
@@ -91,6 +92,14 @@ class StepCounters:
     tg_steps_s: float = 0.0
     tg_tokens: float = 0.0
     ballast_tokens: float = 0.0
+    # The prefix cache (workers/prefix_cache.py): prompt tokens decoded (the shared prefix's
+    # included) and taken from KV already held; admissions that started from another question's
+    # prompt; whole-stream copies; the most prompt tokens free slots kept at once.
+    prompt_computed: float = 0.0
+    prompt_reused: float = 0.0
+    prefix_hits: float = 0.0
+    stream_copies: float = 0.0
+    kept_tokens_peak: float = 0.0
 
     def step(self, spans: list[Span], busy: int, seconds: float) -> None:
         n_tokens = sum(s.n for s in spans)
@@ -139,10 +148,15 @@ class LlamaEngine:
         # With one unified pool, admission keeps the sequences within it; separate streams
         # give each slot its own room.
         budget = self.runner.n_ctx - len(prefix) if config.kv_unified else None
+        # The prefix cache needs a stream per sequence: a free slot's kept cells then take no
+        # room from the others, and a copy between streams is whole (prefix_cache.py).
+        self.contents = (SlotContents(prefix, self.prefix_id, self.invariant)
+                         if config.prefix_cache and not config.kv_unified else None)
         # With one stream per sequence, how llama.cpp cuts a batch into passes over the weights
         # depends on the sequence ids in it: the scheduler lays batches out for that.
         self.sched = Scheduler(config.slots, self.n_batch, prefix, budget, self.gen.max_tokens,
-                               stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant)
+                               stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant,
+                               contents=self.contents)
         self._rejected: list[Answer] = []
         self.counters = StepCounters()
         self._decode_prefix(prefix)
@@ -216,13 +230,13 @@ class LlamaEngine:
             if status != 0:
                 raise EngineError(f"decoding the shared prefix failed (llama_decode status {status})")
             start += n
+        self.counters.prompt_computed += len(tokens)
 
     def _admit(self) -> None:
         """Waiting questions into free slots (their shared prefix copied in, their sampler made),
         then, with one stream per sequence, busy slots moved down so the ids stay contiguous."""
         for seq in self.sched.admit():
-            if seq.n_cached:
-                self._copy_prefix(seq)
+            self._start_kv(seq)
             gen = self._gen(seq)
             if needs_sampler(gen):
                 seq.sampler = self.runner.new_sampler(gen, seq.question.seed)
@@ -231,7 +245,35 @@ class LlamaEngine:
             # over the weights in every step that remains.
             self.runner.seq_cp(old_id, seq.seq_id, -1, -1)
             self.runner.seq_rm(old_id)
+            self._forget(seq.seq_id, old_id)
             self.counters.moves += 1
+
+    def _start_kv(self, seq: Sequence) -> None:
+        """Put the admitted sequence's first n_cached prompt tokens into its slot: copied from
+        where the scheduler found them, or kept from the slot's last prompt."""
+        self.counters.prompt_reused += seq.n_cached
+        if self.contents is None:
+            if seq.n_cached:
+                self._copy_prefix(seq)
+            return
+        if seq.source not in (-1, seq.seq_id):
+            self.runner.seq_cp(seq.source, seq.seq_id, -1, -1)  # a whole stream: see _copy_prefix
+            self.counters.stream_copies += 1
+        self.runner.seq_rm(seq.seq_id, seq.n_cached, -1)  # whatever else the slot held
+        if seq.source not in (-1, self.prefix_id):
+            self.counters.prefix_hits += 1
+
+    def _forget(self, *slots: int) -> None:
+        if self.contents:
+            for slot in slots:
+                self.contents.forget(slot)
+
+    def _clear_kept(self, slots: list[int]) -> None:
+        if self.contents:
+            for slot in slots:
+                if slot in self.contents.kept:
+                    self.runner.seq_rm(slot)
+                    self.contents.forget(slot)
 
     def _gen(self, seq: Sequence) -> GenerationParams:
         """The question's own generation settings, or the job's."""
@@ -284,6 +326,7 @@ class LlamaEngine:
             if not spans:
                 return _Batch()
             batch = self._layout(spans)
+            self._clear_kept(batch.ballast)  # ballast starts at position 0 in an empty stream
             t0 = time.perf_counter()
             status = self.runner.decode(*batch.arrays)
             self.counters.decode_s += time.perf_counter() - t0
@@ -293,6 +336,7 @@ class LlamaEngine:
                 for span in spans:
                     if span.seq.phase is Phase.PREFILL:
                         span.seq.n_cached += span.n
+                        self.counters.prompt_computed += span.n
                 self.counters.ballast_tokens += len(batch.ballast)
                 return batch
             if status != 1:
@@ -309,6 +353,7 @@ class LlamaEngine:
     def _preempt_newest(self) -> None:
         victim, slot = self.sched.preempt_newest()
         self.runner.seq_rm(slot)
+        self._forget(slot)
         self._free_sampler(victim)
         self.counters.preemptions += 1
 
@@ -318,10 +363,15 @@ class LlamaEngine:
             seq.sampler = None
 
     def _finish(self, seq: Sequence) -> Answer:
-        """The finished sequence's answer; its slot, KV and sampler given back."""
-        self.runner.seq_rm(seq.seq_id)
+        """The finished sequence's answer; its slot and sampler given back, and its KV too, or
+        with the prefix cache its prompt's cells kept for the questions that share them."""
+        if self.contents is None:
+            self.runner.seq_rm(seq.seq_id)
         self._free_sampler(seq)
         self.sched.release(seq)
+        if self.contents is not None:
+            self.contents.keep(seq.seq_id, seq.prompt)
+            self.counters.kept_tokens_peak = max(self.counters.kept_tokens_peak, self.contents.kept_tokens)
         seq.phase = Phase.FINISHED
         now = time.perf_counter()
         return Answer(seq.question.qid, seq.text(), seq.finish or FinishReason.STOP, seq.n_prompt,

@@ -150,6 +150,10 @@ class EngineConfig:
     # Answers bit-identical whatever else is in the batch, a batch of one included: every batch
     # laid out as workers/invariant.py says. Needs kv_unified, flash_attn and repack all off.
     batch_invariant: bool = False
+    # Prompts start from the longest prefix the worker's KV streams hold, and slots keep a finished
+    # prompt's cells for the next question that shares them (workers/prefix_cache.py). Needs one
+    # stream per sequence; off: from the shared prefix only.
+    prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_invariant and (self.kv_unified or self.flash_attn or self.repack):
