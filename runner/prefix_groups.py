@@ -19,6 +19,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..workers.protocol import Question
 from ..workers.sequence import common_prefix_len
 
 # Tokens beyond the job's shared prefix that make neighbours a group: fewer are cheaper to
@@ -68,11 +69,25 @@ def _group(run: list[int], shared: int, prompts: Sequence[array]) -> Group:
     return Group(members, shared, work)
 
 
-def grouped_order(prompts: Sequence[array], n_prefix: int) -> tuple[list[int], Sharing]:
-    """Indices of the prompts in dispatch order, and what sharing it found."""
+def grouped_order(prompts: Sequence[array], n_prefix: int) -> tuple[list[tuple[int, int]], Sharing]:
+    """(index of a prompt, its group number from 1, or 0 alone) in dispatch order, and what
+    sharing it found."""
     groups = find_groups(prompts, n_prefix)
     groups.sort(key=lambda g: g.work, reverse=True)
     several = [g for g in groups if len(g.members) > 1]
     sharing = Sharing(len(several), sum(len(g.members) for g in several),
                       sum((len(g.members) - 1) * (g.shared - n_prefix) for g in several))
-    return [i for g in groups for i in g.members], sharing
+    numbers = {id(g): n for n, g in enumerate(several, 1)}
+    return [(i, numbers.get(id(g), 0)) for g in groups for i in g.members], sharing
+
+
+def whole_groups(pending: Sequence[Question], n: int) -> int:
+    """How many of the first n pending questions to send: cut back to where a group starts
+    rather than split it between workers, unless that leaves less than half the chunk (a group
+    larger than that is split: each part computes its prefix once)."""
+    if n >= len(pending) or not pending[n].group or pending[n].group != pending[n - 1].group:
+        return n
+    start = n - 1
+    while start > 0 and pending[start - 1].group == pending[n].group:
+        start -= 1
+    return start if 2 * start >= n else n

@@ -12,7 +12,7 @@ import hashlib
 import logging
 import os
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -101,11 +101,11 @@ def order(questions: list[Question], grouped: bool) -> tuple[list[Question], Opt
         return sorted(questions, key=lambda q: len(q.tokens), reverse=True), None
     prompts = [q.tokens for q in questions]
     n_prefix = len(common_prefix(prompts)) if len(prompts) > 1 else 0
-    indices, sharing = grouped_order(prompts, n_prefix)
+    placed, sharing = grouped_order(prompts, n_prefix)
     if sharing.groups:
         log.info("prefix cache: %d groups of questions share a prefix (%d questions; %d prompt tokens "
                  "need not be computed again)", sharing.groups, sharing.grouped, sharing.shareable)
-    return [questions[i] for i in indices], sharing
+    return [replace(questions[i], group=group) if group else questions[i] for i, group in placed], sharing
 
 
 def _say(made: QuestionSet) -> None:

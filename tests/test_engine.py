@@ -274,7 +274,7 @@ def passage_questions(tokenizer, n_passages=6, per_passage=5, seed=1):
     rng.shuffle(texts)
     qs = questions(tokenizer, texts)
     order, _ = grouped_order([q.tokens for q in qs], len(common_prefix([q.tokens for q in qs])))
-    return [qs[i] for i in order]
+    return [qs[i] for i, _ in order]
 
 
 @pytest.mark.parametrize("slots", [4, 1])

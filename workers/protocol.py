@@ -58,6 +58,9 @@ class Question:
     # Its own generation settings (an OpenAI Batch line's max_tokens, temperature, stop, ...);
     # None: the job's (EngineConfig.generation), as for most questions.
     generation: Optional[GenerationParams] = None
+    # Questions of one group share a prefix worth computing once (runner/prefix_groups.py): the
+    # coordinator keeps them in one chunk where it can. 0: in no group.
+    group: int = 0
 
 
 @dataclass(frozen=True)
