@@ -67,7 +67,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.contents = contents
-        self.prefix_id = slots if not batch_invariant else invariant.kv_streams(slots, True) - 1
+        self.prefix_id = invariant.kv_streams(slots, batch_invariant) - 1  # where the shared prefix is
 
     @property
     def n_unfinished(self) -> int:
