@@ -66,6 +66,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             if records:
                 pool.start()  # the workers load the model while the questions are prepared
             job = prepare(config, model_path, records)
+            del records  # the records' fields were for rendering: a big file's largest part
             todo, reused = _open_journal(watch, paths, config, model, job, fresh)
             setup = _settle(config, model, started, job, len(todo), formats)
             pool.keep(setup.layout.workers)
