@@ -48,7 +48,7 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"  # the question could not be answered; see Answer.error
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million of them live in the coordinator
 class Question:
     """One prompt to answer. `tokens` is the full rendered prompt (shared prefix included)."""
 
