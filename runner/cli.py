@@ -30,7 +30,8 @@ FLAG_KEYS = {
     "model": "model", "input": "input", "output": "output", "report": "report",
     "input_format": "input_format", "output_format": "output_format", "errors_output": "errors_output",
     "shard": "shard",
-    "workers": "workers", "threads": "threads", "slots": "slots", "n_ctx": "model.n_ctx",
+    "workers": "workers", "threads": "threads", "threads_adapt": "threads_adapt", "slots": "slots",
+    "n_ctx": "model.n_ctx",
     "repack": "model.repack", "n_gpu_layers": "model.n_gpu_layers", "devices": "devices",
     "n_batch": "n_batch", "max_tokens": "max_tokens", "system": "system",
     "template": "prompt.template", "chat_template": "prompt.chat_template", "stop": "stop",
@@ -63,6 +64,9 @@ def _add_run(sub: Any) -> None:
     a = run.add_argument
     a("--workers", help="worker processes, or auto")
     a("--threads", help="threads per worker, or auto (= usable cores / workers)")
+    a("--threads-adapt", dest="threads_adapt", choices=["auto", "off"],
+      help="auto: run fewer llama.cpp threads while other processes take a worker's cores, and take them back "
+           "when the cores are free (default); off: always the layout's")
     a("--slots", help="sequences decoded together per worker, or auto")
     a("--n-ctx", dest="n_ctx", help="context tokens per sequence, or auto (longest prompt + max tokens)")
     a("--repack", choices=["auto", "true", "false"],

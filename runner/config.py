@@ -39,6 +39,7 @@ class JobConfig:
     n_ctx: Optional[int] = AUTO  # context per sequence; auto = longest prompt + max_tokens
     workers: Optional[int] = AUTO
     threads: Optional[int] = AUTO
+    threads_adapt: str = "auto"  # auto: fewer llama.cpp threads while other processes take the cores; off
     slots: Optional[int] = AUTO
     repack: Optional[bool] = AUTO  # llama.cpp's CPU_REPACK weight layout; auto: layout.repack_weights
     n_gpu_layers: Optional[int] = AUTO  # layers in VRAM, GPU_ALL for all; auto: gpu.gpu_layers_for
@@ -147,6 +148,15 @@ def _choice(*choices: str) -> Callable[[Any], Optional[str]]:
     return check
 
 
+def _auto_or_off(v: Any) -> str:
+    """auto or off; YAML reads a bare `off` as false (and `on` as true)."""
+    if isinstance(v, bool):
+        return "auto" if v else "off"
+    if v not in ("auto", "off"):
+        raise ValueError("must be auto or off")
+    return v
+
+
 def _mapping(v: Any) -> dict[str, Any]:
     if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
         raise ValueError("must be a mapping of names to values")
@@ -207,6 +217,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "errors_output": _str(optional=True),
     "workers": _int(1, allow_auto=True),
     "threads": _int(1, allow_auto=True),
+    "threads_adapt": _auto_or_off,
     "slots": _int(1, allow_auto=True, hi=MAX_SLOTS,
                   why_hi=f" (a llama.cpp context holds at most {MAX_SLOTS + 1} sequences, one of them "
                          "the shared prefix)"),

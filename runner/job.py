@@ -61,8 +61,9 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     with OutputLock(config.output):
         records, formats = _read(config)
         started = _start_layout(config, model, records, use_tuned)
-        with RunWatch(progress, clock["start"]) as watch, WorkerPool(_specs(started, model_path, engine_factory),
-                                                                     watch.on_answers, watch.tick) as pool:
+        with RunWatch(progress, clock["start"], config.threads_adapt == "auto") as watch, \
+                WorkerPool(_specs(started, model_path, engine_factory), watch.on_answers, watch.tick,
+                           on_threads=watch.on_threads) as pool:
             if records:
                 pool.start()  # the workers load the model while the questions are prepared
             job = prepare(config, model_path, records)
@@ -71,7 +72,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             setup = _settle(config, model, started, job, len(todo), formats)
             pool.keep(setup.layout.workers)
             clock["prepared"] = time.perf_counter()
-            watch.start_run(len(todo), config.max_tokens, setup.layout.workers * setup.layout.slots)
+            watch.start_run(len(todo), config.max_tokens, setup.layout.workers * setup.layout.slots, pool)
             answers, ended = _answer(pool, todo, layouts.engine_config(
                 model_path, setup.layout, job.prefix, job.generation))
         _write_answers(config, job, {**reused, **answers, **job.rejected}, ended,
@@ -168,7 +169,7 @@ def _report(setup: JobSetup, answers: dict[str, Answer], reused: int, rejected: 
                          {"total_s": end - clock["start"], "prepare_s": clock["prepared"] - clock["start"],
                           "run_s": end - clock["prepared"],
                           "first_worker_ready_s": ready - clock["start"] if ready else None},
-                         watch.timeline.as_report())
+                         watch.timeline.as_report(), watch.thread_changes)
     report = RunReport(setup, outcome)
     if setup.config.report:
         write_atomic(setup.config.report, json.dumps(report.as_json(), indent=2) + "\n")

@@ -1,13 +1,17 @@
 """psutil sampling of the workers and the machine, about once a second (from the pool's tick).
 
 PSS, not RSS: llama.cpp mmaps the model file, and those pages are shared between workers, so
-summed RSS would count them once per worker."""
+summed RSS would count them once per worker.
+
+Each sample also keeps what every core did since the one before (busy, steal) and each worker's
+CPU time in that interval: runner/threads.py tells from them how much of a worker's cores other
+processes took."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Sequence
 
 import psutil
 
@@ -27,6 +31,7 @@ class WorkerUsage:
     earlier_cpu_s: float = 0.0  # CPU time of its earlier lives (restarts)
     pss: int = 0  # as last measured
     threads: int = 0  # as last sampled
+    interval_cpu_s: Optional[float] = None  # CPU time since the sample before (None: first of this life)
 
     @property
     def total_cpu_s(self) -> float:
@@ -44,9 +49,10 @@ class Monitor:
         self._procs: dict[int, psutil.Process] = {}  # pid -> Process
         self.workers: dict[int, WorkerUsage] = {}
         self.core_samples: list[list[float]] = []
+        self.cores: list[CoreTime] = []  # each core over the last interval, indexed by CPU number
         self.min_available = psutil.virtual_memory().available
         self.peak_used = 0
-        psutil.cpu_percent(percpu=True)  # prime the per-core counters
+        self._cpu_times = psutil.cpu_times(percpu=True)  # per core, at the last sample
 
     PSS_EVERY = 5  # samples: PSS walks the page tables, RSS and CPU are cheap
 
@@ -56,21 +62,27 @@ class Monitor:
             usage = self.workers.setdefault(worker_id, WorkerUsage())
             try:
                 proc = self._procs.get(pid) or self._procs.setdefault(pid, psutil.Process(pid))
-                if pid != usage.pid:  # a new life (a restart): its CPU time starts again at 0
+                first = pid != usage.pid  # of this life (a restart's CPU time starts again at 0)
+                if first:
                     usage.earlier_cpu_s, usage.cpu_s, usage.pid = usage.total_cpu_s, 0.0, pid
-                self._sample_one(proc, usage, final)
+                self._sample_one(proc, usage, final, first)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         vm = psutil.virtual_memory()
         self.min_available = min(self.min_available, vm.available)
         self.peak_used = max(self.peak_used, vm.total - vm.available)
-        self.core_samples.append(psutil.cpu_percent(percpu=True))
+        times = psutil.cpu_times(percpu=True)
+        self.cores = core_times(self._cpu_times, times)
+        self._cpu_times = times
+        self.core_samples.append([c.percent for c in self.cores])
         return vm.available
 
-    def _sample_one(self, proc: psutil.Process, usage: WorkerUsage, final: bool) -> None:
+    def _sample_one(self, proc: psutil.Process, usage: WorkerUsage, final: bool, first: bool) -> None:
         with proc.oneshot():
             times = proc.cpu_times()
-            usage.cpu_s = times.user + times.system
+            cpu_s = times.user + times.system
+            usage.interval_cpu_s = None if first else max(0.0, cpu_s - usage.cpu_s)
+            usage.cpu_s = cpu_s
             usage.alive_s = time.time() - proc.create_time()
             usage.state = proc.status()
             usage.affinity = tuple(proc.cpu_affinity())
@@ -94,6 +106,31 @@ class Monitor:
                    "affinity": list(u.affinity), "peak_os_threads": u.peak_threads}
              for wid, u in sorted(self.workers.items())},
             cores, round(self.peak_used / 2**20, 1), round(self.min_available / 2**20, 1))
+
+
+@dataclass(frozen=True)
+class CoreTime:
+    """One core over one monitor interval, in seconds."""
+
+    total_s: float
+    busy_s: float  # all but idle and iowait: processes, interrupts, and steal (another machine ran)
+    steal_s: float
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.busy_s / self.total_s if self.total_s > 0 else 0.0
+
+
+def core_times(before: Sequence[Any], after: Sequence[Any]) -> list[CoreTime]:
+    """Each core's time between two psutil.cpu_times(percpu=True) readings, as psutil's
+    cpu_percent counts it: guest time is inside user time already, so it is not added again."""
+    out = []
+    for b, a in zip(before, after):
+        d = {f: max(0.0, getattr(a, f) - getattr(b, f)) for f in a._fields}
+        total = sum(d.values()) - d.get("guest", 0.0) - d.get("guest_nice", 0.0)
+        idle = d.get("idle", 0.0) + d.get("iowait", 0.0)
+        out.append(CoreTime(total, max(0.0, total - idle), d.get("steal", 0.0)))
+    return out
 
 
 @dataclass(frozen=True)

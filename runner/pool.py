@@ -3,6 +3,7 @@ notice deaths by their sentinels and give a dead worker's questions to the other
 
     pending (longest prompts first) ──Chunk──▶ task queue of worker i (one per worker)
     results pipe of worker i ◀── Ready | WantWork | AnswerBatch | EngineStats | WorkerError ── worker i
+    set_threads(i, n) ──SetThreads──▶ task queue of worker i;  ThreadsSet ──▶ on_threads
     wait(every results pipe + worker sentinels, timeout = next monitor tick)
 
 Each worker writes to a pipe of its own, whose writing end only it holds. A shared queue would
@@ -46,7 +47,8 @@ from .errors import Interrupted, ModelError
 from .report import WorkerRun
 from ..workers.main import worker_main
 from ..workers.protocol import (Answer, AnswerBatch, Chunk, Configure, EngineConfig, EngineStats, Question,
-                                Ready, Stop, WantWork, WorkerError, WorkerSpec, decode, encode)
+                                Ready, SetThreads, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec, decode,
+                                encode)
 
 log = logging.getLogger("ggbatch")
 
@@ -69,19 +71,34 @@ class WorkerState:
     earlier: Optional[EngineStats] = None  # the counters of its earlier lives, summed
     restarts: int = 0
     last_error: str = ""  # the WorkerError it sent, if any, in this life
+    n_threads: Optional[int] = None  # llama.cpp's, as the worker last said (Ready, then ThreadsSet)
+    threads_asked: Optional[int] = None  # a SetThreads not answered yet
+    threads_fixed: bool = False  # its engine cannot change its thread count (this life)
+
+
+@dataclass(frozen=True)
+class WorkerThreads:
+    """A live worker's llama.cpp threads, for runner/threads.py."""
+
+    current: int
+    ceiling: int  # what it started with: the layout's
+    settable: bool  # no change asked and not answered yet, and its engine can change it
 
 
 class WorkerPool:
     def __init__(self, specs: Sequence[WorkerSpec], on_answers: Callable[[list[Answer]], None],
                  on_tick: Optional[Callable[["WorkerPool"], None]] = None,
-                 max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None) -> None:
-        """max_solo_deaths, max_barren_deaths: see runner/crashes.py."""
+                 max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None,
+                 on_threads: Optional[Callable[[ThreadsSet], None]] = None) -> None:
+        """max_solo_deaths, max_barren_deaths: see runner/crashes.py. on_threads: called with a
+        worker's answer to set_threads."""
         self._ctx = mp.get_context("spawn")
         self._log_dir = tempfile.mkdtemp(prefix="ggbatch-workers-")
         self.workers = [WorkerState(replace(spec, log_path=os.path.join(self._log_dir, f"worker-{spec.worker_id}.log")))
                         for spec in specs]
         self._on_answers = on_answers  # called with each batch of new answers
         self._on_tick = on_tick
+        self._on_threads = on_threads
         self._crashes = CrashBudget(len(specs), max_solo_deaths, max_barren_deaths or 0)
         self._pending: deque[Question] = deque()
         self._suspects: deque[tuple[Question, ...]] = deque()  # groups, from workers that died
@@ -194,6 +211,26 @@ class WorkerPool:
         """worker id -> questions it holds, for each live worker."""
         return {w.spec.worker_id: len(w.in_flight) for w in self.workers if w.process is not None}
 
+    def llama_threads(self) -> dict[int, WorkerThreads]:
+        """worker id -> its llama.cpp threads, for each live worker once run() has configured it.
+        One still building its engine runs the configuration's count: a SetThreads sent now
+        reaches it before its first step, which under contention is the slowest (the prompts)."""
+        out = {}
+        for w in self.workers:
+            if w.process is None or self._engine is None:
+                continue
+            ceiling = w.ready.n_threads if w.ready is not None else self._engine.n_threads
+            out[w.spec.worker_id] = WorkerThreads(w.n_threads or ceiling, ceiling,
+                                                  w.threads_asked is None and not w.threads_fixed)
+        return out
+
+    def set_threads(self, worker_id: int, n: int) -> None:
+        """Ask a worker to run llama.cpp with n threads from its next step; it answers ThreadsSet."""
+        w = self.workers[worker_id]
+        if w.process is not None and w.tasks is not None:
+            w.threads_asked = n
+            w.tasks.put(encode(SetThreads(n)))
+
     @property
     def live_pids(self) -> dict[int, int]:
         """worker id -> pid of its live process."""
@@ -243,8 +280,10 @@ class WorkerPool:
             self._dispatch()
         elif isinstance(msg, EngineStats):
             w.live = msg
+        elif isinstance(msg, ThreadsSet):
+            self._threads_set(w, msg)
         elif isinstance(msg, Ready):
-            w.ready = msg
+            w.ready, w.n_threads = msg, msg.n_threads
             if self.first_ready_at is None:
                 self.first_ready_at = time.perf_counter()
             log.debug("worker %d: ready in %.2f s (pid %d, cores %s)", msg.worker_id, msg.load_s,
@@ -255,6 +294,14 @@ class WorkerPool:
             if msg.kind == "ModelLoadError" and msg.stage in ("load", "configure"):
                 # The model or its context cannot be made: every worker would fail the same way.
                 raise ModelError(msg.message)
+
+    def _threads_set(self, w: WorkerState, msg: ThreadsSet) -> None:
+        # Asked for another count and got the same: an engine without llama.cpp (tests' fake).
+        w.threads_fixed = msg.n_threads == msg.before and msg.before != w.threads_asked
+        w.threads_asked = None
+        w.n_threads = msg.n_threads or w.n_threads
+        if self._on_threads:
+            self._on_threads(msg)
 
     def _record(self, answers: Sequence[Answer]) -> None:
         # A requeued question may come back twice (its first worker's answer arriving after the
@@ -297,6 +344,7 @@ class WorkerPool:
         w.process.start()
         writer.close()  # the worker holds the only writing end: its death closes the pipe
         w.ready, w.wants = None, 0
+        w.n_threads, w.threads_asked, w.threads_fixed = None, None, False
         if self._engine is not None:  # a restart during the run: configure it at once
             w.tasks.put(encode(Configure(self._engine)))
 

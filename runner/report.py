@@ -86,6 +86,9 @@ class RunOutcome:
     usage: UsageSummary
     timings: Mapping[str, Optional[float]]  # total_s, prepare_s, run_s, first_worker_ready_s
     timeline: Sequence[Mapping[str, Any]] = ()  # runner/timeline.py Timeline.as_report()
+    # llama.cpp thread count changes under contention (runner/threads.py), as the workers made
+    # them: {t_s, worker, from, to, reason}
+    thread_changes: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True)
@@ -117,8 +120,8 @@ class RunReport:
                 "errors": [{"questionID": a.qid, "error": a.error} for a in self.all_answers if a.error][:20],
                 **self._throughput(), "timings_s": self._timings(),
                 "workers": {str(w.worker_id): self._worker(w) for w in self.outcome.workers},
-                "prefix_cache": self._prefix_cache(),
-                "memory": self._memory(), "timeline": list(self.outcome.timeline)}
+                "prefix_cache": self._prefix_cache(), "memory": self._memory(), "threads": self._threads(),
+                "timeline": list(self.outcome.timeline)}
 
     def _layout(self) -> dict[str, Any]:
         lay, config = self.setup.layout, self.setup.config
@@ -191,6 +194,9 @@ class RunReport:
                 **self.outcome.usage.workers.get(w.worker_id, {}),
                 "engine": {k: round(v, 4) for k, v in w.engine.items()}}
 
+    def _threads(self) -> dict[str, Any]:
+        return {"adapt": self.setup.config.threads_adapt, "changes": [dict(c) for c in self.outcome.thread_changes]}
+
     def _memory(self) -> dict[str, Any]:
         usage = self.outcome.usage
         return {"plan": self.setup.memory.as_report(),
@@ -217,6 +223,15 @@ def _cache_summary(cache: dict[str, Any]) -> str:
             f"({100 * (cache['computed_share'] or 0):.0f}%: prefix cache, {cache['hits']} hits)")
 
 
+def _threads_summary(changes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per worker whose llama.cpp threads changed: when, from and to."""
+    by_worker: dict[int, list[str]] = {}
+    for c in changes:
+        by_worker.setdefault(c["worker"], []).append(f"{c['from']} → {c['to']} at {c['t_s']:.0f} s")
+    return [f"threads    worker {wid}: {', '.join(moves)} (other processes on its cores; the report's threads "
+            "says why)" for wid, moves in sorted(by_worker.items())]
+
+
 def format_summary(report: RunReport) -> str:
     """The short table printed at the end of a run."""
     data = report.as_json()
@@ -238,6 +253,7 @@ def format_summary(report: RunReport) -> str:
         f"latency    p50 {data['latency_s']['p50']:.2f} s, p95 {data['latency_s']['p95']:.2f} s, "
         f"max {data['latency_s']['max']:.2f} s",
     ]
+    lines += _threads_summary(data["threads"]["changes"])
     for wid, w in data["workers"].items():
         lines.append(f"worker {wid}   cores {w['cores']}, {w['questions']} questions, "
                      f"{w.get('mean_cpu_percent', 0):.0f}% CPU, peak PSS {w.get('peak_pss_mib', 0):.0f} MiB")

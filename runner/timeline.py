@@ -5,7 +5,8 @@
     Timeline.as_report() ──▶ [{t_s, done, tokens and their rates, busy slots, per worker ...}]
 
 A sample holds counters (since the run started: questions done, tokens, engine steps, busy
-slot-steps, CPU seconds) and gauges (PSS and thread count, as last measured). Rates and means are
+slot-steps, CPU seconds) and gauges (PSS, OS and llama.cpp thread counts, other processes' load
+on the worker's cores, as last measured). Rates and means are
 differences of counters between consecutive samples, taken when the report is written, so
 thinning the list loses resolution, never totals: past MAX_SAMPLES every other sample is dropped
 and the interval doubles, which bounds a day-long run to a few hundred samples.
@@ -30,6 +31,8 @@ class WorkerPoint:
     cpu_s: Optional[float]  # user + system, over all its lives (None: not sampled yet)
     pss: int  # bytes, as last measured (the monitor measures PSS every few samples)
     threads: int  # OS threads, as last sampled
+    llama_threads: Optional[int] = None  # llama.cpp's, as the worker last said (runner/threads.py)
+    other_load: Optional[float] = None  # cores' worth of other processes on its cores, last interval
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,9 @@ def _worker_row(cur: WorkerPoint, prev: Optional[WorkerPoint], dt: float) -> dic
             "generated_per_s": rate(cur.generated, before.generated), "prompt_per_s": rate(cur.prompt, before.prompt),
             # None: no step ended in the interval (the worker idle, or in one long step)
             "busy_slots": round((cur.busy_slots - before.busy_slots) / steps, 2) if steps > 0 else None,
-            "cpu_percent": cpu, "pss_mib": round(cur.pss / MIB, 1), "threads": cur.threads}
+            "cpu_percent": cpu, "pss_mib": round(cur.pss / MIB, 1), "threads": cur.threads,
+            "llama_threads": cur.llama_threads,
+            "other_load": round(cur.other_load, 2) if cur.other_load is not None else None}
 
 
 def _totals(workers: Any) -> dict[str, Any]:

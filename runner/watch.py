@@ -1,8 +1,9 @@
 """What the coordinator does while the pool runs: with each batch of answers (journal them,
 count them), and on each tick of the pool, about once a second (sample the workers and the
-machine, pause admission when memory is low, say when a worker stalls, sync the journal, move
-the progress line with the engines' token counters, and every few seconds add a sample to the
-run's timeline)."""
+machine, pause admission when memory is low, say when a worker stalls, give up or take back
+llama.cpp threads while other processes take a worker's cores, sync the journal, move the
+progress line with the engines' token counters, and every few seconds add a sample to the run's
+timeline)."""
 
 from __future__ import annotations
 
@@ -17,29 +18,38 @@ from .memory_guard import LowMemoryPause
 from .monitor import Monitor
 from .progress import Progress
 from .stalls import StallWatch
+from .threads import ThreadChange, ThreadController, core_load
 from .timeline import Sample, Timeline, WorkerPoint
-from ..workers.protocol import Answer, EngineStats
+from ..workers.protocol import Answer, EngineStats, ThreadsSet
 
 log = logging.getLogger("ggbatch")
 
 
 class RunWatch:
-    def __init__(self, progress: str, started: Optional[float] = None) -> None:
-        """started: time.perf_counter() when the job started (the timeline's zero)."""
+    def __init__(self, progress: str, started: Optional[float] = None, adapt_threads: bool = True) -> None:
+        """started: time.perf_counter() when the job started (the timeline's zero); adapt_threads:
+        change llama.cpp's thread count under contention (the job's threads_adapt)."""
         self.progress = Progress(0, mode=progress)
         self.monitor = Monitor()
         self.memory_pause = LowMemoryPause(psutil.virtual_memory().total)
         self.stalls = StallWatch()
         self.timeline = Timeline()
+        self.threads = ThreadController() if adapt_threads else None
+        self.thread_changes: list[dict[str, Any]] = []  # as the workers made them, for the report
+        self._asked: dict[int, ThreadChange] = {}  # changes asked of the workers, not answered yet
+        self._other: dict[int, float] = {}  # worker id -> other load on its cores, last interval
         self.journal: Optional[Journal] = None  # opened once the questions are tokenized
         self._started = time.perf_counter() if started is None else started
 
-    def start_run(self, total: int, max_tokens: int, slots: int) -> None:
+    def start_run(self, total: int, max_tokens: int, slots: int, pool: Any = None) -> None:
         """The questions left to answer are known: the progress line and the timeline start.
-        max_tokens: per answer; slots: decoded together over all workers."""
+        max_tokens: per answer; slots: decoded together over all workers. A sample of the pool's
+        workers now makes the first tick's a whole interval: contention is seen a second sooner."""
         self.progress.total = total
         self.progress.max_tokens, self.progress.slots = max_tokens, slots
         self.timeline.add(Sample(time.perf_counter() - self._started, 0, 0))
+        if pool is not None:
+            self.monitor.sample(pool.live_pids)
 
     def on_answers(self, answers: list[Answer]) -> None:
         self.journal.append(answers)
@@ -55,6 +65,7 @@ class RunWatch:
             said = usage and self.stalls.sample(worker_id, usage.cpu_s, n, usage.state, now)
             if said:
                 log.warning("%s", said)
+        self._watch_threads(pool, now)
         if self.journal is not None:
             self.journal.sync()
         counters = pool.engine_counters()
@@ -62,17 +73,48 @@ class RunWatch:
                              sum(c.prompt_tokens for c in counters.values()))
         t = time.perf_counter() - self._started
         if self.timeline.due(t) or pool.finished:
-            self.timeline.add(self._sample(t, counters))
+            self.timeline.add(self._sample(t, counters, pool.llama_threads()))
         self.progress.tick()
 
-    def _sample(self, t: float, counters: dict[int, EngineStats]) -> Sample:
+    def on_threads(self, msg: ThreadsSet) -> None:
+        """A worker's answer to a change of its llama.cpp threads: logged and reported once made."""
+        asked = self._asked.pop(msg.worker_id, None)
+        if msg.n_threads == msg.before:
+            return
+        why = asked.reason if asked is not None else "no reason recorded"
+        self.thread_changes.append({"t_s": round(time.perf_counter() - self._started, 2), "worker": msg.worker_id,
+                                    "from": msg.before, "to": msg.n_threads, "reason": why})
+        log.info("worker %d: %d → %d llama.cpp threads: %s", msg.worker_id, msg.before, msg.n_threads, why)
+
+    def _watch_threads(self, pool: Any, now: float) -> None:
+        """Feed each worker's last interval to the thread controller; ask for what it decides."""
+        self._other.clear()
+        for wid, threads in pool.llama_threads().items():
+            usage = self.monitor.workers.get(wid)
+            load = usage and core_load(self.monitor.cores, usage.affinity, usage.interval_cpu_s)
+            if not load:
+                continue
+            self._other[wid] = load.other
+            log.debug("worker %d: cores %s over %.2f s: %.2f busy, %.2f its own, %.2f other (%.2f steal) "
+                      "cores; %d llama.cpp threads", wid, list(usage.affinity), load.interval_s,
+                      load.busy_s / load.interval_s, load.own_s / load.interval_s, load.other, load.steal,
+                      threads.current)
+            if self.threads is None or not threads.settable or pool.finished or pool.stopping:
+                continue
+            change = self.threads.sample(wid, now, load, threads.current, threads.ceiling)
+            if change is not None:
+                self._asked[wid] = change
+                pool.set_threads(wid, change.to)
+
+    def _sample(self, t: float, counters: dict[int, EngineStats], threads: dict[int, Any]) -> Sample:
         points = {}
         for wid in sorted(set(counters) | set(self.monitor.workers)):
             c, usage = counters.get(wid), self.monitor.workers.get(wid)
             points[wid] = WorkerPoint(c.generated_tokens if c else 0, c.prompt_tokens if c else 0,
                                       c.steps if c else 0, c.busy_slots if c else 0,
                                       usage.total_cpu_s if usage else None, usage.pss if usage else 0,
-                                      usage.threads if usage else 0)
+                                      usage.threads if usage else 0,
+                                      threads[wid].current if wid in threads else None, self._other.get(wid))
         return Sample(t, self.progress.done, self.progress.failed, points)
 
     def close(self) -> None:

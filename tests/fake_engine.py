@@ -16,6 +16,13 @@ Its behaviour is a `Fake`, a picklable engine factory that goes where the real e
                                             die after N answers, then fail every start-up
     Fake(started=P)                         touch P when a step first holds a question (tests wait on it)
     Fake(environ_to=P)                      write the worker's GPU-visibility variables to P (JSON) at start
+    Fake(threads=True)                      a model runner whose set_threads keeps the count it is given,
+                                            as the real one's llama.cpp context does (without it the
+                                            worker cannot change the engine's threads, and says so)
+    Fake(build_s=S)                         take S seconds to build (as a real engine allocates its KV cache
+                                            and decodes the shared prefix before it is Ready)
+    Fake(threads=True, first_step_threads_to=P)
+                                            write the thread count its first step runs with to P
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ class Fake:
     fail_load_once_marked: bool = False
     started: Optional[str] = None
     environ_to: Optional[str] = None
+    threads: bool = False
+    build_s: float = 0.0
+    first_step_threads_to: Optional[str] = None
 
     def __call__(self, config: EngineConfig, worker_id: int) -> "FakeEngine":
         return FakeEngine(config, worker_id, self)
@@ -63,6 +73,10 @@ class FakeEngine:
         self.steps = 0
         self.busy = 0  # slots busy, summed over steps
         self.prompt_tokens = 0  # of the questions answered
+        self.n_threads = config.n_threads
+        if fake.threads:
+            self.runner = FakeRunner(config.n_threads)
+        time.sleep(fake.build_s)
 
     @property
     def n_unfinished(self) -> int:
@@ -76,6 +90,8 @@ class FakeEngine:
         fake = self.fake
         if fake.started and self.waiting:
             Path(fake.started).touch()
+        if fake.first_step_threads_to and self.steps == 1:
+            Path(fake.first_step_threads_to).write_text(str(self.runner.n_threads))
         if fake.exit_every and self.answered >= fake.exit_every:
             os._exit(3)  # after the last answers went out, holding the next ones
         if fake.slow:
@@ -116,3 +132,14 @@ class FakeEngine:
 
     def close(self) -> None:
         pass
+
+
+class FakeRunner:
+    """The part of workers/model_runner.py ModelRunner the worker reaches through `engine.runner`."""
+
+    def __init__(self, n_threads: int) -> None:
+        self.n_threads = n_threads
+
+    def set_threads(self, n: int) -> int:
+        self.n_threads = n
+        return n

@@ -45,6 +45,15 @@ def test_repack_is_true_false_or_auto(value, expected):
     assert config.repack is expected
 
 
+@pytest.mark.parametrize("text,expected", [("", "auto"), ("threads_adapt: off\n", "off"),
+                                           ("threads_adapt: auto\n", "auto"), ("threads_adapt: false\n", "off")])
+def test_threads_adapt_is_auto_or_off_and_yamls_bare_off_means_off(tmp_path, text, expected):
+    path = job(tmp_path, "model: m\ninput: i\noutput: o\n" + text)
+    assert build_config([(path, load_job_file(path))]).threads_adapt == expected
+    flags = build_config([(path, load_job_file(path)), ("command line", {"threads_adapt": "off"})])
+    assert flags.threads_adapt == "off"
+
+
 def test_auto_values(tmp_path):
     config = build_config([("flags", {"model": "m", "input": "i", "output": "o", "workers": "auto",
                                       "slots": "auto", "model.n_ctx": "auto"})])
@@ -57,6 +66,7 @@ def test_auto_values(tmp_path):
     ("sampling:\n  temperature: -1\n", "sampling.temperature: must be >= 0.0, got -1"),
     ("workers: two\n", "workers: must be an integer or auto, got 'two'"),
     ("workers: 0\n", "workers: must be >= 1, got 0"),
+    ("threads_adapt: sometimes\n", "threads_adapt: must be auto or off, got 'sometimes'"),
     ("slots: 300\n", "slots: must be <= 255 (a llama.cpp context holds at most 256 sequences, one of them "
                      "the shared prefix), got 300"),
     ("ignore_eos: yes please\n", "ignore_eos: must be true or false"),

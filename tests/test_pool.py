@@ -1,14 +1,15 @@
 """The pool across real spawned processes, with the fake engine (same interface as the real one)."""
 
 from array import array
+from dataclasses import replace
 
 import pytest
 
 from fake_engine import Fake
 from ggbatch.runner.crashes import StartupError
 from ggbatch.runner.errors import WorkerFailure
-from ggbatch.runner.pool import WorkerPool
-from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
+from ggbatch.runner.pool import WorkerPool, WorkerThreads
+from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -106,9 +107,60 @@ def test_engine_counters_add_up_over_a_workers_lives():
     assert total.generated_tokens > w.live.generated_tokens  # the earlier lives count too
 
 
+def threads_run(fake, ask):
+    """One worker of 2 llama.cpp threads, asked for `ask` at its first answers: the pool's
+    view before and after, and the workers' answers."""
+    worker_specs, engine = specs(1, fake)
+    engine = replace(engine, n_threads=2)
+    acks, views = [], []
+
+    def on_answers(answers):
+        if not views:
+            views.append(pool.llama_threads()[0])
+            pool.set_threads(0, ask)
+            views.append(pool.llama_threads()[0])
+
+    pool = WorkerPool(worker_specs, on_answers=on_answers, on_threads=acks.append)
+    pool.run(qs(400), engine)
+    return views, acks, pool.llama_threads()[0]
+
+
+def test_set_threads_reaches_the_worker_between_steps_and_its_answer_comes_back():
+    views, acks, after = threads_run(Fake(slow=0.002, threads=True), ask=1)
+    assert views == [WorkerThreads(2, 2, True), WorkerThreads(2, 2, False)]  # asked: not again until answered
+    assert acks == [ThreadsSet(0, before=2, n_threads=1)]
+    assert after == WorkerThreads(1, 2, True)  # the count the worker said, under the one it started with
+
+
+def test_an_engine_that_cannot_change_its_threads_says_so_and_is_not_asked_again():
+    views, acks, after = threads_run(Fake(slow=0.002), ask=1)
+    assert acks == [ThreadsSet(0, before=2, n_threads=2)]
+    assert after == WorkerThreads(2, 2, False)
+
+
+def test_a_worker_building_its_engine_can_be_told_its_threads_before_its_first_step(tmp_path):
+    # Under contention the first steps (the prompts) are the slowest: a worker still building its
+    # engine counts for the thread controller, and runs its first step with the count it was told.
+    first = tmp_path / "threads"
+    worker_specs, engine = specs(1, Fake(threads=True, build_s=3.0, first_step_threads_to=str(first)))
+    engine = replace(engine, n_threads=2)
+    views, acks = [], []
+
+    def on_tick(pool):
+        if not views:
+            views.append(pool.llama_threads()[0])
+            pool.set_threads(0, 1)
+
+    pool = WorkerPool(worker_specs, on_answers=lambda answers: None, on_tick=on_tick, on_threads=acks.append)
+    assert pool.llama_threads() == {}  # not configured yet: nothing to tell
+    answers = pool.run(qs(20), engine)
+    assert views == [WorkerThreads(2, 2, True)]  # the configuration's count, before Ready
+    assert acks == [ThreadsSet(0, before=2, n_threads=1)]
+    assert first.read_text() == "1" and len(answers) == 20
+
+
 def test_a_worker_given_a_device_sees_only_that_gpu(tmp_path, monkeypatch):
     import json
-    from dataclasses import replace
 
     for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "MUSA_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)

@@ -3,6 +3,7 @@
     tasks (Chunk | Stop) ──▶ engine.add ──▶ engine.step() ──▶ results pipe (AnswerBatch)
                           ◀── WantWork when fewer than 2 × slots questions are left locally
                           ◀── EngineStats at most every 0.5 s while stepping, and when it runs dry
+    tasks (SetThreads) ──▶ llama.cpp's thread count, between two steps ──▶ ThreadsSet
 
 The worker never blocks while its engine has work: it drains the task queue without waiting,
 runs one step, ships whatever finished. It blocks only when it has nothing at all to do.
@@ -20,7 +21,7 @@ from typing import Any, Optional
 
 from .devices import visible_device_env
 from .protocol import (STATS_EVERY_S, Answer, AnswerBatch, Chunk, Configure, EngineConfig, EngineStats, Ready,
-                       Stop, WantWork, WorkerError, WorkerSpec, decode, encode)
+                       SetThreads, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec, decode, encode)
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -130,12 +131,23 @@ def _serve(engine: Any, spec: WorkerSpec, tasks: Any, results: Any) -> None:
                 for question in msg.questions:
                     engine.add(question)
                 asked = False
+            elif isinstance(msg, SetThreads):
+                results.send_bytes(encode(set_threads(engine, spec.worker_id, msg.n)))
         if engine.n_unfinished:
             answers = engine.step()
             # Before the answers: the coordinator's totals are whole when the last answer arrives.
             stats.after_step(engine, answers)
             if answers:
                 results.send_bytes(encode(AnswerBatch(spec.worker_id, tuple(answers), engine.stats())))
+
+
+def set_threads(engine: Any, worker_id: int, n: int) -> ThreadsSet:
+    """Change llama.cpp's thread count between two steps, through the engine's model runner (the
+    only module that calls llama.cpp); an engine without one keeps its count and says so."""
+    runner = getattr(engine, "runner", None)
+    before = int(getattr(runner, "n_threads", None) or getattr(engine, "n_threads", 0) or 0)
+    setter = getattr(runner, "set_threads", None)
+    return ThreadsSet(worker_id, before, int(setter(n)) if setter is not None else before)
 
 
 class _StatsSender:

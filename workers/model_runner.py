@@ -309,6 +309,14 @@ class ModelRunner:
         b.struct.n_tokens = n
         return int(llama_cpp.llama_decode(self.ctx, b.struct))
 
+    def set_threads(self, n: int) -> int:
+        """Run the next decodes with n threads, prompt and generation alike; returns the count
+        llama.cpp reports. llama_set_n_threads changes a live context: the CPU backend reads the
+        count at each graph computation, so nothing is rebuilt."""
+        llama_cpp.llama_set_n_threads(self.ctx, n, n)
+        self.n_threads = int(llama_cpp.llama_n_threads(self.ctx))
+        return self.n_threads
+
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
 

@@ -10,6 +10,8 @@ One small frozen dataclass per message, so a reader sees the whole conversation 
         │ ── Chunk(questions) ───────────▶ │
         │ ◀───────────── AnswerBatch ───── │  every step that finished a question
         │ ◀─────────────── EngineStats ─── │  at most every 0.5 s while it works, and when it runs dry
+        │ ── SetThreads(n) ──────────────▶ │  other processes take its cores (runner/threads.py):
+        │ ◀──────────────── ThreadsSet ─── │  llama.cpp's thread count from the next step, as it says
         │ ── Stop ───────────────────────▶ │  finish what is decoding, drop the rest, exit
         │ ◀──────────────── WorkerError ── │  only when the worker itself cannot go on
 
@@ -231,6 +233,16 @@ STATS_EVERY_S = 0.5
 
 
 @dataclass(frozen=True)
+class ThreadsSet:
+    """The answer to SetThreads: the thread count llama.cpp reports now (llama_n_threads), and
+    before. Equal when the engine cannot change it (no llama.cpp context: tests' fake engine)."""
+
+    worker_id: int
+    before: int
+    n_threads: int
+
+
+@dataclass(frozen=True)
 class WorkerError:
     worker_id: int
     stage: str  # "load" (pin, load the model), "configure" (build the engine) or "run"
@@ -252,6 +264,13 @@ class Configure:
 @dataclass(frozen=True)
 class Chunk:
     questions: tuple[Question, ...]
+
+
+@dataclass(frozen=True)
+class SetThreads:
+    """Run llama.cpp with n threads (prompt and generation) from the next step on."""
+
+    n: int
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ def tune(model_path: str, input_path: Optional[str], n_questions: int, max_token
                                              "output": os.path.join(tmp, "answers.jsonl"),
                                              "max_tokens": max_tokens, "ignore_eos": True,
                                              "workers": layout["workers"], "threads": layout["threads"],
+                                             "threads_adapt": "off",
                                              "slots": layout["slots"], "model.repack": layout["repack"]})])
             report = run_job(config, progress="off", fresh=True, use_tuned=False)
             t = report.outcome.timings
