@@ -38,6 +38,8 @@ FLAG_KEYS = {
     "id_field": "fields.id", "question_field": "fields.question",
     "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
     "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
+    "choices": "answer.choices", "choice_logprobs": "answer.logprobs", "json_schema": "answer.json_schema",
+    "grammar": "answer.grammar",
 }
 
 
@@ -90,6 +92,11 @@ def _add_run(sub: Any) -> None:
     a("--min-p", dest="min_p")
     a("--repeat-penalty", dest="repeat_penalty")
     a("--seed", help="job seed; each question's seed derives from it and the question id")
+    a("--choices", help="the answer is exactly one of these: A,B,C,D, or auto (each record's 'choices')")
+    a("--choice-logprobs", dest="choice_logprobs", action="store_true", default=None,
+      help="with --choices: write each choice's log-probability (choice_logprobs)")
+    a("--json-schema", dest="json_schema", help="the answer is JSON valid under this schema (a .json file, or inline)")
+    a("--grammar", help="the answer matches this GBNF grammar (llama.cpp's; root rule 'root')")
     a("--fresh", action="store_true", help="ignore the journal of an earlier run and start over")
     a("--score", action="store_true", help="then score the answers against the input's gold 'answer' fields")
     a("--progress", choices=["auto", "bar", "log", "off"], default="auto",
