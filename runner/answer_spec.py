@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional
 
 from .config import CHOICES_AUTO, JobConfig
 from .errors import ConfigError, InputError, quote
-from ..workers.protocol import AnswerSpec, ResponseFormat
+from ..workers.protocol import AnswerSpec, GenerationParams, ResponseFormat
 
 
 def job_answer(config: JobConfig) -> Optional[AnswerSpec]:
@@ -59,10 +59,46 @@ def schema_grammar(schema_text: str) -> str:
     """GBNF for JSON valid under this schema (canonical JSON text), by llama-cpp-python's
     converter; ValueError saying why it cannot convert it."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
+    unenforced = unenforced_keyword(json.loads(schema_text))
+    if unenforced is not None:
+        raise ValueError(unenforced)
     try:
         return json_schema_to_gbnf(schema_text)
     except Exception as exc:  # noqa: BLE001 - the converter raises whatever it meets; one line says it
         raise ValueError(f"cannot turn this JSON schema into a grammar ({type(exc).__name__}: {exc})") from None
+
+
+# What llama-cpp-python's converter turns into grammar rules; anything else it would drop without a
+# word, and an answer could then break the schema (an integer under "minimum": 0 come out -5).
+ENFORCED = {"type", "format", "$ref", "$defs", "definitions", "oneOf", "anyOf", "allOf", "const", "enum",
+            "properties", "additionalProperties", "required", "items", "prefixItems", "minItems", "maxItems",
+            "pattern", "minLength", "maxLength"}
+ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "default", "examples", "readOnly",
+               "writeOnly", "deprecated"}
+
+
+def unenforced_keyword(schema: Any, at: str = "") -> Optional[str]:
+    """Why a grammar cannot hold answers to this schema: the first keyword the converter ignores
+    (minimum, uniqueItems, not, ...), with where it is; None when every keyword is enforced."""
+    if not isinstance(schema, dict):
+        return None
+    for key in schema:
+        if key not in ENFORCED and key not in ANNOTATIONS:
+            return (f"the grammar cannot enforce {quote(key)}{f' (at {at[1:]})' if at else ''}, so answers could "
+                    "break the schema: leave it out (and check that part of the answers yourself)")
+    children: list[tuple[str, Any]] = []
+    for key in ("properties", "$defs", "definitions"):
+        children += [(f"{at}.{key}.{k}" if key != "properties" else f"{at}.properties.{k}", v)
+                     for k, v in (schema.get(key) or {}).items()]
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        children += [(f"{at}.{key}[{i}]", v) for i, v in enumerate(schema.get(key) or [])]
+    for key in ("items", "additionalProperties"):
+        children += [(f"{at}.{key}", schema.get(key))]
+    for where, child in children:
+        found = unenforced_keyword(child, where)
+        if found is not None:
+            return found
+    return None
 
 
 @functools.lru_cache(maxsize=256)
@@ -98,5 +134,14 @@ def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str
     return tuple(items)
 
 
-def with_choices(spec: AnswerSpec, choices: tuple[str, ...]) -> AnswerSpec:
-    return replace(spec, choices=choices)
+def with_choices(gen: GenerationParams, choices: tuple[str, ...]) -> GenerationParams:
+    """The job's settings for a question of its own choices (answer.choices: auto)."""
+    assert gen.answer is not None
+    return replace(gen, answer=replace(gen.answer, choices=choices), max_tokens=choice_tokens(gen.max_tokens, choices))
+
+
+def choice_tokens(max_tokens: int, choices: tuple[str, ...]) -> int:
+    """The most tokens an answer among these choices can take: every token a grammar lets through
+    writes a byte or more, so the longest choice's bytes and its leading space, plus one for the
+    end of generation. The context is sized for it, not for the job's max_tokens."""
+    return min(max_tokens, max(len(c.encode("utf-8")) for c in choices) + 2) if choices else max_tokens

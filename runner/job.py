@@ -72,7 +72,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             setup = _settle(config, model, started, job, len(todo), formats)
             pool.keep(setup.layout.workers)
             clock["prepared"] = time.perf_counter()
-            watch.start_run(len(todo), config.max_tokens, setup.layout.workers * setup.layout.slots)
+            watch.start_run(len(todo), job.max_tokens, setup.layout.workers * setup.layout.slots)
             answers, ended = _answer(pool, todo, layouts.engine_config(
                 model_path, setup.layout, job.prefix, job.generation))
         _say_cut(job, answers)

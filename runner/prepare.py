@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .answer_spec import choice_tokens
 from .config import JobConfig
 from .errors import ConfigError
 from .inputs import Record
@@ -76,7 +77,8 @@ def prepare(config: JobConfig, model_path: str, records: list[Record],
         builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
                                 info.bos_text, info.eos_text, config.template_kwargs)
         stop = config.stop or (PLAIN_STOP if builder.is_plain else ())
-        generation = GenerationParams(config.max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
+        max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
+        generation = GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
         made = build_questions(records, builder, [tokenizer], config, generation, info.n_vocab)
     _say(made)
     dims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)

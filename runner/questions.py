@@ -15,7 +15,7 @@ from __future__ import annotations
 import zlib
 from array import array
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterator, Optional, Union
 
 from .answer_spec import format_grammar, record_choices, with_choices
@@ -107,7 +107,7 @@ class _Maker:
             if self.config.choices != CHOICES_AUTO or self.job.answer is None:
                 return None
             choices = record_choices(rec.fields, f"{self.config.input}:{rec.line}", rec.qid)
-            return replace(self.job, answer=with_choices(self.job.answer, choices))
+            return with_choices(self.job, choices)
         # A chat prompt on the plain template stops before inventing the next question; a raw
         # completion prompt has no template to stop at.
         template_stop = PLAIN_STOP if self.builder.is_plain and rec.request.prompt is None else ()

@@ -356,6 +356,10 @@ class _Batch:
 class ModelRunner:
     """One model + one multi-sequence context. Sequence ids are plain ints in [0, n_seq_max)."""
 
+    # Ask a grammar about the token picked without it first (False: mask the whole vocabulary at
+    # every step, as llama.cpp's plain grammar sampler does; bench/grammar_bench.py compares).
+    grammar_check_first = True
+
     def __init__(self, model_path: str, n_threads: int, n_ctx: int, n_seq_max: int, n_batch: int,
                  kv_unified: bool, flash_attn: bool = True, repack: bool = True) -> None:
         self.model = (_preloaded.pop((model_path, repack), None)
@@ -494,7 +498,7 @@ class ModelRunner:
         """(the greedy token the grammar allows, whether `token`, the unconstrained argmax, was
         refused); -1 when the grammar allows no token at all. The token is accepted by the grammar."""
         cands = self._candidates_for()
-        if cands.allows(grammar, token):
+        if self.grammar_check_first and cands.allows(grammar, token):
             llama_cpp.llama_sampler_accept(grammar, token)
             return token, False
         llama_cpp.llama_sampler_apply(grammar, ctypes.byref(cands.fill(self._row(batch_index))))
@@ -515,7 +519,7 @@ class ModelRunner:
         row = self._row(batch_index)
         llama_cpp.llama_sampler_apply(chain, ctypes.byref(cands.fill(row)))
         token, resampled = cands.selected(), False
-        if not cands.allows(grammar, token):
+        if not self.grammar_check_first or not cands.allows(grammar, token):
             resampled = True
             arr = cands.fill(row)
             llama_cpp.llama_sampler_apply(grammar, ctypes.byref(arr))
