@@ -75,6 +75,7 @@ def test_lsat_choices_auto_take_each_records_letters_under_a_grammar_too(tmp_pat
     assert all(row.split(",")[1] in ("A", "B", "C", "D", "E") for row in rows[1:])
     rep = json.loads((tmp_path / "rep.json").read_text())
     assert rep["generation"]["own_settings"]["answer.choices"] == 12
+    assert rep["generation"]["answer"] == {"choices": "auto", "logprobs": False, "choice_logits": False}
     assert rep["layout"]["n_ctx_per_sequence"] < 600  # sized for a letter, not for max_tokens 256
 
 
