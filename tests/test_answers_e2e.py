@@ -47,9 +47,11 @@ def answers(path):
 def test_mmlu_with_fixed_choices_gives_only_those_with_their_logprobs(tmp_path, stories):
     q, records = sample(MMLU, 30, tmp_path)
     out = tmp_path / "a.jsonl"
-    r = ggbatch("run", "--model", stories, "--input", q, "--output", out, "--choices", "A,B,C,D",
-                "--choice-logprobs")
-    assert r.returncode == 0, r.stderr
+    for slots, path in ((8, out), (1, tmp_path / "one.jsonl")):
+        r = ggbatch("run", "--model", stories, "--input", q, "--output", path, "--choices", "A,B,C,D",
+                    "--choice-logprobs", "--batch-invariant", "--slots", slots)
+        assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == (tmp_path / "one.jsonl").read_bytes()  # logits read per row: batch-invariant
     got = answers(out)
     assert len(got) == 30 and {a["answer"] for a in got.values()} <= {"A", "B", "C", "D"}
     for a in got.values():
