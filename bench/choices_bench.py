@@ -1,7 +1,9 @@
 """Fixed choices against one generated token: the whole MMLU validation set (1,542 questions)
 answered by `ggbatch run --choices A,B,C,D`, and by the same job with `--max-tokens 1` instead,
 in alternating runs, each timed as the whole command (start-up, model load and tokenizing
-included). Prints each run's wall time and the medians' ratio (the target: within 1.15×).
+included). Prints each run's wall time, where its engine spent its steps (llama_decode, sampling:
+the choices' log-softmax, the rest: the engine's own Python, the vocabulary pass that finds each
+choice's tokens included), and the medians' ratio (the target: within 1.15×).
 
     python bench/choices_bench.py [--model M.gguf] [--questions 1542] [--repeat 2] [--json F]
 
@@ -45,7 +47,9 @@ def run_job(model: str, questions: Path, side: str, tmp: Path) -> dict:
     rep = json.loads(report.read_text())
     answers = [json.loads(line) for line in out.read_text().splitlines()]
     lay = rep["layout"]
-    return {"wall_s": wall, "answered": rep["questions"]["answered"], "prompt_tokens": rep["tokens"]["prompt"],
+    engine = [w["engine"] for w in rep["workers"].values() if w.get("engine")]
+    work = {k: sum(e[k] for e in engine) for k in ("step_s", "decode_s", "sample_s")}
+    return {"wall_s": wall, **work, "other_s": work["step_s"] - work["decode_s"] - work["sample_s"], "answered": rep["questions"]["answered"], "prompt_tokens": rep["tokens"]["prompt"],
             "layout": f"{lay['workers']}w x {lay['threads_per_worker']}t x {lay['slots_per_worker']} slots, "
                       f"n_ctx {lay['n_ctx_per_sequence']}",
             "letters": sum(a.get("answer") in ("A", "B", "C", "D") for a in answers)}
@@ -70,7 +74,9 @@ def main() -> int:
             for side in order:
                 got = run_job(model, questions, side, tmp)
                 walls[side].append(got["wall_s"])
-                print(f"round {round_ + 1} {side:13s} {got['wall_s']:7.1f} s  answered {got['answered']}, "
+                print(f"round {round_ + 1} {side:13s} {got['wall_s']:7.1f} s (engine steps {got['step_s']:.1f} s: "
+                      f"llama_decode {got['decode_s']:.1f}, sampling {got['sample_s']:.2f}, the rest "
+                      f"{got['other_s']:.2f}), answered {got['answered']}, "
                       f"letter answers {got['letters']}, prompt tokens {got['prompt_tokens']}, {got['layout']}",
                       flush=True)
     medians = {side: statistics.median(w) for side, w in walls.items()}
