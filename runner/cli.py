@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .config import build_config, load_job_file
 from .crashes import address_space_limit
@@ -40,6 +40,8 @@ FLAG_KEYS = {
     "id_field": "fields.id", "question_field": "fields.question",
     "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
     "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
+    "choices": "answer.choices", "choice_logprobs": "answer.logprobs", "json_schema": "answer.json_schema",
+    "grammar": "answer.grammar",
 }
 
 
@@ -54,6 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_score_parser(sub)
     add_merge_parser(sub)
     return parser
+
+
+def _add_answer_flags(a: Callable[..., Any]) -> None:
+    """Sampling, and what an answer must be."""
+    a("--temperature")
+    a("--top-k", dest="top_k")
+    a("--top-p", dest="top_p")
+    a("--min-p", dest="min_p")
+    a("--repeat-penalty", dest="repeat_penalty")
+    a("--seed", help="job seed; each question's seed derives from it and the question id")
+    a("--choices", help="the answer is exactly one of these: A,B,C,D, or auto (each record's 'choices')")
+    a("--choice-logprobs", dest="choice_logprobs", action="store_true", default=None,
+      help="with --choices: write each choice's log-probability (choice_logprobs)")
+    a("--json-schema", dest="json_schema", help="the answer is JSON valid under this schema (a .json file, or inline)")
+    a("--grammar", help="the answer matches this GBNF grammar (llama.cpp's; root rule 'root')")
 
 
 def _add_run(sub: Any) -> None:
@@ -92,12 +109,7 @@ def _add_run(sub: Any) -> None:
       help="write a reasoning model's <think> block too, as \"thinking\" (it is always cut from the answer)")
     a("--id-field", dest="id_field", help="record field holding the id (default questionID)")
     a("--question-field", dest="question_field", help="record field holding the question (default question)")
-    a("--temperature")
-    a("--top-k", dest="top_k")
-    a("--top-p", dest="top_p")
-    a("--min-p", dest="min_p")
-    a("--repeat-penalty", dest="repeat_penalty")
-    a("--seed", help="job seed; each question's seed derives from it and the question id")
+    _add_answer_flags(a)
     a("--fresh", action="store_true", help="ignore the journal of an earlier run and start over")
     a("--score", action="store_true", help="then score the answers against the input's gold 'answer' fields")
     a("--progress", choices=["auto", "bar", "log", "off"], default="auto",

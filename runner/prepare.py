@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .answer_spec import choice_tokens
 from .config import JobConfig
 from .errors import ConfigError
 from .inputs import Record
@@ -26,7 +27,7 @@ from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
 from .question_settings import describe_own
 from .questions import QuestionSet, build_questions
 from .tokenizing import TokenizerProcess
-from ..workers.protocol import RESPONSE_FORMAT_ENFORCED, Answer, GenerationParams, Question
+from ..workers.protocol import Answer, AnswerSpec, GenerationParams, Question
 from ..workers.sequence import common_prefix_len
 
 log = logging.getLogger("ggbatch")
@@ -67,9 +68,11 @@ class PreparedJob:
                     for q in self.questions), default=self.generation.max_tokens)
 
 
-def prepare(config: JobConfig, model_path: str, records: list[Record]) -> PreparedJob:
+def prepare(config: JobConfig, model_path: str, records: list[Record],
+            answer: Optional[AnswerSpec] = None) -> PreparedJob:
     """Render and tokenize every question, with llama.cpp's tokenizer in a process of its own
-    (runner/tokenizing.py), where a crash on text the vocabulary cannot take costs one question."""
+    (runner/tokenizing.py), where a crash on text the vocabulary cannot take costs one question.
+    `answer`: what every answer must be (runner/answer_spec.py job_answer), checked already."""
     if config.prompt_template is not None and records and records[0].request is not None:
         raise ConfigError(f"prompt.template: {config.input} holds OpenAI Batch requests, which bring their own "
                           "messages; remove prompt.template")
@@ -79,7 +82,8 @@ def prepare(config: JobConfig, model_path: str, records: list[Record]) -> Prepar
         builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
                                 info.bos_text, info.eos_text, config.template_kwargs)
         stop = config.stop or (PLAIN_STOP if builder.is_plain else ())
-        generation = GenerationParams(config.max_tokens, stop, config.ignore_eos, config.sampling)
+        max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
+        generation = GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
         made = build_questions(records, builder, [tokenizer], config, generation, info.n_vocab)
     _say(made)
     dims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)
@@ -119,11 +123,6 @@ def _say(made: QuestionSet) -> None:
         qid, answer = next(iter(failed.items()))
         log.warning("%d question%s cannot be tokenized by this model; the output says why on each "
                     "(first: %s: %s)", len(failed), "s" if len(failed) > 1 else "", qid, answer.error)
-    formats = sorted({q.generation.response_format.type for q in made.questions
-                      if q.generation and q.generation.response_format})
-    if formats and not RESPONSE_FORMAT_ENFORCED:
-        log.warning("some requests ask for response_format %s: not enforced yet, they are answered without "
-                    "a grammar (the report counts them)", " and ".join(formats))
 
 
 def chat_template(config: JobConfig, model_template: Optional[str]) -> tuple[Optional[str], str]:

@@ -8,6 +8,7 @@ Python read its fields.
 
 from __future__ import annotations
 
+import json
 import resource
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -139,7 +140,8 @@ class RunReport:
         return {"max_tokens": gen.max_tokens, "stop": list(gen.stop), "ignore_eos": gen.ignore_eos,
                 "chat_template": self.setup.chat_template, "system": config.system,
                 "sampling": asdict(gen.sampling),
-                "own_settings": {**own, "response_format_enforced": RESPONSE_FORMAT_ENFORCED} if own else {}}
+                "own_settings": {**own, "response_format_enforced": RESPONSE_FORMAT_ENFORCED} if own else {},
+                "answer": _answer_shape(config)}
 
     def _questions(self) -> dict[str, Any]:
         done, shard = self.all_answers, self.setup.config.shard
@@ -258,3 +260,13 @@ def format_summary(report: RunReport) -> str:
         lines.append(f"worker {wid}   cores {w['cores']}, {w['questions']} questions, "
                      f"{w.get('mean_cpu_percent', 0):.0f}% CPU, peak PSS {w.get('peak_pss_mib', 0):.0f} MiB")
     return "\n".join(lines)
+
+
+def _answer_shape(config: JobConfig) -> Optional[dict[str, Any]]:
+    """What the job held every answer to (answer.*), or None: free text."""
+    if config.choices:
+        return {"choices": config.choices if isinstance(config.choices, str) else list(config.choices),
+                "logprobs": config.choice_logprobs, "choice_logits": config.choice_logits}
+    if config.json_schema is not None:
+        return {"json_schema": json.loads(config.json_schema)}
+    return {"grammar": config.grammar} if config.grammar is not None else None

@@ -29,7 +29,7 @@ def running(slot: int, tokens: array, n_cached: int) -> Sequence:
 def test_a_new_prompt_starts_from_the_longest_prefix_held_anywhere():
     cache = SlotContents(PREFIX, PREFIX_ID, batch_invariant=False)
     assert cache.start(prompt(1, 0), 0, []) == Start(PREFIX_ID, 5)  # only the job's prefix
-    cache.keep(2, prompt(1, 7))  # a finished question on passage 1 left its prompt in slot 2
+    cache.keep(2, prompt(1, 7), len(prompt(1, 7)))  # a finished question on passage 1 left its prompt in slot 2
     assert cache.start(prompt(1, 0), 0, []) == Start(2, 105)
     # a running sequence on passage 1 that has only computed part of its prompt offers that part
     assert cache.start(prompt(1, 0), 0, [running(1, prompt(1, 8), 50)]) == Start(2, 105)
@@ -38,8 +38,8 @@ def test_a_new_prompt_starts_from_the_longest_prefix_held_anywhere():
 
 def test_its_own_slot_wins_a_tie_and_at_least_one_token_is_left_to_compute():
     cache = SlotContents(PREFIX, PREFIX_ID, batch_invariant=False)
-    cache.keep(1, prompt(1, 7))
-    cache.keep(3, prompt(1, 8))
+    cache.keep(1, prompt(1, 7), len(prompt(1, 7)))
+    cache.keep(3, prompt(1, 8), len(prompt(1, 8)))
     assert cache.start(prompt(1, 0), 3, []) == Start(3, 105)  # no copy
     same = prompt(1, 7)
     assert cache.start(same, 0, []).n == len(same) - 1  # its logits must be computed
@@ -47,14 +47,14 @@ def test_its_own_slot_wins_a_tie_and_at_least_one_token_is_left_to_compute():
 
 def test_batch_invariant_leaves_min_rows_to_the_sequence():
     cache = SlotContents(PREFIX, PREFIX_ID, batch_invariant=True)
-    cache.keep(1, prompt(1, 7))
+    cache.keep(1, prompt(1, 7), len(prompt(1, 7)))
     same = prompt(1, 7)
     assert cache.start(same, 0, []).n == len(same) - MIN_ROWS
 
 
 def test_forget_and_what_is_kept():
     cache = SlotContents(array("i"), PREFIX_ID, batch_invariant=False)
-    cache.keep(1, prompt(1, 7))
+    cache.keep(1, prompt(1, 7), len(prompt(1, 7)))
     assert cache.kept_tokens == len(prompt(1, 7))
     cache.forget(1)
     assert cache.start(prompt(1, 0), 0, []) == Start(-1, 0)
@@ -108,3 +108,11 @@ def test_waiting_needs_a_gain_worth_an_idle_slot():
     for j in range(3):
         sched.add(Sequence(Question(f"q{j}", prompt(1, j, n_passage=short), 0)))
     assert len(sched.admit()) == 2
+
+
+def test_a_prompt_that_failed_before_it_all_went_in_keeps_only_what_went_in():
+    cache = SlotContents(PREFIX, PREFIX_ID, batch_invariant=False)
+    cache.keep(1, prompt(1, 7), 50)
+    assert cache.start(prompt(1, 0), 0, []) == Start(1, 50)
+    cache.keep(2, prompt(2, 7), 0)  # nothing went in: nothing kept
+    assert 2 not in cache.kept

@@ -38,14 +38,15 @@ from __future__ import annotations
 import time
 from array import array
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Optional, Protocol
 
 import numpy as np
 
 from . import invariant
+from .constraints import best_choice, choice_grammar, choice_logprobs, choice_text
 from .model_runner import ModelRunner
 from .prefix_cache import SlotContents
-from .protocol import Answer, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
+from .protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
 from .scheduler import Scheduler, Span
 from .sequence import Phase, Sequence
 
@@ -92,6 +93,9 @@ class StepCounters:
     tg_steps_s: float = 0.0
     tg_tokens: float = 0.0
     ballast_tokens: float = 0.0
+    grammar_tokens: float = 0.0  # tokens picked under a grammar (AnswerSpec)
+    grammar_resamples: float = 0.0  # of those, picked again because the grammar refused the first pick
+    choice_answers: float = 0.0  # fixed choices answered from the first position's logits
     # The prefix cache (workers/prefix_cache.py): prompt tokens decoded (the shared prefix's
     # included) and taken from KV already held; admissions that started from another question's
     # prompt; whole-stream copies; the most prompt tokens free slots kept at once.
@@ -158,6 +162,8 @@ class LlamaEngine:
                                stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant,
                                contents=self.contents)
         self._rejected: list[Answer] = []
+        # choices -> each one's single-token variants (None: some choice needs more than one token)
+        self._choice_tokens: dict[tuple[str, ...], Optional[tuple[tuple[int, ...], ...]]] = {}
         self.counters = StepCounters()
         self._decode_prefix(prefix)
 
@@ -181,12 +187,16 @@ class LlamaEngine:
         """schedule (admit, lay out the slots) → decode → sample → finish."""
         t0 = time.perf_counter()
         done, self._rejected = self._rejected, []
-        self._admit()
+        done += self._admit()
         busy = len(self.sched.running)
         batch = self._decode_with_room()
         vocab = self.runner.vocab
         for seq, token in self._sample(batch):
-            if seq.accept(token, vocab.piece(token), vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
+            if seq.choice_scores is not None or token < 0:
+                if token < 0:
+                    seq.error = "the answer's grammar allows no token of this model's vocabulary here"
+                done.append(self._finish(seq))  # a choice is answered in one position, no decode step
+            elif seq.accept(token, vocab.piece(token), vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
                 done.append(self._finish(seq))
         self.counters.generated_tokens += len(batch.rows)
         self.counters.step(batch.spans, busy, time.perf_counter() - t0)
@@ -232,14 +242,20 @@ class LlamaEngine:
             start += n
         self.counters.prompt_computed += len(tokens)
 
-    def _admit(self) -> None:
-        """Waiting questions into free slots (their shared prefix copied in, their sampler made),
-        then, with one stream per sequence, busy slots moved down so the ids stay contiguous."""
+    def _admit(self) -> list[Answer]:
+        """Waiting questions into free slots (their shared prefix copied in, their sampler and
+        grammar made), then, with one stream per sequence, busy slots moved down so the ids stay
+        contiguous. Returns the answers of those whose grammar could not be built."""
+        failed = []
         for seq in self.sched.admit():
             self._start_kv(seq)
             gen = self._gen(seq)
             if needs_sampler(gen):
                 seq.sampler = self.runner.new_sampler(gen, seq.question.seed)
+            if gen.answer is not None:
+                self._constrain(seq, gen.answer)
+            if seq.error is not None:
+                failed.append(self._finish(seq))
         for seq, old_id in self.sched.compact():
             # A whole-stream copy (a few MiB, done at the next decode) instead of a second pass
             # over the weights in every step that remains.
@@ -247,6 +263,23 @@ class LlamaEngine:
             self.runner.seq_rm(old_id)
             self._forget(seq.seq_id, old_id)
             self.counters.moves += 1
+        return failed
+
+    def _constrain(self, seq: Sequence, spec: AnswerSpec) -> None:
+        """Fixed choices that are each one token: answered from the logits; other choices and
+        grammars: a grammar sampler of the sequence's own."""
+        if spec.choices and spec.choice_logits:
+            if spec.choices not in self._choice_tokens:
+                self._choice_tokens[spec.choices] = self.runner.choice_tokens(spec.choices)
+            seq.choice_tokens = self._choice_tokens[spec.choices]
+            if seq.choice_tokens is not None:
+                return
+        gbnf = choice_grammar(spec.choices) if spec.choices else spec.grammar
+        if gbnf is not None:
+            try:
+                seq.grammar = self.runner.new_grammar(gbnf)
+            except ValueError as exc:  # the coordinator checked it: only a broken install gets here
+                seq.error = str(exc)
 
     def _start_kv(self, seq: Sequence) -> None:
         """Put the admitted sequence's first n_cached prompt tokens into its slot: copied from
@@ -285,17 +318,36 @@ class LlamaEngine:
         t0 = time.perf_counter()
         rows = batch.rows
         tokens = [0] * len(rows)
-        greedy = [i for i, (span, _, _) in enumerate(rows) if span.seq.sampler is None]
+        greedy = [i for i, (span, _, _) in enumerate(rows)
+                  if span.seq.sampler is None and span.seq.choice_tokens is None]
         if greedy:
             n_outputs = int(np.count_nonzero(batch.arrays[3]))
             for i, token in zip(greedy, self.runner.greedy([rows[i][2] for i in greedy], n_outputs).tolist()):
                 tokens[i] = token
         for i, (span, index, _) in enumerate(rows):
-            if span.seq.sampler is not None:
-                tokens[i] = self.runner.sample(span.seq.sampler, index)
+            tokens[i] = self._pick(span.seq, index, tokens[i])
         out = [(span.seq, token) for (span, _, _), token in zip(rows, tokens)]
         self.counters.sample_s += time.perf_counter() - t0
         return out
+
+    def _pick(self, seq: Sequence, index: int, greedy_token: int) -> int:
+        """The token of one sequence at batch position `index`, given its greedy argmax: fixed
+        choices are scored; a grammar is asked only about the token picked without it, and masks
+        the whole vocabulary only when it refuses that token."""
+        if seq.choice_tokens is not None:
+            seq.choice_scores = self.runner.choice_scores(index, seq.choice_tokens)
+            seq.t_first = time.perf_counter()
+            self.counters.choice_answers += 1
+            return seq.choice_tokens[best_choice(seq.choice_scores)][0]
+        if seq.grammar is None:
+            return greedy_token if seq.sampler is None else self.runner.sample(seq.sampler, index)
+        if seq.sampler is None:
+            token, again = self.runner.constrain_greedy(seq.grammar, index, greedy_token)
+        else:
+            token, again = self.runner.sample_constrained(seq.sampler, seq.grammar, index)
+        self.counters.grammar_tokens += 1
+        self.counters.grammar_resamples += again
+        return token
 
     def _layout(self, spans: list[Span]) -> _Batch:
         """The arrays of one llama_decode for these spans; in batch-invariant mode with ballast
@@ -358,9 +410,14 @@ class LlamaEngine:
         self.counters.preemptions += 1
 
     def _free_sampler(self, seq: Sequence) -> None:
+        """Its sampler chain and grammar given back (finished or preempted: a preempted sequence
+        starts over, with a new grammar in its initial state)."""
         if seq.sampler is not None:
             self.runner.free_sampler(seq.sampler)
             seq.sampler = None
+        if seq.grammar is not None:
+            self.runner.free_sampler(seq.grammar)
+            seq.grammar = None
 
     def _finish(self, seq: Sequence) -> Answer:
         """The finished sequence's answer; its slot and sampler given back, and its KV too, or
@@ -370,20 +427,33 @@ class LlamaEngine:
         self._free_sampler(seq)
         self.sched.release(seq)
         if self.contents is not None:
-            self.contents.keep(seq.seq_id, seq.prompt)
+            self.contents.keep(seq.seq_id, seq.prompt, seq.n_cached)  # all of it, unless it failed early
             self.counters.kept_tokens_peak = max(self.counters.kept_tokens_peak, self.contents.kept_tokens)
         seq.phase = Phase.FINISHED
         now = time.perf_counter()
-        return Answer(seq.question.qid, seq.text(), seq.finish or FinishReason.STOP, seq.n_prompt,
-                      len(seq.output), self.worker_id, seq.t_first - seq.t_admit, now - seq.t_admit,
-                      created=time.time())
+        text, n_out, logprobs = self._answer_text(seq)
+        finish = FinishReason.ERROR if seq.error else seq.finish or FinishReason.STOP
+        return Answer(seq.question.qid, text, finish, seq.n_prompt, n_out, self.worker_id,
+                      max(0.0, seq.t_first - seq.t_admit), now - seq.t_admit, error=seq.error,
+                      created=time.time(), choice_logprobs=logprobs)
+
+    def _answer_text(self, seq: Sequence) -> tuple[str, int, Optional[dict[str, float]]]:
+        """(text, completion tokens, choice log-probabilities) of a finished sequence."""
+        spec = self._gen(seq).answer
+        if seq.error:
+            return "", len(seq.output), None
+        if spec is not None and seq.choice_scores is not None:
+            logprobs = choice_logprobs(spec.choices, seq.choice_scores) if spec.logprobs else None
+            return spec.choices[best_choice(seq.choice_scores)], 1, logprobs
+        text = seq.text()
+        return (choice_text(text, spec.choices) if spec is not None and spec.choices else text), len(seq.output), None
 
 
 def needs_sampler(gen: GenerationParams) -> bool:
-    """Plain greedy needs no sampler state: one argmax per row does it (see _sample). Sampling, a
-    repetition penalty, a logit bias or a response format (its grammar) need llama.cpp's chain."""
-    return (gen.sampling.temperature > 0 or gen.sampling.repeat_penalty != 1.0 or bool(gen.logit_bias)
-            or gen.response_format is not None)
+    """Plain greedy needs no sampler state: one argmax per row does it (see _sample), a grammar
+    included (it is asked about the argmax). Sampling, a repetition penalty or a logit bias need
+    llama.cpp's chain."""
+    return gen.sampling.temperature > 0 or gen.sampling.repeat_penalty != 1.0 or bool(gen.logit_bias)
 
 
 def _batch_arrays(spans: list[Span]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

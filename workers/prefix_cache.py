@@ -50,9 +50,11 @@ class SlotContents:
         self.batch_invariant = batch_invariant
         self.kept: dict[int, np.ndarray] = {}  # free slot -> the prompt tokens its stream holds
 
-    def keep(self, slot: int, prompt: array) -> None:
-        """A sequence finished in `slot`: its prompt's cells stay there until the slot is taken."""
-        self.kept[slot] = tokens_of(prompt)
+    def keep(self, slot: int, prompt: array, n: int) -> None:
+        """A sequence finished in `slot`: the cells of its prompt's first n tokens (what went in)
+        stay there until the slot is taken."""
+        if n:
+            self.kept[slot] = tokens_of(prompt)[:n]
 
     def forget(self, slot: int) -> None:
         """The slot's stream was emptied or taken (admission, a move, ballast, preemption)."""

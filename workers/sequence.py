@@ -29,6 +29,11 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     text_bytes: bytearray = field(default_factory=bytearray)
     sampler: Any = None  # llama.cpp sampler chain, owned by the engine
+    grammar: Any = None  # llama.cpp grammar sampler (AnswerSpec), owned by the engine
+    # AnswerSpec.choices answered from the logits: each choice's single-token variants
+    choice_tokens: Optional[tuple[tuple[int, ...], ...]] = None
+    choice_scores: Optional[list[float]] = None  # their log-probabilities, once computed
+    error: Optional[str] = None  # why it could not be answered
     t_admit: float = 0.0
     t_first: float = 0.0
     finish: Optional[FinishReason] = None
@@ -94,6 +99,7 @@ class Sequence:
         self.n_cached = 0
         self.output.clear()
         self.text_bytes.clear()
+        self.choice_scores = None
 
 
 def common_prefix_len(a: Seq[int], b: Seq[int]) -> int:
