@@ -7,6 +7,9 @@ W1: the first 32 GSM8K questions, system prompt "Answer the question concisely."
 W2: the system prompt also holds the first 8 GSM8K questions with their answers as examples,
     and the questions are records 9-40 (a long shared prefix).
 W4: as W1 with the first 256 questions: slots are refilled many times over (continuous batching).
+LSAT: the first 64 LSAT-RC questions (../shared/data/lsat-rc: several questions on each passage),
+    32 generated tokens: prompt processing dominates, and ggbatch's prefix cache computes each
+    passage about once per worker; LSAT-shuffled: the same questions in a shuffled file.
 
 ggbatch is timed as a whole command (start-up, model load, tokenizing, answering, writing). The
 server is started and loaded first and timed from the first request to the last answer, with 16
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -31,55 +35,74 @@ import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from engine_bench import GSM8K, bench_model  # noqa: E402
+from engine_bench import GSM8K, SHARED, bench_model  # noqa: E402
 
 SYSTEM = "Answer the question concisely."
-TOKENS = 64
+LSAT = SHARED / "data" / "lsat-rc" / "questions.jsonl"
 
 
-def workload(name: str) -> tuple[str, list[dict]]:
+@dataclass(frozen=True)
+class Workload:
+    system: str
+    records: list[dict]
+    tokens: int = 64  # generated per question, exactly (ignore_eos)
+    ctx_per_slot: int = 1024  # llama-server's context per slot (-c = 16 × this)
+
+
+def workload(name: str) -> Workload:
+    if name.startswith("LSAT"):
+        with open(LSAT, encoding="utf-8") as f:
+            records = [json.loads(line) for _, line in zip(range(64), f)]
+        if name == "LSAT-shuffled":
+            random.Random(0).shuffle(records)
+        elif name != "LSAT":
+            raise SystemExit(f"unknown workload {name!r}")
+        return Workload("Answer with the letter of the correct choice.", records, tokens=32, ctx_per_slot=2048)
     with open(GSM8K, encoding="utf-8") as f:
         records = [json.loads(line) for _, line in zip(range(256), f)]
     if name == "W1":
-        return SYSTEM, records[:32]
+        return Workload(SYSTEM, records[:32])
     if name == "W4":
-        return SYSTEM, records
+        return Workload(SYSTEM, records)
     if name != "W2":
-        raise SystemExit(f"unknown workload {name!r}: W1, W2 or W4")
+        raise SystemExit(f"unknown workload {name!r}: W1, W2, W4, LSAT or LSAT-shuffled")
     examples = "\n\n".join(f"Question: {r['question']}\nAnswer: {r['answer']}" for r in records[:8])
-    return f"{SYSTEM}\n\nExamples:\n\n{examples}", records[8:40]
+    return Workload(f"{SYSTEM}\n\nExamples:\n\n{examples}", records[8:40])
 
 
-def run_ggbatch(model: str, system: str, records: list[dict], extra: list[str]) -> float:
+def run_ggbatch(model: str, work: Workload, extra: list[str]) -> float:
+    system, records, tokens = work.system, work.records, work.tokens
     with tempfile.TemporaryDirectory() as tmp:
         q = Path(tmp) / "q.jsonl"
         q.write_text("".join(json.dumps({"questionID": r["questionID"], "question": r["question"]}) + "\n"
                              for r in records))
         cmd = [sys.executable, "-m", "ggbatch", "run", "--model", model, "--input", str(q),
-               "--output", str(Path(tmp) / "a.json"), "--system", system, "--max-tokens", str(TOKENS),
+               "--output", str(Path(tmp) / "a.json"), "--system", system, "--max-tokens", str(tokens),
                "--ignore-eos", "--report", str(Path(tmp) / "r.json"), "--progress", "log", *extra]
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
         wall = time.perf_counter() - t0
         report = json.loads((Path(tmp) / "r.json").read_text())
-        assert report["tokens"]["generated"] == TOKENS * len(records), report["tokens"]
-        lay = report["layout"]
+        assert report["tokens"]["generated"] == tokens * len(records), report["tokens"]
+        lay, cache = report["layout"], report["prefix_cache"]
         print(f"    ggbatch layout: {lay['workers']}w × {lay['threads_per_worker']}t × "
               f"{lay['slots_per_worker']} slots, prefix {lay['shared_prefix_tokens']} tokens, weights "
               f"{'repacked' if lay['repack_weights'] else 'not repacked'} ({lay['repack_reason']}), "
               f"prepare {report['timings_s']['prepare_s']:.2f} s, first ready "
-              f"{report['timings_s']['first_worker_ready_s']:.2f} s", flush=True)
+              f"{report['timings_s']['first_worker_ready_s']:.2f} s, prompt tokens computed "
+              f"{cache['prompt_tokens_computed']} of {cache['prompt_tokens']}", flush=True)
         return wall
 
 
-def run_server(server: str, model: str, system: str, records: list[dict], extra: list[str],
-               port: int = 18080) -> float:
+def run_server(server: str, model: str, work: Workload, extra: list[str], port: int = 18080) -> float:
+    system, records, tokens = work.system, work.records, work.tokens
     threads = str(len(os.sched_getaffinity(0)))
-    proc = subprocess.Popen([server, "-m", model, "-np", "16", "-c", str(16 * 1024), "-t", threads,
+    proc = subprocess.Popen([server, "-m", model, "-np", "16", "-c", str(16 * work.ctx_per_slot), "-t", threads,
                              "-tb", threads, "--host", "127.0.0.1", "--port", str(port), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
@@ -98,7 +121,7 @@ def run_server(server: str, model: str, system: str, records: list[dict], extra:
 
         def ask(r: dict) -> int:
             body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": r["question"]}],
-                    "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True, "cache_prompt": True}
+                    "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": True}
             req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=600) as resp:
@@ -108,7 +131,7 @@ def run_server(server: str, model: str, system: str, records: list[dict], extra:
         with ThreadPoolExecutor(16) as pool:
             generated = sum(pool.map(ask, records))
         wall = time.perf_counter() - t0
-        assert generated == TOKENS * len(records), generated
+        assert generated == tokens * len(records), generated
         return wall
     finally:
         proc.terminate()
@@ -131,12 +154,12 @@ def main() -> None:
     print(f"{'workload':>8} {'tool':>12} {'wall s':>8} {'gen tok/s':>9}")
     walls: dict[str, list[tuple[float, float]]] = {}
     for name in args.workloads.split(","):
-        system, records = workload(name)
-        n_tokens = TOKENS * len(records)
+        work = workload(name)
+        n_tokens = work.tokens * len(work.records)
         for _ in range(args.repeat):
-            s = run_server(args.server, model, system, records, args.server_args.split())
+            s = run_server(args.server, model, work, args.server_args.split())
             print(f"{name:>8} {'llama-server':>12} {s:>8.1f} {n_tokens / s:>9.1f}", flush=True)
-            g = run_ggbatch(model, system, records, args.ggbatch_args.split())
+            g = run_ggbatch(model, work, args.ggbatch_args.split())
             print(f"{name:>8} {'ggbatch':>12} {g:>8.1f} {n_tokens / g:>9.1f}   ({s / g:.2f}× the server)",
                   flush=True)
             walls.setdefault(name, []).append((s, g))

@@ -56,6 +56,7 @@ class Answered:
     text: Optional[str]  # None when the question could not be answered
     error: Optional[str] = None
     thinking: Optional[str] = None  # a reasoning model's <think> block, with keep_thinking=True
+    choice_logprobs: Optional[dict[str, float]] = None  # with answer={"choices": ..., "logprobs": True}
 
 
 def answer(questions: Iterable[Question], *, model: str, resume_dir: Optional[str] = None,
@@ -75,7 +76,8 @@ def answer(questions: Iterable[Question], *, model: str, resume_dir: Optional[st
         # this function's own files, in formats it reads back whatever the settings say
         run_job(replace(config, input=str(questions_path), output=str(output), input_format="jsonl",
                         output_format="jsonl", errors_output=None), progress="off")
-        return [Answered(str(r[config.id_field]), r.get("answer"), r.get("error"), r.get("thinking"))
+        return [Answered(str(r[config.id_field]), r.get("answer"), r.get("error"), r.get("thinking"),
+                         r.get("choice_logprobs"))
                 for r in map(json.loads, output.read_text(encoding="utf-8").splitlines())]
 
 

@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .config import build_config, load_job_file
 from .crashes import address_space_limit
@@ -36,9 +36,12 @@ FLAG_KEYS = {
     "n_batch": "n_batch", "max_tokens": "max_tokens", "system": "system",
     "template": "prompt.template", "chat_template": "prompt.chat_template", "stop": "stop",
     "ignore_eos": "ignore_eos", "batch_invariant": "batch_invariant", "keep_thinking": "keep_thinking",
+    "prefix_cache": "prefix_cache",
     "id_field": "fields.id", "question_field": "fields.question",
     "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
     "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
+    "choices": "answer.choices", "choice_logprobs": "answer.logprobs", "json_schema": "answer.json_schema",
+    "grammar": "answer.grammar",
 }
 
 
@@ -53,6 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_score_parser(sub)
     add_merge_parser(sub)
     return parser
+
+
+def _add_answer_flags(a: Callable[..., Any]) -> None:
+    """Sampling, and what an answer must be."""
+    a("--temperature")
+    a("--top-k", dest="top_k")
+    a("--top-p", dest="top_p")
+    a("--min-p", dest="min_p")
+    a("--repeat-penalty", dest="repeat_penalty")
+    a("--seed", help="job seed; each question's seed derives from it and the question id")
+    a("--choices", help="the answer is exactly one of these: A,B,C,D, or auto (each record's 'choices')")
+    a("--choice-logprobs", dest="choice_logprobs", action="store_true", default=None,
+      help="with --choices: write each choice's log-probability (choice_logprobs)")
+    a("--json-schema", dest="json_schema", help="the answer is JSON valid under this schema (a .json file, or inline)")
+    a("--grammar", help="the answer matches this GBNF grammar (llama.cpp's; root rule 'root')")
 
 
 def _add_run(sub: Any) -> None:
@@ -84,16 +102,14 @@ def _add_run(sub: Any) -> None:
       help="generate max tokens even past end-of-generation (benchmarks)")
     a("--batch-invariant", dest="batch_invariant", action="store_true", default=None,
       help="answers never depend on what they are batched with (per-sequence KV; slower)")
+    a("--prefix-cache", dest="prefix_cache", choices=["auto", "off"],
+      help="auto: questions that share a prefix (a passage, few-shot examples) go to a worker together "
+           "and reuse its KV; off: only the prefix every prompt shares is reused")
     a("--keep-thinking", dest="keep_thinking", action="store_true", default=None,
       help="write a reasoning model's <think> block too, as \"thinking\" (it is always cut from the answer)")
     a("--id-field", dest="id_field", help="record field holding the id (default questionID)")
     a("--question-field", dest="question_field", help="record field holding the question (default question)")
-    a("--temperature")
-    a("--top-k", dest="top_k")
-    a("--top-p", dest="top_p")
-    a("--min-p", dest="min_p")
-    a("--repeat-penalty", dest="repeat_penalty")
-    a("--seed", help="job seed; each question's seed derives from it and the question id")
+    _add_answer_flags(a)
     a("--fresh", action="store_true", help="ignore the journal of an earlier run and start over")
     a("--score", action="store_true", help="then score the answers against the input's gold 'answer' fields")
     a("--progress", choices=["auto", "bar", "log", "off"], default="auto",

@@ -11,7 +11,8 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+import json
+from typing import Any, Callable, Mapping, Optional, Union
 
 import yaml
 
@@ -23,6 +24,7 @@ from .shards import Shard, parse_shard, shard_path
 from ..workers.protocol import SamplingParams
 
 AUTO = None  # "auto" in a job file or on the command line is stored as None
+CHOICES_AUTO = "auto"  # answer.choices: auto, each record's own `choices`
 MAX_SLOTS = 255  # llama.cpp LLAMA_MAX_SEQ (256) sequences per context, less the shared prefix one
 
 
@@ -54,9 +56,17 @@ class JobConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     batch_invariant: bool = False  # answers independent of batch-mates (per-sequence KV, slower)
+    prefix_cache: str = "auto"  # "auto": prompts sharing a prefix are sent together and reuse its KV; "off"
     id_field: str = "questionID"
     question_field: str = "question"
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # What an answer must be (runner/answer_spec.py): one of fixed choices (or CHOICES_AUTO), JSON
+    # under a schema (canonical JSON text), or a GBNF grammar; at most one of the three.
+    choices: Union[tuple[str, ...], str] = ()
+    choice_logprobs: bool = False  # write each choice's log-probability
+    choice_logits: bool = True  # false: single-token choices generated under the grammar too
+    json_schema: Optional[str] = None
+    grammar: Optional[str] = None
 
 
 # -- value checks: each returns the converted value or raises ValueError("must be ...") ----------
@@ -190,6 +200,42 @@ def _stop(v: Any) -> tuple[str, ...]:
     return tuple(v)
 
 
+def _choices(v: Any) -> Union[tuple[str, ...], str]:
+    """`A,B,C,D`, a list, or auto (each record's `choices`)."""
+    if v == CHOICES_AUTO:
+        return CHOICES_AUTO
+    items = [x.strip() for x in v.split(",")] if isinstance(v, str) else v
+    if not isinstance(items, list) or len(items) < 2 or not all(isinstance(c, str) and c for c in items):
+        raise ValueError("must be two or more non-empty strings (A,B,C,D or a list), or auto")
+    if len(set(items)) != len(items):
+        raise ValueError("must name each choice once")
+    return tuple(items)
+
+
+def _json_schema(v: Any) -> str:
+    """A schema (a mapping, or its JSON text) or the path of a .json file holding one; kept as
+    canonical JSON text (sorted keys), which the journal fingerprints."""
+    if isinstance(v, str) and not v.lstrip().startswith("{"):
+        try:
+            v = Path(v).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the schema file ({getattr(exc, 'strerror', None) or exc})") from None
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError as exc:
+            raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(v, Mapping):
+        raise ValueError("must be a JSON Schema object, or the path of a .json file holding one")
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def _grammar(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("must be GBNF text with a `root` rule")
+    return v
+
+
 # dotted key -> (JobConfig field or "sampling.<field>", check)
 SCHEMA: dict[str, Callable[[Any], Any]] = {
     "model": _str(),
@@ -221,6 +267,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "stop": _stop,
     "ignore_eos": _bool,
     "batch_invariant": _bool,
+    "prefix_cache": _auto_or_off,
     "fields.id": _str(),
     "fields.question": _str(),
     "sampling.temperature": _float(0.0),
@@ -230,14 +277,22 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "sampling.repeat_penalty": _float(0.0, lo_open=True),
     "sampling.repeat_last_n": _int(0),
     "sampling.seed": _int(0, hi=2**64 - 1),  # only hashed into per-question seeds
+    "answer.choices": _choices,
+    "answer.logprobs": _bool,
+    "answer.choice_logits": _bool,
+    "answer.json_schema": _json_schema,
+    "answer.grammar": _grammar,
 }
-SECTIONS = {"model", "prompt", "fields", "sampling"}  # keys that may hold a mapping
-PATH_KEYS = ("model", "model.path", "input", "output", "report", "errors_output")
+SECTIONS = {"model", "prompt", "fields", "sampling", "answer"}  # keys that may hold a mapping
+LEAF_MAPPINGS = {"answer.json_schema"}  # keys whose value is itself a mapping
+PATH_KEYS = ("model", "model.path", "input", "output", "report", "errors_output", "answer.json_schema")
 _TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "model.repack": "repack",
            "model.n_gpu_layers": "n_gpu_layers", "prompt.template": "prompt_template",
            "prompt.chat_template": "chat_template", "prompt.template_kwargs": "template_kwargs",
            "fields.id": "id_field",
-           "fields.question": "question_field"}
+           "fields.question": "question_field", "answer.choices": "choices", "answer.logprobs": "choice_logprobs",
+           "answer.choice_logits": "choice_logits", "answer.json_schema": "json_schema",
+           "answer.grammar": "grammar"}
 
 
 def flatten(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[str, Any]:
@@ -245,7 +300,7 @@ def flatten(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[s
     flat: dict[str, Any] = {}
     for key, value in mapping.items():
         dotted = f"{prefix}{key}"
-        if dotted in SECTIONS and isinstance(value, Mapping):
+        if dotted in SECTIONS and dotted not in LEAF_MAPPINGS and isinstance(value, Mapping):
             flat.update(flatten(value, source, dotted + "."))
         elif dotted in SCHEMA:
             flat[dotted] = value
@@ -283,7 +338,8 @@ def load_job_file(path: str) -> dict[str, Any]:
     base = p.resolve().parent
     for key in PATH_KEYS:
         value = flat.get(key)
-        if isinstance(value, str) and value != "demo" and not Path(value).expanduser().is_absolute():
+        if isinstance(value, str) and value != "demo" and not Path(value).expanduser().is_absolute() \
+                and not value.lstrip().startswith("{"):  # an inline JSON schema is no path
             if key.startswith("model") and is_hub_name(value) and not (base / value).exists():
                 continue  # a Hugging Face model name (runner/hub.py), not a path beside the job file
             flat[key] = str(base / value)
@@ -311,7 +367,17 @@ def build_config(layers: list[tuple[str, Mapping[str, Any]]]) -> JobConfig:
     for key in ("model", "input", "output"):
         if not getattr(config, key):
             raise ConfigError(f"missing required setting '{key}' (give it in the job file or as --{key})")
+    _check_answer(config)
     return _shard_files(config)
+
+
+def _check_answer(config: JobConfig) -> None:
+    given = [key for key, value in (("answer.choices", config.choices), ("answer.json_schema", config.json_schema),
+                                    ("answer.grammar", config.grammar)) if value]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)}: give one of them (an answer is one choice, JSON or a grammar's)")
+    if config.choice_logprobs and not config.choices:
+        raise ConfigError("answer.logprobs: needs answer.choices (log-probabilities are the choices')")
 
 
 def _shard_files(config: JobConfig) -> JobConfig:

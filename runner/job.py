@@ -22,6 +22,7 @@ import psutil
 from . import gpu
 from . import layout as layouts
 from . import tuned
+from .answer_spec import job_answer
 from .config import JobConfig
 from .errors import Interrupted, WorkerFailure
 from .formats.detect import output_format
@@ -39,7 +40,7 @@ from .report import JobSetup, RunOutcome, RunReport
 from .shards import shard_records
 from .signals import stop_on_signals
 from .watch import RunWatch
-from ..workers.protocol import Answer, EngineConfig, WorkerSpec
+from ..workers.protocol import Answer, EngineConfig, FinishReason, GenerationParams, WorkerSpec
 
 log = logging.getLogger("ggbatch")
 
@@ -58,6 +59,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     paths = job_paths(config.input, model_path, config.output, config.report, job_file, config.errors_output)
     config = replace(config, output=paths.output, report=paths.report, errors_output=paths.errors_output)
     model = identify(model_path)
+    answer = job_answer(config)  # a bad schema or grammar: exit 2 before any worker starts
     with OutputLock(config.output):
         records, formats = _read(config)
         started = _start_layout(config, model, records, use_tuned)
@@ -66,14 +68,16 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
                            on_threads=watch.on_threads) as pool:
             if records:
                 pool.start()  # the workers load the model while the questions are prepared
-            job = prepare(config, model_path, records)
+            job = prepare(config, model_path, records, answer)
+            del records  # the records' fields were for rendering: a big file's largest part
             todo, reused = _open_journal(watch, paths, config, model, job, fresh)
             setup = _settle(config, model, started, job, len(todo), formats)
             pool.keep(setup.layout.workers)
             clock["prepared"] = time.perf_counter()
-            watch.start_run(len(todo), config.max_tokens, setup.layout.workers * setup.layout.slots, pool)
+            watch.start_run(len(todo), job.max_tokens, setup.layout.workers * setup.layout.slots, pool)
             answers, ended = _answer(pool, todo, layouts.engine_config(
                 model_path, setup.layout, job.prefix, job.generation))
+        _say_cut(job, answers)
         _write_answers(config, job, {**reused, **answers, **job.rejected}, ended,
                        _output_spec(config, job, formats[1], clock["started_at"]))
     report = _report(setup, answers, len(reused), list(job.rejected.values()), pool, watch, clock)
@@ -131,7 +135,7 @@ def _settle(config: JobConfig, model: ModelIdentity, started: Layout, job: Prepa
                                     offload=job.gpu_offload)
     return JobSetup(config, model, layout, memory, job.generation, job.chat_template, len(job.prefix),
                     len(job.ids), len(job.questions) + len(job.rejected), formats, job.own_settings,
-                    job.gpu_offload)
+                    job.gpu_offload, job.sharing, job.dims.kv_bytes_per_cell)
 
 
 def _answer(pool: WorkerPool, todo: list, engine: EngineConfig) -> tuple[dict[str, Answer], Optional[Exception]]:
@@ -143,6 +147,22 @@ def _answer(pool: WorkerPool, todo: list, engine: EngineConfig) -> tuple[dict[st
             return pool.run(todo, engine), None
     except (WorkerFailure, Interrupted) as exc:
         return dict(pool.answers), exc
+
+
+def _say_cut(job: PreparedJob, answers: dict[str, Answer]) -> None:
+    """Answers under a grammar (a JSON schema) that max_tokens cut before the grammar was complete
+    do not parse: their finish_reason is length; the log says how many."""
+    own = {q.qid: q.generation for q in job.questions if q.generation is not None}
+    cut = [qid for qid, a in answers.items() if a.finish_reason is FinishReason.LENGTH
+           and _has_grammar(own.get(qid) or job.generation)]
+    if cut:
+        log.warning("%d answer%s under a grammar or JSON schema reached max_tokens before the grammar was complete "
+                    "(finish_reason length; first: %s): such an answer is cut and may not parse, raise max_tokens",
+                    len(cut), "s" if len(cut) > 1 else "", cut[0])
+
+
+def _has_grammar(gen: GenerationParams) -> bool:
+    return gen.answer is not None and (gen.answer.grammar is not None or bool(gen.answer.choices))
 
 
 def _output_spec(config: JobConfig, job: PreparedJob, fmt: str, started_at: float) -> OutputSpec:

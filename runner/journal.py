@@ -52,6 +52,8 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             "prompt.template_kwargs": config.template_kwargs,
             "max_tokens": generation.max_tokens, "stop": list(generation.stop),
             "ignore_eos": generation.ignore_eos, "batch_invariant": config.batch_invariant,
+            # fixed choices, a schema's or a job's grammar: an answer made under others is not reused
+            "answer": asdict(generation.answer) if generation.answer is not None else None,
             # another shard's output holds other questions: refused rather than silently mixed
             "shard": str(config.shard) if config.shard is not None else None,
             **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items()}}
@@ -70,13 +72,13 @@ def _entry(answer: Answer, prompt: str) -> dict[str, Any]:
             "finish_reason": answer.finish_reason.value, "prompt_tokens": answer.prompt_tokens,
             "completion_tokens": answer.completion_tokens, "worker_id": answer.worker_id,
             "ttft_s": round(answer.ttft_s, 4), "latency_s": round(answer.latency_s, 4),
-            "error": answer.error, "created": answer.created}
+            "error": answer.error, "created": answer.created, "choice_logprobs": answer.choice_logprobs}
 
 
 def _answer(e: Mapping[str, Any]) -> Answer:
     return Answer(e["qid"], e["text"], FinishReason(e["finish_reason"]), e["prompt_tokens"],
                   e["completion_tokens"], e["worker_id"], e["ttft_s"], e["latency_s"], e["error"],
-                  e.get("created", 0.0))
+                  e.get("created", 0.0), e.get("choice_logprobs"))
 
 
 class Journal:

@@ -69,6 +69,7 @@ class Layout:
     n_gpu_layers: int = 0  # layers each worker asks llama.cpp to store in VRAM (gpu.GPU_ALL: all)
     devices: tuple[int, ...] = ()  # devices[i] = the GPU of worker i (none: every GPU llama.cpp finds)
     threads_auto: bool = True  # the job left threads on auto (settle may pick GPU threads)
+    prefix_cache: bool = False  # workers keep and share prompts' KV (workers/prefix_cache.py)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class PromptFacts:
     n_prefix: int  # tokens every prompt starts with
     n_ctx_train: int  # the model's training context (0 = unknown)
     dims: ModelDims
+    shared_groups: int = 0  # groups of questions sharing more than n_prefix (runner/prefix_groups.py)
 
 
 def usable_cores() -> list[int]:
@@ -204,11 +206,12 @@ def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Opt
     llama.cpp's to fit) and a worker with every layer there needs few threads."""
     n_ctx_seq = context_per_sequence(facts.longest, max_tokens, facts.n_ctx_train, n_ctx)
     invariant = started.batch_invariant
-    unified = kv_unified_for(facts.n_prefix, n_ctx_seq, invariant)
+    cache = facts.shared_groups > 0
+    unified = kv_unified_for(facts.n_prefix, n_ctx_seq, invariant, cache)
     pool_cells = n_ctx_seq - facts.n_prefix if unified else 0
     wanted = plan_layout(usable_cores(), started.workers, started.threads, slots, facts.n_questions,
                          pool_cells, started.slot_cap).slots
-    layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified,
+    layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
                      n_batch=step_budget(n_batch, wanted),
                      threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))
     memory = fit_layout(facts.dims, layout.workers, layout.slots,
@@ -236,11 +239,12 @@ def context_per_sequence(longest_prompt: int, max_tokens: int, n_ctx_train: int,
     return min(need, n_ctx_train) if n_ctx_train > 0 else need
 
 
-def kv_unified_for(n_prefix: int, n_ctx_seq: int, batch_invariant: bool) -> bool:
+def kv_unified_for(n_prefix: int, n_ctx_seq: int, batch_invariant: bool, prefix_cache: bool = False) -> bool:
     """One KV pool when the shared prefix is longer than the rest of a sequence (it is then
     stored once instead of copied into every slot); otherwise one stream per sequence, whose
-    attention scans only its own cells. Measurements in workers/engine.py."""
-    return not batch_invariant and n_prefix > n_ctx_seq - n_prefix
+    attention scans only its own cells. Measurements in workers/engine.py. The prefix cache
+    (questions sharing more than that prefix) keeps prompts in the slots' own streams."""
+    return not batch_invariant and not prefix_cache and n_prefix > n_ctx_seq - n_prefix
 
 
 def step_budget(n_batch: int, slots: int) -> int:
@@ -254,4 +258,5 @@ def engine_config(model_path: str, layout: Layout, prefix: array, generation: Ge
     return EngineConfig(model_path, layout.threads, layout.slots, layout.n_ctx_seq, layout.n_batch, prefix,
                         generation, kv_unified=layout.kv_unified,
                         kv_cells=kv_cells(layout.slots, layout.n_ctx_seq, len(prefix), layout.kv_unified, invariant),
-                        flash_attn=not invariant, repack=layout.repack, batch_invariant=invariant)
+                        flash_attn=not invariant, repack=layout.repack, batch_invariant=invariant,
+                        prefix_cache=layout.prefix_cache)

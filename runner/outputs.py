@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -45,6 +46,10 @@ def render(rows: Sequence[Row], spec: OutputSpec) -> str:
     fields = [row_fields(row, spec.id_field, spec.keep_thinking) for row in rows]
     if spec.format == "csv":
         columns = [spec.id_field, "answer", "error"] + (["thinking"] if spec.keep_thinking else [])
+        if any("choice_logprobs" in f for f in fields):  # as JSON text in one column
+            columns.append("choice_logprobs")
+            fields = [{**f, "choice_logprobs": json.dumps(f["choice_logprobs"])} if "choice_logprobs" in f else f
+                      for f in fields]
         return render_csv(fields, columns)
     return render_json(fields, lines=spec.format == "jsonl")
 

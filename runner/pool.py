@@ -42,6 +42,7 @@ import multiprocess as mp
 from multiprocess.connection import wait
 
 from .crashes import CrashBudget, Death, last_words
+from .prefix_groups import whole_groups
 from .errors import Interrupted, ModelError
 from .report import WorkerRun
 from ..workers.main import worker_main
@@ -323,7 +324,7 @@ class WorkerPool:
                 w.solo = True
             elif self._pending:
                 share = max(1, math.ceil(len(self._pending) / n_workers))
-                n = min(w.wants, share, len(self._pending))
+                n = whole_groups(self._pending, min(w.wants, share, len(self._pending)))
                 chunk = tuple(self._pending.popleft() for _ in range(n))
             else:
                 continue

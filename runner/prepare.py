@@ -1,7 +1,9 @@
 """From records to questions: render every prompt with the chat template, tokenize it once,
 answer identical prompts once, order the work, find the prefix every prompt shares.
 
-    records ─▶ prompt (runner/questions.py) ─▶ tokens ─▶ dedup ─▶ longest first ─▶ shared prefix
+    records ─▶ prompt (runner/questions.py) ─▶ tokens ─▶ dedup ─▶ shared prefix ─▶ order:
+    longest first, or with the prefix cache groups of questions that share a prefix
+    (runner/prefix_groups.py)
 """
 
 from __future__ import annotations
@@ -10,20 +12,22 @@ import hashlib
 import logging
 import os
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .answer_spec import choice_tokens
 from .config import JobConfig
 from .errors import ConfigError
 from .inputs import Record
 from .layout import PromptFacts
 from .memory import ModelDims, dims_from_metadata
+from .prefix_groups import Sharing, grouped_order
 from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
 from .question_settings import describe_own
 from .questions import QuestionSet, build_questions
 from .tokenizing import TokenizerProcess
-from ..workers.protocol import RESPONSE_FORMAT_ENFORCED, Answer, GenerationParams, Question
+from ..workers.protocol import Answer, AnswerSpec, GenerationParams, Question
 from ..workers.sequence import common_prefix_len
 
 log = logging.getLogger("ggbatch")
@@ -49,11 +53,13 @@ class PreparedJob:
     model_name: str = ""  # the GGUF's general.name, else its file name
     own_settings: dict[str, int] = field(default_factory=dict)  # for the report (describe_own)
     gpu_offload: bool = False  # the llama.cpp build can offload layers (the tokenizer process says)
+    sharing: Optional[Sharing] = None  # what the prefix cache's grouping found (None: off)
 
     def facts(self, n_questions: int) -> PromptFacts:
         """What the layout needs to know, for n_questions left to answer."""
         longest = max((len(q.tokens) for q in self.questions), default=0)
-        return PromptFacts(n_questions, longest, len(self.prefix), self.n_ctx_train, self.dims)
+        return PromptFacts(n_questions, longest, len(self.prefix), self.n_ctx_train, self.dims,
+                           self.sharing.groups if self.sharing else 0)
 
     @property
     def max_tokens(self) -> int:
@@ -62,9 +68,11 @@ class PreparedJob:
                     for q in self.questions), default=self.generation.max_tokens)
 
 
-def prepare(config: JobConfig, model_path: str, records: list[Record]) -> PreparedJob:
+def prepare(config: JobConfig, model_path: str, records: list[Record],
+            answer: Optional[AnswerSpec] = None) -> PreparedJob:
     """Render and tokenize every question, with llama.cpp's tokenizer in a process of its own
-    (runner/tokenizing.py), where a crash on text the vocabulary cannot take costs one question."""
+    (runner/tokenizing.py), where a crash on text the vocabulary cannot take costs one question.
+    `answer`: what every answer must be (runner/answer_spec.py job_answer), checked already."""
     if config.prompt_template is not None and records and records[0].request is not None:
         raise ConfigError(f"prompt.template: {config.input} holds OpenAI Batch requests, which bring their own "
                           "messages; remove prompt.template")
@@ -74,20 +82,34 @@ def prepare(config: JobConfig, model_path: str, records: list[Record]) -> Prepar
         builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
                                 info.bos_text, info.eos_text, config.template_kwargs)
         stop = config.stop or (PLAIN_STOP if builder.is_plain else ())
-        generation = GenerationParams(config.max_tokens, stop, config.ignore_eos, config.sampling)
+        max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
+        generation = GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
         made = build_questions(records, builder, [tokenizer], config, generation, info.n_vocab)
     _say(made)
     dims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)
-    questions = made.questions
-    # Longest prompts first: the long ones start early and the tail of the run stays short.
-    questions.sort(key=lambda q: len(q.tokens), reverse=True)
+    questions, sharing = order(made.questions, config.prefix_cache == "auto")
     prefix = common_prefix([q.tokens for q in questions]) if len(questions) > 1 else array("i")
     template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
     own = describe_own([q.generation for q in questions if q.generation is not None])
     # Only the ids are kept: the records' fields were needed for rendering alone.
     return PreparedJob([r.qid for r in records], questions, made.aliases, prefix, generation, kind, template_sha,
                        dims, info.n_ctx_train, made.rejected, frozenset(made.refused), frozenset(made.completions),
-                       info.metadata.get("general.name") or Path(model_path).stem, own, info.gpu_offload)
+                       info.metadata.get("general.name") or Path(model_path).stem, own, info.gpu_offload,
+                       sharing)
+
+
+def order(questions: list[Question], grouped: bool) -> tuple[list[Question], Optional[Sharing]]:
+    """Longest prompts first, so that the long ones start early and the tail of the run stays
+    short; `grouped`: the same by groups of questions sharing a prefix, kept together."""
+    if not grouped:
+        return sorted(questions, key=lambda q: len(q.tokens), reverse=True), None
+    prompts = [q.tokens for q in questions]
+    n_prefix = len(common_prefix(prompts)) if len(prompts) > 1 else 0
+    placed, sharing = grouped_order(prompts, n_prefix)
+    if sharing.groups:
+        log.info("prefix cache: %d groups of questions share a prefix (%d questions; %d prompt tokens "
+                 "need not be computed again)", sharing.groups, sharing.grouped, sharing.shareable)
+    return [replace(questions[i], group=group) if group else questions[i] for i, group in placed], sharing
 
 
 def _say(made: QuestionSet) -> None:
@@ -101,11 +123,6 @@ def _say(made: QuestionSet) -> None:
         qid, answer = next(iter(failed.items()))
         log.warning("%d question%s cannot be tokenized by this model; the output says why on each "
                     "(first: %s: %s)", len(failed), "s" if len(failed) > 1 else "", qid, answer.error)
-    formats = sorted({q.generation.response_format.type for q in made.questions
-                      if q.generation and q.generation.response_format})
-    if formats and not RESPONSE_FORMAT_ENFORCED:
-        log.warning("some requests ask for response_format %s: not enforced yet, they are answered without "
-                    "a grammar (the report counts them)", " and ".join(formats))
 
 
 def chat_template(config: JobConfig, model_template: Optional[str]) -> tuple[Optional[str], str]:

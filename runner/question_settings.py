@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from ..workers.protocol import RESPONSE_FORMAT_ENFORCED, GenerationParams, ResponseFormat
+from ..workers.protocol import RESPONSE_FORMAT_ENFORCED, AnswerSpec, GenerationParams, ResponseFormat
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,17 @@ class QuestionSettings:
     response_format: Optional[ResponseFormat] = None
 
 
-def own_generation(job: GenerationParams, own: QuestionSettings,
-                   stop: tuple[str, ...]) -> Optional[GenerationParams]:
+def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str, ...],
+                   grammar: Optional[str] = None) -> Optional[GenerationParams]:
     """The settings a question is answered with, or None when they are the job's. `stop`: its stop
     strings unless the line names its own (the job's, else the plain template's for a chat prompt;
-    a raw completion prompt has no template, so no template stop)."""
+    a raw completion prompt has no template, so no template stop). `grammar`: its response_format
+    as GBNF (runner/answer_spec.py format_grammar), which replaces the job's answer.*."""
     sampling = replace(job.sampling, **{k: v for k, v in (("temperature", own.temperature), ("top_p", own.top_p),
                                                           ("seed", own.seed)) if v is not None})
     gen = replace(job, max_tokens=own.max_tokens or job.max_tokens, stop=own.stop or stop, sampling=sampling,
-                  logit_bias=own.logit_bias, response_format=own.response_format)
+                  logit_bias=own.logit_bias, response_format=own.response_format,
+                  answer=AnswerSpec(grammar=grammar) if grammar is not None else job.answer)
     return None if gen == job else gen
 
 
@@ -73,4 +75,6 @@ def describe_own(generations: list[GenerationParams]) -> dict[str, int]:
             counts[key] = counts.get(key, 0) + 1
         if gen.logit_bias:
             counts["logit_bias"] = counts.get("logit_bias", 0) + 1
+        if gen.answer is not None and gen.answer.choices:
+            counts["answer.choices"] = counts.get("answer.choices", 0) + 1
     return counts

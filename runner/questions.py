@@ -18,11 +18,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Union
 
-from .config import JobConfig
+from .answer_spec import format_grammar, record_choices, with_choices
+from .config import CHOICES_AUTO, JobConfig
 from .errors import ConfigError, quote
 from .formats.record import Record
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
-from .question_settings import is_greedy, own_generation, vocabulary_problem
+from .question_settings import QuestionSettings, is_greedy, own_generation, vocabulary_problem
 from .tokenizing import Rejected, TokenizerProcess, tokenize_all
 from ..workers.protocol import Answer, FinishReason, GenerationParams, Question
 
@@ -70,7 +71,7 @@ class _Maker:
         req = rec.request
         if req is None:
             return self.builder.render(_user_message(self.builder, rec, self.config.input))
-        why = req.error or vocabulary_problem(req.settings, self.n_vocab)
+        why = req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
         if why is None and req.prompt is not None:
             self.made.completions.add(rec.qid)
             return req.prompt
@@ -103,14 +104,30 @@ class _Maker:
 
     def _own_generation(self, rec: Record) -> Optional[GenerationParams]:
         if rec.request is None:
-            return None
+            if self.config.choices != CHOICES_AUTO or self.job.answer is None:
+                return None
+            choices = record_choices(rec.fields, f"{self.config.input}:{rec.line}", rec.qid)
+            return with_choices(self.job, choices)
         # A chat prompt on the plain template stops before inventing the next question; a raw
         # completion prompt has no template to stop at.
         template_stop = PLAIN_STOP if self.builder.is_plain and rec.request.prompt is None else ()
-        return own_generation(self.job, rec.request.settings, self.config.stop or template_stop)
+        fmt = rec.request.settings.response_format
+        return own_generation(self.job, rec.request.settings, self.config.stop or template_stop,
+                              format_grammar(fmt) if fmt is not None else None)
 
     def _fail(self, qid: str, why: str) -> None:
         self.made.rejected[qid] = Answer(qid, "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error=why)
+
+
+def _format_problem(settings: QuestionSettings) -> Optional[str]:
+    """Why a line's response_format cannot be enforced (its schema cannot become a grammar)."""
+    if settings.response_format is None:
+        return None
+    try:
+        format_grammar(settings.response_format)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _user_message(builder: PromptBuilder, rec: Record, path: str) -> str:

@@ -8,6 +8,7 @@ Python read its fields.
 
 from __future__ import annotations
 
+import json
 import resource
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,7 @@ from .layout import Layout
 from .memory import MemoryPlan
 from .model import ModelIdentity
 from .monitor import UsageSummary
+from .prefix_groups import Sharing
 from .versions import package_version
 from ..workers.protocol import RESPONSE_FORMAT_ENFORCED, Answer, GenerationParams
 
@@ -70,6 +72,8 @@ class JobSetup:
     formats: tuple[str, str] = ("json", "json")  # of the question file and of the answers file
     own_settings: dict[str, int] = field(default_factory=dict)  # questions with settings of their own
     gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
+    sharing: Optional[Sharing] = None  # the prefix cache's groups (None: prefix_cache off)
+    kv_bytes_per_cell: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,8 @@ class RunReport:
                 "errors": [{"questionID": a.qid, "error": a.error} for a in self.all_answers if a.error][:20],
                 **self._throughput(), "timings_s": self._timings(),
                 "workers": {str(w.worker_id): self._worker(w) for w in self.outcome.workers},
-                "memory": self._memory(), "threads": self._threads(), "timeline": list(self.outcome.timeline)}
+                "prefix_cache": self._prefix_cache(), "memory": self._memory(), "threads": self._threads(),
+                "timeline": list(self.outcome.timeline)}
 
     def _layout(self) -> dict[str, Any]:
         lay, config = self.setup.layout, self.setup.config
@@ -135,7 +140,8 @@ class RunReport:
         return {"max_tokens": gen.max_tokens, "stop": list(gen.stop), "ignore_eos": gen.ignore_eos,
                 "chat_template": self.setup.chat_template, "system": config.system,
                 "sampling": asdict(gen.sampling),
-                "own_settings": {**own, "response_format_enforced": RESPONSE_FORMAT_ENFORCED} if own else {}}
+                "own_settings": {**own, "response_format_enforced": RESPONSE_FORMAT_ENFORCED} if own else {},
+                "answer": _answer_shape(config)}
 
     def _questions(self) -> dict[str, Any]:
         done, shard = self.all_answers, self.setup.config.shard
@@ -159,6 +165,23 @@ class RunReport:
                 "latency_s": percentiles([a.latency_s for a in ok]),
                 "ttft_s": percentiles([a.ttft_s for a in ok if a.completion_tokens]),
                 "mean_slot_occupancy": round(busy / (steps * self.setup.layout.slots), 3) if steps else None}
+
+    def _prefix_cache(self) -> dict[str, Any]:
+        """Prompt tokens computed against those in the questions answered here (workers' last
+        lives: a restarted worker's earlier counters are gone), and what the cache held."""
+        engines = [w.engine for w in self.outcome.workers]
+        total = lambda key: int(sum(e.get(key, 0.0) for e in engines))  # noqa: E731
+        in_questions = sum(a.prompt_tokens for a in self.outcome.answers.values())
+        computed = total("prompt_computed")
+        sharing = self.setup.sharing
+        kept = max((int(e.get("kept_tokens_peak", 0.0)) for e in engines), default=0)
+        return {"mode": self.setup.config.prefix_cache, "active": self.setup.layout.prefix_cache,
+                "groups": sharing.groups if sharing else 0, "grouped_questions": sharing.grouped if sharing else 0,
+                "shareable_tokens": sharing.shareable if sharing else 0,
+                "prompt_tokens": in_questions, "prompt_tokens_computed": computed,
+                "computed_share": round(computed / in_questions, 3) if in_questions else None,
+                "hits": total("prefix_hits"), "stream_copies": total("stream_copies"),
+                "kept_tokens_peak": kept, "kept_mib_peak": round(kept * self.setup.kv_bytes_per_cell / 2**20, 1)}
 
     def _timings(self) -> dict[str, Any]:
         return {**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.outcome.timings.items()},
@@ -195,6 +218,13 @@ def _gpu_summary(report: RunReport) -> str:
             + ("" if report.setup.gpu_offload else " (none offloaded: this llama.cpp build has no GPU offload)"))
 
 
+def _cache_summary(cache: dict[str, Any]) -> str:
+    if not cache["active"]:
+        return ""
+    return (f"; {cache['prompt_tokens_computed']} prompt tokens computed "
+            f"({100 * (cache['computed_share'] or 0):.0f}%: prefix cache, {cache['hits']} hits)")
+
+
 def _threads_summary(changes: Sequence[Mapping[str, Any]]) -> list[str]:
     """One line per worker whose llama.cpp threads changed: when, from and to."""
     by_worker: dict[int, list[str]] = {}
@@ -221,7 +251,7 @@ def format_summary(report: RunReport) -> str:
         f"weights {'repacked' if lay.repack else 'not repacked'} ({lay.repack_reason})" + _gpu_summary(report),
         f"wall time  {timings['total_s']:.2f} s (prepare {timings['prepare_s']:.2f} s)",
         f"tokens     {t['prompt']} prompt ({t['prompt_per_s']:.1f}/s), "
-        f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)",
+        f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)" + _cache_summary(data["prefix_cache"]),
         f"latency    p50 {data['latency_s']['p50']:.2f} s, p95 {data['latency_s']['p95']:.2f} s, "
         f"max {data['latency_s']['max']:.2f} s",
     ]
@@ -230,3 +260,13 @@ def format_summary(report: RunReport) -> str:
         lines.append(f"worker {wid}   cores {w['cores']}, {w['questions']} questions, "
                      f"{w.get('mean_cpu_percent', 0):.0f}% CPU, peak PSS {w.get('peak_pss_mib', 0):.0f} MiB")
     return "\n".join(lines)
+
+
+def _answer_shape(config: JobConfig) -> Optional[dict[str, Any]]:
+    """What the job held every answer to (answer.*), or None: free text."""
+    if config.choices:
+        return {"choices": config.choices if isinstance(config.choices, str) else list(config.choices),
+                "logprobs": config.choice_logprobs, "choice_logits": config.choice_logits}
+    if config.json_schema is not None:
+        return {"json_schema": json.loads(config.json_schema)}
+    return {"grammar": config.grammar} if config.grammar is not None else None

@@ -29,7 +29,7 @@ def questions(tokenizer, texts, system=None, seed=0):
 
 
 def answer_all(model, qs, slots, prefix=None, n_ctx_seq=512, n_batch=256, unified=True, invariant=False,
-               kv=0, stats=None, **gen):
+               kv=0, stats=None, prefix_cache=False, **gen):
     """invariant: the batch_invariant mode (per-sequence KV streams, no flash attention, no
     repacked weights, batches laid out by workers/invariant.py)."""
     from ggbatch.workers.engine import LlamaEngine
@@ -37,7 +37,7 @@ def answer_all(model, qs, slots, prefix=None, n_ctx_seq=512, n_batch=256, unifie
     config = EngineConfig(model, 1, slots, n_ctx_seq, n_batch, prefix if prefix is not None else array("i"),
                           GenerationParams(**gen), kv_unified=unified and not invariant,
                           flash_attn=not invariant, kv_cells=kv, repack=not invariant,
-                          batch_invariant=invariant)
+                          batch_invariant=invariant, prefix_cache=prefix_cache)
     engine = LlamaEngine(config, worker_id=0)
     try:
         for q in qs:
@@ -257,3 +257,46 @@ def test_each_question_is_answered_with_its_own_settings(stories, tokenizer):
     other_seed = answer_all(stories, [replace(own(4, **sampled), seed=qs[4].seed + 1)], slots=1, **run, **job)
     assert again["q4"].text == got["q4"].text != other_seed["q4"].text  # its seed decides, not its batch
     assert got["q4"].created > 0
+
+
+def passage_questions(tokenizer, n_passages=6, per_passage=5, seed=1):
+    """Questions on shared passages, in the order the coordinator sends a shuffled file of them
+    (runner/prefix_groups.py): what the prefix cache is for."""
+    import random
+
+    from ggbatch.runner.prefix_groups import grouped_order
+
+    rng = random.Random(seed)
+    words = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()
+    passages = [" ".join(rng.choice(words) for _ in range(120)) for _ in range(n_passages)]
+    texts = [f"Story: {p}\nQuestion {j}: what did the {rng.choice(words)} do?" for p in passages
+             for j in range(per_passage)]
+    rng.shuffle(texts)
+    qs = questions(tokenizer, texts)
+    order, _ = grouped_order([q.tokens for q in qs], len(common_prefix([q.tokens for q in qs])))
+    return [qs[i] for i, _ in order]
+
+
+@pytest.mark.parametrize("slots", [4, 1])
+def test_prefix_cache_answers_exactly_as_without_and_computes_each_passage_about_once(stories, tokenizer, slots):
+    qs = passage_questions(tokenizer)
+    off, on = {}, {}
+    plain = answer_all(stories, qs, slots, unified=False, invariant=True, stats=off, max_tokens=12)
+    cached = answer_all(stories, qs, slots, unified=False, invariant=True, stats=on, prefix_cache=True,
+                        max_tokens=12)
+    assert {q: a.text for q, a in cached.items()} == {q: a.text for q, a in plain.items()}
+    total = sum(len(q.tokens) for q in qs)
+    assert off["prompt_computed"] == total and off["prefix_hits"] == 0
+    assert on["prompt_computed"] + on["prompt_reused"] == total
+    # 30 questions on 6 passages of ~250 tokens: most of each passage is computed once, not 5 times
+    assert on["prompt_computed"] < 0.5 * total, on
+    assert on["prefix_hits"] >= 20 and on["kept_tokens_peak"] > 0
+
+
+def test_prefix_cache_under_a_kv_pool_too_small_for_every_slot_loses_no_question(stories, tokenizer):
+    qs = passage_questions(tokenizer, n_passages=8, per_passage=3, seed=2)
+    stats = {}
+    out = answer_all(stories, qs, 3, unified=False, stats=stats, prefix_cache=True, max_tokens=8,
+                     n_ctx_seq=400)
+    assert set(out) == {q.qid for q in qs}
+    assert all(a.error is None and a.completion_tokens > 0 for a in out.values())

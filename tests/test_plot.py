@@ -89,7 +89,8 @@ def test_plot_draws_every_panel_with_data(real_run, tmp_path):
         for line in ax.get_lines():
             assert len(line.get_xdata()) >= 1, (title, line.get_label())
         # Workers' lines may lie on each other (the same PSS): the panel's pixels show at least one.
-        assert sum(colour_pixels(image, inner, LINE_COLOURS[c]) for c in colours) >= 20, title
+        # A series of one or two samples (PSS is measured every 5 s) is only a marker or two.
+        assert sum(colour_pixels(image, inner, LINE_COLOURS[c]) for c in colours) >= 4, title
 
 
 def test_plot_without_a_timeline_is_one_line_exit_2(tmp_path):

@@ -88,7 +88,9 @@ def test_engine_counters_reach_the_coordinator_whole_by_the_last_answer():
     questions = qs(300)
     pool, answers, _ = run(specs(2, Fake(slow=0.002)), questions)
     counters = pool.engine_counters()
-    assert set(counters) == {0, 1}
+    # Every worker that answered sent its counters (on a loaded machine one worker may have
+    # answered everything before the other was ready).
+    assert {a.worker_id for a in answers.values()} <= set(counters) <= {0, 1}
     for wid, c in counters.items():
         mine = [a for a in answers.values() if a.worker_id == wid]
         assert c.generated_tokens == 3 * len(mine)  # the fake engine's 3 tokens an answer

@@ -38,13 +38,15 @@ from __future__ import annotations
 import time
 from array import array
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Optional, Protocol
 
 import numpy as np
 
 from . import invariant
+from .constraints import best_choice, choice_grammar, choice_logprobs, choice_text
 from .model_runner import ModelRunner
-from .protocol import Answer, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
+from .prefix_cache import SlotContents
+from .protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
 from .scheduler import Scheduler, Span
 from .sequence import Phase, Sequence
 
@@ -91,6 +93,17 @@ class StepCounters:
     tg_steps_s: float = 0.0
     tg_tokens: float = 0.0
     ballast_tokens: float = 0.0
+    grammar_tokens: float = 0.0  # tokens picked under a grammar (AnswerSpec)
+    grammar_resamples: float = 0.0  # of those, picked again because the grammar refused the first pick
+    choice_answers: float = 0.0  # fixed choices answered from the first position's logits
+    # The prefix cache (workers/prefix_cache.py): prompt tokens decoded (the shared prefix's
+    # included) and taken from KV already held; admissions that started from another question's
+    # prompt; whole-stream copies; the most prompt tokens free slots kept at once.
+    prompt_computed: float = 0.0
+    prompt_reused: float = 0.0
+    prefix_hits: float = 0.0
+    stream_copies: float = 0.0
+    kept_tokens_peak: float = 0.0
 
     def step(self, spans: list[Span], busy: int, seconds: float) -> None:
         n_tokens = sum(s.n for s in spans)
@@ -139,11 +152,18 @@ class LlamaEngine:
         # With one unified pool, admission keeps the sequences within it; separate streams
         # give each slot its own room.
         budget = self.runner.n_ctx - len(prefix) if config.kv_unified else None
+        # The prefix cache needs a stream per sequence: a free slot's kept cells then take no
+        # room from the others, and a copy between streams is whole (prefix_cache.py).
+        self.contents = (SlotContents(prefix, self.prefix_id, self.invariant)
+                         if config.prefix_cache and not config.kv_unified else None)
         # With one stream per sequence, how llama.cpp cuts a batch into passes over the weights
         # depends on the sequence ids in it: the scheduler lays batches out for that.
         self.sched = Scheduler(config.slots, self.n_batch, prefix, budget, self.gen.max_tokens,
-                               stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant)
+                               stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant,
+                               contents=self.contents)
         self._rejected: list[Answer] = []
+        # choices -> each one's single-token variants (None: some choice needs more than one token)
+        self._choice_tokens: dict[tuple[str, ...], Optional[tuple[tuple[int, ...], ...]]] = {}
         self.counters = StepCounters()
         self._decode_prefix(prefix)
 
@@ -167,12 +187,16 @@ class LlamaEngine:
         """schedule (admit, lay out the slots) → decode → sample → finish."""
         t0 = time.perf_counter()
         done, self._rejected = self._rejected, []
-        self._admit()
+        done += self._admit()
         busy = len(self.sched.running)
         batch = self._decode_with_room()
         vocab = self.runner.vocab
         for seq, token in self._sample(batch):
-            if seq.accept(token, vocab.piece(token), vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
+            if seq.choice_scores is not None or token < 0:
+                if token < 0:
+                    seq.error = "the answer's grammar allows no token of this model's vocabulary here"
+                done.append(self._finish(seq))  # a choice is answered in one position, no decode step
+            elif seq.accept(token, vocab.piece(token), vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
                 done.append(self._finish(seq))
         self.counters.generated_tokens += len(batch.rows)
         self.counters.step(batch.spans, busy, time.perf_counter() - t0)
@@ -216,22 +240,73 @@ class LlamaEngine:
             if status != 0:
                 raise EngineError(f"decoding the shared prefix failed (llama_decode status {status})")
             start += n
+        self.counters.prompt_computed += len(tokens)
 
-    def _admit(self) -> None:
-        """Waiting questions into free slots (their shared prefix copied in, their sampler made),
-        then, with one stream per sequence, busy slots moved down so the ids stay contiguous."""
+    def _admit(self) -> list[Answer]:
+        """Waiting questions into free slots (their shared prefix copied in, their sampler and
+        grammar made), then, with one stream per sequence, busy slots moved down so the ids stay
+        contiguous. Returns the answers of those whose grammar could not be built."""
+        failed = []
         for seq in self.sched.admit():
-            if seq.n_cached:
-                self._copy_prefix(seq)
+            self._start_kv(seq)
             gen = self._gen(seq)
             if needs_sampler(gen):
                 seq.sampler = self.runner.new_sampler(gen, seq.question.seed)
+            if gen.answer is not None:
+                self._constrain(seq, gen.answer)
+            if seq.error is not None:
+                failed.append(self._finish(seq))
         for seq, old_id in self.sched.compact():
             # A whole-stream copy (a few MiB, done at the next decode) instead of a second pass
             # over the weights in every step that remains.
             self.runner.seq_cp(old_id, seq.seq_id, -1, -1)
             self.runner.seq_rm(old_id)
+            self._forget(seq.seq_id, old_id)
             self.counters.moves += 1
+        return failed
+
+    def _constrain(self, seq: Sequence, spec: AnswerSpec) -> None:
+        """Fixed choices that are each one token: answered from the logits; other choices and
+        grammars: a grammar sampler of the sequence's own."""
+        if spec.choices and spec.choice_logits:
+            if spec.choices not in self._choice_tokens:
+                self._choice_tokens[spec.choices] = self.runner.choice_tokens(spec.choices)
+            seq.choice_tokens = self._choice_tokens[spec.choices]
+            if seq.choice_tokens is not None:
+                return
+        gbnf = choice_grammar(spec.choices) if spec.choices else spec.grammar
+        if gbnf is not None:
+            try:
+                seq.grammar = self.runner.new_grammar(gbnf)
+            except ValueError as exc:  # the coordinator checked it: only a broken install gets here
+                seq.error = str(exc)
+
+    def _start_kv(self, seq: Sequence) -> None:
+        """Put the admitted sequence's first n_cached prompt tokens into its slot: copied from
+        where the scheduler found them, or kept from the slot's last prompt."""
+        self.counters.prompt_reused += seq.n_cached
+        if self.contents is None:
+            if seq.n_cached:
+                self._copy_prefix(seq)
+            return
+        if seq.source not in (-1, seq.seq_id):
+            self.runner.seq_cp(seq.source, seq.seq_id, -1, -1)  # a whole stream: see _copy_prefix
+            self.counters.stream_copies += 1
+        self.runner.seq_rm(seq.seq_id, seq.n_cached, -1)  # whatever else the slot held
+        if seq.source not in (-1, self.prefix_id):
+            self.counters.prefix_hits += 1
+
+    def _forget(self, *slots: int) -> None:
+        if self.contents:
+            for slot in slots:
+                self.contents.forget(slot)
+
+    def _clear_kept(self, slots: list[int]) -> None:
+        if self.contents:
+            for slot in slots:
+                if slot in self.contents.kept:
+                    self.runner.seq_rm(slot)
+                    self.contents.forget(slot)
 
     def _gen(self, seq: Sequence) -> GenerationParams:
         """The question's own generation settings, or the job's."""
@@ -243,17 +318,36 @@ class LlamaEngine:
         t0 = time.perf_counter()
         rows = batch.rows
         tokens = [0] * len(rows)
-        greedy = [i for i, (span, _, _) in enumerate(rows) if span.seq.sampler is None]
+        greedy = [i for i, (span, _, _) in enumerate(rows)
+                  if span.seq.sampler is None and span.seq.choice_tokens is None]
         if greedy:
             n_outputs = int(np.count_nonzero(batch.arrays[3]))
             for i, token in zip(greedy, self.runner.greedy([rows[i][2] for i in greedy], n_outputs).tolist()):
                 tokens[i] = token
         for i, (span, index, _) in enumerate(rows):
-            if span.seq.sampler is not None:
-                tokens[i] = self.runner.sample(span.seq.sampler, index)
+            tokens[i] = self._pick(span.seq, index, tokens[i])
         out = [(span.seq, token) for (span, _, _), token in zip(rows, tokens)]
         self.counters.sample_s += time.perf_counter() - t0
         return out
+
+    def _pick(self, seq: Sequence, index: int, greedy_token: int) -> int:
+        """The token of one sequence at batch position `index`, given its greedy argmax: fixed
+        choices are scored; a grammar is asked only about the token picked without it, and masks
+        the whole vocabulary only when it refuses that token."""
+        if seq.choice_tokens is not None:
+            seq.choice_scores = self.runner.choice_scores(index, seq.choice_tokens)
+            seq.t_first = time.perf_counter()
+            self.counters.choice_answers += 1
+            return seq.choice_tokens[best_choice(seq.choice_scores)][0]
+        if seq.grammar is None:
+            return greedy_token if seq.sampler is None else self.runner.sample(seq.sampler, index)
+        if seq.sampler is None:
+            token, again = self.runner.constrain_greedy(seq.grammar, index, greedy_token)
+        else:
+            token, again = self.runner.sample_constrained(seq.sampler, seq.grammar, index)
+        self.counters.grammar_tokens += 1
+        self.counters.grammar_resamples += again
+        return token
 
     def _layout(self, spans: list[Span]) -> _Batch:
         """The arrays of one llama_decode for these spans; in batch-invariant mode with ballast
@@ -284,6 +378,7 @@ class LlamaEngine:
             if not spans:
                 return _Batch()
             batch = self._layout(spans)
+            self._clear_kept(batch.ballast)  # ballast starts at position 0 in an empty stream
             t0 = time.perf_counter()
             status = self.runner.decode(*batch.arrays)
             self.counters.decode_s += time.perf_counter() - t0
@@ -293,6 +388,7 @@ class LlamaEngine:
                 for span in spans:
                     if span.seq.phase is Phase.PREFILL:
                         span.seq.n_cached += span.n
+                        self.counters.prompt_computed += span.n
                 self.counters.ballast_tokens += len(batch.ballast)
                 return batch
             if status != 1:
@@ -309,31 +405,55 @@ class LlamaEngine:
     def _preempt_newest(self) -> None:
         victim, slot = self.sched.preempt_newest()
         self.runner.seq_rm(slot)
+        self._forget(slot)
         self._free_sampler(victim)
         self.counters.preemptions += 1
 
     def _free_sampler(self, seq: Sequence) -> None:
+        """Its sampler chain and grammar given back (finished or preempted: a preempted sequence
+        starts over, with a new grammar in its initial state)."""
         if seq.sampler is not None:
             self.runner.free_sampler(seq.sampler)
             seq.sampler = None
+        if seq.grammar is not None:
+            self.runner.free_sampler(seq.grammar)
+            seq.grammar = None
 
     def _finish(self, seq: Sequence) -> Answer:
-        """The finished sequence's answer; its slot, KV and sampler given back."""
-        self.runner.seq_rm(seq.seq_id)
+        """The finished sequence's answer; its slot and sampler given back, and its KV too, or
+        with the prefix cache its prompt's cells kept for the questions that share them."""
+        if self.contents is None:
+            self.runner.seq_rm(seq.seq_id)
         self._free_sampler(seq)
         self.sched.release(seq)
+        if self.contents is not None:
+            self.contents.keep(seq.seq_id, seq.prompt, seq.n_cached)  # all of it, unless it failed early
+            self.counters.kept_tokens_peak = max(self.counters.kept_tokens_peak, self.contents.kept_tokens)
         seq.phase = Phase.FINISHED
         now = time.perf_counter()
-        return Answer(seq.question.qid, seq.text(), seq.finish or FinishReason.STOP, seq.n_prompt,
-                      len(seq.output), self.worker_id, seq.t_first - seq.t_admit, now - seq.t_admit,
-                      created=time.time())
+        text, n_out, logprobs = self._answer_text(seq)
+        finish = FinishReason.ERROR if seq.error else seq.finish or FinishReason.STOP
+        return Answer(seq.question.qid, text, finish, seq.n_prompt, n_out, self.worker_id,
+                      max(0.0, seq.t_first - seq.t_admit), now - seq.t_admit, error=seq.error,
+                      created=time.time(), choice_logprobs=logprobs)
+
+    def _answer_text(self, seq: Sequence) -> tuple[str, int, Optional[dict[str, float]]]:
+        """(text, completion tokens, choice log-probabilities) of a finished sequence."""
+        spec = self._gen(seq).answer
+        if seq.error:
+            return "", len(seq.output), None
+        if spec is not None and seq.choice_scores is not None:
+            logprobs = choice_logprobs(spec.choices, seq.choice_scores) if spec.logprobs else None
+            return spec.choices[best_choice(seq.choice_scores)], 1, logprobs
+        text = seq.text()
+        return (choice_text(text, spec.choices) if spec is not None and spec.choices else text), len(seq.output), None
 
 
 def needs_sampler(gen: GenerationParams) -> bool:
-    """Plain greedy needs no sampler state: one argmax per row does it (see _sample). Sampling, a
-    repetition penalty, a logit bias or a response format (its grammar) need llama.cpp's chain."""
-    return (gen.sampling.temperature > 0 or gen.sampling.repeat_penalty != 1.0 or bool(gen.logit_bias)
-            or gen.response_format is not None)
+    """Plain greedy needs no sampler state: one argmax per row does it (see _sample), a grammar
+    included (it is asked about the argmax). Sampling, a repetition penalty or a logit bias need
+    llama.cpp's chain."""
+    return gen.sampling.temperature > 0 or gen.sampling.repeat_penalty != 1.0 or bool(gen.logit_bias)
 
 
 def _batch_arrays(spans: list[Span]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

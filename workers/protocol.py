@@ -50,7 +50,7 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"  # the question could not be answered; see Answer.error
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million of them live in the coordinator
 class Question:
     """One prompt to answer. `tokens` is the full rendered prompt (shared prefix included)."""
 
@@ -60,6 +60,9 @@ class Question:
     # Its own generation settings (an OpenAI Batch line's max_tokens, temperature, stop, ...);
     # None: the job's (EngineConfig.generation), as for most questions.
     generation: Optional[GenerationParams] = None
+    # Questions of one group share a prefix worth computing once (runner/prefix_groups.py): the
+    # coordinator keeps them in one chunk where it can. 0: in no group.
+    group: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,9 @@ class Answer:
     latency_s: float  # admission to finish
     error: Optional[str] = None
     created: float = 0.0  # Unix time it finished (0: unknown); an OpenAI Batch line's "created"
+    # Fixed choices answered from the logits, when asked (AnswerSpec.logprobs): each choice's
+    # log-probability (log-softmax over the whole vocabulary, its best token variant)
+    choice_logprobs: Optional[dict[str, float]] = None
 
 
 @dataclass(frozen=True)
@@ -89,11 +95,10 @@ class SamplingParams:
     seed: int = 0
 
 
-# The engine does not constrain an answer to a response format yet: a question asking for one is
-# answered without a grammar (the coordinator says so once). The grammar belongs where a
-# question's sampler chain is built (workers/model_runner.py new_sampler); setting this to True
-# with it makes journaled answers that asked for a format, made unconstrained, be answered again.
-RESPONSE_FORMAT_ENFORCED = False
+# A response format is enforced by a grammar (AnswerSpec.grammar, made by the coordinator from
+# the schema). Journaled answers made before it was (when this was False) are answered again:
+# runner/question_settings.py settings_key records it.
+RESPONSE_FORMAT_ENFORCED = True
 
 
 @dataclass(frozen=True)
@@ -108,13 +113,30 @@ class ResponseFormat:
 
 
 @dataclass(frozen=True)
+class AnswerSpec:
+    """What an answer must be (the job's answer.* keys, an OpenAI line's response_format).
+
+    choices: exactly one of these strings. When each has a variant that is one token after the
+    prompt (bare or with a leading space), the worker answers from the first position's logits
+    (one prefill, no decode step); otherwise, or with choice_logits False, it generates under a
+    grammar alternating the choices. grammar: GBNF (root rule `root`) the answer must match,
+    checked by the coordinator before any worker starts (a JSON schema arrives converted)."""
+
+    choices: tuple[str, ...] = ()
+    grammar: Optional[str] = None
+    logprobs: bool = False  # choices answered from the logits: write choice_logprobs
+    choice_logits: bool = True  # False: single-token choices take the grammar path too
+
+
+@dataclass(frozen=True)
 class GenerationParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     sampling: SamplingParams = SamplingParams()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), by token id
-    response_format: Optional[ResponseFormat] = None  # see RESPONSE_FORMAT_ENFORCED
+    response_format: Optional[ResponseFormat] = None  # as asked; enforced through `answer`
+    answer: Optional[AnswerSpec] = None  # what the answer must be: fixed choices or a grammar
 
 
 def kv_cells(slots: int, n_ctx_seq: int, n_prefix: int, unified: bool, batch_invariant: bool = False) -> int:
@@ -152,6 +174,10 @@ class EngineConfig:
     # Answers bit-identical whatever else is in the batch, a batch of one included: every batch
     # laid out as workers/invariant.py says. Needs kv_unified, flash_attn and repack all off.
     batch_invariant: bool = False
+    # Prompts start from the longest prefix the worker's KV streams hold, and slots keep a finished
+    # prompt's cells for the next question that shares them (workers/prefix_cache.py). Needs one
+    # stream per sequence; off: from the shared prefix only.
+    prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_invariant and (self.kv_unified or self.flash_attn or self.repack):

@@ -25,8 +25,10 @@ import heapq
 from array import array
 from collections import deque
 from dataclasses import dataclass
+from typing import Optional
 
 from . import invariant
+from .prefix_cache import MIN_WAIT_GAIN, SlotContents, Start
 from .sequence import Phase, Sequence, common_prefix_len, shared_prefix_len
 
 
@@ -43,12 +45,15 @@ class Span:
 class Scheduler:
     def __init__(self, slots: int, n_batch: int, prefix: array | None = None,
                  kv_budget: int | None = None, max_new_tokens: int = 0,
-                 stream_per_sequence: bool = False, batch_invariant: bool = False) -> None:
+                 stream_per_sequence: bool = False, batch_invariant: bool = False,
+                 contents: Optional[SlotContents] = None) -> None:
         """kv_budget: KV cells the sequences may fill beyond the shared prefix (None = each slot
         has its own room). A sequence is admitted only when its prompt plus max_new_tokens fits
         what the running ones may still claim, so a full pool never thrashes.
         stream_per_sequence: the context keeps one KV stream per sequence (see the module doc).
-        batch_invariant: lay batches out as workers/invariant.py requires (needs streams)."""
+        batch_invariant: lay batches out as workers/invariant.py requires (needs streams).
+        contents: the prefix cache (workers/prefix_cache.py); None: prompts start from the shared
+        prefix only."""
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) cannot exceed the token budget n_batch ({n_batch})")
         self.n_batch = n_batch
@@ -61,6 +66,8 @@ class Scheduler:
         self.free_ids: list[int] = list(range(slots))  # a heap: admission takes the lowest
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
+        self.contents = contents
+        self.prefix_id = invariant.kv_streams(slots, batch_invariant) - 1  # where the shared prefix is
 
     @property
     def n_unfinished(self) -> int:
@@ -70,28 +77,40 @@ class Scheduler:
         self.waiting.append(seq)
 
     def admit(self) -> list[Sequence]:
-        """Move waiting sequences into free slots. Each starts with as much of the shared prefix
-        as it shares (`n_cached`); the caller copies that much KV into its slot."""
-        admitted = []
-        while self.free_ids and self.waiting:
-            seq = self.waiting[0]
-            shared = self._shared(seq)
+        """Move waiting sequences into free slots, in order, each with where its KV starts
+        (`n_cached` prompt tokens from sequence `source`: the caller copies them into its slot).
+        With the prefix cache, a question that a prompt still going in will soon serve better
+        lets the next ones go first (prefix_cache.MIN_WAIT_GAIN)."""
+        admitted: list[Sequence] = []
+        i = 0
+        while self.free_ids and i < len(self.waiting):
+            seq = self.waiting[i]
+            start = self._start(seq, self.free_ids[0])
+            if self.contents and self.contents.wanted_soon(seq.prompt, self.running) >= start.n + MIN_WAIT_GAIN:
+                i += 1
+                continue
             own = seq.question.generation  # a question's own max_tokens, else the job's
-            need = seq.n_prompt - shared + (own.max_tokens if own else self.max_new_tokens)
+            need = seq.n_prompt - start.n + (own.max_tokens if own else self.max_new_tokens)
             if self.kv_budget is not None and self.running and self.kv_reserved + need > self.kv_budget:
                 break  # wait for a running sequence to finish and give its cells back
-            self.waiting.popleft()
-            seq.admit(heapq.heappop(self.free_ids), shared)
+            del self.waiting[i]
+            seq.admit(heapq.heappop(self.free_ids), start.n, start.source)
+            if self.contents:
+                self.contents.forget(seq.seq_id)
             seq.kv_reserved = need
             self.kv_reserved += need
             self.running.append(seq)
             admitted.append(seq)
         return admitted
 
-    def _shared(self, seq: Sequence) -> int:
+    def _start(self, seq: Sequence, slot: int) -> Start:
+        if self.contents:
+            return self.contents.start(seq.prompt, slot, self.running)
         if self.batch_invariant:
-            return invariant.shared_len(common_prefix_len(seq.prompt, self.prefix), seq.n_prompt, len(self.prefix))
-        return shared_prefix_len(seq.prompt, self.prefix)
+            n = invariant.shared_len(common_prefix_len(seq.prompt, self.prefix), seq.n_prompt, len(self.prefix))
+        else:
+            n = shared_prefix_len(seq.prompt, self.prefix)
+        return Start(self.prefix_id if n else -1, n)
 
     def compact(self) -> list[tuple[Sequence, int]]:
         """With one stream per sequence, keep the busy ids contiguous from 0: while a free id is

@@ -24,10 +24,16 @@ class Sequence:
     phase: Phase = Phase.WAITING
     seq_id: int = -1  # llama.cpp sequence id (the slot) while admitted
     n_cached: int = 0  # prompt tokens already in the KV cache (shared prefix included)
+    source: int = -1  # the sequence whose KV its first n_cached tokens were copied from at admission
     kv_reserved: int = 0  # KV cells this sequence may still claim (see Scheduler.admit)
     output: list[int] = field(default_factory=list)
     text_bytes: bytearray = field(default_factory=bytearray)
     sampler: Any = None  # llama.cpp sampler chain, owned by the engine
+    grammar: Any = None  # llama.cpp grammar sampler (AnswerSpec), owned by the engine
+    # AnswerSpec.choices answered from the logits: each choice's single-token variants
+    choice_tokens: Optional[tuple[tuple[int, ...], ...]] = None
+    choice_scores: Optional[list[float]] = None  # their log-probabilities, once computed
+    error: Optional[str] = None  # why it could not be answered
     t_admit: float = 0.0
     t_first: float = 0.0
     finish: Optional[FinishReason] = None
@@ -46,9 +52,10 @@ class Sequence:
         """Position of the next token fed to the model."""
         return self.n_cached if self.phase is Phase.PREFILL else self.n_prompt + len(self.output) - 1
 
-    def admit(self, seq_id: int, n_shared: int) -> None:
+    def admit(self, seq_id: int, n_shared: int, source: int = -1) -> None:
         self.seq_id = seq_id
         self.n_cached = n_shared
+        self.source = source
         self.phase = Phase.PREFILL
         self.t_admit = time.perf_counter()
 
@@ -92,15 +99,22 @@ class Sequence:
         self.n_cached = 0
         self.output.clear()
         self.text_bytes.clear()
+        self.choice_scores = None
 
 
 def common_prefix_len(a: Seq[int], b: Seq[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """Length of the longest common prefix of two token sequences. Bisection over slice
+    comparisons, which run in C: the coordinator compares long prompts by the thousand."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # a[:lo] == b[:lo] and a[:hi + 1] != b[:hi + 1]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def shared_prefix_len(prompt: Seq[int], prefix: Seq[int]) -> int:

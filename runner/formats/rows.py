@@ -52,4 +52,6 @@ def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
     out["answer"] = text.strip()
     if keep_thinking and thinking is not None:
         out["thinking"] = thinking
+    if row.answer.choice_logprobs is not None:
+        out["choice_logprobs"] = row.answer.choice_logprobs
     return out

@@ -1,0 +1,128 @@
+"""What an answer must be, without a model: the answer.* keys and flags, the choice grammar and
+the pick among choices, a record's own choices, the context a choices job needs, and what reaches
+the journal's fingerprint."""
+
+import json
+from array import array
+
+import pytest
+
+from ggbatch.runner.answer_spec import choice_tokens, record_choices, schema_grammar, with_choices
+from ggbatch.runner.cli import _flag_layer, build_parser
+from ggbatch.runner.config import CHOICES_AUTO, build_config, load_job_file
+from ggbatch.runner.errors import ConfigError, InputError
+from ggbatch.runner.journal import changed_setting, prompt_hash
+from ggbatch.runner.question_settings import settings_key
+from ggbatch.workers.constraints import best_choice, choice_grammar, choice_logprobs, choice_text, gbnf_literal
+from ggbatch.workers.protocol import AnswerSpec, GenerationParams
+
+BASE = {"model": "m.gguf", "input": "q.jsonl", "output": "a.jsonl"}
+
+
+def config(**answer):
+    return build_config([("test", {**BASE, **{f"answer.{k}": v for k, v in answer.items()}})])
+
+
+def test_choices_from_a_list_a_comma_string_or_auto():
+    assert config(choices=["A", "B", "C"]).choices == ("A", "B", "C")
+    assert config(choices="A, B,C,D").choices == ("A", "B", "C", "D")
+    assert config(choices="auto").choices == CHOICES_AUTO
+    assert config(choices=["yes", "no"], logprobs=True).choice_logprobs
+
+
+@pytest.mark.parametrize("value, said", [
+    (["A"], "two or more"), ("A,A", "each choice once"), (["A", ""], "two or more"), (3, "two or more")])
+def test_bad_choices_name_the_key(value, said):
+    with pytest.raises(ConfigError, match=f"test: answer.choices: .*{said}"):
+        config(choices=value)
+
+
+def test_json_schema_inline_as_a_mapping_or_a_file(tmp_path):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    assert config(json_schema=schema).json_schema == canonical
+    assert config(json_schema=json.dumps(schema)).json_schema == canonical
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(schema))
+    assert config(json_schema=str(f)).json_schema == canonical
+    job = tmp_path / "job.yaml"
+    job.write_text("model: m.gguf\ninput: q.jsonl\noutput: a.jsonl\nanswer:\n  json_schema: s.json\n")
+    assert build_config([("job", load_job_file(str(job)))]).json_schema == canonical  # beside the job file
+    job.write_text("model: m.gguf\ninput: q.jsonl\noutput: a.jsonl\nanswer:\n  json_schema: {type: object}\n")
+    assert build_config([("job", load_job_file(str(job)))]).json_schema == '{"type":"object"}'
+
+
+@pytest.mark.parametrize("value, said", [
+    ("missing.json", "cannot read the schema file"), ("{not json", "not valid JSON"), ([1], "must be a JSON Schema object")])
+def test_bad_json_schema_names_the_key(value, said):
+    with pytest.raises(ConfigError, match=f"answer.json_schema: {said}"):
+        config(json_schema=value)
+
+
+def test_one_kind_of_answer_at_a_time_and_logprobs_need_choices():
+    with pytest.raises(ConfigError, match="answer.choices and answer.grammar: give one"):
+        config(choices="A,B", grammar='root ::= "x"')
+    with pytest.raises(ConfigError, match="answer.logprobs: needs answer.choices"):
+        config(logprobs=True)
+    with pytest.raises(ConfigError, match="answer.grammar: must be GBNF"):
+        config(grammar=" ")
+
+
+def test_flags_reach_the_answer_keys(tmp_path):
+    args = build_parser().parse_args(["run", "--model", "m.gguf", "--input", "q.jsonl", "--output", "a.jsonl",
+                                      "--choices", "A,B,C,D", "--choice-logprobs"])
+    cfg = build_config([("command line", _flag_layer(args))])
+    assert (cfg.choices, cfg.choice_logprobs) == (("A", "B", "C", "D"), True)
+    args = build_parser().parse_args(["run", "--model", "m.gguf", "--input", "q.jsonl", "--output", "a.jsonl",
+                                      "--grammar", 'root ::= "a"'])
+    assert build_config([("command line", _flag_layer(args))]).grammar == 'root ::= "a"'
+
+
+def test_choice_grammar_escapes_and_allows_one_leading_space():
+    assert gbnf_literal('say "hi"\\\n') == r'"say \"hi\"\\\n"'
+    assert choice_grammar(["A", 'B"']) == 'root ::= " "? ("A" | "B\\"")\n'
+    assert choice_text(" B", ["A", "B"]) == "B"
+    assert choice_text("B", ["A", "B", " B"]) == "B"
+    assert choice_text(" B", ["A", " B"]) == " B"
+    assert choice_text(" Tr", ["True", "False"]) == " Tr"  # cut by max_tokens: as it is
+
+
+def test_best_choice_takes_the_highest_and_the_earliest_of_equals():
+    assert best_choice([-3.0, -1.0, -2.0]) == 1
+    assert best_choice([-1.0, -1.0]) == 0
+    assert choice_logprobs(["A", "B"], [-0.1234567891, -2.0]) == {"A": -0.123457, "B": -2.0}
+
+
+def test_a_records_own_choices():
+    assert record_choices({"choices": {"A": "4", "B": "8"}}, "q.jsonl:1", "q1") == ("A", "B")
+    assert record_choices({"choices": ["yes", "no"]}, "q.jsonl:1", "q1") == ("yes", "no")
+    with pytest.raises(InputError, match="q.jsonl:3: record 'q3' has no 'choices'"):
+        record_choices({"question": "x"}, "q.jsonl:3", "q3")
+    with pytest.raises(InputError, match="distinct non-empty strings"):
+        record_choices({"choices": ["a", "a"]}, "q.jsonl:3", "q3")
+
+
+def test_a_choices_answer_needs_no_more_tokens_than_its_longest_choice_has_bytes():
+    assert choice_tokens(256, ("A", "B")) == 3  # " A" at most two tokens, then the end of generation
+    assert choice_tokens(256, ("True, True", "False")) == 12
+    assert choice_tokens(2, ("True, True",)) == 2
+    job = GenerationParams(256, answer=AnswerSpec(logprobs=True))
+    own = with_choices(job, ("A", "B", "C"))
+    assert own.answer == AnswerSpec(("A", "B", "C"), logprobs=True) and own.max_tokens == 3
+
+
+def test_other_choices_or_another_grammar_change_the_journal_key():
+    tokens = array("i", [1, 2, 3])
+    a = GenerationParams(3, answer=AnswerSpec(("A", "B")))
+    b = GenerationParams(3, answer=AnswerSpec(("A", "B", "C")))
+    c = GenerationParams(3, answer=AnswerSpec(grammar='root ::= "x"'))
+    assert len({prompt_hash(tokens, g) for g in (a, b, c, None)}) == 4
+    assert settings_key(a) != settings_key(b)
+    assert changed_setting({"answer": None}, {"answer": {"choices": ["A"]}}) == "answer"
+
+
+@pytest.mark.model  # llama-cpp-python's converter: imports llama.cpp
+def test_an_unconvertible_schema_says_why():
+    with pytest.raises(ValueError, match="cannot turn this JSON schema into a grammar"):
+        schema_grammar(json.dumps({"type": "object", "properties": {"a": {"$ref": "#/defs/missing"}}}))
+    assert "root ::=" in schema_grammar(json.dumps({"type": "object"}))

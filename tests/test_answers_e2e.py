@@ -1,0 +1,198 @@
+"""Answers of a required shape end to end, on real models: fixed choices (MMLU and LSAT-RC
+samples, from the logits and under a grammar), JSON schemas and GBNF grammars per job and per
+OpenAI Batch line (every answer parsed and validated with jsonschema), errors before any worker
+starts, and the journal refusing answers made under other choices."""
+
+import json
+import re
+import subprocess
+import sys
+from array import array
+
+import jsonschema
+import pytest
+
+from conftest import DATA, MODELS, ROOT, require
+from test_openai_batch import parse_output
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
+
+MMLU, LSAT = DATA / "mmlu" / "questions.jsonl", DATA / "lsat-rc" / "questions.jsonl"
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer"}, "mood": {"enum": ["happy", "sad"]},
+                                           "code": {"type": "string", "pattern": "^[A-Z]{2}$"}},
+          "required": ["name", "age", "mood"], "additionalProperties": False}
+
+
+def ggbatch(*args, timeout=240):
+    """A run on one thread: beside other busy processes on a small machine, llama.cpp's threads
+    wait at every graph node for a descheduled one (README, Layout)."""
+    threads = ["--threads", "1"] if args[0] == "run" and "--threads" not in args else []
+    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args), *threads], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def sample(path, n, tmp_path):
+    lines = require(path).read_text(encoding="utf-8").splitlines()[:n]
+    out = tmp_path / path.parent.name
+    out.mkdir(exist_ok=True)
+    (out / "q.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out / "q.jsonl", [json.loads(line) for line in lines]
+
+
+def answers(path):
+    return {r["questionID"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def test_mmlu_with_fixed_choices_gives_only_those_with_their_logprobs(tmp_path, stories):
+    q, records = sample(MMLU, 30, tmp_path)
+    out = tmp_path / "a.jsonl"
+    for slots, path in ((8, out), (1, tmp_path / "one.jsonl")):
+        r = ggbatch("run", "--model", stories, "--input", q, "--output", path, "--choices", "A,B,C,D",
+                    "--choice-logprobs", "--batch-invariant", "--slots", slots)
+        assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == (tmp_path / "one.jsonl").read_bytes()  # logits read per row: batch-invariant
+    got = answers(out)
+    assert len(got) == 30 and {a["answer"] for a in got.values()} <= {"A", "B", "C", "D"}
+    for a in got.values():
+        lp = a["choice_logprobs"]
+        assert list(lp) == ["A", "B", "C", "D"] and all(v < 0 for v in lp.values())
+        assert sum(2.718281828 ** v for v in lp.values()) <= 1.0
+        assert a["answer"] == max(lp, key=lp.get)
+    # the competition pipeline: scored by letter
+    r = ggbatch("score", "--answers", out, "--gold", q, "--json", tmp_path / "s.json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["overall"]["invalid"] == 0
+
+
+def test_lsat_choices_auto_take_each_records_letters_under_a_grammar_too(tmp_path, stories):
+    q, records = sample(LSAT, 12, tmp_path)
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: {stories}\ninput: {q}\noutput: out.csv\nprompt:\n  template: \"{{{{ question[-600:] }}}}"
+                   "\\nAnswer: \"\nanswer:\n  choices: auto\n  choice_logits: false\n")
+    r = ggbatch("run", job, "--report", tmp_path / "rep.json")
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "out.csv").read_text().splitlines()
+    assert rows[0] == "questionID,answer,error" and len(rows) == 13
+    assert all(row.split(",")[1] in ("A", "B", "C", "D", "E") for row in rows[1:])
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    assert rep["generation"]["own_settings"]["answer.choices"] == 12
+    assert rep["generation"]["answer"] == {"choices": "auto", "logprobs": False, "choice_logits": False}
+    assert rep["layout"]["n_ctx_per_sequence"] < 600  # sized for a letter, not for max_tokens 256
+
+
+@pytest.mark.parametrize("model, suffix", [("stories260K.gguf", "\nAnswer: "), ("llama-2-tiny-random.gguf",
+                                                                                  "\nAnswer:")])
+def test_logits_path_answers_as_the_grammar_path_on_single_token_choices(model, suffix):
+    """The same questions, choices answered from the first position's logits and generated under
+    the choice grammar: where the grammar answered in one token (here all of them), the same."""
+    from ggbatch.workers.engine import LlamaEngine
+    from ggbatch.workers.model_runner import Tokenizer
+    from ggbatch.workers.protocol import AnswerSpec, EngineConfig, GenerationParams, Question
+
+    path = str(require(MODELS / model))
+    records = [json.loads(x) for x in require(MMLU).read_text().splitlines()[:24]]
+    records += [json.loads(x) for x in require(LSAT).read_text().splitlines()[:6]]
+    tok = Tokenizer(path)
+    prompts = {r["questionID"]: tok.tokenize(r["question"][-1000:] + suffix) for r in records}
+    tok.close()
+
+    def run(from_logits):
+        config = EngineConfig(path, 1, 8, 1400, 512, array("i"), GenerationParams(4), kv_unified=False)
+        engine = LlamaEngine(config, 0)
+        for r in records:
+            spec = AnswerSpec(tuple(r["choices"]), logprobs=True, choice_logits=from_logits)
+            engine.add(Question(r["questionID"], prompts[r["questionID"]], 1, GenerationParams(4, answer=spec)))
+        out = {}
+        while engine.n_unfinished:
+            out.update((a.qid, a) for a in engine.step())
+        stats = engine.stats()
+        engine.close()
+        return out, stats
+
+    (logits, st_logits), (grammar, st_grammar) = run(True), run(False)
+    assert st_logits["choice_answers"] == 30 and st_logits["grammar_tokens"] == 0
+    assert st_grammar["choice_answers"] == 0 and st_grammar["grammar_tokens"] >= 30
+    one_token = [qid for qid, a in grammar.items() if a.completion_tokens == 1]
+    assert len(one_token) == 30
+    assert {qid: logits[qid].text for qid in one_token} == {qid: grammar[qid].text for qid in one_token}
+    assert all(a.choice_logprobs is not None and grammar[a.qid].choice_logprobs is None for a in logits.values())
+
+
+def test_json_schema_job_every_answer_validates_also_batch_invariant(tmp_path, stories, gsm8k_file):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(SCHEMA))
+    outs = []
+    for slots in (1, 8):
+        out = tmp_path / f"a{slots}.json"
+        r = ggbatch("run", "--model", stories, "--input", gsm8k_file(12), "--output", out, "--json-schema", schema,
+                    "--max-tokens", "120", "--batch-invariant", "--slots", slots)
+        assert r.returncode == 0, r.stderr
+        outs.append(out.read_bytes())
+        for row in json.loads(out.read_text()):
+            jsonschema.validate(json.loads(row["answer"]), SCHEMA)
+    assert outs[0] == outs[1]  # a grammar masks per sequence: batch-mates still do not matter
+
+
+def test_gbnf_job_answers_match_the_grammar_sampled_too(tmp_path, stories, gsm8k_file):
+    grammar = 'root ::= ("yes" | "no") ", because " [a-z]+ (" " [a-z]+)? "."'
+    out = tmp_path / "a.jsonl"
+    r = ggbatch("run", "--model", stories, "--input", gsm8k_file(12), "--output", out, "--grammar", grammar,
+                "--max-tokens", "48", "--temperature", "0.9")
+    assert r.returncode == 0, r.stderr
+    got = [a["answer"] for a in answers(out).values()]
+    assert got and all(re.fullmatch(r"(yes|no), because [a-z]+( [a-z]+)?\.", a) for a in got), got
+
+
+def test_openai_lines_response_format_is_enforced_and_a_bad_schema_is_that_lines_error(tmp_path, stories):
+    def chat(cid, fmt, max_tokens=120):
+        return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": "Tell me about Lily."}], "max_tokens": max_tokens,
+                         "response_format": fmt}}
+    schema_fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/definitions/nowhere"}}}
+    lines = [chat("schema", schema_fmt), chat("object", {"type": "json_object"}), chat("bad", bad),
+             chat("cut", schema_fmt, max_tokens=3), chat("free", {"type": "text"}, max_tokens=5)]
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out.jsonl"
+    r = ggbatch("run", "--model", stories, "--input", batch, "--output", out)
+    assert r.returncode == 1, r.stderr  # the bad line failed, the rest answered
+    parsed = parse_output(out.read_text())
+    content = {cid: body.choices[0].message.content for cid, (_, body) in parsed.items() if body is not None}
+    assert parsed["schema"][1].choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(content["schema"]), SCHEMA)
+    # any JSON object, unbounded: this tiny model may ramble in a string until max_tokens
+    if parsed["object"][1].choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content["object"]), dict)
+    else:
+        assert content["object"].startswith("{")
+    assert "body.response_format: json_schema.schema" in parsed["bad"][0].error.message
+    assert parsed["cut"][1].choices[0].finish_reason == "length"
+    assert "reached max_tokens before the grammar was complete" in r.stderr and "not enforced" not in r.stderr
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--grammar", "root ::= missing"], "answer.grammar: not a grammar llama.cpp can use: \"Undefined rule identifier 'missing'\""),
+    (["--grammar", 'root ::= [a-'], "answer.grammar: not a grammar llama.cpp can use: 'unexpected end of input'"),
+    (["--json-schema", '{"type": "object", "properties": {"a": {"$ref": "#/x/y"}}}'],
+     "answer.json_schema: cannot turn this JSON schema into a grammar"),
+    (["--json-schema", '{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}'],
+     "answer.json_schema: the grammar cannot enforce 'minimum' (at properties.n)"),
+])
+def test_a_bad_grammar_or_schema_is_exit_2_before_any_worker(tmp_path, stories, gsm8k_file, flags, said):
+    out = tmp_path / "a.json"
+    r = ggbatch("run", "--model", stories, "--input", gsm8k_file(4), "--output", out, *flags, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith(f"ggbatch: error: {said}"), r.stderr
+    assert not out.exists() and not (tmp_path / "a.json.journal.jsonl").exists()
+
+
+def test_resume_refuses_answers_made_under_other_choices(tmp_path, stories):
+    q, _ = sample(MMLU, 6, tmp_path)
+    out = tmp_path / "a.json"
+    assert ggbatch("run", "--model", stories, "--input", q, "--output", out, "--choices", "A,B,C,D").returncode == 0
+    r = ggbatch("run", "--model", stories, "--input", q, "--output", out, "--choices", "A,B")
+    assert r.returncode == 2 and "'answer' changed since the journaled run" in r.stderr
+    r = ggbatch("run", "--model", stories, "--input", q, "--output", out, "--choices", "A,B", "--fresh")
+    assert r.returncode == 0 and {a["answer"] for a in json.loads(out.read_text())} <= {"A", "B"}

@@ -1,0 +1,82 @@
+"""The prefix cache through the whole job on a real model (stories260K): questions sharing
+passages, shuffled, answered exactly as without the cache, with far fewer prompt tokens computed,
+and nothing lost when a worker holding cached passages is killed."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, STORIES, require
+from test_faults import journal_entries, wait_for, workers_of
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.model]
+
+N_PASSAGES, PER_PASSAGE = 8, 6
+
+
+def passage_file(path, seed=4):
+    rng = random.Random(seed)
+    words = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()
+    passages = [" ".join(rng.choice(words) for _ in range(120)) for _ in range(N_PASSAGES)]
+    rows = [{"questionID": f"p{p}-q{j}", "question": f"Story: {text}\nQuestion {j}: what did the "
+                                                        f"{rng.choice(words)} do next?"}
+            for p, text in enumerate(passages) for j in range(PER_PASSAGE)]
+    rng.shuffle(rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def run(questions, out, *extra, timeout=180):
+    args = [sys.executable, "-m", "ggbatch", "run", "--model", str(require(STORIES)), "--input", str(questions),
+            "--output", str(out), "--report", f"{out}.report.json", "--workers", "2", "--slots", "4",
+            "--max-tokens", "24", "--batch-invariant", "--progress", "off", *extra]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return json.loads(open(f"{out}.report.json").read())
+
+
+@pytest.fixture(scope="module")
+def quiet(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("prefix")
+    questions = passage_file(folder / "q.jsonl")
+    off = run(questions, folder / "off.json", "--prefix-cache", "off")
+    on = run(questions, folder / "on.json")
+    return questions, folder, off, on
+
+
+def test_the_cache_gives_the_same_answers_and_computes_most_passages_once(quiet):
+    questions, folder, off, on = quiet
+    assert (folder / "on.json").read_bytes() == (folder / "off.json").read_bytes()
+    cache = on["prefix_cache"]
+    assert cache["mode"] == "auto" and cache["active"] and on["layout"]["kv"] == "per-sequence"
+    assert cache["groups"] == N_PASSAGES and cache["grouped_questions"] == N_PASSAGES * PER_PASSAGE
+    assert cache["prompt_tokens"] == off["prefix_cache"]["prompt_tokens"] > 0
+    # 6 questions a passage, two workers: each passage about once per worker that gets it
+    assert cache["computed_share"] < 0.45, cache
+    assert cache["hits"] > 0 and cache["kept_mib_peak"] > 0
+    assert not off["prefix_cache"]["active"] and off["prefix_cache"]["computed_share"] > 0.95
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_it_holds_cached_passages_loses_nothing(quiet, tmp_path):
+    questions, folder, _, _ = quiet
+    out = tmp_path / "answers.json"
+    args = [sys.executable, "-m", "ggbatch", "run", "--model", str(require(STORIES)), "--input", str(questions),
+            "--output", str(out), "--workers", "2", "--slots", "4", "--max-tokens", "24", "--batch-invariant",
+            "--progress", "log"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: journal_entries(out) >= 4 or proc.poll() is not None, what="some answers")
+    victims = workers_of(proc)
+    assert victims and proc.poll() is None, "the job finished before a worker could be killed"
+    os.kill(victims[0].pid, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 0, stderr
+    assert "died (signal 9)" in stderr
+    assert out.read_bytes() == (folder / "on.json").read_bytes()
+    ids = [json.loads(line)["qid"] for line in open(f"{out}.journal.jsonl").read().splitlines()[1:]]
+    assert len(ids) == len(set(ids)) == N_PASSAGES * PER_PASSAGE

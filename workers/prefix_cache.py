@@ -1,0 +1,114 @@
+"""Where a new sequence's prompt can start: the KV that the worker's streams already hold.
+
+With one KV stream per sequence, a finished question's slot keeps its prompt's cells until the
+slot is taken again. A question about to be admitted starts from the longest prefix it shares
+with any prompt the worker holds: the shared prefix's sequence, a running sequence's prompt (as
+far as it has gone in), or a free slot's kept prompt. Taken from its own slot this costs nothing
+(the cells past the shared part are removed); from another stream llama.cpp copies the whole
+stream (it cannot copy part of one), a memory copy some hundred times cheaper than computing
+the prompt again. The coordinator sends the questions that share a passage together (runner/
+prefix_groups.py), so the prompts a worker holds are mostly the ones its next questions share.
+
+A question that shares more with a prompt still going in than with anything held waits for it
+(`wanted_soon`): the passage is then computed once per worker, not once per slot that happens to
+start a question on it in the same step.
+
+Pure bookkeeping on token arrays: no llama.cpp here (the engine copies and removes the cells).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from . import invariant
+from .sequence import Phase, Sequence
+
+# A question waits for a prompt still going in only when that saves this many tokens or more:
+# fewer are cheaper to compute than a slot left idle for a step.
+MIN_WAIT_GAIN = 32
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where an admitted sequence's KV comes from: `n` prompt tokens out of sequence `source`'s
+    stream (-1 and 0: none, the prompt is computed from its first token)."""
+
+    source: int
+    n: int
+
+
+class SlotContents:
+    """What each KV stream holds of which prompt, and the best start for a new prompt."""
+
+    def __init__(self, prefix: array, prefix_id: int, batch_invariant: bool) -> None:
+        self.prefix = tokens_of(prefix)
+        self.prefix_id = prefix_id
+        self.batch_invariant = batch_invariant
+        self.kept: dict[int, np.ndarray] = {}  # free slot -> the prompt tokens its stream holds
+
+    def keep(self, slot: int, prompt: array, n: int) -> None:
+        """A sequence finished in `slot`: the cells of its prompt's first n tokens (what went in)
+        stay there until the slot is taken."""
+        if n:
+            self.kept[slot] = tokens_of(prompt)[:n]
+
+    def forget(self, slot: int) -> None:
+        """The slot's stream was emptied or taken (admission, a move, ballast, preemption)."""
+        self.kept.pop(slot, None)
+
+    @property
+    def kept_tokens(self) -> int:
+        return sum(len(t) for t in self.kept.values())
+
+    def start(self, prompt: array, slot: int, running: Iterable[Sequence]) -> Start:
+        """The longest usable prefix for `prompt` about to go into `slot`; its own slot's kept
+        cells win a tie (no copy)."""
+        tokens = tokens_of(prompt)
+        best = Start(-1, 0)
+        for source, held in self._held(running):
+            n = self.usable(common_len(tokens, held), len(tokens), len(held))
+            if n > best.n or (n == best.n and n > 0 and source == slot):
+                best = Start(source, n)
+        return best
+
+    def wanted_soon(self, prompt: array, running: Iterable[Sequence]) -> int:
+        """Tokens of `prompt` that a running sequence's prompt, still going in, will offer."""
+        tokens = tokens_of(prompt)
+        best = 0
+        for seq in running:
+            if seq.phase is Phase.PREFILL:
+                whole = tokens_of(seq.prompt)
+                n = self.usable(common_len(tokens, whole), len(tokens), len(whole))
+                if n > seq.n_cached:
+                    best = max(best, n)
+        return best
+
+    def usable(self, common: int, n_prompt: int, n_held: int) -> int:
+        """Of `common` agreeing tokens, how many a prompt of n_prompt may take: at least one is
+        left to compute (its logits are needed); batch-invariant, as invariant.shared_len says."""
+        if self.batch_invariant:
+            return invariant.shared_len(common, n_prompt, n_held)
+        return min(common, n_prompt - 1)
+
+    def _held(self, running: Iterable[Sequence]) -> Iterable[tuple[int, np.ndarray]]:
+        if len(self.prefix):
+            yield self.prefix_id, self.prefix
+        yield from self.kept.items()
+        for seq in running:
+            if seq.n_cached:
+                yield seq.seq_id, tokens_of(seq.prompt)[:seq.n_cached]
+
+
+def tokens_of(tokens: array) -> np.ndarray:
+    return np.frombuffer(tokens, dtype=np.int32) if len(tokens) else np.zeros(0, np.int32)
+
+
+def common_len(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two token arrays."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
