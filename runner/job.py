@@ -68,7 +68,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             job = prepare(config, model_path, records)
             todo, reused = _open_journal(watch, paths, config, model, job, fresh)
             setup = _settle(config, model, started, job, len(todo), formats)
-            pool.keep(setup.layout.workers)
+            pool.keep(range(setup.layout.workers))
             clock["prepared"] = time.perf_counter()
             watch.start_run(len(todo), config.max_tokens, setup.layout.workers * setup.layout.slots)
             answers, ended = _answer(pool, todo, layouts.engine_config(

@@ -52,6 +52,7 @@ class WorkerRun:
     device: Optional[int] = None  # the GPU it was given (--devices)
     n_gpu_layers: Optional[int] = None  # what llama.cpp was given (negative: all layers)
     gpu_layers: Optional[int] = None  # layers llama.cpp says it offloaded
+    node: Optional[Mapping[str, str]] = None  # the Ray node it lived on ({node_id, ip}); None: this machine
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ class RunReport:
                 "generated_tokens": sum(a.completion_tokens for a in mine), "restarts": w.restarts,
                 "load_s": round(w.load_s, 3) if w.load_s is not None else None, "llama_n_threads": w.n_threads,
                 "device": w.device, "n_gpu_layers": gpu_layers_text(w.n_gpu_layers), "gpu_layers": w.gpu_layers,
+                **({"node": dict(w.node)} if w.node else {}),
                 **self.outcome.usage.workers.get(w.worker_id, {}),
                 "engine": {k: round(v, 4) for k, v in w.engine.items()}}
 
@@ -211,6 +213,7 @@ def format_summary(report: RunReport) -> str:
         f"max {data['latency_s']['max']:.2f} s",
     ]
     for wid, w in data["workers"].items():
-        lines.append(f"worker {wid}   cores {w['cores']}, {w['questions']} questions, "
+        where = f"node {w['node']['ip']} ({w['node']['node_id'][:12]}), " if "node" in w else ""
+        lines.append(f"worker {wid}   {where}cores {w['cores']}, {w['questions']} questions, "
                      f"{w.get('mean_cpu_percent', 0):.0f}% CPU, peak PSS {w.get('peak_pss_mib', 0):.0f} MiB")
     return "\n".join(lines)
