@@ -56,6 +56,8 @@ class JobConfig:
     id_field: str = "questionID"
     question_field: str = "question"
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    backend: str = "local"  # where workers live: local processes, or Ray actors (runner/ray_workers.py)
+    ray_address: Optional[str] = None  # the Ray cluster to join (HOST:PORT or auto); None: start one here
 
 
 # -- value checks: each returns the converted value or raises ValueError("must be ...") ----------
@@ -172,6 +174,22 @@ def _shard(v: Any) -> Optional[Shard]:
     return None if v is None else parse_shard(v, os.environ)
 
 
+def _backend(v: Any) -> str:
+    if v not in ("local", "ray"):
+        raise ValueError("must be local or ray")
+    return v
+
+
+def _ray_address(v: Any) -> Optional[str]:
+    """auto (the cluster this machine belongs to) or HOST:PORT, a Ray head's GCS address."""
+    if v is None:
+        return None
+    if not isinstance(v, str) or not (v == "auto" or (":" in v and v.rpartition(":")[2].isdigit()
+                                                     and v.rpartition(":")[0])):
+        raise ValueError("must be auto or HOST:PORT (a Ray head's address, as `ray start --head` prints it)")
+    return v
+
+
 def _stop(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         v = [v]
@@ -219,6 +237,8 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "sampling.repeat_penalty": _float(0.0, lo_open=True),
     "sampling.repeat_last_n": _int(0),
     "sampling.seed": _int(0, hi=2**64 - 1),  # only hashed into per-question seeds
+    "backend": _backend,
+    "ray_address": _ray_address,
 }
 SECTIONS = {"model", "prompt", "fields", "sampling"}  # keys that may hold a mapping
 PATH_KEYS = ("model", "model.path", "input", "output", "report", "errors_output")
@@ -300,7 +320,17 @@ def build_config(layers: list[tuple[str, Mapping[str, Any]]]) -> JobConfig:
     for key in ("model", "input", "output"):
         if not getattr(config, key):
             raise ConfigError(f"missing required setting '{key}' (give it in the job file or as --{key})")
+    _check_backend(config)
     return _shard_files(config)
+
+
+def _check_backend(config: JobConfig) -> None:
+    """Settings that make sense with one backend only."""
+    if config.ray_address is not None and config.backend != "ray":
+        raise ConfigError(f"ray_address: {config.ray_address} is for backend: ray (--backend ray), "
+                          f"the backend is {config.backend}")
+    if config.backend == "ray" and config.devices:
+        raise ConfigError("devices: GPUs are not laid out on the Ray backend (yet); use backend: local")
 
 
 def _shard_files(config: JobConfig) -> JobConfig:

@@ -24,6 +24,7 @@ import multiprocess as mp
 from multiprocess.connection import wait as wait_any
 
 from .crashes import last_words
+from .nodes import Node, local_node
 from ..workers.main import worker_main
 from ..workers.protocol import WorkerSpec, decode, encode
 
@@ -104,6 +105,9 @@ class LocalBackend:
     def __init__(self) -> None:
         self._ctx = mp.get_context("spawn")
 
+    def nodes(self) -> list[Node]:
+        return [local_node()]
+
     def start(self, spec: WorkerSpec) -> LocalLink:
         return LocalLink(self._ctx, spec)
 
@@ -123,3 +127,9 @@ class LocalBackend:
 
     def close(self) -> None:
         pass
+
+    def __enter__(self) -> "LocalBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

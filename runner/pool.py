@@ -213,7 +213,9 @@ class WorkerPool:
                 self._on_death(w)
 
     def _handle(self, msg: Any) -> None:
-        w = self.workers[msg.worker_id]
+        w = next((x for x in self.workers if x.spec.worker_id == msg.worker_id), None)
+        if w is None:  # a worker let go of (keep) that spoke before it went
+            return
         if isinstance(msg, AnswerBatch):
             w.engine_stats = msg.step_stats
             for answer in msg.answers:

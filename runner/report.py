@@ -71,6 +71,7 @@ class JobSetup:
     formats: tuple[str, str] = ("json", "json")  # of the question file and of the answers file
     own_settings: dict[str, int] = field(default_factory=dict)  # questions with settings of their own
     gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
+    nodes: Sequence[Mapping[str, Any]] = ()  # the Ray backend: each node's layout (runner/nodes.py node_report)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ class RunReport:
                 "shared_prefix_tokens": self.setup.n_prefix, "repack_weights": lay.repack,
                 "repack_reason": lay.repack_reason, "n_batch": lay.n_batch,
                 "n_gpu_layers": gpu_layers_text(lay.n_gpu_layers), "devices": list(lay.devices),
-                "gpu_offload": self.setup.gpu_offload}
+                "gpu_offload": self.setup.gpu_offload, "backend": config.backend,
+                **({"nodes": [dict(n) for n in self.setup.nodes]} if self.setup.nodes else {})}
 
     def _generation(self) -> dict[str, Any]:
         config, gen = self.setup.config, self.setup.generation
