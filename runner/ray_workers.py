@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+import uuid
 from typing import Any, Optional, Sequence
 
 from .errors import ConfigError
@@ -90,8 +91,10 @@ class RayLink:
         self.local = spec.node_ip == ray.util.get_node_ip_address()
         self.pid: Optional[int] = None  # on this machine, once ready: psutil can watch it
         strategy = NodeAffinitySchedulingStrategy(spec.node_id, soft=False)
+        # Named, so an operator (or a test) can find and ray.kill one: ggbatch-worker-ID-LIFE.
         self.actor = actor_class.options(num_cpus=len(spec.cores), max_concurrency=ACTOR_CONCURRENCY,
-                                         max_restarts=0, scheduling_strategy=strategy).remote(spec)
+                                         max_restarts=0, scheduling_strategy=strategy,
+                                         name=f"ggbatch-worker-{spec.worker_id}-{uuid.uuid4().hex[:8]}").remote(spec)
         self._seq = 0
         self._sends: list[Any] = []  # refs of sends not yet seen through, so no error goes unread
         self.poll = self.actor.next_messages.remote(POLL_S)

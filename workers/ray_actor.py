@@ -108,5 +108,6 @@ class RayWorker:
         ended = None in out or (self._exit is not None and self._out.empty() and not self._thread.is_alive())
         return [m for m in out if m is not None], (self._exit if ended else None)
 
-    def where(self) -> tuple[int, tuple[int, ...]]:
-        return os.getpid(), self._spec.cores
+    def where(self) -> tuple[int, tuple[int, ...], Optional[str]]:
+        """Its pid, its cores and the OMP_NUM_THREADS llama.cpp will see (for tests)."""
+        return os.getpid(), self._spec.cores, os.environ.get("OMP_NUM_THREADS")
