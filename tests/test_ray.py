@@ -219,3 +219,20 @@ def test_a_bad_ray_address_is_one_line_and_exit_2(tmp_path, stories):
         "ggbatch: error: ray_address 127.0.0.1:1: cannot connect (Connection refused); is a Ray head "
         "running there (`ray start --head`)?"]
     assert not (tmp_path / "a.json").exists()
+
+
+def test_node_plan_numbers_workers_across_nodes_and_keeps_their_ids_when_a_node_keeps_fewer():
+    from dataclasses import replace
+
+    from ggbatch.runner.layout import plan_layout
+    from ggbatch.runner.nodes import Node, NodePlan, share
+
+    small, big = Node("a" * 56, "10.0.0.1", tuple(range(2))), Node("b" * 56, "10.0.0.2", tuple(range(16)))
+    plan = NodePlan.of([small, big], [plan_layout(small.cores, None, 2, None, 100),
+                                      plan_layout(big.cores, None, 2, None, 100)])
+    assert plan.first_ids == (0, 1) and plan.node_of() == {0: 0, **{i: 1 for i in range(1, 9)}}
+    fewer = replace(plan, layouts=(plan.layouts[0], replace(plan.layouts[1], workers=3)))
+    assert fewer.node_of() == {0: 0, 1: 1, 2: 1, 3: 1}  # the big node's memory plan kept 3 of its 8
+    whole = plan.whole()
+    assert whole.workers == 9 and whole.cores[0] == (0, 1) and whole.cores[-1] == (14, 15)
+    assert (share(180, small, [small, big]), share(180, big, [small, big])) == (20, 160)
