@@ -19,6 +19,7 @@ address nobody listens on for minutes.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 import uuid
@@ -72,7 +73,8 @@ def connect(address: Optional[str]) -> bool:
     # the coordinator owns it, and llama.cpp's log goes to Ray's worker log files.
     options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
     if address is None:
-        options["num_cpus"] = len(usable_cores())
+        # Workers at the coordinator's niceness, not Ray's default 15 (workers/ray_actor.py pin_process).
+        options.update(num_cpus=len(usable_cores()), _system_config={"worker_niceness": 0})
     try:
         ray.init(address=address, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -94,7 +96,8 @@ class RayLink:
         # Named, so an operator (or a test) can find and ray.kill one: ggbatch-worker-ID-LIFE.
         self.actor = actor_class.options(num_cpus=len(spec.cores), max_concurrency=ACTOR_CONCURRENCY,
                                          max_restarts=0, scheduling_strategy=strategy,
-                                         name=f"ggbatch-worker-{spec.worker_id}-{uuid.uuid4().hex[:8]}").remote(spec)
+                                         name=f"ggbatch-worker-{spec.worker_id}-{uuid.uuid4().hex[:8]}"
+                                         ).remote(spec, os.getpriority(os.PRIO_PROCESS, 0))
         self._seq = 0
         self._sends: list[Any] = []  # refs of sends not yet seen through, so no error goes unread
         self.poll = self.actor.next_messages.remote(POLL_S)

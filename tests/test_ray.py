@@ -130,9 +130,13 @@ def test_actor_pins_itself_and_overrides_omp_num_threads(cluster):
     spec = WorkerSpec(0, (0, 1), "fake.gguf", Fake(), node_id=node.node_id, node_ip=node.ip)
     actor = ray.remote(RayWorker).options(num_cpus=1).remote(spec)
     try:
-        pid, cores, omp = ray.get(actor.where.remote())
+        pid, cores, omp, nice = ray.get(actor.where.remote())
         assert cores == tuple(sorted(os.sched_getaffinity(0)))[:2]
-        assert {tuple(sorted(os.sched_getaffinity(int(tid)))) for tid in os.listdir(f"/proc/{pid}/task")} == {cores}
+        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+        assert {tuple(sorted(os.sched_getaffinity(tid))) for tid in tids} == {cores}
+        if os.geteuid() == 0:  # only a privileged process may lower its niceness from Ray's 15
+            assert nice == os.getpriority(os.PRIO_PROCESS, 0)
+            assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in tids} == {nice}
         assert omp == "2"  # what llama.cpp's OpenMP will read
 
         @ray.remote(num_cpus=1)

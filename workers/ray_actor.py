@@ -20,7 +20,8 @@ Chunk, the last Chunk before Stop).
 Pinning: Ray's CPU resources are logical and pin nothing. The coordinator gives the worker
 positions among its node's usable cores (it plans nodes from the numbers Ray reports, not their
 core ids); the actor maps them onto the cores its process may use and pins every thread of the
-process to them before llama.cpp loads (threads started later inherit the mask). Ray also sets
+process to them before llama.cpp loads (threads started later inherit the mask), at the
+coordinator's niceness (Ray starts its workers at 15, see pin_process). Ray also sets
 OMP_NUM_THREADS to the actor's num_cpus; llama.cpp here runs its threads through OpenMP, so the
 variable is set to the worker's own thread count before llama.cpp is imported.
 
@@ -46,13 +47,19 @@ def own_cores(positions: Sequence[int], usable: Sequence[int]) -> tuple[int, ...
     return tuple(sorted({cores[p % len(cores)] for p in positions}))
 
 
-def pin_process(cores: Sequence[int]) -> None:
-    """Pin every thread of this process (sched_setaffinity(0) would pin only the caller's)."""
-    for tid in os.listdir("/proc/self/task"):
+def pin_process(cores: Sequence[int], niceness: int) -> int:
+    """Pin every thread of this process (sched_setaffinity(0) would pin only the caller's), and
+    give each the coordinator's niceness (Linux keeps one per thread). Returns the niceness the
+    threads have now: Ray starts its workers at niceness 15 (its worker_niceness setting), where
+    any other process on the node takes their cores first, and only a privileged process may
+    lower it again (else `RAY_worker_niceness=0 ray start ...` does, README)."""
+    for tid in map(int, os.listdir("/proc/self/task")):
         try:
-            os.sched_setaffinity(int(tid), cores)
-        except OSError:  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cores)
+            os.setpriority(os.PRIO_PROCESS, tid, niceness)
+        except OSError:  # a thread that ended meanwhile, or no right to lower the niceness
             pass
+    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 class _Outbox:
@@ -69,9 +76,10 @@ class RayWorker:
     """The actor's body. Methods: send (coordinator -> worker), next_messages (worker ->
     coordinator), where (its pid and cores)."""
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, niceness: int = 0) -> None:
+        """niceness: the coordinator's (local workers inherit it)."""
         cores = own_cores(spec.cores, os.sched_getaffinity(0))
-        pin_process(cores)
+        self._niceness = pin_process(cores, niceness)
         os.environ["OMP_NUM_THREADS"] = str(len(cores))  # Ray's value is the reservation, not ours to keep
         self._spec = replace(spec, cores=cores, log_path=None)  # stderr stays in Ray's worker log
         self._tasks: queue.Queue = queue.Queue()
@@ -108,6 +116,6 @@ class RayWorker:
         ended = None in out or (self._exit is not None and self._out.empty() and not self._thread.is_alive())
         return [m for m in out if m is not None], (self._exit if ended else None)
 
-    def where(self) -> tuple[int, tuple[int, ...], Optional[str]]:
-        """Its pid, its cores and the OMP_NUM_THREADS llama.cpp will see (for tests)."""
-        return os.getpid(), self._spec.cores, os.environ.get("OMP_NUM_THREADS")
+    def where(self) -> tuple[int, tuple[int, ...], Optional[str], int]:
+        """Its pid, its cores, the OMP_NUM_THREADS llama.cpp will see and its niceness."""
+        return os.getpid(), self._spec.cores, os.environ.get("OMP_NUM_THREADS"), self._niceness
