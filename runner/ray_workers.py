@@ -7,8 +7,8 @@ interface (start, wait, close; runner/local_workers.py is the other one).
 An actor reserves its worker's threads as Ray CPUs (num_cpus) on the node the plan put it on
 (NodeAffinitySchedulingStrategy, not soft: its cores were planned on that node's numbers), and
 pins itself there. A dead actor, however it died (its node lost, the OOM killer, ray.kill, a
-llama.cpp abort), fails its outstanding call with RayActorError: the pool then treats it as a
-dead local process (requeues, restarts, the crash budget of runner/crashes.py). An actor is never
+llama.cpp abort), fails its outstanding call with RayActorError (or, when its node is gone and
+it cannot be placed again, ActorUnschedulableError): the pool then treats it as a dead local process (requeues, restarts, the crash budget of runner/crashes.py). An actor is never
 restarted by Ray itself (max_restarts 0): the pool decides, as it does for processes.
 
 ray.init starts a local cluster on this machine when no address is given, and connects to one
@@ -116,7 +116,10 @@ class RayLink:
         self._forget_sent()
         try:
             data, self.exit = ray.get(self.poll)
-        except ray.exceptions.RayActorError as exc:
+        except ray.exceptions.RayError as exc:
+            # RayActorError (it died: node lost, OOM, ray.kill, an abort; or unreachable), and the
+            # others that mean the same for us: ActorUnschedulableError (its node is gone, so it
+            # cannot be placed again), OutOfMemoryError, a RayTaskError from inside the call.
             self.error, data = _why(exc), []
         messages = [decode(d) for d in data]
         for msg in messages:
