@@ -42,6 +42,7 @@ FLAG_KEYS = {
     "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
     "choices": "answer.choices", "choice_logprobs": "answer.logprobs", "json_schema": "answer.json_schema",
     "grammar": "answer.grammar",
+    "backend": "backend", "ray_address": "ray_address",
 }
 
 
@@ -92,6 +93,10 @@ def _add_run(sub: Any) -> None:
       help="layers llama.cpp stores in VRAM: a number, all, or auto (all with --devices, else none); "
            "needs a llama-cpp-python built with CUDA, Metal, ... (README, GPU offload)")
     a("--devices", help="GPUs, as 0,1: one worker per GPU, which sees only its own")
+    a("--backend", choices=["local", "ray"],
+      help="where workers live: local processes (default), or Ray actors on a cluster's nodes (needs ggbatch[ray])")
+    a("--ray-address", dest="ray_address",
+      help="with --backend ray: auto or HOST:PORT of the cluster to join; none: start a Ray instance on this machine")
     a("--n-batch", dest="n_batch", help="token budget of one decode step (default 512)")
     a("--max-tokens", dest="max_tokens", help="most tokens generated per answer (default 256)")
     a("--system", help="system prompt")

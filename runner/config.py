@@ -67,6 +67,8 @@ class JobConfig:
     choice_logits: bool = True  # false: single-token choices generated under the grammar too
     json_schema: Optional[str] = None
     grammar: Optional[str] = None
+    backend: str = "local"  # where workers live: local processes, or Ray actors (runner/ray_workers.py)
+    ray_address: Optional[str] = None  # the Ray cluster to join (HOST:PORT or auto); None: start one here
 
 
 # -- value checks: each returns the converted value or raises ValueError("must be ...") ----------
@@ -192,6 +194,22 @@ def _shard(v: Any) -> Optional[Shard]:
     return None if v is None else parse_shard(v, os.environ)
 
 
+def _backend(v: Any) -> str:
+    if v not in ("local", "ray"):
+        raise ValueError("must be local or ray")
+    return v
+
+
+def _ray_address(v: Any) -> Optional[str]:
+    """auto (the cluster this machine belongs to) or HOST:PORT, a Ray head's GCS address."""
+    if v is None:
+        return None
+    if not isinstance(v, str) or not (v == "auto" or (":" in v and v.rpartition(":")[2].isdigit()
+                                                     and v.rpartition(":")[0])):
+        raise ValueError("must be auto or HOST:PORT (a Ray head's address, as `ray start --head` prints it)")
+    return v
+
+
 def _stop(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         v = [v]
@@ -282,6 +300,8 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "answer.choice_logits": _bool,
     "answer.json_schema": _json_schema,
     "answer.grammar": _grammar,
+    "backend": _backend,
+    "ray_address": _ray_address,
 }
 SECTIONS = {"model", "prompt", "fields", "sampling", "answer"}  # keys that may hold a mapping
 LEAF_MAPPINGS = {"answer.json_schema"}  # keys whose value is itself a mapping
@@ -378,6 +398,17 @@ def _check_answer(config: JobConfig) -> None:
         raise ConfigError(f"{' and '.join(given)}: give one of them (an answer is one choice, JSON or a grammar's)")
     if config.choice_logprobs and not config.choices:
         raise ConfigError("answer.logprobs: needs answer.choices (log-probabilities are the choices')")
+    _check_backend(config)
+    return _shard_files(config)
+
+
+def _check_backend(config: JobConfig) -> None:
+    """Settings that make sense with one backend only."""
+    if config.ray_address is not None and config.backend != "ray":
+        raise ConfigError(f"ray_address: {config.ray_address} is for backend: ray (--backend ray), "
+                          f"the backend is {config.backend}")
+    if config.backend == "ray" and config.devices:
+        raise ConfigError("devices: GPUs are not laid out on the Ray backend (yet); use backend: local")
 
 
 def _shard_files(config: JobConfig) -> JobConfig:

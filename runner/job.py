@@ -4,6 +4,7 @@ layout, answer the rest, write the answers and the report.
 
     question file (runner/inputs.py, runner/formats) ─▶ records (of one shard: runner/shards.py)
     records ─▶ prepare (runner/prepare.py) ─▶ journal.split ─▶ layout.settle ─▶ WorkerPool.run
+    (the layout per node: this machine, or each Ray node with --backend ray; runner/nodes.py)
                                                                                      │
     answers file ◀── rows in input order (duplicates fanned out) ◀── answers by qid ◀┘
     (its format: runner/formats; without an answer, to errors_output when set)
@@ -29,9 +30,10 @@ from .formats.detect import output_format
 from .formats.rows import OutputSpec
 from .inputs import Record, read_question_file
 from .journal import Journal, fingerprint
-from .layout import Layout
+from .local_workers import LocalBackend
 from .lock import OutputLock
 from .model import ModelIdentity, identify, resolve_model
+from .nodes import Node, NodePlan, node_report, share
 from .outputs import answer_rows, write_answers, write_atomic
 from .paths import JobPaths, job_paths
 from .pool import WorkerPool
@@ -62,21 +64,22 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     answer = job_answer(config)  # a bad schema or grammar: exit 2 before any worker starts
     with OutputLock(config.output):
         records, formats = _read(config)
-        started = _start_layout(config, model, records, use_tuned)
-        with RunWatch(progress, clock["start"], config.threads_adapt == "auto") as watch, \
-                WorkerPool(_specs(started, model_path, engine_factory), watch.on_answers, watch.tick,
-                           on_threads=watch.on_threads) as pool:
-            if records:
-                pool.start()  # the workers load the model while the questions are prepared
-            job = prepare(config, model_path, records, answer)
-            del records  # the records' fields were for rendering: a big file's largest part
-            todo, reused = _open_journal(watch, paths, config, model, job, fresh)
-            setup = _settle(config, model, started, job, len(todo), formats)
-            pool.keep(setup.layout.workers)
-            clock["prepared"] = time.perf_counter()
-            watch.start_run(len(todo), job.max_tokens, setup.layout.workers * setup.layout.slots, pool)
-            answers, ended = _answer(pool, todo, layouts.engine_config(
-                model_path, setup.layout, job.prefix, job.generation))
+        with open_backend(config) as backend:
+            started = _start_layout(config, model, records, use_tuned, backend.nodes())
+            with RunWatch(progress, clock["start"], config.threads_adapt == "auto") as watch, WorkerPool(
+                    _specs(started, model_path, engine_factory), watch.on_answers, watch.tick,
+                    backend=backend, on_threads=watch.on_threads) as pool:
+                if records:
+                    pool.start()  # the workers load the model while the questions are prepared
+                job = prepare(config, model_path, records, answer)
+                del records  # the records' fields were for rendering: a big file's largest part
+                todo, reused = _open_journal(watch, paths, config, model, job, fresh)
+                setup, settled = _settle(config, model, started, job, len(todo), formats)
+                pool.keep(settled.node_of())
+                clock["prepared"] = time.perf_counter()
+                watch.start_run(len(todo), job.max_tokens, sum(lay.workers * lay.slots for lay in settled.layouts),
+                                pool)
+                answers, ended = _answer(pool, todo, _engines(model_path, settled, job))
         _say_cut(job, answers)
         _write_answers(config, job, {**reused, **answers, **job.rejected}, ended,
                        _output_spec(config, job, formats[1], clock["started_at"]))
@@ -97,20 +100,39 @@ def _read(config: JobConfig) -> tuple[list[Record], tuple[str, str]]:
     return records, (questions.format, output_format(config.output, config.output_format, questions.format))
 
 
-def _start_layout(config: JobConfig, model: ModelIdentity, records: list[Record], use_tuned: bool) -> Layout:
-    """The workers to start before the questions are tokenized (runner/layout.py, phase 1)."""
+def open_backend(config: JobConfig) -> Any:
+    """Where the workers live: local processes, or Ray actors (connecting here: a bad address is
+    one line and exit 2 before any work)."""
+    if config.backend == "ray":
+        from .ray_workers import RayBackend
+
+        return RayBackend(config.ray_address)
+    return LocalBackend()
+
+
+def _start_layout(config: JobConfig, model: ModelIdentity, records: list[Record], use_tuned: bool,
+                  nodes: list[Node]) -> NodePlan:
+    """The workers to start before the questions are tokenized (runner/layout.py, phase 1), on
+    each node from its own cores."""
     n_gpu_layers = gpu.gpu_layers_for(config.n_gpu_layers, config.devices)
-    # `ggbatch tune` measured CPU layouts: a job putting layers on a GPU plans its own.
-    choice = tuned.for_job(config, model, records) if use_tuned and not n_gpu_layers else None
-    return layouts.start(layouts.usable_cores(), config.workers, config.threads, config.slots, config.repack,
-                         len(records), layouts.cpu_flags(), choice, config.devices, n_gpu_layers,
-                         config.batch_invariant)
+    # `ggbatch tune` measured CPU layouts of this machine: a job putting layers on a GPU, or
+    # running on a Ray cluster's nodes, plans its own.
+    local = len(nodes) == 1 and nodes[0].node_id is None
+    choice = tuned.for_job(config, model, records) if use_tuned and local and not n_gpu_layers else None
+    layouts_ = [layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
+                              share(len(records), node, nodes), layouts.cpu_flags(), choice, config.devices,
+                              n_gpu_layers, config.batch_invariant) for node in nodes]
+    if not local:
+        log.info("backend ray: %s", "; ".join(f"{node.describe()}: {lay.workers} × {lay.threads} threads"
+                                              for node, lay in zip(nodes, layouts_)))
+    return NodePlan.of(nodes, layouts_)
 
 
-def _specs(started: Layout, model_path: str, engine_factory: Optional[EngineFactory]) -> list[WorkerSpec]:
-    return [WorkerSpec(i, cores, model_path, engine_factory, started.repack, n_gpu_layers=started.n_gpu_layers,
-                       device=started.devices[i] if started.devices else None)
-            for i, cores in enumerate(started.cores)]
+def _specs(plan: NodePlan, model_path: str, engine_factory: Optional[EngineFactory]) -> list[WorkerSpec]:
+    return [WorkerSpec(first + i, cores, model_path, engine_factory, lay.repack, n_gpu_layers=lay.n_gpu_layers,
+                       device=lay.devices[i] if lay.devices else None, node_id=node.node_id, node_ip=node.ip or None)
+            for node, lay, first in zip(plan.nodes, plan.layouts, plan.first_ids)
+            for i, cores in enumerate(lay.cores)]
 
 
 def _open_journal(watch: RunWatch, paths: JobPaths, config: JobConfig, model: ModelIdentity, job: PreparedJob,
@@ -124,21 +146,34 @@ def _open_journal(watch: RunWatch, paths: JobPaths, config: JobConfig, model: Mo
     return todo, reused
 
 
-def _settle(config: JobConfig, model: ModelIdentity, started: Layout, job: PreparedJob, n_todo: int,
-            formats: tuple[str, str]) -> JobSetup:
-    """The layout of the started workers, now that the prompts are known (phase 2), and with it
-    everything the run was planned with. The context fits the largest max_tokens of any question."""
-    if started.n_gpu_layers and not job.gpu_offload:
-        log.warning("%s", gpu.offload_warning(started.n_gpu_layers))
-    layout, memory = layouts.settle(started, job.facts(n_todo), config.slots, config.n_ctx, job.max_tokens,
-                                    config.n_batch, psutil.virtual_memory().available,
-                                    offload=job.gpu_offload)
-    return JobSetup(config, model, layout, memory, job.generation, job.chat_template, len(job.prefix),
-                    len(job.ids), len(job.questions) + len(job.rejected), formats, job.own_settings,
-                    job.gpu_offload, job.sharing, job.dims.kv_bytes_per_cell)
+def _settle(config: JobConfig, model: ModelIdentity, started: NodePlan, job: PreparedJob, n_todo: int,
+            formats: tuple[str, str]) -> tuple[JobSetup, NodePlan]:
+    """The layout of the started workers, now that the prompts are known (phase 2), node by node
+    on each node's memory, and with it everything the run was planned with. The context fits the
+    largest max_tokens of any question."""
+    if started.layouts[0].n_gpu_layers and not job.gpu_offload:
+        log.warning("%s", gpu.offload_warning(started.layouts[0].n_gpu_layers))
+    settled = [layouts.settle(lay, job.facts(share(n_todo, node, started.nodes)), config.slots, config.n_ctx,
+                              job.max_tokens, config.n_batch,
+                              psutil.virtual_memory().available if node.memory is None else node.memory,
+                              offload=job.gpu_offload, cores=node.cores)
+               for node, lay in zip(started.nodes, started.layouts)]
+    plan = replace(started, layouts=tuple(lay for lay, _ in settled))
+    nodes = [] if started.nodes[0].node_id is None else node_report(plan, [memory for _, memory in settled])
+    return JobSetup(config, model, plan.whole(), settled[0][1], job.generation, job.chat_template,
+                    len(job.prefix), len(job.ids), len(job.questions) + len(job.rejected), formats,
+                    job.own_settings, job.gpu_offload, sharing=job.sharing,
+                    kv_bytes_per_cell=job.dims.kv_bytes_per_cell, nodes=nodes), plan
 
 
-def _answer(pool: WorkerPool, todo: list, engine: EngineConfig) -> tuple[dict[str, Answer], Optional[Exception]]:
+def _engines(model_path: str, plan: NodePlan, job: PreparedJob) -> dict[int, EngineConfig]:
+    """Each worker's engine, from its node's layout."""
+    per_node = [layouts.engine_config(model_path, lay, job.prefix, job.generation) for lay in plan.layouts]
+    return {wid: per_node[k] for wid, k in plan.node_of().items()}
+
+
+def _answer(pool: WorkerPool, todo: list,
+            engine: dict[int, EngineConfig]) -> tuple[dict[str, Answer], Optional[Exception]]:
     """Answers of this run, and what ended it early, if anything (the answers so far are kept)."""
     if not todo:
         return {}, None

@@ -199,17 +199,19 @@ def estimate_context(prompt_chars: int, max_tokens: int, n_ctx: Optional[int]) -
 
 
 def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Optional[int],
-           max_tokens: int, n_batch: int, available: int, offload: bool = False) -> tuple[Layout, MemoryPlan]:
+           max_tokens: int, n_batch: int, available: int, offload: bool = False,
+           cores: Optional[Sequence[int]] = None) -> tuple[Layout, MemoryPlan]:
     """The layout of the workers already started, now that the prompts are known: context, KV
     layout and slots, shrunk (slots first, then workers) to the memory available. `offload`:
     this llama.cpp build can offload, so the layers the job puts on a GPU leave RAM (VRAM is
-    llama.cpp's to fit) and a worker with every layer there needs few threads."""
+    llama.cpp's to fit) and a worker with every layer there needs few threads. `cores`, `available`:
+    the machine's (default: this one's usable cores; runner/nodes.py gives a Ray node's)."""
     n_ctx_seq = context_per_sequence(facts.longest, max_tokens, facts.n_ctx_train, n_ctx)
     invariant = started.batch_invariant
     cache = facts.shared_groups > 0
     unified = kv_unified_for(facts.n_prefix, n_ctx_seq, invariant, cache)
     pool_cells = n_ctx_seq - facts.n_prefix if unified else 0
-    wanted = plan_layout(usable_cores(), started.workers, started.threads, slots, facts.n_questions,
+    wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots, facts.n_questions,
                          pool_cells, started.slot_cap).slots
     layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
                      n_batch=step_budget(n_batch, wanted),

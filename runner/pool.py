@@ -1,15 +1,15 @@
-"""The worker pool: spawn pinned workers, hand out questions as they ask, collect the answers,
-notice deaths by their sentinels and give a dead worker's questions to the others.
+"""The worker pool: start pinned workers, hand out questions as they ask, collect the answers,
+notice deaths and give a dead worker's questions to the others.
 
-    pending (longest prompts first) ──Chunk──▶ task queue of worker i (one per worker)
-    results pipe of worker i ◀── Ready | WantWork | AnswerBatch | EngineStats | WorkerError ── worker i
-    set_threads(i, n) ──SetThreads──▶ task queue of worker i;  ThreadsSet ──▶ on_threads
-    wait(every results pipe + worker sentinels, timeout = next monitor tick)
+    pending (longest prompts first) ──Chunk──▶ link.send ──▶ worker i
+    backend.wait(links, timeout = next monitor tick) ◀── Ready | WantWork | AnswerBatch |
+                                                         EngineStats | WorkerError, or its death
+    set_threads(i, n) ──SetThreads──▶ link.send;  ThreadsSet ──▶ on_threads
 
-Each worker writes to a pipe of its own, whose writing end only it holds. A shared queue would
-need a lock between writers, and a worker killed while holding it (kill -9, the OOM killer)
-would block every other worker's next answer forever; with its own pipe, a worker killed in the
-middle of a message leaves a torn message that reads as the end of the pipe.
+Where workers live is the backend's business, behind three calls (start, wait, close): local
+processes (runner/local_workers.py: a task queue and a results pipe each, deaths seen on the
+process sentinels) or Ray actors on a cluster's nodes (runner/ray_workers.py). Everything here,
+dispatch, deaths, restarts and the crash budget, is the same for both.
 
 Dispatch is pull-based: a worker says how many questions it wants when its engine runs low, so
 no fixed shard can leave one worker busy while another idles. Near the end the chunks shrink
@@ -22,8 +22,8 @@ exited, Interrupted is raised; a second request kills at once.
 When a worker dies, every question it held is a suspect. Suspects are retried one at a time, each
 alone on a worker, so the next death names its culprit exactly; its innocent batch-mates are
 answered. A dead worker is restarted; what deaths may cost before the run gives up is
-runner/crashes.py's decision. Each worker's stderr goes to a log file of its own, whose last line
-is quoted when it dies (llama.cpp writes its asserts there).
+runner/crashes.py's decision. Each local worker's stderr goes to a log file of its own, whose last
+line is quoted when it dies (llama.cpp writes its asserts there).
 """
 
 from __future__ import annotations
@@ -36,19 +36,15 @@ import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence, Union
 
-import multiprocess as mp
-from multiprocess.connection import wait
-
-from .crashes import CrashBudget, Death, last_words
+from .crashes import CrashBudget, Death
 from .prefix_groups import whole_groups
 from .errors import Interrupted, ModelError
+from .local_workers import LocalBackend
 from .report import WorkerRun
-from ..workers.main import worker_main
 from ..workers.protocol import (Answer, AnswerBatch, Chunk, Configure, EngineConfig, EngineStats, Question,
-                                Ready, SetThreads, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec, decode,
-                                encode)
+                                Ready, SetThreads, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec)
 
 log = logging.getLogger("ggbatch")
 
@@ -59,9 +55,7 @@ GRACE_S = 2.0  # in-flight questions may finish this long after a stop request
 @dataclass
 class WorkerState:
     spec: WorkerSpec
-    process: Any = None
-    tasks: Any = None  # coordinator -> worker queue
-    results: Any = None  # reading end of the worker's own results pipe
+    link: Any = None  # this life of the worker, as its backend gives it (None: not running)
     ready: Optional[Ready] = None
     wants: int = 0
     in_flight: dict[str, Question] = field(default_factory=dict)
@@ -88,17 +82,18 @@ class WorkerThreads:
 class WorkerPool:
     def __init__(self, specs: Sequence[WorkerSpec], on_answers: Callable[[list[Answer]], None],
                  on_tick: Optional[Callable[["WorkerPool"], None]] = None,
-                 max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None,
+                 max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None, backend: Any = None,
                  on_threads: Optional[Callable[[ThreadsSet], None]] = None) -> None:
-        """max_solo_deaths, max_barren_deaths: see runner/crashes.py. on_threads: called with a
-        worker's answer to set_threads."""
-        self._ctx = mp.get_context("spawn")
+        """max_solo_deaths, max_barren_deaths: see runner/crashes.py. backend: where workers live
+        (default: local processes, runner/local_workers.py). on_threads: called with a worker's
+        answer to set_threads."""
+        self._backend = backend or LocalBackend()
+        self._on_threads = on_threads
         self._log_dir = tempfile.mkdtemp(prefix="ggbatch-workers-")
         self.workers = [WorkerState(replace(spec, log_path=os.path.join(self._log_dir, f"worker-{spec.worker_id}.log")))
                         for spec in specs]
         self._on_answers = on_answers  # called with each batch of new answers
         self._on_tick = on_tick
-        self._on_threads = on_threads
         self._crashes = CrashBudget(len(specs), max_solo_deaths, max_barren_deaths or 0)
         self._pending: deque[Question] = deque()
         self._suspects: deque[tuple[Question, ...]] = deque()  # groups, from workers that died
@@ -107,7 +102,7 @@ class WorkerPool:
         self.finished = False  # every question answered; the workers are still alive
         self._stop_signal = 0
         self._stop_deadline = 0.0
-        self._engine: Optional[EngineConfig] = None
+        self._engines: Union[EngineConfig, Mapping[int, EngineConfig], None] = None
         self.first_ready_at: Optional[float] = None
 
     # -- public ---------------------------------------------------------------------------------
@@ -115,14 +110,15 @@ class WorkerPool:
     def start(self) -> None:
         """Spawn the workers: they pin themselves and load the model, then wait for run()."""
         for w in self.workers:
-            if w.process is None:
+            if w.link is None:
                 self._start(w)
 
-    def keep(self, n_workers: int) -> None:
-        """Let go of the workers past the first n (the memory plan wants fewer)."""
-        for w in self.workers[n_workers:]:
-            self._stop_process(w, graceful=True)
-        del self.workers[n_workers:]
+    def keep(self, worker_ids: Collection[int]) -> None:
+        """Let go of the workers not named (the memory plan wants fewer)."""
+        for w in self.workers:
+            if w.spec.worker_id not in worker_ids:
+                self._stop_process(w, graceful=True)
+        self.workers = [w for w in self.workers if w.spec.worker_id in worker_ids]
 
     def close(self) -> None:
         """Kill every worker (an error before run(), or nothing left to answer); idempotent."""
@@ -138,7 +134,8 @@ class WorkerPool:
         """What each worker did, for the report."""
         return [WorkerRun(w.spec.worker_id, w.spec.cores, w.restarts, w.ready.load_s if w.ready else None,
                           w.ready.n_threads if w.ready else None, dict(w.engine_stats), w.spec.device,
-                          w.ready.n_gpu_layers if w.ready else None, w.ready.gpu_layers if w.ready else None)
+                          w.ready.n_gpu_layers if w.ready else None, w.ready.gpu_layers if w.ready else None,
+                          node(w.spec))
                 for w in self.workers]
 
     def engine_counters(self) -> dict[int, EngineStats]:
@@ -151,21 +148,23 @@ class WorkerPool:
                 out[w.spec.worker_id] = total
         return out
 
-    def run(self, questions: Sequence[Question], engine: EngineConfig) -> dict[str, Answer]:
-        """Answer every question (or record why not). Questions should come longest first."""
+    def run(self, questions: Sequence[Question],
+            engine: Union[EngineConfig, Mapping[int, EngineConfig]]) -> dict[str, Answer]:
+        """Answer every question (or record why not). Questions should come longest first.
+        engine: every worker's, or each worker's by id (nodes of different sizes)."""
         self._pending.extend(questions)
         total = len(questions)
+        self._engines = engine
         for w in self.workers:
-            if w.process is not None:  # started early, waiting for its configuration
-                w.tasks.put(encode(Configure(engine)))
-        self._engine = engine
+            if w.link is not None:  # started early, waiting for its configuration
+                w.link.send(Configure(self._engine_of(w)))
         self.start()  # the others get their configuration as they start
         next_tick = time.perf_counter() + TICK_S
         graceful = False
         try:
             while len(self.answers) < total:
                 if self._stop_signal and (time.perf_counter() >= self._stop_deadline or
-                                          all(w.process is None for w in self.workers)):
+                                          all(w.link is None for w in self.workers)):
                     raise Interrupted(self._stop_signal)
                 timeout = max(0.0, min(next_tick, self._stop_deadline or next_tick) - time.perf_counter())
                 self._wait_once(timeout)
@@ -189,8 +188,8 @@ class WorkerPool:
         self._stop_deadline = time.perf_counter() + GRACE_S
         self.paused = True
         for w in self.workers:
-            if w.process is not None:
-                w.tasks.put(encode(Stop()))  # the worker finishes what is decoding, then exits
+            if w.link is not None:
+                w.link.send(Stop())  # the worker finishes what is decoding, then exits
         log.warning("stopping: questions already decoding get %.0f s to finish", GRACE_S)
 
     def pause(self, paused: bool) -> None:
@@ -209,7 +208,13 @@ class WorkerPool:
     @property
     def in_flight(self) -> dict[int, int]:
         """worker id -> questions it holds, for each live worker."""
-        return {w.spec.worker_id: len(w.in_flight) for w in self.workers if w.process is not None}
+        return {w.spec.worker_id: len(w.in_flight) for w in self.workers if w.link is not None}
+
+    @property
+    def live_pids(self) -> dict[int, int]:
+        """worker id -> pid of its live process, for those on this machine (psutil sees only them)."""
+        pids = {w.spec.worker_id: w.link.pid for w in self.workers if w.link is not None}
+        return {wid: pid for wid, pid in pids.items() if pid is not None}
 
     def llama_threads(self) -> dict[int, WorkerThreads]:
         """worker id -> its llama.cpp threads, for each live worker once run() has configured it.
@@ -217,56 +222,37 @@ class WorkerPool:
         reaches it before its first step, which under contention is the slowest (the prompts)."""
         out = {}
         for w in self.workers:
-            if w.process is None or self._engine is None:
+            if w.link is None or self._engines is None:
                 continue
-            ceiling = w.ready.n_threads if w.ready is not None else self._engine.n_threads
+            ceiling = w.ready.n_threads if w.ready is not None else self._engine_of(w).n_threads
             out[w.spec.worker_id] = WorkerThreads(w.n_threads or ceiling, ceiling,
                                                   w.threads_asked is None and not w.threads_fixed)
         return out
 
     def set_threads(self, worker_id: int, n: int) -> None:
         """Ask a worker to run llama.cpp with n threads from its next step; it answers ThreadsSet."""
-        w = self.workers[worker_id]
-        if w.process is not None and w.tasks is not None:
+        w = next((x for x in self.workers if x.spec.worker_id == worker_id), None)
+        if w is not None and w.link is not None:
             w.threads_asked = n
-            w.tasks.put(encode(SetThreads(n)))
-
-    @property
-    def live_pids(self) -> dict[int, int]:
-        """worker id -> pid of its live process."""
-        return {w.spec.worker_id: w.process.pid for w in self.workers
-                if w.process is not None and w.process.is_alive()}
+            w.link.send(SetThreads(n))
 
     # -- event loop -----------------------------------------------------------------------------
 
     def _wait_once(self, timeout: float) -> None:
-        live = [w for w in self.workers if w.process is not None]
-        readers = {w.results: w for w in live if w.results is not None}
-        sentinels = {w.process.sentinel: w for w in live}
-        ready = wait([*readers, *sentinels], timeout)
-        for r in ready:
-            if r in readers:
-                self._drain(readers[r])
-        for s in ready:
-            if s in sentinels:
-                # Drain first: the worker may have sent answers or its error just before dying.
-                self._drain(sentinels[s])
-                self._on_death(sentinels[s])
-
-    def _drain(self, w: WorkerState) -> None:
-        """Handle every whole message in the worker's pipe; a torn one (the worker died writing it)
-        or a closed pipe ends the reading."""
-        while w.results is not None and w.results.poll():
-            try:
-                data = w.results.recv_bytes()
-            except (EOFError, OSError):
-                w.results.close()
-                w.results = None
-                return
-            self._handle(decode(data))
+        events = self._backend.wait([w.link for w in self.workers if w.link is not None], timeout)
+        by_link = {id(w.link): w for w in self.workers if w.link is not None}
+        for event in events:
+            for msg in event.messages:
+                self._handle(msg)
+        for event in events:  # deaths after every message: a worker may have spoken just before
+            w = by_link.get(id(event.link))
+            if event.died and w is not None and w.link is event.link:
+                self._on_death(w)
 
     def _handle(self, msg: Any) -> None:
-        w = self.workers[msg.worker_id]
+        w = next((x for x in self.workers if x.spec.worker_id == msg.worker_id), None)
+        if w is None:  # a worker let go of (keep) that spoke before it went
+            return
         if isinstance(msg, AnswerBatch):
             w.engine_stats = msg.step_stats
             for answer in msg.answers:
@@ -316,8 +302,8 @@ class WorkerPool:
     def _dispatch(self) -> None:
         if self.paused:
             return
-        hungry = [w for w in self.workers if w.process is not None and w.wants > 0 and not w.solo]
-        n_workers = max(1, sum(1 for w in self.workers if w.process is not None))
+        hungry = [w for w in self.workers if w.link is not None and w.wants > 0 and not w.solo]
+        n_workers = max(1, sum(1 for w in self.workers if w.link is not None))
         for w in hungry:
             if self._suspects and not w.in_flight:
                 chunk: tuple[Question, ...] = self._suspects.popleft()
@@ -330,63 +316,52 @@ class WorkerPool:
                 continue
             for q in chunk:
                 w.in_flight[q.qid] = q
-            w.tasks.put(encode(Chunk(chunk)))
+            w.link.send(Chunk(chunk))
             w.wants = 0
 
     # -- worker lifecycle -----------------------------------------------------------------------
 
+    def _engine_of(self, w: WorkerState) -> EngineConfig:
+        engines = self._engines
+        return engines if isinstance(engines, EngineConfig) else engines[w.spec.worker_id]
+
     def _start(self, w: WorkerState) -> None:
-        open(w.spec.log_path, "w").close()  # last words are this life's only
-        w.tasks = self._ctx.Queue()
-        w.results, writer = self._ctx.Pipe(duplex=False)
-        w.process = self._ctx.Process(target=worker_main, args=(w.spec, w.tasks, writer),
-                                      name=f"ggbatch-worker-{w.spec.worker_id}", daemon=True)
-        w.process.start()
-        writer.close()  # the worker holds the only writing end: its death closes the pipe
+        if w.spec.log_path:
+            open(w.spec.log_path, "w").close()  # last words are this life's only
+        w.link = self._backend.start(w.spec)
         w.ready, w.wants = None, 0
         w.n_threads, w.threads_asked, w.threads_fixed = None, None, False
-        if self._engine is not None:  # a restart during the run: configure it at once
-            w.tasks.put(encode(Configure(self._engine)))
+        if self._engines is not None:  # a restart during the run: configure it at once
+            w.link.send(Configure(self._engine_of(w)))
 
     def _stop_process(self, w: WorkerState, graceful: bool, timeout: float = 5.0) -> None:
-        if w.process is not None and w.process.is_alive():
+        if w.link is not None:
             if graceful:
-                w.tasks.put(encode(Stop()))
-                w.process.join(timeout)
-            if w.process.is_alive():
-                w.process.kill()
-            w.process.join()
-        if w.tasks is not None:
-            w.tasks.close()
-            w.tasks.cancel_join_thread()
-            w.tasks = None
-        if w.results is not None:
-            w.results.close()
-            w.results = None
+                w.link.send(Stop())
+                w.link.join(timeout)
+            w.link.kill()
+            w.link = None
 
     def _on_death(self, w: WorkerState) -> None:
-        w.process.join()
-        if w.results is not None:  # drained already: what is left is a torn message at most
-            w.results.close()
-            w.results = None
+        how, words = w.link.how_it_died()
+        w.link.kill()  # let go of what is left of it (a pipe, a queue, a Ray actor)
+        w.link = None
         if self._stop_signal:  # it exited as told: nothing to redo now, the journal has the rest
-            w.process = None
             return
-        code = w.process.exitcode
-        death = Death(w.spec.worker_id, f"signal {-code}" if code is not None and code < 0 else f"exit code {code}",
-                      w.last_error or last_words(w.spec.log_path), before_ready=w.ready is None)
+        death = Death(w.spec.worker_id, how, w.last_error or words, before_ready=w.ready is None)
         lost = list(w.in_flight.values())
         w.in_flight.clear()
         w.earlier, w.live = added(w.earlier, w.live), None
-        w.process, w.solo, w.last_error = None, False, ""
+        w.solo, w.last_error = False, ""
         failed, suspects = self._crashes.death(death, lost)
         self._suspects.extend(suspects)
         self._record(failed)
-        n_live = sum(x.process is not None for x in self.workers)
+        n_live = sum(x.link is not None for x in self.workers)
         verdict = self._crashes.give_up(death, self.first_ready_at is not None, n_live)
         if verdict is not None:
             raise verdict  # it says which worker died and how
-        log.warning("worker %d died (%s); %d questions go back to the queue", death.worker_id, death, len(lost))
+        log.warning("worker %d%s died (%s); %d questions go back to the queue", death.worker_id,
+                    _on_node(w.spec), death, len(lost))
         if not self._crashes.may_restart(w.spec.worker_id):
             log.warning("worker %d cannot start (%s): going on without it", death.worker_id, death)
             return
@@ -398,17 +373,28 @@ class WorkerPool:
         """Graceful: every worker is idle and exits on Stop (told all at once, then joined).
         Otherwise (interrupted, error, nothing to do) they are killed: waiting for them would
         mean waiting for work nobody will collect."""
-        if graceful:
+        try:
+            if graceful:
+                for w in self.workers:
+                    if w.link is not None:
+                        w.link.send(Stop())
+                deadline = time.monotonic() + 5.0
+                for w in self.workers:
+                    if w.link is not None:
+                        w.link.join(max(0.0, deadline - time.monotonic()))
             for w in self.workers:
-                if w.process is not None and w.process.is_alive():
-                    w.tasks.put(encode(Stop()))
-            deadline = time.monotonic() + 5.0
-            for w in self.workers:
-                if w.process is not None:
-                    w.process.join(max(0.0, deadline - time.monotonic()))
-        for w in self.workers:
-            self._stop_process(w, graceful=False)  # kills whatever is still alive
-        shutil.rmtree(self._log_dir, ignore_errors=True)
+                self._stop_process(w, graceful=False)  # kills whatever is still alive
+        finally:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
+
+
+def node(spec: WorkerSpec) -> Optional[dict[str, str]]:
+    """The Ray node a worker lives on, for the report; None for a local process."""
+    return {"node_id": spec.node_id, "ip": spec.node_ip or ""} if spec.node_id else None
+
+
+def _on_node(spec: WorkerSpec) -> str:
+    return f" (on node {spec.node_ip} {spec.node_id[:12]})" if spec.node_id else ""
 
 
 def added(a: Optional[EngineStats], b: Optional[EngineStats]) -> Optional[EngineStats]:

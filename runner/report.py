@@ -54,6 +54,7 @@ class WorkerRun:
     device: Optional[int] = None  # the GPU it was given (--devices)
     n_gpu_layers: Optional[int] = None  # what llama.cpp was given (negative: all layers)
     gpu_layers: Optional[int] = None  # layers llama.cpp says it offloaded
+    node: Optional[Mapping[str, str]] = None  # the Ray node it lived on ({node_id, ip}); None: this machine
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class JobSetup:
     gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
     sharing: Optional[Sharing] = None  # the prefix cache's groups (None: prefix_cache off)
     kv_bytes_per_cell: int = 0
+    nodes: Sequence[Mapping[str, Any]] = ()  # the Ray backend: each node's layout (runner/nodes.py node_report)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,8 @@ class RunReport:
                 "shared_prefix_tokens": self.setup.n_prefix, "repack_weights": lay.repack,
                 "repack_reason": lay.repack_reason, "n_batch": lay.n_batch,
                 "n_gpu_layers": gpu_layers_text(lay.n_gpu_layers), "devices": list(lay.devices),
-                "gpu_offload": self.setup.gpu_offload}
+                "gpu_offload": self.setup.gpu_offload, "backend": config.backend,
+                **({"nodes": [dict(n) for n in self.setup.nodes]} if self.setup.nodes else {})}
 
     def _generation(self) -> dict[str, Any]:
         config, gen = self.setup.config, self.setup.generation
@@ -193,6 +196,7 @@ class RunReport:
                 "generated_tokens": sum(a.completion_tokens for a in mine), "restarts": w.restarts,
                 "load_s": round(w.load_s, 3) if w.load_s is not None else None, "llama_n_threads": w.n_threads,
                 "device": w.device, "n_gpu_layers": gpu_layers_text(w.n_gpu_layers), "gpu_layers": w.gpu_layers,
+                **({"node": dict(w.node)} if w.node else {}),
                 **self.outcome.usage.workers.get(w.worker_id, {}),
                 "engine": {k: round(v, 4) for k, v in w.engine.items()}}
 
@@ -257,7 +261,8 @@ def format_summary(report: RunReport) -> str:
     ]
     lines += _threads_summary(data["threads"]["changes"])
     for wid, w in data["workers"].items():
-        lines.append(f"worker {wid}   cores {w['cores']}, {w['questions']} questions, "
+        where = f"node {w['node']['ip']} ({w['node']['node_id'][:12]}), " if "node" in w else ""
+        lines.append(f"worker {wid}   {where}cores {w['cores']}, {w['questions']} questions, "
                      f"{w.get('mean_cpu_percent', 0):.0f}% CPU, peak PSS {w.get('peak_pss_mib', 0):.0f} MiB")
     return "\n".join(lines)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -101,7 +102,9 @@ class FakeEngine:
         for _ in range(min(self.slots, len(self.waiting))):
             q = self.waiting.popleft()
             if fake.segv_on == q.qid:
-                os.kill(os.getpid(), signal.SIGSEGV)
+                # In this thread, as a crash in llama.cpp is: a Ray actor's worker runs in a thread,
+                # and a signal sent to the process could land on another one while this goes on.
+                signal.pthread_kill(threading.get_ident(), signal.SIGSEGV)
             out.append(Answer(q.qid, f"answer to {q.qid} ({len(q.tokens)} tokens)", FinishReason.STOP,
                               len(q.tokens), 3, self.worker_id, 0.001, 0.002))
             self.answered += 1

@@ -35,6 +35,20 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     _redirect_stderr(spec.log_path)
+    if not run_worker(spec, tasks, results):
+        raise SystemExit(1)
+    # Told to stop with nothing left: leave at once. Every answer is already in the results
+    # pipe (its writes are synchronous), and the kernel frees the weights and KV cache in about
+    # half the time llama_free and the interpreter's teardown take (0.07 s against 0.13 s, 28
+    # layers × 1024 with 32 slots), time the coordinator would spend waiting to reap us.
+    os._exit(0)
+
+
+def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
+    """A worker's life, wherever it lives (a process of its own, or a Ray actor's thread: see
+    workers/ray_actor.py): pin, load, wait for Configure, then serve until told to stop.
+    `tasks` has get()/get_nowait() (raising queue.Empty) of encoded messages, `results` has
+    send_bytes(). Returns False after reporting an error (a WorkerError), True after a Stop."""
     if spec.device is not None:  # before llama.cpp lists its GPUs (workers/devices.py)
         os.environ.update(visible_device_env(spec.device, os.environ))
     engine = None
@@ -47,7 +61,7 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
         load_s = time.perf_counter() - t0
         first = decode(tasks.get())  # Configure, or Stop if the job needs no answering after all
         if not isinstance(first, Configure):
-            return
+            return True
         t1 = time.perf_counter()
         stage = "configure"
         engine = _build_engine(spec, first.engine)
@@ -56,18 +70,14 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
                                  getattr(engine, "n_threads", first.engine.n_threads),
                                  tuple(sorted(os.sched_getaffinity(0))), n_gpu_layers, gpu_layers)))
         _serve(engine, spec, tasks, results)
-        # Told to stop with nothing left: leave at once. Every answer is already in the results
-        # pipe (its writes are synchronous), and the kernel frees the weights and KV cache in about
-        # half the time llama_free and the interpreter's teardown take (0.07 s against 0.13 s, 28
-        # layers × 1024 with 32 slots), time the coordinator would spend waiting to reap us.
-        os._exit(0)
+        # The engine stays open: the caller ends the process at once, which frees it faster.
+        return True
     except BaseException as exc:  # report anything, then die: the coordinator decides what next
         results.send_bytes(encode(WorkerError(spec.worker_id, stage, type(exc).__name__, str(exc),
                                               traceback.format_exc())))
-        raise SystemExit(1)
-    finally:
         if engine is not None:
             engine.close()
+        return False
 
 
 def die_with_parent() -> None:

@@ -206,6 +206,10 @@ class WorkerSpec:
     # The one GPU this worker may see (--devices), made the only visible one before llama.cpp
     # loads (workers/devices.py); None: every GPU llama.cpp finds, split by layer as it does.
     device: Optional[int] = None
+    # The Ray node the worker lives on (runner/ray_workers.py): its id and IP; None for a local
+    # process. Its cores are then positions in that node's usable cores (workers/ray_actor.py).
+    node_id: Optional[str] = None
+    node_ip: Optional[str] = None
 
 
 # worker -> coordinator

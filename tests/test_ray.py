@@ -1,0 +1,242 @@
+"""The Ray backend on a real local Ray instance (no mock of Ray): one instance for the module, 2
+CPUs, no dashboard. Pool tests use the fake engine; end-to-end tests the real runner on
+stories260K, against the local backend's answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from array import array
+from pathlib import Path
+
+import pytest
+
+from fake_engine import Fake
+from ggbatch.runner.config import build_config
+from ggbatch.runner.errors import ConfigError
+from ggbatch.runner.nodes import nodes_from_ray
+from ggbatch.runner.pool import WorkerPool
+from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
+from ggbatch.workers.ray_actor import own_cores
+
+ray = pytest.importorskip("ray", reason="the Ray backend's tests need ray: pip install -e '.[test]'")
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray instance for the module. Its workers import the tests' fake engine: the
+    raylet and its workers inherit this process's environment."""
+    path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), path) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    os.environ["PYTHONPATH"] = path
+
+
+def ray_specs(n_workers, fake=Fake(), slots=4):
+    from ggbatch.runner.ray_workers import RayBackend
+
+    backend = RayBackend(None)  # joins the module's instance
+    node = backend.nodes()[0]
+    engine = EngineConfig("fake.gguf", 1, slots, 64, 64, array("i"), GenerationParams())
+    specs = [WorkerSpec(i, (i,), "fake.gguf", fake, node_id=node.node_id, node_ip=node.ip) for i in range(n_workers)]
+    return backend, specs, engine
+
+
+def qs(n):
+    return [Question(f"q{i}", array("i", range(i % 7 + 1)), i) for i in range(n)]
+
+
+def run_pool(n_workers, fake, n_questions):
+    backend, specs, engine = ray_specs(n_workers, fake)
+    seen = []
+    pool = WorkerPool(specs, on_answers=lambda answers: seen.extend(a.qid for a in answers), backend=backend)
+    return pool, pool.run(qs(n_questions), engine), seen
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+
+
+def test_nodes_from_ray_keeps_live_nodes_with_cpus_head_first():
+    infos = [
+        {"NodeID": "b" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.2",
+         "Resources": {"CPU": 16.0, "memory": 64 * 2**30}},
+        {"NodeID": "a" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.9",
+         "Resources": {"CPU": 2.0, "memory": 8 * 2**30, "node:__internal_head__": 1.0}},
+        {"NodeID": "c" * 56, "Alive": False, "NodeManagerAddress": "10.0.0.3", "Resources": {"CPU": 16.0}},
+        {"NodeID": "d" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.4", "Resources": {"GPU": 1.0}},
+    ]
+    nodes = nodes_from_ray(infos)
+    assert [n.ip for n in nodes] == ["10.0.0.9", "10.0.0.2"]
+    assert nodes[1].cores == tuple(range(16)) and nodes[1].memory == 64 * 2**30
+
+
+def test_a_worker_maps_its_planned_positions_onto_its_node_usable_cores():
+    assert own_cores((0, 1), [4, 5, 6, 7]) == (4, 5)
+    assert own_cores((2, 3), [7, 6, 5, 4]) == (6, 7)
+    assert own_cores((2,), [3, 9]) == (3,)  # Ray counted more CPUs than the process may use: wraps
+
+
+def test_ray_settings_are_checked():
+    base = {"model": "m.gguf", "input": "q.jsonl", "output": "a.json"}
+    assert build_config([("t", {**base, "backend": "ray", "ray_address": "10.0.0.1:6379"})]).ray_address == "10.0.0.1:6379"
+    with pytest.raises(ConfigError, match="backend: must be local or ray"):
+        build_config([("t", {**base, "backend": "spark"})])
+    with pytest.raises(ConfigError, match="ray_address: must be auto or HOST:PORT"):
+        build_config([("t", {**base, "backend": "ray", "ray_address": "10.0.0.1"})])
+    with pytest.raises(ConfigError, match="ray_address: auto is for backend: ray"):
+        build_config([("t", {**base, "ray_address": "auto"})])
+
+
+# -- the pool on Ray actors, with the fake engine -----------------------------------------------
+
+
+def test_every_question_answered_exactly_once_on_ray_actors(cluster):
+    pool, answers, seen = run_pool(2, Fake(), 300)
+    assert sorted(seen) == sorted(f"q{i}" for i in range(300))
+    assert answers["q5"].text == "answer to q5 (6 tokens)"
+    assert all(run.node and run.node["ip"] for run in pool.worker_runs())
+
+
+def test_dead_actor_questions_go_back_and_it_is_restarted(cluster, tmp_path):
+    marker = tmp_path / "died"  # the actor's process calls os._exit(3) after 5 answers, once
+    pool, answers, seen = run_pool(2, Fake(exit_after=5, marker=str(marker)), 100)
+    assert marker.exists()
+    assert sorted(seen) == sorted(f"q{i}" for i in range(100))  # nothing lost, nothing twice
+    assert sum(w.restarts for w in pool.workers) >= 1
+    assert all(a.error is None for a in answers.values())
+
+
+def test_question_that_keeps_killing_actors_is_failed_by_the_same_crash_budget(cluster):
+    pool, answers, _ = run_pool(2, Fake(segv_on="q3"), 20)
+    assert answers["q3"].error.startswith("a worker died 2 times while answering it alone (last: Ray actor died")
+    assert all(answers[f"q{i}"].error is None for i in range(20) if i != 3)
+
+
+def test_actor_pins_itself_and_overrides_omp_num_threads(cluster):
+    from ggbatch.runner.ray_workers import RayBackend
+    from ggbatch.workers.ray_actor import RayWorker
+
+    node = RayBackend(None).nodes()[0]
+    # Two threads on one reserved CPU, so Ray's OMP_NUM_THREADS (1, from num_cpus) is not ours.
+    spec = WorkerSpec(0, (0, 1), "fake.gguf", Fake(), node_id=node.node_id, node_ip=node.ip)
+    actor = ray.remote(RayWorker).options(num_cpus=1).remote(spec)
+    try:
+        pid, cores, omp, nice = ray.get(actor.where.remote())
+        assert cores == tuple(sorted(os.sched_getaffinity(0)))[:2]
+        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+        assert {tuple(sorted(os.sched_getaffinity(tid))) for tid in tids} == {cores}
+        if os.geteuid() == 0:  # only a privileged process may lower its niceness from Ray's 15
+            assert nice == os.getpriority(os.PRIO_PROCESS, 0)
+            assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in tids} == {nice}
+        assert omp == "2"  # what llama.cpp's OpenMP will read
+
+        @ray.remote(num_cpus=1)
+        class Plain:  # what Ray itself sets for an actor holding one CPU
+            def omp(self):
+                return os.environ.get("OMP_NUM_THREADS")
+
+        assert ray.get(Plain.remote().omp.remote()) == "1"
+    finally:
+        ray.kill(actor)
+
+
+# -- end to end on stories260K ------------------------------------------------------------------
+
+
+def cli(*args, timeout=150):
+    return subprocess.run([sys.executable, "-m", "ggbatch", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_ray_backend_answers_as_the_local_backend(cluster, stories, gsm8k_file, tmp_path):
+    from ggbatch.runner.cli import main
+
+    q = gsm8k_file(24)
+    common = ["run", "--model", stories, "--input", q, "--max-tokens", "48", "--batch-invariant",
+              "--progress", "off", "-q", "--slots", "8"]
+    assert main([*common, "--output", str(tmp_path / "local.json")]) == 0
+    assert main([*common, "--output", str(tmp_path / "ray.json"), "--backend", "ray",
+                 "--report", str(tmp_path / "report.json")]) == 0
+    assert (tmp_path / "ray.json").read_bytes() == (tmp_path / "local.json").read_bytes()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["layout"]["backend"] == "ray"
+    assert report["layout"]["nodes"][0]["cpus"] == 2
+    worker = report["workers"]["0"]
+    assert worker["node"]["node_id"] == report["layout"]["nodes"][0]["node_id"]
+    assert worker["llama_n_threads"] == 2 and worker["questions"] == 24
+
+
+def _kill_one_actor_when(journal: Path, min_answers: int, killed: list) -> None:
+    """Wait until the run has journaled some answers, then ray.kill one of its workers."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if journal.exists() and len(journal.read_text().splitlines()) > min_answers:  # header + answers
+            actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
+                      if a["name"].startswith("ggbatch-worker-")]
+            if actors:
+                ray.kill(ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"]))
+                killed.append(actors[0]["name"])
+                return
+        time.sleep(0.05)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_ray_kill_of_an_actor_mid_job_loses_nothing(cluster, stories, gsm8k_file, tmp_path):
+    out, report = tmp_path / "a.json", tmp_path / "r.json"
+    killed: list = []
+    killer = threading.Thread(target=_kill_one_actor_when, args=(tmp_path / "a.json.journal.jsonl", 3, killed))
+    killer.start()
+    done = cli("run", "--model", stories, "--input", gsm8k_file(48), "--output", str(out), "--max-tokens", "48",
+               "--workers", "2", "--slots", "4", "--batch-invariant", "--progress", "off", "--report", str(report),
+               "--backend", "ray", "--ray-address", cluster)
+    killer.join()
+    assert done.returncode == 0, done.stderr
+    assert killed, "the job ended before an actor could be killed"
+    rows = json.loads(out.read_text())
+    assert len(rows) == 48 and all(r["answer"] is not None for r in rows)
+    journaled = [json.loads(line)["qid"] for line in (tmp_path / "a.json.journal.jsonl").read_text().splitlines()[1:]]
+    assert sorted(journaled) == sorted(r["questionID"] for r in rows)  # each once: nothing twice
+    assert sum(w["restarts"] for w in json.loads(report.read_text())["workers"].values()) == 1
+    assert "died (Ray actor died" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_bad_ray_address_is_one_line_and_exit_2(tmp_path, stories):
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"questionID": "q1", "question": "Hi?"}) + "\n")
+    done = cli("run", "--model", stories, "--input", str(q), "--output", str(tmp_path / "a.json"),
+               "--backend", "ray", "--ray-address", "127.0.0.1:1", timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "ggbatch: error: ray_address 127.0.0.1:1: cannot connect (Connection refused); is a Ray head "
+        "running there (`ray start --head`)?"]
+    assert not (tmp_path / "a.json").exists()
+
+
+def test_node_plan_numbers_workers_across_nodes_and_keeps_their_ids_when_a_node_keeps_fewer():
+    from dataclasses import replace
+
+    from ggbatch.runner.layout import plan_layout
+    from ggbatch.runner.nodes import Node, NodePlan, share
+
+    small, big = Node("a" * 56, "10.0.0.1", tuple(range(2))), Node("b" * 56, "10.0.0.2", tuple(range(16)))
+    plan = NodePlan.of([small, big], [plan_layout(small.cores, None, 2, None, 100),
+                                      plan_layout(big.cores, None, 2, None, 100)])
+    assert plan.first_ids == (0, 1) and plan.node_of() == {0: 0, **{i: 1 for i in range(1, 9)}}
+    fewer = replace(plan, layouts=(plan.layouts[0], replace(plan.layouts[1], workers=3)))
+    assert fewer.node_of() == {0: 0, 1: 1, 2: 1, 3: 1}  # the big node's memory plan kept 3 of its 8
+    whole = plan.whole()
+    assert whole.workers == 9 and whole.cores[0] == (0, 1) and whole.cores[-1] == (14, 15)
+    assert (share(180, small, [small, big]), share(180, big, [small, big])) == (20, 160)
