@@ -44,13 +44,14 @@ from engine_bench import GSM8K, SHARED, bench_model  # noqa: E402
 
 SYSTEM = "Answer the question concisely."
 LSAT = SHARED / "data" / "lsat-rc" / "questions.jsonl"
+TOKENS = 64  # generated per question in W1, W2 and W4
 
 
 @dataclass(frozen=True)
 class Workload:
     system: str
     records: list[dict]
-    tokens: int = 64  # generated per question, exactly (ignore_eos)
+    tokens: int = TOKENS  # generated per question, exactly (ignore_eos)
     ctx_per_slot: int = 1024  # llama-server's context per slot (-c = 16 × this)
 
 

@@ -149,7 +149,10 @@ def main() -> None:
     ap.add_argument("--log-dir", help="keep each run's -v log here")
     args = ap.parse_args()
     model = args.model or bench_model()
-    system, records = workload(args.workload)
+    work = workload(args.workload)
+    if work.tokens != TOKENS:
+        raise SystemExit(f"{args.workload}: this bench runs the {TOKENS}-token workloads (W1, W2, W4)")
+    system, records = work.system, work.records
     log_dir = Path(args.log_dir) if args.log_dir else None
     if log_dir:
         log_dir.mkdir(parents=True, exist_ok=True)
