@@ -22,10 +22,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Iterable
 
-import numpy as np
-
 from . import invariant
-from .sequence import Phase, Sequence
+from .sequence import Phase, Sequence, common_prefix_len
 
 # A question waits for a prompt still going in only when that saves this many tokens or more:
 # fewer are cheaper to compute than a slot left idle for a step.
@@ -41,20 +39,29 @@ class Start:
     n: int
 
 
+def start_len(common: int, n_prompt: int, n_held: int, batch_invariant: bool) -> int:
+    """Of `common` tokens agreeing with n_held tokens in KV, how many a prompt of n_prompt may
+    take: at least one is left to compute (its logits are needed); batch-invariant, as
+    invariant.shared_len says."""
+    if batch_invariant:
+        return invariant.shared_len(common, n_prompt, n_held)
+    return min(common, n_prompt - 1)
+
+
 class SlotContents:
     """What each KV stream holds of which prompt, and the best start for a new prompt."""
 
     def __init__(self, prefix: array, prefix_id: int, batch_invariant: bool) -> None:
-        self.prefix = tokens_of(prefix)
+        self.prefix = prefix
         self.prefix_id = prefix_id
         self.batch_invariant = batch_invariant
-        self.kept: dict[int, np.ndarray] = {}  # free slot -> the prompt tokens its stream holds
+        self.kept: dict[int, array] = {}  # free slot -> the prompt tokens its stream holds
 
     def keep(self, slot: int, prompt: array, n: int) -> None:
         """A sequence finished in `slot`: the cells of its prompt's first n tokens (what went in)
         stay there until the slot is taken."""
         if n:
-            self.kept[slot] = tokens_of(prompt)[:n]
+            self.kept[slot] = prompt[:n]
 
     def forget(self, slot: int) -> None:
         """The slot's stream was emptied or taken (admission, a move, ballast, preemption)."""
@@ -67,48 +74,31 @@ class SlotContents:
     def start(self, prompt: array, slot: int, running: Iterable[Sequence]) -> Start:
         """The longest usable prefix for `prompt` about to go into `slot`; its own slot's kept
         cells win a tie (no copy)."""
-        tokens = tokens_of(prompt)
         best = Start(-1, 0)
-        for source, held in self._held(running):
-            n = self.usable(common_len(tokens, held), len(tokens), len(held))
+        for source, held, n_held in self._held(running):
+            common = min(common_prefix_len(prompt, held), n_held)
+            n = start_len(common, len(prompt), n_held, self.batch_invariant)
             if n > best.n or (n == best.n and n > 0 and source == slot):
                 best = Start(source, n)
         return best
 
     def wanted_soon(self, prompt: array, running: Iterable[Sequence]) -> int:
         """Tokens of `prompt` that a running sequence's prompt, still going in, will offer."""
-        tokens = tokens_of(prompt)
         best = 0
         for seq in running:
             if seq.phase is Phase.PREFILL:
-                whole = tokens_of(seq.prompt)
-                n = self.usable(common_len(tokens, whole), len(tokens), len(whole))
+                n = start_len(common_prefix_len(prompt, seq.prompt), len(prompt), seq.n_prompt,
+                              self.batch_invariant)
                 if n > seq.n_cached:
                     best = max(best, n)
         return best
 
-    def usable(self, common: int, n_prompt: int, n_held: int) -> int:
-        """Of `common` agreeing tokens, how many a prompt of n_prompt may take: at least one is
-        left to compute (its logits are needed); batch-invariant, as invariant.shared_len says."""
-        if self.batch_invariant:
-            return invariant.shared_len(common, n_prompt, n_held)
-        return min(common, n_prompt - 1)
-
-    def _held(self, running: Iterable[Sequence]) -> Iterable[tuple[int, np.ndarray]]:
+    def _held(self, running: Iterable[Sequence]) -> Iterable[tuple[int, array, int]]:
+        """(sequence id, tokens, how many of them are in its KV) for every stream holding some."""
         if len(self.prefix):
-            yield self.prefix_id, self.prefix
-        yield from self.kept.items()
+            yield self.prefix_id, self.prefix, len(self.prefix)
+        for slot, tokens in self.kept.items():
+            yield slot, tokens, len(tokens)
         for seq in running:
             if seq.n_cached:
-                yield seq.seq_id, tokens_of(seq.prompt)[:seq.n_cached]
-
-
-def tokens_of(tokens: array) -> np.ndarray:
-    return np.frombuffer(tokens, dtype=np.int32) if len(tokens) else np.zeros(0, np.int32)
-
-
-def common_len(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two token arrays."""
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if differ.size else n
+                yield seq.seq_id, seq.prompt, seq.n_cached

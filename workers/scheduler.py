@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import invariant
-from .prefix_cache import MIN_WAIT_GAIN, SlotContents, Start
-from .sequence import Phase, Sequence, common_prefix_len, shared_prefix_len
+from .prefix_cache import MIN_WAIT_GAIN, SlotContents, Start, start_len
+from .sequence import Phase, Sequence, common_prefix_len
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,8 @@ class Scheduler:
     def _start(self, seq: Sequence, slot: int) -> Start:
         if self.contents:
             return self.contents.start(seq.prompt, slot, self.running)
-        if self.batch_invariant:
-            n = invariant.shared_len(common_prefix_len(seq.prompt, self.prefix), seq.n_prompt, len(self.prefix))
-        else:
-            n = shared_prefix_len(seq.prompt, self.prefix)
+        n = start_len(common_prefix_len(seq.prompt, self.prefix), seq.n_prompt, len(self.prefix),
+                      self.batch_invariant)
         return Start(self.prefix_id if n else -1, n)
 
     def compact(self) -> list[tuple[Sequence, int]]:
