@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional, Protocol
 
 import numpy as np
@@ -47,6 +47,7 @@ from .constraints import best_choice, choice_grammar, choice_logprobs, choice_te
 from .model_runner import ModelRunner
 from .prefix_cache import SlotContents
 from .protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
+from .batch import Batch, batch_arrays, logit_index
 from .scheduler import Scheduler, Span
 from .sequence import Phase, Sequence
 
@@ -114,17 +115,6 @@ class StepCounters:
         if spans and n_tokens == len(spans):
             self.tg_steps_s += seconds
             self.tg_tokens += n_tokens
-
-
-@dataclass
-class _Batch:
-    """One llama_decode: the spans scheduled, the arrays handed to llama.cpp (ballast included),
-    the ballast's sequence ids, and (span, batch index, logits row) for each span with logits."""
-
-    spans: list[Span] = field(default_factory=list)
-    arrays: tuple[np.ndarray, ...] = ()
-    ballast: list[int] = field(default_factory=list)
-    rows: list[tuple[Span, int, int]] = field(default_factory=list)
 
 
 class LlamaEngine:
@@ -312,7 +302,7 @@ class LlamaEngine:
         """The question's own generation settings, or the job's."""
         return seq.question.generation or self.gen
 
-    def _sample(self, batch: _Batch) -> list[tuple[Sequence, int]]:
+    def _sample(self, batch: Batch) -> list[tuple[Sequence, int]]:
         """The next token of every sequence that got logits: the greedy ones (no sampler) in one
         argmax over their rows, the others by their own llama.cpp sampler chain on their row."""
         t0 = time.perf_counter()
@@ -349,17 +339,17 @@ class LlamaEngine:
         self.counters.grammar_resamples += again
         return token
 
-    def _layout(self, spans: list[Span]) -> _Batch:
+    def _layout(self, spans: list[Span]) -> Batch:
         """The arrays of one llama_decode for these spans; in batch-invariant mode with ballast
         and logits rows added as workers/invariant.py requires."""
-        arrays, ballast = _batch_arrays(spans), []
-        index = _logit_index(spans)
+        arrays, ballast = batch_arrays(spans), []
+        index = logit_index(spans)
         if self.invariant:
             arrays, ballast = invariant.lay_out(arrays, self.prefix_id)
             rows = invariant.output_rows(arrays[3], [i for _, i in index])
         else:
             rows = list(range(len(index)))  # exactly the spans' last tokens ask for logits
-        return _Batch(spans, arrays, ballast, [(span, i, row) for (span, i), row in zip(index, rows)])
+        return Batch(spans, arrays, ballast, [(span, i, row) for (span, i), row in zip(index, rows)])
 
     def _copy_prefix(self, seq: Sequence) -> None:
         # Copy the whole prefix sequence: without kv_unified llama.cpp can only copy a full
@@ -368,7 +358,7 @@ class LlamaEngine:
         if seq.n_cached < len(self.prefix):
             self.runner.seq_rm(seq.seq_id, seq.n_cached, -1)
 
-    def _decode_with_room(self) -> _Batch:
+    def _decode_with_room(self) -> Batch:
         """Decode the scheduled batch. When llama.cpp finds no KV room (status 1) the batch is
         halved and retried; when even one token has no room, the newest sequence is preempted.
         Batch-invariant mode preempts at once: a smaller batch would have another shape."""
@@ -376,7 +366,7 @@ class LlamaEngine:
         while True:
             spans = self.sched.schedule(budget)
             if not spans:
-                return _Batch()
+                return Batch()
             batch = self._layout(spans)
             self._clear_kept(batch.ballast)  # ballast starts at position 0 in an empty stream
             t0 = time.perf_counter()
@@ -454,34 +444,3 @@ def needs_sampler(gen: GenerationParams) -> bool:
     included (it is asked about the argmax). Sampling, a repetition penalty or a logit bias need
     llama.cpp's chain."""
     return gen.sampling.temperature > 0 or gen.sampling.repeat_penalty != 1.0 or bool(gen.logit_bias)
-
-
-def _batch_arrays(spans: list[Span]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    total = sum(s.n for s in spans)
-    tokens = np.empty(total, np.int32)
-    pos = np.empty(total, np.int32)
-    seq_ids = np.empty(total, np.int32)
-    logits = np.zeros(total, np.int8)
-    i = 0
-    for span in spans:
-        seq, n = span.seq, span.n
-        if seq.phase is Phase.DECODE:
-            tokens[i] = seq.output[-1]
-        else:
-            tokens[i:i + n] = np.frombuffer(seq.prompt, dtype=np.int32)[span.start_pos:span.start_pos + n]
-        pos[i:i + n] = np.arange(span.start_pos, span.start_pos + n, dtype=np.int32)
-        seq_ids[i:i + n] = seq.seq_id
-        if span.wants_logits:
-            logits[i + n - 1] = 1
-        i += n
-    return tokens, pos, seq_ids, logits
-
-
-def _logit_index(spans: list[Span]) -> list[tuple[Span, int]]:
-    """(span, batch index of its last token) for the spans that asked for logits."""
-    rows, i = [], 0
-    for span in spans:
-        i += span.n
-        if span.wants_logits:
-            rows.append((span, i - 1))
-    return rows
