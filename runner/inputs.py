@@ -1,22 +1,33 @@
 """Reading and checking a question file, whatever its format (runner/formats: a JSON array, JSON
 Lines, CSV, or OpenAI Batch requests): every record in file order, ids unique, and every problem
-an InputError naming the file and line."""
+an InputError naming the file and line.
+
+Line formats (JSON Lines, CSV, OpenAI Batch) are read a line at a time, so a file of millions of
+questions is never in memory whole: `open_question_file` gives its records as an iterator, each
+checked as it is read (a problem on line 900,000 is raised when that line is reached). A JSON
+array is parsed whole.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
+from .columns import HashIndex, key64, text_key
 from .errors import InputError
 from .formats.csvfile import csv_rows
 from .formats.detect import detect_format, input_format
 from .formats.jsonfile import json_array, json_lines  # noqa: F401 (the readers of every JSON file)
-from .formats.openai_input import openai_records
-from .formats.record import Record, check_unique
+from .formats.openai_input import openai_record, say_models
+from .formats.record import Record
 
-__all__ = ["QuestionFile", "Record", "read_question_file", "read_records", "read_text", "detect_format",
-           "json_array", "json_lines"]
+__all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "read_question_file", "read_records",
+           "read_text", "detect_format", "json_array", "json_lines"]
+
+HEAD_BYTES = 1 << 20  # what format detection reads of a file
+UNIQUE_CHUNK = 4096  # records whose ids are checked together
 
 
 @dataclass(frozen=True)
@@ -25,18 +36,42 @@ class QuestionFile:
     records: list[Record]
 
 
+@dataclass
+class QuestionStream:
+    format: str
+    records: Iterator[Record]  # in file order, each checked (ids unique so far) as it is read
+    longest_line: int  # characters of the longest line (a JSON array: of the longest record's text)
+
+
+def open_question_file(path: str, id_field: str = "questionID", question_field: str = "question",
+                       fmt: Optional[str] = None) -> QuestionStream:
+    """The records of a question file as they are read. `fmt`: the job's input_format (None: by
+    extension and content, runner/formats/detect.py)."""
+    fmt = input_format(path, _head(path), fmt)
+    if fmt == "json":
+        text = read_text(path)
+        items = ((line, obj, json.dumps(obj, sort_keys=True).encode()) for line, obj in json_array(path, text))
+        records = (_record(path, line, obj, id_field, question_field, key64(raw)) for line, obj, raw in items)
+        return QuestionStream(fmt, _unique(path, records, id_field), max(map(len, text.split("\n")), default=0))
+    if fmt == "openai":
+        models: dict[str, int] = {}  # the models its lines name, said once the whole file is read and checked
+        return QuestionStream(fmt, _then(_unique(path, _openai(path, models), "custom_id"),
+                                         lambda: say_models(path, models)), _longest_line(path))
+    if fmt == "csv":
+        required = {id_field: "fields.id", question_field: "fields.question"}
+        records = (_record(path, line, row, id_field, question_field, key64("\x1f".join(row.values()).encode()))
+                   for line, row in csv_rows(path, (text for _, text in _lines(path)), required))
+    else:
+        records = (_record(path, number, _json(path, number, text), id_field, question_field, key64(raw))
+                   for number, text, raw in _json_lines(path))
+    return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path))
+
+
 def read_question_file(path: str, id_field: str = "questionID", question_field: str = "question",
                        fmt: Optional[str] = None) -> QuestionFile:
-    """All records of a question file, in file order, validated (ids unique, question text present).
-    `fmt`: the job's input_format (None: by extension and content, runner/formats/detect.py)."""
-    text = read_text(path)
-    fmt = input_format(path, text, fmt)
-    if fmt == "openai":
-        return QuestionFile(fmt, openai_records(path, text))
-    records = [_record(path, line, obj, id_field, question_field)
-               for line, obj in _items(path, text, fmt, id_field, question_field)]
-    check_unique(path, records, id_field)
-    return QuestionFile(fmt, records)
+    """All records of a question file, in file order, validated (ids unique, question text present)."""
+    stream = open_question_file(path, id_field, question_field, fmt)
+    return QuestionFile(stream.format, list(stream.records))
 
 
 def read_records(path: str, id_field: str = "questionID", question_field: str = "question",
@@ -45,10 +80,104 @@ def read_records(path: str, id_field: str = "questionID", question_field: str = 
     return read_question_file(path, id_field, question_field, fmt).records
 
 
-def _items(path: str, text: str, fmt: str, id_field: str, question_field: str) -> Iterable[tuple[int, Any]]:
-    if fmt == "csv":
-        return csv_rows(path, text, {id_field: "fields.id", question_field: "fields.question"})
-    return json_array(path, text) if fmt == "json" else json_lines(path, text)
+def _unique(path: str, records: Iterable[Record], id_name: str) -> Iterator[Record]:
+    """The records, an InputError at the first id seen
+    before, naming both lines. Ids are held as 64-bit keys (runner/columns.py): a million of them
+    in 16 MB, looked up a chunk of records at a time."""
+    seen = HashIndex()
+    chunk: list[Record] = []
+    for rec in records:
+        chunk.append(rec)
+        if len(chunk) == UNIQUE_CHUNK:
+            yield from _check(path, chunk, seen, id_name)
+            chunk = []
+    yield from _check(path, chunk, seen, id_name)
+
+
+def _check(path: str, chunk: list[Record], seen: HashIndex, id_name: str) -> list[Record]:
+    earlier = seen.get_many([rec.key for rec in chunk])
+    mine: dict[int, int] = {}
+    for rec, line in zip(chunk, earlier):
+        line = line if line is not None else mine.get(rec.key)
+        if line is not None:
+            raise InputError(f"{path}: duplicate {id_name}: '{rec.qid}' (lines {line} and {rec.line})")
+        mine[rec.key] = rec.line
+    seen.add_many(list(mine), list(mine.values()))
+    return chunk
+
+
+def _openai(path: str, models: dict[str, int]) -> Iterator[Record]:
+    """The requests; `models`: how many lines name each model."""
+    if _head(path).lstrip().startswith("["):
+        raise InputError(f"{path}:1: an OpenAI Batch file holds one request per line (JSON Lines), "
+                         "not a JSON array")
+    for number, text, raw in _json_lines(path):
+        rec = openai_record(f"{path}:{number}", number, _json(path, number, text), key64(raw))
+        if rec.request is not None and rec.request.model:
+            models[rec.request.model] = models.get(rec.request.model, 0) + 1
+        yield rec
+
+
+def _then(records: Iterator[Record], done: Callable[[], None]) -> Iterator[Record]:
+    yield from records
+    done()
+
+
+def _json_lines(path: str) -> Iterator[tuple[int, str, bytes]]:
+    """(line number, text, raw bytes) of each non-blank line."""
+    for number, text, raw in _lines(path, keep_raw=True):
+        if text.strip():
+            yield number, text, raw.strip()
+
+
+def _json(path: str, number: int, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{number}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+
+
+def _lines(path: str, keep_raw: bool = False) -> Iterator[Any]:
+    """(number, text) of each line, or (number, text, raw bytes): split on "\\n" only (str's
+    splitlines would also split on U+0085 and U+2028 inside strings), decoded as UTF-8 with the
+    line and column of a byte that is not."""
+    with _open(path) as f:
+        for number, raw in enumerate(f, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                 f"{exc.start + 1}); save the file as UTF-8") from None
+            yield (number, text, raw) if keep_raw else (number, text)
+
+
+def _open(path: str) -> Any:
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise InputError(f"{path}: input file not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: input is a directory, not a file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read input: {exc.strerror}") from None
+
+
+def _head(path: str) -> str:
+    """The start of the file for format detection: its first HEAD_BYTES, cut at a line end."""
+    with _open(path) as f:
+        data = f.read(HEAD_BYTES)
+    if len(data) == HEAD_BYTES and b"\n" in data:
+        data = data[:data.rindex(b"\n") + 1]
+    return data.decode("utf-8-sig", "replace")
+
+
+def _longest_line(path: str) -> int:
+    """Bytes of the file's longest line: a bound on any one question's text, read in one fast
+    pass (runner/layout.py guesses a streamed file's context from it)."""
+    with _open(path) as f:
+        return max(map(len, f), default=0)
 
 
 def read_text(path: str) -> str:
@@ -69,7 +198,7 @@ def read_text(path: str) -> str:
                          "save the file as UTF-8") from None
 
 
-def _record(path: str, line: int, obj: Any, id_field: str, question_field: str) -> Record:
+def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0) -> Record:
     where = f"{path}:{line}"
     if not isinstance(obj, dict):
         raise InputError(f"{where}: each question must be a JSON object, got {type(obj).__name__}")
@@ -87,4 +216,5 @@ def _record(path: str, line: int, obj: Any, id_field: str, question_field: str) 
         raise InputError(f"{where}: '{question_field}' must be a string, got {type(question).__name__}")
     if not question.strip():
         raise InputError(f"{where}: '{question_field}' is empty")
-    return Record(str(qid), obj, line)
+    qid = str(qid)
+    return Record(qid, obj, line, digest=digest, key=text_key(qid))

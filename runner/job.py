@@ -1,22 +1,29 @@
 """One job from start to finish, told in order by run_job: check the files and the model, start
-the workers, prepare the questions while they load, reuse what the journal holds, settle the
-layout, answer the rest, write the answers and the report.
+the workers, make the first window of questions while they load, reuse what the journal holds,
+settle the layout, answer the rest (a streamed file's next windows made meanwhile), write the
+answers from the journal and the report.
 
     question file (runner/inputs.py, runner/formats) ─▶ records (of one shard: runner/shards.py)
-    records ─▶ prepare (runner/prepare.py) ─▶ journal.split ─▶ layout.settle ─▶ WorkerPool.run
+    first window ─▶ Preparer (runner/prepare.py; journal reuse) ─▶ layout.settle ─▶ WorkerPool.run
+    next windows ─▶ QuestionFeed (runner/feed.py, a thread) ────────────────────────▶ │
     (the layout per node: this machine, or each Ray node with --backend ray; runner/nodes.py)
                                                                                      │
-    answers file ◀── rows in input order (duplicates fanned out) ◀── answers by qid ◀┘
+    answers file ◀── rows in input order (duplicates fanned out) ◀── journal ◀──────┘
     (its format: runner/formats; without an answer, to errors_output when set)
+
+A file of more than `window` records streams: the coordinator keeps a few windows of questions
+and a few bytes for every question before them (runner/columns.py), never the whole file.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 import time
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import psutil
 
@@ -26,36 +33,40 @@ from . import tuned
 from .answer_spec import job_answer
 from .config import JobConfig
 from .errors import Interrupted, WorkerFailure
+from .feed import QuestionFeed
 from .formats.detect import output_format
-from .formats.rows import OutputSpec
-from .inputs import Record, read_question_file
+from .formats.rows import OutputSpec, Row
+from .inputs import Record, open_question_file
 from .journal import Journal, fingerprint
 from .local_workers import LocalBackend
 from .lock import OutputLock
 from .model import ModelIdentity, identify, resolve_model
 from .nodes import Node, NodePlan, node_report, share
-from .outputs import answer_rows, write_answers, write_atomic
+from .outputs import write_answers, write_atomic
 from .paths import JobPaths, job_paths
 from .pool import WorkerPool
-from .prepare import PreparedJob, prepare
+from .question_settings import has_grammar
+from .prepare import WINDOW, Preparer, Window, check_requests, facts, max_tokens
 from .report import JobSetup, RunOutcome, RunReport
-from .shards import shard_records
+from .shards import in_shard
 from .signals import stop_on_signals
 from .watch import RunWatch
-from ..workers.protocol import Answer, EngineConfig, FinishReason, GenerationParams, WorkerSpec
+from ..workers.protocol import EngineConfig, WorkerSpec
 
 log = logging.getLogger("ggbatch")
 
 EngineFactory = Callable[[EngineConfig, int], Any]
+STREAMED = 1 << 20  # questions a streamed file is planned for: more than any layout gives slots to
 
 
 def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             progress: str = "auto", fresh: bool = False,
-            use_tuned: bool = True, job_file: Optional[str] = None) -> RunReport:
+            use_tuned: bool = True, job_file: Optional[str] = None, window: int = WINDOW) -> RunReport:
     """Run a whole job and return its report (also written to config.report if set). Answers
     already in the output's journal from an earlier run of the same job are reused unless
     `fresh`. Raises GgbatchError subclasses; whatever ends a run that reached its workers, the
-    answers file is written first (WorkerFailure, Interrupted)."""
+    answers file is written first (WorkerFailure, Interrupted). `window`: records made into
+    questions at a time; a file of more streams."""
     clock = {"start": time.perf_counter(), "started_at": time.time()}
     model_path = resolve_model(config.model)
     paths = job_paths(config.input, model_path, config.output, config.report, job_file, config.errors_output)
@@ -63,41 +74,66 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     model = identify(model_path)
     answer = job_answer(config)  # a bad schema or grammar: exit 2 before any worker starts
     with OutputLock(config.output):
-        records, formats = _read(config)
+        first_records, rest, formats, longest_line = _read(config, window)
+        check_requests(config, first_records)
         with open_backend(config) as backend:
-            started = _start_layout(config, model, records, use_tuned, backend.nodes())
+            started = _start_layout(config, model, first_records, rest is not None, use_tuned, backend.nodes())
             with RunWatch(progress, clock["start"], config.threads_adapt == "auto") as watch, WorkerPool(
                     _specs(started, model_path, engine_factory), watch.on_answers, watch.tick,
-                    backend=backend, on_threads=watch.on_threads) as pool:
-                if records:
+                    backend=backend, on_threads=watch.on_threads, keep_answers=False) as pool:
+                if first_records:
                     pool.start()  # the workers load the model while the questions are prepared
-                job = prepare(config, model_path, records, answer)
-                del records  # the records' fields were for rendering: a big file's largest part
-                todo, reused = _open_journal(watch, paths, config, model, job, fresh)
-                setup, settled = _settle(config, model, started, job, len(todo), formats)
-                pool.keep(settled.node_of())
-                clock["prepared"] = time.perf_counter()
-                watch.start_run(len(todo), job.max_tokens, sum(lay.workers * lay.slots for lay in settled.layouts),
-                                pool)
-                answers, ended = _answer(pool, todo, _engines(model_path, settled, job))
-        _say_cut(job, answers)
-        _write_answers(config, job, {**reused, **answers, **job.rejected}, ended,
-                       _output_spec(config, job, formats[1], clock["started_at"]))
-    report = _report(setup, answers, len(reused), list(job.rejected.values()), pool, watch, clock)
+                with Preparer(config, model_path, answer) as preparer:
+                    journal = _open_journal(watch, paths, config, model, preparer, fresh)
+                    watch.with_grammar = lambda qid: has_grammar(preparer.generation) or qid in \
+                        preparer.made.with_grammar
+                    first = preparer.window(first_records, last=rest is None)
+                    del first_records  # the records' fields were for rendering: a big file's largest part
+                    if rest is None:
+                        preparer.close()  # every question is made: the vocabulary's memory goes back
+                    setup, settled, prefix = _settle(config, model, started, preparer, first, longest_line, formats)
+                    pool.keep(settled.node_of())
+                    clock["prepared"] = time.perf_counter()
+                    watch.start_run(len(first.questions), max_tokens(first.questions, preparer.generation),
+                                    sum(lay.workers * lay.slots for lay in settled.layouts), pool)
+                    feed = QuestionFeed(preparer, rest, window, lambda w: watch.progress.grow(len(w.questions))) \
+                        if rest is not None else None
+                    ended = _answer(pool, first, _engines(model_path, settled, prefix, preparer), feed, window)
+                    preparer.say()
+                    _write_answers(config, preparer, journal, ended,
+                                   _output_spec(config, preparer, formats[1], clock["started_at"]))
+                    setup = _made(setup, preparer)
+                    watch.tally.add(preparer.made.rejected.values(), made=False)
+                _say_cut(watch)
+    report = _report(setup, preparer.made.reused, pool, watch, clock)
     if ended is not None:
         raise ended
     return report
 
 
-def _read(config: JobConfig) -> tuple[list[Record], tuple[str, str]]:
-    """The records, and the formats of the question file and of the answers file."""
-    questions = read_question_file(config.input, config.id_field, config.question_field, config.input_format)
-    records = shard_records(questions.records, config.shard)
+def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterator[Record]], tuple[str, str], int]:
+    """The first window's records; an iterator over the rest if the file has more (it streams:
+    None otherwise); the formats of the question file and of the answers file; the bytes of the
+    file's longest line."""
+    stream = open_question_file(config.input, config.id_field, config.question_field, config.input_format)
+    read = [0]  # records read, of every shard
+
+    def mine() -> Iterator[Record]:
+        for rec in stream.records:
+            read[0] += 1
+            if in_shard(rec.qid, config.shard):
+                yield rec
+
+    records = mine()
+    first = list(itertools.islice(records, window + 1))
+    rest = itertools.chain(first[window:], records) if len(first) > window else None
+    first = first[:window]
     if config.shard is not None:
-        log.info("shard %s%s: %d of the %d questions, answers to %s", config.shard,
-                 f" ({config.shard.source})" if config.shard.source else "", len(records), len(questions.records),
-                 config.output)
-    return records, (questions.format, output_format(config.output, config.output_format, questions.format))
+        counts = f"{len(first)} of the {read[0]} questions" if rest is None else "its questions, streamed"
+        log.info("shard %s%s: %s, answers to %s", config.shard,
+                 f" ({config.shard.source})" if config.shard.source else "", counts, config.output)
+    return first, rest, (stream.format, output_format(config.output, config.output_format, stream.format)), \
+        stream.longest_line
 
 
 def open_backend(config: JobConfig) -> Any:
@@ -110,8 +146,8 @@ def open_backend(config: JobConfig) -> Any:
     return LocalBackend()
 
 
-def _start_layout(config: JobConfig, model: ModelIdentity, records: list[Record], use_tuned: bool,
-                  nodes: list[Node]) -> NodePlan:
+def _start_layout(config: JobConfig, model: ModelIdentity, records: list[Record], streamed: bool,
+                  use_tuned: bool, nodes: list[Node]) -> NodePlan:
     """The workers to start before the questions are tokenized (runner/layout.py, phase 1), on
     each node from its own cores."""
     n_gpu_layers = gpu.gpu_layers_for(config.n_gpu_layers, config.devices)
@@ -119,8 +155,9 @@ def _start_layout(config: JobConfig, model: ModelIdentity, records: list[Record]
     # running on a Ray cluster's nodes, plans its own.
     local = len(nodes) == 1 and nodes[0].node_id is None
     choice = tuned.for_job(config, model, records) if use_tuned and local and not n_gpu_layers else None
+    n_records = STREAMED if streamed else len(records)
     layouts_ = [layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
-                              share(len(records), node, nodes), layouts.cpu_flags(), choice, config.devices,
+                              share(n_records, node, nodes), layouts.cpu_flags(), choice, config.devices,
                               n_gpu_layers, config.batch_invariant) for node in nodes]
     if not local:
         log.info("backend ray: %s", "; ".join(f"{node.describe()}: {lay.workers} × {lay.threads} threads"
@@ -135,91 +172,108 @@ def _specs(plan: NodePlan, model_path: str, engine_factory: Optional[EngineFacto
             for i, cores in enumerate(lay.cores)]
 
 
-def _open_journal(watch: RunWatch, paths: JobPaths, config: JobConfig, model: ModelIdentity, job: PreparedJob,
-                  fresh: bool) -> tuple[list, dict[str, Answer]]:
-    """(questions to answer, answers reused from an earlier run of this job)."""
-    journal = watch.journal = Journal(paths.journal, fingerprint(config, model, job.generation, job.template_sha),
-                                      fresh)
-    todo, reused = journal.split(job.questions)
-    if reused:
-        log.info("resuming: %d answers from %s, %d questions to answer", len(reused), journal.path, len(todo))
-    return todo, reused
+def _open_journal(watch: RunWatch, paths: JobPaths, config: JobConfig, model: ModelIdentity, preparer: Preparer,
+                  fresh: bool) -> Journal:
+    journal = watch.journal = Journal(paths.journal, fingerprint(config, model, preparer.generation,
+                                                                 preparer.template_sha), fresh)
+    if journal.kept:
+        log.info("resuming: %d answers in %s from an earlier run of this job", journal.kept, journal.path)
+    preparer.start(journal)
+    return journal
 
 
-def _settle(config: JobConfig, model: ModelIdentity, started: NodePlan, job: PreparedJob, n_todo: int,
-            formats: tuple[str, str]) -> tuple[JobSetup, NodePlan]:
-    """The layout of the started workers, now that the prompts are known (phase 2), node by node
-    on each node's memory, and with it everything the run was planned with. The context fits the
-    largest max_tokens of any question."""
-    if started.layouts[0].n_gpu_layers and not job.gpu_offload:
+def _settle(config: JobConfig, model: ModelIdentity, started: NodePlan, preparer: Preparer, first: Window,
+            longest_line: int, formats: tuple[str, str]) -> tuple[JobSetup, NodePlan, Any]:
+    """The layout of the started workers, now that the first window's prompts are known (phase
+    2), node by node on each node's memory, and with it everything the run was planned with. The
+    context fits the largest max_tokens of any question. A streamed file's context also fits the
+    longest line of the file, guessed from its bytes (a longer prompt gets an error naming the
+    context, and model.n_ctx fixes it)."""
+    gen = preparer.generation
+    if started.layouts[0].n_gpu_layers and not preparer.info.gpu_offload:
         log.warning("%s", gpu.offload_warning(started.layouts[0].n_gpu_layers))
-    settled = [layouts.settle(lay, job.facts(share(n_todo, node, started.nodes)), config.slots, config.n_ctx,
-                              job.max_tokens, config.n_batch,
+    n_todo = len(first.questions) if first.last else STREAMED
+    guess = 0 if first.last else math.ceil(longest_line / layouts.CHARS_PER_TOKEN) + layouts.CHAT_TEMPLATE_TOKENS
+    job_facts, prefix = facts(first, preparer, n_todo, guess)
+    most = max_tokens(first.questions, gen)
+    settled = [layouts.settle(lay, replace(job_facts, n_questions=share(n_todo, node, started.nodes)), config.slots,
+                              config.n_ctx, most, config.n_batch,
                               psutil.virtual_memory().available if node.memory is None else node.memory,
-                              offload=job.gpu_offload, cores=node.cores)
+                              offload=preparer.info.gpu_offload, cores=node.cores)
                for node, lay in zip(started.nodes, started.layouts)]
     plan = replace(started, layouts=tuple(lay for lay, _ in settled))
     nodes = [] if started.nodes[0].node_id is None else node_report(plan, [memory for _, memory in settled])
-    return JobSetup(config, model, plan.whole(), settled[0][1], job.generation, job.chat_template,
-                    len(job.prefix), len(job.ids), len(job.questions) + len(job.rejected), formats,
-                    job.own_settings, job.gpu_offload, sharing=job.sharing,
-                    kv_bytes_per_cell=job.dims.kv_bytes_per_cell, nodes=nodes), plan
+    setup = JobSetup(config, model, plan.whole(), settled[0][1], gen, preparer.chat_template, len(prefix), 0, 0,
+                     formats, {}, preparer.info.gpu_offload, sharing=first.sharing,
+                     kv_bytes_per_cell=preparer.dims.kv_bytes_per_cell, nodes=nodes)
+    return setup, plan, prefix
 
 
-def _engines(model_path: str, plan: NodePlan, job: PreparedJob) -> dict[int, EngineConfig]:
+def _made(setup: JobSetup, preparer: Preparer) -> JobSetup:
+    """The setup with what only the whole file tells: how many records and unique prompts."""
+    made = preparer.made
+    return replace(setup, records=len(preparer.maker.ids), unique_prompts=made.unique + len(made.rejected),
+                   own_settings=dict(made.own_settings), sharing=preparer.sharing if setup.sharing else None)
+
+
+def _engines(model_path: str, plan: NodePlan, prefix: Any, preparer: Preparer) -> dict[int, EngineConfig]:
     """Each worker's engine, from its node's layout."""
-    per_node = [layouts.engine_config(model_path, lay, job.prefix, job.generation) for lay in plan.layouts]
+    per_node = [layouts.engine_config(model_path, lay, prefix, preparer.generation) for lay in plan.layouts]
     return {wid: per_node[k] for wid, k in plan.node_of().items()}
 
 
-def _answer(pool: WorkerPool, todo: list,
-            engine: dict[int, EngineConfig]) -> tuple[dict[str, Answer], Optional[Exception]]:
-    """Answers of this run, and what ended it early, if anything (the answers so far are kept)."""
-    if not todo:
-        return {}, None
+def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], feed: Optional[QuestionFeed],
+            window: int) -> Optional[Exception]:
+    """What ended the run early, if anything (the answers so far are in the journal)."""
+    if not first.questions and feed is None:
+        return None
     try:
         with stop_on_signals(pool):
-            return pool.run(todo, engine), None
+            pool.run(first.questions, engine, feed, feed_below=window // 2)
+        return None
     except (WorkerFailure, Interrupted) as exc:
-        return dict(pool.answers), exc
+        if feed is not None:
+            feed.read_rest()
+        return exc
+    finally:
+        if feed is not None:
+            feed.close()
 
 
-def _say_cut(job: PreparedJob, answers: dict[str, Answer]) -> None:
+def _say_cut(watch: RunWatch) -> None:
     """Answers under a grammar (a JSON schema) that max_tokens cut before the grammar was complete
     do not parse: their finish_reason is length; the log says how many."""
-    own = {q.qid: q.generation for q in job.questions if q.generation is not None}
-    cut = [qid for qid, a in answers.items() if a.finish_reason is FinishReason.LENGTH
-           and _has_grammar(own.get(qid) or job.generation)]
+    cut = watch.cut
     if cut:
         log.warning("%d answer%s under a grammar or JSON schema reached max_tokens before the grammar was complete "
                     "(finish_reason length; first: %s): such an answer is cut and may not parse, raise max_tokens",
                     len(cut), "s" if len(cut) > 1 else "", cut[0])
 
 
-def _has_grammar(gen: GenerationParams) -> bool:
-    return gen.answer is not None and (gen.answer.grammar is not None or bool(gen.answer.choices))
+def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: float) -> OutputSpec:
+    made = preparer.made
+    return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.model_name, frozenset(made.completions),
+                      frozenset(made.refused), started_at, choice_logprobs=config.choice_logprobs)
 
 
-def _output_spec(config: JobConfig, job: PreparedJob, fmt: str, started_at: float) -> OutputSpec:
-    return OutputSpec(fmt, config.id_field, config.keep_thinking, job.model_name, job.completions, job.refused,
-                      started_at)
-
-
-def _write_answers(config: JobConfig, job: PreparedJob, answers: dict[str, Answer],
-                   ended: Optional[Exception], spec: OutputSpec) -> None:
+def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ended: Optional[Exception],
+                   spec: OutputSpec) -> None:
     """Whatever ended the run, the answers file holds every answer and says of each question
-    left without one why (or errors_output does, when set)."""
+    left without one why (or errors_output does, when set). Rows are made as they are written,
+    each answer read back from the journal."""
     why = ("no answer came back" if ended is None else
            f"the run was stopped by signal {ended.signum} first" if isinstance(ended, Interrupted) else str(ended))
-    rows = answer_rows(job.ids, answers, job.aliases, unanswered=f"not answered: {why}")
+    rejected = preparer.made.rejected
+    rows = (Row(qid, answer, f"not answered: {why}" if answer is None else answer.error)
+            for qid, first in preparer.maker.ids.answered_as()
+            for answer in [rejected.get(qid) or journal.answer(first)])
     write_answers(config.output, rows, spec, config.errors_output)
 
 
-def _report(setup: JobSetup, answers: dict[str, Answer], reused: int, rejected: list[Answer], pool: WorkerPool,
-            watch: RunWatch, clock: dict[str, float]) -> RunReport:
+def _report(setup: JobSetup, reused: int, pool: WorkerPool, watch: RunWatch, clock: dict[str, float]) -> RunReport:
     end = time.perf_counter()
     ready = pool.first_ready_at
-    outcome = RunOutcome(answers, reused, rejected, pool.worker_runs(), watch.monitor.summary(),
+    outcome = RunOutcome(watch.tally, reused, pool.worker_runs(), watch.monitor.summary(),
                          {"total_s": end - clock["start"], "prepare_s": clock["prepared"] - clock["start"],
                           "run_s": end - clock["prepared"],
                           "first_worker_ready_s": ready - clock["start"] if ready else None},

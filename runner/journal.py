@@ -3,14 +3,18 @@ at 90% loses nothing and a rerun answers only what is missing.
 
     <output>.journal.jsonl
     line 1   {"ggbatch_journal": 1, "fingerprint": {setting: value, ...}}
-    line 2+  {"qid": ..., "prompt": <hash of the prompt tokens>, "text": ..., ...}   one per answer
+    line 2+  {"qid": ..., "prompt": <hash of the prompt tokens>, "record": <hash of its record>,
+              "text": ..., ...}   one per answer
 
 The fingerprint holds everything that decides an answer (model identity, prompt and chat
 template, sampling, max tokens, ...). A rerun with a different fingerprint is refused, naming the
 setting, unless started fresh. An entry is reused only if its prompt hash still matches, so an
 edited question under the same id is answered again; a question with settings of its own (an
 OpenAI Batch line's max_tokens, temperature, ...) has them in its hash, so editing them on one
-line answers that line again. The journal is kept after a complete run:
+line answers that line again.
+
+The journal is also where the answers of a run are kept until the answers file is written from
+it (runner/outputs.py): the coordinator holds each answer's place in the file, not the answer. The journal is kept after a complete run:
 rerunning the same job then rewrites the same output without answering anything, and a job whose
 question file grew answers only the new questions.
 """
@@ -20,10 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from array import array
+from dataclasses import dataclass
 from dataclasses import asdict
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from .columns import HashIndex, text_key
 from .config import JobConfig
 from .errors import ConfigError, OutputError, quote
 from .model import ModelIdentity
@@ -67,8 +74,8 @@ def changed_setting(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[
     return None
 
 
-def _entry(answer: Answer, prompt: str) -> dict[str, Any]:
-    return {"qid": answer.qid, "prompt": prompt, "text": answer.text,
+def _entry(answer: Answer, prompt: str, record: str) -> dict[str, Any]:
+    return {"qid": answer.qid, "prompt": prompt, "record": record, "text": answer.text,
             "finish_reason": answer.finish_reason.value, "prompt_tokens": answer.prompt_tokens,
             "completion_tokens": answer.completion_tokens, "worker_id": answer.worker_id,
             "ttft_s": round(answer.ttft_s, 4), "latency_s": round(answer.latency_s, 4),
@@ -81,56 +88,143 @@ def _answer(e: Mapping[str, Any]) -> Answer:
                   e.get("created", 0.0), e.get("choice_logprobs"))
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What a question's entry will say besides its answer."""
+
+    prompt: str  # prompt_hash()
+    record: str = ""  # record_hash() of the record it came from
+
+
+def record_hash(key: int) -> str:
+    return f"{key:016x}"
+
+
+def prompt_key(h: str) -> int:
+    """The 64 bits of a hex hash that the indexes keep."""
+    try:
+        return int(h[:16], 16) if h else 0
+    except ValueError:
+        return 0
+
+
+# The start of an entry as _entry writes it: the fields a rerun needs, read without parsing the
+# whole line (the answer's text can be long; a million lines are read on a resume).
+_HEAD = re.compile(rb'\{"qid": ("(?:[^"\\]|\\.)*"), "prompt": "([0-9a-f]*)", (?:"record": "([0-9a-f]*)", )?"text": ')
+
+
+def _fields(line: bytes) -> Optional[tuple[str, str, str, bool]]:
+    """(qid, prompt hash, record hash, answered without an error) of an entry; None: not one."""
+    head = _HEAD.match(line)
+    if head is not None:
+        # In the JSON text an unescaped quote is never inside a string: the first '"error": '
+        # outside the text is the key.
+        error = line.find(b', "error": ', head.end())
+        if error > 0:
+            qid = head.group(1)
+            qid_text = qid[1:-1].decode() if b"\\" not in qid else json.loads(qid)
+            return qid_text, head.group(2).decode(), (head.group(3) or b"").decode(), \
+                line.startswith(b"null", error + 11)
+    try:
+        e = json.loads(line)
+        return e["qid"], e["prompt"], e.get("record", ""), e["error"] is None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class Journal:
     def __init__(self, path: str, fingerprint: Mapping[str, Any], fresh: bool = False) -> None:
         self.path = path
         self.fingerprint = dict(fingerprint)
-        # qid -> (prompt hash, answer) from an earlier run of the same job
-        self.previous: dict[str, tuple[str, Answer]] = {}
-        self._hashes: dict[str, str] = {}  # qid -> prompt hash, of the questions to answer now
-        if not fresh and os.path.exists(path):
-            self.previous = self._read()
+        # The earlier run's entries that may be reused: qid key -> row of the columns below
+        self._previous = HashIndex()
+        self._prev_record, self._prev_prompt, self._prev_at = array("Q"), array("Q"), array("q")
+        self.kept = 0  # entries kept from the earlier run
+        # qid key -> where this run's answer is in the file (appended, or reused from before)
+        self._answers = HashIndex()
+        self._expected: dict[str, Expected] = {}  # of the questions being answered now
         try:
-            # Rewrite header + kept entries first, so a torn last line of a killed run never
-            # ends up in the middle of the file; then append from there.
-            tmp = f"{path}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps({"ggbatch_journal": VERSION, "fingerprint": self.fingerprint}) + "\n")
-                for h, answer in self.previous.values():
-                    f.write(json.dumps(_entry(answer, h), ensure_ascii=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            self._file = open(path, "a", encoding="utf-8")
+            self._open(fresh)
+            self._file = open(path, "ab")
+            self._size = self._file.tell()
+            self._reader = open(path, "rb")
         except OSError as exc:
             raise OutputError(f"{path}: cannot write the journal: {exc.strerror or exc}") from None
 
+    # -- reuse ------------------------------------------------------------------------------------
+
+    def reuse_records(self, keys: Sequence[int], records: Sequence[int]) -> list[Optional[int]]:
+        """For each record (its id's key, text_key, and its digest, Record.digest): an earlier
+        answer of this very record is the answer of this run now (no need to tokenize the
+        question), and its prompt's key (prompt_key) is returned; None: not held. Looked up
+        together: a resumed file of millions of records goes through here."""
+        rows = self._previous.get_many(keys)
+        out: list[Optional[int]] = []
+        for key, record, row in zip(keys, records, rows):
+            if row is None or row < 0 or not record or self._prev_record[row] != record:
+                out.append(None)
+                continue
+            self._answers.add(key, self._prev_at[row])
+            out.append(self._prev_prompt[row])
+        return out
+
+    def reuse_prompt(self, qid: str, prompt: str) -> bool:
+        """Whether an earlier answer of this prompt is held (then it is this run's answer)."""
+        row = self._previous.get(text_key(qid))
+        if row is None or row < 0 or self._prev_prompt[row] != prompt_key(prompt):
+            return False
+        self._answers.add(text_key(qid), self._prev_at[row])
+        return True
+
+    def expect(self, qid: str, expected: Expected) -> None:
+        """This question is to be answered now: its entry will carry these hashes."""
+        self._expected[qid] = expected
+
     def split(self, questions: Sequence[Question]) -> tuple[list[Question], dict[str, Answer]]:
         """(the questions to answer, in their order; qid -> answer reused from the journal). An
-        answer is reused if its prompt is unchanged and it did not fail. The prompt hashes of the
-        questions to answer are kept for their entries."""
+        answer is reused if its prompt is unchanged and it did not fail."""
         todo: list[Question] = []
         reused: dict[str, Answer] = {}
         for q in questions:
             h = prompt_hash(q.tokens, q.generation)
-            entry = self.previous.get(q.qid)
-            if entry is not None and entry[0] == h and entry[1].error is None:
-                reused[q.qid] = entry[1]
+            if self.reuse_prompt(q.qid, h):
+                reused[q.qid] = self.answer(q.qid)
             else:
                 todo.append(q)
-                self._hashes[q.qid] = h
+                self.expect(q.qid, Expected(h))
         return todo, reused
+
+    # -- this run's answers -----------------------------------------------------------------------
 
     def append(self, answers: Sequence[Answer]) -> None:
         """Append answers (those of one worker message) with one write and one flush."""
-        text = "".join(json.dumps(_entry(a, self._hashes.get(a.qid, "")), ensure_ascii=False) + "\n"
-                       for a in answers)
+        lines = []
+        at = self._size
+        for a in answers:
+            expected = self._expected.pop(a.qid, None) or Expected("")
+            line = (json.dumps(_entry(a, expected.prompt, expected.record), ensure_ascii=False) + "\n").encode()
+            lines.append(line)
+            self._answers.add(text_key(a.qid), at)
+            at += len(line)
         try:
-            self._file.write(text)
+            self._file.write(b"".join(lines))
             self._file.flush()  # in the kernel's hands now: survives kill -9 of this process
         except OSError as exc:
             raise OutputError(f"{self.path}: cannot append to the journal ({exc.strerror or exc}); "
                               "every answer written before this one is kept") from None
+        self._size = at
+
+    def answer(self, qid: str) -> Optional[Answer]:
+        """This run's answer to a question (made now or reused), read back from the file."""
+        at = self._answers.get(text_key(qid))
+        if at is None:
+            return None
+        self._reader.seek(at)
+        e = json.loads(self._reader.readline())
+        return _answer(e) if e["qid"] == qid else None  # another id with the same 64-bit key
+
+    def answers(self, qids: Iterable[str]) -> dict[str, Answer]:
+        return {qid: a for qid in qids if (a := self.answer(qid)) is not None}
 
     def sync(self) -> None:
         """Make what was appended survive a power cut too (a killed process loses nothing anyway)."""
@@ -141,16 +235,49 @@ class Journal:
 
     def close(self) -> None:
         self.sync()
-        try:
-            self._file.close()
-        except OSError:
-            pass  # a failed append has already said so; everything flushed before it is kept
+        for f in (self._file, self._reader):
+            try:
+                f.close()
+            except OSError:
+                pass  # a failed append has already said so; everything flushed before it is kept
 
-    def _read(self) -> dict[str, tuple[str, Answer]]:
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().split("\n")
+    # -- the earlier run's file ---------------------------------------------------------------------
+
+    def _open(self, fresh: bool) -> None:
+        """A new file with the header, or (not fresh, same fingerprint) the earlier run's, its
+        entries indexed a line at a time and a torn last line of a killed run cut off, so that
+        what is appended never follows half a line."""
+        if fresh or not os.path.exists(self.path):
+            with open(self.path, "wb") as out:
+                out.write((json.dumps({"ggbatch_journal": VERSION, "fingerprint": self.fingerprint}) + "\n").encode())
+            return
+        with open(self.path, "rb") as old:
+            self._check_header(old.readline())
+            end = self._index(old, old.tell())
+        if end < os.path.getsize(self.path):
+            os.truncate(self.path, end)
+
+    def _index(self, old: Any, at: int) -> int:
+        """Index the entries from offset `at`; returns where the last whole line ends."""
+        for line in old:
+            if not line.endswith(b"\n"):
+                break  # the last line of a run killed mid-write: that answer is redone
+            entry = _fields(line)
+            if entry is not None:
+                qid, prompt, record, ok = entry
+                self.kept += 1
+                # A failed answer stays in the file (its story) but is never reused: it is retried.
+                self._previous.add(text_key(qid), len(self._prev_at) if ok else -1)
+                if ok:
+                    self._prev_record.append(prompt_key(record))
+                    self._prev_prompt.append(prompt_key(prompt))
+                    self._prev_at.append(at)
+            at += len(line)
+        return at
+
+    def _check_header(self, first: bytes) -> None:
         try:
-            old = json.loads(lines[0])["fingerprint"]
+            old = json.loads(first)["fingerprint"]
         except (ValueError, KeyError, TypeError):
             raise ConfigError(f"{self.path}: not a ggbatch journal; remove it or run with --fresh") from None
         key = changed_setting(old, self.fingerprint)
@@ -158,11 +285,3 @@ class Journal:
             raise ConfigError(f"{self.path}: '{key}' changed since the journaled run "
                               f"({quote(old.get(key))} -> {quote(self.fingerprint.get(key))}); "
                               "run with --fresh to start over")
-        kept: dict[str, tuple[str, Answer]] = {}
-        for line in lines[1:]:
-            try:
-                e = json.loads(line)
-                kept[e["qid"]] = (e["prompt"], _answer(e))
-            except (ValueError, KeyError, TypeError):
-                continue  # the last line of a run killed mid-write: that answer is redone
-        return kept

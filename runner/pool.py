@@ -1,7 +1,8 @@
 """The worker pool: start pinned workers, hand out questions as they ask, collect the answers,
 notice deaths and give a dead worker's questions to the others.
 
-    pending (longest prompts first) ──Chunk──▶ link.send ──▶ worker i
+    [feed: the next window of a streamed file] ─▶ pending (longest prompts first)
+    pending ──Chunk──▶ link.send ──▶ worker i
     backend.wait(links, timeout = next monitor tick) ◀── Ready | WantWork | AnswerBatch |
                                                          EngineStats | WorkerError, or its death
     set_threads(i, n) ──SetThreads──▶ link.send;  ThreadsSet ──▶ on_threads
@@ -10,6 +11,10 @@ Where workers live is the backend's business, behind three calls (start, wait, c
 processes (runner/local_workers.py: a task queue and a results pipe each, deaths seen on the
 process sentinels) or Ray actors on a cluster's nodes (runner/ray_workers.py). Everything here,
 dispatch, deaths, restarts and the crash budget, is the same for both.
+
+A streamed file's questions come in windows (runner/prepare.py): the pool takes the next one
+from its feed when fewer than `feed_below` questions are pending, and the run ends when the
+feed has given its last and every question has its answer.
 
 Dispatch is pull-based: a worker says how many questions it wants when its engine runs low, so
 no fixed shard can leave one worker busy while another idles. Near the end the chunks shrink
@@ -36,7 +41,7 @@ import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Collection, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Collection, Mapping, Optional, Protocol, Sequence, Union
 
 from .crashes import CrashBudget, Death
 from .prefix_groups import whole_groups
@@ -49,6 +54,7 @@ from ..workers.protocol import (Answer, AnswerBatch, Chunk, Configure, EngineCon
 log = logging.getLogger("ggbatch")
 
 TICK_S = 1.0
+FEED_WAIT_S = 0.02  # how often an idle pool looks for the next window of a streamed file
 GRACE_S = 2.0  # in-flight questions may finish this long after a stop request
 
 
@@ -70,6 +76,15 @@ class WorkerState:
     threads_fixed: bool = False  # its engine cannot change its thread count (this life)
 
 
+class Feed(Protocol):
+    """The windows of a streamed file after the first (runner/job.py QuestionFeed)."""
+
+    done: bool  # the last window has been taken
+
+    def poll(self) -> Optional[Sequence[Question]]:
+        """The next window if it is made (or what stopped its making, raised), else None at once."""
+
+
 @dataclass(frozen=True)
 class WorkerThreads:
     """A live worker's llama.cpp threads, for runner/threads.py."""
@@ -83,10 +98,11 @@ class WorkerPool:
     def __init__(self, specs: Sequence[WorkerSpec], on_answers: Callable[[list[Answer]], None],
                  on_tick: Optional[Callable[["WorkerPool"], None]] = None,
                  max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None, backend: Any = None,
-                 on_threads: Optional[Callable[[ThreadsSet], None]] = None) -> None:
+                 on_threads: Optional[Callable[[ThreadsSet], None]] = None, keep_answers: bool = True) -> None:
         """max_solo_deaths, max_barren_deaths: see runner/crashes.py. backend: where workers live
         (default: local processes, runner/local_workers.py). on_threads: called with a worker's
-        answer to set_threads."""
+        answer to set_threads. keep_answers: keep every answer in `answers` (the job keeps them in
+        its journal instead, through on_answers)."""
         self._backend = backend or LocalBackend()
         self._on_threads = on_threads
         self._log_dir = tempfile.mkdtemp(prefix="ggbatch-workers-")
@@ -97,7 +113,10 @@ class WorkerPool:
         self._crashes = CrashBudget(len(specs), max_solo_deaths, max_barren_deaths or 0)
         self._pending: deque[Question] = deque()
         self._suspects: deque[tuple[Question, ...]] = deque()  # groups, from workers that died
-        self.answers: dict[str, Answer] = {}
+        self.answers: dict[str, Answer] = {}  # when keep_answers
+        self._keep_answers = keep_answers
+        self.n_answered = 0
+        self._open: set[str] = set()  # qids pending or in flight: an answer to anything else is a repeat
         self.paused = False  # admit no new questions (memory is low, or stopping)
         self.finished = False  # every question answered; the workers are still alive
         self._stop_signal = 0
@@ -148,12 +167,13 @@ class WorkerPool:
                 out[w.spec.worker_id] = total
         return out
 
-    def run(self, questions: Sequence[Question],
-            engine: Union[EngineConfig, Mapping[int, EngineConfig]]) -> dict[str, Answer]:
-        """Answer every question (or record why not). Questions should come longest first.
-        engine: every worker's, or each worker's by id (nodes of different sizes)."""
-        self._pending.extend(questions)
-        total = len(questions)
+    def run(self, questions: Sequence[Question], engine: Union[EngineConfig, Mapping[int, EngineConfig]],
+            feed: Optional[Feed] = None, feed_below: int = 0) -> dict[str, Answer]:
+        """Answer every question (or record why not), and those of every window `feed` gives
+        (taken when fewer than feed_below questions are pending). Questions should come longest
+        first. engine: every worker's, or each worker's by id (nodes of different sizes). Returns
+        the answers if kept."""
+        self._add(questions)
         self._engines = engine
         for w in self.workers:
             if w.link is not None:  # started early, waiting for its configuration
@@ -162,12 +182,15 @@ class WorkerPool:
         next_tick = time.perf_counter() + TICK_S
         graceful = False
         try:
-            while len(self.answers) < total:
+            while self._open or (feed is not None and not feed.done):
                 if self._stop_signal and (time.perf_counter() >= self._stop_deadline or
                                           all(w.link is None for w in self.workers)):
                     raise Interrupted(self._stop_signal)
+                waiting_feed = feed is not None and not feed.done and not self._stop_signal
+                if waiting_feed and len(self._pending) < feed_below:
+                    self._add(feed.poll() or ())
                 timeout = max(0.0, min(next_tick, self._stop_deadline or next_tick) - time.perf_counter())
-                self._wait_once(timeout)
+                self._wait_once(min(timeout, FEED_WAIT_S) if waiting_feed and not self._pending else timeout)
                 if time.perf_counter() >= next_tick:
                     next_tick = time.perf_counter() + TICK_S
                     if self._on_tick:
@@ -179,6 +202,12 @@ class WorkerPool:
         finally:
             self._shutdown(graceful)
         return self.answers
+
+    def _add(self, questions: Sequence[Question]) -> None:
+        if questions:
+            self._pending.extend(questions)
+            self._open.update(q.qid for q in questions)
+            self._dispatch()
 
     def request_stop(self, signum: int) -> None:
         """First call: finish in-flight questions for a short grace, then stop. Second: now."""
@@ -292,9 +321,12 @@ class WorkerPool:
     def _record(self, answers: Sequence[Answer]) -> None:
         # A requeued question may come back twice (its first worker's answer arriving after the
         # worker was given up on): keep the first.
-        new = [a for a in answers if a.qid not in self.answers]
+        new = [a for a in answers if a.qid in self._open]
         for a in new:
-            self.answers[a.qid] = a
+            self._open.discard(a.qid)
+            if self._keep_answers:
+                self.answers[a.qid] = a
+        self.n_answered += len(new)
         if new:
             self._crashes.progress()
             self._on_answers(new)

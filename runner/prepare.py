@@ -1,9 +1,16 @@
-"""From records to questions: render every prompt with the chat template, tokenize it once,
-answer identical prompts once, order the work, find the prefix every prompt shares.
+"""From records to questions, a window of records at a time: render every prompt with the chat
+template, tokenize it once, answer identical prompts once, reuse what the journal holds, order
+the work, find the prefix every prompt shares.
 
-    records ─▶ prompt (runner/questions.py) ─▶ tokens ─▶ dedup ─▶ shared prefix ─▶ order:
-    longest first, or with the prefix cache groups of questions that share a prefix
-    (runner/prefix_groups.py)
+    records ─▶ window of WINDOW records ─▶ QuestionMaker (runner/questions.py): prompt, tokens,
+    dedup, journal ─▶ order: longest first, or with the prefix cache groups of questions that
+    share a prefix (runner/prefix_groups.py) ─▶ the workers
+
+A file of up to WINDOW records is one window: every question is known before the first is
+dispatched, as the layout likes it. A bigger file streams: the layout is settled on the first
+window (runner/job.py), and each next window is made while the workers answer the last, so the
+coordinator holds a window of questions and a few bytes for each question before it
+(runner/columns.py), and the first answer comes within seconds of the start.
 """
 
 from __future__ import annotations
@@ -12,90 +19,125 @@ import hashlib
 import logging
 import os
 from array import array
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from .answer_spec import choice_tokens
 from .config import JobConfig
 from .errors import ConfigError
-from .inputs import Record
+from .journal import Journal
 from .layout import PromptFacts
 from .memory import ModelDims, dims_from_metadata
 from .prefix_groups import Sharing, grouped_order
 from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
-from .question_settings import describe_own
-from .questions import QuestionSet, build_questions
+from .inputs import Record
+from .questions import QuestionMaker, QuestionSet
 from .tokenizing import TokenizerProcess
-from ..workers.protocol import Answer, AnswerSpec, GenerationParams, Question
+from ..workers.protocol import AnswerSpec, GenerationParams, Question, VocabInfo
 from ..workers.sequence import common_prefix_len
 
 log = logging.getLogger("ggbatch")
 
+WINDOW = 8192  # records made into questions at a time
+
 
 @dataclass(frozen=True)
-class PreparedJob:
-    ids: list[str]  # every record's id, in input order
-    questions: list[Question]  # unique prompts, longest first
-    aliases: dict[str, str]  # qid -> qid of the identical prompt that is actually answered
-    prefix: array  # the tokens every prompt starts with
-    generation: GenerationParams  # the job's; a question may have its own (Question.generation)
-    chat_template: str  # "model", "plain" or "job"
-    template_sha: str  # of the chat template text actually used
-    dims: ModelDims
-    n_ctx_train: int  # the model's training context (0 = unknown)
-    # qid -> its error, for prompts the model's tokenizer cannot take and requests refused as
-    # asked: never sent to a worker, never journaled (a rerun tries them again), merged into the
-    # output with the answers
-    rejected: dict[str, Answer] = field(default_factory=dict)
-    refused: frozenset[str] = frozenset()  # of those, the requests refused as asked
-    completions: frozenset[str] = frozenset()  # ids of raw /v1/completions prompts
-    model_name: str = ""  # the GGUF's general.name, else its file name
-    own_settings: dict[str, int] = field(default_factory=dict)  # for the report (describe_own)
-    gpu_offload: bool = False  # the llama.cpp build can offload layers (the tokenizer process says)
-    sharing: Optional[Sharing] = None  # what the prefix cache's grouping found (None: off)
+class Window:
+    questions: list[Question]  # to answer, in dispatch order
+    sharing: Optional[Sharing]  # what the prefix cache's grouping found in it (None: off)
+    records: int  # records it was made from
+    last: bool  # no record follows
 
-    def facts(self, n_questions: int) -> PromptFacts:
-        """What the layout needs to know, for n_questions left to answer."""
-        longest = max((len(q.tokens) for q in self.questions), default=0)
-        return PromptFacts(n_questions, longest, len(self.prefix), self.n_ctx_train, self.dims,
-                           self.sharing.groups if self.sharing else 0)
+
+class Preparer:
+    """The tokenizer process and what a job's questions have in common, for the whole run.
+    `answer`: what every answer must be (runner/answer_spec.py job_answer), checked already."""
+
+    def __init__(self, config: JobConfig, model_path: str, answer: Optional[AnswerSpec] = None) -> None:
+        self.config = config
+        self.tokenizer = TokenizerProcess(model_path)
+        info = self.tokenizer.info
+        template, self.chat_template = chat_template(config, info.chat_template)
+        self.builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
+                                     info.bos_text, info.eos_text, config.template_kwargs)
+        stop = config.stop or (PLAIN_STOP if self.builder.is_plain else ())
+        max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
+        self.generation = GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
+        self.template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
+        self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)
+        self.info: VocabInfo = info
+        self.model_name = info.metadata.get("general.name") or Path(model_path).stem
+        self.maker: Optional[QuestionMaker] = None
+        self.groups = 0  # groups numbered so far: each window's numbers follow the last's
+        self.sharing = Sharing(0, 0, 0)  # summed over the windows
+
+    def close(self) -> None:
+        self.tokenizer.close()
+
+    def __enter__(self) -> "Preparer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, journal: Journal) -> None:
+        """The journal is open (its fingerprint needs self.generation): questions can be made."""
+        self.maker = QuestionMaker(self.builder, [self.tokenizer], self.config, self.generation, self.info.n_vocab,
+                                   journal)
 
     @property
-    def max_tokens(self) -> int:
-        """The most tokens any question may generate: its own max_tokens, or the job's."""
-        return max((q.generation.max_tokens if q.generation else self.generation.max_tokens
-                    for q in self.questions), default=self.generation.max_tokens)
+    def made(self) -> QuestionSet:
+        return self.maker.made
+
+    def window(self, records: Sequence[Record], last: bool) -> Window:
+        questions, sharing = order(self.maker.make(records), self.config.prefix_cache == "auto")
+        if sharing is not None and sharing.groups:
+            questions = [replace(q, group=q.group + self.groups) if q.group else q for q in questions]
+            self.groups += sharing.groups
+            self.sharing = Sharing(*(a + b for a, b in zip((self.sharing.groups, self.sharing.grouped,
+                                                             self.sharing.shareable),
+                                                            (sharing.groups, sharing.grouped, sharing.shareable))))
+        return Window(questions, sharing, len(records), last)
+
+    def windows(self, records: Iterator[Record], size: int = WINDOW) -> Iterator[Window]:
+        """The windows of the records left, made one at a time as they are asked for."""
+        batch: list[Record] = []
+        for rec in records:
+            batch.append(rec)
+            if len(batch) == size:
+                yield self.window(batch, False)
+                batch = []
+        yield self.window(batch, True)
+
+    def say(self) -> None:
+        """What the log says once about the questions that will not be answered as asked."""
+        made = self.made
+        refused = len(made.refused)
+        if refused:
+            log.warning("%d request%s cannot be answered as asked; the output says why on each (first: %s)",
+                        refused, "s" if refused > 1 else "", made.first_refused)
+        failed = {qid: a for qid, a in made.rejected.items() if qid not in made.refused}
+        if failed:
+            qid, answer = next(iter(failed.items()))
+            log.warning("%d question%s cannot be tokenized by this model; the output says why on each "
+                        "(first: %s: %s)", len(failed), "s" if len(failed) > 1 else "", qid, answer.error)
 
 
-def prepare(config: JobConfig, model_path: str, records: list[Record],
-            answer: Optional[AnswerSpec] = None) -> PreparedJob:
-    """Render and tokenize every question, with llama.cpp's tokenizer in a process of its own
-    (runner/tokenizing.py), where a crash on text the vocabulary cannot take costs one question.
-    `answer`: what every answer must be (runner/answer_spec.py job_answer), checked already."""
-    if config.prompt_template is not None and records and records[0].request is not None:
-        raise ConfigError(f"prompt.template: {config.input} holds OpenAI Batch requests, which bring their own "
-                          "messages; remove prompt.template")
-    with TokenizerProcess(model_path) as tokenizer:
-        info = tokenizer.info
-        template, kind = chat_template(config, info.chat_template)
-        builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
-                                info.bos_text, info.eos_text, config.template_kwargs)
-        stop = config.stop or (PLAIN_STOP if builder.is_plain else ())
-        max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
-        generation = GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
-        made = build_questions(records, builder, [tokenizer], config, generation, info.n_vocab)
-    _say(made)
-    dims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)
-    questions, sharing = order(made.questions, config.prefix_cache == "auto")
-    prefix = common_prefix([q.tokens for q in questions]) if len(questions) > 1 else array("i")
-    template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
-    own = describe_own([q.generation for q in questions if q.generation is not None])
-    # Only the ids are kept: the records' fields were needed for rendering alone.
-    return PreparedJob([r.qid for r in records], questions, made.aliases, prefix, generation, kind, template_sha,
-                       dims, info.n_ctx_train, made.rejected, frozenset(made.refused), frozenset(made.completions),
-                       info.metadata.get("general.name") or Path(model_path).stem, own, info.gpu_offload,
-                       sharing)
+def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: int = 0) -> tuple[PromptFacts, array]:
+    """What the layout needs to know, from the first window (and, for a streamed file, a guess of
+    the longest prompt to come), and the prefix every prompt of the first window shares."""
+    prompts = [q.tokens for q in first.questions]
+    prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
+    longest = max(max((len(p) for p in prompts), default=0), longest_guess)
+    return PromptFacts(n_questions, longest, len(prefix), preparer.info.n_ctx_train, preparer.dims,
+                       first.sharing.groups if first.sharing else 0), prefix
+
+
+def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> int:
+    """The most tokens any question may generate: its own max_tokens, or the job's."""
+    return max((q.generation.max_tokens if q.generation else generation.max_tokens for q in questions),
+               default=generation.max_tokens)
 
 
 def order(questions: list[Question], grouped: bool) -> tuple[list[Question], Optional[Sharing]]:
@@ -112,17 +154,10 @@ def order(questions: list[Question], grouped: bool) -> tuple[list[Question], Opt
     return [replace(questions[i], group=group) if group else questions[i] for i, group in placed], sharing
 
 
-def _say(made: QuestionSet) -> None:
-    """What the log says once about the questions that will not be answered as asked."""
-    refused = len(made.refused)
-    if refused:
-        log.warning("%d request%s cannot be answered as asked; the output says why on each (first: %s)",
-                    refused, "s" if refused > 1 else "", made.first_refused)
-    failed = {qid: a for qid, a in made.rejected.items() if qid not in made.refused}
-    if failed:
-        qid, answer = next(iter(failed.items()))
-        log.warning("%d question%s cannot be tokenized by this model; the output says why on each "
-                    "(first: %s: %s)", len(failed), "s" if len(failed) > 1 else "", qid, answer.error)
+def check_requests(config: JobConfig, first: Sequence[Record]) -> None:
+    if config.prompt_template is not None and first and first[0].request is not None:
+        raise ConfigError(f"prompt.template: {config.input} holds OpenAI Batch requests, which bring their own "
+                          "messages; remove prompt.template")
 
 
 def chat_template(config: JobConfig, model_template: Optional[str]) -> tuple[Optional[str], str]:

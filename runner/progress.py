@@ -88,6 +88,13 @@ class Progress:
         if self._bar is not None:
             self._bar.reset(total=value)
 
+    def grow(self, n: int) -> None:
+        """More questions to answer: the next window of a streamed file."""
+        self._total += n
+        if self._bar is not None:
+            self._bar.total = self._total
+            self._bar.refresh()
+
     def answered(self, answers: Sequence[Answer]) -> None:
         self.done += len(answers)
         self.failed += sum(a.error is not None for a in answers)

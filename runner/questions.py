@@ -3,7 +3,9 @@ and tokenized once (runner/tokenizing.py), with its own generation settings when
 for any (runner/question_settings.py), identical ones answered once, and those that cannot be
 answered turned into their error.
 
-    record ─▶ prompt text ─▶ tokens ─▶ settings ─▶ Question | alias of an identical one | error answer
+    record ─▶ answer in the journal (by the record's hash)
+           ─▶ prompt text ─▶ tokens ─▶ settings ─▶ Question | alias of an identical one
+                                                   | answer in the journal (by the prompt's hash) | error answer
 
 A record's prompt is the job's prompt.template through the chat template; an OpenAI Batch line's
 is its messages through the chat template (/v1/chat/completions) or its prompt as it is
@@ -14,57 +16,90 @@ from __future__ import annotations
 
 import zlib
 from array import array
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional, Sequence, Union
 
 from .answer_spec import format_grammar, record_choices, with_choices
 from .config import CHOICES_AUTO, JobConfig
+from .columns import HashIndex, IdColumn, text_key
 from .errors import ConfigError, quote
 from .formats.record import Record
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
-from .question_settings import QuestionSettings, is_greedy, own_generation, vocabulary_problem
+from .journal import Expected, Journal, prompt_hash, prompt_key, record_hash
+from .question_settings import QuestionSettings, describe_own, has_grammar, is_greedy, own_generation, vocabulary_problem
 from .tokenizing import Rejected, TokenizerProcess, tokenize_all
 from ..workers.protocol import Answer, FinishReason, GenerationParams, Question
+
+CHECK_MASK = (1 << 31) - 1
+INDEX_MASK = (1 << 32) - 1
 
 
 @dataclass
 class QuestionSet:
-    questions: list[Question] = field(default_factory=list)  # unique prompts (with their settings)
-    aliases: dict[str, str] = field(default_factory=dict)  # qid -> qid of the identical question answered
+    """What the questions of a job came to, window after window (the questions themselves go to
+    the workers and are not kept)."""
+
+    aliases: int = 0  # questions that take the answer of an identical one (IdColumn.same_as)
     # qid -> its error answer, never sent to a worker nor journaled (a rerun tries again): a prompt
     # the model's tokenizer cannot take, a request refused as asked
     rejected: dict[str, Answer] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)  # of those, the requests refused as asked
     first_refused: str = ""  # "file:line: why", for the log
     completions: set[str] = field(default_factory=set)  # ids of raw /v1/completions prompts
+    with_grammar: set[str] = field(default_factory=set)  # ids of questions with a grammar of their own
+    own_settings: Counter[str] = field(default_factory=Counter)  # question_settings.describe_own, summed
+    unique: int = 0  # prompts answered, now or before (from the journal)
+    reused: int = 0  # of those, answers the journal held
 
 
-def build_questions(records: list[Record], builder: PromptBuilder, tokenizers: list[TokenizerProcess],
-                    config: JobConfig, job: GenerationParams, n_vocab: int) -> QuestionSet:
-    """Render and tokenize every record; `job`: the job's generation settings."""
-    maker = _Maker(builder, config, job, n_vocab)
-    # The prompts are rendered as the tokenizer process takes them (rendering overlaps tokenizing);
-    # the records of those rendered wait here, in order, for their tokens.
-    waiting: deque[Record] = deque()
+class QuestionMaker:
+    """Records to the questions the workers answer, a window of records at a time; what must be
+    remembered across windows (which prompts were seen, the journal) is kept compact."""
 
-    def prompts() -> Iterator[tuple[str, bool]]:
-        for rec in records:
-            text = maker.prompt(rec)
-            if text is not None:
-                waiting.append(rec)
-                yield text, builder.needs_bos(text)
-
-    for tokens in tokenize_all(tokenizers, prompts()):
-        maker.add(waiting.popleft(), tokens)
-    return maker.made
-
-
-class _Maker:
-    def __init__(self, builder: PromptBuilder, config: JobConfig, job: GenerationParams, n_vocab: int) -> None:
-        self.builder, self.config, self.job, self.n_vocab = builder, config, job, n_vocab
+    def __init__(self, builder: PromptBuilder, tokenizers: list[TokenizerProcess], config: JobConfig,
+                 job: GenerationParams, n_vocab: int, journal: Journal) -> None:
+        self.builder, self.tokenizers, self.config, self.job, self.n_vocab = builder, tokenizers, config, job, n_vocab
+        self.journal = journal
         self.made = QuestionSet()
-        self._by_prompt: dict[object, str] = {}
+        # Identical prompts: the prompt hash's first 64 bits -> (31 more bits << 32) | index in
+        # self.ids of the first one; 95 bits must match for a question to take another's answer.
+        self._first = HashIndex()
+        self.ids = IdColumn()
+
+    def make(self, records: Sequence[Record]) -> list[Question]:
+        """The questions of these records still to answer, in file order; the rest are answers
+        the journal holds, aliases of identical prompts, or errors (self.made)."""
+        questions: list[Question] = []
+        waiting: deque[tuple[Record, int]] = deque()  # rendered, waiting for their tokens
+        journaled = self.journal.reuse_records([rec.key or text_key(rec.qid) for rec in records],
+                                               [rec.digest for rec in records])
+
+        def prompts() -> Iterator[tuple[str, bool]]:
+            for rec, prompt in zip(records, journaled):
+                index = self.ids.append(rec.qid)
+                if prompt is not None:
+                    self._journaled(rec, index, prompt)
+                    continue
+                text = self.prompt(rec)
+                if text is not None:
+                    waiting.append((rec, index))
+                    yield text, self.builder.needs_bos(text)
+
+        # The prompts are rendered as the tokenizer process takes them (rendering overlaps tokenizing).
+        for tokens in tokenize_all(self.tokenizers, prompts()):
+            question = self.add(*waiting.popleft(), tokens)
+            if question is not None:
+                questions.append(question)
+        return questions
+
+    def _journaled(self, rec: Record, index: int, prompt: int) -> None:
+        """An answer of this very record is in the journal (its prompt's key): reused without
+        rendering or tokenizing."""
+        own = self._own_generation(rec)
+        if is_greedy(own or self.job):
+            self._first.add(prompt, index)  # without the 31 more bits: a journaled prompt is found by 64
+        self._count(rec.qid, own, reused=True)
 
     def prompt(self, rec: Record) -> Optional[str]:
         """The prompt text, or None for a request refused as asked (its error answer is made)."""
@@ -85,22 +120,47 @@ class _Maker:
         self.made.first_refused = self.made.first_refused or f"{self.config.input}:{rec.line}: {why}"
         return None
 
-    def add(self, rec: Record, tokens: Union[array, Rejected]) -> None:
+    def add(self, rec: Record, index: int, tokens: Union[array, Rejected]) -> Optional[Question]:
+        """The question to answer, or None: it failed, takes an identical prompt's answer, or the
+        journal holds its answer."""
         if isinstance(tokens, Rejected):
             self._fail(rec.qid, tokens.reason)
-            return
+            return None
         own = self._own_generation(rec)
-        # Identical prompts are answered once, but only when greedy and asked with equal settings:
-        # with sampling each question has its own seed, so duplicates are meant to differ.
-        key = tokens.tobytes() if own is None else (tokens.tobytes(), own)
-        first = self._by_prompt.get(key)
-        if first is not None and is_greedy(own or self.job):
-            self.made.aliases[rec.qid] = first
-            return
-        self._by_prompt.setdefault(key, rec.qid)
+        h = prompt_hash(tokens, own)
+        # Identical prompts are answered once, but only when greedy and asked with equal settings
+        # (in the hash): with sampling each question has its own seed, so duplicates are meant to differ.
+        if is_greedy(own or self.job):
+            first = self._first_of(h)
+            if first is not None:
+                self.ids.same_as(index, first)
+                self.made.aliases += 1
+                return None
+            self._first.add(prompt_key(h), (int(h[16:24], 16) & CHECK_MASK) << 32 | index)
+        reused = self.journal.reuse_prompt(rec.qid, h)
+        self._count(rec.qid, own, reused)
+        if reused:
+            return None
+        self.journal.expect(rec.qid, Expected(h, record_hash(rec.digest) if rec.digest else ""))
         seed = rec.request.settings.seed if rec.request and rec.request.settings.seed is not None else None
-        self.made.questions.append(Question(rec.qid, tokens, question_seed(self.config.sampling.seed, rec.qid)
-                                            if seed is None else seed, own))
+        return Question(rec.qid, tokens, question_seed(self.config.sampling.seed, rec.qid) if seed is None else seed,
+                        own)
+
+    def _first_of(self, h: str) -> Optional[int]:
+        """The index of the first question with this prompt hash, if one was seen."""
+        value = self._first.get(prompt_key(h))
+        if value is None:
+            return None
+        check, index = value >> 32, value & INDEX_MASK
+        return index if check in (0, int(h[16:24], 16) & CHECK_MASK) else None
+
+    def _count(self, qid: str, own: Optional[GenerationParams], reused: bool) -> None:
+        self.made.unique += 1
+        self.made.reused += reused
+        if own is not None:
+            self.made.own_settings.update(describe_own([own]))
+            if has_grammar(own):
+                self.made.with_grammar.add(qid)
 
     def _own_generation(self, rec: Record) -> Optional[GenerationParams]:
         if rec.request is None:

@@ -1,7 +1,7 @@
 """The run report: enough to judge the run and to reproduce it.
 
 A RunReport is built from what was planned (JobSetup: config, model, layout, memory plan) and
-what happened (RunOutcome: the answers, what each worker did as the pool saw it, what the monitor
+what happened (RunOutcome: the answers counted, what each worker did as the pool saw it, what the monitor
 measured, the timings). `as_json()` is its serialisation, the report file's schema; callers in
 Python read its fields.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import resource
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -21,8 +20,9 @@ from .memory import MemoryPlan
 from .model import ModelIdentity
 from .monitor import UsageSummary
 from .prefix_groups import Sharing
+from .tally import AnswerTally
 from .versions import package_version
-from ..workers.protocol import RESPONSE_FORMAT_ENFORCED, Answer, GenerationParams
+from ..workers.protocol import RESPONSE_FORMAT_ENFORCED, GenerationParams
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -32,6 +32,20 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
     s = sorted(values)
     pick = lambda q: s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]  # noqa: E731
     return {"p50": round(pick(0.50), 3), "p95": round(pick(0.95), 3), "max": round(s[-1], 3)}
+
+
+def own_peak_rss_mib() -> float:
+    """The coordinator's peak resident memory: Linux's VmHWM, which starts afresh with the
+    process's own address space (getrusage's ru_maxrss is kept across exec, so a process started
+    by a big one would report its parent's peak)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def own_cpu_s() -> float:
@@ -82,9 +96,8 @@ class JobSetup:
 class RunOutcome:
     """What happened."""
 
-    answers: Mapping[str, Answer]  # answered in this run
+    tally: AnswerTally  # the answers of this run, counted (and those refused before any worker saw them)
     reused: int  # answers taken from the journal instead
-    failed_before_run: Sequence[Answer]  # questions refused before any worker saw them
     workers: Sequence[WorkerRun]
     usage: UsageSummary
     timings: Mapping[str, Optional[float]]  # total_s, prepare_s, run_s, first_worker_ready_s
@@ -103,16 +116,12 @@ class RunReport:
     coordinator_cpu_s: float = field(default_factory=own_cpu_s)
 
     @property
-    def all_answers(self) -> list[Answer]:
-        return [*self.outcome.answers.values(), *self.outcome.failed_before_run]
-
-    @property
     def failed(self) -> int:
-        return sum(a.error is not None for a in self.all_answers)
+        return self.outcome.tally.failed
 
     @property
     def answered(self) -> int:
-        return sum(a.error is None for a in self.all_answers) + self.outcome.reused
+        return self.outcome.tally.answered + self.outcome.reused
 
     def as_json(self) -> dict[str, Any]:
         """The report file: the schema users' tooling reads."""
@@ -120,7 +129,7 @@ class RunReport:
                 "llama_cpp_python_version": self.versions["llama_cpp_python"],
                 "model": self.setup.model.as_report(), "layout": self._layout(),
                 "generation": self._generation(), "questions": self._questions(),
-                "errors": [{"questionID": a.qid, "error": a.error} for a in self.all_answers if a.error][:20],
+                "errors": [{"questionID": qid, "error": error} for qid, error in self.outcome.tally.errors],
                 **self._throughput(), "timings_s": self._timings(),
                 "workers": {str(w.worker_id): self._worker(w) for w in self.outcome.workers},
                 "prefix_cache": self._prefix_cache(), "memory": self._memory(), "threads": self._threads(),
@@ -147,26 +156,25 @@ class RunReport:
                 "answer": _answer_shape(config)}
 
     def _questions(self) -> dict[str, Any]:
-        done, shard = self.all_answers, self.setup.config.shard
+        shard = self.setup.config.shard
         return {"records": self.setup.records, "unique_prompts": self.setup.unique_prompts,
                 "shard": {"index": shard.index, "count": shard.count} if shard is not None else None,
                 "input_format": self.setup.formats[0], "output_format": self.setup.formats[1],
                 "answered": self.answered, "failed": self.failed, "from_journal": self.outcome.reused,
-                "finish_reasons": dict(Counter(a.finish_reason.value for a in done))}
+                "finish_reasons": dict(self.outcome.tally.finish_reasons)}
 
     def _throughput(self) -> dict[str, Any]:
         """Tokens, rates, latency and occupancy of the answers made in this run (reused ones
         took no time here)."""
-        made = list(self.outcome.answers.values())
-        ok = [a for a in made if a.error is None]
+        tally = self.outcome.tally
         run_s = self.outcome.timings.get("run_s") or 1e-9
-        prompt, generated = sum(a.prompt_tokens for a in made), sum(a.completion_tokens for a in made)
+        prompt, generated = tally.prompt_tokens, tally.generated_tokens
         busy = sum(w.engine.get("busy_slots", 0.0) for w in self.outcome.workers)
         steps = sum(w.engine.get("steps", 0.0) for w in self.outcome.workers)
         return {"tokens": {"prompt": prompt, "generated": generated, "prompt_per_s": round(prompt / run_s, 2),
                            "generated_per_s": round(generated / run_s, 2)},
-                "latency_s": percentiles([a.latency_s for a in ok]),
-                "ttft_s": percentiles([a.ttft_s for a in ok if a.completion_tokens]),
+                "latency_s": percentiles(tally.latency_s),
+                "ttft_s": percentiles(tally.ttft_s),
                 "mean_slot_occupancy": round(busy / (steps * self.setup.layout.slots), 3) if steps else None}
 
     def _prefix_cache(self) -> dict[str, Any]:
@@ -174,7 +182,7 @@ class RunReport:
         lives: a restarted worker's earlier counters are gone), and what the cache held."""
         engines = [w.engine for w in self.outcome.workers]
         total = lambda key: int(sum(e.get(key, 0.0) for e in engines))  # noqa: E731
-        in_questions = sum(a.prompt_tokens for a in self.outcome.answers.values())
+        in_questions = self.outcome.tally.prompt_tokens
         computed = total("prompt_computed")
         sharing = self.setup.sharing
         kept = max((int(e.get("kept_tokens_peak", 0.0)) for e in engines), default=0)
@@ -191,9 +199,7 @@ class RunReport:
                 "coordinator_cpu_s": round(self.coordinator_cpu_s, 3)}
 
     def _worker(self, w: WorkerRun) -> dict[str, Any]:
-        mine = [a for a in self.outcome.answers.values() if a.worker_id == w.worker_id]
-        return {"cores": list(w.cores), "questions": len(mine),
-                "generated_tokens": sum(a.completion_tokens for a in mine), "restarts": w.restarts,
+        return {"cores": list(w.cores), **self.outcome.tally.of_worker(w.worker_id), "restarts": w.restarts,
                 "load_s": round(w.load_s, 3) if w.load_s is not None else None, "llama_n_threads": w.n_threads,
                 "device": w.device, "n_gpu_layers": gpu_layers_text(w.n_gpu_layers), "gpu_layers": w.gpu_layers,
                 **({"node": dict(w.node)} if w.node else {}),
@@ -209,6 +215,8 @@ class RunReport:
                 "measured_peak_pss_mib": round(sum(u.get("peak_pss_mib", 0) for u in usage.workers.values()), 1),
                 "mean_core_utilisation_percent": usage.mean_core_utilisation_percent,
                 "peak_system_used_mib": usage.peak_system_used_mib,
+                # the coordinator's own (its workers and tokenizer are processes of their own)
+                "coordinator_peak_rss_mib": own_peak_rss_mib(),
                 "min_system_available_mib": usage.min_system_available_mib}
 
 

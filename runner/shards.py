@@ -1,6 +1,6 @@
 """Shards for job arrays: `--shard I/N` answers the questions whose id hashes to I of N.
 
-    question file ─▶ records ─▶ shard_records (I/N) ─▶ the rest of run_job, unchanged
+    question file ─▶ records ─▶ in_shard (I/N) ─▶ the rest of run_job, unchanged
                                                          answers.shard-I-of-N.jsonl (+ its journal)
     ggbatch merge ─▶ answers.jsonl, in the question file's order (runner/merge_parts.py)
 
@@ -58,11 +58,14 @@ def shard_of(qid: str, count: int) -> int:
     return int.from_bytes(digest, "big") % count
 
 
+def in_shard(qid: str, shard: Optional[Shard]) -> bool:
+    """Whether a question belongs to this shard (every question does without a shard)."""
+    return shard is None or shard_of(qid, shard.count) == shard.index
+
+
 def shard_records(records: Sequence[T], shard: Optional[Shard]) -> list[T]:
     """The records of this shard, in file order (all of them without a shard)."""
-    if shard is None:
-        return list(records)
-    return [r for r in records if shard_of(r.qid, shard.count) == shard.index]
+    return [r for r in records if in_shard(r.qid, shard)]
 
 
 def parse_shard(spec: str, env: Mapping[str, str]) -> Shard:

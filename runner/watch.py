@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import psutil
 
@@ -18,9 +18,10 @@ from .memory_guard import LowMemoryPause
 from .monitor import Monitor
 from .progress import Progress
 from .stalls import StallWatch
+from .tally import AnswerTally
 from .threads import ThreadChange, ThreadController, core_load
 from .timeline import Sample, Timeline, WorkerPoint
-from ..workers.protocol import Answer, EngineStats, ThreadsSet
+from ..workers.protocol import Answer, EngineStats, FinishReason, ThreadsSet
 
 log = logging.getLogger("ggbatch")
 
@@ -38,7 +39,10 @@ class RunWatch:
         self.thread_changes: list[dict[str, Any]] = []  # as the workers made them, for the report
         self._asked: dict[int, ThreadChange] = {}  # changes asked of the workers, not answered yet
         self._other: dict[int, float] = {}  # worker id -> other load on its cores, last interval
-        self.journal: Optional[Journal] = None  # opened once the questions are tokenized
+        self.journal: Optional[Journal] = None  # opened once the tokenizer has said what the prompts are made of
+        self.tally = AnswerTally()  # the answers are in the journal; the report needs their numbers
+        self.with_grammar: Callable[[str], bool] = lambda qid: False  # answers held to a grammar
+        self.cut: list[str] = []  # ids of those that max_tokens cut (finish_reason length)
         self._started = time.perf_counter() if started is None else started
 
     def start_run(self, total: int, max_tokens: int, slots: int, pool: Any = None) -> None:
@@ -53,7 +57,9 @@ class RunWatch:
 
     def on_answers(self, answers: list[Answer]) -> None:
         self.journal.append(answers)
+        self.tally.add(answers)
         self.progress.answered(answers)
+        self.cut += [a.qid for a in answers if a.finish_reason is FinishReason.LENGTH and self.with_grammar(a.qid)]
 
     def tick(self, pool: Any) -> None:
         """pool: runner/pool.py WorkerPool."""
@@ -92,7 +98,7 @@ class RunWatch:
         for wid, threads in pool.llama_threads().items():
             usage = self.monitor.workers.get(wid)
             load = usage and core_load(self.monitor.cores, usage.affinity, usage.interval_cpu_s)
-            if not load:
+            if not load or load.interval_s <= 0:  # two samples within the clock's tick: nothing to judge
                 continue
             self._other[wid] = load.other
             log.debug("worker %d: cores %s over %.2f s: %.2f busy, %.2f its own, %.2f other (%.2f steal) "

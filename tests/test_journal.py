@@ -73,3 +73,20 @@ def test_a_question_whose_own_settings_changed_is_answered_again(tmp_path):
     assert [q.qid for q in todo] == ["q2"] and sorted(reused) == ["q1", "q3"]
     assert reused["q3"].created == 12.5  # an OpenAI line's "created" and ids survive the rerun
     j.close()
+
+
+def test_a_rerun_reads_each_entry_right_whatever_its_text_holds(tmp_path):
+    path = str(tmp_path / "j.jsonl")
+    tricky = ['say "error": null', 'a \\ backslash, "quoted"', "日本 \u2028", ', "error": "x"']
+    qids = ['plain', 'with "quote"', 'back\\slash', '日本']
+    j = Journal(path, FP)
+    asked = [question(q, i) for i, q in enumerate(qids)]
+    j.split(asked)
+    j.append([answer(q, t) for q, t in zip(qids, tricky)])
+    j.append([answer("failed", error='boom "error": null')])
+    j.close()
+    j = Journal(path, FP)
+    todo, reused = j.split(asked + [question("failed", 9)])
+    assert {q: a.text for q, a in reused.items()} == dict(zip(qids, tricky))
+    assert [q.qid for q in todo] == ["failed"]  # a failed answer is retried, whatever its error says
+    j.close()

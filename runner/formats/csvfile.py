@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 from ..errors import InputError, quote
 
 
-def csv_rows(path: str, text: str,
+def csv_rows(path: str, text: Union[str, Iterable[str]],
              required: Optional[Mapping[str, str]] = None) -> Iterator[tuple[int, dict[str, str]]]:
     """(line the row starts on, {column: value}) of each data row; blank lines are skipped. A row
-    with more or fewer fields than the header is an error naming its line. `required`: columns
-    the header must name (column -> the job key that names it, for the error)."""
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    with more or fewer fields than the header is an error naming its line. `text`: the file's
+    text, or its lines as they are read. `required`: columns the header must name (column -> the
+    job key that names it, for the error)."""
+    reader = csv.reader(io.StringIO(text, newline="") if isinstance(text, str) else text, strict=True)
     header = _header(path, reader)
     if header:
         _require(path, header, required or {})
@@ -61,6 +62,13 @@ def _require(path: str, header: Sequence[str], columns: Mapping[str, str]) -> No
         if column not in header:
             names = ", ".join(map(quote, header[:12]))
             raise InputError(f"{path}:1: the header has no column {quote(column)} ({key}); its columns: {names}")
+
+
+def csv_line(cells: Sequence[Any]) -> str:
+    """One CSV record with its line break, as csv.writer writes it."""
+    out = io.StringIO(newline="")
+    csv.writer(out).writerow(cells)
+    return out.getvalue()
 
 
 def render_csv(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:

@@ -18,15 +18,10 @@ one): unique in a file, and the same when a rerun rewrites an answer its journal
 from __future__ import annotations
 
 import hashlib
-import json
-from typing import Any, Sequence
+from typing import Any
 
 from .rows import OutputSpec, Row, split_thinking
 from ...workers.protocol import Answer, FinishReason
-
-
-def render_openai(rows: Sequence[Row], spec: OutputSpec) -> str:
-    return "".join(json.dumps(batch_line(row, spec), ensure_ascii=False) + "\n" for row in rows)
 
 
 def batch_line(row: Row, spec: OutputSpec) -> dict[str, Any]:

@@ -26,6 +26,7 @@ class OutputSpec:
     completions: frozenset[str] = frozenset()  # ids of /v1/completions lines (text_completion objects)
     refused: frozenset[str] = frozenset()  # ids of requests refused as asked (answered with a 400)
     started: float = 0.0  # Unix time the run started: "created" of a line that has no answer
+    choice_logprobs: bool = False  # answers carry choice_logprobs (answer.logprobs): CSV gives them a column
 
 
 def split_thinking(text: str) -> tuple[Optional[str], str]:

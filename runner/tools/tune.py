@@ -81,7 +81,7 @@ def tune(model_path: str, input_path: Optional[str], n_questions: int, max_token
             t = report.outcome.timings
             seconds = t["total_s"] - (t["first_worker_ready_s"] or 0.0)
             used = report.setup.layout
-            generated = sum(a.completion_tokens for a in report.outcome.answers.values())
+            generated = report.outcome.tally.generated_tokens
             trial = {"workers": used.workers, "threads": used.threads, "slots": used.slots,
                      "repack": used.repack, "n_ctx_per_sequence": used.n_ctx_seq,
                      "generated_tok_s": round(generated / seconds, 2), "wall_s": round(t["total_s"], 2)}

@@ -1,0 +1,134 @@
+"""Per-question columns compact enough for files of millions of questions: what the coordinator
+keeps of every question once its window has gone to the workers (runner/prepare.py).
+
+    IdColumn    the ids in input order, one bytes blob (a million ids of ~10 characters: ~18 MB,
+                against ~65 MB as a list of str), and for each the question whose answer it
+                takes when its prompt is another's (8 bytes, where a dict of aliases takes ~150)
+    HashIndex   64-bit key -> int64 value, sorted numpy arrays (16 bytes an entry) plus a small
+                dict of the latest additions merged in now and then (a dict of a million int
+                keys and values would take ~100 MB)
+
+numpy is imported only once an index outgrows its dict (MERGE_AT keys): a job of a few thousand
+questions starts without it (runner/job.py's start-up, and every spawned worker's re-import of
+the main module, would pay half a second).
+
+Keys are key64() of a text: 64 bits of blake2b. Two different texts share a key with odds of
+about n² / 2^65 (3e-8 for a million): callers that must be exact check the text behind a hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import Any, Iterator, Optional, Sequence
+
+MERGE_AT = 1 << 16  # additions held in the dict before they are merged into the arrays
+
+
+def key64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def text_key(text: str) -> int:
+    return key64(text.encode("utf-8", "surrogatepass"))
+
+
+class IdColumn:
+    """Question ids in input order, and which question's answer each takes."""
+
+    def __init__(self) -> None:
+        self._blob = bytearray()
+        self._ends = array("q")
+        self._same_as = array("q")  # index of the question whose answer it takes (-1: its own)
+
+    def append(self, qid: str) -> int:
+        """Add an id; returns its index."""
+        self._blob += qid.encode("utf-8", "surrogatepass")
+        self._ends.append(len(self._blob))
+        self._same_as.append(-1)
+        return len(self._ends) - 1
+
+    def same_as(self, index: int, first: int) -> None:
+        """Question `index` takes the answer of question `first` (their prompts are identical)."""
+        self._same_as[index] = first
+
+    def answered_as(self) -> Iterator[tuple[str, str]]:
+        """(id, id of the question whose answer it takes) in input order."""
+        for i, qid in enumerate(self):
+            first = self._same_as[i]
+            yield qid, qid if first < 0 else self[first]
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, i: int) -> str:
+        start = self._ends[i - 1] if i > 0 else 0
+        return self._blob[start:self._ends[i]].decode("utf-8", "surrogatepass")
+
+    def __iter__(self) -> Iterator[str]:
+        start = 0
+        for end in self._ends:
+            yield self._blob[start:end].decode("utf-8", "surrogatepass")
+            start = end
+
+
+class HashIndex:
+    """64-bit key -> int64 value; adding a key again replaces its value."""
+
+    def __init__(self) -> None:
+        self._keys: Any = ()  # numpy arrays once merged
+        self._values: Any = ()
+        self._recent: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        self._merge()
+        return len(self._keys)
+
+    def add(self, key: int, value: int) -> None:
+        self._recent[key] = value
+        if len(self._recent) >= MERGE_AT:
+            self._merge()
+
+    def get(self, key: int) -> Optional[int]:
+        value = self._recent.get(key)
+        if value is not None or not len(self._keys):
+            return value
+        import numpy as np
+
+        i = int(np.searchsorted(self._keys, np.uint64(key)))
+        if i < len(self._keys) and int(self._keys[i]) == key:
+            return int(self._values[i])
+        return None
+
+    def get_many(self, keys: Sequence[int]) -> list[Optional[int]]:
+        """get() of each key, the arrays searched once for all of them."""
+        if not len(self._keys):
+            return [self._recent.get(k) for k in keys]
+        import numpy as np
+
+        wanted = np.fromiter(keys, np.uint64, len(keys))
+        at = np.minimum(np.searchsorted(self._keys, wanted), len(self._keys) - 1)
+        found = (self._keys[at] == wanted).tolist()
+        values = self._values[at].tolist()
+        recent = self._recent
+        return [recent.get(k, v if hit else None) for k, v, hit in zip(keys, values, found)]
+
+    def add_many(self, keys: Sequence[int], values: Sequence[int]) -> None:
+        self._recent.update(zip(keys, values))
+        if len(self._recent) >= MERGE_AT:
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self._recent:
+            return
+        import numpy as np
+
+        keys = np.concatenate([np.asarray(self._keys, np.uint64),
+                               np.fromiter(self._recent.keys(), np.uint64, len(self._recent))])
+        values = np.concatenate([np.asarray(self._values, np.int64),
+                                 np.fromiter(self._recent.values(), np.int64, len(self._recent))])
+        order = np.argsort(keys, kind="stable")  # a key added again: its newer value comes last
+        keys, values = keys[order], values[order]
+        last = np.append(keys[1:] != keys[:-1], True)
+        self._keys, self._values = keys[last], values[last]
+        self._recent.clear()

@@ -1,0 +1,60 @@
+"""What the report says of the answers of a run, counted as they arrive: the answers themselves
+go to the journal (runner/journal.py) and are not kept, so a run of millions of questions holds
+a few numbers per answer here (its latency and time to first token), not the answers.
+
+    answers of this run ─▶ add(made=True)    counts, tokens, latencies, per worker
+    refused before any worker saw them ─▶ add(made=False)    counts only
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from typing import Any, Iterable
+
+from ..workers.protocol import Answer
+
+FIRST_ERRORS = 20  # errors the report quotes
+
+
+class AnswerTally:
+    def __init__(self) -> None:
+        self.answered = 0  # without an error
+        self.failed = 0
+        self.made = 0  # by a worker in this run
+        self.errors: list[tuple[str, str]] = []  # (qid, error), the first FIRST_ERRORS
+        self.finish_reasons: Counter[str] = Counter()
+        self.prompt_tokens = 0  # of the answers made
+        self.generated_tokens = 0
+        self.latency_s = array("d")  # of the answers made without an error
+        self.ttft_s = array("d")  # of those that generated a token
+        self.by_worker: dict[int, list[int]] = {}  # worker id -> [answers, generated tokens]
+
+    def add(self, answers: Iterable[Answer], made: bool = True) -> None:
+        """made: answered by a worker here (False: refused before any worker saw it)."""
+        for a in answers:
+            self.finish_reasons[a.finish_reason.value] += 1
+            if a.error is None:
+                self.answered += 1
+            else:
+                self.failed += 1
+                if len(self.errors) < FIRST_ERRORS:
+                    self.errors.append((a.qid, a.error))
+            if made:
+                self._made(a)
+
+    def _made(self, a: Answer) -> None:
+        self.made += 1
+        self.prompt_tokens += a.prompt_tokens
+        self.generated_tokens += a.completion_tokens
+        if a.error is None:
+            self.latency_s.append(a.latency_s)
+            if a.completion_tokens:
+                self.ttft_s.append(a.ttft_s)
+        mine = self.by_worker.setdefault(a.worker_id, [0, 0])
+        mine[0] += 1
+        mine[1] += a.completion_tokens
+
+    def of_worker(self, worker_id: int) -> dict[str, Any]:
+        questions, generated = self.by_worker.get(worker_id, (0, 0))
+        return {"questions": questions, "generated_tokens": generated}

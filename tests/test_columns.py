@@ -1,0 +1,61 @@
+"""The compact per-question columns of a streamed file (runner/columns.py) and the answer tally."""
+
+import json
+
+from ggbatch.runner import columns
+from ggbatch.runner.columns import HashIndex, IdColumn, text_key
+from ggbatch.runner.formats.rows import OutputSpec, Row
+from ggbatch.runner.outputs import render
+from ggbatch.runner.tally import AnswerTally
+from ggbatch.workers.protocol import Answer, FinishReason
+
+
+def test_ids_come_back_in_order_whatever_their_characters():
+    ids = IdColumn()
+    names = ["q1", "", "日本-7", "007", "a\u2028b", "x" * 300]
+    assert [ids.append(n) for n in names] == list(range(len(names)))
+    assert list(ids) == names and [ids[i] for i in range(len(names))] == names and len(ids) == len(names)
+    ids.same_as(3, 0)  # "007" takes the answer of "q1"
+    assert list(ids.answered_as())[2:4] == [("日本-7", "日本-7"), ("007", "q1")]
+
+
+def test_a_hash_index_finds_every_key_before_and_after_merging(monkeypatch):
+    monkeypatch.setattr(columns, "MERGE_AT", 7)  # merge often: the arrays and the dict both answer
+    index = HashIndex()
+    keys = [text_key(f"q{i}") for i in range(100)]
+    for i, k in enumerate(keys):
+        index.add(k, i)
+    assert [index.get(k) for k in keys] == list(range(100))
+    assert index.get(text_key("absent")) is None
+    index.add(keys[3], -1)  # a key added again: the newer value
+    assert index.get(keys[3]) == -1
+    assert len(index) == 100 and index.get(keys[3]) == -1  # after the merge too
+    index.add(keys[5], 55)  # in the dict, not merged yet
+    absent = text_key("absent")
+    assert index.get_many([keys[0], absent, keys[3], keys[5], keys[99]]) == [0, None, -1, 55, 99]
+    index.add_many([absent], [7])
+    assert index.get_many([absent]) == [7]
+
+
+def test_json_rows_are_written_exactly_as_json_dumps_writes_the_array():
+    answers = [Answer(f"q{i}", f"text {i}\nmore", FinishReason.STOP, 3, 1, 0, 0.1, 0.2) for i in range(3)]
+    rows = [Row(a.qid, a) for a in answers] + [Row("q9", None, "not answered")]
+    fields = [{"questionID": "q0", "answer": "text 0\nmore"}, {"questionID": "q1", "answer": "text 1\nmore"},
+              {"questionID": "q2", "answer": "text 2\nmore"}, {"questionID": "q9", "answer": None,
+                                                               "error": "not answered"}]
+    assert render(rows, OutputSpec("json")) == json.dumps(fields, ensure_ascii=False, indent=1) + "\n"
+    assert render([], OutputSpec("json")) == "[]\n"
+
+
+def test_the_tally_counts_what_the_report_says():
+    tally = AnswerTally()
+    tally.add([Answer("a", "x", FinishReason.STOP, 10, 4, 0, 0.5, 1.0),
+               Answer("b", "", FinishReason.ERROR, 5, 0, 1, 0.0, 0.3, error="boom"),
+               Answer("c", "y", FinishReason.LENGTH, 7, 2, 1, 0.2, 2.0)])
+    tally.add([Answer("d", "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error="cannot tokenize")], made=False)
+    assert (tally.answered, tally.failed, tally.made) == (2, 2, 3)
+    assert tally.errors == [("b", "boom"), ("d", "cannot tokenize")]
+    assert dict(tally.finish_reasons) == {"stop": 1, "error": 2, "length": 1}
+    assert (tally.prompt_tokens, tally.generated_tokens) == (22, 6)
+    assert list(tally.latency_s) == [1.0, 2.0] and list(tally.ttft_s) == [0.5, 0.2]
+    assert tally.of_worker(1) == {"questions": 2, "generated_tokens": 2}

@@ -1,0 +1,110 @@
+"""A file of more records than one window streams (runner/feed.py, runner/prepare.py): windows
+made while the workers answer, answers kept in the journal and written from it. Here with a
+window of a few dozen records, through run_job with the fake engine and the real tokenizer."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fake_engine import Fake
+from ggbatch import build_config
+from ggbatch.runner.errors import InputError, WorkerFailure
+from ggbatch.runner.job import run_job
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def questions(path, n, line=None):
+    """n questions; every 7th asks what the question 6 before it asked (q7 what q1 asked, and
+    across windows)."""
+    with open(path, "w") as f:
+        for i in range(n):
+            j = i - 6 if i % 7 == 0 and i else i
+            text = f"What is {j} plus {j % 13}?"
+            f.write(line(i) if line and line(i) else json.dumps({"questionID": f"q{i}", "question": text}) + "\n")
+
+
+def job(tmp_path, stories, out, **keys):
+    return build_config([("t", {"model": stories, "input": str(tmp_path / "q.jsonl"), "output": str(out),
+                                "workers": 2, "slots": 4, "max_tokens": 4, **keys})])
+
+
+def test_a_streamed_file_answers_exactly_as_one_window_does(tmp_path, stories):
+    questions(tmp_path / "q.jsonl", 500)
+    one, streamed = tmp_path / "one.json", tmp_path / "streamed.json"
+    whole = run_job(job(tmp_path, stories, one), engine_factory=Fake(), progress="log")
+    report = run_job(job(tmp_path, stories, streamed), engine_factory=Fake(), progress="log", window=40)
+    assert streamed.read_bytes() == one.read_bytes()
+    rows = json.loads(streamed.read_text())
+    assert [r["questionID"] for r in rows] == [f"q{i}" for i in range(500)]
+    assert all(r["answer"].startswith("answer to q") for r in rows)
+    # Identical prompts are answered once across windows too: q7 asks what q1 asked.
+    assert rows[7]["answer"] == rows[1]["answer"] and rows[7]["answer"].startswith("answer to q1 ")
+    q = report.as_json()["questions"]
+    assert q == {**whole.as_json()["questions"]} and q["records"] == 500 and q["unique_prompts"] < 500
+
+
+def test_formats_stream_too(tmp_path, stories):
+    questions(tmp_path / "q.jsonl", 120)
+    for name in ("a.csv", "a.jsonl"):
+        one, streamed = tmp_path / f"one-{name}", tmp_path / f"streamed-{name}"
+        run_job(job(tmp_path, stories, one), engine_factory=Fake(), progress="log")
+        run_job(job(tmp_path, stories, streamed), engine_factory=Fake(), progress="log", window=25)
+        assert streamed.read_bytes() == one.read_bytes()
+
+
+def test_a_streamed_run_that_dies_resumes_from_the_journal_to_the_same_answers(tmp_path, stories):
+    questions(tmp_path / "q.jsonl", 300)
+    out, reference = tmp_path / "a.json", tmp_path / "reference.json"
+    run_job(job(tmp_path, stories, reference), engine_factory=Fake(), progress="log", window=30)
+    dying = Fake(exit_after=100, marker=str(tmp_path / "died"), fail_load_once_marked=True)
+    with pytest.raises(WorkerFailure, match="no worker can start any more"):
+        run_job(job(tmp_path, stories, out, workers=1), engine_factory=dying, progress="log", window=30)
+    rows = json.loads(out.read_text())
+    # Every question has its row, those not read yet too, each saying why it has no answer.
+    assert [r["questionID"] for r in rows] == [f"q{i}" for i in range(300)]
+    unanswered = [r for r in rows if r["answer"] is None]
+    assert unanswered and all(r["error"].startswith("not answered: no worker can start") for r in unanswered)
+    again = run_job(job(tmp_path, stories, out), engine_factory=Fake(), progress="log", window=30)
+    assert out.read_bytes() == reference.read_bytes()
+    reused = again.as_json()["questions"]["from_journal"]
+    assert reused >= 80 and again.outcome.tally.made + reused == again.as_json()["questions"]["unique_prompts"]
+
+
+def test_a_bad_line_far_into_a_streamed_file_stops_the_run_naming_it_and_keeps_the_answers(tmp_path, stories):
+    questions(tmp_path / "q.jsonl", 12000, line=lambda i: '{"questionID": "q", "question": \n' if i == 11000 else None)
+    out = tmp_path / "a.json"
+    with pytest.raises(InputError, match=r"q.jsonl:11001: malformed JSON"):
+        run_job(job(tmp_path, stories, out), engine_factory=Fake(), progress="log", window=500)
+    journal = (tmp_path / "a.json.journal.jsonl").read_text().splitlines()
+    assert len(journal) > 5000  # the windows before it were answered, and are kept for the rerun
+
+
+def test_peak_memory_of_the_coordinator_stays_small_for_100000_questions(tmp_path, stories):
+    """The coordinator alone (the workers and the tokenizer are processes of their own), in a
+    fresh process so that the peak is this run's (the report's, from VmHWM: getrusage's peak
+    would be this big pytest process's, kept across exec)."""
+    path = tmp_path / "q.jsonl"
+    with open(path, "w") as f:
+        for i in range(100_000):
+            f.write(json.dumps({"questionID": f"id-{i:07d}", "question": f"What is {i} times {i % 89}? " * 3}) + "\n")
+    code = (f"import sys, json; sys.path[:0] = {[str(ROOT), str(ROOT / 'tests')]!r}\n"
+            "from fake_engine import Fake\nfrom ggbatch import build_config\nfrom ggbatch.runner.job import run_job\n"
+            "if __name__ == '__main__':\n"
+            f"    c = build_config([('t', {{'model': {stories!r}, 'input': {str(path)!r}, "
+            f"'output': {str(tmp_path / 'a.jsonl')!r}, 'workers': 2, 'slots': 64, 'max_tokens': 2}})])\n"
+            "    r = run_job(c, engine_factory=Fake(), progress='off')\n"
+            "    print(json.dumps([r.as_json()['memory']['coordinator_peak_rss_mib'], "
+            "r.as_json()['questions']['answered']]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak_mib, answered = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answered == 100_000
+    assert sum(1 for _ in open(tmp_path / "a.jsonl")) == 100_000
+    # Before streaming: about 2 KB a question (200 MiB here). Now the windows and ~60 bytes a question.
+    assert peak_mib < 120, f"coordinator peak RSS {peak_mib} MiB"
