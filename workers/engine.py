@@ -133,7 +133,7 @@ class LlamaEngine:
             prefix = array("i")  # too short to decode alone in a batch-invariant shape
         self.prefix = prefix
         streams = invariant.kv_streams(config.slots, self.invariant)
-        self.prefix_id = streams - 1  # the sequence id after the slots holds the shared prefix
+        self.prefix_id = invariant.prefix_seq_id(config.slots, self.invariant)
         n_ctx = config.kv_cells or kv_cells(config.slots, config.n_ctx_seq, len(prefix), config.kv_unified,
                                             self.invariant)
         self.runner = ModelRunner(config.model_path, config.n_threads, n_ctx=n_ctx, n_seq_max=streams,
