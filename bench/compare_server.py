@@ -76,7 +76,16 @@ def workload(name: str) -> Workload:
     return Workload(f"{SYSTEM}\n\nExamples:\n\n{examples}", records[8:40])
 
 
-def run_ggbatch(model: str, work: Workload, extra: list[str]) -> float:
+@dataclass(frozen=True)
+class GgbatchRun:
+    wall: float  # seconds, the whole command
+    report: dict  # its --report
+    stderr: bytes  # its log
+
+
+def time_ggbatch(model: str, work: Workload, extra: list[str]) -> GgbatchRun:
+    """One whole `ggbatch run` of the workload (exactly work.tokens generated per question), timed;
+    `extra`: more flags. contention_bench.py runs ggbatch through here too."""
     system, records, tokens = work.system, work.records, work.tokens
     with tempfile.TemporaryDirectory() as tmp:
         q = Path(tmp) / "q.jsonl"
@@ -86,18 +95,25 @@ def run_ggbatch(model: str, work: Workload, extra: list[str]) -> float:
                "--output", str(Path(tmp) / "a.json"), "--system", system, "--max-tokens", str(tokens),
                "--ignore-eos", "--report", str(Path(tmp) / "r.json"), "--progress", "log", *extra]
         t0 = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        done = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
         wall = time.perf_counter() - t0
         report = json.loads((Path(tmp) / "r.json").read_text())
         assert report["tokens"]["generated"] == tokens * len(records), report["tokens"]
-        lay, cache = report["layout"], report["prefix_cache"]
-        print(f"    ggbatch layout: {lay['workers']}w × {lay['threads_per_worker']}t × "
-              f"{lay['slots_per_worker']} slots, prefix {lay['shared_prefix_tokens']} tokens, weights "
-              f"{'repacked' if lay['repack_weights'] else 'not repacked'} ({lay['repack_reason']}), "
-              f"prepare {report['timings_s']['prepare_s']:.2f} s, first ready "
-              f"{report['timings_s']['first_worker_ready_s']:.2f} s, prompt tokens computed "
-              f"{cache['prompt_tokens_computed']} of {cache['prompt_tokens']}", flush=True)
-        return wall
+        return GgbatchRun(wall, report, done.stderr)
+
+
+def run_ggbatch(model: str, work: Workload, extra: list[str]) -> float:
+    """time_ggbatch's wall time, with a line on the layout and the prefix cache it had."""
+    run = time_ggbatch(model, work, extra)
+    report = run.report
+    lay, cache = report["layout"], report["prefix_cache"]
+    print(f"    ggbatch layout: {lay['workers']}w × {lay['threads_per_worker']}t × "
+          f"{lay['slots_per_worker']} slots, prefix {lay['shared_prefix_tokens']} tokens, weights "
+          f"{'repacked' if lay['repack_weights'] else 'not repacked'} ({lay['repack_reason']}), "
+          f"prepare {report['timings_s']['prepare_s']:.2f} s, first ready "
+          f"{report['timings_s']['first_worker_ready_s']:.2f} s, prompt tokens computed "
+          f"{cache['prompt_tokens_computed']} of {cache['prompt_tokens']}", flush=True)
+    return run.wall
 
 
 def run_server(server: str, model: str, work: Workload, extra: list[str], port: int = 18080) -> float:

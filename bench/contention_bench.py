@@ -26,13 +26,11 @@ the thread changes the reports recorded, the load average before and the foreign
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +38,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from compare_server import TOKENS, workload  # noqa: E402
+from compare_server import TOKENS, Workload, time_ggbatch, workload  # noqa: E402
 from engine_bench import bench_model  # noqa: E402
 
 BUSY_LOOP = "while True: pass"
@@ -76,34 +74,22 @@ def wait_idle(limit: float, patience_s: float) -> None:
     print(f"  (still more than {limit} busy cores after {patience_s:.0f} s: running anyway)", flush=True)
 
 
-def run_ggbatch(model: str, system: str, records: list[dict], adapt: str, log: Path | None) -> dict:
-    """One whole `ggbatch run`: its wall time and the report's thread changes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        q = Path(tmp) / "q.jsonl"
-        q.write_text("".join(json.dumps({"questionID": r["questionID"], "question": r["question"]}) + "\n"
-                             for r in records))
-        cmd = [sys.executable, "-m", "ggbatch", "run", "--model", model, "--input", str(q),
-               "--output", str(Path(tmp) / "a.json"), "--system", system, "--max-tokens", str(TOKENS),
-               "--ignore-eos", "--report", str(Path(tmp) / "r.json"), "--progress", "log",
-               *VARIANTS[adapt], "-v"]
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if log is not None:
-            log.write_text(done.stderr)
-        report = json.loads((Path(tmp) / "r.json").read_text())
-        assert report["tokens"]["generated"] == TOKENS * len(records), report["tokens"]
-        return {"wall": wall, "changes": report["threads"]["changes"]}
+def run_variant(model: str, work: Workload, adapt: str, log: Path | None) -> dict:
+    """One whole `ggbatch run` (-v): its wall time and the report's thread changes."""
+    run = time_ggbatch(model, work, [*VARIANTS[adapt], "-v"])
+    if log is not None:
+        log.write_bytes(run.stderr)
+    return {"wall": run.wall, "changes": run.report["threads"]["changes"]}
 
 
-def one_run(model: str, system: str, records: list[dict], loops: int, adapt: str, log: Path | None) -> dict:
+def one_run(model: str, work: Workload, loops: int, adapt: str, log: Path | None) -> dict:
     """One run beside `loops` busy loops; `foreign`: cores' worth of everybody else's work meanwhile."""
     load = os.getloadavg()[0]
     busy0, mine0, t0 = machine_busy_s(), children_cpu_s(), time.perf_counter()
     procs = busy_loops(loops)
     try:
         time.sleep(1.0 if loops else 0.0)
-        out = run_ggbatch(model, system, records, adapt, log)
+        out = run_variant(model, work, adapt, log)
     finally:
         for p in procs:
             p.kill()
@@ -152,11 +138,10 @@ def main() -> None:
     work = workload(args.workload)
     if work.tokens != TOKENS:
         raise SystemExit(f"{args.workload}: this bench runs the {TOKENS}-token workloads (W1, W2, W4)")
-    system, records = work.system, work.records
     log_dir = Path(args.log_dir) if args.log_dir else None
     if log_dir:
         log_dir.mkdir(parents=True, exist_ok=True)
-    print(f"model {model}, {args.workload}: {len(records)} questions × {TOKENS} tokens, "
+    print(f"model {model}, {args.workload}: {len(work.records)} questions × {TOKENS} tokens, "
           f"{len(os.sched_getaffinity(0))} usable cores")
     results: dict[tuple[int, str], list[dict]] = {}
     for rnd in range(args.repeat):
@@ -167,7 +152,7 @@ def main() -> None:
                     if args.wait_idle is not None:
                         wait_idle(args.wait_idle, args.patience)
                     log = log_dir / f"r{rnd}-loops{loops}-{adapt}-{attempt}.log" if log_dir else None
-                    run = one_run(model, system, records, loops, adapt, log)
+                    run = one_run(model, work, loops, adapt, log)
                     results.setdefault((loops, adapt), []).append(run)
                     if run["foreign"] <= args.foreign_limit:
                         break

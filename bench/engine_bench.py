@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ggbatch.runner.config import bool_or_auto  # noqa: E402
+from ggbatch.runner.config_checks import bool_or_auto  # noqa: E402
 from ggbatch.runner.layout import cpu_flags, repack_weights, usable_cores  # noqa: E402
 from ggbatch.runner.paths import ggbatch_cache  # noqa: E402
 from ggbatch.runner.prepare import common_prefix  # noqa: E402

@@ -42,10 +42,10 @@ MODES = ("free", "grammar", "grammar-always-masked")
 def run(model: str, questions: list, mode: str, slots: int, threads: int, max_tokens: int,
         lengths: dict[str, int]) -> dict:
     from ggbatch.workers.engine import LlamaEngine
-    from ggbatch.workers.model_runner import ModelRunner
+    from ggbatch.workers.sampling import Sampling
 
     answer = None if mode == "free" else AnswerSpec(grammar=schema_grammar(json.dumps(SCHEMA, sort_keys=True)))
-    ModelRunner.grammar_check_first = mode != "grammar-always-masked"
+    Sampling.grammar_check_first = mode != "grammar-always-masked"
     n_ctx_seq = max(len(q.tokens) for q in questions) + max_tokens + 1
     config = EngineConfig(model, threads, slots, n_ctx_seq, 512, common_prefix([q.tokens for q in questions]),
                           GenerationParams(max_tokens, answer=answer), kv_unified=False, repack=False)

@@ -7,24 +7,24 @@ to the job file's folder; relative paths given as flags are relative to the curr
 from __future__ import annotations
 
 import difflib
-import math
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-import json
 from typing import Any, Callable, Mapping, Optional, Union
 
 import yaml
 
+from . import config_checks as check
+from .config_checks import AUTO, CHOICES_AUTO
 from .errors import ConfigError, quote
 from .formats import FORMATS
-from .gpu import GPU_ALL
 from .hub import is_hub_name
-from .shards import Shard, parse_shard, shard_path
+from .shards import Shard, shard_path
 from ..workers.protocol import SamplingParams
 
-AUTO = None  # "auto" in a job file or on the command line is stored as None
-CHOICES_AUTO = "auto"  # answer.choices: auto, each record's own `choices`
+# What the rest of the runner takes from here; AUTO and CHOICES_AUTO (the values a JobConfig
+# holds for `auto`) are the value checks', which produce them.
+__all__ = ["AUTO", "CHOICES_AUTO", "MAX_SLOTS", "SCHEMA", "JobConfig", "build_config", "flatten", "load_job_file"]
+
 MAX_SLOTS = 255  # llama.cpp LLAMA_MAX_SEQ (256) sequences per context, less the shared prefix one
 
 
@@ -71,237 +71,54 @@ class JobConfig:
     ray_address: Optional[str] = None  # the Ray cluster to join (HOST:PORT or auto); None: start one here
 
 
-# -- value checks: each returns the converted value or raises ValueError("must be ...") ----------
-
-
-INT32_MAX = 2**31 - 1  # llama.cpp's counts and sizes are 32-bit ints
-
-
-def _int(lo: int, allow_auto: bool = False, hi: int = INT32_MAX,
-         why_hi: str = "") -> Callable[[Any], Optional[int]]:
-    def check(v: Any) -> Optional[int]:
-        if allow_auto and v == "auto":
-            return AUTO
-        if isinstance(v, str) and v.strip().lstrip("-").isdigit() and len(v.strip()) <= 20:
-            v = int(v)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"must be an integer{' or auto' if allow_auto else ''}")
-        if v < lo:
-            raise ValueError(f"must be >= {lo}")
-        if v > hi:
-            raise ValueError(f"must be <= {hi}{why_hi}")
-        return v
-    return check
-
-
-def _float(lo: float, hi: float = float("inf"), lo_open: bool = False) -> Callable[[Any], float]:
-    def check(v: Any) -> float:
-        try:
-            if isinstance(v, bool):
-                raise TypeError
-            f = float(v)
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError("must be a number") from None
-        # nan compares false with every bound and would pass them; it also never equals itself,
-        # so a journal fingerprinted with it could never be resumed.
-        if not math.isfinite(f):
-            raise ValueError("must be a finite number")
-        if f < lo or (lo_open and f == lo) or f > hi:
-            bound = f"> {lo}" if lo_open else f">= {lo}"
-            raise ValueError(f"must be {bound}" + (f" and <= {hi}" if hi != float("inf") else ""))
-        return f
-    return check
-
-
-def _str(optional: bool = False) -> Callable[[Any], Optional[str]]:
-    def check(v: Any) -> Optional[str]:
-        if v is None and optional:
-            return None
-        if not isinstance(v, str) or (not optional and not v):
-            raise ValueError("must be a non-empty string" if not optional else "must be a string")
-        return v
-    return check
-
-
-def _bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    raise ValueError("must be true or false")
-
-
-def bool_or_auto(v: Any) -> Optional[bool]:
-    """true / false / auto (None), as in a job file or on the command line."""
-    if v == "auto":
-        return AUTO
-    if isinstance(v, str) and v.lower() in ("true", "false"):
-        return v.lower() == "true"
-    if isinstance(v, bool):
-        return v
-    raise ValueError("must be true, false or auto")
-
-
-def _choice(*choices: str) -> Callable[[Any], Optional[str]]:
-    def check(v: Any) -> Optional[str]:
-        if v == "auto":
-            return AUTO
-        if v not in choices:
-            raise ValueError(f"must be auto, {', '.join(choices[:-1])} or {choices[-1]}")
-        return v
-    return check
-
-
-def _auto_or_off(v: Any) -> str:
-    """auto or off; YAML reads a bare `off` as false (and `on` as true)."""
-    if isinstance(v, bool):
-        return "auto" if v else "off"
-    if v not in ("auto", "off"):
-        raise ValueError("must be auto or off")
-    return v
-
-
-def _mapping(v: Any) -> dict[str, Any]:
-    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
-        raise ValueError("must be a mapping of names to values")
-    return dict(v)
-
-
-def _gpu_layers(v: Any) -> Optional[int]:
-    """A layer count, `all` (as llama.cpp's -ngl all) or `auto`."""
-    if v == "all":
-        return GPU_ALL
-    try:
-        return _int(0, allow_auto=True)(v)
-    except ValueError:
-        raise ValueError("must be an integer >= 0, all or auto") from None
-
-
-def _devices(v: Any) -> tuple[int, ...]:
-    """GPU numbers: `0,1` or a list [0, 1]; none (an empty list) is no GPU worker layout."""
-    items = [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
-    if isinstance(items, int) and not isinstance(items, bool):
-        items = [items]
-    try:
-        devices = tuple(_int(0)(x) for x in items)
-    except (TypeError, ValueError):
-        raise ValueError("must be GPU numbers, as 0,1 or a list") from None
-    if len(set(devices)) != len(devices):
-        raise ValueError("must name each GPU once")
-    return devices
-
-
-def _shard(v: Any) -> Optional[Shard]:
-    """`I/N`, or `auto`: this task's shard of a Slurm job array (read from its variables here)."""
-    return None if v is None else parse_shard(v, os.environ)
-
-
-def _backend(v: Any) -> str:
-    if v not in ("local", "ray"):
-        raise ValueError("must be local or ray")
-    return v
-
-
-def _ray_address(v: Any) -> Optional[str]:
-    """auto (the cluster this machine belongs to) or HOST:PORT, a Ray head's GCS address."""
-    if v is None:
-        return None
-    if not isinstance(v, str) or not (v == "auto" or (":" in v and v.rpartition(":")[2].isdigit()
-                                                     and v.rpartition(":")[0])):
-        raise ValueError("must be auto or HOST:PORT (a Ray head's address, as `ray start --head` prints it)")
-    return v
-
-
-def _stop(v: Any) -> tuple[str, ...]:
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
-        raise ValueError("must be a list of non-empty strings")
-    return tuple(v)
-
-
-def _choices(v: Any) -> Union[tuple[str, ...], str]:
-    """`A,B,C,D`, a list, or auto (each record's `choices`)."""
-    if v == CHOICES_AUTO:
-        return CHOICES_AUTO
-    items = [x.strip() for x in v.split(",")] if isinstance(v, str) else v
-    if not isinstance(items, list) or len(items) < 2 or not all(isinstance(c, str) and c for c in items):
-        raise ValueError("must be two or more non-empty strings (A,B,C,D or a list), or auto")
-    if len(set(items)) != len(items):
-        raise ValueError("must name each choice once")
-    return tuple(items)
-
-
-def _json_schema(v: Any) -> str:
-    """A schema (a mapping, or its JSON text) or the path of a .json file holding one; kept as
-    canonical JSON text (sorted keys), which the journal fingerprints."""
-    if isinstance(v, str) and not v.lstrip().startswith("{"):
-        try:
-            v = Path(v).expanduser().read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read the schema file ({getattr(exc, 'strerror', None) or exc})") from None
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except ValueError as exc:
-            raise ValueError(f"not valid JSON ({exc})") from None
-    if not isinstance(v, Mapping):
-        raise ValueError("must be a JSON Schema object, or the path of a .json file holding one")
-    return json.dumps(v, sort_keys=True, separators=(",", ":"))
-
-
-def _grammar(v: Any) -> str:
-    if not isinstance(v, str) or not v.strip():
-        raise ValueError("must be GBNF text with a `root` rule")
-    return v
-
-
 # dotted key -> (JobConfig field or "sampling.<field>", check)
 SCHEMA: dict[str, Callable[[Any], Any]] = {
-    "model": _str(),
-    "model.path": _str(),
-    "model.n_ctx": _int(16, allow_auto=True),
-    "model.repack": bool_or_auto,
-    "model.n_gpu_layers": _gpu_layers,
-    "devices": _devices,
-    "input": _str(),
-    "output": _str(),
-    "report": _str(optional=True),
-    "input_format": _choice(*FORMATS),
-    "shard": _shard,
-    "output_format": _choice(*FORMATS),
-    "errors_output": _str(optional=True),
-    "workers": _int(1, allow_auto=True),
-    "threads": _int(1, allow_auto=True),
-    "threads_adapt": _auto_or_off,
-    "slots": _int(1, allow_auto=True, hi=MAX_SLOTS,
-                  why_hi=f" (a llama.cpp context holds at most {MAX_SLOTS + 1} sequences, one of them "
-                         "the shared prefix)"),
-    "n_batch": _int(1),
-    "max_tokens": _int(1),
-    "system": _str(optional=True),
-    "prompt.template": _str(optional=True),
-    "prompt.chat_template": _str(),
-    "prompt.template_kwargs": _mapping,
-    "keep_thinking": _bool,
-    "stop": _stop,
-    "ignore_eos": _bool,
-    "batch_invariant": _bool,
-    "prefix_cache": _auto_or_off,
-    "fields.id": _str(),
-    "fields.question": _str(),
-    "sampling.temperature": _float(0.0),
-    "sampling.top_k": _int(0),
-    "sampling.top_p": _float(0.0, 1.0, lo_open=True),
-    "sampling.min_p": _float(0.0, 1.0),
-    "sampling.repeat_penalty": _float(0.0, lo_open=True),
-    "sampling.repeat_last_n": _int(0),
-    "sampling.seed": _int(0, hi=2**64 - 1),  # only hashed into per-question seeds
-    "answer.choices": _choices,
-    "answer.logprobs": _bool,
-    "answer.choice_logits": _bool,
-    "answer.json_schema": _json_schema,
-    "answer.grammar": _grammar,
-    "backend": _backend,
-    "ray_address": _ray_address,
+    "model": check.string(),
+    "model.path": check.string(),
+    "model.n_ctx": check.integer(16, allow_auto=True),
+    "model.repack": check.bool_or_auto,
+    "model.n_gpu_layers": check.gpu_layers,
+    "devices": check.devices,
+    "input": check.string(),
+    "output": check.string(),
+    "report": check.string(optional=True),
+    "input_format": check.one_of(*FORMATS),
+    "shard": check.shard,
+    "output_format": check.one_of(*FORMATS),
+    "errors_output": check.string(optional=True),
+    "workers": check.integer(1, allow_auto=True),
+    "threads": check.integer(1, allow_auto=True),
+    "threads_adapt": check.auto_or_off,
+    "slots": check.integer(1, allow_auto=True, hi=MAX_SLOTS,
+                           why_hi=f" (a llama.cpp context holds at most {MAX_SLOTS + 1} sequences, one of them "
+                                  "the shared prefix)"),
+    "n_batch": check.integer(1),
+    "max_tokens": check.integer(1),
+    "system": check.string(optional=True),
+    "prompt.template": check.string(optional=True),
+    "prompt.chat_template": check.string(),
+    "prompt.template_kwargs": check.mapping,
+    "keep_thinking": check.boolean,
+    "stop": check.stop,
+    "ignore_eos": check.boolean,
+    "batch_invariant": check.boolean,
+    "prefix_cache": check.auto_or_off,
+    "fields.id": check.string(),
+    "fields.question": check.string(),
+    "sampling.temperature": check.number(0.0),
+    "sampling.top_k": check.integer(0),
+    "sampling.top_p": check.number(0.0, 1.0, lo_open=True),
+    "sampling.min_p": check.number(0.0, 1.0),
+    "sampling.repeat_penalty": check.number(0.0, lo_open=True),
+    "sampling.repeat_last_n": check.integer(0),
+    "sampling.seed": check.integer(0, hi=2**64 - 1),  # only hashed into per-question seeds
+    "answer.choices": check.choices,
+    "answer.logprobs": check.boolean,
+    "answer.choice_logits": check.boolean,
+    "answer.json_schema": check.json_schema,
+    "answer.grammar": check.grammar,
+    "backend": check.backend,
+    "ray_address": check.ray_address,
 }
 SECTIONS = {"model", "prompt", "fields", "sampling", "answer"}  # keys that may hold a mapping
 LEAF_MAPPINGS = {"answer.json_schema"}  # keys whose value is itself a mapping
@@ -399,7 +216,6 @@ def _check_answer(config: JobConfig) -> None:
     if config.choice_logprobs and not config.choices:
         raise ConfigError("answer.logprobs: needs answer.choices (log-probabilities are the choices')")
     _check_backend(config)
-    return _shard_files(config)
 
 
 def _check_backend(config: JobConfig) -> None:

@@ -1,4 +1,5 @@
-"""Nothing lost: the real runner on a real model, killed, stopped and fed bad input.
+"""Nothing lost: the real runner on a real model, killed, stopped, run twice at once, rerun with
+other settings, and short of disk. Bad input files and flags: tests/test_bad_inputs.py.
 Every run here has a hard timeout; a hang is a failure."""
 
 import json
@@ -295,66 +296,6 @@ def test_changed_setting_refuses_the_journal_until_fresh(reference, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-def _unknown_architecture(path):
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), "no-such-arch")
-    w.add_block_count(1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-BAD = [
-    # (name, file contents or builder, extra flags, expected message fragment)
-    ("malformed.jsonl", '{"questionID": "1", "question": "a"}\n{"questionID": 2, "question": }\n', [],
-     "malformed.jsonl:2: malformed JSON"),
-    ("noid.jsonl", '{"question": "a"}\n', [], "noid.jsonl:1: record has no 'questionID'"),
-    ("noquestion.json", '[{"questionID": "1"}]', [], "noquestion.json:1: record has no 'question'"),
-    ("dups.jsonl", '{"questionID": "a", "question": "x"}\n{"questionID": "a", "question": "y"}\n', [],
-     "duplicate questionID: 'a' (lines 1 and 2)"),
-    ("latin1.jsonl", b'{"questionID": "1", "question": "caf\xe9"}\n', [], "latin1.jsonl:1: not UTF-8"),
-    ("types.jsonl", '{"questionID": "1", "question": ["a"]}\n', [], "'question' must be a string, got list"),
-    ("ok.jsonl", None, ["--workers", "zero"], "workers: must be an integer or auto, got 'zero'"),
-    ("ok.jsonl", None, ["--temperature", "-1"], "sampling.temperature: must be >= 0.0, got '-1'"),
-    ("ok.jsonl", None, ["--model", "MISSING"], "missing.gguf: model file not found"),
-    ("ok.jsonl", None, ["--model", "NOTGGUF"], "not a GGUF file"),
-    ("ok.jsonl", None, ["--model", "BADARCH"], "model architecture 'no-such-arch' is unknown to this llama.cpp"),
-    ("ok.jsonl", None, ["--model", "TRUNCATED"], "truncated.gguf: the model file is truncated or corrupt (tensor"),
-    ("ok.jsonl", None, ["--output", "NODIR"], "does not exist"),
-    ("ok.jsonl", None, ["JOB"], "unknown key 'temprature' in sampling (did you mean 'temperature'?)"),
-]
-
-
-@pytest.mark.parametrize("name,content,extra,message", BAD, ids=[f"{b[0]}-{b[3][:24]}" for b in BAD])
-def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, stories, name, content, extra, message):
-    questions = tmp_path / name
-    if content is None:
-        content = '{"questionID": "1", "question": "a"}\n'
-    (questions.write_bytes if isinstance(content, bytes) else questions.write_text)(content)
-    out = tmp_path / "answers.json"
-    out.write_text("earlier answers")
-    (tmp_path / "notgguf.gguf").write_text("not a model")
-    _unknown_architecture(tmp_path / "badarch.gguf")
-    (tmp_path / "truncated.gguf").write_bytes(Path(stories).read_bytes()[:600_000])
-    (tmp_path / "job.yaml").write_text("sampling:\n  temprature: 1\n")
-    replace = {"MISSING": tmp_path / "missing.gguf", "NOTGGUF": tmp_path / "notgguf.gguf",
-               "BADARCH": tmp_path / "badarch.gguf", "TRUNCATED": tmp_path / "truncated.gguf",
-               "NODIR": tmp_path / "no" / "dir" / "a.json",
-               "JOB": tmp_path / "job.yaml"}
-    job = [str(replace["JOB"])] if "JOB" in extra else []  # the job file is the positional argument
-    flags = [str(replace.get(x, x)) for x in extra if x != "JOB"]
-    args = [sys.executable, "-m", "ggbatch", "run", *job, "--model", stories, "--input", str(questions),
-            "--output", str(out), "--max-tokens", "4", *flags]
-    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ggbatch: error: "), r.stderr
-    assert message in lines[0]
-    assert out.read_text() == "earlier answers"
-
-
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 24 KiB filesystem, to fill up. Needs root (mount); skipped otherwise."""
@@ -407,41 +348,3 @@ def test_read_only_output_folder_is_exit_2_before_any_work(tmp_path, stories):
                                                  f"{folder} is not writable: Read-only file system"]
     finally:
         subprocess.run(["umount", str(folder)], capture_output=True)
-
-
-TOKENIZER_TRAP = ["Once upon a time, there was a cat.", "It’s a dog.", "Lily liked to play.", "A “big” day",
-                  "The sun was hot.", "Tom said {hi}", "They ate 3 apples.", "One day, a dog came."]
-
-
-def test_questions_the_tokenizer_cannot_take_fail_alone_and_the_rest_is_answered(tmp_path):
-    """On TinyStories-656K, a question with a character its vocabulary cannot spell used to abort the
-    whole coordinator inside llama.cpp (exit 134)."""
-    from conftest import MODELS, require
-
-    model = require(MODELS / "TinyStories-656K-Q8_0.gguf")
-    questions, out = tmp_path / "q.jsonl", tmp_path / "answers.json"
-    questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": q}) + "\n"
-                                 for i, q in enumerate(TOKENIZER_TRAP)))
-    args = [sys.executable, "-m", "ggbatch", "run", "--model", str(model), "--input", str(questions),
-            "--output", str(out), "--max-tokens", "8", "--progress", "log"]
-    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1, r.stderr
-    assert "Traceback" not in r.stderr and "abort" not in r.stderr.lower() and "terminate" not in r.stderr
-    rows = json.loads(out.read_text())
-    bad = {1: "U+2019 ’", 3: "U+201C “, U+201D ”", 5: "U+007B {, U+007D }"}
-    assert [row["questionID"] for row in rows] == [f"q{i}" for i in range(len(TOKENIZER_TRAP))]
-    for i, row in enumerate(rows):
-        if i in bad:
-            assert row == {"questionID": f"q{i}", "answer": None,
-                           "error": f"the model's vocabulary has no token for {bad[i]} (and no byte fallback)"}
-        else:
-            assert isinstance(row["answer"], str) and row["answer"] and "error" not in row
-    assert "answered   5/8 prompts, 3 failed" in r.stdout
-    # Not journaled: a rerun tries them again (and they fail again), the others come from the journal.
-    journaled = [json.loads(line)["qid"] for line in Path(f"{out}.journal.jsonl").read_text().splitlines()[1:]]
-    assert sorted(journaled) == sorted(f"q{i}" for i in range(len(TOKENIZER_TRAP)) if i not in bad)
-    again = subprocess.run([*args, "--report", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True,
-                           text=True, timeout=120)
-    assert again.returncode == 1, again.stderr
-    assert json.loads(out.read_text()) == rows
-    assert json.loads((tmp_path / "r.json").read_text())["questions"]["from_journal"] == 5

@@ -78,6 +78,7 @@ def test_streams_leave_ballast_room_below_the_prefix():
     assert invariant.kv_streams(64, invariant=True) == 65
     assert invariant.kv_streams(2, invariant=True) == MIN_ROWS + 1
     assert invariant.kv_streams(2, invariant=False) == 3
+    assert invariant.prefix_seq_id(2, invariant=True) == MIN_ROWS  # the last stream, above the ballast ids
     assert kv_cells(2, 100, 0, unified=False, batch_invariant=True) == (MIN_ROWS + 1) * 100
 
 

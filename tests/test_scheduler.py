@@ -6,7 +6,7 @@ import pytest
 
 from ggbatch.workers.protocol import Question
 from ggbatch.workers.scheduler import Scheduler
-from ggbatch.workers.sequence import Phase, Sequence, find_stop, shared_prefix_len
+from ggbatch.workers.sequence import Phase, Sequence, find_stop
 
 
 def seq(qid, n_prompt):
@@ -32,8 +32,13 @@ def test_shared_prefix_is_counted_as_cached():
 
 
 def test_at_least_one_prompt_token_is_decoded():
-    assert shared_prefix_len([1, 2, 3], [1, 2, 3]) == 2
-    assert shared_prefix_len([1, 2, 3, 4], [1, 2, 9]) == 2
+    # Even a prompt that is all shared prefix decodes its last token itself: its logits are needed.
+    for prefix, prompt in (([1, 2, 3], [1, 2, 3]), ([1, 2, 9], [1, 2, 3, 4])):
+        s = Scheduler(slots=1, n_batch=64, prefix=array("i", prefix))
+        a = Sequence(Question("a", array("i", prompt), 0))
+        s.add(a)
+        s.admit()
+        assert a.n_cached == 2
 
 
 def test_decode_tokens_first_then_prefill_chunks_within_budget():

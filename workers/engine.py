@@ -47,6 +47,7 @@ from .constraints import best_choice, choice_grammar, choice_logprobs, choice_te
 from .model_runner import ModelRunner
 from .prefix_cache import SlotContents
 from .protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
+from .sampling import Sampling
 from .batch import Batch, batch_arrays, logit_index
 from .scheduler import Scheduler, Span
 from .sequence import Phase, Sequence
@@ -132,12 +133,13 @@ class LlamaEngine:
             prefix = array("i")  # too short to decode alone in a batch-invariant shape
         self.prefix = prefix
         streams = invariant.kv_streams(config.slots, self.invariant)
-        self.prefix_id = streams - 1  # the sequence id after the slots holds the shared prefix
+        self.prefix_id = invariant.prefix_seq_id(config.slots, self.invariant)
         n_ctx = config.kv_cells or kv_cells(config.slots, config.n_ctx_seq, len(prefix), config.kv_unified,
                                             self.invariant)
         self.runner = ModelRunner(config.model_path, config.n_threads, n_ctx=n_ctx, n_seq_max=streams,
                                   n_batch=self.n_batch, kv_unified=config.kv_unified,
                                   flash_attn=config.flash_attn, repack=config.repack)
+        self.sampling = Sampling(self.runner)
         self.n_threads = self.runner.n_threads  # as llama.cpp reports it
         # With one unified pool, admission keeps the sequences within it; separate streams
         # give each slot its own room.
@@ -241,7 +243,7 @@ class LlamaEngine:
             self._start_kv(seq)
             gen = self._gen(seq)
             if needs_sampler(gen):
-                seq.sampler = self.runner.new_sampler(gen, seq.question.seed)
+                seq.sampler = self.sampling.new_sampler(gen, seq.question.seed)
             if gen.answer is not None:
                 self._constrain(seq, gen.answer)
             if seq.error is not None:
@@ -260,14 +262,14 @@ class LlamaEngine:
         grammars: a grammar sampler of the sequence's own."""
         if spec.choices and spec.choice_logits:
             if spec.choices not in self._choice_tokens:
-                self._choice_tokens[spec.choices] = self.runner.choice_tokens(spec.choices)
+                self._choice_tokens[spec.choices] = self.sampling.choice_tokens(spec.choices)
             seq.choice_tokens = self._choice_tokens[spec.choices]
             if seq.choice_tokens is not None:
                 return
         gbnf = choice_grammar(spec.choices) if spec.choices else spec.grammar
         if gbnf is not None:
             try:
-                seq.grammar = self.runner.new_grammar(gbnf)
+                seq.grammar = self.sampling.new_grammar(gbnf)
             except ValueError as exc:  # the coordinator checked it: only a broken install gets here
                 seq.error = str(exc)
 
@@ -312,7 +314,7 @@ class LlamaEngine:
                   if span.seq.sampler is None and span.seq.choice_tokens is None]
         if greedy:
             n_outputs = int(np.count_nonzero(batch.arrays[3]))
-            for i, token in zip(greedy, self.runner.greedy([rows[i][2] for i in greedy], n_outputs).tolist()):
+            for i, token in zip(greedy, self.sampling.greedy([rows[i][2] for i in greedy], n_outputs).tolist()):
                 tokens[i] = token
         for i, (span, index, _) in enumerate(rows):
             tokens[i] = self._pick(span.seq, index, tokens[i])
@@ -325,16 +327,16 @@ class LlamaEngine:
         choices are scored; a grammar is asked only about the token picked without it, and masks
         the whole vocabulary only when it refuses that token."""
         if seq.choice_tokens is not None:
-            seq.choice_scores = self.runner.choice_scores(index, seq.choice_tokens)
+            seq.choice_scores = self.sampling.choice_scores(index, seq.choice_tokens)
             seq.t_first = time.perf_counter()
             self.counters.choice_answers += 1
             return seq.choice_tokens[best_choice(seq.choice_scores)][0]
         if seq.grammar is None:
-            return greedy_token if seq.sampler is None else self.runner.sample(seq.sampler, index)
+            return greedy_token if seq.sampler is None else self.sampling.sample(seq.sampler, index)
         if seq.sampler is None:
-            token, again = self.runner.constrain_greedy(seq.grammar, index, greedy_token)
+            token, again = self.sampling.constrain_greedy(seq.grammar, index, greedy_token)
         else:
-            token, again = self.runner.sample_constrained(seq.sampler, seq.grammar, index)
+            token, again = self.sampling.sample_constrained(seq.sampler, seq.grammar, index)
         self.counters.grammar_tokens += 1
         self.counters.grammar_resamples += again
         return token
@@ -403,10 +405,10 @@ class LlamaEngine:
         """Its sampler chain and grammar given back (finished or preempted: a preempted sequence
         starts over, with a new grammar in its initial state)."""
         if seq.sampler is not None:
-            self.runner.free_sampler(seq.sampler)
+            self.sampling.free_sampler(seq.sampler)
             seq.sampler = None
         if seq.grammar is not None:
-            self.runner.free_sampler(seq.grammar)
+            self.sampling.free_sampler(seq.grammar)
             seq.grammar = None
 
     def _finish(self, seq: Sequence) -> Answer:

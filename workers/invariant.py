@@ -61,6 +61,12 @@ def kv_streams(slots: int, invariant: bool) -> int:
     return (max(slots, MIN_ROWS) if invariant else slots) + 1
 
 
+def prefix_seq_id(slots: int, invariant: bool) -> int:
+    """The sequence id that holds the shared prefix: the last of the kv_streams, after the slots
+    (and in batch-invariant mode the ballast ids)."""
+    return kv_streams(slots, invariant) - 1
+
+
 def shared_len(common: int, n_prompt: int, n_prefix: int) -> int:
     """Prompt tokens a sequence takes from the shared prefix (`common` of them agree with it):
     at least MIN_ROWS are left to the sequence, a prompt shorter than MIN_ROWS takes none, and a

@@ -67,7 +67,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.contents = contents
-        self.prefix_id = invariant.kv_streams(slots, batch_invariant) - 1  # where the shared prefix is
+        self.prefix_id = invariant.prefix_seq_id(slots, batch_invariant)  # where the shared prefix is
 
     @property
     def n_unfinished(self) -> int:

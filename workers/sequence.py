@@ -117,12 +117,6 @@ def common_prefix_len(a: Seq[int], b: Seq[int]) -> int:
     return lo
 
 
-def shared_prefix_len(prompt: Seq[int], prefix: Seq[int]) -> int:
-    """How many prompt tokens can be copied from the shared prefix. At least one prompt token is
-    always decoded by the sequence itself, because its logits are needed to sample."""
-    return min(common_prefix_len(prompt, prefix), len(prompt) - 1)
-
-
 def find_stop(text: str, stops: Seq[str], search_from: int = 0) -> Optional[int]:
     """Index of the earliest stop string in text[search_from:] (as an index into text), or None.
     Callers pass search_from = len(previous text) - longest stop + 1 so each step scans only the tail."""

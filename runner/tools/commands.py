@@ -10,7 +10,8 @@ import logging
 import os
 from typing import Any, Callable
 
-from ..config import bool_or_auto, load_job_file
+from ..config import load_job_file
+from ..config_checks import bool_or_auto
 from ..errors import ConfigError, ModelError
 from ..layout import cpu_flags, plan_layout, repack_weights, usable_cores
 from ..model import identify, resolve_model

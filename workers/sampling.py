@@ -1,0 +1,236 @@
+"""How a token is chosen: llama.cpp sampler chains, grammar samplers, fixed choices.
+
+`Sampling` picks each sequence's next token from the logits of the last decode of a ModelRunner
+(workers/model_runner.py, the model, context and decode): one argmax over the greedy rows,
+a sampler chain of the sequence's own for the others, a grammar asked first about the token
+picked without it and masking the whole vocabulary only when it refuses that token (as
+llama.cpp's common/sampling.cpp does), and the log-probability of each of a question's fixed
+choices. `grammar_problem` checks a grammar for the coordinator before any worker starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import tempfile
+from typing import Iterator, Optional, Sequence
+
+import llama_cpp
+import numpy as np
+
+from .constraints import ROOT, choice_spellings
+# The backend and its log's ring of error lines belong to model_runner, which sets them up once.
+from .model_runner import ModelRunner, _errors, _init_backend
+from .protocol import GenerationParams
+
+
+def grammar_problem(gbnf: str) -> Optional[str]:
+    """Why llama.cpp cannot parse this GBNF (its own error line), or None. The grammar is built
+    once without a vocabulary (parsing needs none) and freed; the coordinator checks every grammar
+    so before any worker starts, where a bad one would fail every question."""
+    _init_backend()
+    _errors.clear()
+    # llama.cpp's grammar parser writes why straight to stderr (fprintf), not through its log.
+    with _stderr_captured() as said:
+        sampler = llama_cpp.llama_sampler_init_grammar(None, gbnf.encode("utf-8"), ROOT.encode())
+    if sampler:
+        llama_cpp.llama_sampler_free(sampler)
+        return None
+    why = [line.strip() for line in said if "error parsing grammar" in line]
+    return why[0].split("error parsing grammar: ", 1)[1] if why else "llama.cpp cannot parse it"
+
+
+@contextlib.contextmanager
+def _stderr_captured() -> Iterator[list[str]]:
+    """The lines native code writes to file descriptor 2 meanwhile (the list is filled on exit)."""
+    lines: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode("utf-8", "replace").splitlines())
+
+
+# llama.h's llama_token_data {id, logit, p}, as a numpy record: a whole vocabulary of candidates is
+# filled with two slice copies instead of a ctypes call per token.
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class _Candidates:
+    """One reusable llama_token_data_array over the whole vocabulary, and one of a single token
+    (to ask a grammar whether it allows the token already picked, as llama.cpp's common/sampling.cpp
+    does before constraining the whole vocabulary)."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.data = np.zeros(n_vocab, TOKEN_DATA)
+        self.data["id"] = np.arange(n_vocab, dtype=np.int32)
+        self.one = np.zeros(1, TOKEN_DATA)
+        ptr = ctypes.POINTER(llama_cpp.llama_token_data)
+        self.array = llama_cpp.llama_token_data_array(self.data.ctypes.data_as(ptr), n_vocab, -1, False)
+        self.one_array = llama_cpp.llama_token_data_array(self.one.ctypes.data_as(ptr), 1, -1, False)
+        self.n_vocab = n_vocab
+
+    def fill(self, logits: np.ndarray) -> ctypes.Structure:
+        """Every token with its logit, in id order (a sampler may have reordered and cut them)."""
+        self.data["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        self.data["logit"] = logits
+        self.data["p"] = 0.0
+        self.array.size, self.array.selected, self.array.sorted = self.n_vocab, -1, False
+        return self.array
+
+    def selected(self) -> int:
+        # Through the struct's own pointer: a sampler may point it at a buffer of its own.
+        return int(self.array.data[self.array.selected].id)
+
+    def allows(self, grammar: llama_cpp.llama_sampler_p, token: int) -> bool:
+        """Whether the grammar, in its current state, allows `token` next (it sets a refused
+        token's logit to -inf)."""
+        self.one[0] = (token, 0.0, 0.0)
+        self.one_array.size, self.one_array.selected, self.one_array.sorted = 1, -1, False
+        llama_cpp.llama_sampler_apply(grammar, ctypes.byref(self.one_array))
+        return bool(np.isfinite(self.one["logit"][0]))
+
+
+class Sampling:
+    """The token choice of every sequence on one ModelRunner's context. Samplers and grammars
+    are made per sequence (they keep its state) and given back with free_sampler."""
+
+    # Ask a grammar about the token picked without it first (False: mask the whole vocabulary at
+    # every step, as llama.cpp's plain grammar sampler does; bench/grammar_bench.py compares).
+    grammar_check_first = True
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.vocab = runner.vocab
+        self._candidates: Optional[_Candidates] = None  # made on the first grammar's first use
+
+    # -- sampling -------------------------------------------------------------------------------
+
+    def new_sampler(self, gen: GenerationParams, seed: int) -> llama_cpp.llama_sampler_p:
+        """A llama.cpp sampler chain for one sequence (it keeps that sequence's penalty history).
+        A response format's grammar (gen.response_format, not enforced yet: protocol.py
+        RESPONSE_FORMAT_ENFORCED) goes at the head of this chain."""
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
+        params = gen.sampling
+        if gen.logit_bias:
+            add(self._logit_bias(gen.logit_bias))
+        if params.repeat_penalty != 1.0:
+            add(llama_cpp.llama_sampler_init_penalties(self.vocab.n_tokens, params.repeat_last_n,
+                                                       params.repeat_penalty, 0.0, 0.0))
+        if params.temperature <= 0.0:
+            add(llama_cpp.llama_sampler_init_greedy())
+            return chain
+        if params.top_k > 0:
+            add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+        add(llama_cpp.llama_sampler_init_temp(params.temperature))
+        add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    def _logit_bias(self, bias: Sequence[tuple[int, float]]) -> llama_cpp.llama_sampler_p:
+        """OpenAI's logit_bias: each value added to its token's logit (llama.cpp copies the array)."""
+        entries = (llama_cpp.llama_logit_bias * len(bias))(*(llama_cpp.llama_logit_bias(t, b) for t, b in bias))
+        return llama_cpp.llama_sampler_init_logit_bias(self.vocab.n_tokens, len(bias), entries)
+
+    def greedy(self, rows: list[int], n_outputs: int) -> np.ndarray:
+        """Argmax of the given rows of the last decode's n_outputs logits rows (stored in batch
+        order), in one numpy pass: a llama.cpp greedy sampler would copy the whole vocabulary into
+        a candidate array per sequence first. Ties go to the lowest token id, as in llama.cpp."""
+        ptr = llama_cpp.llama_get_logits(self.runner.ctx)
+        logits = np.ctypeslib.as_array(ptr, shape=(n_outputs, self.vocab.n_tokens))
+        first = rows[0]
+        if rows == list(range(first, first + len(rows))):  # the usual case: a view, no copy
+            return logits[first:first + len(rows)].argmax(axis=1)
+        return logits[rows].argmax(axis=1)
+
+    def sample(self, sampler: llama_cpp.llama_sampler_p, batch_index: int) -> int:
+        """Sample from the logits row of batch position `batch_index` (also accepts the token)."""
+        return int(llama_cpp.llama_sampler_sample(sampler, self.runner.ctx, batch_index))
+
+    @staticmethod
+    def free_sampler(sampler: llama_cpp.llama_sampler_p) -> None:
+        llama_cpp.llama_sampler_free(sampler)
+
+    # -- answers of a required shape: fixed choices, grammars ------------------------------------
+
+    def new_grammar(self, gbnf: str) -> llama_cpp.llama_sampler_p:
+        """A grammar sampler for one sequence (it keeps that sequence's parse state)."""
+        sampler = llama_cpp.llama_sampler_init_grammar(self.vocab.vocab, gbnf.encode("utf-8"), ROOT.encode())
+        if not sampler:
+            raise ValueError(f"llama.cpp cannot parse the grammar: {grammar_problem(gbnf)}")
+        return sampler
+
+    def choice_tokens(self, choices: Sequence[str]) -> Optional[tuple[tuple[int, ...], ...]]:
+        """Per choice, every token that spells it alone, bare or after one space (`B`, ` B`, and
+        a byte token `<0x42>` where the vocabulary has byte tokens): any of them, picked first,
+        would be the whole answer. None when some choice has no such token (it takes more than
+        one token to generate). One pass over the vocabulary."""
+        spelled = self.vocab.tokens_spelling({v for c in choices for v in choice_spellings(c)})
+        out = tuple(tuple(sorted(t for v in choice_spellings(c) for t in spelled.get(v, ()))) for c in choices)
+        return None if not all(out) else out
+
+    def _row(self, batch_index: int) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(self.runner.ctx, batch_index)
+        return np.ctypeslib.as_array(ptr, shape=(self.vocab.n_tokens,))
+
+    def choice_scores(self, batch_index: int, variants: Sequence[Sequence[int]]) -> list[float]:
+        """Each choice's log-probability at this position (log-softmax over the whole
+        vocabulary), its best token variant's."""
+        row = self._row(batch_index).astype(np.float64)
+        top = row.max()
+        log_z = top + np.log(np.exp(row - top).sum())
+        return [float(row[list(tokens)].max() - log_z) for tokens in variants]
+
+    def _candidates_for(self) -> _Candidates:
+        if self._candidates is None:
+            self._candidates = _Candidates(self.vocab.n_tokens)
+        return self._candidates
+
+    def constrain_greedy(self, grammar: llama_cpp.llama_sampler_p, batch_index: int, token: int) -> tuple[int, bool]:
+        """(the greedy token the grammar allows, whether `token`, the unconstrained argmax, was
+        refused); -1 when the grammar allows no token at all. The token is accepted by the grammar."""
+        cands = self._candidates_for()
+        if self.grammar_check_first and cands.allows(grammar, token):
+            llama_cpp.llama_sampler_accept(grammar, token)
+            return token, False
+        llama_cpp.llama_sampler_apply(grammar, ctypes.byref(cands.fill(self._row(batch_index))))
+        logits = cands.data["logit"]
+        best = int(logits.argmax())  # the lowest id among equal logits, as llama.cpp's greedy
+        if not np.isfinite(logits[best]):
+            return -1, True
+        llama_cpp.llama_sampler_accept(grammar, best)
+        return best, True
+
+    def sample_constrained(self, chain: llama_cpp.llama_sampler_p, grammar: llama_cpp.llama_sampler_p,
+                           batch_index: int) -> tuple[int, bool]:
+        """Sample with the chain unconstrained; only when the grammar refuses that token, sample
+        again with the grammar masking the whole vocabulary first (llama.cpp's common/sampling.cpp
+        does the same: masking every token at every step is what makes grammars slow). Returns
+        (token, whether it was resampled); -1 when the grammar allows no token at all."""
+        cands = self._candidates_for()
+        row = self._row(batch_index)
+        llama_cpp.llama_sampler_apply(chain, ctypes.byref(cands.fill(row)))
+        token, resampled = cands.selected(), False
+        if not self.grammar_check_first or not cands.allows(grammar, token):
+            resampled = True
+            arr = cands.fill(row)
+            llama_cpp.llama_sampler_apply(grammar, ctypes.byref(arr))
+            if not np.isfinite(cands.data["logit"]).any():
+                return -1, True
+            llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+            token = cands.selected()
+        llama_cpp.llama_sampler_accept(grammar, token)
+        llama_cpp.llama_sampler_accept(chain, token)
+        return token, resampled
