@@ -37,10 +37,20 @@ class QuestionFile:
 
 
 @dataclass
+class Known:
+    """Lines whose answers are known (runner/journal.py record_qid: a line's hash -> its id):
+    such a line of a JSON Lines file becomes a record without its fields, unparsed. Set once the
+    journal is open; a job that needs a reused record's fields (answer.choices: auto) leaves it."""
+
+    qid_of: Optional[Callable[[int], Optional[str]]] = None
+
+
+@dataclass
 class QuestionStream:
     format: str
     records: Iterator[Record]  # in file order, each checked (ids unique so far) as it is read
     longest_line: int  # characters of the longest line (a JSON array: of the longest record's text)
+    known: Known
 
 
 def open_question_file(path: str, id_field: str = "questionID", question_field: str = "question",
@@ -52,19 +62,20 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
         text = read_text(path)
         items = ((line, obj, json.dumps(obj, sort_keys=True).encode()) for line, obj in json_array(path, text))
         records = (_record(path, line, obj, id_field, question_field, key64(raw)) for line, obj, raw in items)
-        return QuestionStream(fmt, _unique(path, records, id_field), max(map(len, text.split("\n")), default=0))
+        return QuestionStream(fmt, _unique(path, records, id_field), max(map(len, text.split("\n")), default=0),
+                              Known())
     if fmt == "openai":
         models: dict[str, int] = {}  # the models its lines name, said once the whole file is read and checked
         return QuestionStream(fmt, _then(_unique(path, _openai(path, models), "custom_id"),
-                                         lambda: say_models(path, models)), _longest_line(path))
+                                         lambda: say_models(path, models)), _longest_line(path), Known())
+    known = Known()
     if fmt == "csv":
         required = {id_field: "fields.id", question_field: "fields.question"}
         records = (_record(path, line, row, id_field, question_field, key64("\x1f".join(row.values()).encode()))
                    for line, row in csv_rows(path, (text for _, text in _lines(path)), required))
     else:
-        records = (_record(path, number, _json(path, number, text), id_field, question_field, key64(raw))
-                   for number, text, raw in _json_lines(path))
-    return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path))
+        records = _jsonl_records(path, id_field, question_field, known)
+    return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path), known)
 
 
 def read_question_file(path: str, id_field: str = "questionID", question_field: str = "question",
@@ -121,6 +132,16 @@ def _openai(path: str, models: dict[str, int]) -> Iterator[Record]:
 def _then(records: Iterator[Record], done: Callable[[], None]) -> Iterator[Record]:
     yield from records
     done()
+
+
+def _jsonl_records(path: str, id_field: str, question_field: str, known: Known) -> Iterator[Record]:
+    for number, text, raw in _json_lines(path):
+        digest = key64(raw)
+        qid = known.qid_of(digest) if known.qid_of is not None else None
+        if qid is not None:  # answered before, exactly as written: not parsed (a resumed big file)
+            yield Record(qid, {}, number, digest=digest, key=text_key(qid))
+        else:
+            yield _record(path, number, _json(path, number, text), id_field, question_field, digest)
 
 
 def _json_lines(path: str) -> Iterator[tuple[int, str, bytes]]:

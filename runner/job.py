@@ -31,12 +31,12 @@ from . import gpu
 from . import layout as layouts
 from . import tuned
 from .answer_spec import job_answer
-from .config import JobConfig
+from .config import CHOICES_AUTO, JobConfig
 from .errors import Interrupted, WorkerFailure
 from .feed import QuestionFeed
 from .formats.detect import output_format
 from .formats.rows import OutputSpec, Row
-from .inputs import Record, open_question_file
+from .inputs import QuestionStream, Record, open_question_file
 from .journal import Journal, fingerprint
 from .local_workers import LocalBackend
 from .lock import OutputLock
@@ -74,7 +74,8 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     model = identify(model_path)
     answer = job_answer(config)  # a bad schema or grammar: exit 2 before any worker starts
     with OutputLock(config.output):
-        first_records, rest, formats, longest_line = _read(config, window)
+        first_records, rest, stream = _read(config, window)
+        formats = (stream.format, output_format(config.output, config.output_format, stream.format))
         check_requests(config, first_records)
         with open_backend(config) as backend:
             started = _start_layout(config, model, first_records, rest is not None, use_tuned, backend.nodes())
@@ -85,13 +86,16 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
                     pool.start()  # the workers load the model while the questions are prepared
                 with Preparer(config, model_path, answer) as preparer:
                     journal = _open_journal(watch, paths, config, model, preparer, fresh)
+                    if config.choices != CHOICES_AUTO:  # a reused record's fields are not needed
+                        stream.known.qid_of = journal.record_qid
                     watch.with_grammar = lambda qid: has_grammar(preparer.generation) or qid in \
                         preparer.made.with_grammar
                     first = preparer.window(first_records, last=rest is None)
                     del first_records  # the records' fields were for rendering: a big file's largest part
                     if rest is None:
                         preparer.close()  # every question is made: the vocabulary's memory goes back
-                    setup, settled, prefix = _settle(config, model, started, preparer, first, longest_line, formats)
+                    setup, settled, prefix = _settle(config, model, started, preparer, first, stream.longest_line,
+                                                     formats)
                     pool.keep(settled.node_of())
                     clock["prepared"] = time.perf_counter()
                     watch.start_run(len(first.questions), max_tokens(first.questions, preparer.generation),
@@ -111,10 +115,9 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     return report
 
 
-def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterator[Record]], tuple[str, str], int]:
+def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterator[Record]], QuestionStream]:
     """The first window's records; an iterator over the rest if the file has more (it streams:
-    None otherwise); the formats of the question file and of the answers file; the bytes of the
-    file's longest line."""
+    None otherwise); the file as opened."""
     stream = open_question_file(config.input, config.id_field, config.question_field, config.input_format)
     read = [0]  # records read, of every shard
 
@@ -132,8 +135,7 @@ def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterat
         counts = f"{len(first)} of the {read[0]} questions" if rest is None else "its questions, streamed"
         log.info("shard %s%s: %s, answers to %s", config.shard,
                  f" ({config.shard.source})" if config.shard.source else "", counts, config.output)
-    return first, rest, (stream.format, output_format(config.output, config.output_format, stream.format)), \
-        stream.longest_line
+    return first, rest, stream
 
 
 def open_backend(config: JobConfig) -> Any:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from dataclasses import asdict
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from .columns import HashIndex, text_key
+from .columns import HashIndex, IdColumn, text_key
 from .config import JobConfig
 from .errors import ConfigError, OutputError, quote
 from .model import ModelIdentity
@@ -56,6 +56,9 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             "llama_cpp_python": package_version("llama_cpp_python"),
             "chat_template": template_sha, "system": config.system,
             "prompt.template": config.prompt_template, "fields.question": config.question_field,
+            # which field is the id (a journal entry is found by it; the default is left out, so
+            # that journals written before it was fingerprinted stay valid)
+            **({"fields.id": config.id_field} if config.id_field != "questionID" else {}),
             "prompt.template_kwargs": config.template_kwargs,
             "max_tokens": generation.max_tokens, "stop": list(generation.stop),
             "ignore_eos": generation.ignore_eos, "batch_invariant": config.batch_invariant,
@@ -139,6 +142,8 @@ class Journal:
         # The earlier run's entries that may be reused: qid key -> row of the columns below
         self._previous = HashIndex()
         self._prev_record, self._prev_prompt, self._prev_at = array("Q"), array("Q"), array("q")
+        self._prev_qids = IdColumn()  # of each row
+        self._by_record = HashIndex()  # record hash -> row: a line known before it is parsed
         self.kept = 0  # entries kept from the earlier run
         # qid key -> where this run's answer is in the file (appended, or reused from before)
         self._answers = HashIndex()
@@ -167,6 +172,15 @@ class Journal:
             self._answers.add(key, self._prev_at[row])
             out.append(self._prev_prompt[row])
         return out
+
+    def record_qid(self, record: int) -> Optional[str]:
+        """The id of the question whose answer the journal holds for a record written exactly so
+        (Record.digest of its line), if any: the line need not even be parsed."""
+        row = self._by_record.get(record)
+        if row is None:
+            return None
+        qid = self._prev_qids[row]
+        return qid if self._previous.get(text_key(qid)) == row else None  # not since failed or changed
 
     def reuse_prompt(self, qid: str, prompt: str) -> bool:
         """Whether an earlier answer of this prompt is held (then it is this run's answer)."""
@@ -269,6 +283,9 @@ class Journal:
                 # A failed answer stays in the file (its story) but is never reused: it is retried.
                 self._previous.add(text_key(qid), len(self._prev_at) if ok else -1)
                 if ok:
+                    if record:
+                        self._by_record.add(prompt_key(record), len(self._prev_at))
+                    self._prev_qids.append(qid)
                     self._prev_record.append(prompt_key(record))
                     self._prev_prompt.append(prompt_key(prompt))
                     self._prev_at.append(at)

@@ -90,3 +90,22 @@ def test_a_rerun_reads_each_entry_right_whatever_its_text_holds(tmp_path):
     assert {q: a.text for q, a in reused.items()} == dict(zip(qids, tricky))
     assert [q.qid for q in todo] == ["failed"]  # a failed answer is retried, whatever its error says
     j.close()
+
+
+def test_a_line_is_known_by_its_hash_only_while_its_answer_stands(tmp_path):
+    from ggbatch.runner.journal import Expected, record_hash
+
+    path = str(tmp_path / "j.jsonl")
+    j = Journal(path, FP)
+    j.expect("q1", Expected("ab" * 12, record_hash(0x1234)))
+    j.expect("q2", Expected("cd" * 12, record_hash(0x5678)))
+    j.append([answer("q1"), answer("q2")])
+    j.close()
+    j = Journal(path, FP)
+    assert (j.record_qid(0x1234), j.record_qid(0x5678), j.record_qid(0x9999)) == ("q1", "q2", None)
+    j.expect("q2", Expected("cd" * 12, record_hash(0x5678)))
+    j.append([answer("q2", error="failed this time")])
+    j.close()
+    j = Journal(path, FP)
+    assert j.record_qid(0x1234) == "q1" and j.record_qid(0x5678) is None  # retried: parsed and asked again
+    j.close()

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional
 from .openai_request import Request
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass is slow to make, and a big file makes millions
 class Record:
     qid: str  # ids are kept as strings: "007" stays "007"
     fields: Mapping[str, Any]  # the whole record, for prompt templates
