@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import Any, Iterator, Optional, Sequence
+from bisect import bisect_left
+from typing import Iterator, Optional, Sequence
 
 MERGE_AT = 1 << 16  # additions held in the dict before they are merged into the arrays
 
@@ -73,11 +74,13 @@ class IdColumn:
 
 
 class HashIndex:
-    """64-bit key -> int64 value; adding a key again replaces its value."""
+    """64-bit key -> int64 value; adding a key again replaces its value. The merged keys are an
+    array('Q') searched with bisect, one key at a time (numpy's searchsorted costs several µs a
+    call on a scalar, bisect over an array one), or with numpy for many keys at once."""
 
     def __init__(self) -> None:
-        self._keys: Any = ()  # numpy arrays once merged
-        self._values: Any = ()
+        self._keys = array("Q")  # sorted
+        self._values = array("q")
         self._recent: dict[int, int] = {}
 
     def __len__(self) -> int:
@@ -91,25 +94,22 @@ class HashIndex:
 
     def get(self, key: int) -> Optional[int]:
         value = self._recent.get(key)
-        if value is not None or not len(self._keys):
+        if value is not None:
             return value
-        import numpy as np
-
-        i = int(np.searchsorted(self._keys, np.uint64(key)))
-        if i < len(self._keys) and int(self._keys[i]) == key:
-            return int(self._values[i])
-        return None
+        i = bisect_left(self._keys, key)
+        return self._values[i] if i < len(self._keys) and self._keys[i] == key else None
 
     def get_many(self, keys: Sequence[int]) -> list[Optional[int]]:
         """get() of each key, the arrays searched once for all of them."""
-        if not len(self._keys):
+        if not self._keys:
             return [self._recent.get(k) for k in keys]
         import numpy as np
 
+        merged = np.frombuffer(self._keys, np.uint64)
         wanted = np.fromiter(keys, np.uint64, len(keys))
-        at = np.minimum(np.searchsorted(self._keys, wanted), len(self._keys) - 1)
-        found = (self._keys[at] == wanted).tolist()
-        values = self._values[at].tolist()
+        at = np.minimum(np.searchsorted(merged, wanted), len(merged) - 1)
+        found = (merged[at] == wanted).tolist()
+        values = np.frombuffer(self._values, np.int64)[at].tolist()
         recent = self._recent
         return [recent.get(k, v if hit else None) for k, v, hit in zip(keys, values, found)]
 
@@ -123,12 +123,12 @@ class HashIndex:
             return
         import numpy as np
 
-        keys = np.concatenate([np.asarray(self._keys, np.uint64),
-                               np.fromiter(self._recent.keys(), np.uint64, len(self._recent))])
-        values = np.concatenate([np.asarray(self._values, np.int64),
-                                 np.fromiter(self._recent.values(), np.int64, len(self._recent))])
+        n = len(self._recent)
+        keys = np.concatenate([np.frombuffer(self._keys, np.uint64), np.fromiter(self._recent.keys(), np.uint64, n)])
+        values = np.concatenate([np.frombuffer(self._values, np.int64),
+                                 np.fromiter(self._recent.values(), np.int64, n)])
         order = np.argsort(keys, kind="stable")  # a key added again: its newer value comes last
         keys, values = keys[order], values[order]
         last = np.append(keys[1:] != keys[:-1], True)
-        self._keys, self._values = keys[last], values[last]
+        self._keys, self._values = array("Q", keys[last].tobytes()), array("q", values[last].tobytes())
         self._recent.clear()

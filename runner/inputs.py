@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .columns import HashIndex, key64, text_key
@@ -202,14 +201,11 @@ def _longest_line(path: str) -> int:
 
 
 def read_text(path: str) -> str:
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{path}: input file not found") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: input is a directory, not a file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read input: {exc.strerror}") from None
+    with _open(path) as f:
+        try:
+            data = f.read()
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read input: {exc.strerror}") from None
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

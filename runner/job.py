@@ -85,11 +85,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
                 if first_records:
                     pool.start()  # the workers load the model while the questions are prepared
                 with Preparer(config, model_path, answer) as preparer:
-                    journal = _open_journal(watch, paths, config, model, preparer, fresh)
-                    if config.choices != CHOICES_AUTO:  # a reused record's fields are not needed
-                        stream.known.qid_of = journal.record_qid
-                    watch.with_grammar = lambda qid: has_grammar(preparer.generation) or qid in \
-                        preparer.made.with_grammar
+                    journal = _open_journal(watch, paths, config, model, preparer, stream, fresh)
                     first = preparer.window(first_records, last=rest is None)
                     del first_records  # the records' fields were for rendering: a big file's largest part
                     if rest is None:
@@ -100,8 +96,8 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
                     clock["prepared"] = time.perf_counter()
                     watch.start_run(len(first.questions), max_tokens(first.questions, preparer.generation),
                                     sum(lay.workers * lay.slots for lay in settled.layouts), pool)
-                    feed = QuestionFeed(preparer, rest, window, lambda w: watch.progress.grow(len(w.questions))) \
-                        if rest is not None else None
+                    feed = None if rest is None else QuestionFeed(preparer, rest, window,
+                                                                  lambda w: watch.progress.grow(len(w.questions)))
                     ended = _answer(pool, first, _engines(model_path, settled, prefix, preparer), feed, window)
                     preparer.say()
                     _write_answers(config, preparer, journal, ended,
@@ -175,12 +171,18 @@ def _specs(plan: NodePlan, model_path: str, engine_factory: Optional[EngineFacto
 
 
 def _open_journal(watch: RunWatch, paths: JobPaths, config: JobConfig, model: ModelIdentity, preparer: Preparer,
-                  fresh: bool) -> Journal:
+                  stream: QuestionStream, fresh: bool) -> Journal:
+    """The journal, with those who need it: the preparer (answers to reuse), the reader (lines
+    known by their hash, when a reused record's fields are not needed) and the watch (which
+    answers are held to a grammar)."""
     journal = watch.journal = Journal(paths.journal, fingerprint(config, model, preparer.generation,
                                                                  preparer.template_sha), fresh)
     if journal.kept:
         log.info("resuming: %d answers in %s from an earlier run of this job", journal.kept, journal.path)
     preparer.start(journal)
+    if config.choices != CHOICES_AUTO:
+        stream.known.qid_of = journal.record_qid
+    watch.with_grammar = lambda qid: has_grammar(preparer.generation) or qid in preparer.made.with_grammar
     return journal
 
 
