@@ -134,13 +134,16 @@ def _then(records: Iterator[Record], done: Callable[[], None]) -> Iterator[Recor
 
 
 def _jsonl_records(path: str, id_field: str, question_field: str, known: Known) -> Iterator[Record]:
-    for number, text, raw in _json_lines(path):
-        digest = key64(raw)
-        qid = known.qid_of(digest) if known.qid_of is not None else None
-        if qid is not None:  # answered before, exactly as written: not parsed (a resumed big file)
-            yield Record(qid, {}, number, digest=digest, key=text_key(qid))
-        else:
-            yield _record(path, number, _json(path, number, text), id_field, question_field, digest)
+    with _open(path) as f:
+        for number, raw in enumerate(f, start=1):
+            digest = key64(raw)  # the line as written, its line break too
+            qid = known.qid_of(digest) if known.qid_of is not None else None
+            if qid is not None:  # answered before, exactly as written: not even decoded (a resumed big file)
+                yield Record(qid, {}, number, digest=digest, key=text_key(qid))
+                continue
+            text = _decoded(path, number, raw)
+            if text.strip():
+                yield _record(path, number, _json(path, number, text), id_field, question_field, digest)
 
 
 def _json_lines(path: str) -> Iterator[tuple[int, str, bytes]]:
@@ -163,14 +166,20 @@ def _lines(path: str, keep_raw: bool = False) -> Iterator[Any]:
     line and column of a byte that is not."""
     with _open(path) as f:
         for number, raw in enumerate(f, start=1):
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
-                                 f"{exc.start + 1}); save the file as UTF-8") from None
+            text = _decoded(path, number, raw)
             yield (number, text, raw) if keep_raw else (number, text)
+
+
+def _decoded(path: str, number: int, raw: bytes) -> str:
+    """A line's text (a byte order mark at the start of the file dropped), or an InputError
+    naming the line and column of a byte that is not UTF-8."""
+    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                         f"{exc.start + 1}); save the file as UTF-8") from None
 
 
 def _open(path: str) -> Any:

@@ -113,7 +113,7 @@ def prompt_key(h: str) -> int:
 
 # The start of an entry as _entry writes it: the fields a rerun needs, read without parsing the
 # whole line (the answer's text can be long; a million lines are read on a resume).
-_HEAD = re.compile(rb'\{"qid": ("(?:[^"\\]|\\.)*"), "prompt": "([0-9a-f]*)", (?:"record": "([0-9a-f]*)", )?"text": ')
+_HEAD = re.compile(rb'\{"qid": "([^"\\]*)", "prompt": "([0-9a-f]*)", (?:"record": "([0-9a-f]*)", )?"text": ')
 
 
 def _fields(line: bytes) -> Optional[tuple[str, str, str, bool]]:
@@ -123,10 +123,8 @@ def _fields(line: bytes) -> Optional[tuple[str, str, str, bool]]:
         # In the JSON text an unescaped quote is never inside a string: the first '"error": '
         # outside the text is the key.
         error = line.find(b', "error": ', head.end())
-        if error > 0:
-            qid = head.group(1)
-            qid_text = qid[1:-1].decode() if b"\\" not in qid else json.loads(qid)
-            return qid_text, head.group(2).decode(), (head.group(3) or b"").decode(), \
+        if error > 0:  # (an id with a quote or a backslash in it is parsed below)
+            return head.group(1).decode(), head.group(2).decode(), (head.group(3) or b"").decode(), \
                 line.startswith(b"null", error + 11)
     try:
         e = json.loads(line)

@@ -108,3 +108,19 @@ def test_peak_memory_of_the_coordinator_stays_small_for_100000_questions(tmp_pat
     assert sum(1 for _ in open(tmp_path / "a.jsonl")) == 100_000
     # Before streaming: about 2 KB a question (200 MiB here). Now the windows and ~60 bytes a question.
     assert peak_mib < 120, f"coordinator peak RSS {peak_mib} MiB"
+
+
+def test_a_line_edited_since_is_answered_again_and_only_it(tmp_path, stories):
+    questions(tmp_path / "q.jsonl", 300)
+    out = tmp_path / "a.json"
+    run_job(job(tmp_path, stories, out), engine_factory=Fake(), progress="log", window=40)
+    before = json.loads(out.read_text())
+    lines = (tmp_path / "q.jsonl").read_text().splitlines(keepends=True)
+    lines[250] = json.dumps({"questionID": "q250", "question": "An edited question, longer than it was?"}) + "\n"
+    (tmp_path / "q.jsonl").write_text("".join(lines))
+    again = run_job(job(tmp_path, stories, out), engine_factory=Fake(), progress="log", window=40)
+    q = again.as_json()["questions"]
+    assert again.outcome.tally.made == 1 and q["from_journal"] == q["unique_prompts"] - 1
+    rows = json.loads(out.read_text())
+    assert rows[250]["answer"].startswith("answer to q250") and rows[250] != before[250]
+    assert rows[:250] == before[:250] and rows[251:] == before[251:]
