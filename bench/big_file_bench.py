@@ -44,12 +44,24 @@ def build(path: Path, n: int) -> int:
     return path.stat().st_size
 
 
-def journal_lines(journal: Path) -> int:
-    try:
-        with open(journal, "rb") as f:
-            return sum(1 for _ in f) - 1
-    except FileNotFoundError:
-        return 0
+class JournalLines:
+    """Answers in a journal, counted from where the last count stopped: counting the whole file
+    every 50 ms would take a core from the run it measures."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.at, self.lines = path, 0, -1  # the header is not an answer
+
+    def count(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.at)
+                data = f.read()
+        except FileNotFoundError:
+            return 0
+        complete = data.rfind(b"\n") + 1
+        self.lines += data.count(b"\n", 0, complete)
+        self.at += complete
+        return max(self.lines, 0)
 
 
 def run(questions: Path, out: Path, args: argparse.Namespace, kill_at: int = 0, first_after: int = 0) -> dict:
@@ -59,12 +71,12 @@ def run(questions: Path, out: Path, args: argparse.Namespace, kill_at: int = 0, 
     cli = ["run", "--model", str(MODEL), "--input", str(questions), "--output", str(out), "--max-tokens", "1",
            "--workers", str(args.workers), "--progress", "log", "--report", str(report)]
     cmd = [sys.executable, __file__, "--one", json.dumps(cli)] if args.fake else [sys.executable, "-m", "ggbatch", *cli]
-    journal = Path(f"{out}.journal.jsonl")
+    journal = JournalLines(Path(f"{out}.journal.jsonl"))
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = None
     while proc.poll() is None:
-        answered = journal_lines(journal) if first is None or kill_at else 0
+        answered = journal.count() if first is None or kill_at else 0
         if first is None and answered > first_after:
             first = time.perf_counter() - t0
         if kill_at and answered >= kill_at:
