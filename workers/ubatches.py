@@ -22,14 +22,26 @@ Pure: spans in, spans out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from .scheduler import Span
+from .sequence import Sequence
 
 # ggml's CPU flash attention takes its tiled path from this many query rows of one sequence in
 # a ubatch (GGML_FA_TILE_Q in ggml-cpu/common.h).
 MIN_CHUNK = 64
+
+
+class Chunk(Protocol):
+    """What is laid out: a run of one sequence's tokens (scheduler.Span)."""
+
+    @property
+    def seq(self) -> Sequence: ...
+
+    @property
+    def n(self) -> int: ...
+
+
+C = TypeVar("C", bound=Chunk)
 
 
 def chunk_len(left: int, budget: int, min_chunk: int = MIN_CHUNK) -> int:
@@ -43,11 +55,11 @@ def chunk_len(left: int, budget: int, min_chunk: int = MIN_CHUNK) -> int:
     return n if n >= min_chunk else 0
 
 
-def ubatch_order(spans: list[Span]) -> list[Span]:
+def ubatch_order(spans: list[C]) -> list[C]:
     """The spans listed so that split_equal makes one ubatch of each run of consecutive sequence
     ids with equal lengths: ids ascending within a run, runs from the highest ids down (a run's
     last id + 1 is then used up when the run below it is cut, so the chain stops there)."""
-    runs: list[list[Span]] = []
+    runs: list[list[C]] = []
     for span in sorted(spans, key=lambda s: s.seq.seq_id):
         last = runs[-1][-1] if runs else None
         if last is not None and last.seq.seq_id + 1 == span.seq.seq_id and last.n == span.n:
@@ -57,7 +69,7 @@ def ubatch_order(spans: list[Span]) -> list[Span]:
     return [span for run in reversed(runs) for span in run]
 
 
-def passes(spans: list[Span], n_ubatch: int) -> list[tuple[int, int]]:
+def passes(spans: list[C], n_ubatch: int) -> list[tuple[int, int]]:
     """(sequences, tokens of each) of every ubatch split_equal cuts the spans into, listed as
     given, each chunk of one sequence: what a layout costs, for tests and benchmarks."""
     left = {s.seq.seq_id: s.n for s in spans}
