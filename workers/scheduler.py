@@ -13,6 +13,9 @@ by id; a free slot is always the lowest free id; and when a slot below the highe
 free (no question waiting to fill it), the highest sequence moves down into it (`compact`).
 Measured on the 28 × 1024 model, 32 sequences decoding: 107 ms a step with ids 0..31 in order,
 141-156 ms with one id out of place, 330-410 ms shuffled or reversed.
+With the prefix cache a prompt step is mostly short own parts of several questions after a
+shared passage: those chunks are cut and listed as workers/ubatches.py says (one ubatch per
+sequence, or per run of equal chunks), not by id.
 
 Batch-invariant mode (workers/invariant.py) schedules a step as either one prompt chunk alone
 (at least MIN_ROWS tokens, or a whole short prompt) or one token of every running sequence,
