@@ -194,3 +194,90 @@ def test_a_question_with_its_own_max_tokens_reserves_that_many_cells():
     for x in (short, long, plain):
         s.add(x)
     assert s.admit() == [short, long] and s.kv_reserved == 42  # the plain one (15 more) waits
+
+
+# -- prompt steps shaped for llama.cpp's ubatch split (workers/ubatches.py) ----------------------
+
+def _spans(s):
+    return [(sp.seq.seq_id, sp.start_pos, sp.n) for sp in s.schedule()]
+
+
+def own(i, n_prompt):
+    """A prompt sharing nothing with own(j, ...) for j != i (the prefix cache finds nothing)."""
+    return Sequence(Question(f"q{i}", array("i", range(1000 * (i + 1), 1000 * (i + 1) + n_prompt)), 0))
+
+
+def _cache_scheduler(slots, n_batch):
+    from ggbatch.workers.prefix_cache import SlotContents
+
+    return Scheduler(slots=slots, n_batch=n_batch, stream_per_sequence=True,
+                     contents=SlotContents(array("i"), slots, False))
+
+
+def test_chunk_len_takes_whole_prompts_and_never_a_thin_piece():
+    from ggbatch.workers.ubatches import chunk_len
+
+    assert chunk_len(100, 512) == 100  # fits: all of it, however short
+    assert chunk_len(550, 512) == 486  # would leave 38: leaves 64 instead
+    assert chunk_len(1000, 512) == 512
+    assert chunk_len(300, 50) == 0  # a 50-token piece would be a thin ubatch of its own
+    assert chunk_len(100, 90) == 0  # 36 leaving 64, or 90 leaving 10: neither
+    assert chunk_len(300, 50, min_chunk=1) == 50
+
+
+def test_prompt_chunks_listed_so_each_sequence_is_one_ubatch():
+    from ggbatch.workers.ubatches import passes
+
+    s = _cache_scheduler(slots=6, n_batch=512)
+    lens = [38, 159, 109, 76, 47, 83]
+    for i, n in enumerate(lens):
+        s.add(own(i, n))
+    s.admit()
+    spans = s.schedule()
+    assert [(sp.seq.seq_id, sp.n) for sp in spans] == [(i, n) for i, n in reversed(list(enumerate(lens)))]
+    assert passes(spans, 512) == [(1, n) for n in reversed(lens)]
+    # Listed by id, llama.cpp would cut the same tokens into six thin ubatches.
+    assert passes(sorted(spans, key=lambda sp: sp.seq.seq_id), 512) == [
+        (6, 38), (5, 9), (3, 29), (2, 33), (1, 50), (1, 36)]
+
+
+def test_equal_chunks_of_consecutive_sequences_make_one_ubatch():
+    from ggbatch.workers.ubatches import passes
+
+    s = _cache_scheduler(slots=5, n_batch=512)
+    for i, n in enumerate([80, 80, 80, 50, 90]):
+        s.add(own(i, n))
+    s.admit()
+    spans = s.schedule()
+    assert [(sp.seq.seq_id, sp.n) for sp in spans] == [(4, 90), (3, 50), (0, 80), (1, 80), (2, 80)]
+    assert passes(spans, 512) == [(1, 90), (1, 50), (3, 80)]
+
+
+def test_a_long_prompt_leaves_a_full_chunk_and_a_thin_piece_waits():
+    s = _cache_scheduler(slots=2, n_batch=512)
+    a, b = own(0, 550), own(1, 300)
+    s.add(a)
+    s.add(b)
+    s.admit()
+    assert _spans(s) == [(0, 0, 486)]  # not 512 (38 left), and b's 26-token piece waits
+    a.n_cached = 486
+    assert _spans(s) == [(1, 0, 300), (0, 486, 64)]
+
+
+def test_a_small_retry_budget_still_makes_progress():
+    s = _cache_scheduler(slots=1, n_batch=512)
+    a = seq("a", 400)
+    s.add(a)
+    s.admit()
+    assert [(sp.seq.seq_id, sp.n) for sp in s.schedule(budget=40)] == [(0, 40)]
+
+
+def test_without_the_prefix_cache_prompt_steps_are_listed_by_id():
+    s = Scheduler(slots=2, n_batch=512, stream_per_sequence=True)
+    a, b = seq("a", 550), seq("b", 30)
+    s.add(a)
+    s.add(b)
+    s.admit()
+    assert _spans(s) == [(0, 0, 512)]
+    a.n_cached = 512
+    assert _spans(s) == [(0, 512, 38), (1, 0, 30)]

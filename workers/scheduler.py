@@ -13,6 +13,9 @@ by id; a free slot is always the lowest free id; and when a slot below the highe
 free (no question waiting to fill it), the highest sequence moves down into it (`compact`).
 Measured on the 28 × 1024 model, 32 sequences decoding: 107 ms a step with ids 0..31 in order,
 141-156 ms with one id out of place, 330-410 ms shuffled or reversed.
+With the prefix cache a prompt step is mostly short own parts of several questions after a
+shared passage: those chunks are cut and listed as workers/ubatches.py says (one ubatch per
+sequence, or per run of equal chunks), not by id.
 
 Batch-invariant mode (workers/invariant.py) schedules a step as either one prompt chunk alone
 (at least MIN_ROWS tokens, or a whole short prompt) or one token of every running sequence,
@@ -27,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-from . import invariant
+from . import invariant, ubatches
 from .prefix_cache import MIN_WAIT_GAIN, SlotContents, Start, start_len
 from .sequence import Phase, Sequence, common_prefix_len
 
@@ -43,6 +46,11 @@ class Span:
 
 
 class Scheduler:
+    # Prompt steps laid out for llama.cpp's ubatch split (workers/ubatches.py) when the prefix
+    # cache is on, where a step's prompts are many short own parts (False: by id, as without the
+    # cache; bench/prefix_engine_bench.py compares).
+    shaped_prefill = True
+
     def __init__(self, slots: int, n_batch: int, prefix: array | None = None,
                  kv_budget: int | None = None, max_new_tokens: int = 0,
                  stream_per_sequence: bool = False, batch_invariant: bool = False,
@@ -133,19 +141,30 @@ class Scheduler:
         if self.batch_invariant:
             return self._schedule_invariant()
         prefilling = any(s.phase is Phase.PREFILL for s in self.running)
+        if prefilling and self.stream_per_sequence and self.contents is not None and self.shaped_prefill:
+            # A budget too small for any chunk of MIN_CHUNK (a retry after a full KV) takes what fits.
+            return ubatches.ubatch_order(self._prompt_chunks(budget, ubatches.MIN_CHUNK)
+                                         or self._prompt_chunks(budget))
         decoding = sorted((s for s in self.running if s.phase is Phase.DECODE), key=_seq_id)[:budget]
         if prefilling and self.stream_per_sequence:
             decoding = []  # prompts first; decoding resumes when they are all in
         spans = [Span(s, s.next_pos, 1, True) for s in decoding]
-        budget -= len(spans)
+        spans += self._prompt_chunks(budget - len(spans))
+        return sorted(spans, key=lambda span: span.seq.seq_id)
+
+    def _prompt_chunks(self, budget: int, min_chunk: int = 1) -> list[Span]:
+        """Chunks of the prompts going in, in admission order, within `budget` tokens; with
+        min_chunk, as ubatches.chunk_len cuts them."""
+        spans = []
         for seq in self.running:
             if budget <= 0:
                 break
             if seq.phase is Phase.PREFILL:
-                n = min(seq.n_prompt - seq.n_cached, budget)
-                spans.append(Span(seq, seq.n_cached, n, seq.n_cached + n == seq.n_prompt))
-                budget -= n
-        return sorted(spans, key=lambda span: span.seq.seq_id)
+                n = ubatches.chunk_len(seq.n_prompt - seq.n_cached, budget, min_chunk)
+                if n:
+                    spans.append(Span(seq, seq.n_cached, n, seq.n_cached + n == seq.n_prompt))
+                    budget -= n
+        return spans
 
     def _schedule_invariant(self) -> list[Span]:
         """One prompt chunk alone (the earliest admitted prompt still going in), else one token of
