@@ -51,12 +51,14 @@ def bench_model() -> str:
     return str(path)
 
 
-def load_questions(model: str, n: int, system: str) -> list[Question]:
+def load_questions(model: str, n: int, system: str, path: Path = GSM8K) -> list[Question]:
+    """The first n questions of a question file (GSM8K's by default), rendered with the model's
+    chat template and tokenized."""
     from ggbatch.workers.model_runner import Tokenizer
 
     tok = Tokenizer(model)
     builder = PromptBuilder(tok.chat_template, system=system, bos_token=tok.bos_text, eos_token=tok.eos_text)
-    with open(GSM8K, encoding="utf-8") as f:
+    with open(path, encoding="utf-8") as f:
         records = [json.loads(line) for _, line in zip(range(n), f)]
     out = []
     for r in records:

@@ -14,7 +14,6 @@ Without `+fa`/`+nofa` flash attention is as a job would choose it.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -29,28 +28,16 @@ from ggbatch.runner import layout as layouts  # noqa: E402
 from ggbatch.runner.layout import Layout, cpu_flags, repack_weights, step_budget, usable_cores  # noqa: E402
 from ggbatch.runner.prefix_groups import grouped_order  # noqa: E402
 from ggbatch.runner.prepare import common_prefix  # noqa: E402
-from ggbatch.runner.prompts import PromptBuilder  # noqa: E402
 from ggbatch.workers.protocol import GenerationParams, Question  # noqa: E402
 from compare_server import LSAT  # noqa: E402
-from engine_bench import bench_model  # noqa: E402
+from engine_bench import bench_model, load_questions  # noqa: E402
 
 SYSTEM = "Answer with the letter of the correct choice."
 TOKENS = 32
 
 
 def lsat_questions(model: str, n: int) -> list[Question]:
-    from ggbatch.workers.model_runner import Tokenizer
-
-    tok = Tokenizer(model)
-    builder = PromptBuilder(tok.chat_template, system=SYSTEM, bos_token=tok.bos_text, eos_token=tok.eos_text)
-    with open(LSAT, encoding="utf-8") as f:
-        records = [json.loads(line) for _, line in zip(range(n), f)]
-    out = []
-    for r in records:
-        text = builder.render(r["question"])
-        out.append(Question(r["questionID"], tok.tokenize(text, add_bos=builder.needs_bos(text)), 0))
-    tok.close()
-    return out
+    return load_questions(model, n, SYSTEM, LSAT)
 
 
 def run(model: str, questions: list[Question], variant: str, threads: int) -> dict:
