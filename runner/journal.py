@@ -28,7 +28,7 @@ import re
 from array import array
 from dataclasses import dataclass
 from dataclasses import asdict
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .columns import HashIndex, IdColumn, text_key
 from .config import JobConfig
@@ -234,9 +234,6 @@ class Journal:
         self._reader.seek(at)
         e = json.loads(self._reader.readline())
         return _answer(e) if e["qid"] == qid else None  # another id with the same 64-bit key
-
-    def answers(self, qids: Iterable[str]) -> dict[str, Answer]:
-        return {qid: a for qid in qids if (a := self.answer(qid)) is not None}
 
     def sync(self) -> None:
         """Make what was appended survive a power cut too (a killed process loses nothing anyway)."""

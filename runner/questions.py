@@ -40,7 +40,6 @@ class QuestionSet:
     """What the questions of a job came to, window after window (the questions themselves go to
     the workers and are not kept)."""
 
-    aliases: int = 0  # questions that take the answer of an identical one (IdColumn.same_as)
     # qid -> its error answer, never sent to a worker nor journaled (a rerun tries again): a prompt
     # the model's tokenizer cannot take, a request refused as asked
     rejected: dict[str, Answer] = field(default_factory=dict)
@@ -134,7 +133,6 @@ class QuestionMaker:
             first = self._first_of(h)
             if first is not None:
                 self.ids.same_as(index, first)
-                self.made.aliases += 1
                 return None
             self._first.add(prompt_key(h), (int(h[16:24], 16) & CHECK_MASK) << 32 | index)
         reused = self.journal.reuse_prompt(rec.qid, h)

@@ -21,20 +21,13 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Protocol, Sequence, TypeVar
+from typing import Mapping, Optional
 
 SLURM_ID, SLURM_COUNT = "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"
 SLURM_MIN, SLURM_MAX, SLURM_STEP = "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP"
 SPEC = re.compile(r"\s*(\d{1,9})\s*/\s*(\d{1,9})\s*")
 NAME_TAG = re.compile(r"\.shard-(\d+)-of-(\d+)(?=\.|$)")
 SPEC_HELP = "must be I/N with 0 <= I < N (shards count from 0: 0/3, 1/3, 2/3), or auto"
-
-
-class HasId(Protocol):
-    qid: str  # a question file's Record
-
-
-T = TypeVar("T", bound=HasId)
 
 
 @dataclass(frozen=True)
@@ -61,11 +54,6 @@ def shard_of(qid: str, count: int) -> int:
 def in_shard(qid: str, shard: Optional[Shard]) -> bool:
     """Whether a question belongs to this shard (every question does without a shard)."""
     return shard is None or shard_of(qid, shard.count) == shard.index
-
-
-def shard_records(records: Sequence[T], shard: Optional[Shard]) -> list[T]:
-    """The records of this shard, in file order (all of them without a shard)."""
-    return [r for r in records if in_shard(r.qid, shard)]
 
 
 def parse_shard(spec: str, env: Mapping[str, str]) -> Shard:

@@ -14,7 +14,7 @@ from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.formats.record import Record
 from ggbatch.runner.journal import Journal, fingerprint
 from ggbatch.runner.model import ModelIdentity
-from ggbatch.runner.shards import Shard, parse_shard, shard_in_name, shard_of, shard_path, shard_records
+from ggbatch.runner.shards import Shard, parse_shard, shard_in_name, in_shard, shard_of, shard_path
 from ggbatch.workers.protocol import GenerationParams
 
 GSM8K_IDS = [f"gsm8k-{i}" for i in range(1, 1320)]
@@ -42,11 +42,11 @@ def test_the_split_is_the_same_in_other_processes_whatever_their_hash_seed():
 @pytest.mark.parametrize("count", [2, 3, 8, 16])
 def test_every_id_is_in_exactly_one_shard_in_file_order(count):
     records = [Record(q, {}, i) for i, q in enumerate(GSM8K_IDS, start=1)]
-    shards = [shard_records(records, Shard(i, count)) for i in range(count)]
+    shards = [[r for r in records if in_shard(r.qid, Shard(i, count))] for i in range(count)]
     assert sorted(r.qid for s in shards for r in s) == sorted(GSM8K_IDS)  # all, none twice
     assert all([r.line for r in s] == sorted(r.line for r in s) for s in shards)
     assert all(s for s in shards)
-    assert shard_records(records, None) == records
+    assert [r for r in records if in_shard(r.qid, None)] == records
 
 
 def test_the_split_is_balanced_for_many_ids():
