@@ -12,16 +12,20 @@ numpy is imported only once an index outgrows its dict (MERGE_AT keys): a job of
 questions starts without it (runner/job.py's start-up, and every spawned worker's re-import of
 the main module, would pay half a second).
 
-Keys are key64() of a text: 64 bits of blake2b. Two different texts share a key with odds of
-about n² / 2^65 (3e-8 for a million): callers that must be exact check the text behind a hit.
+Keys are 64-bit hashes: key64() of bytes that are written down (a record's line in the journal,
+the same in every run: blake2b), text_key() of an id, which never leaves this process (Python's
+own string hash: SipHash, keyed per process, and a twentieth of blake2b's cost, which counts when
+a resumed file of a million lines is read). Two different texts share a key with odds of about
+n² / 2^65 (3e-8 for a million): callers that must be exact check the text behind a hit.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from array import array
 from bisect import bisect_left
-from typing import Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 MERGE_AT = 1 << 16  # additions held in the dict before they are merged into the arrays
 
@@ -30,8 +34,12 @@ def key64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
+U64 = (1 << 64) - 1
+
+
 def text_key(text: str) -> int:
-    return key64(text.encode("utf-8", "surrogatepass"))
+    """A key for an id within this process only (it differs from one run to the next)."""
+    return hash(text) & U64
 
 
 class IdColumn:
@@ -48,6 +56,14 @@ class IdColumn:
         self._ends.append(len(self._blob))
         self._same_as.append(-1)
         return len(self._ends) - 1
+
+    def extend(self, qids: Iterable[str]) -> None:
+        """append() each id, together (half a million of a resumed journal)."""
+        encoded = [qid.encode("utf-8", "surrogatepass") for qid in qids]
+        start = len(self._blob)
+        self._ends.extend(start + end for end in itertools.accumulate(map(len, encoded)))
+        self._same_as.extend(itertools.repeat(-1, len(encoded)))
+        self._blob += b"".join(encoded)
 
     def same_as(self, index: int, first: int) -> None:
         """Question `index` takes the answer of question `first` (their prompts are identical)."""
@@ -107,7 +123,10 @@ class HashIndex:
 
         merged = np.frombuffer(self._keys, np.uint64)
         wanted = np.fromiter(keys, np.uint64, len(keys))
-        at = np.minimum(np.searchsorted(merged, wanted), len(merged) - 1)
+        # Searched in sorted order (each search starts from the last one's place: 2-3x faster).
+        order = np.argsort(wanted)
+        at = np.empty(len(wanted), np.intp)
+        at[order] = np.minimum(np.searchsorted(merged, wanted[order]), len(merged) - 1)
         found = (merged[at] == wanted).tolist()
         values = np.frombuffer(self._values, np.int64)[at].tolist()
         recent = self._recent
@@ -119,16 +138,24 @@ class HashIndex:
             self._merge()
 
     def _merge(self) -> None:
+        """The recent additions into the sorted arrays: sorted alone, then inserted in place (a
+        merge, linear in the index's size, where sorting the whole index again each MERGE_AT
+        additions would cost a second over a resumed million)."""
         if not self._recent:
             return
         import numpy as np
 
         n = len(self._recent)
-        keys = np.concatenate([np.frombuffer(self._keys, np.uint64), np.fromiter(self._recent.keys(), np.uint64, n)])
-        values = np.concatenate([np.frombuffer(self._values, np.int64),
-                                 np.fromiter(self._recent.values(), np.int64, n)])
-        order = np.argsort(keys, kind="stable")  # a key added again: its newer value comes last
-        keys, values = keys[order], values[order]
-        last = np.append(keys[1:] != keys[:-1], True)
-        self._keys, self._values = array("Q", keys[last].tobytes()), array("q", values[last].tobytes())
+        new_keys = np.fromiter(self._recent.keys(), np.uint64, n)
+        order = np.argsort(new_keys)
+        new_keys, new_values = new_keys[order], np.fromiter(self._recent.values(), np.int64, n)[order]
+        keys, values = np.frombuffer(self._keys, np.uint64), np.frombuffer(self._values, np.int64).copy()
+        at = np.searchsorted(keys, new_keys)
+        held = np.zeros(n, bool)
+        inside = at < len(keys)
+        held[inside] = keys[at[inside]] == new_keys[inside]
+        values[at[held]] = new_values[held]  # a key added again: its newer value
+        fresh = ~held
+        keys, values = np.insert(keys, at[fresh], new_keys[fresh]), np.insert(values, at[fresh], new_values[fresh])
+        self._keys, self._values = array("Q", keys.tobytes()), array("q", values.tobytes())
         self._recent.clear()

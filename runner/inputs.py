@@ -27,6 +27,7 @@ __all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "re
 
 HEAD_BYTES = 1 << 20  # what format detection reads of a file
 UNIQUE_CHUNK = 4096  # records whose ids are checked together
+READ_BYTES = 1 << 20  # lines of a JSON Lines file read (and looked up in a resumed journal) together
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,12 @@ class QuestionFile:
 
 @dataclass
 class Known:
-    """Lines whose answers are known (runner/journal.py record_qid: a line's hash -> its id):
-    such a line of a JSON Lines file becomes a record without its fields, unparsed. Set once the
-    journal is open; a job that needs a reused record's fields (answer.choices: auto) leaves it."""
+    """Lines whose answers are known (runner/journal.py records_known: lines' hashes -> their
+    ids, or None): such a line of a JSON Lines file becomes a record without its fields,
+    unparsed. Set once the journal is open; a job that needs a reused record's fields
+    (answer.choices: auto) leaves it."""
 
-    qid_of: Optional[Callable[[int], Optional[str]]] = None
+    qids_of: Optional[Callable[[list[int]], list[Optional[str]]]] = None
 
 
 @dataclass
@@ -135,15 +137,18 @@ def _then(records: Iterator[Record], done: Callable[[], None]) -> Iterator[Recor
 
 def _jsonl_records(path: str, id_field: str, question_field: str, known: Known) -> Iterator[Record]:
     with _open(path) as f:
-        for number, raw in enumerate(f, start=1):
-            digest = key64(raw)  # the line as written, its line break too
-            qid = known.qid_of(digest) if known.qid_of is not None else None
-            if qid is not None:  # answered before, exactly as written: not even decoded (a resumed big file)
-                yield Record(qid, {}, number, digest=digest, key=text_key(qid))
-                continue
-            text = _decoded(path, number, raw)
-            if text.strip():
-                yield _record(path, number, _json(path, number, text), id_field, question_field, digest)
+        number = 0
+        while lines := f.readlines(READ_BYTES):
+            digests = [key64(raw) for raw in lines]  # each line as written, its line break too
+            qids = known.qids_of(digests) if known.qids_of is not None else [None] * len(lines)
+            for raw, digest, qid in zip(lines, digests, qids):
+                number += 1
+                if qid is not None:  # answered before, exactly as written: not even decoded (a resumed big file)
+                    yield Record(qid, {}, number, digest=digest, key=text_key(qid))
+                    continue
+                text = _decoded(path, number, raw)
+                if text.strip():
+                    yield _record(path, number, _json(path, number, text), id_field, question_field, digest)
 
 
 def _json_lines(path: str) -> Iterator[tuple[int, str, bytes]]:

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Optional
 
@@ -38,6 +39,7 @@ from .formats.detect import output_format
 from .formats.rows import OutputSpec, Row
 from .inputs import QuestionStream, Record, open_question_file
 from .journal import Journal, fingerprint
+from .journal_index import Earlier, start_reading
 from .local_workers import LocalBackend
 from .lock import OutputLock
 from .model import ModelIdentity, identify, resolve_model
@@ -74,6 +76,8 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     model = identify(model_path)
     answer = job_answer(config)  # a bad schema or grammar: exit 2 before any worker starts
     with OutputLock(config.output):
+        # An earlier run's journal is indexed while the input is read and the tokenizer process starts.
+        reading = None if fresh else start_reading(paths.journal)
         first_records, rest, stream = _read(config, window)
         formats = (stream.format, output_format(config.output, config.output_format, stream.format))
         check_requests(config, first_records)
@@ -85,7 +89,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
                 if first_records:
                     pool.start()  # the workers load the model while the questions are prepared
                 with Preparer(config, model_path, answer) as preparer:
-                    journal = _open_journal(watch, paths, config, model, preparer, stream, fresh)
+                    journal = _open_journal(watch, paths, config, model, preparer, stream, fresh, reading)
                     first = preparer.window(first_records, last=rest is None)
                     del first_records  # the records' fields were for rendering: a big file's largest part
                     if rest is None:
@@ -171,17 +175,17 @@ def _specs(plan: NodePlan, model_path: str, engine_factory: Optional[EngineFacto
 
 
 def _open_journal(watch: RunWatch, paths: JobPaths, config: JobConfig, model: ModelIdentity, preparer: Preparer,
-                  stream: QuestionStream, fresh: bool) -> Journal:
+                  stream: QuestionStream, fresh: bool, reading: "Optional[Future[Optional[Earlier]]]") -> Journal:
     """The journal, with those who need it: the preparer (answers to reuse), the reader (lines
     known by their hash, when a reused record's fields are not needed) and the watch (which
     answers are held to a grammar)."""
     journal = watch.journal = Journal(paths.journal, fingerprint(config, model, preparer.generation,
-                                                                 preparer.template_sha), fresh)
+                                                                 preparer.template_sha), fresh, reading)
     if journal.kept:
         log.info("resuming: %d answers in %s from an earlier run of this job", journal.kept, journal.path)
     preparer.start(journal)
     if config.choices != CHOICES_AUTO:
-        stream.known.qid_of = journal.record_qid
+        stream.known.qids_of = journal.records_known
     watch.with_grammar = lambda qid: has_grammar(preparer.generation) or qid in preparer.made.with_grammar
     return journal
 

@@ -24,13 +24,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
+from concurrent.futures import Future
 from array import array
 from dataclasses import dataclass
 from dataclasses import asdict
 from typing import Any, Mapping, Optional, Sequence
 
-from .columns import HashIndex, IdColumn, text_key
+from .columns import HashIndex, text_key
+from .journal_index import Earlier, read_earlier
 from .config import JobConfig
 from .errors import ConfigError, OutputError, quote
 from .model import ModelIdentity
@@ -111,48 +112,24 @@ def prompt_key(h: str) -> int:
         return 0
 
 
-# The start of an entry as _entry writes it: the fields a rerun needs, read without parsing the
-# whole line (the answer's text can be long; a million lines are read on a resume).
-_HEAD = re.compile(rb'\{"qid": "([^"\\]*)", "prompt": "([0-9a-f]*)", (?:"record": "([0-9a-f]*)", )?"text": ')
-
-
-def _fields(line: bytes) -> Optional[tuple[str, str, str, bool]]:
-    """(qid, prompt hash, record hash, answered without an error) of an entry; None: not one."""
-    head = _HEAD.match(line)
-    if head is not None:
-        # In the JSON text an unescaped quote is never inside a string: the first '"error": '
-        # outside the text is the key.
-        error = line.find(b', "error": ', head.end())
-        if error > 0:  # (an id with a quote or a backslash in it is parsed below)
-            return head.group(1).decode(), head.group(2).decode(), (head.group(3) or b"").decode(), \
-                line.startswith(b"null", error + 11)
-    try:
-        e = json.loads(line)
-        return e["qid"], e["prompt"], e.get("record", ""), e["error"] is None
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
 class Journal:
-    def __init__(self, path: str, fingerprint: Mapping[str, Any], fresh: bool = False) -> None:
+    def __init__(self, path: str, fingerprint: Mapping[str, Any], fresh: bool = False,
+                 reading: "Optional[Future[Optional[Earlier]]]" = None) -> None:
+        """`reading`: the file being read already (runner/journal_index.py start_reading: read
+        while the fingerprint was not known yet)."""
         self.path = path
         self.fingerprint = dict(fingerprint)
-        # The earlier run's entries that may be reused: qid key -> row of the columns below
-        self._previous = HashIndex()
-        self._prev_record, self._prev_prompt, self._prev_at = array("Q"), array("Q"), array("q")
-        self._prev_qids = IdColumn()  # of each row
-        self._by_record = HashIndex()  # record hash -> row: a line known before it is parsed
-        self.kept = 0  # entries kept from the earlier run
         # qid key -> where this run's answer is in the file (appended, or reused from before)
         self._answers = HashIndex()
         self._expected: dict[str, Expected] = {}  # of the questions being answered now
         try:
-            self._open(fresh)
+            self._earlier = self._open(fresh, reading)  # the earlier run's entries that may be reused
             self._file = open(path, "ab")
             self._size = self._file.tell()
             self._reader = open(path, "rb")
         except OSError as exc:
             raise OutputError(f"{path}: cannot write the journal: {exc.strerror or exc}") from None
+        self.kept = self._earlier.kept  # entries kept from the earlier run
 
     # -- reuse ------------------------------------------------------------------------------------
 
@@ -161,31 +138,33 @@ class Journal:
         answer of this very record is the answer of this run now (no need to tokenize the
         question), and its prompt's key (prompt_key) is returned; None: not held. Looked up
         together: a resumed file of millions of records goes through here."""
-        rows = self._previous.get_many(keys)
-        out: list[Optional[int]] = []
-        for key, record, row in zip(keys, records, rows):
-            if row is None or row < 0 or not record or self._prev_record[row] != record:
-                out.append(None)
-                continue
-            self._answers.add(key, self._prev_at[row])
-            out.append(self._prev_prompt[row])
-        return out
+        rows = self._earlier.rows.get_many(keys)
+        held = [row is not None and row >= 0 and record and self._earlier.records[row] == record
+                for record, row in zip(records, rows)]
+        self._answers.add_many([key for key, h in zip(keys, held) if h],
+                               [self._earlier.at[row] for row, h in zip(rows, held) if h])
+        return [self._earlier.prompts[row] if h else None for row, h in zip(rows, held)]
 
-    def record_qid(self, record: int) -> Optional[str]:
-        """The id of the question whose answer the journal holds for a record written exactly so
-        (Record.digest of its line), if any: the line need not even be parsed."""
-        row = self._by_record.get(record)
-        if row is None:
-            return None
-        qid = self._prev_qids[row]
-        return qid if self._previous.get(text_key(qid)) == row else None  # not since failed or changed
+    def records_known(self, records: Sequence[int]) -> list[Optional[str]]:
+        """For each line's hash (Record.digest of a line as written): the id of the question whose
+        answer the journal holds for a record written exactly so, if any, so that the line need
+        not even be parsed. Looked up together: a resumed file of millions of lines comes here a
+        chunk at a time."""
+        rows = self._earlier.by_record.get_many(records)
+        qids = [None if row is None else self._earlier.qids[row] for row in rows]
+        held = [qid for qid in qids if qid is not None]
+        if not held:
+            return qids
+        now = iter(self._earlier.rows.get_many([text_key(qid) for qid in held]))
+        # An answer that has since failed or whose id was answered again is not this line's.
+        return [qid if qid is not None and next(now) == row else None for qid, row in zip(qids, rows)]
 
     def reuse_prompt(self, qid: str, prompt: str) -> bool:
         """Whether an earlier answer of this prompt is held (then it is this run's answer)."""
-        row = self._previous.get(text_key(qid))
-        if row is None or row < 0 or self._prev_prompt[row] != prompt_key(prompt):
+        row = self._earlier.rows.get(text_key(qid))
+        if row is None or row < 0 or self._earlier.prompts[row] != prompt_key(prompt):
             return False
-        self._answers.add(text_key(qid), self._prev_at[row])
+        self._answers.add(text_key(qid), self._earlier.at[row])
         return True
 
     def expect(self, qid: str, expected: Expected) -> None:
@@ -252,46 +231,23 @@ class Journal:
 
     # -- the earlier run's file ---------------------------------------------------------------------
 
-    def _open(self, fresh: bool) -> None:
-        """A new file with the header, or (not fresh, same fingerprint) the earlier run's, its
-        entries indexed a line at a time and a torn last line of a killed run cut off, so that
-        what is appended never follows half a line."""
-        if fresh or not os.path.exists(self.path):
+    def _open(self, fresh: bool, reading: "Optional[Future[Optional[Earlier]]]") -> Earlier:
+        """A new file with the header, or (not fresh, same fingerprint) the earlier run's,
+        indexed, and a torn last line of a killed run cut off, so that what is appended never
+        follows half a line."""
+        earlier = None if fresh else reading.result() if reading is not None else read_earlier(self.path)
+        if earlier is None:
             with open(self.path, "wb") as out:
                 out.write((json.dumps({"ggbatch_journal": VERSION, "fingerprint": self.fingerprint}) + "\n").encode())
-            return
-        with open(self.path, "rb") as old:
-            self._check_header(old.readline())
-            end = self._index(old, old.tell())
-        if end < os.path.getsize(self.path):
-            os.truncate(self.path, end)
+            return Earlier(self.fingerprint)
+        self._check_header(earlier.fingerprint)
+        if earlier.end < os.path.getsize(self.path):
+            os.truncate(self.path, earlier.end)
+        return earlier
 
-    def _index(self, old: Any, at: int) -> int:
-        """Index the entries from offset `at`; returns where the last whole line ends."""
-        for line in old:
-            if not line.endswith(b"\n"):
-                break  # the last line of a run killed mid-write: that answer is redone
-            entry = _fields(line)
-            if entry is not None:
-                qid, prompt, record, ok = entry
-                self.kept += 1
-                # A failed answer stays in the file (its story) but is never reused: it is retried.
-                self._previous.add(text_key(qid), len(self._prev_at) if ok else -1)
-                if ok:
-                    if record:
-                        self._by_record.add(prompt_key(record), len(self._prev_at))
-                    self._prev_qids.append(qid)
-                    self._prev_record.append(prompt_key(record))
-                    self._prev_prompt.append(prompt_key(prompt))
-                    self._prev_at.append(at)
-            at += len(line)
-        return at
-
-    def _check_header(self, first: bytes) -> None:
-        try:
-            old = json.loads(first)["fingerprint"]
-        except (ValueError, KeyError, TypeError):
-            raise ConfigError(f"{self.path}: not a ggbatch journal; remove it or run with --fresh") from None
+    def _check_header(self, old: Optional[dict[str, Any]]) -> None:
+        if old is None:
+            raise ConfigError(f"{self.path}: not a ggbatch journal; remove it or run with --fresh")
         key = changed_setting(old, self.fingerprint)
         if key is not None:
             raise ConfigError(f"{self.path}: '{key}' changed since the journaled run "

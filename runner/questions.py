@@ -73,12 +73,14 @@ class QuestionMaker:
         waiting: deque[tuple[Record, int]] = deque()  # rendered, waiting for their tokens
         journaled = self.journal.reuse_records([rec.key or text_key(rec.qid) for rec in records],
                                                [rec.digest for rec in records])
+        first = len(self.ids)
+        self.ids.extend(rec.qid for rec in records)
+        self._journaled([(first + i, rec, prompt) for i, (rec, prompt) in enumerate(zip(records, journaled))
+                         if prompt is not None])
 
         def prompts() -> Iterator[tuple[str, bool]]:
-            for rec, prompt in zip(records, journaled):
-                index = self.ids.append(rec.qid)
+            for index, (rec, prompt) in enumerate(zip(records, journaled), start=first):
                 if prompt is not None:
-                    self._journaled(rec, index, prompt)
                     continue
                 text = self.prompt(rec)
                 if text is not None:
@@ -92,13 +94,18 @@ class QuestionMaker:
                 questions.append(question)
         return questions
 
-    def _journaled(self, rec: Record, index: int, prompt: int) -> None:
-        """An answer of this very record is in the journal (its prompt's key): reused without
-        rendering or tokenizing."""
-        own = self._own_generation(rec)
-        if is_greedy(own or self.job):
-            self._first.add(prompt, index)  # without the 31 more bits: a journaled prompt is found by 64
-        self._count(rec.qid, own, reused=True)
+    def _journaled(self, held: list[tuple[int, Record, int]]) -> None:
+        """Records whose answer the journal holds (index in self.ids, record, its prompt's key):
+        reused without rendering or tokenizing; a resumed file's first half comes here."""
+        owns = [self._own_generation(rec) for _, rec, _ in held]
+        greedy = [(prompt, index) for (index, _, prompt), own in zip(held, owns) if is_greedy(own or self.job)]
+        # A journaled prompt is found by its 64 bits, without the 31 more (_first_of).
+        self._first.add_many([prompt for prompt, _ in greedy], [index for _, index in greedy])
+        for (_, rec, _), own in zip(held, owns):
+            if own is not None:
+                self._count_own(rec.qid, own)
+        self.made.unique += len(held)
+        self.made.reused += len(held)
 
     def prompt(self, rec: Record) -> Optional[str]:
         """The prompt text, or None for a request refused as asked (its error answer is made)."""
@@ -156,9 +163,12 @@ class QuestionMaker:
         self.made.unique += 1
         self.made.reused += reused
         if own is not None:
-            self.made.own_settings.update(describe_own([own]))
-            if has_grammar(own):
-                self.made.with_grammar.add(qid)
+            self._count_own(qid, own)
+
+    def _count_own(self, qid: str, own: GenerationParams) -> None:
+        self.made.own_settings.update(describe_own([own]))
+        if has_grammar(own):
+            self.made.with_grammar.add(qid)
 
     def _own_generation(self, rec: Record) -> Optional[GenerationParams]:
         if rec.request is None:

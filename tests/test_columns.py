@@ -17,6 +17,8 @@ def test_ids_come_back_in_order_whatever_their_characters():
     assert list(ids) == names and [ids[i] for i in range(len(names))] == names and len(ids) == len(names)
     ids.same_as(3, 0)  # "007" takes the answer of "q1"
     assert list(ids.answered_as())[2:4] == [("日本-7", "日本-7"), ("007", "q1")]
+    ids.extend(["more", "日本", ""])
+    assert list(ids)[-4:] == ["x" * 300, "more", "日本", ""] and ids[len(names) + 1] == "日本"
 
 
 def test_a_hash_index_finds_every_key_before_and_after_merging(monkeypatch):
@@ -35,6 +37,27 @@ def test_a_hash_index_finds_every_key_before_and_after_merging(monkeypatch):
     assert index.get_many([keys[0], absent, keys[3], keys[5], keys[99]]) == [0, None, -1, 55, 99]
     index.add_many([absent], [7])
     assert index.get_many([absent]) == [7]
+
+
+def test_a_hash_index_agrees_with_a_dict_through_many_merges(monkeypatch):
+    import random
+
+    monkeypatch.setattr(columns, "MERGE_AT", 50)
+    rng = random.Random(7)
+    pool = [0, (1 << 64) - 1, 1, 1 << 63] + [rng.getrandbits(64) for _ in range(400)]
+    index, truth = HashIndex(), {}
+    for step in range(3000):  # keys added, and added again with new values, in batches and alone
+        if step % 3:
+            k = rng.choice(pool)
+            index.add(k, step)
+            truth[k] = step
+        else:
+            ks = rng.sample(pool, 5)
+            index.add_many(ks, [step] * 5)
+            truth.update(dict.fromkeys(ks, step))
+    wanted = pool + [rng.getrandbits(64) for _ in range(50)]
+    assert index.get_many(wanted) == [truth.get(k) for k in wanted]
+    assert [index.get(k) for k in wanted] == [truth.get(k) for k in wanted] and len(index) == len(truth)
 
 
 def test_json_rows_are_written_exactly_as_json_dumps_writes_the_array():

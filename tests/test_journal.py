@@ -32,7 +32,9 @@ def test_answers_survive_and_are_reused_only_for_unchanged_prompts(tmp_path):
     j.close()
 
 
-def test_a_torn_last_line_is_dropped_and_the_file_stays_valid(tmp_path):
+@pytest.mark.parametrize("block", [64, 1 << 22])
+def test_a_torn_last_line_is_dropped_and_the_file_stays_valid(tmp_path, monkeypatch, block):
+    monkeypatch.setattr("ggbatch.runner.journal_index.BLOCK_BYTES", block)
     path = tmp_path / "j.jsonl"
     j = Journal(str(path), FP)
     j.split([question("q1", 1)])
@@ -75,19 +77,23 @@ def test_a_question_whose_own_settings_changed_is_answered_again(tmp_path):
     j.close()
 
 
-def test_a_rerun_reads_each_entry_right_whatever_its_text_holds(tmp_path):
+@pytest.mark.parametrize("block", [64, 1 << 22])  # read in blocks shorter than a line, or all at once
+def test_a_rerun_reads_each_entry_right_whatever_its_text_holds(tmp_path, monkeypatch, block):
+    monkeypatch.setattr("ggbatch.runner.journal_index.BLOCK_BYTES", block)
     path = str(tmp_path / "j.jsonl")
     tricky = ['say "error": null', 'a \\ backslash, "quoted"', "日本 \u2028", ', "error": "x"']
     qids = ['plain', 'with "quote"', 'back\\slash', '日本']
     j = Journal(path, FP)
-    asked = [question(q, i) for i, q in enumerate(qids)]
+    asked = [question(q, i) for i, q in enumerate(qids)] + [question("failed", 9), question("after", 7)]
     j.split(asked)
     j.append([answer(q, t) for q, t in zip(qids, tricky)])
     j.append([answer("failed", error='boom "error": null')])
+    j.append([answer("after", "last")])
     j.close()
     j = Journal(path, FP)
-    todo, reused = j.split(asked + [question("failed", 9)])
-    assert {q: a.text for q, a in reused.items()} == dict(zip(qids, tricky))
+    assert j.kept == 6
+    todo, reused = j.split(asked)
+    assert {q: a.text for q, a in reused.items()} == {**dict(zip(qids, tricky)), "after": "last"}
     assert [q.qid for q in todo] == ["failed"]  # a failed answer is retried, whatever its error says
     j.close()
 
@@ -102,10 +108,10 @@ def test_a_line_is_known_by_its_hash_only_while_its_answer_stands(tmp_path):
     j.append([answer("q1"), answer("q2")])
     j.close()
     j = Journal(path, FP)
-    assert (j.record_qid(0x1234), j.record_qid(0x5678), j.record_qid(0x9999)) == ("q1", "q2", None)
+    assert j.records_known([0x1234, 0x5678, 0x9999]) == ["q1", "q2", None]
     j.expect("q2", Expected("cd" * 12, record_hash(0x5678)))
     j.append([answer("q2", error="failed this time")])
     j.close()
     j = Journal(path, FP)
-    assert j.record_qid(0x1234) == "q1" and j.record_qid(0x5678) is None  # retried: parsed and asked again
+    assert j.records_known([0x1234, 0x5678]) == ["q1", None]  # retried: parsed and asked again
     j.close()
