@@ -5,7 +5,7 @@ notice deaths and give a dead worker's questions to the others.
     pending ──Chunk──▶ link.send ──▶ worker i
     backend.wait(links, timeout = next monitor tick) ◀── Ready | WantWork | AnswerBatch |
                                                          EngineStats | WorkerError, or its death
-    set_threads(i, n) ──SetThreads──▶ link.send;  ThreadsSet ──▶ on_threads
+    set_threads(i, n) ──SetThreads──▶ link.send;  ThreadsSet ──▶ on_threads  (runner/worker_threads.py)
 
 Where workers live is the backend's business, behind three calls (start, wait, close): local
 processes (runner/local_workers.py: a task queue and a results pipe each, deaths seen on the
@@ -14,7 +14,7 @@ dispatch, deaths, restarts and the crash budget, is the same for both.
 
 A streamed file's questions come in windows (runner/prepare.py): the pool takes the next one
 from its feed when fewer than `feed_below` questions are pending, and the run ends when the
-feed has given its last and every question has its answer.
+feed has given its last and every question has its answer (runner/feed_intake.py).
 
 Dispatch is pull-based: a worker says how many questions it wants when its engine runs low, so
 no fixed shard can leave one worker busy while another idles. Near the end the chunks shrink
@@ -40,58 +40,24 @@ import shutil
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Collection, Mapping, Optional, Protocol, Sequence, Union
+from dataclasses import replace
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence, Union
 
 from .crashes import CrashBudget, Death
 from .prefix_groups import whole_groups
 from .errors import Interrupted, ModelError
+from .feed_intake import Feed, WindowIntake
 from .local_workers import LocalBackend
 from .report import WorkerRun
+from .worker_state import WorkerState, added, on_node, worker_run
+from .worker_threads import ThreadCount, WorkerThreads
 from ..workers.protocol import (Answer, AnswerBatch, Chunk, Configure, EngineConfig, EngineStats, Question,
-                                Ready, SetThreads, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec)
+                                Ready, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec)
 
 log = logging.getLogger("ggbatch")
 
 TICK_S = 1.0
-FEED_WAIT_S = 0.02  # how often an idle pool looks for the next window of a streamed file
 GRACE_S = 2.0  # in-flight questions may finish this long after a stop request
-
-
-@dataclass
-class WorkerState:
-    spec: WorkerSpec
-    link: Any = None  # this life of the worker, as its backend gives it (None: not running)
-    ready: Optional[Ready] = None
-    wants: int = 0
-    in_flight: dict[str, Question] = field(default_factory=dict)
-    solo: bool = False  # holds one group of suspects and nothing else (runner/crashes.py)
-    engine_stats: dict[str, float] = field(default_factory=dict)
-    live: Optional[EngineStats] = None  # this life's counters, as last sent
-    earlier: Optional[EngineStats] = None  # the counters of its earlier lives, summed
-    restarts: int = 0
-    last_error: str = ""  # the WorkerError it sent, if any, in this life
-    n_threads: Optional[int] = None  # llama.cpp's, as the worker last said (Ready, then ThreadsSet)
-    threads_asked: Optional[int] = None  # a SetThreads not answered yet
-    threads_fixed: bool = False  # its engine cannot change its thread count (this life)
-
-
-class Feed(Protocol):
-    """The windows of a streamed file after the first (runner/job.py QuestionFeed)."""
-
-    done: bool  # the last window has been taken
-
-    def poll(self) -> Optional[Sequence[Question]]:
-        """The next window if it is made (or what stopped its making, raised), else None at once."""
-
-
-@dataclass(frozen=True)
-class WorkerThreads:
-    """A live worker's llama.cpp threads, for runner/threads.py."""
-
-    current: int
-    ceiling: int  # what it started with: the layout's
-    settable: bool  # no change asked and not answered yet, and its engine can change it
 
 
 class WorkerPool:
@@ -151,11 +117,7 @@ class WorkerPool:
 
     def worker_runs(self) -> list[WorkerRun]:
         """What each worker did, for the report."""
-        return [WorkerRun(w.spec.worker_id, w.spec.cores, w.restarts, w.ready.load_s if w.ready else None,
-                          w.ready.n_threads if w.ready else None, dict(w.engine_stats), w.spec.device,
-                          w.ready.n_gpu_layers if w.ready else None, w.ready.gpu_layers if w.ready else None,
-                          node(w.spec))
-                for w in self.workers]
+        return [worker_run(w) for w in self.workers]
 
     def engine_counters(self) -> dict[int, EngineStats]:
         """worker id -> its engine's counters over all its lives, as last sent (at most
@@ -173,6 +135,7 @@ class WorkerPool:
         (taken when fewer than feed_below questions are pending). Questions should come longest
         first. engine: every worker's, or each worker's by id (nodes of different sizes). Returns
         the answers if kept."""
+        windows = WindowIntake(feed, feed_below)
         self._add(questions)
         self._engines = engine
         for w in self.workers:
@@ -182,15 +145,15 @@ class WorkerPool:
         next_tick = time.perf_counter() + TICK_S
         graceful = False
         try:
-            while self._open or (feed is not None and not feed.done):
+            while self._open or windows.to_come:
                 if self._stop_signal and (time.perf_counter() >= self._stop_deadline or
                                           all(w.link is None for w in self.workers)):
                     raise Interrupted(self._stop_signal)
-                waiting_feed = feed is not None and not feed.done and not self._stop_signal
-                if waiting_feed and len(self._pending) < feed_below:
-                    self._add(feed.poll() or ())
+                feeding = windows.to_come and not self._stop_signal
+                if feeding:
+                    self._add(windows.take(len(self._pending)))
                 timeout = max(0.0, min(next_tick, self._stop_deadline or next_tick) - time.perf_counter())
-                self._wait_once(min(timeout, FEED_WAIT_S) if waiting_feed and not self._pending else timeout)
+                self._wait_once(windows.wait_s(timeout, feeding, len(self._pending)))
                 if time.perf_counter() >= next_tick:
                     next_tick = time.perf_counter() + TICK_S
                     if self._on_tick:
@@ -246,24 +209,18 @@ class WorkerPool:
         return {wid: pid for wid, pid in pids.items() if pid is not None}
 
     def llama_threads(self) -> dict[int, WorkerThreads]:
-        """worker id -> its llama.cpp threads, for each live worker once run() has configured it.
-        One still building its engine runs the configuration's count: a SetThreads sent now
-        reaches it before its first step, which under contention is the slowest (the prompts)."""
-        out = {}
-        for w in self.workers:
-            if w.link is None or self._engines is None:
-                continue
-            ceiling = w.ready.n_threads if w.ready is not None else self._engine_of(w).n_threads
-            out[w.spec.worker_id] = WorkerThreads(w.n_threads or ceiling, ceiling,
-                                                  w.threads_asked is None and not w.threads_fixed)
-        return out
+        """worker id -> its llama.cpp threads (runner/worker_threads.py), for each live worker
+        once run() has configured it."""
+        if self._engines is None:
+            return {}
+        return {w.spec.worker_id: w.threads.view(self._engine_of(w).n_threads)
+                for w in self.workers if w.link is not None}
 
     def set_threads(self, worker_id: int, n: int) -> None:
         """Ask a worker to run llama.cpp with n threads from its next step; it answers ThreadsSet."""
         w = next((x for x in self.workers if x.spec.worker_id == worker_id), None)
         if w is not None and w.link is not None:
-            w.threads_asked = n
-            w.link.send(SetThreads(n))
+            w.link.send(w.threads.ask(n))
 
     # -- event loop -----------------------------------------------------------------------------
 
@@ -296,9 +253,12 @@ class WorkerPool:
         elif isinstance(msg, EngineStats):
             w.live = msg
         elif isinstance(msg, ThreadsSet):
-            self._threads_set(w, msg)
+            w.threads.answered(msg)
+            if self._on_threads:
+                self._on_threads(msg)
         elif isinstance(msg, Ready):
-            w.ready, w.n_threads = msg, msg.n_threads
+            w.ready = msg
+            w.threads.started(msg.n_threads)
             if self.first_ready_at is None:
                 self.first_ready_at = time.perf_counter()
             log.debug("worker %d: ready in %.2f s (pid %d, cores %s)", msg.worker_id, msg.load_s,
@@ -309,14 +269,6 @@ class WorkerPool:
             if msg.kind == "ModelLoadError" and msg.stage in ("load", "configure"):
                 # The model or its context cannot be made: every worker would fail the same way.
                 raise ModelError(msg.message)
-
-    def _threads_set(self, w: WorkerState, msg: ThreadsSet) -> None:
-        # Asked for another count and got the same: an engine without llama.cpp (tests' fake).
-        w.threads_fixed = msg.n_threads == msg.before and msg.before != w.threads_asked
-        w.threads_asked = None
-        w.n_threads = msg.n_threads or w.n_threads
-        if self._on_threads:
-            self._on_threads(msg)
 
     def _record(self, answers: Sequence[Answer]) -> None:
         # A requeued question may come back twice (its first worker's answer arriving after the
@@ -362,7 +314,7 @@ class WorkerPool:
             open(w.spec.log_path, "w").close()  # last words are this life's only
         w.link = self._backend.start(w.spec)
         w.ready, w.wants = None, 0
-        w.n_threads, w.threads_asked, w.threads_fixed = None, None, False
+        w.threads = ThreadCount()
         if self._engines is not None:  # a restart during the run: configure it at once
             w.link.send(Configure(self._engine_of(w)))
 
@@ -393,7 +345,7 @@ class WorkerPool:
         if verdict is not None:
             raise verdict  # it says which worker died and how
         log.warning("worker %d%s died (%s); %d questions go back to the queue", death.worker_id,
-                    _on_node(w.spec), death, len(lost))
+                    on_node(w.spec), death, len(lost))
         if not self._crashes.may_restart(w.spec.worker_id):
             log.warning("worker %d cannot start (%s): going on without it", death.worker_id, death)
             return
@@ -418,20 +370,3 @@ class WorkerPool:
                 self._stop_process(w, graceful=False)  # kills whatever is still alive
         finally:
             shutil.rmtree(self._log_dir, ignore_errors=True)
-
-
-def node(spec: WorkerSpec) -> Optional[dict[str, str]]:
-    """The Ray node a worker lives on, for the report; None for a local process."""
-    return {"node_id": spec.node_id, "ip": spec.node_ip or ""} if spec.node_id else None
-
-
-def _on_node(spec: WorkerSpec) -> str:
-    return f" (on node {spec.node_ip} {spec.node_id[:12]})" if spec.node_id else ""
-
-
-def added(a: Optional[EngineStats], b: Optional[EngineStats]) -> Optional[EngineStats]:
-    """Two lives' counters summed (either may be None: no stats yet)."""
-    if a is None or b is None:
-        return a or b
-    return EngineStats(a.worker_id, a.steps + b.steps, a.busy_slots + b.busy_slots,
-                       a.generated_tokens + b.generated_tokens, a.prompt_tokens + b.prompt_tokens)

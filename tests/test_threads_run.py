@@ -111,7 +111,7 @@ def test_a_real_worker_runs_the_thread_count_it_is_told(stories):
                       on_threads=acks.append)
     answers = pool.run(questions, engine)
     assert acks == [ThreadsSet(0, before=2, n_threads=1)]  # llama_n_threads, read back in the worker
-    assert pool.workers[0].n_threads == 1  # what the pool holds of it (its link is gone after run())
+    assert pool.workers[0].threads.n_threads == 1  # what the pool holds of it (its link is gone after run())
     assert len(answers) == 40 and all(a.error is None and a.completion_tokens == 48 for a in answers.values())
 
 

@@ -1,7 +1,7 @@
 """Continuous batching: many sequences share one llama.cpp context and one llama_decode per step.
 
     add(question) ──▶ Scheduler.waiting
-    step():  admit    waiting → free slots, shared-prefix KV copied in (llama_memory_seq_cp)
+    step():  admit    waiting → free slots, KV of the prompt's start copied in (workers/slot_kv.py)
              schedule one token per decoding sequence + prompt chunks, within n_batch
              decode   one llama_decode (status 1 = no KV room: shrink the batch, then preempt)
              sample   each sequence's own sampler chain on its own logits row
@@ -9,7 +9,8 @@
     ──▶ list[Answer] for the questions that finished in this step
 
 The shared prefix (system prompt, few-shot examples: whatever every prompt starts with) is
-decoded once into its own sequence when the engine starts and copied into each slot.
+decoded once into its own sequence when the engine starts and copied into each slot; with the
+prefix cache a slot may start from any stream holding the start of its prompt (workers/slot_kv.py).
 
 KV layout, chosen per job by measurement (32 GSM8K prompts of ~79 tokens, 64 generated tokens
 each, 32 slots, 2 threads, 28×1024 Q4_K_M model):
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import time
 from array import array
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Optional, Protocol
 
 import numpy as np
@@ -45,12 +46,13 @@ import numpy as np
 from . import invariant
 from .constraints import best_choice, choice_grammar, choice_logprobs, choice_text
 from .model_runner import ModelRunner
-from .prefix_cache import SlotContents
 from .protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
 from .sampling import Sampling
 from .batch import Batch, batch_arrays, logit_index
 from .scheduler import Scheduler, Span
 from .sequence import Phase, Sequence
+from .slot_kv import SlotKv, slot_contents
+from .step_counters import StepCounters
 
 
 class Engine(Protocol):
@@ -76,48 +78,6 @@ class EngineError(RuntimeError):
     pass
 
 
-@dataclass
-class StepCounters:
-    """What the engine has done, for the report and the live progress. step_s - decode_s -
-    sample_s is the engine's own Python work; tg_*: the steps that only generate (one token per
-    sequence), llama-batched-bench's S_TG."""
-
-    steps: float = 0.0
-    step_s: float = 0.0
-    decode_s: float = 0.0
-    sample_s: float = 0.0
-    batch_tokens: float = 0.0
-    busy_slots: float = 0.0
-    generated_tokens: float = 0.0
-    kv_full_retries: float = 0.0
-    preemptions: float = 0.0
-    moves: float = 0.0
-    tg_steps_s: float = 0.0
-    tg_tokens: float = 0.0
-    ballast_tokens: float = 0.0
-    grammar_tokens: float = 0.0  # tokens picked under a grammar (AnswerSpec)
-    grammar_resamples: float = 0.0  # of those, picked again because the grammar refused the first pick
-    choice_answers: float = 0.0  # fixed choices answered from the first position's logits
-    # The prefix cache (workers/prefix_cache.py): prompt tokens decoded (the shared prefix's
-    # included) and taken from KV already held; admissions that started from another question's
-    # prompt; whole-stream copies; the most prompt tokens free slots kept at once.
-    prompt_computed: float = 0.0
-    prompt_reused: float = 0.0
-    prefix_hits: float = 0.0
-    stream_copies: float = 0.0
-    kept_tokens_peak: float = 0.0
-
-    def step(self, spans: list[Span], busy: int, seconds: float) -> None:
-        n_tokens = sum(s.n for s in spans)
-        self.steps += 1
-        self.step_s += seconds
-        self.batch_tokens += n_tokens
-        self.busy_slots += busy
-        if spans and n_tokens == len(spans):
-            self.tg_steps_s += seconds
-            self.tg_tokens += n_tokens
-
-
 class LlamaEngine:
     def __init__(self, config: EngineConfig, worker_id: int) -> None:
         self.config = config
@@ -131,7 +91,6 @@ class LlamaEngine:
         prefix = config.prefix_tokens
         if self.invariant and len(prefix) < invariant.MIN_ROWS:
             prefix = array("i")  # too short to decode alone in a batch-invariant shape
-        self.prefix = prefix
         streams = invariant.kv_streams(config.slots, self.invariant)
         self.prefix_id = invariant.prefix_seq_id(config.slots, self.invariant)
         n_ctx = config.kv_cells or kv_cells(config.slots, config.n_ctx_seq, len(prefix), config.kv_unified,
@@ -144,19 +103,17 @@ class LlamaEngine:
         # With one unified pool, admission keeps the sequences within it; separate streams
         # give each slot its own room.
         budget = self.runner.n_ctx - len(prefix) if config.kv_unified else None
-        # The prefix cache needs a stream per sequence: a free slot's kept cells then take no
-        # room from the others, and a copy between streams is whole (prefix_cache.py).
-        self.contents = (SlotContents(prefix, self.prefix_id, self.invariant)
-                         if config.prefix_cache and not config.kv_unified else None)
+        self.counters = StepCounters()
+        self.kv = SlotKv(self.runner, prefix, self.prefix_id, slot_contents(config, prefix, self.prefix_id),
+                         self.counters)
         # With one stream per sequence, how llama.cpp cuts a batch into passes over the weights
         # depends on the sequence ids in it: the scheduler lays batches out for that.
         self.sched = Scheduler(config.slots, self.n_batch, prefix, budget, self.gen.max_tokens,
                                stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant,
-                               contents=self.contents)
+                               contents=self.kv.contents)
         self._rejected: list[Answer] = []
         # choices -> each one's single-token variants (None: some choice needs more than one token)
         self._choice_tokens: dict[tuple[str, ...], Optional[tuple[tuple[int, ...], ...]]] = {}
-        self.counters = StepCounters()
         self._decode_prefix(prefix)
 
     # -- public interface -----------------------------------------------------------------------
@@ -240,7 +197,7 @@ class LlamaEngine:
         contiguous. Returns the answers of those whose grammar could not be built."""
         failed = []
         for seq in self.sched.admit():
-            self._start_kv(seq)
+            self.kv.start(seq)
             gen = self._gen(seq)
             if needs_sampler(gen):
                 seq.sampler = self.sampling.new_sampler(gen, seq.question.seed)
@@ -249,12 +206,7 @@ class LlamaEngine:
             if seq.error is not None:
                 failed.append(self._finish(seq))
         for seq, old_id in self.sched.compact():
-            # A whole-stream copy (a few MiB, done at the next decode) instead of a second pass
-            # over the weights in every step that remains.
-            self.runner.seq_cp(old_id, seq.seq_id, -1, -1)
-            self.runner.seq_rm(old_id)
-            self._forget(seq.seq_id, old_id)
-            self.counters.moves += 1
+            self.kv.move(seq, old_id)
         return failed
 
     def _constrain(self, seq: Sequence, spec: AnswerSpec) -> None:
@@ -272,33 +224,6 @@ class LlamaEngine:
                 seq.grammar = self.sampling.new_grammar(gbnf)
             except ValueError as exc:  # the coordinator checked it: only a broken install gets here
                 seq.error = str(exc)
-
-    def _start_kv(self, seq: Sequence) -> None:
-        """Put the admitted sequence's first n_cached prompt tokens into its slot: copied from
-        where the scheduler found them, or kept from the slot's last prompt."""
-        self.counters.prompt_reused += seq.n_cached
-        if self.contents is None:
-            if seq.n_cached:
-                self._copy_prefix(seq)
-            return
-        if seq.source not in (-1, seq.seq_id):
-            self.runner.seq_cp(seq.source, seq.seq_id, -1, -1)  # a whole stream: see _copy_prefix
-            self.counters.stream_copies += 1
-        self.runner.seq_rm(seq.seq_id, seq.n_cached, -1)  # whatever else the slot held
-        if seq.source not in (-1, self.prefix_id):
-            self.counters.prefix_hits += 1
-
-    def _forget(self, *slots: int) -> None:
-        if self.contents:
-            for slot in slots:
-                self.contents.forget(slot)
-
-    def _clear_kept(self, slots: list[int]) -> None:
-        if self.contents:
-            for slot in slots:
-                if slot in self.contents.kept:
-                    self.runner.seq_rm(slot)
-                    self.contents.forget(slot)
 
     def _gen(self, seq: Sequence) -> GenerationParams:
         """The question's own generation settings, or the job's."""
@@ -353,13 +278,6 @@ class LlamaEngine:
             rows = list(range(len(index)))  # exactly the spans' last tokens ask for logits
         return Batch(spans, arrays, ballast, [(span, i, row) for (span, i), row in zip(index, rows)])
 
-    def _copy_prefix(self, seq: Sequence) -> None:
-        # Copy the whole prefix sequence: without kv_unified llama.cpp can only copy a full
-        # stream (a partial range aborts the process), and with it a full copy just tags cells.
-        self.runner.seq_cp(self.prefix_id, seq.seq_id, -1, -1)
-        if seq.n_cached < len(self.prefix):
-            self.runner.seq_rm(seq.seq_id, seq.n_cached, -1)
-
     def _decode_with_room(self) -> Batch:
         """Decode the scheduled batch. When llama.cpp finds no KV room (status 1) the batch is
         halved and retried; when even one token has no room, the newest sequence is preempted.
@@ -370,7 +288,7 @@ class LlamaEngine:
             if not spans:
                 return Batch()
             batch = self._layout(spans)
-            self._clear_kept(batch.ballast)  # ballast starts at position 0 in an empty stream
+            self.kv.clear_kept(batch.ballast)  # ballast starts at position 0 in an empty stream
             t0 = time.perf_counter()
             status = self.runner.decode(*batch.arrays)
             self.counters.decode_s += time.perf_counter() - t0
@@ -396,8 +314,7 @@ class LlamaEngine:
 
     def _preempt_newest(self) -> None:
         victim, slot = self.sched.preempt_newest()
-        self.runner.seq_rm(slot)
-        self._forget(slot)
+        self.kv.drop(slot)
         self._free_sampler(victim)
         self.counters.preemptions += 1
 
@@ -414,13 +331,9 @@ class LlamaEngine:
     def _finish(self, seq: Sequence) -> Answer:
         """The finished sequence's answer; its slot and sampler given back, and its KV too, or
         with the prefix cache its prompt's cells kept for the questions that share them."""
-        if self.contents is None:
-            self.runner.seq_rm(seq.seq_id)
         self._free_sampler(seq)
         self.sched.release(seq)
-        if self.contents is not None:
-            self.contents.keep(seq.seq_id, seq.prompt, seq.n_cached)  # all of it, unless it failed early
-            self.counters.kept_tokens_peak = max(self.counters.kept_tokens_peak, self.contents.kept_tokens)
+        self.kv.finished(seq)
         seq.phase = Phase.FINISHED
         now = time.perf_counter()
         text, n_out, logprobs = self._answer_text(seq)

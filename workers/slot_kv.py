@@ -1,0 +1,101 @@
+"""Where a new sequence's KV comes from, in llama.cpp's cells: the copies and removals that put an
+admitted sequence's first prompt tokens into its slot, move a busy slot's stream, and keep or free
+a finished one's.
+
+Without the prefix cache a new sequence starts from the shared prefix's sequence (decoded once
+when the engine starts) as far as its prompt agrees with it. With the prefix cache (one stream
+per sequence) it starts from whichever stream the scheduler found holding the longest part of its
+prompt, and a finished sequence's slot keeps its prompt's cells for the questions that share them.
+Which source and how many tokens is workers/prefix_cache.py's decision (pure bookkeeping); this
+module carries it out on the model's KV and counts it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Optional
+
+from .model_runner import ModelRunner
+from .prefix_cache import SlotContents
+from .protocol import EngineConfig
+from .sequence import Sequence
+from .step_counters import StepCounters
+
+
+def slot_contents(config: EngineConfig, prefix: array, prefix_id: int) -> Optional[SlotContents]:
+    """The prefix cache's bookkeeping when the job asks for it, else None. It needs a stream per
+    sequence: a free slot's kept cells then take no room from the others, and a copy between
+    streams is whole (prefix_cache.py)."""
+    if config.prefix_cache and not config.kv_unified:
+        return SlotContents(prefix, prefix_id, config.batch_invariant)
+    return None
+
+
+class SlotKv:
+    """The KV streams of an engine's slots: filled from a source on admission, moved, kept, freed."""
+
+    def __init__(self, runner: ModelRunner, prefix: array, prefix_id: int,
+                 contents: Optional[SlotContents], counters: StepCounters) -> None:
+        self.runner = runner
+        self.prefix = prefix
+        self.prefix_id = prefix_id
+        self.contents = contents  # None: no prefix cache, sequences start from the shared prefix
+        self.counters = counters
+
+    def start(self, seq: Sequence) -> None:
+        """Put the admitted sequence's first n_cached prompt tokens into its slot: copied from
+        where the scheduler found them, or kept from the slot's last prompt."""
+        self.counters.prompt_reused += seq.n_cached
+        if self.contents is None:
+            if seq.n_cached:
+                self._copy_prefix(seq)
+            return
+        if seq.source not in (-1, seq.seq_id):
+            self.runner.seq_cp(seq.source, seq.seq_id, -1, -1)  # a whole stream: see _copy_prefix
+            self.counters.stream_copies += 1
+        self.runner.seq_rm(seq.seq_id, seq.n_cached, -1)  # whatever else the slot held
+        if seq.source not in (-1, self.prefix_id):
+            self.counters.prefix_hits += 1
+
+    def move(self, seq: Sequence, old_id: int) -> None:
+        """A busy sequence moved down to a lower slot (Scheduler.compact): a whole-stream copy (a
+        few MiB, done at the next decode) instead of a second pass over the weights in every step
+        that remains."""
+        self.runner.seq_cp(old_id, seq.seq_id, -1, -1)
+        self.runner.seq_rm(old_id)
+        self._forget(seq.seq_id, old_id)
+        self.counters.moves += 1
+
+    def drop(self, slot: int) -> None:
+        """The slot's stream emptied (its sequence preempted): nothing in it is kept."""
+        self.runner.seq_rm(slot)
+        self._forget(slot)
+
+    def finished(self, seq: Sequence) -> None:
+        """A finished sequence's KV given back, or with the prefix cache its prompt's cells kept
+        for the questions that share them."""
+        if self.contents is None:
+            self.runner.seq_rm(seq.seq_id)
+            return
+        self.contents.keep(seq.seq_id, seq.prompt, seq.n_cached)  # all of it, unless it failed early
+        self.counters.kept_tokens_peak = max(self.counters.kept_tokens_peak, self.contents.kept_tokens)
+
+    def clear_kept(self, slots: list[int]) -> None:
+        """Empty these free slots' kept prompts (ballast starts at position 0 in an empty stream)."""
+        if self.contents:
+            for slot in slots:
+                if slot in self.contents.kept:
+                    self.runner.seq_rm(slot)
+                    self.contents.forget(slot)
+
+    def _forget(self, *slots: int) -> None:
+        if self.contents:
+            for slot in slots:
+                self.contents.forget(slot)
+
+    def _copy_prefix(self, seq: Sequence) -> None:
+        # Copy the whole prefix sequence: without kv_unified llama.cpp can only copy a full
+        # stream (a partial range aborts the process), and with it a full copy just tags cells.
+        self.runner.seq_cp(self.prefix_id, seq.seq_id, -1, -1)
+        if seq.n_cached < len(self.prefix):
+            self.runner.seq_rm(seq.seq_id, seq.n_cached, -1)
