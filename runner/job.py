@@ -76,8 +76,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     model = identify(model_path)
     answer = job_answer(config)  # a bad schema or grammar: exit 2 before any worker starts
     with OutputLock(config.output):
-        # An earlier run's journal is indexed while the input is read and the tokenizer process starts.
-        reading = None if fresh else start_reading(paths.journal)
+        reading = None if fresh else start_reading(paths.journal)  # while the input is read, the tokenizer starts
         first_records, rest, stream = _read(config, window)
         formats = (stream.format, output_format(config.output, config.output_format, stream.format))
         check_requests(config, first_records)
@@ -100,9 +99,8 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
                     clock["prepared"] = time.perf_counter()
                     watch.start_run(len(first.questions), max_tokens(first.questions, preparer.generation),
                                     sum(lay.workers * lay.slots for lay in settled.layouts), pool)
-                    feed = None if rest is None else QuestionFeed(preparer, rest, window,
-                                                                  lambda w: watch.progress.grow(len(w.questions)))
-                    ended = _answer(pool, first, _engines(model_path, settled, prefix, preparer), feed, window)
+                    ended = _answer(pool, first, _engines(model_path, settled, prefix, preparer),
+                                    _feed(preparer, rest, window, watch), window)
                     preparer.say()
                     _write_answers(config, preparer, journal, ended,
                                    _output_spec(config, preparer, formats[1], clock["started_at"]))
@@ -113,6 +111,11 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     if ended is not None:
         raise ended
     return report
+
+
+def _feed(preparer: Preparer, rest: Optional[Iterator[Record]], window: int, watch: RunWatch) -> Optional[QuestionFeed]:
+    """The windows after the first, made while the workers answer (None: there are none)."""
+    return None if rest is None else QuestionFeed(preparer, rest, window, lambda w: watch.progress.grow(len(w.questions)))
 
 
 def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterator[Record]], QuestionStream]:
