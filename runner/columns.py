@@ -7,6 +7,9 @@ keeps of every question once its window has gone to the workers (runner/prepare.
     HashIndex   64-bit key -> int64 value, sorted numpy arrays (16 bytes an entry) plus a small
                 dict of the latest additions merged in now and then (a dict of a million int
                 keys and values would take ~100 MB)
+    IdSet       a set of some of the ids (OpenAI Batch lines that are /v1/completions, refused,
+                held to a grammar: possibly every line), 16 bytes an id where a set of str
+                takes ~100; a hit is checked against the id itself in the IdColumn
 
 numpy is imported only once an index outgrows its dict (MERGE_AT keys): a job of a few thousand
 questions starts without it (runner/job.py's start-up, and every spawned worker's re-import of
@@ -159,3 +162,23 @@ class HashIndex:
         keys, values = np.insert(keys, at[fresh], new_keys[fresh]), np.insert(values, at[fresh], new_values[fresh])
         self._keys, self._values = array("Q", keys.tobytes()), array("q", values.tobytes())
         self._recent.clear()
+
+
+class IdSet:
+    """Some of the ids of an IdColumn (each added with its index there)."""
+
+    def __init__(self, ids: IdColumn) -> None:
+        self._ids = ids
+        self._index = HashIndex()
+
+    def add(self, qid: str, index: int) -> None:
+        self._index.add(text_key(qid), index)
+
+    def __contains__(self, qid: object) -> bool:
+        if not isinstance(qid, str):
+            return False
+        index = self._index.get(text_key(qid))
+        return index is not None and self._ids[index] == qid
+
+    def __len__(self) -> int:
+        return len(self._index)

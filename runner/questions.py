@@ -22,7 +22,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 from .answer_spec import format_grammar, record_choices, with_choices
 from .config import CHOICES_AUTO, JobConfig
-from .columns import HashIndex, IdColumn, text_key
+from .columns import HashIndex, IdColumn, IdSet, text_key
 from .errors import ConfigError, quote
 from .formats.record import Record
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
@@ -40,13 +40,14 @@ class QuestionSet:
     """What the questions of a job came to, window after window (the questions themselves go to
     the workers and are not kept)."""
 
+    # Ids among the job's (runner/columns.py: compact, as every line of a big OpenAI Batch file may be one)
+    refused: IdSet  # requests refused as asked (each also in `rejected`)
+    completions: IdSet  # raw /v1/completions prompts
+    with_grammar: IdSet  # questions with a grammar of their own
     # qid -> its error answer, never sent to a worker nor journaled (a rerun tries again): a prompt
     # the model's tokenizer cannot take, a request refused as asked
     rejected: dict[str, Answer] = field(default_factory=dict)
-    refused: set[str] = field(default_factory=set)  # of those, the requests refused as asked
     first_refused: str = ""  # "file:line: why", for the log
-    completions: set[str] = field(default_factory=set)  # ids of raw /v1/completions prompts
-    with_grammar: set[str] = field(default_factory=set)  # ids of questions with a grammar of their own
     own_settings: Counter[str] = field(default_factory=Counter)  # question_settings.describe_own, summed
     unique: int = 0  # prompts answered, now or before (from the journal)
     reused: int = 0  # of those, answers the journal held
@@ -60,11 +61,11 @@ class QuestionMaker:
                  job: GenerationParams, n_vocab: int, journal: Journal) -> None:
         self.builder, self.tokenizers, self.config, self.job, self.n_vocab = builder, tokenizers, config, job, n_vocab
         self.journal = journal
-        self.made = QuestionSet()
         # Identical prompts: the prompt hash's first 64 bits -> (31 more bits << 32) | index in
         # self.ids of the first one; 95 bits must match for a question to take another's answer.
         self._first = HashIndex()
         self.ids = IdColumn()
+        self.made = QuestionSet(IdSet(self.ids), IdSet(self.ids), IdSet(self.ids))
 
     def make(self, records: Sequence[Record]) -> list[Question]:
         """The questions of these records still to answer, in file order; the rest are answers
@@ -82,7 +83,7 @@ class QuestionMaker:
             for index, (rec, prompt) in enumerate(zip(records, journaled), start=first):
                 if prompt is not None:
                     continue
-                text = self.prompt(rec)
+                text = self.prompt(rec, index)
                 if text is not None:
                     waiting.append((rec, index))
                     yield text, self.builder.needs_bos(text)
@@ -101,20 +102,20 @@ class QuestionMaker:
         greedy = [(prompt, index) for (index, _, prompt), own in zip(held, owns) if is_greedy(own or self.job)]
         # A journaled prompt is found by its 64 bits, without the 31 more (_first_of).
         self._first.add_many([prompt for prompt, _ in greedy], [index for _, index in greedy])
-        for (_, rec, _), own in zip(held, owns):
+        for (index, rec, _), own in zip(held, owns):
             if own is not None:
-                self._count_own(rec.qid, own)
+                self._count_own(rec.qid, index, own)
         self.made.unique += len(held)
         self.made.reused += len(held)
 
-    def prompt(self, rec: Record) -> Optional[str]:
+    def prompt(self, rec: Record, index: int) -> Optional[str]:
         """The prompt text, or None for a request refused as asked (its error answer is made)."""
         req = rec.request
         if req is None:
             return self.builder.render(_user_message(self.builder, rec, self.config.input))
         why = req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
         if why is None and req.prompt is not None:
-            self.made.completions.add(rec.qid)
+            self.made.completions.add(rec.qid, index)
             return req.prompt
         if why is None:
             try:
@@ -122,7 +123,7 @@ class QuestionMaker:
             except ChatTemplateError as exc:
                 why = f"body.messages: {exc}"
         self._fail(rec.qid, why)
-        self.made.refused.add(rec.qid)
+        self.made.refused.add(rec.qid, index)
         self.made.first_refused = self.made.first_refused or f"{self.config.input}:{rec.line}: {why}"
         return None
 
@@ -143,7 +144,7 @@ class QuestionMaker:
                 return None
             self._first.add(prompt_key(h), (int(h[16:24], 16) & CHECK_MASK) << 32 | index)
         reused = self.journal.reuse_prompt(rec.qid, h)
-        self._count(rec.qid, own, reused)
+        self._count(rec.qid, index, own, reused)
         if reused:
             return None
         self.journal.expect(rec.qid, Expected(h, record_hash(rec.digest) if rec.digest else ""))
@@ -159,16 +160,16 @@ class QuestionMaker:
         check, index = value >> 32, value & INDEX_MASK
         return index if check in (0, int(h[16:24], 16) & CHECK_MASK) else None
 
-    def _count(self, qid: str, own: Optional[GenerationParams], reused: bool) -> None:
+    def _count(self, qid: str, index: int, own: Optional[GenerationParams], reused: bool) -> None:
         self.made.unique += 1
         self.made.reused += reused
         if own is not None:
-            self._count_own(qid, own)
+            self._count_own(qid, index, own)
 
-    def _count_own(self, qid: str, own: GenerationParams) -> None:
+    def _count_own(self, qid: str, index: int, own: GenerationParams) -> None:
         self.made.own_settings.update(describe_own([own]))
         if has_grammar(own):
-            self.made.with_grammar.add(qid)
+            self.made.with_grammar.add(qid, index)
 
     def _own_generation(self, rec: Record) -> Optional[GenerationParams]:
         if rec.request is None:

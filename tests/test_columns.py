@@ -3,7 +3,7 @@
 import json
 
 from ggbatch.runner import columns
-from ggbatch.runner.columns import HashIndex, IdColumn, text_key
+from ggbatch.runner.columns import HashIndex, IdColumn, IdSet, text_key
 from ggbatch.runner.formats.rows import OutputSpec, Row
 from ggbatch.runner.outputs import render
 from ggbatch.runner.tally import AnswerTally
@@ -58,6 +58,17 @@ def test_a_hash_index_agrees_with_a_dict_through_many_merges(monkeypatch):
     wanted = pool + [rng.getrandbits(64) for _ in range(50)]
     assert index.get_many(wanted) == [truth.get(k) for k in wanted]
     assert [index.get(k) for k in wanted] == [truth.get(k) for k in wanted] and len(index) == len(truth)
+
+
+def test_an_id_set_holds_exactly_the_ids_added():
+    ids = IdColumn()
+    ids.extend(["a", "b", "日本", "007", "7"])
+    some = IdSet(ids)
+    some.add("日本", 2)
+    some.add("007", 3)
+    assert ["日本" in some, "007" in some, "7" in some, "a" in some, "zz" in some, 7 in some] == \
+        [True, True, False, False, False, False]
+    assert len(some) == 2
 
 
 def test_json_rows_are_written_exactly_as_json_dumps_writes_the_array():

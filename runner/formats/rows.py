@@ -4,7 +4,7 @@ and the OutputSpec that says how to write them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Container, Optional
 
 from ...workers.protocol import Answer
 
@@ -23,8 +23,8 @@ class OutputSpec:
     keep_thinking: bool = False
     # OpenAI Batch output only
     model_name: str = ""  # the GGUF's general.name, else its file name
-    completions: frozenset[str] = frozenset()  # ids of /v1/completions lines (text_completion objects)
-    refused: frozenset[str] = frozenset()  # ids of requests refused as asked (answered with a 400)
+    completions: Container[str] = frozenset()  # ids of /v1/completions lines (text_completion objects)
+    refused: Container[str] = frozenset()  # ids of requests refused as asked (answered with a 400)
     started: float = 0.0  # Unix time the run started: "created" of a line that has no answer
     choice_logprobs: bool = False  # answers carry choice_logprobs (answer.logprobs): CSV gives them a column
 
