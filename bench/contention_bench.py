@@ -1,12 +1,14 @@
 """W1 on a shared machine: ggbatch alone, beside one busy-looping process, beside two; with the
 llama.cpp thread count adapting to the contention (threads_adapt auto) and without.
 
-    python bench/contention_bench.py [--model M.gguf] [--loops 0,1,2] [--adapt auto,off,threads1]
+    python bench/contention_bench.py [--model M.gguf] [--loops 0,1,2] [--adapt auto,off,threads1,workers2]
                                      [--repeat 3] [--workload W1] [--wait-idle 0.3 [--patience 120]]
                                      [--foreign-limit 0.15] [--retries 2] [--log-dir DIR]
 
 --adapt: `auto` and `off` are threads_adapt's settings; `threads1` is `--threads 1` with adapt off
-(the best fixed count beside one busy loop on 2 cores). A busy loop is `python -c "while True:
+(the best fixed count of one worker beside one busy loop on 2 cores); `workers2` is two workers of
+one thread each (`--workers 2 --threads 1`, adapt off: no barrier between two processes, and
+beside one busy loop three runnable threads share the two cores). A busy loop is `python -c "while True:
 pass"`, started a second before ggbatch and killed after it, unpinned (the kernel puts it where
 it likes, as it would a cron job).
 
@@ -43,7 +45,8 @@ from engine_bench import bench_model  # noqa: E402
 
 BUSY_LOOP = "while True: pass"
 VARIANTS = {"auto": ["--threads-adapt", "auto"], "off": ["--threads-adapt", "off"],
-            "threads1": ["--threads", "1", "--threads-adapt", "off"]}
+            "threads1": ["--threads", "1", "--threads-adapt", "off"],
+            "workers2": ["--workers", "2", "--threads", "1", "--threads-adapt", "off"]}
 
 
 def busy_loops(n: int) -> list[subprocess.Popen]:
@@ -123,7 +126,7 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--workload", default="W1")
     ap.add_argument("--loops", default="0,1,2", help="busy loops beside ggbatch, one setting per run")
-    ap.add_argument("--adapt", default="auto,off", help="auto, off, threads1")
+    ap.add_argument("--adapt", default="auto,off", help="auto, off, threads1, workers2")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--wait-idle", type=float, metavar="CORES", help="wait before each run until the machine's "
                     "busy cores fall under CORES")
