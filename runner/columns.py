@@ -28,7 +28,7 @@ import hashlib
 import itertools
 from array import array
 from bisect import bisect_left
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 MERGE_AT = 1 << 16  # additions held in the dict before they are merged into the arrays
 
@@ -136,9 +136,21 @@ class HashIndex:
         return [recent.get(k, v if hit else None) for k, v, hit in zip(keys, values, found)]
 
     def add_many(self, keys: Sequence[int], values: Sequence[int]) -> None:
-        self._recent.update(zip(keys, values))
-        if len(self._recent) >= MERGE_AT:
-            self._merge()
+        """add() of each pair in order. Many at once (a resumed journal's half million) go
+        straight into the arrays, without a dict of them all on the way."""
+        if len(keys) < MERGE_AT:
+            self._recent.update(zip(keys, values))
+            if len(self._recent) >= MERGE_AT:
+                self._merge()
+            return
+        import numpy as np
+
+        self._merge()  # what is in the dict was added before these
+        new_keys = np.fromiter(keys, np.uint64, len(keys))
+        order = np.argsort(new_keys, kind="stable")  # a key added twice: its later value last
+        new_keys, new_values = new_keys[order], np.fromiter(values, np.int64, len(values))[order]
+        last = np.append(new_keys[1:] != new_keys[:-1], True)
+        self._insert(new_keys[last], new_values[last])
 
     def _merge(self) -> None:
         """The recent additions into the sorted arrays: sorted alone, then inserted in place (a
@@ -151,17 +163,23 @@ class HashIndex:
         n = len(self._recent)
         new_keys = np.fromiter(self._recent.keys(), np.uint64, n)
         order = np.argsort(new_keys)
-        new_keys, new_values = new_keys[order], np.fromiter(self._recent.values(), np.int64, n)[order]
+        self._insert(new_keys[order], np.fromiter(self._recent.values(), np.int64, n)[order])
+        self._recent.clear()
+
+    def _insert(self, new_keys: Any, new_values: Any) -> None:
+        """Sorted, distinct keys (numpy arrays) and their values into the arrays: a key held
+        already takes its new value."""
+        import numpy as np
+
         keys, values = np.frombuffer(self._keys, np.uint64), np.frombuffer(self._values, np.int64).copy()
         at = np.searchsorted(keys, new_keys)
-        held = np.zeros(n, bool)
+        held = np.zeros(len(new_keys), bool)
         inside = at < len(keys)
         held[inside] = keys[at[inside]] == new_keys[inside]
-        values[at[held]] = new_values[held]  # a key added again: its newer value
+        values[at[held]] = new_values[held]
         fresh = ~held
         keys, values = np.insert(keys, at[fresh], new_keys[fresh]), np.insert(values, at[fresh], new_values[fresh])
         self._keys, self._values = array("Q", keys.tobytes()), array("q", values.tobytes())
-        self._recent.clear()
 
 
 class IdSet:

@@ -64,13 +64,12 @@ def read_earlier(path: str) -> Optional[Earlier]:
         earlier.end = f.tell()
         if earlier.fingerprint is None:
             return earlier
-        keys: list[int] = []
-        rows: list[int] = []
+        keys, rows = array("Q"), array("q")  # 8 bytes an entry (a list of ints would take 40)
         for e in read_entries(f, earlier.end):
             earlier.end = e.end
-            keys += map(text_key, e.qids)
+            keys.extend(map(text_key, e.qids))
             row = itertools.count(len(earlier.at))
-            rows += [next(row) if ok else -1 for ok in e.ok]
+            rows.extend([next(row) if ok else -1 for ok in e.ok])
             earlier.qids.extend(itertools.compress(e.qids, e.ok))
             earlier.prompts.extend(itertools.compress(e.prompts, e.ok))
             earlier.records.extend(itertools.compress(e.records, e.ok))
@@ -78,8 +77,9 @@ def read_earlier(path: str) -> Optional[Earlier]:
     # The keys are added together: one sort of each index, not one every MERGE_AT entries.
     earlier.kept = len(keys)
     earlier.rows.add_many(keys, rows)
-    by_record = [(record, row) for row, record in enumerate(earlier.records) if record]
-    earlier.by_record.add_many([record for record, _ in by_record], [row for _, row in by_record])
+    held = earlier.records  # rows whose record hash is known (entries of older versions have none)
+    earlier.by_record.add_many(array("Q", itertools.compress(held, held)),
+                               array("q", itertools.compress(range(len(held)), held)))
     return earlier
 
 

@@ -46,15 +46,16 @@ def test_a_hash_index_agrees_with_a_dict_through_many_merges(monkeypatch):
     rng = random.Random(7)
     pool = [0, (1 << 64) - 1, 1, 1 << 63] + [rng.getrandbits(64) for _ in range(400)]
     index, truth = HashIndex(), {}
-    for step in range(3000):  # keys added, and added again with new values, in batches and alone
+    for step in range(3000):  # keys added, and added again with new values, alone and in batches
         if step % 3:
             k = rng.choice(pool)
             index.add(k, step)
             truth[k] = step
-        else:
-            ks = rng.sample(pool, 5)
-            index.add_many(ks, [step] * 5)
-            truth.update(dict.fromkeys(ks, step))
+        else:  # small batches through the dict, large ones (a key twice in one) straight to the arrays
+            ks = [rng.choice(pool) for _ in range(5 if step % 2 else 80)]
+            vs = [step * 100 + i for i in range(len(ks))]
+            index.add_many(ks, vs)
+            truth.update(zip(ks, vs))
     wanted = pool + [rng.getrandbits(64) for _ in range(50)]
     assert index.get_many(wanted) == [truth.get(k) for k in wanted]
     assert [index.get(k) for k in wanted] == [truth.get(k) for k in wanted] and len(index) == len(truth)
