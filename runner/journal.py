@@ -150,14 +150,8 @@ class Journal:
         answer the journal holds for a record written exactly so, if any, so that the line need
         not even be parsed. Looked up together: a resumed file of millions of lines comes here a
         chunk at a time."""
-        rows = self._earlier.by_record.get_many(records)
-        qids = [None if row is None else self._earlier.qids[row] for row in rows]
-        held = [qid for qid in qids if qid is not None]
-        if not held:
-            return qids
-        now = iter(self._earlier.rows.get_many([text_key(qid) for qid in held]))
-        # An answer that has since failed or whose id was answered again is not this line's.
-        return [qid if qid is not None and next(now) == row else None for qid, row in zip(qids, rows)]
+        qids = self._earlier.qids
+        return [None if row is None else qids[row] for row in self._earlier.by_record.get_many(records)]
 
     def reuse_prompt(self, qid: str, prompt: str) -> bool:
         """Whether an earlier answer of this prompt is held (then it is this run's answer)."""

@@ -41,7 +41,7 @@ class Earlier:
         self.rows = HashIndex()  # qid key -> row of the columns below, -1: its last answer failed
         self.qids = IdColumn()
         self.records, self.prompts, self.at = array("Q"), array("Q"), array("q")  # of each row
-        self.by_record = HashIndex()  # record hash -> row: a line known before it is parsed
+        self.by_record = HashIndex()  # record hash -> row still its id's answer: a line known before it is parsed
         self.kept = 0  # entries
         self.end = 0  # where its last whole line ends (a torn last line follows)
 
@@ -77,9 +77,12 @@ def read_earlier(path: str) -> Optional[Earlier]:
     # The keys are added together: one sort of each index, not one every MERGE_AT entries.
     earlier.kept = len(keys)
     earlier.rows.add_many(keys, rows)
-    held = earlier.records  # rows whose record hash is known (entries of older versions have none)
-    earlier.by_record.add_many(array("Q", itertools.compress(held, held)),
-                               array("q", itertools.compress(range(len(held)), held)))
+    # A line is known by its record hash only while its row is its id's answer: not after the id
+    # was answered again (a later row) or failed since (-1). Entries of older versions have no hash.
+    latest = earlier.rows.get_many(array("Q", itertools.compress(keys, (row >= 0 for row in rows))))
+    known = [record != 0 and last == row for row, (record, last) in enumerate(zip(earlier.records, latest))]
+    earlier.by_record.add_many(array("Q", itertools.compress(earlier.records, known)),
+                               array("q", itertools.compress(range(len(known)), known)))
     return earlier
 
 

@@ -257,7 +257,8 @@ def format_summary(report: RunReport) -> str:
         + (f", {q['unique_prompts'] - done} not answered" if done < q["unique_prompts"] else "")
         + (f" ({q['records']} records)" if q["records"] != q["unique_prompts"] else "")
         + (f", {q['from_journal']} from the journal" if q["from_journal"] else ""),
-        f"layout     {lay.workers} {'worker' if lay.workers == 1 else 'workers'} × {lay.threads} threads × "
+        f"layout     {lay.workers} {'worker' if lay.workers == 1 else 'workers'} × {lay.threads} "
+        f"{'thread' if lay.threads == 1 else 'threads'} × "
         f"{lay.slots} slots, {lay.n_ctx_seq} ctx/seq, {report.setup.n_prefix} shared prefix tokens, "
         f"{'unified' if lay.kv_unified else 'per-sequence'} KV, "
         f"weights {'repacked' if lay.repack else 'not repacked'} ({lay.repack_reason})" + _gpu_summary(report),
