@@ -6,8 +6,9 @@ A quick loop for tuning the prefill layout; bench/prefix_bench.py times the whol
     python bench/prefix_engine_bench.py [--questions 64] [--variants cache,off] [--repeat 1]
 
 A variant is `cache` or `off` (the prefix cache), with `+nofa` (flash attention off) or
-`+fa` (on), `+b<N>` (the step's token budget n_batch; without it, as a job would choose it) and `+byid` (prompt steps listed by
-sequence id, as before workers/ubatches.py) appended as wanted: e.g. cache+nofa+b1024.
+`+fa` (on), `+b<N>` (the step's token budget n_batch; without it, as a job would choose it:
+runner/layout.py batch_budget) and `+byid` (prompt steps listed by sequence id, as before
+workers/ubatches.py) appended as wanted: e.g. cache+nofa+b512.
 Without `+fa`/`+nofa` flash attention is as a job would choose it.
 """
 
