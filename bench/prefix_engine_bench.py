@@ -6,8 +6,9 @@ A quick loop for tuning the prefill layout; bench/prefix_bench.py times the whol
     python bench/prefix_engine_bench.py [--questions 64] [--variants cache,off] [--repeat 1]
 
 A variant is `cache` or `off` (the prefix cache), with `+nofa` (flash attention off) or
-`+fa` (on), `+b<N>` (the step's token budget n_batch) and `+byid` (prompt steps listed by
-sequence id, as before workers/ubatches.py) appended as wanted: e.g. cache+nofa+b1024.
+`+fa` (on), `+b<N>` (the step's token budget n_batch; without it, as a job would choose it:
+runner/layout.py batch_budget) and `+byid` (prompt steps listed by sequence id, as before
+workers/ubatches.py) appended as wanted: e.g. cache+nofa+b512.
 Without `+fa`/`+nofa` flash attention is as a job would choose it.
 """
 
@@ -51,7 +52,8 @@ def run(model: str, questions: list[Question], variant: str, threads: int) -> di
     ordered = ([replace(questions[i], group=g) for i, g in order] if cache else
                sorted(questions, key=lambda q: len(q.tokens), reverse=True))
     slots = min(64, len(questions))
-    n_batch = next((int(p[1:]) for p in parts if p[:1] == "b" and p[1:].isdigit()), 512)
+    asked = next((int(p[1:]) for p in parts if p[:1] == "b" and p[1:].isdigit()), None)
+    n_batch = layouts.batch_budget(asked, cache, False)  # as a job would choose it, unless asked
     n_ctx_seq = max(len(q.tokens) for q in questions) + TOKENS + 1
     repack = repack_weights(None, None, cpu_flags(), slots)[0]
     unified = layouts.kv_unified_for(len(prefix), n_ctx_seq, False, cache)

@@ -97,7 +97,7 @@ def _add_run(sub: Any) -> None:
       help="where workers live: local processes (default), or Ray actors on a cluster's nodes (needs ggbatch[ray])")
     a("--ray-address", dest="ray_address",
       help="with --backend ray: auto or HOST:PORT of the cluster to join; none: start a Ray instance on this machine")
-    a("--n-batch", dest="n_batch", help="token budget of one decode step (default 512)")
+    a("--n-batch", dest="n_batch", help="token budget of one decode step, or auto (512; 1024 with the prefix cache)")
     a("--max-tokens", dest="max_tokens", help="most tokens generated per answer (default 256)")
     a("--system", help="system prompt")
     a("--template", help="Jinja template over the record's fields giving the user message")

@@ -46,7 +46,7 @@ class JobConfig:
     repack: Optional[bool] = AUTO  # llama.cpp's CPU_REPACK weight layout; auto: layout.repack_weights
     n_gpu_layers: Optional[int] = AUTO  # layers in VRAM, GPU_ALL for all; auto: gpu.gpu_layers_for
     devices: tuple[int, ...] = ()  # one worker per GPU (runner/gpu.py)
-    n_batch: int = 512
+    n_batch: Optional[int] = AUTO  # a step's token budget; auto: layout.batch_budget
     max_tokens: int = 256
     system: Optional[str] = None
     prompt_template: Optional[str] = None  # Jinja over the record's fields -> the user message
@@ -92,7 +92,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "slots": check.integer(1, allow_auto=True, hi=MAX_SLOTS,
                            why_hi=f" (a llama.cpp context holds at most {MAX_SLOTS + 1} sequences, one of them "
                                   "the shared prefix)"),
-    "n_batch": check.integer(1),
+    "n_batch": check.integer(1, allow_auto=True),
     "max_tokens": check.integer(1),
     "system": check.string(optional=True),
     "prompt.template": check.string(optional=True),

@@ -20,7 +20,7 @@ def test_flags_override_job_file_which_overrides_defaults(tmp_path):
     assert config.max_tokens == 32
     assert config.sampling.temperature == 0.7 and config.sampling.seed == 3
     assert config.slots is None  # default auto
-    assert config.n_batch == 512
+    assert config.n_batch is None  # default auto: runner/layout.py batch_budget
 
 
 def test_job_paths_are_relative_to_the_job_file(tmp_path):

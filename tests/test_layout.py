@@ -95,6 +95,24 @@ def test_long_sequences_keep_every_slot_with_one_stream_per_sequence(longest, pr
     assert layout.n_batch == 512
 
 
+def test_auto_n_batch_is_larger_for_the_prefix_cache_and_an_asked_one_is_kept():
+    from ggbatch.runner.layout import PromptFacts, batch_budget, settle
+    from ggbatch.runner.memory import ModelDims
+
+    assert batch_budget(None, False, False) == 512
+    assert batch_budget(None, True, False) == 1024  # a passage's whole prompt in one ubatch
+    assert batch_budget(None, True, True) == 512  # batch-invariant shapes are laid out for 512
+    assert batch_budget(256, True, False) == 256
+    dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
+    started = plan_layout([0, 1], None, None, 1, 1)
+    grouped = PromptFacts(64, 800, 17, 0, dims, shared_groups=10)
+    for asked, want in [(None, 1024), (512, 512)]:
+        layout, _ = settle(started, grouped, None, None, 32, asked, available=64 << 30)
+        assert (layout.prefix_cache, layout.n_batch) == (True, want)
+    layout, _ = settle(started, PromptFacts(64, 800, 17, 0, dims), None, None, 32, None, available=64 << 30)
+    assert (layout.prefix_cache, layout.n_batch) == (False, 512)
+
+
 def test_a_tuned_slot_count_is_the_cap_of_auto_slots():
     started = start([0, 1], None, None, None, None, 1000, frozenset(), {"workers": 2, "threads": 1, "slots": 16,
                                                                        "repack": False})
