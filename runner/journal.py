@@ -31,7 +31,7 @@ from dataclasses import asdict
 from typing import Any, Mapping, Optional, Sequence
 
 from .columns import HashIndex, text_key
-from .journal_index import Earlier, read_earlier
+from .journal_index import Earlier, prompt_key, read_earlier
 from .config import JobConfig
 from .errors import ConfigError, OutputError, quote
 from .model import ModelIdentity
@@ -102,14 +102,6 @@ class Expected:
 
 def record_hash(key: int) -> str:
     return f"{key:016x}"
-
-
-def prompt_key(h: str) -> int:
-    """The 64 bits of a hex hash that the indexes keep."""
-    try:
-        return int(h[:16], 16) if h else 0
-    except ValueError:
-        return 0
 
 
 class Journal:

@@ -22,7 +22,7 @@ import re
 import sys
 from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any, Iterator, NamedTuple, Optional
+from typing import IO, Any, Iterator, NamedTuple, Optional, Union
 
 from .columns import HashIndex, IdColumn, text_key
 
@@ -144,19 +144,20 @@ def _parsed(block: bytes, at: int) -> Entries:
 
 
 def hex_keys(hashes: list[bytes]) -> array:
-    """The first 64 bits of each hex hash (runner/journal.py prompt_key), 0 for an empty one or
-    one that is not hex, converted together."""
+    """prompt_key of each hex hash, converted together."""
     digits = b"".join(h[:16].rjust(16, b"0") for h in hashes)
     try:
         keys = array("Q", bytes.fromhex(digits.decode("ascii")))
     except ValueError:  # a hash that is not hex: only in a hand-edited journal
-        return array("Q", (_hex_key(h) for h in hashes))
+        return array("Q", map(prompt_key, hashes))
     if sys.byteorder == "little":
         keys.byteswap()  # the hex digits are big-endian
     return keys
 
 
-def _hex_key(h: bytes) -> int:
+def prompt_key(h: Union[str, bytes]) -> int:
+    """The 64 bits of a hex hash (a prompt's or a record's, as the journal holds it, text or
+    bytes) that the indexes keep; 0 for none, or one that is not hex."""
     try:
         return int(h[:16], 16) if h else 0
     except ValueError:
