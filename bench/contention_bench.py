@@ -5,10 +5,11 @@ llama.cpp thread count adapting to the contention (threads_adapt auto) and witho
                                      [--repeat 3] [--workload W1] [--wait-idle 0.3 [--patience 120]]
                                      [--foreign-limit 0.15] [--retries 2] [--log-dir DIR]
 
---adapt: `auto` and `off` are threads_adapt's settings; `threads1` is `--threads 1` with adapt off
-(the best fixed count of one worker beside one busy loop on 2 cores); `workers2` is two workers of
-one thread each (`--workers 2 --threads 1`, adapt off: no barrier between two processes, and
-beside one busy loop three runnable threads share the two cores). A busy loop is `python -c "while True:
+--adapt: `auto` and `off` are threads_adapt's settings; `threads1` is one worker of one thread
+(`--workers 1 --threads 1`, adapt off: the best fixed count of one worker beside one busy loop on 2
+cores; `--threads 1` alone lays out a worker per core); `workers2` is two workers of one thread
+each (`--workers 2 --threads 1`, adapt off: no barrier between two processes, and beside one busy
+loop three runnable threads share the two cores). A busy loop is `python -c "while True:
 pass"`, started a second before ggbatch and killed after it, unpinned (the kernel puts it where
 it likes, as it would a cron job).
 
@@ -45,7 +46,7 @@ from engine_bench import bench_model  # noqa: E402
 
 BUSY_LOOP = "while True: pass"
 VARIANTS = {"auto": ["--threads-adapt", "auto"], "off": ["--threads-adapt", "off"],
-            "threads1": ["--threads", "1", "--threads-adapt", "off"],
+            "threads1": ["--workers", "1", "--threads", "1", "--threads-adapt", "off"],
             "workers2": ["--workers", "2", "--threads", "1", "--threads-adapt", "off"]}
 
 

@@ -29,17 +29,20 @@ from compare_server import SYSTEM  # noqa: E402
 from contention_bench import busy_loops  # noqa: E402
 from engine_bench import GSM8K, bench_model  # noqa: E402
 
-SAMPLE = re.compile(r"worker (\d+): cores \[([\d, ]+)\] over ([\d.]+) s: ([\d.]+) busy, ([\d.]+) its own, "
-                    r"([\d.]+) other \(([\d.]+) steal\) cores; (\d+) llama.cpp threads")
+SAMPLE = re.compile(r"worker (\d+): cores \[([\d, ]+)\] over ([\d.]+) s( from the job's start to its Ready)?: "
+                    r"([\d.]+) busy, ([\d.]+) its own, ([\d.]+) other \(([\d.]+) steal\) cores; (\d+) llama.cpp threads")
 
 
 def parse_samples(log: str) -> list[dict]:
-    """The controller's input lines of a -v log, as numbers (per-second rates in cores)."""
+    """The controller's input lines of a -v log, as numbers (per-second rates in cores). A
+    worker's interval from the job's start to its Ready (which spans the ticks before it) is
+    marked `at_ready`."""
     out = []
     for m in SAMPLE.finditer(log):
-        out.append({"worker": int(m[1]), "cores": len(m[2].split(",")), "interval_s": float(m[3]),
-                    "busy": float(m[4]), "own": float(m[5]), "other": float(m[6]), "steal": float(m[7]),
-                    "threads": int(m[8])})
+        sample = {"worker": int(m[1]), "cores": len(m[2].split(",")), "interval_s": float(m[3]),
+                  "busy": float(m[5]), "own": float(m[6]), "other": float(m[7]), "steal": float(m[8]),
+                  "threads": int(m[9])}
+        out.append({**sample, "at_ready": True} if m[4] else sample)
     return out
 
 

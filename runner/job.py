@@ -83,8 +83,8 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
         with open_backend(config) as backend:
             started = _start_layout(config, model, first_records, rest is not None, use_tuned, backend.nodes())
             with RunWatch(progress, clock["start"], config.threads_adapt == "auto") as watch, WorkerPool(
-                    _specs(started, model_path, engine_factory), watch.on_answers, watch.tick,
-                    backend=backend, on_threads=watch.on_threads, keep_answers=False) as pool:
+                    _specs(started, model_path, engine_factory), watch.on_answers, watch.tick, backend=backend,
+                    on_threads=watch.on_threads, on_ready=watch.on_ready, keep_answers=False) as pool:
                 if first_records:
                     pool.start()  # the workers load the model while the questions are prepared
                 with Preparer(config, model_path, answer) as preparer:

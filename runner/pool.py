@@ -6,6 +6,8 @@ notice deaths and give a dead worker's questions to the others.
     backend.wait(links, timeout = next monitor tick) ◀── Ready | WantWork | AnswerBatch |
                                                          EngineStats | WorkerError, or its death
     set_threads(i, n) ──SetThreads──▶ link.send;  ThreadsSet ──▶ on_threads  (runner/worker_threads.py)
+    Ready ──▶ on_ready, before the worker's WantWork is answered: a SetThreads sent then comes
+              before its first Chunk, so its first step already runs the count asked
 
 Where workers live is the backend's business, behind three calls (start, wait, close): local
 processes (runner/local_workers.py: a task queue and a results pipe each, deaths seen on the
@@ -64,13 +66,16 @@ class WorkerPool:
     def __init__(self, specs: Sequence[WorkerSpec], on_answers: Callable[[list[Answer]], None],
                  on_tick: Optional[Callable[["WorkerPool"], None]] = None,
                  max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None, backend: Any = None,
-                 on_threads: Optional[Callable[[ThreadsSet], None]] = None, keep_answers: bool = True) -> None:
+                 on_threads: Optional[Callable[[ThreadsSet], None]] = None, keep_answers: bool = True,
+                 on_ready: Optional[Callable[["WorkerPool", Ready], None]] = None) -> None:
         """max_solo_deaths, max_barren_deaths: see runner/crashes.py. backend: where workers live
         (default: local processes, runner/local_workers.py). on_threads: called with a worker's
-        answer to set_threads. keep_answers: keep every answer in `answers` (the job keeps them in
+        answer to set_threads; on_ready: with each Ready (a worker has loaded and built its
+        engine). keep_answers: keep every answer in `answers` (the job keeps them in
         its journal instead, through on_answers)."""
         self._backend = backend or LocalBackend()
         self._on_threads = on_threads
+        self._on_ready = on_ready
         self._log_dir = tempfile.mkdtemp(prefix="ggbatch-workers-")
         self.workers = [WorkerState(replace(spec, log_path=os.path.join(self._log_dir, f"worker-{spec.worker_id}.log")))
                         for spec in specs]
@@ -263,6 +268,8 @@ class WorkerPool:
                 self.first_ready_at = time.perf_counter()
             log.debug("worker %d: ready in %.2f s (pid %d, cores %s)", msg.worker_id, msg.load_s,
                       msg.pid, msg.cores)
+            if self._on_ready:
+                self._on_ready(self, msg)
         elif isinstance(msg, WorkerError):
             w.last_error = f"{msg.kind}: {msg.message}"
             log.debug("worker %d (%s): %s\n%s", msg.worker_id, msg.stage, w.last_error, msg.traceback)

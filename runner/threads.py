@@ -22,6 +22,11 @@ the other load RAISE_TOLERANCE under the count it raises to; and the evidence mu
 LOWER_AFTER_S of intervals all wanting fewer threads, RAISE_AFTER_S all wanting more. Other load
 looks smaller to a worker running more threads (they take part of the time it wants), and larger
 to one running fewer, which widens the gap between the two thresholds: the count cannot flap.
+
+A worker's first interval runs from the job's start to its Ready (runner/startup_load.py): the
+seconds it spends loading are evidence too, READY_LOWER_AFTER_S of it enough, so beside busy
+processes its first step, the prompts, already runs fewer threads instead of being waited out at
+the layout's count.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from typing import Optional, Sequence
 from .monitor import CoreTime
 
 LOWER_AFTER_S = 2.0  # seconds of contention before a thread is given up
+# ... or, at a worker's Ready, of one interval reaching back to the job's start. Before the first
+# step there is no count to flap and the most to gain: that step carries the prompts, the longest
+# of a run, and a model whose pages are cached loads in about 1.3 s (28 × 1024, Q4_K_M, here).
+READY_LOWER_AFTER_S = 1.0
 RAISE_AFTER_S = 5.0  # seconds of free cores before one is taken back
 LOWER_TOLERANCE = 0.4  # cores of other load tolerated before giving up a thread
 RAISE_TOLERANCE = 0.25  # cores of other load still allowing a thread back
@@ -114,10 +123,11 @@ class ThreadController:
     raise_after_s: float = RAISE_AFTER_S
     tracks: dict[int, _Track] = field(default_factory=dict)
 
-    def sample(self, worker_id: int, now: float, load: CoreLoad, threads: int,
-               ceiling: int) -> Optional[ThreadChange]:
+    def sample(self, worker_id: int, now: float, load: CoreLoad, threads: int, ceiling: int,
+               at_ready: bool = False) -> Optional[ThreadChange]:
         """One interval of one worker that runs `threads` llama.cpp threads (at most `ceiling`,
-        the layout's), ending at `now`; returns a change once its evidence has lasted."""
+        the layout's), ending at `now`; returns a change once its evidence has lasted. at_ready:
+        the interval from the job's start to the worker's Ready, before its first step."""
         track = self.tracks.get(worker_id)
         if track is None or track.threads != threads:
             track = self.tracks[worker_id] = _Track(threads)
@@ -128,7 +138,8 @@ class ThreadController:
         if fewer < threads:
             track.higher = None
             track.lower = _grow(track.lower, now, load, fewer, lowering=True)
-            return self._decide(worker_id, track, track.lower, self.lower_after_s, now, load.cores)
+            after_s = min(self.lower_after_s, READY_LOWER_AFTER_S) if at_ready else self.lower_after_s
+            return self._decide(worker_id, track, track.lower, after_s, now, load.cores)
         if more > threads:
             track.lower = None
             track.higher = _grow(track.higher, now, load, more, lowering=False)
@@ -153,8 +164,12 @@ class ThreadController:
 
 def _grow(evidence: Optional[_Evidence], now: float, load: CoreLoad, wanted: int,
           lowering: bool) -> _Evidence:
-    if evidence is None:
-        evidence = _Evidence(now - load.interval_s, wanted)
+    """The evidence with one more interval agreeing. Intervals follow one another, except a
+    worker's first (runner/startup_load.py: from the job's start to its Ready), which spans the
+    ticks before it: it then replaces the evidence they gave, which it holds."""
+    start = now - load.interval_s
+    if evidence is None or start <= evidence.since:
+        evidence = _Evidence(start, wanted)
     evidence.add(load, wanted, lowering)
     return evidence
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import psutil
 
@@ -19,9 +19,11 @@ from .monitor import Monitor
 from .progress import Progress
 from .stalls import StallWatch
 from .tally import AnswerTally
-from .threads import ThreadChange, ThreadController, core_load
+from .startup_load import SinceStart
+from .threads import CoreLoad, ThreadChange, ThreadController, core_load
 from .timeline import Sample, Timeline, WorkerPoint
-from ..workers.protocol import Answer, EngineStats, FinishReason, ThreadsSet
+from .worker_threads import WorkerThreads
+from ..workers.protocol import Answer, EngineStats, FinishReason, Ready, ThreadsSet
 
 log = logging.getLogger("ggbatch")
 
@@ -36,6 +38,9 @@ class RunWatch:
         self.stalls = StallWatch()
         self.timeline = Timeline()
         self.threads = ThreadController() if adapt_threads else None
+        # Before any worker exists: what the cores do while they load is the controller's first evidence.
+        self._since_start = SinceStart() if adapt_threads else None
+        self._judged_ready: set[int] = set()  # workers whose load since the start was judged
         self.thread_changes: list[dict[str, Any]] = []  # as the workers made them, for the report
         self._asked: dict[int, ThreadChange] = {}  # changes asked of the workers, not answered yet
         self._other: dict[int, float] = {}  # worker id -> other load on its cores, last interval
@@ -89,8 +94,10 @@ class RunWatch:
             return
         why = asked.reason if asked is not None else "no reason recorded"
         self.thread_changes.append({"t_s": round(time.perf_counter() - self._started, 2), "worker": msg.worker_id,
-                                    "from": msg.before, "to": msg.n_threads, "reason": why})
-        log.info("worker %d: %d → %d llama.cpp threads: %s", msg.worker_id, msg.before, msg.n_threads, why)
+                                    "from": msg.before, "to": msg.n_threads, "reason": why,
+                                    "after_steps": msg.steps})
+        log.info("worker %d: %d → %d llama.cpp threads: %s%s", msg.worker_id, msg.before, msg.n_threads, why,
+                 "" if msg.steps else "; before its first step")
 
     def _watch_threads(self, pool: Any, now: float) -> None:
         """Feed each worker's last interval to the thread controller; ask for what it decides."""
@@ -101,16 +108,37 @@ class RunWatch:
             if not load or load.interval_s <= 0:  # two samples within the clock's tick: nothing to judge
                 continue
             self._other[wid] = load.other
-            log.debug("worker %d: cores %s over %.2f s: %.2f busy, %.2f its own, %.2f other (%.2f steal) "
-                      "cores; %d llama.cpp threads", wid, list(usage.affinity), load.interval_s,
-                      load.busy_s / load.interval_s, load.own_s / load.interval_s, load.other, load.steal,
-                      threads.current)
-            if self.threads is None or not threads.settable or pool.finished or pool.stopping:
-                continue
-            change = self.threads.sample(wid, now, load, threads.current, threads.ceiling)
-            if change is not None:
-                self._asked[wid] = change
-                pool.set_threads(wid, change.to)
+            self._judge(pool, wid, now, load, threads, usage.affinity)
+
+    def on_ready(self, pool: Any, msg: Ready) -> None:
+        """A worker has loaded: the load on its cores since the job started is the thread
+        controller's first evidence (runner/startup_load.py), so that on a busy machine its first
+        step, the prompts, already runs fewer threads. Once per worker: a restarted one is left to
+        the ticks, the interval since the start being mostly the run's by then."""
+        if self._since_start is None or msg.worker_id in self._judged_ready:
+            return
+        self._judged_ready.add(msg.worker_id)
+        pids, threads = pool.live_pids, pool.llama_threads().get(msg.worker_id)
+        if msg.worker_id not in pids or threads is None:  # a Ray actor: not this machine's cores
+            return
+        load = self._since_start.load(pids[msg.worker_id], msg.cores, pids.values())
+        if load is not None and load.interval_s > 0:
+            self._judge(pool, msg.worker_id, time.monotonic(), load, threads, msg.cores, at_ready=True)
+
+    def _judge(self, pool: Any, wid: int, now: float, load: CoreLoad, threads: WorkerThreads,
+               cores: Sequence[int], at_ready: bool = False) -> None:
+        """Feed one interval of a worker's cores to the thread controller (and -v's log); ask the
+        worker for what it decides."""
+        log.debug("worker %d: cores %s over %.2f s%s: %.2f busy, %.2f its own, %.2f other (%.2f steal) "
+                  "cores; %d llama.cpp threads", wid, list(cores), load.interval_s,
+                  " from the job's start to its Ready" if at_ready else "", load.busy_s / load.interval_s,
+                  load.own_s / load.interval_s, load.other, load.steal, threads.current)
+        if self.threads is None or not threads.settable or pool.finished or pool.stopping:
+            return
+        change = self.threads.sample(wid, now, load, threads.current, threads.ceiling, at_ready)
+        if change is not None:
+            self._asked[wid] = change
+            pool.set_threads(wid, change.to)
 
     def _sample(self, t: float, counters: dict[int, EngineStats], threads: dict[int, Any]) -> Sample:
         points = {}

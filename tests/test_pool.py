@@ -132,13 +132,14 @@ def threads_run(fake, ask):
 def test_set_threads_reaches_the_worker_between_steps_and_its_answer_comes_back():
     views, acks, after = threads_run(Fake(slow=0.002, threads=True), ask=1)
     assert views == [WorkerThreads(2, 2, True), WorkerThreads(2, 2, False)]  # asked: not again until answered
-    assert acks == [ThreadsSet(0, before=2, n_threads=1)]
+    assert [(a.worker_id, a.before, a.n_threads) for a in acks] == [(0, 2, 1)]
+    assert acks[0].steps >= 1  # asked once answers had come: after steps
     assert after == WorkerThreads(1, 2, True)  # the count the worker said, under the one it started with
 
 
 def test_an_engine_that_cannot_change_its_threads_says_so_and_is_not_asked_again():
     views, acks, after = threads_run(Fake(slow=0.002), ask=1)
-    assert acks == [ThreadsSet(0, before=2, n_threads=2)]
+    assert [(a.worker_id, a.before, a.n_threads) for a in acks] == [(0, 2, 2)]
     assert after == WorkerThreads(2, 2, False)
 
 
@@ -159,7 +160,7 @@ def test_a_worker_building_its_engine_can_be_told_its_threads_before_its_first_s
     assert pool.llama_threads() == {}  # not configured yet: nothing to tell
     answers = pool.run(qs(20), engine)
     assert views == [WorkerThreads(2, 2, True)]  # the configuration's count, before Ready
-    assert acks == [ThreadsSet(0, before=2, n_threads=1)]
+    assert acks == [ThreadsSet(0, before=2, n_threads=1, steps=0)]  # before its first step
     assert first.read_text() == "1" and len(answers) == 20
 
 

@@ -135,6 +135,61 @@ def test_a_short_final_interval_says_nothing():
     assert c.sample(0, 2.1, load(0.9), 2, 2) is not None
 
 
+# -- the first evidence: from the job's start to a worker's Ready (runner/startup_load.py) ---------
+
+
+def test_a_worker_ready_after_two_busy_seconds_is_told_at_once():
+    # Loaded beside a busy loop for 2.4 s: decided at Ready, before the worker's first step.
+    c = ThreadController()
+    change = c.sample(0, 2.4, load(0.9, interval=2.4), 2, 2, at_ready=True)
+    assert change == ThreadChange(0, 2, 1, "about 0.9 cores of other load on its 2 cores for 2 s")
+
+
+def test_the_interval_since_the_start_takes_over_the_ticks_it_spans():
+    # A tick at 1.7 s (from the run's start at 0.7 s) began the evidence; the interval from the
+    # job's start to Ready at 2.4 s holds it, and lasts long enough on its own. Its mean is the
+    # reason's, not a sum of the two.
+    c = ThreadController()
+    assert c.sample(0, 1.7, load(1.0), 2, 2) is None
+    change = c.sample(0, 2.4, load(0.8, interval=2.4), 2, 2, at_ready=True)
+    assert change == ThreadChange(0, 2, 1, "about 0.8 cores of other load on its 2 cores for 2 s")
+
+
+def test_at_ready_one_second_since_the_start_is_enough():
+    # A model whose pages are cached loads in about 1.3 s: waiting for 2 s of evidence would let
+    # the first step, the prompts, start at the layout's count.
+    c = ThreadController()
+    assert c.sample(0, 1.3, load(0.9, interval=1.3), 2, 2, at_ready=True) == ThreadChange(
+        0, 2, 1, "about 0.9 cores of other load on its 2 cores for 1 s")
+    assert ThreadController().sample(0, 1.3, load(0.9, interval=1.3), 2, 2) is None  # a tick's needs 2 s
+    # Shorter than a second (a tiny model): the ticks go on with it, as with any evidence.
+    c = ThreadController()
+    assert c.sample(0, 0.6, load(0.9, interval=0.6), 2, 2, at_ready=True) is None
+    assert c.sample(0, 1.6, load(0.7), 2, 2) is None
+    assert c.sample(0, 2.6, load(0.7), 2, 2) == ThreadChange(
+        0, 2, 1, "about 0.7 cores of other load on its 2 cores for 3 s")
+
+
+def test_at_ready_a_thread_is_never_taken_back_sooner():
+    c = ThreadController()
+    assert c.sample(0, 1.5, load(0.0, interval=1.5), 1, 2, at_ready=True) is None
+
+
+def test_a_quiet_start_changes_nothing():
+    c = ThreadController()
+    assert c.sample(0, 3.0, load(0.05, own=0.6, interval=3.0), 2, 2, at_ready=True) is None
+    assert replay([load(0.05, interval=3.0)] + [load(0.02)] * 20) == []
+
+
+def test_the_coordinators_cpu_counts_as_its_share_of_the_workers_cores():
+    from ggbatch.runner.startup_load import own_share
+
+    assert own_share(1.5, 0.8, (0, 1), coordinator_cores=2) == pytest.approx(2.3)  # every core is the worker's
+    assert own_share(1.5, 0.8, (2, 3), coordinator_cores=8) == pytest.approx(1.7)  # a quarter of them
+    assert own_share(1.5, -0.1, (0, 1), coordinator_cores=2) == 1.5  # readings a moment apart: never negative
+    assert own_share(1.5, 0.8, (0, 1, 2), coordinator_cores=2) == pytest.approx(2.3)  # never more than all of it
+
+
 def test_core_load_sums_the_workers_own_cores():
     cores = [CoreTime(1.0, 1.0, 0.0), CoreTime(1.0, 0.5, 0.1), CoreTime(1.0, 1.0, 0.0), CoreTime(1.0, 0.2, 0.0)]
     got = core_load(cores, (1, 3), own_s=0.5)
@@ -175,11 +230,14 @@ def replay_recorded(samples):
     (beside busy loops one engine step can take seconds), so neither does the replay."""
     c, now, out, asked = ThreadController(), 0.0, [], None
     for i, s in enumerate(samples):
-        now += s["interval_s"]
+        at_ready = s.get("at_ready", False)
+        # A worker's interval from the job's start to its Ready spans the ticks before it: it
+        # ends between two ticks, not one interval after the last.
+        now += 0.01 if at_ready else s["interval_s"]
         if asked is not None and s["threads"] != asked:
             continue
         asked = None
-        change = c.sample(0, now, as_load(s), s["threads"], 2)
+        change = c.sample(0, now, as_load(s), s["threads"], 2, at_ready)
         if change is not None:
             out.append((i, change))
             asked = change.to

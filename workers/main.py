@@ -157,7 +157,8 @@ def set_threads(engine: Any, worker_id: int, n: int) -> ThreadsSet:
     runner = getattr(engine, "runner", None)
     before = int(getattr(runner, "n_threads", None) or getattr(engine, "n_threads", 0) or 0)
     setter = getattr(runner, "set_threads", None)
-    return ThreadsSet(worker_id, before, int(setter(n)) if setter is not None else before)
+    steps = int(engine.stats().get("steps", 0))
+    return ThreadsSet(worker_id, before, int(setter(n)) if setter is not None else before, steps)
 
 
 class _StatsSender:

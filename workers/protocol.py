@@ -258,11 +258,13 @@ STATS_EVERY_S = 0.5
 @dataclass(frozen=True)
 class ThreadsSet:
     """The answer to SetThreads: the thread count llama.cpp reports now (llama_n_threads), and
-    before. Equal when the engine cannot change it (no llama.cpp context: tests' fake engine)."""
+    before. Equal when the engine cannot change it (no llama.cpp context: tests' fake engine).
+    steps: the engine steps run before the change (0: its first step runs the new count)."""
 
     worker_id: int
     before: int
     n_threads: int
+    steps: int = 0
 
 
 @dataclass(frozen=True)
