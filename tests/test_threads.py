@@ -303,3 +303,13 @@ def test_recorded_neighbours_arriving():
     data, samples = recorded("neighbours.json")
     came = arrival(samples)
     assert [(i - came, c.threads, c.to) for i, c in replay_recorded(samples)] == [(1, 2, 1)]
+
+
+def test_recorded_loop_from_the_start_is_decided_at_ready():
+    # --schedule 0:1 --max-tokens 64: a busy loop from the moment ggbatch starts. The worker's
+    # load (1.4 s, its model's pages cached) was the evidence: it ran its first step at 1 thread.
+    data, samples = recorded("loop-from-start.json")
+    assert samples[0].get("at_ready") and samples[0]["interval_s"] < 2.0  # under a tick's 2 s of evidence
+    assert [(i, c.threads, c.to) for i, c in replay_recorded(samples)] == [(0, 2, 1)]
+    assert data["changes"][0]["after_steps"] == 0
+    assert all(s["threads"] == 1 for s in samples[1:])
