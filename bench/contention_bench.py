@@ -81,8 +81,8 @@ def wait_idle(limit: float, patience_s: float) -> None:
 def run_variant(model: str, work: Workload, adapt: str, log: Path | None) -> dict:
     """One whole `ggbatch run` (-v): its wall time and the report's thread changes."""
     run = time_ggbatch(model, work, [*VARIANTS[adapt], "-v"])
-    if log is not None:
-        log.write_bytes(run.stderr)
+    if log is not None:  # the wall time last: the log alone says what the run took
+        log.write_bytes(run.stderr + f"contention_bench: {adapt}: wall {run.wall:.2f} s\n".encode())
     return {"wall": run.wall, "changes": run.report["threads"]["changes"]}
 
 
