@@ -43,6 +43,7 @@ def ggbatch_cpu_s() -> float:
 
 
 def process_cpu_s(pid: int) -> Optional[float]:
+    """A process's CPU seconds (user + system); None once it is gone."""
     try:
         t = psutil.Process(pid).cpu_times()
     except psutil.Error:
@@ -72,9 +73,10 @@ class SinceStart:
         not the coordinator's. None when a worker's process cannot be read."""
         cores = core_times(self._cores, psutil.cpu_times(percpu=True))
         ours = ggbatch_cpu_s() - self._ours_s
-        workers = {p: process_cpu_s(p) for p in worker_pids}
-        mine = workers.get(pid)
-        if mine is None or any(cpu is None for cpu in workers.values()):
+        readings = {p: process_cpu_s(p) for p in {pid, *worker_pids}}
+        workers = {p: cpu for p, cpu in readings.items() if cpu is not None}
+        if len(workers) < len(readings):  # a worker ended meanwhile: its CPU time is unknown
             return None
-        coordinator = ours - sum(workers.values())  # type: ignore[arg-type]
-        return core_load(cores, affinity, own_share(mine, coordinator, affinity, len(os.sched_getaffinity(0))))
+        coordinator = ours - sum(workers.values())
+        return core_load(cores, affinity, own_share(workers[pid], coordinator, affinity,
+                                                    len(os.sched_getaffinity(0))))
