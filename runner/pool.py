@@ -19,8 +19,9 @@ from its feed when fewer than `feed_below` questions are pending, and the run en
 feed has given its last and every question has its answer (runner/feed_intake.py).
 
 Dispatch is pull-based: a worker says how many questions it wants when its engine runs low, so
-no fixed shard can leave one worker busy while another idles. Near the end the chunks shrink
-(never more than an even share of what is left), which keeps the tail short.
+no fixed shard can leave one worker busy while another idles. Near the end the chunks shrink:
+no worker takes more than an even share of what is not answered yet, counting what it holds,
+which keeps the tail short and the batches alike.
 
 Stopping (SIGINT/SIGTERM through `request_stop`): no new questions go out, every worker is told
 to Stop (finish what is decoding, drop what has not started), and after GRACE_S or when all have
@@ -294,13 +295,11 @@ class WorkerPool:
         if self.paused:
             return
         hungry = [w for w in self.workers if w.link is not None and w.wants > 0 and not w.solo]
-        n_workers = max(1, sum(1 for w in self.workers if w.link is not None))
         for w in hungry:
             if self._suspects and not w.in_flight:
                 chunk: tuple[Question, ...] = self._suspects.popleft()
                 w.solo = True
-            elif self._pending:
-                share = max(1, math.ceil(len(self._pending) / n_workers))
+            elif self._pending and (share := self._share(w)) > 0:
                 n = whole_groups(self._pending, min(w.wants, share, len(self._pending)))
                 chunk = tuple(self._pending.popleft() for _ in range(n))
             else:
@@ -309,6 +308,17 @@ class WorkerPool:
                 w.in_flight[q.qid] = q
             w.link.send(Chunk(chunk))
             w.wants = 0
+
+    def _share(self, w: WorkerState) -> int:
+        """How many more questions worker w may take: an even share of everything not answered
+        yet (pending, and held by the live workers), less what it holds. Near the end this keeps
+        every worker's batch as full as the others' (32 questions, two workers of 16 slots: 16
+        each, where an even share of the pending alone gave 16, then 8, 4, ... to whoever asked
+        first). A worker at its share gets nothing: another, below its share, takes the rest when
+        it asks, as it does when it runs low."""
+        live = [x for x in self.workers if x.link is not None]
+        open_questions = len(self._pending) + sum(len(x.in_flight) for x in live)
+        return math.ceil(open_questions / max(1, len(live))) - len(w.in_flight)
 
     # -- worker lifecycle -----------------------------------------------------------------------
 

@@ -45,6 +45,15 @@ def test_dispatch_keeps_all_workers_busy():
     assert min(per_worker) >= 60, per_worker  # pull-based: neither worker starves
 
 
+def test_the_last_questions_are_shared_evenly():
+    # 32 questions, two workers of 16 slots, a step of 2 s: both are ready long before the first
+    # step ends. Each takes an even share of all that is unanswered, counting what it holds: 16
+    # each in one step, where an even share of the pending alone (16 to the first to ask, then
+    # halves of the rest to whoever asked) split them 21/11 here: two steps for one worker.
+    pool, answers, _ = run(specs(2, Fake(slow=2.0), slots=16), qs(32))
+    assert sorted(sum(1 for a in answers.values() if a.worker_id == w) for w in (0, 1)) == [16, 16]
+
+
 def test_dead_worker_questions_go_to_the_queue_again(tmp_path):
     marker = tmp_path / "died"
     pool, answers, seen = run(specs(2, Fake(exit_after=5, marker=str(marker))), qs(100))
