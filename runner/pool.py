@@ -313,8 +313,8 @@ class WorkerPool:
         """How many more questions worker w may take: an even share of everything not answered
         yet (pending, and held by the live workers), less what it holds. Near the end this keeps
         every worker's batch as full as the others' (32 questions, two workers of 16 slots: 16
-        each, where an even share of the pending alone gave 16, then 8, 4, ... to whoever asked
-        first). A worker at its share gets nothing: another, below its share, takes the rest when
+        each, where an even share of the pending alone gave the first to ask 16, then halves of
+        the rest to whoever asked next: 18/14 on W1). A worker at its share gets nothing: another, below its share, takes the rest when
         it asks, as it does when it runs low."""
         live = [x for x in self.workers if x.link is not None]
         open_questions = len(self._pending) + sum(len(x.in_flight) for x in live)

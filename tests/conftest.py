@@ -26,6 +26,14 @@ def require(path: Path) -> Path:
     return path
 
 
+def two_cores() -> tuple[int, int]:
+    """Two of the cores this process may use: a worker on them can give a thread up."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("a worker needs 2 cores to give one up")
+    return cores[0], cores[1]
+
+
 @pytest.fixture
 def stories() -> str:
     return str(require(STORIES))

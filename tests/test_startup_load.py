@@ -5,7 +5,6 @@ loop is told its thread count at Ready, so that its first step already runs it
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from array import array
 import psutil
 import pytest
 
+from conftest import two_cores
 from fake_engine import Fake
 from ggbatch.runner.pool import WorkerPool
 from ggbatch.runner.startup_load import ggbatch_cpu_s, process_cpu_s
@@ -49,13 +49,6 @@ def test_ggbatch_cpu_counts_its_children_alive_and_ended():
     assert alive_cpu is not None and alive_cpu >= 0.45
     assert grown >= alive_cpu + 0.45  # the ended one's too, from the wait
     assert process_cpu_s(alive.pid) is None  # gone
-
-
-def two_cores() -> tuple[int, int]:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        pytest.skip("a worker needs 2 cores to give one up")
-    return cores[0], cores[1]
 
 
 def outside_loop() -> psutil.Process:

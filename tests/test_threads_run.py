@@ -5,7 +5,6 @@ up and says when and why (the controller's decisions themselves: tests/test_thre
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,18 +15,11 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, two_cores
 from ggbatch.runner.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.model]
-
-
-def two_cores() -> tuple[int, int]:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        pytest.skip("a worker needs 2 cores to give one up")
-    return cores[0], cores[1]
 
 
 @contextmanager
