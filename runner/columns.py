@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
 from array import array
 from bisect import bisect_left
 from typing import Any, Iterable, Iterator, Optional, Sequence
@@ -56,17 +57,19 @@ class IdColumn:
     def append(self, qid: str) -> int:
         """Add an id; returns its index."""
         self._blob += qid.encode("utf-8", "surrogatepass")
-        self._ends.append(len(self._blob))
         self._same_as.append(-1)
+        self._ends.append(len(self._blob))
         return len(self._ends) - 1
 
     def extend(self, qids: Iterable[str]) -> None:
         """append() each id, together (half a million of a resumed journal)."""
         encoded = [qid.encode("utf-8", "surrogatepass") for qid in qids]
         start = len(self._blob)
-        self._ends.extend(start + end for end in itertools.accumulate(map(len, encoded)))
-        self._same_as.extend(itertools.repeat(-1, len(encoded)))
+        # The bytes before the ends that point into them: another thread reading an id (an IdSet's
+        # check, in the pool's thread) never sees an end past the blob.
         self._blob += b"".join(encoded)
+        self._same_as.extend(itertools.repeat(-1, len(encoded)))
+        self._ends.extend(start + end for end in itertools.accumulate(map(len, encoded)))
 
     def same_as(self, index: int, first: int) -> None:
         """Question `index` takes the answer of question `first` (their prompts are identical)."""
@@ -95,67 +98,82 @@ class IdColumn:
 class HashIndex:
     """64-bit key -> int64 value; adding a key again replaces its value. The merged keys are an
     array('Q') searched with bisect, one key at a time (numpy's searchsorted costs several µs a
-    call on a scalar, bisect over an array one), or with numpy for many keys at once."""
+    call on a scalar, bisect over an array one), or with numpy for many keys at once.
 
-    def __init__(self) -> None:
+    Safe to share between threads: a streamed run's feed thread adds the answers it reuses from
+    the journal while the pool's thread adds new ones and reads (runner/feed.py). One lock holds
+    every access, so that a merge (the dict into the arrays, the arrays swapped, the dict emptied)
+    is one step to any other thread: an addition made meanwhile is neither dropped nor merged
+    twice, and a reader never sees the new keys beside the old values."""
+
+    def __init__(self, merge_at: Optional[int] = None) -> None:
+        """merge_at: additions held in the dict before they are merged into the arrays (MERGE_AT,
+        read now)."""
         self._keys = array("Q")  # sorted
         self._values = array("q")
         self._recent: dict[int, int] = {}
+        self._merge_at = merge_at or MERGE_AT
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        self._merge()
-        return len(self._keys)
+        with self._lock:
+            self._merge()
+            return len(self._keys)
 
     def add(self, key: int, value: int) -> None:
-        self._recent[key] = value
-        if len(self._recent) >= MERGE_AT:
-            self._merge()
+        with self._lock:
+            self._recent[key] = value
+            if len(self._recent) >= self._merge_at:
+                self._merge()
 
     def get(self, key: int) -> Optional[int]:
-        value = self._recent.get(key)
-        if value is not None:
-            return value
-        i = bisect_left(self._keys, key)
-        return self._values[i] if i < len(self._keys) and self._keys[i] == key else None
+        with self._lock:
+            value = self._recent.get(key)
+            if value is not None:
+                return value
+            i = bisect_left(self._keys, key)
+            return self._values[i] if i < len(self._keys) and self._keys[i] == key else None
 
     def get_many(self, keys: Sequence[int]) -> list[Optional[int]]:
         """get() of each key, the arrays searched once for all of them."""
-        if not self._keys:
-            return [self._recent.get(k) for k in keys]
-        import numpy as np
+        with self._lock:
+            if not self._keys:
+                return [self._recent.get(k) for k in keys]
+            import numpy as np
 
-        merged = np.frombuffer(self._keys, np.uint64)
-        wanted = np.fromiter(keys, np.uint64, len(keys))
-        # Searched in sorted order (each search starts from the last one's place: 2-3x faster).
-        order = np.argsort(wanted)
-        at = np.empty(len(wanted), np.intp)
-        at[order] = np.minimum(np.searchsorted(merged, wanted[order]), len(merged) - 1)
-        found = (merged[at] == wanted).tolist()
-        values = np.frombuffer(self._values, np.int64)[at].tolist()
-        recent = self._recent
-        return [recent.get(k, v if hit else None) for k, v, hit in zip(keys, values, found)]
+            merged = np.frombuffer(self._keys, np.uint64)
+            wanted = np.fromiter(keys, np.uint64, len(keys))
+            # Searched in sorted order (each search starts from the last one's place: 2-3x faster).
+            order = np.argsort(wanted)
+            at = np.empty(len(wanted), np.intp)
+            at[order] = np.minimum(np.searchsorted(merged, wanted[order]), len(merged) - 1)
+            found = (merged[at] == wanted).tolist()
+            values = np.frombuffer(self._values, np.int64)[at].tolist()
+            recent = self._recent
+            return [recent.get(k, v if hit else None) for k, v, hit in zip(keys, values, found)]
 
     def add_many(self, keys: Sequence[int], values: Sequence[int]) -> None:
         """add() of each pair in order. Many at once (a resumed journal's half million) go
         straight into the arrays, without a dict of them all on the way."""
-        if len(keys) < MERGE_AT:
-            self._recent.update(zip(keys, values))
-            if len(self._recent) >= MERGE_AT:
-                self._merge()
-            return
-        import numpy as np
+        with self._lock:
+            if len(keys) < self._merge_at:
+                self._recent.update(zip(keys, values))
+                if len(self._recent) >= self._merge_at:
+                    self._merge()
+                return
+            import numpy as np
 
-        self._merge()  # what is in the dict was added before these
-        new_keys = np.fromiter(keys, np.uint64, len(keys))
-        order = np.argsort(new_keys, kind="stable")  # a key added twice: its later value last
-        new_keys, new_values = new_keys[order], np.fromiter(values, np.int64, len(values))[order]
-        last = np.append(new_keys[1:] != new_keys[:-1], True)
-        self._insert(new_keys[last], new_values[last])
+            self._merge()  # what is in the dict was added before these
+            new_keys = np.fromiter(keys, np.uint64, len(keys))
+            order = np.argsort(new_keys, kind="stable")  # a key added twice: its later value last
+            new_keys, new_values = new_keys[order], np.fromiter(values, np.int64, len(values))[order]
+            last = np.append(new_keys[1:] != new_keys[:-1], True)
+            self._insert(new_keys[last], new_values[last])
 
     def _merge(self) -> None:
-        """The recent additions into the sorted arrays: sorted alone, then inserted in place (a
-        merge, linear in the index's size, where sorting the whole index again each MERGE_AT
-        additions would cost a second over a resumed million)."""
+        """The recent additions into the sorted arrays (the caller holds the lock): sorted alone,
+        then inserted in place (a merge, linear in the index's size, where sorting the whole index
+        again each merge_at additions would cost a second over a resumed million)."""
         if not self._recent:
             return
         import numpy as np
@@ -167,8 +185,8 @@ class HashIndex:
         self._recent.clear()
 
     def _insert(self, new_keys: Any, new_values: Any) -> None:
-        """Sorted, distinct keys (numpy arrays) and their values into the arrays: a key held
-        already takes its new value."""
+        """Sorted, distinct keys (numpy arrays) and their values into the arrays (the caller
+        holds the lock): a key held already takes its new value."""
         import numpy as np
 
         keys, values = np.frombuffer(self._keys, np.uint64), np.frombuffer(self._values, np.int64).copy()
@@ -185,9 +203,9 @@ class HashIndex:
 class IdSet:
     """Some of the ids of an IdColumn (each added with its index there)."""
 
-    def __init__(self, ids: IdColumn) -> None:
+    def __init__(self, ids: IdColumn, merge_at: Optional[int] = None) -> None:
         self._ids = ids
-        self._index = HashIndex()
+        self._index = HashIndex(merge_at)
 
     def add(self, qid: str, index: int) -> None:
         self._index.add(text_key(qid), index)

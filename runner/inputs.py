@@ -72,11 +72,17 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
     known = Known()
     if fmt == "csv":
         required = {id_field: "fields.id", question_field: "fields.question"}
-        records = (_record(path, line, row, id_field, question_field, key64("\x1f".join(row.values()).encode()))
+        records = (_record(path, line, row, id_field, question_field, _row_digest(row))
                    for line, row in csv_rows(path, (text for _, text in _lines(path)), required))
     else:
         records = _jsonl_records(path, id_field, question_field, known)
     return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path), known)
+
+
+def _row_digest(row: dict[str, str]) -> int:
+    """A CSV row's hash, of its column names with their values: a rerun after the header was
+    relabelled (two columns' names swapped) holds other records, whose prompts are made again."""
+    return key64("\x1f".join(f"{name}\x1e{value}" for name, value in row.items()).encode())
 
 
 def read_question_file(path: str, id_field: str = "questionID", question_field: str = "question",

@@ -70,8 +70,15 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items()}}
 
 
+def as_written(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """A fingerprint as the journal's header holds it, read back: one form to compare, whatever
+    spelled the settings (a tuple from the command line, a list from JSON, a dataclass's tuples)."""
+    return json.loads(json.dumps(dict(fingerprint)))
+
+
 def changed_setting(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[str]:
-    """The first setting whose value differs, or None."""
+    """The first setting whose value differs, or None. Both are compared as written to a journal."""
+    old, new = as_written(old), as_written(new)
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key):
             return key
@@ -110,7 +117,7 @@ class Journal:
         """`reading`: the file being read already (runner/journal_index.py start_reading: read
         while the fingerprint was not known yet)."""
         self.path = path
-        self.fingerprint = dict(fingerprint)
+        self.fingerprint = as_written(fingerprint)
         # qid key -> where this run's answer is in the file (appended, or reused from before)
         self._answers = HashIndex()
         self._expected: dict[str, Expected] = {}  # of the questions being answered now

@@ -94,3 +94,42 @@ def test_the_tally_counts_what_the_report_says():
     assert (tally.prompt_tokens, tally.generated_tokens) == (22, 6)
     assert list(tally.latency_s) == [1.0, 2.0] and list(tally.ttft_s) == [0.5, 0.2]
     assert tally.of_worker(1) == {"questions": 2, "generated_tokens": 2}
+
+
+def _add_from_two_threads(index: HashIndex, n: int) -> None:
+    """Odd keys one at a time from one thread while another adds the even keys 3,000 at a time,
+    as the pool's thread journals new answers while the feed thread reuses a window's."""
+    import threading
+
+    def odd() -> None:
+        for i in range(1, n, 2):
+            index.add(i, i)
+
+    def even() -> None:
+        evens = list(range(0, n, 2))
+        for at in range(0, len(evens), 3000):
+            chunk = evens[at:at + 3000]
+            index.add_many(chunk, chunk)
+
+    threads = [threading.Thread(target=odd), threading.Thread(target=even)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_a_hash_index_written_from_two_threads_keeps_every_key(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(columns, "MERGE_AT", 1000)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: the race shows at once
+    try:
+        for _ in range(3):
+            index, n = HashIndex(), 200_000
+            _add_from_two_threads(index, n)
+            assert len(index) == n
+            assert index.get_many(list(range(n))) == list(range(n))
+    finally:
+        sys.setswitchinterval(interval)

@@ -124,3 +124,27 @@ def test_a_line_edited_since_is_answered_again_and_only_it(tmp_path, stories):
     rows = json.loads(out.read_text())
     assert rows[250]["answer"].startswith("answer to q250") and rows[250] != before[250]
     assert rows[:250] == before[:250] and rows[251:] == before[251:]
+
+
+def test_a_streamed_file_stopped_twice_is_finished_by_a_rerun_exactly_as_one_run(tmp_path, stories, monkeypatch):
+    """The feed thread reuses a window's journaled answers while the pool's thread journals new
+    ones, both into one index: merged every few additions here, and threads switched as often as
+    the interpreter can, a lost or torn merge shows as a crash or a missing answer."""
+    from ggbatch.runner import columns
+
+    monkeypatch.setattr(columns, "MERGE_AT", 8)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        questions(tmp_path / "q.jsonl", 600)
+        out, reference = tmp_path / "a.jsonl", tmp_path / "reference.jsonl"
+        run_job(job(tmp_path, stories, reference), engine_factory=Fake(), progress="log", window=30)
+        for stop in ("first", "second"):
+            dying = Fake(exit_after=150, marker=str(tmp_path / f"died-{stop}"), fail_load_once_marked=True)
+            with pytest.raises(WorkerFailure, match="no worker can start any more"):
+                run_job(job(tmp_path, stories, out, workers=1), engine_factory=dying, progress="log", window=30)
+        again = run_job(job(tmp_path, stories, out), engine_factory=Fake(), progress="log", window=30)
+    finally:
+        sys.setswitchinterval(interval)
+    assert out.read_bytes() == reference.read_bytes()
+    assert again.as_json()["questions"]["from_journal"] >= 250
