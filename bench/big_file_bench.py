@@ -6,9 +6,11 @@ coordinator's peak RSS (the report's memory.coordinator_peak_rss_mib), the time 
 the first answer in the journal, and, with --kill-at F, a kill -9 of the coordinator once a
 fraction F of the questions is answered, then the rerun: its time to its first new answer and
 whether its answers file equals a run in one go (--compare, which answers the whole file once
-more).
+more). --stop SIGNAL@F (repeatable, in order) stops it several times: SIGINT at 35%, then kill -9
+at 70%, then the rerun, as a user whose job was interrupted twice does.
 
     python bench/big_file_bench.py --questions 1000000 [--fake] [--kill-at 0.5] [--compare] [--workers 2]
+    python bench/big_file_bench.py --questions 100000 --fake --stop INT@0.35 --stop KILL@0.7 --compare
 """
 
 from __future__ import annotations
@@ -64,9 +66,11 @@ class JournalLines:
         return max(self.lines, 0)
 
 
-def run(questions: Path, out: Path, args: argparse.Namespace, kill_at: int = 0, first_after: int = 0) -> dict:
-    """One run of the CLI; kill_at: kill -9 once the journal holds that many answers. Returns the
-    seconds to the first answer beyond first_after, the wall time and the report."""
+def run(questions: Path, out: Path, args: argparse.Namespace, kill_at: int = 0, first_after: int = 0,
+        sig: int = signal.SIGKILL) -> dict:
+    """One run of the CLI; kill_at: send `sig` once the journal holds that many answers (and wait
+    for the run to end). Returns the seconds to the first answer beyond first_after, the wall time
+    and the report."""
     report = out.with_suffix(".report.json")
     cli = ["run", "--model", str(MODEL), "--input", str(questions), "--output", str(out), "--max-tokens", "1",
            "--workers", str(args.workers), "--progress", "log", "--report", str(report)]
@@ -80,9 +84,10 @@ def run(questions: Path, out: Path, args: argparse.Namespace, kill_at: int = 0, 
         if first is None and answered > first_after:
             first = time.perf_counter() - t0
         if kill_at and answered >= kill_at:
-            os.kill(proc.pid, signal.SIGKILL)  # the workers die with their parent
+            os.kill(proc.pid, sig)  # on a kill -9 the workers die with their parent
             proc.wait()
-            return {"first_answer_s": first, "killed_at": answered, "wall_s": time.perf_counter() - t0}
+            return {"first_answer_s": first, "killed_at": answered, "wall_s": time.perf_counter() - t0,
+                    "signal": signal.Signals(sig).name, "exit": proc.returncode}
         time.sleep(0.05 if first is None else 1.0)
     wall = time.perf_counter() - t0
     data = json.loads(report.read_text()) if report.exists() else {}
@@ -97,6 +102,8 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=1_000_000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--kill-at", type=float, default=0.0, help="fraction answered at which to kill -9 (0: no kill)")
+    ap.add_argument("--stop", action="append", default=[], metavar="SIGNAL@F",
+                    help="send SIGNAL (INT, TERM, KILL) once a fraction F is answered; repeatable, in order")
     ap.add_argument("--compare", action="store_true", help="also answer the file in one go and compare")
     ap.add_argument("--dir", help="where to put the files (default: a temporary directory)")
     ap.add_argument("--fake", action="store_true", help="answer with the fake engine (tests/fake_engine.py)")
@@ -112,18 +119,27 @@ def main() -> None:
 
         setup_logging(False, False)
         cli = build_parser().parse_args(json.loads(args.one))
-        run_job(build_config([("command line", _flag_layer(cli))]), engine_factory=Fake(), progress="log")
+        from ggbatch import GgbatchError
+
+        try:
+            run_job(build_config([("command line", _flag_layer(cli))]), engine_factory=Fake(), progress="log")
+        except GgbatchError as exc:  # a stop by signal: its exit code, as the command line's
+            sys.exit(exc.exit_code)
         return
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         questions = Path(tmp) / "questions.jsonl"
         size = build(questions, args.questions)
         print(f"{args.questions} questions, {size / 2**20:.0f} MiB", flush=True)
         out = Path(tmp) / "answers.jsonl"
-        if args.kill_at:
-            killed = run(questions, out, args, kill_at=int(args.kill_at * args.questions))
-            print(f"killed: {json.dumps(killed)}", flush=True)
-            if "killed_at" not in killed:
-                return
+        stops = [stop.split("@") for stop in args.stop] + ([["KILL", str(args.kill_at)]] if args.kill_at else [])
+        if stops:
+            killed = {"killed_at": 0}
+            for name, fraction in stops:
+                killed = run(questions, out, args, kill_at=int(float(fraction) * args.questions),
+                             first_after=killed["killed_at"], sig=signal.Signals[f"SIG{name.upper()}"])
+                print(f"stopped: {json.dumps(killed)}", flush=True)
+                if "killed_at" not in killed:
+                    return
             resumed = run(questions, out, args, first_after=killed["killed_at"])
             print(f"resumed: {json.dumps(resumed)}", flush=True)
         else:
