@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: the CLI's arguments, run with the fake engine
     args = ap.parse_args()
     if args.one:
-        sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+        sys.path.insert(0, str(ROOT / "tests"))
         from fake_engine import Fake
         from ggbatch import build_config
         from ggbatch.runner.cli import _flag_layer, build_parser

@@ -45,7 +45,7 @@ def write_questions(path: Path, n: int, source: Optional[str]) -> int:
 
 
 def one_run(n: int, workers: int, model: str, source: Optional[str]) -> dict:
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    sys.path.insert(0, str(ROOT / "tests"))
     from fake_engine import Fake
     from ggbatch import build_config
     from ggbatch.runner.job import run_job

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from ggbatch.runner.config_checks import bool_or_auto  # noqa: E402
 from ggbatch.runner.layout import cpu_flags, repack_weights, usable_cores  # noqa: E402

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from ggbatch.runner.prepare import common_prefix  # noqa: E402
 from ggbatch.runner.prompts import PLAIN_STOP, PromptBuilder  # noqa: E402

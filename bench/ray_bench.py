@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "questions.jsonl"
 BENCH_MODEL = Path.home() / ".cache" / "ggbatch" / "bench-28x1024-q4_k_m.gguf"

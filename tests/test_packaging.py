@@ -1,0 +1,29 @@
+"""The package as `pip install .` installs it: a wheel of the project, imported and run from the
+repository's root, where a folder named like the package would shadow the installed one."""
+
+import subprocess
+import sys
+import os
+
+import pytest
+
+from conftest import ROOT
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_installed_wheel_runs_from_the_repository_root(tmp_path):
+    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                            "-w", str(tmp_path / "wheel"), str(ROOT)], capture_output=True, text=True, timeout=240)
+    assert wheel.returncode == 0, wheel.stderr[-2000:]
+    (built,) = (tmp_path / "wheel").glob("ggbatch-*.whl")
+    target = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+                              str(built)], capture_output=True, text=True, timeout=120)
+    assert install.returncode == 0, install.stderr[-2000:]
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    for cmd in (["-m", "ggbatch", "--version"],
+                ["-c", "import ggbatch, ggbatch.runner.cli, ggbatch.workers.engine; print(ggbatch.__file__)"]):
+        done = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(target / "ggbatch" / "__init__.py")
