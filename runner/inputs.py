@@ -21,6 +21,7 @@ from .formats.detect import detect_format, input_format
 from .formats.jsonfile import json_array, json_lines  # noqa: F401 (the readers of every JSON file)
 from .formats.openai_input import openai_record, say_models
 from .formats.record import Record
+from .formats.textfile import decoded, open_bytes, read_text, split_lone_cr
 
 __all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "read_question_file", "read_records",
            "read_text", "detect_format", "json_array", "json_lines"]
@@ -73,9 +74,9 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
     if fmt == "csv":
         required = {id_field: "fields.id", question_field: "fields.question"}
         records = (_record(path, line, row, id_field, question_field, key64("\x1f".join(row.values()).encode()))
-                   for line, row in csv_rows(path, (text for _, text in _lines(path)), required))
-    else:
-        records = _jsonl_records(path, id_field, question_field, known)
+                   for line, row in csv_rows(path, _csv_lines(path), required))
+        return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path, csv=True), known)
+    records = _jsonl_records(path, id_field, question_field, known)
     return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path), known)
 
 
@@ -136,7 +137,7 @@ def _then(records: Iterator[Record], done: Callable[[], None]) -> Iterator[Recor
 
 
 def _jsonl_records(path: str, id_field: str, question_field: str, known: Known) -> Iterator[Record]:
-    with _open(path) as f:
+    with open_bytes(path) as f:
         number = 0
         while lines := f.readlines(READ_BYTES):
             digests = [key64(raw) for raw in lines]  # each line as written, its line break too
@@ -146,7 +147,7 @@ def _jsonl_records(path: str, id_field: str, question_field: str, known: Known) 
                 if qid is not None:  # answered before, exactly as written: not even decoded (a resumed big file)
                     yield Record(qid, {}, number, digest=digest, key=text_key(qid))
                     continue
-                text = _decoded(path, number, raw)
+                text = decoded(path, number, raw)
                 if text.strip():
                     yield _record(path, number, _json(path, number, text), id_field, question_field, digest)
 
@@ -169,64 +170,34 @@ def _lines(path: str, keep_raw: bool = False) -> Iterator[Any]:
     """(number, text) of each line, or (number, text, raw bytes): split on "\\n" only (str's
     splitlines would also split on U+0085 and U+2028 inside strings), decoded as UTF-8 with the
     line and column of a byte that is not."""
-    with _open(path) as f:
+    with open_bytes(path) as f:
         for number, raw in enumerate(f, start=1):
-            text = _decoded(path, number, raw)
+            text = decoded(path, number, raw)
             yield (number, text, raw) if keep_raw else (number, text)
 
 
-def _decoded(path: str, number: int, raw: bytes) -> str:
-    """A line's text (a byte order mark at the start of the file dropped), or an InputError
-    naming the line and column of a byte that is not UTF-8."""
-    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
-                         f"{exc.start + 1}); save the file as UTF-8") from None
-
-
-def _open(path: str) -> Any:
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise InputError(f"{path}: input file not found") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: input is a directory, not a file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read input: {exc.strerror}") from None
+def _csv_lines(path: str) -> Iterator[str]:
+    """A CSV file's lines, ended by LF, CRLF or a lone CR (Excel for Mac), each decoded."""
+    with open_bytes(path) as f:
+        for number, raw in enumerate(split_lone_cr(f), start=1):
+            yield decoded(path, number, raw)
 
 
 def _head(path: str) -> str:
     """The start of the file for format detection: its first HEAD_BYTES, cut at a line end."""
-    with _open(path) as f:
+    with open_bytes(path) as f:
         data = f.read(HEAD_BYTES)
     if len(data) == HEAD_BYTES and b"\n" in data:
         data = data[:data.rindex(b"\n") + 1]
     return data.decode("utf-8-sig", "replace")
 
 
-def _longest_line(path: str) -> int:
-    """Bytes of the file's longest line: a bound on any one question's text, read in one fast
-    pass (runner/layout.py guesses a streamed file's context from it)."""
-    with _open(path) as f:
-        return max(map(len, f), default=0)
-
-
-def read_text(path: str) -> str:
-    with _open(path) as f:
-        try:
-            data = f.read()
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read input: {exc.strerror}") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise InputError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}); "
-                         "save the file as UTF-8") from None
+def _longest_line(path: str, csv: bool = False) -> int:
+    """Bytes of the file's longest line (a CSV file's lines may end in a lone CR): a bound on any
+    one question's text, read in one fast pass (runner/layout.py guesses a streamed file's context
+    from it)."""
+    with open_bytes(path) as f:
+        return max(map(len, split_lone_cr(f) if csv else f), default=0)
 
 
 def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0) -> Record:
