@@ -10,6 +10,7 @@ array is parsed whole.
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -59,11 +60,12 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
                        fmt: Optional[str] = None) -> QuestionStream:
     """The records of a question file as they are read. `fmt`: the job's input_format (None: by
     extension and content, runner/formats/detect.py)."""
-    fmt = input_format(path, _head(path), fmt)
+    requested, fmt = fmt, input_format(path, _head(path), fmt)
+    hint = _openai_hint(fmt, requested)
     if fmt == "json":
         text = read_text(path)
         items = ((line, obj, json.dumps(obj, sort_keys=True).encode()) for line, obj in json_array(path, text))
-        records = (_record(path, line, obj, id_field, question_field, key64(raw)) for line, obj, raw in items)
+        records = (_record(path, line, obj, id_field, question_field, key64(raw), hint) for line, obj, raw in items)
         return QuestionStream(fmt, _unique(path, records, id_field), max(map(len, text.split("\n")), default=0),
                               Known())
     if fmt == "openai":
@@ -76,8 +78,20 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
         records = (_record(path, line, row, id_field, question_field, key64("\x1f".join(row.values()).encode()))
                    for line, row in csv_rows(path, _csv_lines(path), required))
         return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path, csv=True), known)
-    records = _jsonl_records(path, id_field, question_field, known)
+    records = _jsonl_records(path, id_field, question_field, known, hint)
     return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path), known)
+
+
+def _openai_hint(fmt: str, requested: Optional[str]) -> str:
+    """What to do when a record of this format turns out to be an OpenAI Batch request."""
+    if fmt == "json":
+        return " (an OpenAI Batch request: a file of requests holds one per line, JSON Lines, not an array)"
+    if fmt != "jsonl":
+        return ""
+    if requested is None:
+        return (" (an OpenAI Batch request, but the file's first line is not one, so the file is read as "
+                "questions: set input_format to openai to read it as requests)")
+    return " (an OpenAI Batch request: set input_format to openai)"
 
 
 def read_question_file(path: str, id_field: str = "questionID", question_field: str = "question",
@@ -136,7 +150,8 @@ def _then(records: Iterator[Record], done: Callable[[], None]) -> Iterator[Recor
     done()
 
 
-def _jsonl_records(path: str, id_field: str, question_field: str, known: Known) -> Iterator[Record]:
+def _jsonl_records(path: str, id_field: str, question_field: str, known: Known,
+                   hint: str) -> Iterator[Record]:
     with open_bytes(path) as f:
         number = 0
         while lines := f.readlines(READ_BYTES):
@@ -149,7 +164,7 @@ def _jsonl_records(path: str, id_field: str, question_field: str, known: Known) 
                     continue
                 text = decoded(path, number, raw)
                 if text.strip():
-                    yield _record(path, number, _json(path, number, text), id_field, question_field, digest)
+                    yield _record(path, number, _json(path, number, text), id_field, question_field, digest, hint)
 
 
 def _json_lines(path: str) -> Iterator[tuple[int, str, bytes]]:
@@ -184,11 +199,16 @@ def _csv_lines(path: str) -> Iterator[str]:
 
 
 def _head(path: str) -> str:
-    """The start of the file for format detection: its first HEAD_BYTES, cut at a line end."""
+    """The start of the file for format detection: its first HEAD_BYTES cut at a line end, or its
+    first line whole when that is longer and may be a JSON object (an OpenAI Batch request of a
+    long document)."""
     with open_bytes(path) as f:
         data = f.read(HEAD_BYTES)
-    if len(data) == HEAD_BYTES and b"\n" in data:
-        data = data[:data.rindex(b"\n") + 1]
+        body = data.removeprefix(codecs.BOM_UTF8).lstrip()
+        if body.startswith(b"{") and b"\n" not in body:
+            data += f.readline()
+        elif len(data) == HEAD_BYTES and b"\n" in data:
+            data = data[:data.rindex(b"\n") + 1]
     return data.decode("utf-8-sig", "replace")
 
 
@@ -200,14 +220,13 @@ def _longest_line(path: str, csv: bool = False) -> int:
         return max(map(len, split_lone_cr(f) if csv else f), default=0)
 
 
-def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0) -> Record:
+def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0,
+            hint: str = "") -> Record:
     where = f"{path}:{line}"
     if not isinstance(obj, dict):
         raise InputError(f"{where}: each question must be a JSON object, got {type(obj).__name__}")
     if id_field not in obj:
-        openai = "custom_id" in obj
-        hint = " (an OpenAI Batch request: leave input_format on auto, or set it to openai)" if openai else ""
-        raise InputError(f"{where}: record has no '{id_field}'{hint}")
+        raise InputError(f"{where}: record has no '{id_field}'{hint if 'custom_id' in obj else ''}")
     qid = obj[id_field]
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise InputError(f"{where}: '{id_field}' must be a string or an integer, got {type(qid).__name__}")

@@ -101,6 +101,11 @@ def test_a_bad_utf16_file_names_its_line(tmp_path):
     assert "q.csv:5: not UTF-16 text" in error_of(path)
 
 
+def request(cid, text="Once upon a time"):
+    return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": text}]}}
+
+
 # ---- item 14: CR line ends, empty trailing columns
 
 def test_cr_line_ends_are_read_and_lines_counted_by_them(tmp_path):
@@ -146,6 +151,36 @@ def test_a_field_over_131072_characters_is_read(tmp_path):
     assert csv_rows("t.csv", read_text(path)).__next__()[1]["question"] == passage
 
 
+# ---- item 2: an OpenAI Batch file whose first request is over a MiB
+
+def test_openai_batch_detected_from_a_first_line_over_a_mib(tmp_path):
+    long = json.dumps(request("doc", "word " * 300_000))  # 1.5 MB
+    assert len(long) > 1 << 20
+    path = write(tmp_path, "batch.jsonl", long + "\n" + json.dumps(request("short")) + "\n")
+    qf = read_question_file(path)
+    assert qf.format == "openai" and [r.qid for r in qf.records] == ["doc", "short"]
+    # UTF-16, a blank line first, CRLF, and more UTF-8 bytes than characters
+    wide = json.dumps(request("doc", "wörd " * 300_000), ensure_ascii=False)
+    crlf = write(tmp_path, "b16.jsonl", codecs.BOM_UTF16_LE + f"\n{wide}\r\n".encode("utf-16-le"))
+    assert read_question_file(crlf).format == "openai"
+
+
+@pytest.mark.parametrize("name,text,fmt,message", [
+    ("q.jsonl", '{"questionID": "1", "question": "a"}\nREQUEST\n', None,
+     "q.jsonl:2: record has no 'questionID' (an OpenAI Batch request, but the file's first line is not one, "
+     "so the file is read as questions: set input_format to openai to read it as requests)"),
+    ("q.jsonl", "REQUEST\n", "jsonl", "q.jsonl:1: record has no 'questionID' (an OpenAI Batch request: set "
+     "input_format to openai)"),
+    ("q.json", "[REQUEST]", None, "q.json:1: record has no 'questionID' (an OpenAI Batch request: a file of "
+     "requests holds one per line, JSON Lines, not an array)"),
+])
+def test_a_request_read_as_a_question_says_what_to_do(tmp_path, name, text, fmt, message):
+    path = write(tmp_path, name, text.replace("REQUEST", json.dumps(request("r1"))))
+    error = error_of(path, fmt=fmt)
+    assert error == f"{tmp_path}/{message}"
+    assert "leave input_format on auto" not in error
+
+
 # ---- end to end: `ggbatch run` on stories260K
 
 def ggbatch(*args, timeout=240):
@@ -177,3 +212,17 @@ def test_run_answers_a_spreadsheet_csv_as_it_answers_a_plain_one(tmp_path, stori
     assert list(got[excel]) == [q for q, _ in rows]
     assert all(got[excel][q][0] and got[excel][q][1] is None for q, _ in QUESTIONS)
     assert "tokens" in got[excel]["long"][1]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_run_reads_an_openai_batch_file_whose_first_request_is_over_a_mib(tmp_path, stories):
+    long = json.dumps(request("doc", "word " * 250_000))
+    batch = write(tmp_path, "batch.jsonl", long + "\n" + json.dumps(request("short")) + "\n")
+    out = tmp_path / "out.jsonl"
+    r = ggbatch("run", "--model", stories, "--input", batch, "--output", out, "--max-tokens", 4, "-q")
+    assert r.returncode == 1, r.stderr  # the long request fails alone, for its length
+    lines = [json.loads(line) for line in open(out, encoding="utf-8")]
+    assert [x["custom_id"] for x in lines] == ["doc", "short"]
+    assert "tokens" in lines[0]["error"]["message"] and lines[1]["response"]["status_code"] == 200
