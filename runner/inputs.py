@@ -21,7 +21,7 @@ from .formats.csvfile import csv_rows
 from .formats.detect import detect_format, input_format
 from .formats.jsonfile import json_array, json_lines  # noqa: F401 (the readers of every JSON file)
 from .formats.openai_input import openai_record, say_models
-from .formats.record import Record
+from .formats.record import Record, checked_id
 from .formats.textfile import decoded, open_bytes, read_text, split_lone_cr
 
 __all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "read_question_file", "read_records",
@@ -237,5 +237,5 @@ def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, 
         raise InputError(f"{where}: '{question_field}' must be a string, got {type(question).__name__}")
     if not question.strip():
         raise InputError(f"{where}: '{question_field}' is empty")
-    qid = str(qid)
+    qid = checked_id(where, str(qid), id_field)
     return Record(qid, obj, line, digest=digest, key=text_key(qid))

@@ -101,9 +101,42 @@ def test_a_bad_utf16_file_names_its_line(tmp_path):
     assert "q.csv:5: not UTF-16 text" in error_of(path)
 
 
+# ---- item 4: empty ids, every format
+
+@pytest.mark.parametrize("name,text,message", [
+    ("q.csv", "questionID,question\nq1,a\n,b\nq3,c\n", "q.csv:3: 'questionID' is empty"),
+    ("q.csv", "questionID;question\nq1;a\n  ;b\n", "q.csv:3: 'questionID' is empty ('  ')"),
+    ("q.jsonl", '{"questionID": "q1", "question": "a"}\n{"questionID": "", "question": "b"}\n',
+     "q.jsonl:2: 'questionID' is empty"),
+    ("q.json", '[{"questionID": "", "question": "a"}]', "q.json:1: 'questionID' is empty"),
+    ("b.jsonl", json.dumps({"custom_id": " ", "method": "POST", "url": "/v1/chat/completions",
+                            "body": {"messages": [{"role": "user", "content": "a"}]}}) + "\n",
+     "b.jsonl:1: 'custom_id' is empty (' ')"),
+])
+def test_an_empty_id_is_an_error_naming_the_line(tmp_path, name, text, message):
+    path = write(tmp_path, name, text)
+    assert error_of(path).startswith(f"{path}:") and message in error_of(path)
+
+
+# ---- item 11: a lone surrogate in an id
+
 def request(cid, text="Once upon a time"):
     return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
             "body": {"messages": [{"role": "user", "content": text}]}}
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("q.jsonl", '{"questionID": "q1", "question": "a"}\n{"questionID": "a\\ud800b", "question": "b"}\n',
+     "q.jsonl:2: 'questionID' 'a\\ud800b' holds a lone surrogate ('\\ud800' at character 2)"),
+    ("q.json", '[{"questionID": "\\udfff", "question": "a"}]', "q.json:1: 'questionID' '\\udfff' holds a lone"),
+    ("b.jsonl", json.dumps(request("q1")) + "\n" + json.dumps(request("\ud800")) + "\n",
+     "b.jsonl:2: 'custom_id' '\\ud800' holds a lone surrogate"),
+    ("q.jsonl", '{"id": "\\ud800", "question": "a"}\n', "q.jsonl:1: 'id' '\\ud800' holds a lone surrogate"),
+])
+def test_a_lone_surrogate_in_an_id_is_an_error_naming_the_line(tmp_path, name, text, message):
+    path = write(tmp_path, name, text)
+    kw = {"id_field": "id"} if '"id"' in text else {}
+    assert message in error_of(path, **kw)
 
 
 # ---- item 14: CR line ends, empty trailing columns
@@ -217,6 +250,21 @@ def test_run_answers_a_spreadsheet_csv_as_it_answers_a_plain_one(tmp_path, stori
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_run_refuses_a_bad_id_in_one_line(tmp_path, stories):
+    for text, message in [('{"questionID": "q1", "question": "a"}\n{"questionID": "\\ud800", "question": "b"}\n',
+                           "q.jsonl:2: 'questionID' '\\ud800' holds a lone surrogate"),
+                          (json.dumps(request("\ud800")) + "\n", "q.jsonl:1: 'custom_id' '\\ud800' holds a lone"),
+                          ("questionID,question\n,a\n", "q.csv:2: 'questionID' is empty")]:
+        path = write(tmp_path, "q.csv" if text.startswith("questionID") else "q.jsonl", text)
+        r = ggbatch("run", "--model", stories, "--input", path, "--output", tmp_path / "a.jsonl")
+        assert r.returncode == 2, r.stderr
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith(f"ggbatch: error: {tmp_path}/{message}")
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_run_reads_an_openai_batch_file_whose_first_request_is_over_a_mib(tmp_path, stories):
     long = json.dumps(request("doc", "word " * 250_000))
     batch = write(tmp_path, "batch.jsonl", long + "\n" + json.dumps(request("short")) + "\n")
@@ -226,3 +274,13 @@ def test_run_reads_an_openai_batch_file_whose_first_request_is_over_a_mib(tmp_pa
     lines = [json.loads(line) for line in open(out, encoding="utf-8")]
     assert [x["custom_id"] for x in lines] == ["doc", "short"]
     assert "tokens" in lines[0]["error"]["message"] and lines[1]["response"]["status_code"] == 200
+
+
+def test_merge_and_score_refuse_a_lone_surrogate_id_naming_the_line(tmp_path):
+    from ggbatch.runner.parts import read_part
+    from ggbatch.runner.scoring.files import read_answers
+
+    path = write(tmp_path, "a.jsonl", '{"questionID": "q1", "answer": "4"}\n{"questionID": "\\ud800", "answer": "5"}\n')
+    for read in (read_part, read_answers):
+        with pytest.raises(InputError, match=r"a.jsonl:2: 'questionID' '\\ud800' holds a lone surrogate"):
+            read(path)
