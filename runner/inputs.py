@@ -10,6 +10,7 @@ array is parsed whole.
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -20,7 +21,8 @@ from .formats.csvfile import csv_rows
 from .formats.detect import detect_format, input_format
 from .formats.jsonfile import json_array, json_lines  # noqa: F401 (the readers of every JSON file)
 from .formats.openai_input import openai_record, say_models
-from .formats.record import Record
+from .formats.record import Record, checked_id
+from .formats.textfile import decoded, open_bytes, read_text, split_lone_cr
 
 __all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "read_question_file", "read_records",
            "read_text", "detect_format", "json_array", "json_lines"]
@@ -58,11 +60,12 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
                        fmt: Optional[str] = None) -> QuestionStream:
     """The records of a question file as they are read. `fmt`: the job's input_format (None: by
     extension and content, runner/formats/detect.py)."""
-    fmt = input_format(path, _head(path), fmt)
+    requested, fmt = fmt, input_format(path, _head(path), fmt)
+    hint = _openai_hint(fmt, requested)
     if fmt == "json":
         text = read_text(path)
         items = ((line, obj, json.dumps(obj, sort_keys=True).encode()) for line, obj in json_array(path, text))
-        records = (_record(path, line, obj, id_field, question_field, key64(raw)) for line, obj, raw in items)
+        records = (_record(path, line, obj, id_field, question_field, key64(raw), hint) for line, obj, raw in items)
         return QuestionStream(fmt, _unique(path, records, id_field), max(map(len, text.split("\n")), default=0),
                               Known())
     if fmt == "openai":
@@ -73,10 +76,22 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
     if fmt == "csv":
         required = {id_field: "fields.id", question_field: "fields.question"}
         records = (_record(path, line, row, id_field, question_field, _row_digest(row))
-                   for line, row in csv_rows(path, (text for _, text in _lines(path)), required))
-    else:
-        records = _jsonl_records(path, id_field, question_field, known)
+                   for line, row in csv_rows(path, _csv_lines(path), required))
+        return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path, csv=True), known)
+    records = _jsonl_records(path, id_field, question_field, known, hint)
     return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path), known)
+
+
+def _openai_hint(fmt: str, requested: Optional[str]) -> str:
+    """What to do when a record of this format turns out to be an OpenAI Batch request."""
+    if fmt == "json":
+        return " (an OpenAI Batch request: a file of requests holds one per line, JSON Lines, not an array)"
+    if fmt != "jsonl":
+        return ""
+    if requested is None:
+        return (" (an OpenAI Batch request, but the file's first line is not one, so the file is read as "
+                "questions: set input_format to openai to read it as requests)")
+    return " (an OpenAI Batch request: set input_format to openai)"
 
 
 def _row_digest(row: dict[str, str]) -> int:
@@ -141,8 +156,9 @@ def _then(records: Iterator[Record], done: Callable[[], None]) -> Iterator[Recor
     done()
 
 
-def _jsonl_records(path: str, id_field: str, question_field: str, known: Known) -> Iterator[Record]:
-    with _open(path) as f:
+def _jsonl_records(path: str, id_field: str, question_field: str, known: Known,
+                   hint: str) -> Iterator[Record]:
+    with open_bytes(path) as f:
         number = 0
         while lines := f.readlines(READ_BYTES):
             digests = [key64(raw) for raw in lines]  # each line as written, its line break too
@@ -152,9 +168,9 @@ def _jsonl_records(path: str, id_field: str, question_field: str, known: Known) 
                 if qid is not None:  # answered before, exactly as written: not even decoded (a resumed big file)
                     yield Record(qid, {}, number, digest=digest, key=text_key(qid))
                     continue
-                text = _decoded(path, number, raw)
+                text = decoded(path, number, raw)
                 if text.strip():
-                    yield _record(path, number, _json(path, number, text), id_field, question_field, digest)
+                    yield _record(path, number, _json(path, number, text), id_field, question_field, digest, hint)
 
 
 def _json_lines(path: str) -> Iterator[tuple[int, str, bytes]]:
@@ -175,74 +191,48 @@ def _lines(path: str, keep_raw: bool = False) -> Iterator[Any]:
     """(number, text) of each line, or (number, text, raw bytes): split on "\\n" only (str's
     splitlines would also split on U+0085 and U+2028 inside strings), decoded as UTF-8 with the
     line and column of a byte that is not."""
-    with _open(path) as f:
+    with open_bytes(path) as f:
         for number, raw in enumerate(f, start=1):
-            text = _decoded(path, number, raw)
+            text = decoded(path, number, raw)
             yield (number, text, raw) if keep_raw else (number, text)
 
 
-def _decoded(path: str, number: int, raw: bytes) -> str:
-    """A line's text (a byte order mark at the start of the file dropped), or an InputError
-    naming the line and column of a byte that is not UTF-8."""
-    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
-                         f"{exc.start + 1}); save the file as UTF-8") from None
-
-
-def _open(path: str) -> Any:
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise InputError(f"{path}: input file not found") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: input is a directory, not a file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read input: {exc.strerror}") from None
+def _csv_lines(path: str) -> Iterator[str]:
+    """A CSV file's lines, ended by LF, CRLF or a lone CR (Excel for Mac), each decoded."""
+    with open_bytes(path) as f:
+        for number, raw in enumerate(split_lone_cr(f), start=1):
+            yield decoded(path, number, raw)
 
 
 def _head(path: str) -> str:
-    """The start of the file for format detection: its first HEAD_BYTES, cut at a line end."""
-    with _open(path) as f:
+    """The start of the file for format detection: its first HEAD_BYTES cut at a line end, or its
+    first line whole when that is longer and may be a JSON object (an OpenAI Batch request of a
+    long document)."""
+    with open_bytes(path) as f:
         data = f.read(HEAD_BYTES)
-    if len(data) == HEAD_BYTES and b"\n" in data:
-        data = data[:data.rindex(b"\n") + 1]
+        body = data.removeprefix(codecs.BOM_UTF8).lstrip()
+        if body.startswith(b"{") and b"\n" not in body:
+            data += f.readline()
+        elif len(data) == HEAD_BYTES and b"\n" in data:
+            data = data[:data.rindex(b"\n") + 1]
     return data.decode("utf-8-sig", "replace")
 
 
-def _longest_line(path: str) -> int:
-    """Bytes of the file's longest line: a bound on any one question's text, read in one fast
-    pass (runner/layout.py guesses a streamed file's context from it)."""
-    with _open(path) as f:
-        return max(map(len, f), default=0)
+def _longest_line(path: str, csv: bool = False) -> int:
+    """Bytes of the file's longest line (a CSV file's lines may end in a lone CR): a bound on any
+    one question's text, read in one fast pass (runner/layout.py guesses a streamed file's context
+    from it)."""
+    with open_bytes(path) as f:
+        return max(map(len, split_lone_cr(f) if csv else f), default=0)
 
 
-def read_text(path: str) -> str:
-    with _open(path) as f:
-        try:
-            data = f.read()
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read input: {exc.strerror}") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise InputError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}); "
-                         "save the file as UTF-8") from None
-
-
-def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0) -> Record:
+def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0,
+            hint: str = "") -> Record:
     where = f"{path}:{line}"
     if not isinstance(obj, dict):
         raise InputError(f"{where}: each question must be a JSON object, got {type(obj).__name__}")
     if id_field not in obj:
-        openai = "custom_id" in obj
-        hint = " (an OpenAI Batch request: leave input_format on auto, or set it to openai)" if openai else ""
-        raise InputError(f"{where}: record has no '{id_field}'{hint}")
+        raise InputError(f"{where}: record has no '{id_field}'{hint if 'custom_id' in obj else ''}")
     qid = obj[id_field]
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise InputError(f"{where}: '{id_field}' must be a string or an integer, got {type(qid).__name__}")
@@ -253,5 +243,5 @@ def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, 
         raise InputError(f"{where}: '{question_field}' must be a string, got {type(question).__name__}")
     if not question.strip():
         raise InputError(f"{where}: '{question_field}' is empty")
-    qid = str(qid)
+    qid = checked_id(where, str(qid), id_field)
     return Record(qid, obj, line, digest=digest, key=text_key(qid))

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from ..errors import InputError, quote
 from .openai_request import parse_request
 from ..columns import text_key
-from .record import Record
+from .record import Record, checked_id
 
 log = logging.getLogger("ggbatch")
 
@@ -38,6 +38,7 @@ def openai_record(where: str, line: int, obj: Any, digest: int = 0) -> Record:
         raise InputError(f"{where}: each line of an OpenAI Batch file must be a JSON object, "
                          f"got {type(obj).__name__}")
     qid = obj.get("custom_id")
-    if not isinstance(qid, str) or not qid:
+    if not isinstance(qid, str):
         raise InputError(f"{where}: a batch request needs a custom_id string, got {quote(qid)}")
+    checked_id(where, qid, "custom_id")
     return Record(qid, obj, line, parse_request(obj), digest, text_key(qid))

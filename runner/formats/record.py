@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from ..errors import InputError, quote
 from .openai_request import Request
 
 
@@ -18,3 +19,17 @@ class Record:
     request: Optional[Request] = None
     digest: int = 0  # a 64-bit hash of the record as written (runner/journal.py reuses answers by it)
     key: int = 0  # a 64-bit hash of its id (runner/columns.py text_key), once read
+
+
+def checked_id(where: str, qid: str, name: str) -> str:
+    """The id as it is, or an InputError naming the line: an empty id (a spreadsheet's blank
+    cell), or one holding a lone surrogate (JSON's "\\ud800" spells one), which no UTF-8 file, the
+    journal and the answers file included, can hold."""
+    if not qid.strip():
+        raise InputError(f"{where}: '{name}' is empty" + (f" ({quote(qid)})" if qid else ""))
+    try:
+        qid.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{where}: '{name}' {quote(qid)} holds a lone surrogate ({quote(qid[exc.start])} "
+                         f"at character {exc.start + 1}): ids must be text that UTF-8 can write") from None
+    return qid

@@ -21,6 +21,7 @@ from ..errors import InputError, quote
 # line they start on) is the one every file of questions goes through; answers and gold files
 # are read the same way.
 from ..formats.csvfile import csv_rows
+from ..formats.record import checked_id
 from ..inputs import json_array, json_lines, read_text, detect_format
 from .rules import LETTERS, Gold
 
@@ -99,7 +100,7 @@ def row_id(where: str, row: Mapping[str, Any], field: str) -> str:
     qid = row[field]
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise InputError(f"{where}: '{field}' must be a string or an integer, got {type(qid).__name__}")
-    return str(qid)
+    return checked_id(where, str(qid), field)
 
 
 def _text(where: str, row: Mapping[str, Any], field: str) -> Optional[str]:
