@@ -122,8 +122,9 @@ def test_a_resumed_openai_batch_writes_each_journaled_answer_as_its_line_asks(tm
 
 
 def plain_plan(available: int, longest: int = 40):
-    """A one-worker plan settled on a first window whose longest prompt is `longest` tokens, on a
-    model of stories260K's shape whose KV cell costs 64 KiB (so memory binds early)."""
+    """A one-worker plan of 4 slots settled on a first window whose longest prompt is `longest`
+    tokens, for a small model whose KV cell costs 64 KiB (32 layers × 8 heads × 64 × K and V × 2
+    bytes), so that memory binds early."""
     started = layouts.start([0], 1, 1, 4, False, STREAMED, frozenset())
     dims = ModelDims(file_bytes=1 << 20, n_layer=32, n_embd=64, n_head=8, n_head_kv=8, head_dim=64, n_vocab=512)
     facts = PromptFacts(STREAMED, longest, 0, 2048, dims)
@@ -150,7 +151,7 @@ def test_a_window_of_longer_prompts_grows_the_context_to_what_they_need():
 
 
 def test_the_context_grows_only_as_far_as_the_memory_plan_holds(said):
-    # Room for about 800 cells of KV at 64 KiB a cell: four slots of 57 fit, one slot of 800 barely.
+    # 90 MiB leaves room for a few hundred KV cells at 64 KiB: 4 slots of 57 fit, one sequence of 1517 does not.
     growth = plain_plan(available=90 << 20)
     assert growth.engines_for([question(1500)]) is not None
     assert 57 < growth.n_ctx_seq < 1517 and growth.memory[0].fits
