@@ -12,7 +12,8 @@ answers from the journal and the report.
     (its format: runner/formats; without an answer, to errors_output when set)
 
 A file of more than `window` records streams: the coordinator keeps a few windows of questions
-and a few bytes for every question before them (runner/columns.py), never the whole file.
+and a few bytes for every question before them (runner/columns.py), never the whole file; a
+window whose prompts need a larger context than the first one's grows it (runner/growth.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .errors import Interrupted, WorkerFailure
 from .feed import QuestionFeed
 from .formats.detect import output_format
 from .formats.rows import OutputSpec, Row
+from .growth import ContextGrowth, PlanInputs
 from .inputs import QuestionStream, Record, open_question_file
 from .journal import Journal, fingerprint
 from .journal_index import Earlier, start_reading
@@ -93,18 +95,18 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
                     del first_records  # the records' fields were for rendering: a big file's largest part
                     if rest is None:
                         preparer.close()  # every question is made: the vocabulary's memory goes back
-                    setup, settled, prefix = _settle(config, model, started, preparer, first, stream.longest_line,
-                                                     formats)
-                    pool.keep(settled.node_of())
+                    setup, growth = _settle(config, model, started, preparer, first, stream.longest_line, formats,
+                                            model_path)
+                    pool.keep(growth.plan.node_of())
                     clock["prepared"] = time.perf_counter()
                     watch.start_run(len(first.questions), max_tokens(first.questions, preparer.generation),
-                                    sum(lay.workers * lay.slots for lay in settled.layouts), pool)
-                    ended = _answer(pool, first, _engines(model_path, settled, prefix, preparer),
-                                    _feed(preparer, rest, window, watch), window)
+                                    sum(lay.workers * lay.slots for lay in growth.plan.layouts), pool)
+                    ended = _answer(pool, first, growth.engines(), _feed(preparer, rest, window, watch, pool, growth),
+                                    window)
                     preparer.say()
                     _write_answers(config, preparer, journal, ended,
                                    _output_spec(config, preparer, formats[1], clock["started_at"]))
-                    setup = _made(setup, preparer)
+                    setup = _made(setup, preparer, growth)
                     watch.tally.add(preparer.made.rejected.values(), made=False)
                 _say_cut(watch)
     report = _report(setup, preparer.made.reused, pool, watch, clock)
@@ -113,9 +115,18 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     return report
 
 
-def _feed(preparer: Preparer, rest: Optional[Iterator[Record]], window: int, watch: RunWatch) -> Optional[QuestionFeed]:
-    """The windows after the first, made while the workers answer (None: there are none)."""
-    return None if rest is None else QuestionFeed(preparer, rest, window, lambda w: watch.progress.grow(len(w.questions)))
+def _feed(preparer: Preparer, rest: Optional[Iterator[Record]], window: int, watch: RunWatch, pool: WorkerPool,
+          growth: ContextGrowth) -> Optional[QuestionFeed]:
+    """The windows after the first, made while the workers answer (None: there are none). As
+    the pool takes each, the workers' context grows if its questions need more (runner/growth.py)."""
+    def taken(w: Window) -> None:
+        watch.progress.grow(len(w.questions))
+        engines = growth.engines_for(w.questions)
+        if engines is not None:
+            pool.reconfigure(engines)
+            watch.progress.slots = sum(lay.workers * lay.slots for lay in growth.plan.layouts)
+
+    return None if rest is None else QuestionFeed(preparer, rest, window, taken)
 
 
 def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterator[Record]], QuestionStream]:
@@ -194,12 +205,12 @@ def _open_journal(watch: RunWatch, paths: JobPaths, config: JobConfig, model: Mo
 
 
 def _settle(config: JobConfig, model: ModelIdentity, started: NodePlan, preparer: Preparer, first: Window,
-            longest_line: int, formats: tuple[str, str]) -> tuple[JobSetup, NodePlan, Any]:
+            longest_line: int, formats: tuple[str, str], model_path: str) -> tuple[JobSetup, ContextGrowth]:
     """The layout of the started workers, now that the first window's prompts are known (phase
     2), node by node on each node's memory, and with it everything the run was planned with. The
     context fits the largest max_tokens of any question. A streamed file's context also fits the
-    longest line of the file, guessed from its bytes (a longer prompt gets an error naming the
-    context, and model.n_ctx fixes it)."""
+    longest line of the file, guessed from its bytes, and grows if a later window needs more
+    (runner/growth.py)."""
     gen = preparer.generation
     if started.layouts[0].n_gpu_layers and not preparer.info.gpu_offload:
         log.warning("%s", gpu.offload_warning(started.layouts[0].n_gpu_layers))
@@ -207,30 +218,33 @@ def _settle(config: JobConfig, model: ModelIdentity, started: NodePlan, preparer
     guess = 0 if first.last else math.ceil(longest_line / layouts.CHARS_PER_TOKEN) + layouts.CHAT_TEMPLATE_TOKENS
     job_facts, prefix = facts(first, preparer, n_todo, guess)
     most = max_tokens(first.questions, gen)
-    settled = [layouts.settle(lay, replace(job_facts, n_questions=share(n_todo, node, started.nodes)), config.slots,
-                              config.n_ctx, most, config.n_batch,
-                              psutil.virtual_memory().available if node.memory is None else node.memory,
-                              offload=preparer.info.gpu_offload, cores=node.cores)
-               for node, lay in zip(started.nodes, started.layouts)]
+    inputs = PlanInputs(started, tuple(replace(job_facts, n_questions=share(n_todo, node, started.nodes))
+                                       for node in started.nodes),
+                        tuple(psutil.virtual_memory().available if node.memory is None else node.memory
+                              for node in started.nodes),
+                        config.slots, config.n_batch, config.n_ctx, preparer.info.gpu_offload)
+    settled = [layouts.settle(lay, facts_, config.slots, config.n_ctx, most, config.n_batch, available,
+                              offload=inputs.offload, cores=node.cores)
+               for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
     plan = replace(started, layouts=tuple(lay for lay, _ in settled))
     nodes = [] if started.nodes[0].node_id is None else node_report(plan, [memory for _, memory in settled])
     setup = JobSetup(config, model, plan.whole(), settled[0][1], gen, preparer.chat_template, len(prefix), 0, 0,
                      formats, {}, preparer.info.gpu_offload, sharing=first.sharing,
                      kv_bytes_per_cell=preparer.dims.kv_bytes_per_cell, nodes=nodes)
-    return setup, plan, prefix
+    return setup, ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, gen)
 
 
-def _made(setup: JobSetup, preparer: Preparer) -> JobSetup:
-    """The setup with what only the whole file tells: how many records and unique prompts."""
+def _made(setup: JobSetup, preparer: Preparer, growth: ContextGrowth) -> JobSetup:
+    """The setup with what only the whole file tells: how many records and unique prompts, and
+    the layout the context grew to."""
     made = preparer.made
-    return replace(setup, records=len(preparer.maker.ids), unique_prompts=made.unique + len(made.rejected),
-                   own_settings=dict(made.own_settings), sharing=preparer.sharing if setup.sharing else None)
-
-
-def _engines(model_path: str, plan: NodePlan, prefix: Any, preparer: Preparer) -> dict[int, EngineConfig]:
-    """Each worker's engine, from its node's layout."""
-    per_node = [layouts.engine_config(model_path, lay, prefix, preparer.generation) for lay in plan.layouts]
-    return {wid: per_node[k] for wid, k in plan.node_of().items()}
+    setup = replace(setup, records=len(preparer.maker.ids), unique_prompts=made.unique + len(made.rejected),
+                    own_settings=dict(made.own_settings), sharing=preparer.sharing if setup.sharing else None)
+    if not growth.grown:
+        return setup
+    plan = growth.plan
+    return replace(setup, layout=plan.whole(), memory=growth.memory[0],
+                   nodes=node_report(plan, growth.memory) if setup.nodes else ())
 
 
 def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], feed: Optional[QuestionFeed],

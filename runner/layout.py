@@ -214,6 +214,19 @@ def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Opt
     llama.cpp's to fit) and a worker with every layer there needs few threads. `cores`, `available`:
     the machine's (default: this one's usable cores; runner/nodes.py gives a Ray node's)."""
     n_ctx_seq = context_per_sequence(facts.longest, max_tokens, facts.n_ctx_train, n_ctx)
+    layout, memory = settled(started, facts, n_ctx_seq, slots, n_batch, available, offload, cores)
+    if not memory.fits:
+        raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}")
+    if memory.note:
+        log.warning("memory plan: %s (%s)", memory.note, describe(memory))
+    return layout, memory
+
+
+def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional[int], n_batch: Optional[int],
+            available: int, offload: bool = False, cores: Optional[Sequence[int]] = None) -> tuple[Layout, MemoryPlan]:
+    """settle's layout for a given context per sequence, without a word: memory.fits says
+    whether one worker with one slot fits (a streamed file's context grows through here,
+    runner/growth.py)."""
     invariant = started.batch_invariant
     cache = facts.shared_groups > 0
     unified = kv_unified_for(facts.n_prefix, n_ctx_seq, invariant, cache)
@@ -230,10 +243,7 @@ def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Opt
                         layout.n_batch, available, layout.repack,
                         gpu.cpu_layer_share(layout.n_gpu_layers, facts.dims.n_layer, offload),
                         gpu.vram_note(layout.n_gpu_layers, offload))
-    if not memory.fits:
-        raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}")
-    if memory.note:
-        log.warning("memory plan: %s (%s)", memory.note, describe(memory))
+    if memory.fits and memory.note:
         layout = replace(layout, workers=memory.workers, slots=memory.slots, cores=layout.cores[:memory.workers],
                          devices=layout.devices[:memory.workers], n_batch=step_budget(n_batch, memory.slots))
     return layout, memory

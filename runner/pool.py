@@ -8,6 +8,8 @@ notice deaths and give a dead worker's questions to the others.
     set_threads(i, n) ──SetThreads──▶ link.send;  ThreadsSet ──▶ on_threads  (runner/worker_threads.py)
     Ready ──▶ on_ready, before the worker's WantWork is answered: a SetThreads sent then comes
               before its first Chunk, so its first step already runs the count asked
+    reconfigure(engines) ──▶ each worker gets no new Chunk, finishes what it holds, then starts
+              again with its new engine (a streamed file's later window needs a larger context)
 
 Where workers live is the backend's business, behind three calls (start, wait, close): local
 processes (runner/local_workers.py: a task queue and a results pipe each, deaths seen on the
@@ -94,6 +96,7 @@ class WorkerPool:
         self._stop_signal = 0
         self._stop_deadline = 0.0
         self._engines: Union[EngineConfig, Mapping[int, EngineConfig], None] = None
+        self._leaving: set[int] = set()  # workers a reconfigure lets go once they have finished
         self.first_ready_at: Optional[float] = None
 
     # -- public ---------------------------------------------------------------------------------
@@ -171,6 +174,20 @@ class WorkerPool:
         finally:
             self._shutdown(graceful)
         return self.answers
+
+    def reconfigure(self, engines: Mapping[int, EngineConfig]) -> None:
+        """Every worker starts again with its engine here (a streamed file's later window needs a
+        larger context: runner/growth.py): each finishes the questions it holds and gets no new
+        ones meanwhile, then restarts with it; a worker without one is let go once it has
+        finished."""
+        old = self._engines
+        ids = [w.spec.worker_id for w in self.workers]
+        self._leaving = {wid for wid in ids if wid not in engines}
+        # A worker let go keeps its engine until it has finished (the thread monitor reads it).
+        self._engines = {**(old if isinstance(old, Mapping) else dict.fromkeys(ids, old)), **engines}
+        for w in self.workers:
+            w.outdated = w.link is not None
+        self._dispatch()
 
     def _add(self, questions: Sequence[Question]) -> None:
         if questions:
@@ -294,7 +311,8 @@ class WorkerPool:
     def _dispatch(self) -> None:
         if self.paused:
             return
-        hungry = [w for w in self.workers if w.link is not None and w.wants > 0 and not w.solo]
+        self._restart_outdated()
+        hungry = [w for w in self.workers if w.link is not None and w.wants > 0 and not w.solo and not w.outdated]
         for w in hungry:
             if self._suspects and not w.in_flight:
                 chunk: tuple[Question, ...] = self._suspects.popleft()
@@ -322,6 +340,20 @@ class WorkerPool:
 
     # -- worker lifecycle -----------------------------------------------------------------------
 
+    def _restart_outdated(self) -> None:
+        """The outdated workers that hold nothing now start again with their new engine (a stopping
+        pool starts none: the journal keeps what they answered)."""
+        for w in self.workers:
+            if not w.outdated or w.in_flight or w.link is None or self._stop_signal:
+                continue
+            # It holds nothing, and its counters came before its last answers: nothing is lost by
+            # ending it at once, and the loop never waits for a worker still loading the model.
+            self._stop_process(w, graceful=False)
+            w.earlier, w.live = added(w.earlier, w.live), None
+            w.outdated = False
+            if w.spec.worker_id not in self._leaving:
+                self._start(w)
+
     def _engine_of(self, w: WorkerState) -> EngineConfig:
         engines = self._engines
         return engines if isinstance(engines, EngineConfig) else engines[w.spec.worker_id]
@@ -330,7 +362,7 @@ class WorkerPool:
         if w.spec.log_path:
             open(w.spec.log_path, "w").close()  # last words are this life's only
         w.link = self._backend.start(w.spec)
-        w.ready, w.wants = None, 0
+        w.ready, w.wants, w.outdated = None, 0, False
         w.threads = ThreadCount()
         if self._engines is not None:  # a restart during the run: configure it at once
             w.link.send(Configure(self._engine_of(w)))
@@ -365,6 +397,9 @@ class WorkerPool:
                     on_node(w.spec), death, len(lost))
         if not self._crashes.may_restart(w.spec.worker_id):
             log.warning("worker %d cannot start (%s): going on without it", death.worker_id, death)
+            return
+        if w.spec.worker_id in self._leaving:  # a larger context's plan let it go
+            self._dispatch()
             return
         w.restarts += 1
         self._start(w)

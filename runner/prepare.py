@@ -8,9 +8,10 @@ the work, find the prefix every prompt shares.
 
 A file of up to WINDOW records is one window: every question is known before the first is
 dispatched, as the layout likes it. A bigger file streams: the layout is settled on the first
-window (runner/job.py), and each next window is made while the workers answer the last, so the
-coordinator holds a window of questions and a few bytes for each question before it
-(runner/columns.py), and the first answer comes within seconds of the start.
+window (runner/job.py), its context grown if a later window needs more (runner/growth.py), and
+each next window is made while the workers answer the last, so the coordinator holds a window of
+questions and a few bytes for each question before it (runner/columns.py), and the first answer
+comes within seconds of the start.
 """
 
 from __future__ import annotations

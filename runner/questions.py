@@ -24,6 +24,7 @@ from .answer_spec import format_grammar, record_choices, with_choices
 from .config import CHOICES_AUTO, JobConfig
 from .columns import HashIndex, IdColumn, IdSet, text_key
 from .errors import ConfigError, quote
+from .formats.openai_request import COMPLETION
 from .formats.record import Record
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
 from .journal import Expected, Journal, prompt_hash, prompt_key, record_hash
@@ -42,7 +43,7 @@ class QuestionSet:
 
     # Ids among the job's (runner/columns.py: compact, as every line of a big OpenAI Batch file may be one)
     refused: IdSet  # requests refused as asked (each also in `rejected`)
-    completions: IdSet  # raw /v1/completions prompts
+    completions: IdSet  # /v1/completions lines (answered with text_completion bodies)
     with_grammar: IdSet  # questions with a grammar of their own
     # qid -> its error answer, never sent to a worker nor journaled (a rerun tries again): a prompt
     # the model's tokenizer cannot take, a request refused as asked
@@ -76,6 +77,7 @@ class QuestionMaker:
                                                [rec.digest for rec in records])
         first = len(self.ids)
         self.ids.extend(rec.qid for rec in records)
+        self._kinds(records, first)
         self._journaled([(first + i, rec, prompt) for i, (rec, prompt) in enumerate(zip(records, journaled))
                          if prompt is not None])
 
@@ -94,6 +96,13 @@ class QuestionMaker:
             if question is not None:
                 questions.append(question)
         return questions
+
+    def _kinds(self, records: Sequence[Record], first: int) -> None:
+        """Which lines are /v1/completions requests, from the lines themselves: an answer the
+        journal holds is written as the kind of body its line asks for, like a new one."""
+        for index, rec in enumerate(records, start=first):
+            if rec.request is not None and rec.request.endpoint == COMPLETION:
+                self.made.completions.add(rec.qid, index)
 
     def _journaled(self, held: list[tuple[int, Record, int]]) -> None:
         """Records whose answer the journal holds (index in self.ids, record, its prompt's key):
@@ -115,7 +124,6 @@ class QuestionMaker:
             return self.builder.render(_user_message(self.builder, rec, self.config.input))
         why = req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
         if why is None and req.prompt is not None:
-            self.made.completions.add(rec.qid, index)
             return req.prompt
         if why is None:
             try:

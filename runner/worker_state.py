@@ -28,6 +28,7 @@ class WorkerState:
     live: Optional[EngineStats] = None  # this life's counters, as last sent
     earlier: Optional[EngineStats] = None  # the counters of its earlier lives, summed
     restarts: int = 0
+    outdated: bool = False  # to start again with the pool's new engine once it holds nothing
     last_error: str = ""  # the WorkerError it sent, if any, in this life
     threads: ThreadCount = field(default_factory=ThreadCount)  # llama.cpp's, in this life
 

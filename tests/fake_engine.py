@@ -23,6 +23,8 @@ Its behaviour is a `Fake`, a picklable engine factory that goes where the real e
                                             and decodes the shared prefix before it is Ready)
     Fake(threads=True, first_step_threads_to=P)
                                             write the thread count its first step runs with to P
+    Fake(context=True)                      refuse a prompt its context per sequence cannot hold, as the
+                                            real engine does
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Fake:
     threads: bool = False
     build_s: float = 0.0
     first_step_threads_to: Optional[str] = None
+    context: bool = False
 
     def __call__(self, config: EngineConfig, worker_id: int) -> "FakeEngine":
         return FakeEngine(config, worker_id, self)
@@ -75,15 +78,22 @@ class FakeEngine:
         self.busy = 0  # slots busy, summed over steps
         self.prompt_tokens = 0  # of the questions answered
         self.n_threads = config.n_threads
+        self.n_ctx_seq = config.n_ctx_seq
+        self.refused: list[Answer] = []
         if fake.threads:
             self.runner = FakeRunner(config.n_threads)
         time.sleep(fake.build_s)
 
     @property
     def n_unfinished(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.refused)
 
     def add(self, question: Question) -> None:
+        if self.fake.context and len(question.tokens) >= self.n_ctx_seq:
+            self.refused.append(Answer(question.qid, "", FinishReason.ERROR, len(question.tokens), 0, self.worker_id,
+                                       0.0, 0.0, error=f"prompt has {len(question.tokens)} tokens, context per "
+                                                       f"sequence is {self.n_ctx_seq}"))
+            return
         self.waiting.append(question)
 
     def step(self) -> list[Answer]:
@@ -97,7 +107,7 @@ class FakeEngine:
             os._exit(3)  # after the last answers went out, holding the next ones
         if fake.slow:
             time.sleep(fake.slow)
-        out = []
+        out, self.refused = self.refused, []
         self.busy += min(self.slots, len(self.waiting))
         for _ in range(min(self.slots, len(self.waiting))):
             q = self.waiting.popleft()
