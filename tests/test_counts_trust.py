@@ -1,0 +1,61 @@
+"""Numbers a user can trust (issue 29): `ggbatch score`'s counts and numbers, the run's counts in
+the report and the summary (one definition each: records), prompt tokens only when decoded, and
+`ggbatch merge` refusing shards of different jobs. Real files, real processes, real tiny models."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def ggbatch(*args, timeout=200):
+    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+# -- ggbatch score ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_score_counts_answers_to_records_without_gold_apart_from_unknown_ids(tmp_path):
+    gold = write_jsonl(tmp_path / "g.jsonl", [
+        {"questionID": "a", "question": "?", "answer": "1"},
+        {"questionID": "b", "question": "?"},  # no gold answer
+        {"questionID": "c", "question": "?", "answer": None},
+        {"questionID": "d", "question": "?", "answer": ""}])  # empty: skipped like null, not scored as wrong
+    answers = write_jsonl(tmp_path / "a.jsonl", [{"questionID": q, "answer": "1"} for q in ("a", "b", "c", "d", "z")])
+    out = tmp_path / "s.json"
+    r = ggbatch("score", "--answers", answers, "--gold", gold, "--json", out, timeout=60)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(out.read_text())
+    assert summary["overall"]["n"] == 1 and summary["overall"]["correct"] == 1
+    assert (summary["answers_not_in_gold"], summary["gold_without_answer"],
+            summary["answers_without_gold_answer"]) == (1, 3, 3)
+    assert "answers whose id is not in the gold file: 1 (not scored)" in r.stdout
+    assert "gold records without a gold answer: 3, 3 of them answered (not scored)" in r.stdout
+
+
+@pytest.mark.timeout(60)
+def test_score_reads_a_number_without_its_leading_zero(tmp_path):
+    gold = write_jsonl(tmp_path / "g.jsonl", [{"questionID": "half", "question": "?", "answer": "0.5"},
+                                              {"questionID": "fifty", "question": "?", "answer": "50"},
+                                              {"questionID": "cents", "question": "?", "answer": "0.50"}])
+    answers = write_jsonl(tmp_path / "a.jsonl", [{"questionID": "half", "answer": "It is .5"},
+                                                 {"questionID": "fifty", "answer": "It costs $.50"},
+                                                 {"questionID": "cents", "answer": "#### $.50"}])
+    details = tmp_path / "d.jsonl"
+    r = ggbatch("score", "--answers", answers, "--gold", gold, "--details", details, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = {row["id"]: row for row in map(json.loads, details.read_text().splitlines())}
+    assert (rows["half"]["extracted"], rows["half"]["status"]) == (".5", "correct")
+    assert (rows["fifty"]["extracted"], rows["fifty"]["status"]) == (".50", "wrong")
+    assert rows["cents"]["status"] == "correct"
+
