@@ -59,3 +59,37 @@ def test_score_reads_a_number_without_its_leading_zero(tmp_path):
     assert (rows["fifty"]["extracted"], rows["fifty"]["status"]) == (".50", "wrong")
     assert rows["cents"]["status"] == "correct"
 
+# -- the run's numbers --------------------------------------------------------------------------
+
+# One worker of one thread: on a busy 2-core machine more threads wait at llama.cpp's barriers.
+FLAGS = ("--workers", 1, "--threads", 1, "--progress", "off")
+
+
+def run(model, questions, output, *args):
+    return ggbatch("run", "--model", model, "--input", questions, "--output", output, *FLAGS, *args)
+
+
+# -- ggbatch merge ------------------------------------------------------------------------------
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_merge_refuses_shards_of_two_jobs_naming_the_parts_and_the_setting(tmp_path, stories, gsm8k_file):
+    questions, output = gsm8k_file(6), str(tmp_path / "answers.jsonl")
+    for shard, max_tokens in (("0/2", 4), ("1/2", 6)):  # the second shard run with another max_tokens
+        r = run(stories, questions, output, "--shard", shard, "--max-tokens", max_tokens)
+        assert r.returncode == 0, r.stderr
+    parts = [str(tmp_path / f"answers.shard-{i}-of-2.jsonl") for i in range(2)]
+    merged = tmp_path / "merged.jsonl"
+    r = ggbatch("merge", "--input", questions, "--output", merged, *parts)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [f"ggbatch: error: parts of two jobs: {parts[0]} and {parts[1]} were answered "
+                                     "with different 'max_tokens' (4 and 6, as their journals say); merge the "
+                                     "shards of one job"]
+    assert not merged.exists()
+
+    r = run(stories, questions, output, "--shard", "1/2", "--max-tokens", 4, "--fresh")  # the same job now
+    assert r.returncode == 0, r.stderr
+    r = ggbatch("merge", "--input", questions, "--output", merged, *parts)
+    assert r.returncode == 0, r.stderr
+
