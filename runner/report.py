@@ -165,14 +165,15 @@ class RunReport:
 
     def _throughput(self) -> dict[str, Any]:
         """Tokens, rates, latency and occupancy of the answers made in this run (reused ones
-        took no time here)."""
+        took no time here). Prompt tokens are those decoded: a question refused before its prompt
+        went through the model (too long for the context) has its tokens in prompt_refused."""
         tally = self.outcome.tally
         run_s = self.outcome.timings.get("run_s") or 1e-9
         prompt, generated = tally.prompt_tokens, tally.generated_tokens
         busy = sum(w.engine.get("busy_slots", 0.0) for w in self.outcome.workers)
         steps = sum(w.engine.get("steps", 0.0) for w in self.outcome.workers)
         return {"tokens": {"prompt": prompt, "generated": generated, "prompt_per_s": round(prompt / run_s, 2),
-                           "generated_per_s": round(generated / run_s, 2)},
+                           "generated_per_s": round(generated / run_s, 2), "prompt_refused": tally.refused_tokens},
                 "latency_s": percentiles(tally.latency_s),
                 "ttft_s": percentiles(tally.ttft_s),
                 "mean_slot_occupancy": round(busy / (steps * self.setup.layout.slots), 3) if steps else None}
@@ -264,7 +265,9 @@ def format_summary(report: RunReport) -> str:
         f"weights {'repacked' if lay.repack else 'not repacked'} ({lay.repack_reason})" + _gpu_summary(report),
         f"wall time  {timings['total_s']:.2f} s (prepare {timings['prepare_s']:.2f} s)",
         f"tokens     {t['prompt']} prompt ({t['prompt_per_s']:.1f}/s), "
-        f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)" + _cache_summary(data["prefix_cache"]),
+        f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)"
+        + (f", {t['prompt_refused']} prompt tokens refused (not decoded)" if t["prompt_refused"] else "")
+        + _cache_summary(data["prefix_cache"]),
         f"latency    p50 {data['latency_s']['p50']:.2f} s, p95 {data['latency_s']['p95']:.2f} s, "
         f"max {data['latency_s']['max']:.2f} s",
     ]

@@ -24,7 +24,8 @@ class AnswerTally:
         self.made = 0  # by a worker in this run
         self.errors: list[tuple[str, str]] = []  # (qid, error), the first FIRST_ERRORS
         self.finish_reasons: Counter[str] = Counter()
-        self.prompt_tokens = 0  # of the answers made
+        self.prompt_tokens = 0  # of the answers made whose prompt was decoded
+        self.refused_tokens = 0  # of those made without decoding their prompt (too long, ...)
         self.generated_tokens = 0
         self.latency_s = array("d")  # of the answers made without an error
         self.ttft_s = array("d")  # of those that generated a token
@@ -45,7 +46,10 @@ class AnswerTally:
 
     def _made(self, a: Answer) -> None:
         self.made += 1
-        self.prompt_tokens += a.prompt_tokens
+        if a.prompt_decoded:
+            self.prompt_tokens += a.prompt_tokens
+        else:  # no work of this run: a rate or a cache share counting them would be false
+            self.refused_tokens += a.prompt_tokens
         self.generated_tokens += a.completion_tokens
         if a.error is None:
             self.latency_s.append(a.latency_s)

@@ -69,6 +69,25 @@ def run(model, questions, output, *args):
     return ggbatch("run", "--model", model, "--input", questions, "--output", output, *FLAGS, *args)
 
 
+@pytest.mark.model
+@pytest.mark.timeout(240)
+def test_prompt_tokens_count_only_prompts_decoded_and_refused_ones_apart(tmp_path, stories):
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"questionID": "short", "question": "Once upon a time"},
+                                                   {"questionID": "long", "question": "word " * 300}])
+    out, report = tmp_path / "a.json", tmp_path / "r.json"
+    r = run(stories, questions, out, "--n-ctx", 64, "--max-tokens", 4, "--report", report)
+    assert r.returncode == 1, r.stderr
+    rows = {row["questionID"]: row for row in json.loads(out.read_text())}
+    refused = int(rows["long"]["error"].split("prompt has ")[1].split()[0])
+    assert refused > 64
+    tokens = json.loads(report.read_text())["tokens"]
+    # Only the short question went through the model: its prompt fits the context of 64.
+    assert 0 < tokens["prompt"] < 64 and tokens["prompt_refused"] == refused
+    run_s = json.loads(report.read_text())["timings_s"]["run_s"]
+    assert tokens["prompt_per_s"] <= 64 / run_s
+    assert json.loads(report.read_text())["prefix_cache"]["prompt_tokens"] == tokens["prompt"]
+    assert f", {refused} prompt tokens refused (not decoded)" in r.stdout
+
 # -- ggbatch merge ------------------------------------------------------------------------------
 
 
