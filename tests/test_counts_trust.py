@@ -59,6 +59,7 @@ def test_score_reads_a_number_without_its_leading_zero(tmp_path):
     assert (rows["fifty"]["extracted"], rows["fifty"]["status"]) == (".50", "wrong")
     assert rows["cents"]["status"] == "correct"
 
+
 # -- the run's numbers --------------------------------------------------------------------------
 
 # One worker of one thread: on a busy 2-core machine more threads wait at llama.cpp's barriers.
@@ -87,6 +88,49 @@ def test_prompt_tokens_count_only_prompts_decoded_and_refused_ones_apart(tmp_pat
     assert tokens["prompt_per_s"] <= 64 / run_s
     assert json.loads(report.read_text())["prefix_cache"]["prompt_tokens"] == tokens["prompt"]
     assert f", {refused} prompt tokens refused (not decoded)" in r.stdout
+
+
+@pytest.mark.model
+@pytest.mark.timeout(240)
+def test_untokenizable_duplicates_are_counted_by_record_and_as_one_prompt(tmp_path):
+    from conftest import MODELS, require
+
+    model = require(MODELS / "TinyStories-656K-Q8_0.gguf")
+    texts = {"a": "Once upon a time.", "b": "It’s a dog.", "c": "It’s a dog.", "d": "Once upon a time."}
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"questionID": k, "question": v} for k, v in texts.items()])
+    out, report = tmp_path / "a.json", tmp_path / "r.json"
+    r = run(str(model), questions, out, "--max-tokens", 4, "--report", report)
+    assert r.returncode == 1, r.stderr
+    q = json.loads(report.read_text())["questions"]
+    assert (q["records"], q["unique_prompts"]) == (4, 2)  # "Once upon a time." and "It’s a dog."
+    assert (q["answered"], q["failed"], q["not_answered"], q["from_journal"]) == (2, 2, 0, 0)
+    assert sum(q["finish_reasons"].values()) == 4 and q["finish_reasons"]["error"] == 2
+    assert "answered   2/4 records, 2 failed (2 unique prompts)" in r.stdout
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_a_resumed_runs_report_counts_every_record_as_a_whole_run_does(tmp_path, stories):
+    first = [{"questionID": "q0", "question": "Once upon a time"}, {"questionID": "q1", "question": "The dog ran"}]
+    more = [{"questionID": "q2", "question": "Once upon a time"}, {"questionID": "q3", "question": "A big red ball"}]
+    questions, out, report = tmp_path / "q.jsonl", tmp_path / "a.json", tmp_path / "r.json"
+    write_jsonl(questions, first)
+    assert run(stories, questions, out, "--max-tokens", 6).returncode == 0
+    write_jsonl(questions, first + more)  # two more lines, one a duplicate of an answered one
+    r = run(stories, questions, out, "--max-tokens", 6, "--report", report)
+    assert r.returncode == 0, r.stderr
+    resumed = json.loads(report.read_text())["questions"]
+    whole_report = tmp_path / "whole.json"
+    assert run(stories, questions, tmp_path / "whole-a.json", "--max-tokens", 6,
+               "--report", whole_report).returncode == 0
+    whole = json.loads(whole_report.read_text())["questions"]
+    # q0, q1 and q2 (q0's prompt) took their answers from the journal: 3 records, 1 made now.
+    assert resumed["from_journal"] == 3 and whole["from_journal"] == 0
+    assert {**resumed, "from_journal": 0} == whole
+    assert (whole["records"], whole["unique_prompts"], whole["answered"], whole["failed"]) == (4, 3, 4, 0)
+    assert sum(whole["finish_reasons"].values()) == 4
+    assert "answered   4/4 records, 3 from the journal (3 unique prompts)" in r.stdout
+
 
 # -- ggbatch merge ------------------------------------------------------------------------------
 
