@@ -79,7 +79,8 @@ class CrashBudget:
         if n < self.max_solo_deaths:
             return [], [(q,)]
         return [Answer(q.qid, "", FinishReason.ERROR, len(q.tokens), 0, death.worker_id, 0.0, 0.0,
-                       error=f"a worker died {n} times while answering it alone (last: {death})")], []
+                       error=f"a worker died {n} times while answering it alone (last: {death})",
+                       prompt_decoded=False)], []
 
     def give_up(self, death: Death, any_ready: bool, n_live: int) -> Optional[Exception]:
         """The error ending the run after this death, or None to go on."""

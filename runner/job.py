@@ -54,6 +54,7 @@ from .prepare import WINDOW, Preparer, Window, check_requests, facts, max_tokens
 from .report import JobSetup, RunOutcome, RunReport
 from .shards import in_shard
 from .signals import stop_on_signals
+from .tally import RecordCounts
 from .watch import RunWatch
 from ..workers.protocol import EngineConfig, WorkerSpec
 
@@ -104,12 +105,12 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
                     ended = _answer(pool, first, growth.engines(), _feed(preparer, rest, window, watch, pool, growth),
                                     window)
                     preparer.say()
-                    _write_answers(config, preparer, journal, ended,
-                                   _output_spec(config, preparer, formats[1], clock["started_at"]))
+                    counts = _write_answers(config, preparer, journal, ended,
+                                            _output_spec(config, preparer, formats[1], clock["started_at"]))
                     setup = _made(setup, preparer, growth)
                     watch.tally.add(preparer.made.rejected.values(), made=False)
                 _say_cut(watch)
-    report = _report(setup, preparer.made.reused, pool, watch, clock)
+    report = _report(setup, counts, pool, watch, clock)
     if ended is not None:
         raise ended
     return report
@@ -238,7 +239,7 @@ def _made(setup: JobSetup, preparer: Preparer, growth: ContextGrowth) -> JobSetu
     """The setup with what only the whole file tells: how many records and unique prompts, and
     the layout the context grew to."""
     made = preparer.made
-    setup = replace(setup, records=len(preparer.maker.ids), unique_prompts=made.unique + len(made.rejected),
+    setup = replace(setup, records=len(preparer.maker.ids), unique_prompts=made.unique + len(made.refused),
                     own_settings=dict(made.own_settings), sharing=preparer.sharing if setup.sharing else None)
     if not growth.grown:
         return setup
@@ -282,23 +283,31 @@ def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: fl
 
 
 def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ended: Optional[Exception],
-                   spec: OutputSpec) -> None:
+                   spec: OutputSpec) -> RecordCounts:
     """Whatever ended the run, the answers file holds every answer and says of each question
     left without one why (or errors_output does, when set). Rows are made as they are written,
-    each answer read back from the journal."""
+    each answer read back from the journal; each is counted as it is written, so the report
+    says what the file says."""
     why = ("no answer came back" if ended is None else
            f"the run was stopped by signal {ended.signum} first" if isinstance(ended, Interrupted) else str(ended))
-    rejected = preparer.made.rejected
-    rows = (Row(qid, answer, f"not answered: {why}" if answer is None else answer.error)
-            for qid, first in preparer.maker.ids.answered_as()
-            for answer in [rejected.get(qid) or journal.answer(first)])
-    write_answers(config.output, rows, spec, config.errors_output)
+    made, counts = preparer.made, RecordCounts()
+
+    def rows() -> Iterator[Row]:
+        for qid, first in preparer.maker.ids.answered_as():
+            rejected = made.rejected.get(qid)
+            answer = rejected or journal.answer(first)
+            counts.count(answer, from_journal=rejected is None and answer is not None and first in made.from_journal)
+            yield Row(qid, answer, f"not answered: {why}" if answer is None else answer.error)
+
+    write_answers(config.output, rows(), spec, config.errors_output)
+    return counts
 
 
-def _report(setup: JobSetup, reused: int, pool: WorkerPool, watch: RunWatch, clock: dict[str, float]) -> RunReport:
+def _report(setup: JobSetup, counts: RecordCounts, pool: WorkerPool, watch: RunWatch,
+            clock: dict[str, float]) -> RunReport:
     end = time.perf_counter()
     ready = pool.first_ready_at
-    outcome = RunOutcome(watch.tally, reused, pool.worker_runs(), watch.monitor.summary(),
+    outcome = RunOutcome(watch.tally, counts, pool.worker_runs(), watch.monitor.summary(),
                          {"total_s": end - clock["start"], "prepare_s": clock["prepared"] - clock["start"],
                           "run_s": end - clock["prepared"],
                           "first_worker_ready_s": ready - clock["start"] if ready else None},

@@ -3,8 +3,9 @@ read and merged (runner/parts.py, runner/merge_parts.py), OUT written atomically
 it from being complete said one line each (runner/cli.py makes that exit 1).
 
 Refused (exit 2, one line naming the files): an id in two parts, an id the question file does not
-have, parts of different kinds (OpenAI Batch lines and answers rows) or of different splits (by
-their names), OUT being a part or the question file. Incomplete (OUT written, exit 1): a part
+have, parts of different kinds (OpenAI Batch lines and answers rows), of different splits (by
+their names) or of different jobs (by the settings in their journals: the first that differs),
+OUT being a part or the question file. Incomplete (OUT written, exit 1): a part
 file that does not exist, a shard no part's name says, questions no part holds (named: the first
 few and a count), rows without an answer.
 """
@@ -25,7 +26,8 @@ from .formats.detect import output_format
 from .inputs import read_question_file
 from .merge_parts import Merged, merge_rows, render_merged
 from .outputs import write_atomic
-from .parts import Part, read_part
+from .journal import changed_setting
+from .parts import Part, part_settings, read_part
 from .paths import check_writable, same_file
 from .shards import shard_in_name, shard_of
 
@@ -109,6 +111,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     why). InputError or ConfigError for a merge that is refused; nothing is written then."""
     _check_paths(output, paths, questions)
     split, absent_shards = _split(paths)
+    _check_one_job([p for p in paths if os.path.exists(p)])
     order, question_fmt = None, None
     if questions is not None:
         question_file = read_question_file(questions, id_field, question_field, input_fmt)
@@ -130,6 +133,25 @@ def _check_paths(output: str, paths: Sequence[str], questions: Optional[str]) ->
         if path is not None and same_file(output, path):
             raise ConfigError(f"the merged output {output} is {role} ({path}); give another path")
     check_writable(output)
+
+
+def _check_one_job(paths: Sequence[str]) -> None:
+    """Refuse parts whose journals say they were answered with different settings (another
+    model, another max_tokens, ...): merged, they would read as one job's answers. A part
+    without a journal beside it cannot say, and is taken as it is."""
+    first: Optional[tuple[str, dict[str, Any]]] = None
+    for path in paths:
+        settings = part_settings(path)
+        if settings is None:
+            continue
+        if first is None:
+            first = (path, settings)
+            continue
+        key = changed_setting(first[1], settings)
+        if key is not None:
+            raise ConfigError(f"parts of two jobs: {first[0]} and {path} were answered with different "
+                              f"'{key}' ({quote(first[1].get(key))} and {quote(settings.get(key))}, as their "
+                              "journals say); merge the shards of one job")
 
 
 def _split(paths: Sequence[str]) -> tuple[int, list[int]]:

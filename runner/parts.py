@@ -5,6 +5,8 @@ question id, each named by its file and line.
     CSV                        the same fields (an empty error is none)           fields
     OpenAI Batch output        one line per request, keyed by its custom_id       the line, as it is
 
+Each part's journal (beside it, as a run leaves it) says what job made it: part_settings.
+
 The format is the file's extension checked against its content (runner/formats/detect.py); JSON
 Lines whose first line is an OpenAI Batch output line ({"custom_id", "response", "error"}) are
 OpenAI Batch output. The parsing is the question reader's and the scorer's (line numbers,
@@ -22,7 +24,25 @@ from typing import Any, Iterable, Optional
 from .errors import InputError
 from .formats.csvfile import csv_rows
 from .inputs import detect_format, json_array, json_lines, read_text
+from .paths import journal_path
 from .scoring.files import openai_text, row_id
+
+
+def part_settings(path: str) -> Optional[dict[str, Any]]:
+    """The settings a part was answered with: its journal's fingerprint (runner/journal.py),
+    normalised by a JSON round trip and without its shard, which differs between the shards of one
+    job by design; None when the part has no readable journal beside it (a part copied alone)."""
+    try:
+        with open(journal_path(path), "rb") as f:
+            header = json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
+    fingerprint = header.get("fingerprint") if isinstance(header, dict) else None
+    if not isinstance(fingerprint, dict):
+        return None
+    settings = json.loads(json.dumps(fingerprint))
+    settings.pop("shard", None)
+    return settings
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,14 @@ from typing import Iterator, Optional, Sequence, Union
 
 from .answer_spec import format_grammar, record_choices, with_choices
 from .config import CHOICES_AUTO, JobConfig
-from .columns import HashIndex, IdColumn, IdSet, text_key
+from .columns import HashIndex, IdColumn, IdSet, key64, text_key
 from .errors import ConfigError, quote
 from .formats.openai_request import COMPLETION
 from .formats.record import Record
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
 from .journal import Expected, Journal, prompt_hash, prompt_key, record_hash
-from .question_settings import QuestionSettings, describe_own, has_grammar, is_greedy, own_generation, vocabulary_problem
+from .question_settings import (QuestionSettings, describe_own, has_grammar, is_greedy, own_generation,
+                                settings_key, vocabulary_problem)
 from .tokenizing import Rejected, TokenizerProcess, tokenize_all
 from ..workers.protocol import Answer, FinishReason, GenerationParams, Question
 
@@ -45,13 +46,15 @@ class QuestionSet:
     refused: IdSet  # requests refused as asked (each also in `rejected`)
     completions: IdSet  # /v1/completions lines (answered with text_completion bodies)
     with_grammar: IdSet  # questions with a grammar of their own
+    from_journal: IdSet  # questions whose answer the journal held (an identical prompt's records take it too)
     # qid -> its error answer, never sent to a worker nor journaled (a rerun tries again): a prompt
     # the model's tokenizer cannot take, a request refused as asked
     rejected: dict[str, Answer] = field(default_factory=dict)
     first_refused: str = ""  # "file:line: why", for the log
     own_settings: Counter[str] = field(default_factory=Counter)  # question_settings.describe_own, summed
-    unique: int = 0  # prompts answered, now or before (from the journal)
-    reused: int = 0  # of those, answers the journal held
+    # Distinct prompts, answered now or before (from the journal) or failing to tokenize: identical
+    # ones count once when they are answered once (greedy, equal settings)
+    unique: int = 0
 
 
 class QuestionMaker:
@@ -66,13 +69,14 @@ class QuestionMaker:
         # self.ids of the first one; 95 bits must match for a question to take another's answer.
         self._first = HashIndex()
         self.ids = IdColumn()
-        self.made = QuestionSet(IdSet(self.ids), IdSet(self.ids), IdSet(self.ids))
+        self.made = QuestionSet(IdSet(self.ids), IdSet(self.ids), IdSet(self.ids), IdSet(self.ids))
+        self._failed_prompts: set[int] = set()  # key64 of the prompts the tokenizer refused (and settings)
 
     def make(self, records: Sequence[Record]) -> list[Question]:
         """The questions of these records still to answer, in file order; the rest are answers
         the journal holds, aliases of identical prompts, or errors (self.made)."""
         questions: list[Question] = []
-        waiting: deque[tuple[Record, int]] = deque()  # rendered, waiting for their tokens
+        waiting: deque[tuple[Record, int, str]] = deque()  # rendered, waiting for their tokens
         journaled = self.journal.reuse_records([rec.key or text_key(rec.qid) for rec in records],
                                                [rec.digest for rec in records])
         first = len(self.ids)
@@ -87,12 +91,15 @@ class QuestionMaker:
                     continue
                 text = self.prompt(rec, index)
                 if text is not None:
-                    waiting.append((rec, index))
+                    waiting.append((rec, index, text))
                     yield text, self.builder.needs_bos(text)
 
         # The prompts are rendered as the tokenizer process takes them (rendering overlaps tokenizing).
         for tokens in tokenize_all(self.tokenizers, prompts()):
-            question = self.add(*waiting.popleft(), tokens)
+            rec, index, text = waiting.popleft()
+            if isinstance(tokens, Rejected):
+                self._count_failed(rec, text)
+            question = self.add(rec, index, tokens)
             if question is not None:
                 questions.append(question)
         return questions
@@ -112,10 +119,10 @@ class QuestionMaker:
         # A journaled prompt is found by its 64 bits, without the 31 more (_first_of).
         self._first.add_many([prompt for prompt, _ in greedy], [index for _, index in greedy])
         for (index, rec, _), own in zip(held, owns):
+            self.made.from_journal.add(rec.qid, index)
             if own is not None:
                 self._count_own(rec.qid, index, own)
         self.made.unique += len(held)
-        self.made.reused += len(held)
 
     def prompt(self, rec: Record, index: int) -> Optional[str]:
         """The prompt text, or None for a request refused as asked (its error answer is made)."""
@@ -152,8 +159,9 @@ class QuestionMaker:
                 return None
             self._first.add(prompt_key(h), (int(h[16:24], 16) & CHECK_MASK) << 32 | index)
         reused = self.journal.reuse_prompt(rec.qid, h)
-        self._count(rec.qid, index, own, reused)
+        self._count(rec.qid, index, own)
         if reused:
+            self.made.from_journal.add(rec.qid, index)
             return None
         self.journal.expect(rec.qid, Expected(h, record_hash(rec.digest) if rec.digest else ""))
         seed = rec.request.settings.seed if rec.request and rec.request.settings.seed is not None else None
@@ -168,11 +176,21 @@ class QuestionMaker:
         check, index = value >> 32, value & INDEX_MASK
         return index if check in (0, int(h[16:24], 16) & CHECK_MASK) else None
 
-    def _count(self, qid: str, index: int, own: Optional[GenerationParams], reused: bool) -> None:
+    def _count(self, qid: str, index: int, own: Optional[GenerationParams]) -> None:
         self.made.unique += 1
-        self.made.reused += reused
         if own is not None:
             self._count_own(qid, index, own)
+
+    def _count_failed(self, rec: Record, text: str) -> None:
+        """A prompt the tokenizer refused is one of the unique prompts once, as an identical
+        prompt it could take would be answered once (greedy, equal settings)."""
+        own = self._own_generation(rec)
+        if is_greedy(own or self.job):
+            key = key64(text.encode("utf-8", "surrogatepass") + (settings_key(own) if own is not None else b""))
+            if key in self._failed_prompts:
+                return
+            self._failed_prompts.add(key)
+        self.made.unique += 1
 
     def _count_own(self, qid: str, index: int, own: GenerationParams) -> None:
         self.made.own_settings.update(describe_own([own]))

@@ -20,7 +20,7 @@ from .memory import MemoryPlan
 from .model import ModelIdentity
 from .monitor import UsageSummary
 from .prefix_groups import Sharing
-from .tally import AnswerTally
+from .tally import AnswerTally, RecordCounts
 from .versions import package_version
 from ..workers.protocol import RESPONSE_FORMAT_ENFORCED, GenerationParams
 
@@ -96,8 +96,8 @@ class JobSetup:
 class RunOutcome:
     """What happened."""
 
-    tally: AnswerTally  # the answers of this run, counted (and those refused before any worker saw them)
-    reused: int  # answers taken from the journal instead
+    tally: AnswerTally  # the answers of this run, counted by prompt (and those refused before any worker saw them)
+    records: RecordCounts  # every record of the input by its row in the answers file
     workers: Sequence[WorkerRun]
     usage: UsageSummary
     timings: Mapping[str, Optional[float]]  # total_s, prepare_s, run_s, first_worker_ready_s
@@ -117,11 +117,13 @@ class RunReport:
 
     @property
     def failed(self) -> int:
-        return self.outcome.tally.failed
+        """Records whose row holds an error."""
+        return self.outcome.records.failed
 
     @property
     def answered(self) -> int:
-        return self.outcome.tally.answered + self.outcome.reused
+        """Records whose row holds an answer, made in this run or taken from the journal."""
+        return self.outcome.records.answered
 
     def as_json(self) -> dict[str, Any]:
         """The report file: the schema users' tooling reads."""
@@ -156,23 +158,28 @@ class RunReport:
                 "answer": _answer_shape(config)}
 
     def _questions(self) -> dict[str, Any]:
-        shard = self.setup.config.shard
+        """Every count but unique_prompts is of records (lines of the input, duplicates included):
+        answered + failed + not_answered = records; from_journal and finish_reasons count the
+        same records, whichever run made their answer."""
+        shard, counts = self.setup.config.shard, self.outcome.records
         return {"records": self.setup.records, "unique_prompts": self.setup.unique_prompts,
                 "shard": {"index": shard.index, "count": shard.count} if shard is not None else None,
                 "input_format": self.setup.formats[0], "output_format": self.setup.formats[1],
-                "answered": self.answered, "failed": self.failed, "from_journal": self.outcome.reused,
-                "finish_reasons": dict(self.outcome.tally.finish_reasons)}
+                "answered": counts.answered, "failed": counts.failed, "not_answered": counts.not_answered,
+                "from_journal": counts.from_journal,
+                "finish_reasons": dict(sorted(counts.finish_reasons.items()))}
 
     def _throughput(self) -> dict[str, Any]:
         """Tokens, rates, latency and occupancy of the answers made in this run (reused ones
-        took no time here)."""
+        took no time here). Prompt tokens are those decoded: a question refused before its prompt
+        went through the model (too long for the context) has its tokens in prompt_refused."""
         tally = self.outcome.tally
         run_s = self.outcome.timings.get("run_s") or 1e-9
         prompt, generated = tally.prompt_tokens, tally.generated_tokens
         busy = sum(w.engine.get("busy_slots", 0.0) for w in self.outcome.workers)
         steps = sum(w.engine.get("steps", 0.0) for w in self.outcome.workers)
         return {"tokens": {"prompt": prompt, "generated": generated, "prompt_per_s": round(prompt / run_s, 2),
-                           "generated_per_s": round(generated / run_s, 2)},
+                           "generated_per_s": round(generated / run_s, 2), "prompt_refused": tally.refused_tokens},
                 "latency_s": percentiles(tally.latency_s),
                 "ttft_s": percentiles(tally.ttft_s),
                 "mean_slot_occupancy": round(busy / (steps * self.setup.layout.slots), 3) if steps else None}
@@ -250,13 +257,12 @@ def format_summary(report: RunReport) -> str:
     """The short table printed at the end of a run."""
     data = report.as_json()
     q, t, lay, timings = data["questions"], data["tokens"], report.setup.layout, data["timings_s"]
-    done = q["answered"] + q["failed"]
     lines = [
-        f"answered   {q['answered']}/{q['unique_prompts']} prompts"
+        f"answered   {q['answered']}/{q['records']} records"
         + (f", {q['failed']} failed" if q["failed"] else "")
-        + (f", {q['unique_prompts'] - done} not answered" if done < q["unique_prompts"] else "")
-        + (f" ({q['records']} records)" if q["records"] != q["unique_prompts"] else "")
-        + (f", {q['from_journal']} from the journal" if q["from_journal"] else ""),
+        + (f", {q['not_answered']} not answered" if q["not_answered"] else "")
+        + (f", {q['from_journal']} from the journal" if q["from_journal"] else "")
+        + (f" ({q['unique_prompts']} unique prompts)" if q["records"] != q["unique_prompts"] else ""),
         f"layout     {lay.workers} {'worker' if lay.workers == 1 else 'workers'} × {lay.threads} "
         f"{'thread' if lay.threads == 1 else 'threads'} × "
         f"{lay.slots} slots, {lay.n_ctx_seq} ctx/seq, {report.setup.n_prefix} shared prefix tokens, "
@@ -264,7 +270,9 @@ def format_summary(report: RunReport) -> str:
         f"weights {'repacked' if lay.repack else 'not repacked'} ({lay.repack_reason})" + _gpu_summary(report),
         f"wall time  {timings['total_s']:.2f} s (prepare {timings['prepare_s']:.2f} s)",
         f"tokens     {t['prompt']} prompt ({t['prompt_per_s']:.1f}/s), "
-        f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)" + _cache_summary(data["prefix_cache"]),
+        f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)"
+        + (f", {t['prompt_refused']} prompt tokens refused (not decoded)" if t["prompt_refused"] else "")
+        + _cache_summary(data["prefix_cache"]),
         f"latency    p50 {data['latency_s']['p50']:.2f} s, p95 {data['latency_s']['p95']:.2f} s, "
         f"max {data['latency_s']['max']:.2f} s",
     ]

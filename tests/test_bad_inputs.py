@@ -101,7 +101,7 @@ def test_questions_the_tokenizer_cannot_take_fail_alone_and_the_rest_is_answered
                            "error": f"the model's vocabulary has no token for {bad[i]} (and no byte fallback)"}
         else:
             assert isinstance(row["answer"], str) and row["answer"] and "error" not in row
-    assert "answered   5/8 prompts, 3 failed" in r.stdout
+    assert "answered   5/8 records, 3 failed" in r.stdout
     # Not journaled: a rerun tries them again (and they fail again), the others come from the journal.
     journaled = [json.loads(line)["qid"] for line in Path(f"{out}.journal.jsonl").read_text().splitlines()[1:]]
     assert sorted(journaled) == sorted(f"q{i}" for i in range(len(TOKENIZER_TRAP)) if i not in bad)

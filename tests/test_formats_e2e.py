@@ -100,7 +100,7 @@ def test_an_openai_batch_file_is_answered_line_by_line_and_read_back_by_the_open
     again, failed = parse_output(out.read_text()), parse_output(errors.read_text())
     assert list(failed) == REFUSED and list(again) == [cid for cid in parsed if cid not in REFUSED]
     assert again["short"][1].usage.completion_tokens == 5
-    assert json.loads(report.read_text())["questions"]["from_journal"] == 7  # all but "short"
+    assert json.loads(report.read_text())["questions"]["from_journal"] == 8  # all answered but "short"
     assert again["long"][0].id == parsed["long"][0].id and again["short"][0].id != parsed["short"][0].id
 
     gold = write_lines(tmp_path / "gold.jsonl", [{"questionID": "long", "answer": text["long"]},

@@ -145,8 +145,8 @@ def test_groups_from_mmlu_ids():
 
 def test_missing_and_unknown_answers():
     gold = [Gold("a", "1"), Gold("b", "2"), Gold("c", "3")]
-    scored, unknown = score(gold, {"a": "1", "c": None, "zz": "9"}, "auto")
-    assert [s.status for s in scored] == ["correct", "missing", "missing"] and unknown == 1
+    scored, unknown, without_gold = score(gold, {"a": "1", "c": None, "zz": "9"}, "auto")
+    assert [s.status for s in scored] == ["correct", "missing", "missing"] and (unknown, without_gold) == (1, 0)
     t = tally(scored)
     assert (t.n, t.correct, t.missing) == (3, 1, 2) and t.accuracy == pytest.approx(1 / 3)
 
@@ -201,7 +201,7 @@ def test_gold_with_choices_list_and_records_without_gold(tmp_path):
                                               {"questionID": "2", "question": "?"},
                                               {"questionID": 3, "question": "?", "answer": 18}])
     gold, without = read_gold(path)
-    assert gold == [Gold("1", "B", {"A": "x", "B": "y"}), Gold("3", "18")] and without == 1
+    assert gold == [Gold("1", "B", {"A": "x", "B": "y"}), Gold("3", "18")] and without == {"2"}
 
 
 # -- the command --------------------------------------------------------------------------------

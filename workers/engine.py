@@ -128,7 +128,7 @@ class LlamaEngine:
             why = ("prompt is empty" if n == 0 else
                    f"prompt has {n} tokens, context per sequence is {self.n_ctx_seq}")
             self._rejected.append(Answer(question.qid, "", FinishReason.ERROR, n, 0, self.worker_id,
-                                         0.0, 0.0, error=why))
+                                         0.0, 0.0, error=why, prompt_decoded=False))
             return
         self.sched.add(Sequence(question))
 
@@ -340,7 +340,8 @@ class LlamaEngine:
         finish = FinishReason.ERROR if seq.error else seq.finish or FinishReason.STOP
         return Answer(seq.question.qid, text, finish, seq.n_prompt, n_out, self.worker_id,
                       max(0.0, seq.t_first - seq.t_admit), now - seq.t_admit, error=seq.error,
-                      created=time.time(), choice_logprobs=logprobs)
+                      created=time.time(), choice_logprobs=logprobs,
+                      prompt_decoded=seq.n_cached >= seq.n_prompt)
 
     def _answer_text(self, seq: Sequence) -> tuple[str, int, Optional[dict[str, float]]]:
         """(text, completion tokens, choice log-probabilities) of a finished sequence."""

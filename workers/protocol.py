@@ -80,6 +80,10 @@ class Answer:
     # Fixed choices answered from the logits, when asked (AnswerSpec.logprobs): each choice's
     # log-probability (log-softmax over the whole vocabulary, its best token variant)
     choice_logprobs: Optional[dict[str, float]] = None
+    # Its prompt went through the model. False: failed before (too long for the context, a
+    # grammar that could not be built) or with the worker that died on it; its prompt_tokens
+    # are then no work done, and the report counts them apart.
+    prompt_decoded: bool = True
 
 
 @dataclass(frozen=True)

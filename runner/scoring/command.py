@@ -49,8 +49,8 @@ def score_files(answers_path: str, gold_path: str, extract: str = "auto", by: Op
     if not gold:
         raise ConfigError(f"{gold_path}: no record has a gold '{gold_field}' (name it with --gold-field)")
     answers = read_answers(answers_path, id_field, answer_field)
-    scored, unknown = score(gold, answers, rule, pattern, groups)
-    return ScoreResult(scored, unknown, without, answers_path, gold_path, extract, by)
+    scored, unknown, without_gold = score(gold, answers, rule, pattern, groups, without)
+    return ScoreResult(scored, unknown, len(without), answers_path, gold_path, extract, by, without_gold)
 
 
 def cmd_score(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ Answers files, told apart by extension and by each row's keys:
   Responses API's `output_text` parts; an error or a non-200 status is no answer.
 - CSV with a header row: the id column and the answer column.
 Gold files: any question file (`.json`, `.jsonl`, or CSV) whose records carry the gold field;
-records without it (or with null) are counted, not scored.
+records without it (null, or an empty string) are counted, not scored.
 """
 
 from __future__ import annotations
@@ -71,11 +71,12 @@ def openai_text(row: Mapping[str, Any]) -> Optional[str]:
     return "".join(p for p in parts if isinstance(p, str)) if parts else None
 
 
-def read_gold(path: str, id_field: str = "questionID", gold_field: str = "answer") -> tuple[list[Gold], int]:
-    """(gold questions in file order, records without a gold answer)."""
+def read_gold(path: str, id_field: str = "questionID", gold_field: str = "answer") -> tuple[list[Gold], set[str]]:
+    """(gold questions in file order, ids of the records without a gold answer: none, null or
+    empty, since an empty gold answer would score every answer wrong)."""
     gold: list[Gold] = []
     lines: dict[str, int] = {}
-    without = 0
+    without: set[str] = set()
     for line, row in read_rows(path):
         where = f"{path}:{line}"
         if not isinstance(row, dict):
@@ -85,8 +86,8 @@ def read_gold(path: str, id_field: str = "questionID", gold_field: str = "answer
             raise InputError(f"{path}: duplicate {id_field} {quote(qid)} (lines {lines[qid]} and {line})")
         lines[qid] = line
         answer = _text(where, row, gold_field)
-        if answer is None:
-            without += 1
+        if answer is None or not answer.strip():
+            without.add(qid)
             continue
         gold.append(Gold(qid, answer, _choices(where, row.get("choices"))))
     return gold, without

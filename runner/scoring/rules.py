@@ -37,8 +37,10 @@ LETTERS = "ABCDEFGHIJ"  # the largest letter set of the common benchmarks (MMLU-
 
 STRICT_NUMBER = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-evaluation-harness gsm8k, strict-match
 # A number as people write one: thousands commas only in threes ("1,000", not "1,2,3"), a dollar
-# sign, a sign and decimals; a sentence's full stop after it is not a decimal point.
-NUMBER = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
+# sign, a sign and decimals, the leading zero left out (".5", "$.50" is half a dollar, not 50); a
+# sentence's full stop after it is not a decimal point.
+NUMBER = re.compile(r"-?\$?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)")
+PLAIN_NUMBER = re.compile(r"-?(?:\d+(?:\.\d+)?|\.\d+)")  # once `$` and commas are dropped
 ANSWER_IS = re.compile(r"(?i:\banswer(?:\s+is)?)\s*[:\-]?\s*[\(\[]?([A-J])[\)\]]?(?![A-Za-z0-9])")
 LETTER_MARKER = re.compile(r"^[\(\[]?([A-Ja-j])[\)\]\.:](?:\s|$)")
 
@@ -103,9 +105,9 @@ def strip_punctuation(text: str) -> str:
 
 
 def parse_number(text: str) -> Optional[Decimal]:
-    """"1,000", "$18", "18.0", "18." -> a Decimal; anything else -> None."""
+    """"1,000", "$18", "18.0", "18.", ".5" -> a Decimal; anything else -> None."""
     cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
-    if not re.fullmatch(r"-?\d+(?:\.\d+)?", cleaned):
+    if not PLAIN_NUMBER.fullmatch(cleaned):
         return None
     try:
         return Decimal(cleaned)

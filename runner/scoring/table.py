@@ -7,7 +7,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import AbstractSet, Any, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
 from .rules import RULES, Gold, Scored, Tally, by_group, group_of, score_one, tally
@@ -24,6 +24,7 @@ class ScoreResult:
     gold_path: str
     extract: str  # the --extract value as given
     by: Optional[str] = None  # the --by pattern as given
+    answers_without_gold_answer: int = 0  # answers to those gold records: counted apart, not scored
 
 
 def parse_extract(value: str) -> tuple[str, Optional[re.Pattern[str]]]:
@@ -45,13 +46,16 @@ def _compile(pattern: str, flag: str) -> re.Pattern[str]:
 
 
 def score(gold: Sequence[Gold], answers: Mapping[str, Optional[str]], rule: str,
-          pattern: Optional[re.Pattern[str]] = None,
-          by: Optional[re.Pattern[str]] = None) -> tuple[list[Scored], int]:
-    """(each gold question scored, answers whose id is not in gold). A gold id without an answer
-    is missing: scored as wrong, and counted."""
+          pattern: Optional[re.Pattern[str]] = None, by: Optional[re.Pattern[str]] = None,
+          no_gold: AbstractSet[str] = frozenset()) -> tuple[list[Scored], int, int]:
+    """(each gold question scored, answers whose id is not in the gold file, answers to the gold
+    file's records without a gold answer: `no_gold`, their ids). A gold id without an answer is
+    missing: scored as wrong, and counted."""
     scored = [score_one(g, answers.get(g.qid), rule, group_of(g.qid, by), pattern) for g in gold]
     known = {g.qid for g in gold}
-    return scored, sum(1 for qid in answers if qid not in known)
+    unscored = [qid for qid in answers if qid not in known]
+    without_gold = sum(1 for qid in unscored if qid in no_gold)
+    return scored, len(unscored) - without_gold, without_gold
 
 
 def _percent(value: Optional[float]) -> str:
@@ -78,7 +82,9 @@ def format_table(result: ScoreResult) -> str:
     if result.answers_not_in_gold:
         lines.append(f"answers whose id is not in the gold file: {result.answers_not_in_gold} (not scored)")
     if result.gold_without_answer:
-        lines.append(f"gold records without a gold answer: {result.gold_without_answer} (not scored)")
+        answered = result.answers_without_gold_answer
+        lines.append(f"gold records without a gold answer: {result.gold_without_answer}"
+                     f"{f', {answered} of them answered' if answered else ''} (not scored)")
     return "\n".join(lines)
 
 
@@ -94,6 +100,7 @@ def summary(result: ScoreResult) -> dict[str, Any]:
         "rules": dict(sorted(Counter(s.rule for s in result.scored).items())),
         "overall": _tally_json(tally(result.scored)), "stderr_formula": STDERR_FORMULA,
         "answers_not_in_gold": result.answers_not_in_gold, "gold_without_answer": result.gold_without_answer,
+        "answers_without_gold_answer": result.answers_without_gold_answer,
     }
     if result.by:
         out["by"] = result.by
