@@ -219,8 +219,9 @@ def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(models, tok
 
 @pytest.mark.model
 @pytest.mark.timeout(120)
-def test_batch_invariant_mode_on_recurrent_memory_answers_as_alone(models, tokenizers):
-    model, tok = models["mamba2-tiny"], tokenizers["mamba2-tiny"]
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_batch_invariant_mode_on_recurrent_memory_answers_as_alone(models, tokenizers, name):
+    model, tok = models[name], tokenizers[name]
     qs = make_questions(tok, passage_texts(2, 3, seed=5), system=SYSTEM)
     prefix = array("i", common_prefix([q.tokens for q in qs]))
     want = references(model, qs, flash_attn=False)
