@@ -56,6 +56,7 @@ from .local_workers import LocalBackend
 from .report import WorkerRun
 from .worker_state import WorkerState, added, on_node, worker_run
 from .worker_threads import ThreadCount, WorkerThreads
+from ..workers.memory_kind import MemoryKind
 from ..workers.protocol import (Answer, AnswerBatch, Chunk, Configure, EngineConfig, EngineStats, Question,
                                 Ready, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec)
 
@@ -98,6 +99,7 @@ class WorkerPool:
         self._engines: Union[EngineConfig, Mapping[int, EngineConfig], None] = None
         self._leaving: set[int] = set()  # workers a reconfigure lets go once they have finished
         self.first_ready_at: Optional[float] = None
+        self._memory_noted = False  # what recurrent or hybrid memory changes is said once a run
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -286,6 +288,10 @@ class WorkerPool:
                 self.first_ready_at = time.perf_counter()
             log.debug("worker %d: ready in %.2f s (pid %d, cores %s)", msg.worker_id, msg.load_s,
                       msg.pid, msg.cores)
+            note = MemoryKind(msg.memory).note()
+            if note and not self._memory_noted:
+                log.info("%s", note)
+                self._memory_noted = True
             if self._on_ready:
                 self._on_ready(self, msg)
         elif isinstance(msg, WorkerError):

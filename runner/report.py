@@ -22,6 +22,7 @@ from .monitor import UsageSummary
 from .prefix_groups import Sharing
 from .tally import AnswerTally, RecordCounts
 from .versions import package_version
+from ..workers.memory_kind import MemoryKind
 from ..workers.protocol import RESPONSE_FORMAT_ENFORCED, GenerationParams
 
 
@@ -69,6 +70,7 @@ class WorkerRun:
     n_gpu_layers: Optional[int] = None  # what llama.cpp was given (negative: all layers)
     gpu_layers: Optional[int] = None  # layers llama.cpp says it offloaded
     node: Optional[Mapping[str, str]] = None  # the Ray node it lived on ({node_id, ip}); None: this machine
+    memory: Optional[str] = None  # the model's memory as its engine found it (workers/memory_kind.py)
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,10 @@ class RunReport:
         computed = total("prompt_computed")
         sharing = self.setup.sharing
         kept = max((int(e.get("kept_tokens_peak", 0.0)) for e in engines), default=0)
-        return {"mode": self.setup.config.prefix_cache, "active": self.setup.layout.prefix_cache,
+        memory = self._model_memory()
+        return {"mode": self.setup.config.prefix_cache,
+                "active": self.setup.layout.prefix_cache and memory.prefix_cache,
+                "model_memory": memory.value, "memory_note": memory.note() or None,
                 "groups": sharing.groups if sharing else 0, "grouped_questions": sharing.grouped if sharing else 0,
                 "shareable_tokens": sharing.shareable if sharing else 0,
                 "prompt_tokens": in_questions, "prompt_tokens_computed": computed,
@@ -201,12 +206,18 @@ class RunReport:
                 "hits": total("prefix_hits"), "stream_copies": total("stream_copies"),
                 "kept_tokens_peak": kept, "kept_mib_peak": round(kept * self.setup.kv_bytes_per_cell / 2**20, 1)}
 
+    def _model_memory(self) -> MemoryKind:
+        """The model's memory as the workers' engines found it (attention when none got that far)."""
+        found = [w.memory for w in self.outcome.workers if w.memory]
+        return MemoryKind(found[0]) if found else MemoryKind.ATTENTION
+
     def _timings(self) -> dict[str, Any]:
         return {**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.outcome.timings.items()},
                 "coordinator_cpu_s": round(self.coordinator_cpu_s, 3)}
 
     def _worker(self, w: WorkerRun) -> dict[str, Any]:
         return {"cores": list(w.cores), **self.outcome.tally.of_worker(w.worker_id), "restarts": w.restarts,
+                "memory": w.memory,
                 "load_s": round(w.load_s, 3) if w.load_s is not None else None, "llama_n_threads": w.n_threads,
                 "device": w.device, "n_gpu_layers": gpu_layers_text(w.n_gpu_layers), "gpu_layers": w.gpu_layers,
                 **({"node": dict(w.node)} if w.node else {}),

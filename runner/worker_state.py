@@ -38,7 +38,7 @@ def worker_run(w: WorkerState) -> WorkerRun:
     return WorkerRun(w.spec.worker_id, w.spec.cores, w.restarts, w.ready.load_s if w.ready else None,
                      w.ready.n_threads if w.ready else None, dict(w.engine_stats), w.spec.device,
                      w.ready.n_gpu_layers if w.ready else None, w.ready.gpu_layers if w.ready else None,
-                     node(w.spec))
+                     node(w.spec), w.ready.memory if w.ready else None)
 
 
 def node(spec: WorkerSpec) -> Optional[dict[str, str]]:

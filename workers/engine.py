@@ -11,6 +11,8 @@
 The shared prefix (system prompt, few-shot examples: whatever every prompt starts with) is
 decoded once into its own sequence when the engine starts and copied into each slot; with the
 prefix cache a slot may start from any stream holding the start of its prompt (workers/slot_kv.py).
+On recurrent and hybrid memory a slot takes a stream only whole, and there is no prefix cache
+(workers/memory_kind.py).
 
 KV layout, chosen per job by measurement (32 GSM8K prompts of ~79 tokens, 64 generated tokens
 each, 32 slots, 2 threads, 28×1024 Q4_K_M model):
@@ -104,13 +106,15 @@ class LlamaEngine:
         # give each slot its own room.
         budget = self.runner.n_ctx - len(prefix) if config.kv_unified else None
         self.counters = StepCounters()
-        self.kv = SlotKv(self.runner, prefix, self.prefix_id, slot_contents(config, prefix, self.prefix_id),
-                         self.counters)
+        # What the model's memory can do decides where prompts may start (workers/memory_kind.py).
+        self.memory_kind = self.runner.memory_kind
+        self.kv = SlotKv(self.runner, prefix, self.prefix_id,
+                         slot_contents(config, prefix, self.prefix_id, self.memory_kind), self.counters)
         # With one stream per sequence, how llama.cpp cuts a batch into passes over the weights
         # depends on the sequence ids in it: the scheduler lays batches out for that.
         self.sched = Scheduler(config.slots, self.n_batch, prefix, budget, self.gen.max_tokens,
                                stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant,
-                               contents=self.kv.contents)
+                               contents=self.kv.contents, memory=self.memory_kind)
         self._rejected: list[Answer] = []
         # choices -> each one's single-token variants (None: some choice needs more than one token)
         self._choice_tokens: dict[tuple[str, ...], Optional[tuple[tuple[int, ...], ...]]] = {}
@@ -164,7 +168,7 @@ class LlamaEngine:
                                     np.zeros(n, np.int32), np.zeros(n, np.int8))
         if status != 0:
             raise EngineError(f"warm-up decode failed (llama_decode status {status})")
-        self.runner.seq_rm(0)
+        self.kv.remove(0)
 
     def drop_waiting(self) -> int:
         """Forget the questions not yet admitted (stopping); returns how many."""
@@ -293,7 +297,7 @@ class LlamaEngine:
             status = self.runner.decode(*batch.arrays)
             self.counters.decode_s += time.perf_counter() - t0
             for seq_id in batch.ballast:
-                self.runner.seq_rm(seq_id)  # its stream is empty again, from cell 0
+                self.kv.remove(seq_id)  # its stream is empty again, from cell 0
             if status == 0:
                 for span in spans:
                     if span.seq.phase is Phase.PREFILL:

@@ -20,6 +20,7 @@ import traceback
 from typing import Any, Optional
 
 from .devices import visible_device_env
+from .memory_kind import MemoryKind
 from .protocol import (STATS_EVERY_S, Answer, AnswerBatch, Chunk, Configure, EngineConfig, EngineStats, Ready,
                        SetThreads, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec, decode, encode)
 
@@ -68,7 +69,8 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
         stage = "run"
         results.send_bytes(encode(Ready(spec.worker_id, os.getpid(), load_s + time.perf_counter() - t1,
                                  getattr(engine, "n_threads", first.engine.n_threads),
-                                 tuple(sorted(os.sched_getaffinity(0))), n_gpu_layers, gpu_layers)))
+                                 tuple(sorted(os.sched_getaffinity(0))), n_gpu_layers, gpu_layers,
+                                 MemoryKind(getattr(engine, "memory_kind", MemoryKind.ATTENTION)).value)))
         _serve(engine, spec, tasks, results)
         # The engine stays open: the caller ends the process at once, which frees it faster.
         return True

@@ -25,6 +25,7 @@ import llama_cpp
 import numpy as np
 
 from .load_errors import describe_context_failure, describe_load_failure
+from .memory_kind import MemoryKind
 from .protocol import VocabInfo
 from .vocab_gaps import SpmGaps
 
@@ -303,6 +304,9 @@ class ModelRunner:
         self.n_threads = int(llama_cpp.llama_n_threads(self.ctx))
         self.n_batch = n_batch
         self.memory = llama_cpp.llama_get_memory(self.ctx)
+        # What the KV operations may ask of this memory (workers/memory_kind.py decides from it).
+        self.memory_kind = MemoryKind.of(bool(llama_cpp.llama_model_is_recurrent(self.model)),
+                                         bool(llama_cpp.llama_model_is_hybrid(self.model)))
         self.batch = _Batch(n_batch)
 
     # -- decoding -------------------------------------------------------------------------------
@@ -330,8 +334,10 @@ class ModelRunner:
         self.n_threads = int(llama_cpp.llama_n_threads(self.ctx))
         return self.n_threads
 
-    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
-        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove positions [p0, p1) of a sequence (-1: from the start, to the end). False where
+        llama.cpp refuses: a partial removal on recurrent memory (memory_kind.py)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)

@@ -228,6 +228,9 @@ class Ready:
     cores: tuple[int, ...]
     n_gpu_layers: int = 0  # what llama.cpp was given (a negative value: all layers)
     gpu_layers: int = 0  # layers llama.cpp says it offloaded; 0 on a build without GPU offload
+    # The model's memory as llama.cpp says (workers/memory_kind.py MemoryKind's value): on
+    # "recurrent" and "hybrid" the engine takes other ways than on "attention" (no prefix cache).
+    memory: str = "attention"
 
 
 @dataclass(frozen=True)

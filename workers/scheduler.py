@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import invariant, ubatches
+from .memory_kind import MemoryKind
 from .prefix_cache import MIN_WAIT_GAIN, SlotContents, Start, start_len
 from .sequence import Phase, Sequence, common_prefix_len
 
@@ -54,14 +55,16 @@ class Scheduler:
     def __init__(self, slots: int, n_batch: int, prefix: array | None = None,
                  kv_budget: int | None = None, max_new_tokens: int = 0,
                  stream_per_sequence: bool = False, batch_invariant: bool = False,
-                 contents: Optional[SlotContents] = None) -> None:
+                 contents: Optional[SlotContents] = None,
+                 memory: MemoryKind = MemoryKind.ATTENTION) -> None:
         """kv_budget: KV cells the sequences may fill beyond the shared prefix (None = each slot
         has its own room). A sequence is admitted only when its prompt plus max_new_tokens fits
         what the running ones may still claim, so a full pool never thrashes.
         stream_per_sequence: the context keeps one KV stream per sequence (see the module doc).
         batch_invariant: lay batches out as workers/invariant.py requires (needs streams).
         contents: the prefix cache (workers/prefix_cache.py); None: prompts start from the shared
-        prefix only."""
+        prefix only. memory: what the model's memory can do; on recurrent state a prompt takes the
+        shared prefix whole or not at all (workers/memory_kind.py; there is no prefix cache there)."""
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) cannot exceed the token budget n_batch ({n_batch})")
         self.n_batch = n_batch
@@ -75,6 +78,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.contents = contents
+        self.memory = memory
         self.prefix_id = invariant.prefix_seq_id(slots, batch_invariant)  # where the shared prefix is
 
     @property
@@ -116,6 +120,7 @@ class Scheduler:
             return self.contents.start(seq.prompt, slot, self.running)
         n = start_len(common_prefix_len(seq.prompt, self.prefix), seq.n_prompt, len(self.prefix),
                       self.batch_invariant)
+        n = self.memory.start_len(n, len(self.prefix))
         return Start(self.prefix_id if n else -1, n)
 
     def compact(self) -> list[tuple[Sequence, int]]:

@@ -7,7 +7,10 @@ when the engine starts) as far as its prompt agrees with it. With the prefix cac
 per sequence) it starts from whichever stream the scheduler found holding the longest part of its
 prompt, and a finished sequence's slot keeps its prompt's cells for the questions that share them.
 Which source and how many tokens is workers/prefix_cache.py's decision (pure bookkeeping); this
-module carries it out on the model's KV and counts it.
+module carries it out on the model's KV and counts it. Every removal is checked: one llama.cpp
+refuses raises KvRefused, since the next decode would start from a state other than the one the
+scheduler counts. On recurrent and hybrid memory (workers/memory_kind.py) there is no prefix
+cache and a sequence takes the shared prefix only whole, so nothing here asks for a partial cut.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from array import array
 from typing import Optional
 
+from .memory_kind import KvRefused, MemoryKind
 from .model_runner import ModelRunner
 from .prefix_cache import SlotContents
 from .protocol import EngineConfig
@@ -22,11 +26,13 @@ from .sequence import Sequence
 from .step_counters import StepCounters
 
 
-def slot_contents(config: EngineConfig, prefix: array, prefix_id: int) -> Optional[SlotContents]:
-    """The prefix cache's bookkeeping when the job asks for it, else None. It needs a stream per
-    sequence: a free slot's kept cells then take no room from the others, and a copy between
-    streams is whole (prefix_cache.py)."""
-    if config.prefix_cache and not config.kv_unified:
+def slot_contents(config: EngineConfig, prefix: array, prefix_id: int,
+                  memory: MemoryKind) -> Optional[SlotContents]:
+    """The prefix cache's bookkeeping when the job asks for it and the model's memory allows it,
+    else None. It needs a stream per sequence: a free slot's kept cells then take no room from
+    the others, and a copy between streams is whole (prefix_cache.py); and memory that can be cut
+    after any position (memory_kind.py)."""
+    if config.prefix_cache and not config.kv_unified and memory.prefix_cache:
         return SlotContents(prefix, prefix_id, config.batch_invariant)
     return None
 
@@ -53,7 +59,7 @@ class SlotKv:
         if seq.source not in (-1, seq.seq_id):
             self.runner.seq_cp(seq.source, seq.seq_id, -1, -1)  # a whole stream: see _copy_prefix
             self.counters.stream_copies += 1
-        self.runner.seq_rm(seq.seq_id, seq.n_cached, -1)  # whatever else the slot held
+        self.remove(seq.seq_id, seq.n_cached)  # whatever else the slot held
         if seq.source not in (-1, self.prefix_id):
             self.counters.prefix_hits += 1
 
@@ -62,20 +68,20 @@ class SlotKv:
         few MiB, done at the next decode) instead of a second pass over the weights in every step
         that remains."""
         self.runner.seq_cp(old_id, seq.seq_id, -1, -1)
-        self.runner.seq_rm(old_id)
+        self.remove(old_id)
         self._forget(seq.seq_id, old_id)
         self.counters.moves += 1
 
     def drop(self, slot: int) -> None:
         """The slot's stream emptied (its sequence preempted): nothing in it is kept."""
-        self.runner.seq_rm(slot)
+        self.remove(slot)
         self._forget(slot)
 
     def finished(self, seq: Sequence) -> None:
         """A finished sequence's KV given back, or with the prefix cache its prompt's cells kept
         for the questions that share them."""
         if self.contents is None:
-            self.runner.seq_rm(seq.seq_id)
+            self.remove(seq.seq_id)
             return
         self.contents.keep(seq.seq_id, seq.prompt, seq.n_cached)  # all of it, unless it failed early
         self.counters.kept_tokens_peak = max(self.counters.kept_tokens_peak, self.contents.kept_tokens)
@@ -85,8 +91,15 @@ class SlotKv:
         if self.contents:
             for slot in slots:
                 if slot in self.contents.kept:
-                    self.runner.seq_rm(slot)
+                    self.remove(slot)
                     self.contents.forget(slot)
+
+    def remove(self, slot: int, p0: int = -1) -> None:
+        """Remove the slot's positions from p0 on (-1: all of them), or raise KvRefused."""
+        if not self.runner.seq_rm(slot, p0, -1):
+            where = f"positions {p0} and after" if p0 > 0 else "all positions"
+            raise KvRefused(f"llama.cpp refused to remove {where} of sequence {slot} "
+                            f"({self.runner.memory_kind.value} memory)")
 
     def _forget(self, *slots: int) -> None:
         if self.contents:
@@ -98,4 +111,4 @@ class SlotKv:
         # stream (a partial range aborts the process), and with it a full copy just tags cells.
         self.runner.seq_cp(self.prefix_id, seq.seq_id, -1, -1)
         if seq.n_cached < len(self.prefix):
-            self.runner.seq_rm(seq.seq_id, seq.n_cached, -1)
+            self.remove(seq.seq_id, seq.n_cached)

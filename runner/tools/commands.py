@@ -29,11 +29,13 @@ def add_tool_commands(sub: Any) -> None:
 
 
 def _add_make_model(sub: Any) -> None:
-    mm = sub.add_parser("make-model", help="write a random-weight llama GGUF of a realistic shape",
+    mm = sub.add_parser("make-model", help="write a random-weight GGUF of a realistic shape",
                         description="Random weights (nonsense answers, real cost): for benchmarks and "
                                     "tests without downloading a model.")
     mm.add_argument("out", help="GGUF file to write")
-    mm.add_argument("--shape", default="bench-28x1024", help="demo, bench-28x1024, qwen3-0.6b-like, qwen3-1.7b-like")
+    mm.add_argument("--shape", default="bench-28x1024",
+                    help="llama: demo, bench-28x1024, qwen3-0.6b-like, qwen3-1.7b-like; recurrent and "
+                         "hybrid memory: mamba2-tiny, lfm2-tiny")
     mm.add_argument("--vocab", help="vocab-only GGUF whose tokenizer and chat template to copy "
                                     "(default: the project's own small tokenizer)")
     mm.add_argument("--quant", help="q4_k_m, q8_0, q4_0, ... (default: unquantized f16)")

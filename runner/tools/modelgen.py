@@ -1,34 +1,38 @@
-"""Generate small random-weight llama GGUF models for tests, demos and benchmarks.
+"""Generate small random-weight GGUF models for tests, demos and benchmarks.
 
 The weights are random, so the text a model writes is nonsense, but the files are real
 llama-architecture GGUFs: llama.cpp loads them, tokenizes with a real tokenizer, applies
 the chat template and runs the same kernels (at the same cost) as a trained model of the
 same shape. That is all a batch runner needs to be tested and benchmarked without
 downloading weights.
+
+Llama shapes are written here; other architectures (ARCH_SHAPES: recurrent and hybrid memory)
+by a module each (mamba2_gen.py, lfm2_gen.py) through the same writer (gguf_random.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Union
 
 import gguf
-import numpy as np
 
 from ..paths import ggbatch_cache
+from .gguf_random import WEIGHT_STD, temp_sibling as _temp_sibling, write_random_gguf
 from .gguf_vocab import GGUFVocab, build_demo_vocab, vocab_from_gguf
+from .lfm2_gen import Lfm2Shape
+from .mamba2_gen import Mamba2Shape
 
 __all__ = [
-    "ModelShape", "SHAPES", "GGUFVocab", "build_demo_vocab", "vocab_from_gguf",
-    "write_random_llama_gguf", "quantize", "make_model", "ensure_demo_model", "DEMO_MODEL_NAME",
+    "ModelShape", "SHAPES", "ARCH_SHAPES", "GGUFVocab", "build_demo_vocab", "vocab_from_gguf",
+    "write_random_llama_gguf", "write_arch_gguf", "quantize", "make_model", "ensure_demo_model", "DEMO_MODEL_NAME",
 ]
 
 # Bump when anything that changes the demo model's bytes changes, so caches never serve a stale file.
 DEMO_MODEL_NAME = "demo-v1.gguf"
-WEIGHT_STD = 0.02
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,16 @@ SHAPES: dict[str, ModelShape] = {
                                   tied_embeddings=True),
 }
 
+ArchShape = Union[Mamba2Shape, Lfm2Shape]
+# Tiny models of the architectures whose memory is not (only) an attention KV cache: a recurrent
+# state per sequence that llama.cpp cannot cut back to a position (workers/memory_kind.py).
+ARCH_SHAPES: dict[str, ArchShape] = {
+    "mamba2-tiny": Mamba2Shape(n_layer=2, n_embd=64, d_state=16, head_dim=16, n_ctx=2048),
+    # convolution, attention, convolution, attention
+    "lfm2-tiny": Lfm2Shape(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=2048,
+                           attention_layers=(1, 3)),
+}
+
 def _tensor_specs(shape: ModelShape, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
     """llama tensor names with numpy shapes (numpy order is the reverse of ggml's ne)."""
     e, kv = shape.n_embd, shape.n_head_kv * shape.head_dim
@@ -91,14 +105,6 @@ def _tensor_specs(shape: ModelShape, n_vocab: int) -> list[tuple[str, tuple[int,
     return specs
 
 
-def _temp_sibling(path: Path) -> Path:
-    """A fresh temp file next to ``path``, so os.replace onto it is atomic (same filesystem)."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.chmod(name, 0o644)  # mkstemp makes it 0600; the model should be readable like any file
-    return Path(name)
-
-
 def write_random_llama_gguf(
     path: str | os.PathLike[str], shape: ModelShape, vocab: GGUFVocab, seed: int = 0,
     ftype: str = "f16", name: str = "ggbatch-random-llama",
@@ -106,43 +112,22 @@ def write_random_llama_gguf(
     """Write a llama GGUF with N(0, WEIGHT_STD) weights and unit norms; byte-for-byte deterministic.
 
     Special and byte tokens get zero output rows (the token embedding rows when tied), so they
-    are never the greedy choice.
-    """
-    if ftype not in ("f16", "f32"):
-        raise ValueError(f"ftype must be 'f16' or 'f32', not {ftype!r}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    wdtype = np.dtype(np.float16 if ftype == "f16" else np.float32)
-    specs = _tensor_specs(shape, vocab.vocab_size)
-
-    writer = gguf.GGUFWriter(None, "llama")
-    _add_hyperparameters(writer, shape, vocab, ftype, name)
-    vocab.add_to(writer)
-    # Declare all tensors first, then stream them one at a time: a big model never sits in RAM.
-    for tname, tshape in specs:
-        dtype = np.dtype(np.float32) if len(tshape) == 1 else wdtype  # llama.cpp keeps norms in f32
-        writer.add_tensor_info(tname, tshape, dtype, int(np.prod(tshape)) * dtype.itemsize)
-
-    tmp = _temp_sibling(path)
-    try:
-        writer.write_header_to_file(tmp)
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        _write_weights(writer, specs, shape, vocab, wdtype, seed)
-        writer.close()
-        os.replace(tmp, path)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    are never the greedy choice."""
+    output_rows = "token_embd.weight" if shape.tied_embeddings else "output.weight"
+    return write_random_gguf(path, "llama", _tensor_specs(shape, vocab.vocab_size),
+                             lambda writer: _add_hyperparameters(writer, shape), vocab, seed, ftype, name,
+                             output_rows)
 
 
-def _add_hyperparameters(writer: gguf.GGUFWriter, shape: ModelShape, vocab: GGUFVocab, ftype: str,
-                         name: str) -> None:
-    writer.add_name(name)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if ftype == "f16" else gguf.LlamaFileType.ALL_F32)
-    writer.add_vocab_size(vocab.vocab_size)
+def write_arch_gguf(path: str | os.PathLike[str], shape: ArchShape, vocab: GGUFVocab, seed: int = 0,
+                    ftype: str = "f16", name: str = "ggbatch-random") -> Path:
+    """Write a random-weight GGUF of another architecture (ARCH_SHAPES), as its module says."""
+    output_rows = "token_embd.weight" if shape.tied_embeddings else "output.weight"
+    return write_random_gguf(path, shape.arch, shape.tensor_specs(vocab.vocab_size), shape.add_hyperparameters,
+                             vocab, seed, ftype, name, output_rows, shape.fill, shape.weight_std)
+
+
+def _add_hyperparameters(writer: gguf.GGUFWriter, shape: ModelShape) -> None:
     writer.add_context_length(shape.n_ctx)
     writer.add_embedding_length(shape.n_embd)
     writer.add_block_count(shape.n_layer)
@@ -152,31 +137,6 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, shape: ModelShape, vocab: GGUF
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_rope_freq_base(shape.rope_freq_base)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
-
-
-def _write_weights(writer: gguf.GGUFWriter, specs: list[tuple[str, tuple[int, ...]]], shape: ModelShape,
-                   vocab: GGUFVocab, wdtype: np.dtype, seed: int) -> None:
-    """Norms at 1, matrices N(0, WEIGHT_STD), one tensor at a time.
-
-    Output rows of non-NORMAL tokens (control, byte, unknown) are zeroed: their logit is then
-    exactly 0, below the best of the many random ones, so greedy decoding writes words and runs
-    to max_tokens instead of stopping at a random EOS or emitting stray UTF-8 bytes. Tied, the
-    output rows are the embedding rows, so those are zeroed instead. Such a token then enters the
-    model as a zero vector, which is harmless: RMS norm maps it to zero (no NaN), attention mixes
-    in the other positions' values at the first layer, and only a prompt made of nothing but
-    special tokens would leave all logits at 0 (a chat prompt always ends in text). The cost per
-    token is unchanged, which is what these models are for."""
-    rng = np.random.default_rng(seed)
-    silent = np.asarray(vocab.token_types) != gguf.TokenType.NORMAL
-    output_rows = "token_embd.weight" if shape.tied_embeddings else "output.weight"
-    for tname, tshape in specs:
-        if len(tshape) == 1:
-            data = np.ones(tshape, dtype=np.float32)
-        else:
-            data = (rng.standard_normal(tshape, dtype=np.float32) * WEIGHT_STD).astype(wdtype)
-            if tname == output_rows:
-                data[silent] = 0
-        writer.write_tensor_data(data)
 
 
 # Quantization names (as in llama-quantize) -> llama_cpp constant names.
@@ -226,12 +186,13 @@ def quantize(
     return dst
 
 
-def _named_shape(shape_name: str, tie_embeddings: bool | None) -> tuple[ModelShape, str]:
+def _named_shape(shape_name: str, tie_embeddings: bool | None) -> tuple[ModelShape | ArchShape, str]:
     """The shape and the model's ``general.name``; a tying that differs from the named shape's own
     is part of the name, so a file says what it holds."""
-    if shape_name not in SHAPES:
-        raise ValueError(f"unknown shape {shape_name!r}; known shapes: {', '.join(SHAPES)}")
-    shape = SHAPES[shape_name]
+    shapes: dict[str, ModelShape | ArchShape] = {**SHAPES, **ARCH_SHAPES}
+    if shape_name not in shapes:
+        raise ValueError(f"unknown shape {shape_name!r}; known shapes: {', '.join(shapes)}")
+    shape = shapes[shape_name]
     name = f"ggbatch-random-{shape_name}"
     if tie_embeddings is None or tie_embeddings == shape.tied_embeddings:
         return shape, name
@@ -249,12 +210,18 @@ def make_model(
         raise ValueError(f"unknown quantization type {quant!r}; known: {', '.join(_QTYPES)}")
     gguf_vocab = build_demo_vocab() if vocab is None else vocab_from_gguf(vocab)
     out = Path(out)
+
+    def write(path: Path) -> Path:
+        if isinstance(shape, ModelShape):
+            return write_random_llama_gguf(path, shape, gguf_vocab, seed, ftype, name=name)
+        return write_arch_gguf(path, shape, gguf_vocab, seed, ftype, name=name)
+
     if quant is None:
-        return write_random_llama_gguf(out, shape, gguf_vocab, seed, ftype, name=name)
+        return write(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     unquantized = _temp_sibling(out)
     try:
-        write_random_llama_gguf(unquantized, shape, gguf_vocab, seed, ftype, name=name)
+        write(unquantized)
         return quantize(unquantized, out, quant)
     finally:
         unquantized.unlink(missing_ok=True)
