@@ -1,0 +1,103 @@
+"""The command line and the Python API as a careful user meets them: one string given to answer(),
+keyword arguments that are not settings, a reader that leaves the pipe early, choices the model
+cannot spell, a stop in the first moments of a run, and messages that say values as the user
+wrote them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ggbatch
+from conftest import MODELS, ROOT, require
+from ggbatch.runner.config import build_config, load_job_file
+from ggbatch.runner.errors import quote
+
+TINYSTORIES = MODELS / "TinyStories-656K-Q8_0.gguf"
+
+
+def ggbatch_cmd(*args: object) -> list[str]:
+    return [sys.executable, "-m", "ggbatch", *map(str, args)]
+
+
+def write_questions(path: Path, n: int, gold: bool = False) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            row = {"questionID": f"q{i}", "question": f"Tom has {i} apples. How many?"}
+            f.write(json.dumps({**row, "answer": str(i)} if gold else row) + "\n")
+    return path
+
+
+def flags(model: str, questions: Path, out: Path, *more: object) -> list[object]:
+    return ["--model", model, "--input", questions, "--output", out, "--max-tokens", 4, "--workers", 1, *more]
+
+
+# -- answer() takes one string as one question, and refuses what it cannot iterate as questions
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_answer_takes_one_string_as_one_question(stories):
+    answers = ggbatch.answer("Once upon a time", model=stories, max_tokens=4)
+    assert len(answers) == 1
+    assert answers[0].id == "0" and answers[0].text and answers[0].error is None
+
+
+@pytest.mark.parametrize("questions, kind", [({"question": "Hi?"}, "dict"), (b"Hello", "bytes"), (42, "int"),
+                                             (None, "NoneType")])
+def test_answer_refuses_questions_of_the_wrong_kind(questions, kind):
+    # before any model is opened: the model path is never looked at
+    with pytest.raises(ggbatch.GgbatchError, match=rf"ggbatch.answer\(\): questions must be .*, got {kind}"):
+        ggbatch.answer(questions, model="no-such-model.gguf")
+
+
+def test_answer_refuses_an_item_of_the_wrong_kind_naming_its_index():
+    with pytest.raises(ggbatch.GgbatchError, match=r"questions\[1\] must be a string or a mapping, got int"):
+        ggbatch.answer(["Hi?", 7], model="no-such-model.gguf")
+
+
+# -- keyword arguments that are answer()'s own or no setting at all; errors said of the caller's list
+
+
+@pytest.mark.parametrize("name", ["output", "input", "output_format", "errors_output"])
+def test_answer_names_an_argument_of_its_own_instead_of_a_type_error(name):
+    with pytest.raises(ggbatch.GgbatchError, match=rf"ggbatch.answer\(\): {name}= is not taken here"):
+        ggbatch.answer(["Hi?"], model="no-such-model.gguf", **{name: "x.json"})
+
+
+def test_an_unknown_keyword_argument_lists_the_valid_ones():
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        ggbatch.answer(["Hi?"], model="no-such-model.gguf", max_tokenz=3)
+    message = str(err.value)
+    assert "unknown key 'max_tokenz' (did you mean 'max_tokens'?)" in message
+    assert "keyword arguments: " in message and "resume_dir" in message and "sampling" in message
+    assert "output" not in message.split("keyword arguments: ")[1].split(", ")
+    with pytest.raises(ggbatch.GgbatchError, match=r"ggbatch.run\(\): unknown key 'sampling_temperature'.*"
+                                                   r"keyword arguments: .*fresh"):
+        ggbatch.run(model="m.gguf", input="q.jsonl", output="a.json", sampling_temperature=0.5)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_a_record_without_a_question_is_named_by_its_index_in_the_callers_list(stories):
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        ggbatch.answer(["Once upon a time", {"text": "no question field"}], model=stories, max_tokens=4)
+    message = str(err.value)
+    assert message == "ggbatch.answer(): questions[1]: record has no 'question'"
+    with pytest.raises(ggbatch.GgbatchError, match=r"duplicate questionID: 'a' \(questions\[0\] and \[2\]\)"):
+        ggbatch.answer([{"questionID": "a", "question": "Hi"}, "Yo", {"questionID": "a", "question": "Ho"}],
+                       model=stories, max_tokens=4)
+
+
+def test_a_record_json_cannot_spell_is_named_by_its_index():
+    with pytest.raises(ggbatch.GgbatchError, match=r"questions\[0\]: .*set"):
+        ggbatch.answer([{"question": "Hi", "tags": {"a"}}], model="no-such-model.gguf")
+
+
