@@ -11,8 +11,9 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TextIO, cast
 
+from .closed_pipe import ClosedPipeSafe
 from .config import build_config, load_job_file
 from .crashes import address_space_limit
 from .errors import GgbatchError, Interrupted, WorkerFailure
@@ -214,4 +215,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def entry_point() -> None:
-    sys.exit(main())
+    sys.stdout = cast(TextIO, ClosedPipeSafe(sys.stdout))  # a reader gone early is no error
+    code = main()
+    sys.stdout.flush()
+    sys.exit(code)

@@ -101,3 +101,22 @@ def test_a_record_json_cannot_spell_is_named_by_its_index():
         ggbatch.answer([{"question": "Hi", "tags": {"a"}}], model="no-such-model.gguf")
 
 
+# -- a reader that leaves early (`| true`, `| head -1`) is no error
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_a_closed_stdout_ends_quietly_with_the_runs_own_code(tmp_path, stories):
+    questions = write_questions(tmp_path / "q.jsonl", 3, gold=True)
+    out = tmp_path / "a.jsonl"
+    commands = [ggbatch_cmd("run", *flags(stories, questions, out, "--score")),
+                ggbatch_cmd("score", "--answers", out, "--gold", questions)]
+    for command in commands:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.stdout.close()  # the reader is gone before the first line, as `| true`
+        stderr = proc.stderr.read()
+        assert proc.wait(timeout=90) == 0, stderr
+        assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr
+    assert len(out.read_text().splitlines()) == 3  # every answer written
+
+
