@@ -120,3 +120,33 @@ def test_a_closed_stdout_ends_quietly_with_the_runs_own_code(tmp_path, stories):
     assert len(out.read_text().splitlines()) == 3  # every answer written
 
 
+# -- choices the vocabulary cannot spell are refused before any work
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_choices_the_vocabulary_cannot_spell_are_exit_2_naming_the_choice(tmp_path):
+    model = require(TINYSTORIES)  # 77 byte tokens: no way to write α
+    questions = write_questions(tmp_path / "q.jsonl", 3)
+    out = tmp_path / "a.jsonl"
+    r = subprocess.run(ggbatch_cmd("run", *flags(str(model), questions, out, "--choices", "A,α,β")), cwd=ROOT,
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("ggbatch: error: answer.choices: 'α': the model's vocabulary has no token for "
+                                "U+03B1"), r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_choices_spelled_with_byte_tokens_are_answered(tmp_path, stories):
+    # stories260K has all 256 byte tokens: α is three of them, and the grammar can write it
+    questions = write_questions(tmp_path / "q.jsonl", 2)
+    out = tmp_path / "a.jsonl"
+    r = subprocess.run(ggbatch_cmd("run", *flags(stories, questions, out, "--choices", "α,β", "-q")), cwd=ROOT,
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert {json.loads(line)["answer"] for line in out.read_text(encoding="utf-8").splitlines()} <= {"α", "β"}
+
+
