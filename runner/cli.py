@@ -22,6 +22,7 @@ from .merge_command import add_merge_parser, cmd_merge
 from .paths import journal_path
 from .progress import setup_logging
 from .scoring.command import add_score_parser, cmd_score, print_run_score
+from .signals import STOP
 from .tools.commands import TOOL_COMMANDS, add_tool_commands
 
 log = logging.getLogger("ggbatch")
@@ -199,7 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(getattr(args, "verbose", False), getattr(args, "quiet", False))
     try:
-        return {"run": cmd_run, "score": cmd_score, "merge": cmd_merge, **TOOL_COMMANDS}[args.command](args)
+        return _command(args)
     except GgbatchError as exc:
         print(f"ggbatch: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -212,6 +213,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                  "process (ulimit -v): raise or remove the limit" if limit else ""),
               file=sys.stderr)
         return 2
+
+
+def _command(args: argparse.Namespace) -> int:
+    """The command's exit code. SIGINT and SIGTERM stay ggbatch's (runner/entry.py took them) for
+    a run only; a signal the run did not answer goes on to Python's handlers as it ends."""
+    if args.command != "run":
+        STOP.uninstall()
+    try:
+        return {"run": cmd_run, "score": cmd_score, "merge": cmd_merge, **TOOL_COMMANDS}[args.command](args)
+    finally:
+        STOP.uninstall()
 
 
 def entry_point() -> None:
