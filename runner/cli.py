@@ -191,7 +191,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(format_summary(report))
         print(f"wrote {report.setup.records} answers to {config.output}"
               + (f", report to {config.report}" if config.report else ""))
-    if args.score:
+    if args.score and not args.quiet:  # quiet: the exit code says the rest
         print_run_score(config.input, config.output, config.id_field)
     return 1 if report.failed else 0
 

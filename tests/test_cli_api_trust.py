@@ -197,3 +197,81 @@ def test_sigterm_in_the_first_moments_ends_the_run_as_documented(tmp_path, stori
     assert documented >= 2  # from 0.8 s at the latest, ggbatch holds the signal
 
 
+# -- messages say values as the user wrote them; grammar and schema flags read files
+
+
+def test_values_are_quoted_in_json_spelling():
+    assert [quote(v) for v in (True, False, None, (), ("A", "B"), [True, 1.5], {"a": None}, "yes")] == \
+        ["true", "false", "null", "[]", '["A", "B"]', "[true, 1.5]", '{"a": null}', "'yes'"]
+
+
+def job(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(f"model: m.gguf\ninput: q.jsonl\noutput: a.json\n{text}", encoding="utf-8")
+    return str(path)
+
+
+def test_a_yaml_boolean_where_a_word_was_meant_is_said_in_yaml_with_a_hint(tmp_path):
+    path = job(tmp_path, "answer:\n  choices: [yes, no]\n")
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        build_config([(path, load_job_file(path))])
+    assert "got [true, false] (YAML reads yes, no, on and off as true and false" in str(err.value)
+    path = job(tmp_path, "max_tokens: yes\n")
+    with pytest.raises(ggbatch.GgbatchError, match=r"max_tokens: must be an integer, got true \(YAML"):
+        build_config([(path, load_job_file(path))])
+
+
+def test_a_duplicate_key_in_a_job_file_names_the_file_line_and_key(tmp_path):
+    path = job(tmp_path, "max_tokens: 8\nsampling:\n  seed: 1\n  temperature: 0\n  seed: 2\n")
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        load_job_file(path)
+    assert str(err.value) == f"{path}:8: duplicate key 'seed' (first on line 6)"
+    path = job(tmp_path, "max_tokens: 8\nmax_tokens: 16\n")
+    with pytest.raises(ggbatch.GgbatchError, match=r"job.yaml:5: duplicate key 'max_tokens' \(first on line 4\)"):
+        load_job_file(path)
+
+
+def command_line(**flags: str) -> ggbatch.JobConfig:
+    return build_config([("command line", {"model": "m.gguf", "input": "q.jsonl", "output": "a.json", **flags})])
+
+
+def test_a_grammar_flag_naming_a_file_reads_it(tmp_path, monkeypatch):
+    (tmp_path / "yn.gbnf").write_text('root ::= "yes" | "no"\n')
+    monkeypatch.chdir(tmp_path)
+    assert command_line(**{"answer.grammar": "yn.gbnf"}).grammar == 'root ::= "yes" | "no"\n'
+    with pytest.raises(ggbatch.GgbatchError, match=r"answer.grammar: no such file .*, got 'ny.gbnf'"):
+        command_line(**{"answer.grammar": "ny.gbnf"})
+    # in a job file, beside the job file
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "ab.gbnf").write_text('root ::= "a" | "b"\n')
+    path = job(tmp_path / "jobs", "answer:\n  grammar: ab.gbnf\n")
+    monkeypatch.chdir(ROOT)
+    assert build_config([(path, load_job_file(path))]).grammar == 'root ::= "a" | "b"\n'
+
+
+def test_a_grammar_without_a_root_rule_says_so():
+    with pytest.raises(ggbatch.GgbatchError, match=r"answer.grammar: has no `root` rule"):
+        command_line(**{"answer.grammar": 'answer ::= "yes" | "no"'})
+    assert command_line(**{"answer.grammar": 'root ::= yn\nyn ::= "y" | "n"'}).grammar
+
+
+@pytest.mark.parametrize("value", ["true", "[1, 2]", "null"])
+def test_a_json_schema_flag_that_is_json_but_no_schema_says_what_is_expected(value):
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        command_line(**{"answer.json_schema": value})
+    assert "must be a JSON Schema object" in str(err.value) and "cannot read" not in str(err.value)
+
+
+def test_a_json_schema_file_that_is_missing_says_no_such_file():
+    with pytest.raises(ggbatch.GgbatchError, match=r"no such file \(expected a JSON Schema object.*got 'p.json'"):
+        command_line(**{"answer.json_schema": "p.json"})
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_run_score_quiet_prints_nothing(tmp_path, stories):
+    questions = write_questions(tmp_path / "q.jsonl", 2, gold=True)
+    r = subprocess.run(ggbatch_cmd("run", *flags(stories, questions, tmp_path / "a.jsonl", "--score", "-q")),
+                       cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert r.returncode in (0, 1), r.stderr
+    assert r.stdout == ""
