@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from .config import SCHEMA, SECTIONS, JobConfig, build_config, flatten, load_job_file
-from .errors import ConfigError, GgbatchError, InputError
+from .errors import ConfigError, InputError
 from .job import run_job
 from .report import RunReport
 
@@ -114,7 +114,10 @@ def answer(questions: Iterable[Question], *, model: str, resume_dir: Optional[st
             run_job(replace(config, input=str(questions_path), output=str(output), input_format="jsonl",
                             output_format="jsonl", errors_output=None), progress="off")
         except (InputError, ConfigError) as exc:
-            raise type(exc)(in_callers_terms(str(exc), str(questions_path))) from None
+            if str(questions_path) not in str(exc):
+                raise
+            said = in_callers_terms(str(exc), str(questions_path))
+            raise (InputError(said) if isinstance(exc, InputError) else ConfigError(said)) from None
         return [Answered(str(r[config.id_field]), r.get("answer"), r.get("error"), r.get("thinking"),
                          r.get("choice_logprobs"))
                 for r in map(json.loads, output.read_text(encoding="utf-8").splitlines())]
@@ -155,8 +158,6 @@ def _jsonl(rows: list[dict[str, Any]]) -> list[str]:
 def in_callers_terms(message: str, questions_path: str) -> str:
     """An error about answer()'s own questions file, said of the caller's list: line N of the
     file is questions[N - 1] (one record a line), and the file is the list."""
-    if questions_path not in message:
-        return message
     path = re.escape(questions_path)
     message = re.sub(path + r":(\d+)", lambda m: f"ggbatch.answer(): questions[{int(m.group(1)) - 1}]", message)
     message = re.sub(r"\(lines (\d+) and (\d+)\)",
