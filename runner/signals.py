@@ -78,6 +78,10 @@ class StopRequests:
         if self.signum:
             pool.request_stop(self.signum)
 
+    def detach(self) -> None:
+        """The pool is done; a signal from now on is remembered (a second one raises Interrupted)."""
+        self._pool = None
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         first = not self.signum
         self.signum = self.signum or signum
