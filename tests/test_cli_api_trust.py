@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import ggbatch
@@ -163,6 +164,18 @@ def takes_sigterm(pid: int) -> bool:
     return bool(caught >> (signal.SIGTERM - 1) & 1)
 
 
+def processes_of_tmpdir(tmp: Path) -> list[psutil.Process]:
+    """The processes started with TMPDIR=tmp (a run's workers and tokenizer inherit it)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("TMPDIR") == str(tmp):
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
+
+
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(240)
@@ -194,6 +207,8 @@ def test_sigterm_in_the_first_moments_ends_the_run_as_documented(tmp_path, stori
             assert all(r["answer"] is not None or r["error"] == "not answered: the run was stopped by signal 15 "
                        "first" for r in rows)
         assert list(tmp.iterdir()) == [], f"at {moment} s: left behind {list(tmp.iterdir())}"
+        _, alive = psutil.wait_procs(processes_of_tmpdir(tmp), timeout=5)
+        assert not alive, f"at {moment} s: left running {alive}"
     assert documented >= 2  # from 0.8 s at the latest, ggbatch holds the signal
 
 
