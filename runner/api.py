@@ -94,14 +94,14 @@ class Answered:
     choice_logprobs: Optional[dict[str, float]] = None  # with answer={"choices": ..., "logprobs": True}
 
 
-def answer(questions: Iterable[Question], *, model: str, resume_dir: Optional[str] = None,
+def answer(questions: Union[str, Iterable[Question]], *, model: str, resume_dir: Optional[str] = None,
            **settings: Any) -> list[Answered]:
     """Answer questions held in memory: strings, or records (mappings with an id and a question
-    field, and any fields prompt.template uses). Without `resume_dir` nothing is left on disk;
-    with one, the questions, answers and journal are kept there, so calling again after a crash
-    answers only what is missing."""
-    # input and output are this function's own: placeholders until the folder is known
+    field, and any fields prompt.template uses); one string is one question. Without
+    `resume_dir` nothing is left on disk; with one, the questions, answers and journal are kept
+    there, so calling again after a crash answers only what is missing."""
     _check_keywords("ggbatch.answer()", settings, ANSWER_OWN, also=("resume_dir",))
+    # input and output are this function's own: placeholders until the folder is known
     config = _job_config(None, {"model": model, "input": "-", "output": "-", **settings}, "ggbatch.answer()")
     lines = _jsonl(_records(questions, config.id_field, config.question_field))
     with tempfile.TemporaryDirectory(prefix="ggbatch-answer-") as tmp:
@@ -123,7 +123,7 @@ def answer(questions: Iterable[Question], *, model: str, resume_dir: Optional[st
                 for r in map(json.loads, output.read_text(encoding="utf-8").splitlines())]
 
 
-def _records(questions: Union[Question, Iterable[Question]], id_field: str,
+def _records(questions: Union[str, Iterable[Question]], id_field: str,
              question_field: str) -> list[dict[str, Any]]:
     """The caller's questions as records; one string is one question. A mapping, bytes or
     anything not iterable is refused: iterating them would ask their keys, bytes or nothing."""
@@ -149,7 +149,9 @@ def _jsonl(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for i, row in enumerate(rows):
         try:
-            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+            # ASCII: a lone surrogate in a caller's string is written escaped, as JSON allows, not
+            # refused by the UTF-8 encoder; the reader takes it from there as from any file
+            lines.append(json.dumps(row) + "\n")
         except (TypeError, ValueError) as exc:  # a value JSON has no spelling for (a set, a date)
             raise ConfigError(f"ggbatch.answer(): questions[{i}]: {exc}") from None
     return lines

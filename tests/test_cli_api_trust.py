@@ -97,6 +97,14 @@ def test_a_record_without_a_question_is_named_by_its_index_in_the_callers_list(s
                        model=stories, max_tokens=4)
 
 
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_a_lone_surrogate_in_a_question_is_that_questions_error(stories):
+    answers = ggbatch.answer(["Once \ud800 upon", "Once upon a time"], model=stories, max_tokens=3)
+    assert answers[0].text is None and "surrogate" in answers[0].error
+    assert answers[1].text and answers[1].error is None
+
+
 def test_a_record_json_cannot_spell_is_named_by_its_index():
     with pytest.raises(ggbatch.GgbatchError, match=r"questions\[0\]: .*set"):
         ggbatch.answer([{"question": "Hi", "tags": {"a"}}], model="no-such-model.gguf")
