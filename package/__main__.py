@@ -1,3 +1,3 @@
-from ggbatch.runner.cli import entry_point
+from ggbatch.runner.entry import main
 
-entry_point()
+main()

@@ -40,6 +40,26 @@ def job_answer(config: JobConfig) -> Optional[AnswerSpec]:
     return None
 
 
+def check_spellable(tokenizer: Any, choices: tuple[str, ...], unknown_token: Optional[str]) -> None:
+    """ConfigError naming the first choice the model's vocabulary cannot write: no answer could
+    be that choice, and every question would fail at run time with the grammar's error. The
+    choices go once through the tokenizer process (runner/tokenizing.py), which says which text
+    its vocabulary lacks a character of; a tokenizer that reads a character as its unknown token
+    cannot write it either."""
+    tokenizer.submit(choices, [False] * len(choices))
+    got = tokenizer.receive()
+    unknown = int(unknown_token) if unknown_token is not None and unknown_token.lstrip("-").isdigit() else None
+    start = 0
+    for i, choice in enumerate(choices):
+        count = max(got.counts[i], 0)
+        why = got.errors.get(i)
+        if why is None and unknown is not None and unknown in got.tokens[start:start + count]:
+            why = "the model's tokenizer reads a character of it as its unknown token"
+        if why is not None:
+            raise ConfigError(f"answer.choices: {quote(choice)}: {why}, so no answer can be this choice")
+        start += count
+
+
 def _checked(key: str, gbnf: str) -> str:
     problem = grammar_problem(gbnf)
     if problem is not None:

@@ -11,8 +11,9 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TextIO, cast
 
+from .closed_pipe import ClosedPipeSafe
 from .config import build_config, load_job_file
 from .crashes import address_space_limit
 from .errors import GgbatchError, Interrupted, WorkerFailure
@@ -21,6 +22,7 @@ from .merge_command import add_merge_parser, cmd_merge
 from .paths import journal_path
 from .progress import setup_logging
 from .scoring.command import add_score_parser, cmd_score, print_run_score
+from .signals import STOP
 from .tools.commands import TOOL_COMMANDS, add_tool_commands
 
 log = logging.getLogger("ggbatch")
@@ -189,7 +191,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(format_summary(report))
         print(f"wrote {report.setup.records} answers to {config.output}"
               + (f", report to {config.report}" if config.report else ""))
-    if args.score:
+    if args.score and not args.quiet:  # quiet: the exit code says the rest
         print_run_score(config.input, config.output, config.id_field)
     return 1 if report.failed else 0
 
@@ -198,7 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(getattr(args, "verbose", False), getattr(args, "quiet", False))
     try:
-        return {"run": cmd_run, "score": cmd_score, "merge": cmd_merge, **TOOL_COMMANDS}[args.command](args)
+        return _command(args)
     except GgbatchError as exc:
         print(f"ggbatch: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -213,5 +215,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
+def _command(args: argparse.Namespace) -> int:
+    """The command's exit code. SIGINT and SIGTERM stay ggbatch's (runner/entry.py took them) for
+    a run only; a signal the run did not answer goes on to Python's handlers as it ends."""
+    if args.command != "run":
+        STOP.uninstall()
+    try:
+        return {"run": cmd_run, "score": cmd_score, "merge": cmd_merge, **TOOL_COMMANDS}[args.command](args)
+    finally:
+        STOP.uninstall()
+
+
 def entry_point() -> None:
-    sys.exit(main())
+    sys.stdout = cast(TextIO, ClosedPipeSafe(sys.stdout))  # a reader gone early is no error
+    code = main()
+    sys.stdout.flush()
+    sys.exit(code)

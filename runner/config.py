@@ -122,7 +122,8 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
 }
 SECTIONS = {"model", "prompt", "fields", "sampling", "answer"}  # keys that may hold a mapping
 LEAF_MAPPINGS = {"answer.json_schema"}  # keys whose value is itself a mapping
-PATH_KEYS = ("model", "model.path", "input", "output", "report", "errors_output", "answer.json_schema")
+PATH_KEYS = ("model", "model.path", "input", "output", "report", "errors_output", "answer.json_schema",
+             "answer.grammar")
 _TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "model.repack": "repack",
            "model.n_gpu_layers": "n_gpu_layers", "prompt.template": "prompt_template",
            "prompt.chat_template": "chat_template", "prompt.template_kwargs": "template_kwargs",
@@ -161,7 +162,7 @@ def load_job_file(path: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read job file: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -176,11 +177,39 @@ def load_job_file(path: str) -> dict[str, Any]:
     for key in PATH_KEYS:
         value = flat.get(key)
         if isinstance(value, str) and value != "demo" and not Path(value).expanduser().is_absolute() \
-                and not value.lstrip().startswith("{"):  # an inline JSON schema is no path
+                and not _inline(key, value):
             if key.startswith("model") and is_hub_name(value) and not (base / value).exists():
                 continue  # a Hugging Face model name (runner/hub.py), not a path beside the job file
             flat[key] = str(base / value)
     return flat
+
+
+def _inline(key: str, value: str) -> bool:
+    """A schema or a grammar written in the job file itself, not a file's path."""
+    if key == "answer.grammar":
+        return check.is_grammar_text(value)
+    return value.lstrip().startswith("{")
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last one
+    silently: a setting written twice would lose one without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                line = first_line.get(key)
+            except TypeError:  # an unhashable key: the base class says so
+                continue
+            if line is not None:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {quote(key)} (first on line {line})",
+                                                        key_node.start_mark)
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
 
 def build_config(layers: list[tuple[str, Mapping[str, Any]]]) -> JobConfig:
@@ -195,7 +224,7 @@ def build_config(layers: list[tuple[str, Mapping[str, Any]]]) -> JobConfig:
             try:
                 value = SCHEMA[key](raw)
             except ValueError as exc:
-                raise ConfigError(f"{source}: {key}: {exc}, got {quote(raw)}") from None
+                raise ConfigError(f"{source}: {key}: {exc}, got {quote(raw)}{_yaml_hint(source, raw)}") from None
             if key.startswith("sampling."):
                 sampling[key.split(".", 1)[1]] = value
             else:
@@ -206,6 +235,15 @@ def build_config(layers: list[tuple[str, Mapping[str, Any]]]) -> JobConfig:
             raise ConfigError(f"missing required setting '{key}' (give it in the job file or as --{key})")
     _check_answer(config)
     return _shard_files(config)
+
+
+def _yaml_hint(source: str, raw: Any) -> str:
+    """YAML reads yes, no, on and off as true and false: a refused value holding a boolean from a
+    job file was likely written as one of those words."""
+    values = raw if isinstance(raw, list) else [raw]
+    if Path(source).suffix.lower() in (".yaml", ".yml") and any(isinstance(v, bool) for v in values):
+        return " (YAML reads yes, no, on and off as true and false: quote them, as 'yes', to mean the words)"
+    return ""
 
 
 def _check_answer(config: JobConfig) -> None:

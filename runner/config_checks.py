@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
@@ -173,25 +174,61 @@ def choices(v: Any) -> Union[tuple[str, ...], str]:
     return tuple(items)
 
 
+SCHEMA_FORMS = "a JSON Schema object ({\"type\": ...}), or the path of a .json file holding one"
+
+
 def json_schema(v: Any) -> str:
     """A schema (a mapping, or its JSON text) or the path of a .json file holding one; kept as
     canonical JSON text (sorted keys), which the journal fingerprints."""
     if isinstance(v, str) and not v.lstrip().startswith("{"):
-        try:
-            v = Path(v).expanduser().read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read the schema file ({getattr(exc, 'strerror', None) or exc})") from None
+        v = _schema_file(v)
     if isinstance(v, str):
         try:
             v = json.loads(v)
         except ValueError as exc:
             raise ValueError(f"not valid JSON ({exc})") from None
     if not isinstance(v, Mapping):
-        raise ValueError("must be a JSON Schema object, or the path of a .json file holding one")
+        raise ValueError(f"must be {SCHEMA_FORMS}")
     return json.dumps(v, sort_keys=True, separators=(",", ":"))
 
 
+def _schema_file(v: str) -> Any:
+    """The text of the schema file `v` names; JSON that is no object (true, [1]) is returned as
+    read, for the caller to refuse as no schema, not as no file."""
+    path = Path(v).expanduser()
+    if not path.exists():
+        try:
+            return json.loads(v)
+        except ValueError:
+            raise ValueError(f"no such file (expected {SCHEMA_FORMS})") from None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the schema file ({getattr(exc, 'strerror', None) or exc})") from None
+
+
+GRAMMAR_WANTED = "GBNF text with a `root` rule (root ::= ...), or the path of a .gbnf file holding it"
+ROOT_RULE = re.compile(r"^[ \t]*root[ \t]*::=", re.MULTILINE)
+
+
+def is_grammar_text(v: str) -> bool:
+    """GBNF text has rules (`name ::= ...`); anything else given as a grammar is a file's path."""
+    return "::=" in v
+
+
 def grammar(v: Any) -> str:
+    """GBNF text, or the path of a file holding it; the text, with the `root` rule llama.cpp
+    starts from (llama.cpp itself only says it cannot parse a grammar without one)."""
     if not isinstance(v, str) or not v.strip():
-        raise ValueError("must be GBNF text with a `root` rule")
+        raise ValueError(f"must be {GRAMMAR_WANTED}")
+    if not is_grammar_text(v):
+        path = Path(v).expanduser()
+        if not path.is_file():
+            raise ValueError(f"no such file (a grammar is {GRAMMAR_WANTED})")
+        try:
+            v = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the grammar file ({getattr(exc, 'strerror', None) or exc})") from None
+    if not ROOT_RULE.search(v):
+        raise ValueError("has no `root` rule: an answer is what `root` matches (root ::= ...)")
     return v

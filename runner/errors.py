@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
 def quote(value: Any, limit: int = 60) -> str:
-    """repr(value) cut to `limit` characters: an error line stays one short line whatever the value
-    (a pasted document, a million-digit number)."""
+    """The value as a user writes it, cut to `limit` characters: a string in quotes, anything else
+    in JSON's spelling, which a job file's YAML and a JSON input share (true, null, [1, 2], not
+    Python's True, None, (1, 2)). An error line stays one short line whatever the value (a pasted
+    document, a million-digit number)."""
     try:
-        text = repr(value)
+        try:
+            text = repr(value) if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        except TypeError:  # no JSON spelling (a set, an object): Python's
+            text = repr(value)
     except ValueError:  # int -> str refuses more than 4,300 digits
         text = f"<a {type(value).__name__} too large to show>"
     return text if len(text) <= limit else f"{text[:limit - 14]}... ({len(text):,} chars)"

@@ -53,7 +53,7 @@ from .question_settings import has_grammar
 from .prepare import WINDOW, Preparer, Window, check_requests, facts, max_tokens
 from .report import JobSetup, RunOutcome, RunReport
 from .shards import in_shard
-from .signals import stop_on_signals
+from .signals import STOP
 from .tally import RecordCounts
 from .watch import RunWatch
 from ..workers.protocol import EngineConfig, WorkerSpec
@@ -71,7 +71,14 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     already in the output's journal from an earlier run of the same job are reused unless
     `fresh`. Raises GgbatchError subclasses; whatever ends a run that reached its workers, the
     answers file is written first (WorkerFailure, Interrupted). `window`: records made into
-    questions at a time; a file of more streams."""
+    questions at a time; a file of more streams. SIGINT and SIGTERM are the run's from its start
+    (runner/signals.py): a stop at any moment writes the answers file and raises Interrupted."""
+    with STOP.run():
+        return _run(config, engine_factory, progress, fresh, use_tuned, job_file, window)
+
+
+def _run(config: JobConfig, engine_factory: Optional[EngineFactory], progress: str, fresh: bool,
+         use_tuned: bool, job_file: Optional[str], window: int) -> RunReport:
     clock = {"start": time.perf_counter(), "started_at": time.time()}
     model_path = resolve_model(config.model)
     paths = job_paths(config.input, model_path, config.output, config.report, job_file, config.errors_output)
@@ -88,7 +95,8 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
             with RunWatch(progress, clock["start"], config.threads_adapt == "auto") as watch, WorkerPool(
                     _specs(started, model_path, engine_factory), watch.on_answers, watch.tick, backend=backend,
                     on_threads=watch.on_threads, on_ready=watch.on_ready, keep_answers=False) as pool:
-                if first_records:
+                STOP.attach(pool)
+                if first_records and not pool.stopping:
                     pool.start()  # the workers load the model while the questions are prepared
                 with Preparer(config, model_path, answer) as preparer:
                     journal = _open_journal(watch, paths, config, model, preparer, stream, fresh, reading)
@@ -250,18 +258,18 @@ def _made(setup: JobSetup, preparer: Preparer, growth: ContextGrowth) -> JobSetu
 
 def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], feed: Optional[QuestionFeed],
             window: int) -> Optional[Exception]:
-    """What ended the run early, if anything (the answers so far are in the journal)."""
-    if not first.questions and feed is None:
-        return None
+    """What ended the run early, if anything (the answers so far are in the journal). A stop asked
+    when nothing was left to answer ends the run as any stop does."""
     try:
-        with stop_on_signals(pool):
+        if first.questions or feed is not None:
             pool.run(first.questions, engine, feed, feed_below=window // 2)
-        return None
+        return Interrupted(STOP.signum) if STOP.signum else None
     except (WorkerFailure, Interrupted) as exc:
         if feed is not None:
             feed.read_rest()
         return exc
     finally:
+        STOP.detach()  # the pool is done: a signal from now on ends the run as it is written
         if feed is not None:
             feed.close()
 

@@ -149,10 +149,11 @@ class WorkerPool:
         windows = WindowIntake(feed, feed_below)
         self._add(questions)
         self._engines = engine
-        for w in self.workers:
-            if w.link is not None:  # started early, waiting for its configuration
-                w.link.send(Configure(self._engine_of(w)))
-        self.start()  # the others get their configuration as they start
+        if not self._stop_signal:  # stopped before the run: no worker gets work, none starts
+            for w in self.workers:
+                if w.link is not None:  # started early, waiting for its configuration
+                    w.link.send(Configure(self._engine_of(w)))
+            self.start()  # the others get their configuration as they start
         next_tick = time.perf_counter() + TICK_S
         graceful = False
         try:
@@ -204,10 +205,13 @@ class WorkerPool:
         self._stop_signal = signum
         self._stop_deadline = time.perf_counter() + GRACE_S
         self.paused = True
-        for w in self.workers:
-            if w.link is not None:
-                w.link.send(Stop())  # the worker finishes what is decoding, then exits
-        log.warning("stopping: questions already decoding get %.0f s to finish", GRACE_S)
+        live = [w for w in self.workers if w.link is not None]
+        for w in live:
+            w.link.send(Stop())  # the worker finishes what is decoding, then exits
+        if live:
+            log.warning("stopping: questions already decoding get %.0f s to finish", GRACE_S)
+        else:
+            log.warning("stopping before any worker has started")
 
     def pause(self, paused: bool) -> None:
         """Stop (or resume) handing out questions; workers finish what they hold. A pool that

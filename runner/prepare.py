@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from .answer_spec import choice_tokens
+from .answer_spec import check_spellable, choice_tokens
 from .config import JobConfig
 from .errors import ConfigError
 from .journal import Journal
@@ -58,7 +58,16 @@ class Preparer:
     def __init__(self, config: JobConfig, model_path: str, answer: Optional[AnswerSpec] = None) -> None:
         self.config = config
         self.tokenizer = TokenizerProcess(model_path)
+        try:
+            self._set_up(config, model_path, answer)
+        except BaseException:
+            self.tokenizer.close()  # a job refused here leaves no process behind
+            raise
+
+    def _set_up(self, config: JobConfig, model_path: str, answer: Optional[AnswerSpec]) -> None:
         info = self.tokenizer.info
+        if answer is not None and answer.choices:
+            check_spellable(self.tokenizer, answer.choices, info.metadata.get("tokenizer.ggml.unknown_token_id"))
         template, self.chat_template = chat_template(config, info.chat_template)
         self.builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
                                      info.bos_text, info.eos_text, config.template_kwargs)

@@ -53,7 +53,7 @@ def test_json_schema_inline_as_a_mapping_or_a_file(tmp_path):
 
 
 @pytest.mark.parametrize("value, said", [
-    ("missing.json", "cannot read the schema file"), ("{not json", "not valid JSON"), ([1], "must be a JSON Schema object")])
+    ("missing.json", "no such file"), ("{not json", "not valid JSON"), ([1], "must be a JSON Schema object")])
 def test_bad_json_schema_names_the_key(value, said):
     with pytest.raises(ConfigError, match=f"answer.json_schema: {said}"):
         config(json_schema=value)

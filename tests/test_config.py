@@ -70,7 +70,7 @@ def test_auto_values(tmp_path):
     ("slots: 300\n", "slots: must be <= 255 (a llama.cpp context holds at most 256 sequences, one of them "
                      "the shared prefix), got 300"),
     ("ignore_eos: yes please\n", "ignore_eos: must be true or false"),
-    ("model:\n  path: m\n  repack: sometimes\n", "model.repack: must be true, false or auto, got 'sometimes'"),
+    ("model_:\n  path: m\n  repack: sometimes\n", "model.repack: must be true, false or auto, got 'sometimes'"),
     ("stop: [1, 2]\n", "stop: must be a list of non-empty strings"),
     ("input_format: xml\n", "input_format: must be auto, json, jsonl, csv or openai, got 'xml'"),
     ("output_format: tsv\n", "output_format: must be auto, json, jsonl, csv or openai, got 'tsv'"),
@@ -80,7 +80,10 @@ def test_auto_values(tmp_path):
     ("workers: [\n", "job.yaml:5: expected the node content"),
 ])
 def test_errors_name_file_and_key(tmp_path, text, message):
-    path = job(tmp_path, "model: m\ninput: i\noutput: o\n" + text if not text.startswith("-") else text)
+    # model_: the model section, which replaces the file's `model: m` (a key given twice is an error)
+    head = "input: i\noutput: o\n" if text.startswith("model_:") else "model: m\ninput: i\noutput: o\n"
+    text = text.replace("model_:", "model:", 1)
+    path = job(tmp_path, head + text if not text.startswith("-") else text)
     with pytest.raises(ConfigError) as err:
         build_config([(path, load_job_file(path))])
     assert message in str(err.value)

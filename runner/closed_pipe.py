@@ -1,0 +1,47 @@
+"""Standard output whose reader may leave early (`ggbatch run ... | true`, `ggbatch score ... | head -1`).
+
+Python ignores SIGPIPE, so the first write to a closed pipe raises BrokenPipeError, often only at
+the interpreter's last flush, after the command has done its work. What was printed was for a
+reader that is gone; the command's exit code is still its own. So the stream points its file
+descriptor at /dev/null on the first BrokenPipeError (the recipe of Python's signal docs) and
+the command carries on: the rest of what it prints, and the flush at exit, go nowhere quietly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, TextIO
+
+
+class ClosedPipeSafe:
+    """A text stream (sys.stdout) that a closed pipe never fails; everything else is the stream's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+        try:
+            self._stream.flush()  # what is still buffered goes to /dev/null now
+        except OSError:
+            pass
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...: the stream's own
+        return getattr(self._stream, name)

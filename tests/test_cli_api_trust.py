@@ -1,0 +1,300 @@
+"""The command line and the Python API as a careful user meets them: one string given to answer(),
+keyword arguments that are not settings, a reader that leaves the pipe early, choices the model
+cannot spell, a stop in the first moments of a run, and messages that say values as the user
+wrote them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import ggbatch
+from conftest import MODELS, ROOT, require
+from ggbatch.runner.config import build_config, load_job_file
+from ggbatch.runner.errors import quote
+
+TINYSTORIES = MODELS / "TinyStories-656K-Q8_0.gguf"
+
+
+def ggbatch_cmd(*args: object) -> list[str]:
+    return [sys.executable, "-m", "ggbatch", *map(str, args)]
+
+
+def write_questions(path: Path, n: int, gold: bool = False) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            row = {"questionID": f"q{i}", "question": f"Tom has {i} apples. How many?"}
+            f.write(json.dumps({**row, "answer": str(i)} if gold else row) + "\n")
+    return path
+
+
+def flags(model: str, questions: Path, out: Path, *more: object) -> list[object]:
+    return ["--model", model, "--input", questions, "--output", out, "--max-tokens", 4, "--workers", 1, *more]
+
+
+# -- answer() takes one string as one question, and refuses what it cannot iterate as questions
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_answer_takes_one_string_as_one_question(stories):
+    answers = ggbatch.answer("Once upon a time", model=stories, max_tokens=4)
+    assert len(answers) == 1
+    assert answers[0].id == "0" and answers[0].text and answers[0].error is None
+
+
+@pytest.mark.parametrize("questions, kind", [({"question": "Hi?"}, "dict"), (b"Hello", "bytes"), (42, "int"),
+                                             (None, "NoneType")])
+def test_answer_refuses_questions_of_the_wrong_kind(questions, kind):
+    # before any model is opened: the model path is never looked at
+    with pytest.raises(ggbatch.GgbatchError, match=rf"ggbatch.answer\(\): questions must be .*, got {kind}"):
+        ggbatch.answer(questions, model="no-such-model.gguf")
+
+
+def test_answer_refuses_an_item_of_the_wrong_kind_naming_its_index():
+    with pytest.raises(ggbatch.GgbatchError, match=r"questions\[1\] must be a string or a mapping, got int"):
+        ggbatch.answer(["Hi?", 7], model="no-such-model.gguf")
+
+
+# -- keyword arguments that are answer()'s own or no setting at all; errors said of the caller's list
+
+
+@pytest.mark.parametrize("name", ["output", "input", "output_format", "errors_output"])
+def test_answer_names_an_argument_of_its_own_instead_of_a_type_error(name):
+    with pytest.raises(ggbatch.GgbatchError, match=rf"ggbatch.answer\(\): {name}= is not taken here"):
+        ggbatch.answer(["Hi?"], model="no-such-model.gguf", **{name: "x.json"})
+
+
+def test_an_unknown_keyword_argument_lists_the_valid_ones():
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        ggbatch.answer(["Hi?"], model="no-such-model.gguf", max_tokenz=3)
+    message = str(err.value)
+    assert "unknown key 'max_tokenz' (did you mean 'max_tokens'?)" in message
+    assert "keyword arguments: " in message and "resume_dir" in message and "sampling" in message
+    assert "output" not in message.split("keyword arguments: ")[1].split(", ")
+    with pytest.raises(ggbatch.GgbatchError, match=r"ggbatch.run\(\): unknown key 'sampling_temperature'.*"
+                                                   r"keyword arguments: .*fresh"):
+        ggbatch.run(model="m.gguf", input="q.jsonl", output="a.json", sampling_temperature=0.5)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_a_record_without_a_question_is_named_by_its_index_in_the_callers_list(stories):
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        ggbatch.answer(["Once upon a time", {"text": "no question field"}], model=stories, max_tokens=4)
+    message = str(err.value)
+    assert message == "ggbatch.answer(): questions[1]: record has no 'question'"
+    with pytest.raises(ggbatch.GgbatchError, match=r"duplicate questionID: 'a' \(questions\[0\] and \[2\]\)"):
+        ggbatch.answer([{"questionID": "a", "question": "Hi"}, "Yo", {"questionID": "a", "question": "Ho"}],
+                       model=stories, max_tokens=4)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_a_lone_surrogate_in_a_question_is_that_questions_error(stories):
+    answers = ggbatch.answer(["Once \ud800 upon", "Once upon a time"], model=stories, max_tokens=3)
+    assert answers[0].text is None and "surrogate" in answers[0].error
+    assert answers[1].text and answers[1].error is None
+
+
+def test_a_record_json_cannot_spell_is_named_by_its_index():
+    with pytest.raises(ggbatch.GgbatchError, match=r"questions\[0\]: .*set"):
+        ggbatch.answer([{"question": "Hi", "tags": {"a"}}], model="no-such-model.gguf")
+
+
+# -- a reader that leaves early (`| true`, `| head -1`) is no error
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_a_closed_stdout_ends_quietly_with_the_runs_own_code(tmp_path, stories):
+    questions = write_questions(tmp_path / "q.jsonl", 3, gold=True)
+    out = tmp_path / "a.jsonl"
+    commands = [ggbatch_cmd("run", *flags(stories, questions, out, "--score")),
+                ggbatch_cmd("score", "--answers", out, "--gold", questions)]
+    for command in commands:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.stdout.close()  # the reader is gone before the first line, as `| true`
+        stderr = proc.stderr.read()
+        assert proc.wait(timeout=90) == 0, stderr
+        assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr
+    assert len(out.read_text().splitlines()) == 3  # every answer written
+
+
+# -- choices the vocabulary cannot spell are refused before any work
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_choices_the_vocabulary_cannot_spell_are_exit_2_naming_the_choice(tmp_path):
+    model = require(TINYSTORIES)  # 77 byte tokens: no way to write α
+    questions = write_questions(tmp_path / "q.jsonl", 3)
+    out = tmp_path / "a.jsonl"
+    r = subprocess.run(ggbatch_cmd("run", *flags(str(model), questions, out, "--choices", "A,α,β")), cwd=ROOT,
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("ggbatch: error: answer.choices: 'α': the model's vocabulary has no token for "
+                                "U+03B1"), r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_choices_spelled_with_byte_tokens_are_answered(tmp_path, stories):
+    # stories260K has all 256 byte tokens: α is three of them, and the grammar can write it
+    questions = write_questions(tmp_path / "q.jsonl", 2)
+    out = tmp_path / "a.jsonl"
+    r = subprocess.run(ggbatch_cmd("run", *flags(stories, questions, out, "--choices", "α,β", "-q")), cwd=ROOT,
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert {json.loads(line)["answer"] for line in out.read_text(encoding="utf-8").splitlines()} <= {"α", "β"}
+
+
+# -- a stop in the first moments ends the run as a later one does
+
+
+def takes_sigterm(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM now (Linux: SigCgt)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def processes_of_tmpdir(tmp: Path) -> list[psutil.Process]:
+    """The processes started with TMPDIR=tmp (a run's workers and tokenizer inherit it)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("TMPDIR") == str(tmp):
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigterm_in_the_first_moments_ends_the_run_as_documented(tmp_path, stories):
+    questions = write_questions(tmp_path / "q.jsonl", 6)
+    documented = 0
+    for moment in (0.05, 0.3, 0.8, 1.5):
+        tmp = tmp_path / f"tmp-{moment}"
+        tmp.mkdir()
+        out = tmp_path / f"a-{moment}.json"
+        proc = subprocess.Popen(ggbatch_cmd("run", *flags(stories, questions, out)), cwd=ROOT,
+                                env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        time.sleep(moment)
+        taken = takes_sigterm(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        if proc.returncode == -signal.SIGTERM:
+            # The interpreter had not reached ggbatch's first line: nothing was started to leave behind.
+            # It reaches it in about 0.2 s on 2 busy cores (a load of 6): from 0.8 s the signal is ggbatch's.
+            assert not taken, f"at {moment} s: killed by SIGTERM although ggbatch had a handler"
+            assert moment < 0.8, f"at {moment} s: killed by SIGTERM: ggbatch did not hold the signal yet"
+        else:
+            documented += 1
+            assert proc.returncode == 143, f"at {moment} s: {stderr}"
+            assert "stopped by signal 15" in stderr and "Traceback" not in stderr, stderr
+            rows = json.loads(out.read_text())
+            assert [r["questionID"] for r in rows] == [f"q{i}" for i in range(6)]
+            assert all(r["answer"] is not None or r["error"] == "not answered: the run was stopped by signal 15 "
+                       "first" for r in rows)
+        assert list(tmp.iterdir()) == [], f"at {moment} s: left behind {list(tmp.iterdir())}"
+        _, alive = psutil.wait_procs(processes_of_tmpdir(tmp), timeout=5)
+        assert not alive, f"at {moment} s: left running {alive}"
+    assert documented >= 2  # from 0.8 s at the latest, ggbatch holds the signal
+
+
+# -- messages say values as the user wrote them; grammar and schema flags read files
+
+
+def test_values_are_quoted_in_json_spelling():
+    assert [quote(v) for v in (True, False, None, (), ("A", "B"), [True, 1.5], {"a": None}, "yes")] == \
+        ["true", "false", "null", "[]", '["A", "B"]', "[true, 1.5]", '{"a": null}', "'yes'"]
+
+
+def job(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(f"model: m.gguf\ninput: q.jsonl\noutput: a.json\n{text}", encoding="utf-8")
+    return str(path)
+
+
+def test_a_yaml_boolean_where_a_word_was_meant_is_said_in_yaml_with_a_hint(tmp_path):
+    path = job(tmp_path, "answer:\n  choices: [yes, no]\n")
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        build_config([(path, load_job_file(path))])
+    assert "got [true, false] (YAML reads yes, no, on and off as true and false" in str(err.value)
+    path = job(tmp_path, "max_tokens: yes\n")
+    with pytest.raises(ggbatch.GgbatchError, match=r"max_tokens: must be an integer, got true \(YAML"):
+        build_config([(path, load_job_file(path))])
+
+
+def test_a_duplicate_key_in_a_job_file_names_the_file_line_and_key(tmp_path):
+    path = job(tmp_path, "max_tokens: 8\nsampling:\n  seed: 1\n  temperature: 0\n  seed: 2\n")
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        load_job_file(path)
+    assert str(err.value) == f"{path}:8: duplicate key 'seed' (first on line 6)"
+    path = job(tmp_path, "max_tokens: 8\nmax_tokens: 16\n")
+    with pytest.raises(ggbatch.GgbatchError, match=r"job.yaml:5: duplicate key 'max_tokens' \(first on line 4\)"):
+        load_job_file(path)
+
+
+def command_line(**flags: str) -> ggbatch.JobConfig:
+    return build_config([("command line", {"model": "m.gguf", "input": "q.jsonl", "output": "a.json", **flags})])
+
+
+def test_a_grammar_flag_naming_a_file_reads_it(tmp_path, monkeypatch):
+    (tmp_path / "yn.gbnf").write_text('root ::= "yes" | "no"\n')
+    monkeypatch.chdir(tmp_path)
+    assert command_line(**{"answer.grammar": "yn.gbnf"}).grammar == 'root ::= "yes" | "no"\n'
+    with pytest.raises(ggbatch.GgbatchError, match=r"answer.grammar: no such file .*, got 'ny.gbnf'"):
+        command_line(**{"answer.grammar": "ny.gbnf"})
+    # in a job file, beside the job file
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "ab.gbnf").write_text('root ::= "a" | "b"\n')
+    path = job(tmp_path / "jobs", "answer:\n  grammar: ab.gbnf\n")
+    monkeypatch.chdir(ROOT)
+    assert build_config([(path, load_job_file(path))]).grammar == 'root ::= "a" | "b"\n'
+
+
+def test_a_grammar_without_a_root_rule_says_so():
+    with pytest.raises(ggbatch.GgbatchError, match=r"answer.grammar: has no `root` rule"):
+        command_line(**{"answer.grammar": 'answer ::= "yes" | "no"'})
+    assert command_line(**{"answer.grammar": 'root ::= yn\nyn ::= "y" | "n"'}).grammar
+
+
+@pytest.mark.parametrize("value", ["true", "[1, 2]", "null"])
+def test_a_json_schema_flag_that_is_json_but_no_schema_says_what_is_expected(value):
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        command_line(**{"answer.json_schema": value})
+    assert "must be a JSON Schema object" in str(err.value) and "cannot read" not in str(err.value)
+
+
+def test_a_json_schema_file_that_is_missing_says_no_such_file():
+    with pytest.raises(ggbatch.GgbatchError, match=r"no such file \(expected a JSON Schema object.*got 'p.json'"):
+        command_line(**{"answer.json_schema": "p.json"})
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_run_score_quiet_prints_nothing(tmp_path, stories):
+    questions = write_questions(tmp_path / "q.jsonl", 2, gold=True)
+    r = subprocess.run(ggbatch_cmd("run", *flags(stories, questions, tmp_path / "a.jsonl", "--score", "-q")),
+                       cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert r.returncode in (0, 1), r.stderr
+    assert r.stdout == ""
