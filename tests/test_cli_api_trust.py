@@ -188,13 +188,15 @@ def processes_of_tmpdir(tmp: Path) -> list[psutil.Process]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_sigterm_in_the_first_moments_ends_the_run_as_documented(tmp_path, stories):
-    questions = write_questions(tmp_path / "q.jsonl", 6)
+    # Work enough that no run is over before its signal comes, even on a quiet machine.
+    questions = write_questions(tmp_path / "q.jsonl", 300)
     documented = 0
     for moment in (0.05, 0.3, 0.8, 1.5):
         tmp = tmp_path / f"tmp-{moment}"
         tmp.mkdir()
         out = tmp_path / f"a-{moment}.json"
-        proc = subprocess.Popen(ggbatch_cmd("run", *flags(stories, questions, out)), cwd=ROOT,
+        proc = subprocess.Popen(ggbatch_cmd("run", *flags(stories, questions, out, "--max-tokens", 64, "--ignore-eos",
+                                                          "--threads", 1)), cwd=ROOT,
                                 env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         time.sleep(moment)
@@ -211,7 +213,7 @@ def test_sigterm_in_the_first_moments_ends_the_run_as_documented(tmp_path, stori
             assert proc.returncode == 143, f"at {moment} s: {stderr}"
             assert "stopped by signal 15" in stderr and "Traceback" not in stderr, stderr
             rows = json.loads(out.read_text())
-            assert [r["questionID"] for r in rows] == [f"q{i}" for i in range(6)]
+            assert [r["questionID"] for r in rows] == [f"q{i}" for i in range(300)]
             assert all(r["answer"] is not None or r["error"] == "not answered: the run was stopped by signal 15 "
                        "first" for r in rows)
         assert list(tmp.iterdir()) == [], f"at {moment} s: left behind {list(tmp.iterdir())}"
