@@ -115,7 +115,7 @@ def main() -> None:
         from ggbatch import build_config
         from ggbatch.runner.cli import _flag_layer, build_parser
         from ggbatch.runner.job import run_job
-        from ggbatch.runner.progress import setup_logging
+        from ggbatch.runner.watch.progress import setup_logging
 
         setup_logging(False, False)
         cli = build_parser().parse_args(json.loads(args.one))

@@ -22,8 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from ggbatch.runner.prepare import common_prefix  # noqa: E402
-from ggbatch.runner.prompts import PLAIN_STOP, PromptBuilder  # noqa: E402
+from ggbatch.runner.questions.prepare import common_prefix  # noqa: E402
+from ggbatch.runner.questions.prompts import PLAIN_STOP, PromptBuilder  # noqa: E402
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "questions.jsonl"

@@ -7,7 +7,7 @@ A quick loop for tuning the prefill layout; bench/prefix_bench.py times the whol
 
 A variant is `cache` or `off` (the prefix cache), with `+nofa` (flash attention off) or
 `+fa` (on), `+b<N>` (the step's token budget n_batch; without it, as a job would choose it:
-runner/layout.py batch_budget) and `+byid` (prompt steps listed by sequence id, as before
+runner/plan/layout.py batch_budget) and `+byid` (prompt steps listed by sequence id, as before
 workers/ubatches.py) appended as wanted: e.g. cache+nofa+b512.
 Without `+fa`/`+nofa` flash attention is as a job would choose it.
 """
@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from ggbatch.runner import layout as layouts  # noqa: E402
-from ggbatch.runner.layout import Layout, cpu_flags, repack_weights, step_budget, usable_cores  # noqa: E402
-from ggbatch.runner.prefix_groups import grouped_order  # noqa: E402
-from ggbatch.runner.prepare import common_prefix  # noqa: E402
+from ggbatch.runner.plan.layout import Layout, cpu_flags, repack_weights, step_budget, usable_cores  # noqa: E402
+from ggbatch.runner.questions.prefix_groups import grouped_order  # noqa: E402
+from ggbatch.runner.questions.prepare import common_prefix  # noqa: E402
 from ggbatch.workers.protocol import GenerationParams, Question  # noqa: E402
 from compare_server import LSAT  # noqa: E402
 from engine_bench import bench_model, load_questions  # noqa: E402

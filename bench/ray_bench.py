@@ -59,7 +59,7 @@ def round_trip_ms(model: str) -> float:
     """Median ms of one call to a worker actor and back (a loaded model waiting for work)."""
     import ray
 
-    from ggbatch.runner.nodes import nodes_from_ray
+    from ggbatch.runner.plan.nodes import nodes_from_ray
     from ggbatch.workers.protocol import WorkerSpec
     from ggbatch.workers.ray_actor import RayWorker
 

@@ -1,4 +1,4 @@
-"""Record what the thread controller (runner/threads.py) is fed during a real run, with busy loops
+"""Record what the thread controller (runner/watch/thread_controller.py) is fed during a real run, with busy loops
 started and stopped on a schedule, for the tests (tests/data/threads/).
 
     python bench/record_cpu_samples.py --schedule 10:1,35:0 --out tests/data/threads/arrive-leave.json

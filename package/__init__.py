@@ -30,12 +30,12 @@ _API = {
     "answer": "ggbatch.runner.api",
     "Answered": "ggbatch.runner.api",
     "job_config": "ggbatch.runner.api",
-    "RunReport": "ggbatch.runner.report",
+    "RunReport": "ggbatch.runner.report.report",
     "GgbatchError": "ggbatch.runner.errors",
     # the lower layer: a JobConfig built from (source, {dotted key: value}) layers, run as is
-    "JobConfig": "ggbatch.runner.config",
-    "build_config": "ggbatch.runner.config",
-    "load_job_file": "ggbatch.runner.config",
+    "JobConfig": "ggbatch.runner.config.schema",
+    "build_config": "ggbatch.runner.config.schema",
+    "load_job_file": "ggbatch.runner.config.schema",
     "run_job": "ggbatch.runner.job",
 }
 __all__ = sorted(_API)

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Union
 
-from .config import SCHEMA, SECTIONS, JobConfig, build_config, flatten, load_job_file
+from .config.schema import SCHEMA, SECTIONS, JobConfig, build_config, flatten, load_job_file
 from .errors import ConfigError, InputError
 from .job import run_job
-from .report import RunReport
+from .report.report import RunReport
 
 Question = Union[str, Mapping[str, Any]]
 

@@ -14,15 +14,15 @@ import sys
 from typing import Any, Callable, Optional, Sequence, TextIO, cast
 
 from .closed_pipe import ClosedPipeSafe
-from .config import build_config, load_job_file
-from .crashes import address_space_limit
+from .config.schema import build_config, load_job_file
+from .pool.crashes import address_space_limit
 from .errors import GgbatchError, Interrupted, WorkerFailure
-from .formats import FORMATS
-from .merge_command import add_merge_parser, cmd_merge
-from .paths import journal_path
-from .progress import setup_logging
+from .files.formats import FORMATS
+from .merge.command import add_merge_parser, cmd_merge
+from .files.paths import journal_path
+from .watch.progress import setup_logging
 from .scoring.command import add_score_parser, cmd_score, print_run_score
-from .signals import STOP
+from .pool.signals import STOP
 from .tools.commands import TOOL_COMMANDS, add_tool_commands
 
 log = logging.getLogger("ggbatch")
@@ -133,14 +133,14 @@ class VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
-        from .versions import describe
+        from .model.versions import describe
 
         print(describe())
         parser.exit()
 
 
 def _add_file_flags(a: Any) -> None:
-    """The run's model and files, and their formats (runner/formats)."""
+    """The run's model and files, and their formats (runner/files/formats)."""
     a("--model", help="GGUF model path, 'demo' for the generated demo model, or hf:OWNER/REPO/FILE.gguf or "
       "OWNER/REPO:QUANT from the Hugging Face cache (needs ggbatch[hf])")
     a("--input", help="question file: .json (array), .jsonl, .csv, or an OpenAI Batch input file")
@@ -168,7 +168,7 @@ def _flag_layer(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .job import run_job
-    from .report import format_summary
+    from .report.report import format_summary
 
     layers = []
     if args.job:

@@ -1,13 +1,13 @@
 """The `ggbatch` command's first lines. SIGINT and SIGTERM are taken here, before the command line
 is read and before the coordinator's modules load (a fraction of a second): a stop in the run's
-first moments then ends it as a later one does (runner/signals.py). Only the standard library
+first moments then ends it as a later one does (runner/pool/signals.py). Only the standard library
 loads before that."""
 
 from __future__ import annotations
 
 
 def main() -> None:
-    from .signals import STOP
+    from .pool.signals import STOP
 
     STOP.install()
     from .cli import entry_point

@@ -3,17 +3,17 @@ the workers, make the first window of questions while they load, reuse what the 
 settle the layout, answer the rest (a streamed file's next windows made meanwhile), write the
 answers from the journal and the report.
 
-    question file (runner/inputs.py, runner/formats) ─▶ records (of one shard: runner/shards.py)
-    first window ─▶ Preparer (runner/prepare.py; journal reuse) ─▶ layout.settle ─▶ WorkerPool.run
-    next windows ─▶ QuestionFeed (runner/feed.py, a thread) ────────────────────────▶ │
-    (the layout per node: this machine, or each Ray node with --backend ray; runner/nodes.py)
+    question file (runner/files/inputs.py, runner/files/formats) ─▶ records (of one shard: runner/files/shards.py)
+    first window ─▶ Preparer (runner/questions/prepare.py; journal reuse) ─▶ layout.settle ─▶ WorkerPool.run
+    next windows ─▶ QuestionFeed (runner/questions/feed.py, a thread) ────────────────────────▶ │
+    (the layout per node: this machine, or each Ray node with --backend ray; runner/plan/nodes.py)
                                                                                      │
     answers file ◀── rows in input order (duplicates fanned out) ◀── journal ◀──────┘
-    (its format: runner/formats; without an answer, to errors_output when set)
+    (its format: runner/files/formats; without an answer, to errors_output when set)
 
 A file of more than `window` records streams: the coordinator keeps a few windows of questions
-and a few bytes for every question before them (runner/columns.py), never the whole file; a
-window whose prompts need a larger context than the first one's grows it (runner/growth.py).
+and a few bytes for every question before them (runner/journal/compact.py), never the whole file; a
+window whose prompts need a larger context than the first one's grows it (runner/plan/growth.py).
 """
 
 from __future__ import annotations
@@ -29,33 +29,33 @@ from typing import Any, Callable, Iterator, Optional
 
 import psutil
 
-from . import gpu
-from . import layout as layouts
-from . import tuned
-from .answer_spec import job_answer
-from .config import CHOICES_AUTO, JobConfig
+from .plan import gpu
+from .plan import layout as layouts
+from .plan import tuned
+from .config.answer import job_answer
+from .config.schema import CHOICES_AUTO, JobConfig
 from .errors import Interrupted, WorkerFailure
-from .feed import QuestionFeed
-from .formats.detect import output_format
-from .formats.rows import OutputSpec, Row
-from .growth import ContextGrowth, PlanInputs
-from .inputs import QuestionStream, Record, open_question_file
-from .journal import Journal, fingerprint
-from .journal_index import Earlier, start_reading
-from .local_workers import LocalBackend
-from .lock import OutputLock
-from .model import ModelIdentity, identify, resolve_model
-from .nodes import Node, NodePlan, node_report, share
-from .outputs import write_answers, write_atomic
-from .paths import JobPaths, job_paths
-from .pool import WorkerPool
-from .question_settings import has_grammar
-from .prepare import WINDOW, Preparer, Window, check_requests, facts, max_tokens
-from .report import JobSetup, RunOutcome, RunReport
-from .shards import in_shard
-from .signals import STOP
-from .tally import RecordCounts
-from .watch import RunWatch
+from .questions.feed import QuestionFeed
+from .files.formats.detect import output_format
+from .files.formats.rows import OutputSpec, Row
+from .plan.growth import ContextGrowth, PlanInputs
+from .files.inputs import QuestionStream, Record, open_question_file
+from .journal.journal import Journal, fingerprint
+from .journal.index import Earlier, start_reading
+from .pool.local import LocalBackend
+from .files.lock import OutputLock
+from .model.identity import ModelIdentity, identify, resolve_model
+from .plan.nodes import Node, NodePlan, node_report, share
+from .files.outputs import write_answers, write_atomic
+from .files.paths import JobPaths, job_paths
+from .pool.pool import WorkerPool
+from .questions.settings import has_grammar
+from .questions.prepare import WINDOW, Preparer, Window, check_requests, facts, max_tokens
+from .report.report import JobSetup, RunOutcome, RunReport
+from .files.shards import in_shard
+from .pool.signals import STOP
+from .report.tally import RecordCounts
+from .watch.watch import RunWatch
 from ..workers.protocol import EngineConfig, WorkerSpec
 
 log = logging.getLogger("ggbatch")
@@ -72,7 +72,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
     `fresh`. Raises GgbatchError subclasses; whatever ends a run that reached its workers, the
     answers file is written first (WorkerFailure, Interrupted). `window`: records made into
     questions at a time; a file of more streams. SIGINT and SIGTERM are the run's from its start
-    (runner/signals.py): a stop at any moment writes the answers file and raises Interrupted."""
+    (runner/pool/signals.py): a stop at any moment writes the answers file and raises Interrupted."""
     with STOP.run():
         return _run(config, engine_factory, progress, fresh, use_tuned, job_file, window)
 
@@ -127,7 +127,7 @@ def _run(config: JobConfig, engine_factory: Optional[EngineFactory], progress: s
 def _feed(preparer: Preparer, rest: Optional[Iterator[Record]], window: int, watch: RunWatch, pool: WorkerPool,
           growth: ContextGrowth) -> Optional[QuestionFeed]:
     """The windows after the first, made while the workers answer (None: there are none). As
-    the pool takes each, the workers' context grows if its questions need more (runner/growth.py)."""
+    the pool takes each, the workers' context grows if its questions need more (runner/plan/growth.py)."""
     def taken(w: Window) -> None:
         watch.progress.grow(len(w.questions))
         engines = growth.engines_for(w.questions)
@@ -165,7 +165,7 @@ def open_backend(config: JobConfig) -> Any:
     """Where the workers live: local processes, or Ray actors (connecting here: a bad address is
     one line and exit 2 before any work)."""
     if config.backend == "ray":
-        from .ray_workers import RayBackend
+        from .pool.ray import RayBackend
 
         return RayBackend(config.ray_address)
     return LocalBackend()
@@ -173,7 +173,7 @@ def open_backend(config: JobConfig) -> Any:
 
 def _start_layout(config: JobConfig, model: ModelIdentity, records: list[Record], streamed: bool,
                   use_tuned: bool, nodes: list[Node]) -> NodePlan:
-    """The workers to start before the questions are tokenized (runner/layout.py, phase 1), on
+    """The workers to start before the questions are tokenized (runner/plan/layout.py, phase 1), on
     each node from its own cores."""
     n_gpu_layers = gpu.gpu_layers_for(config.n_gpu_layers, config.devices)
     # `ggbatch tune` measured CPU layouts of this machine: a job putting layers on a GPU, or
@@ -219,7 +219,7 @@ def _settle(config: JobConfig, model: ModelIdentity, started: NodePlan, preparer
     2), node by node on each node's memory, and with it everything the run was planned with. The
     context fits the largest max_tokens of any question. A streamed file's context also fits the
     longest line of the file, guessed from its bytes, and grows if a later window needs more
-    (runner/growth.py)."""
+    (runner/plan/growth.py)."""
     gen = preparer.generation
     if started.layouts[0].n_gpu_layers and not preparer.info.gpu_offload:
         log.warning("%s", gpu.offload_warning(started.layouts[0].n_gpu_layers))

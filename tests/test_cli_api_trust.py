@@ -18,7 +18,7 @@ import pytest
 
 import ggbatch
 from conftest import MODELS, ROOT, require
-from ggbatch.runner.config import build_config, load_job_file
+from ggbatch.runner.config.schema import build_config, load_job_file
 from ggbatch.runner.errors import quote
 
 TINYSTORIES = MODELS / "TinyStories-656K-Q8_0.gguf"

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from ggbatch.runner.config import build_config, load_job_file
+from ggbatch.runner.config.schema import build_config, load_job_file
 from ggbatch.runner.errors import ConfigError
 
 
@@ -20,7 +20,7 @@ def test_flags_override_job_file_which_overrides_defaults(tmp_path):
     assert config.max_tokens == 32
     assert config.sampling.temperature == 0.7 and config.sampling.seed == 3
     assert config.slots is None  # default auto
-    assert config.n_batch is None  # default auto: runner/layout.py batch_budget
+    assert config.n_batch is None  # default auto: runner/plan/layout.py batch_budget
 
 
 def test_job_paths_are_relative_to_the_job_file(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, gsm8k_records
-from ggbatch.runner.tuned import context_bucket
+from ggbatch.runner.plan.tuned import context_bucket
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.model]
 
@@ -245,7 +245,7 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, gsm8k_file):
     # A Q4_K model (rows of 256: what llama.cpp's repacked kernels take). llama.cpp's own log,
     # let through by GGBATCH_LLAMA_LOG, says whether it made a CPU_REPACK buffer.
     from ggbatch.runner.tools import modelgen as mg
-    from ggbatch.runner.layout import cpu_flags
+    from ggbatch.runner.plan.layout import cpu_flags
 
     if "avx2" not in cpu_flags():
         pytest.skip("llama.cpp repacks Q4_K weights only on x86 CPUs with AVX2 (this one has none)")
@@ -268,7 +268,7 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, gsm8k_file):
 
 
 def test_auto_repack_follows_the_cpu_and_the_expected_slots(tmp_path, stories, gsm8k_file):
-    from ggbatch.runner.layout import cpu_flags, repack_weights
+    from ggbatch.runner.plan.layout import cpu_flags, repack_weights
 
     report = tmp_path / "r.json"
     r = ggbatch("--model", stories, "--input", gsm8k_file(20), "--output", tmp_path / "a.json", "--max-tokens", 2,

@@ -6,8 +6,8 @@ from array import array
 import pytest
 
 from conftest import gsm8k_records
-from ggbatch.runner.prepare import common_prefix
-from ggbatch.runner.prompts import PromptBuilder
+from ggbatch.runner.questions.prepare import common_prefix
+from ggbatch.runner.questions.prompts import PromptBuilder
 from ggbatch.workers.protocol import EngineConfig, FinishReason, GenerationParams, Question, SamplingParams
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
@@ -261,10 +261,10 @@ def test_each_question_is_answered_with_its_own_settings(stories, tokenizer):
 
 def passage_questions(tokenizer, n_passages=6, per_passage=5, seed=1):
     """Questions on shared passages, in the order the coordinator sends a shuffled file of them
-    (runner/prefix_groups.py): what the prefix cache is for."""
+    (runner/questions/prefix_groups.py): what the prefix cache is for."""
     import random
 
-    from ggbatch.runner.prefix_groups import grouped_order
+    from ggbatch.runner.questions.prefix_groups import grouped_order
 
     rng = random.Random(seed)
     words = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()

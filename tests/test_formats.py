@@ -1,4 +1,4 @@
-"""Question and answers file formats (runner/formats), without a model: detection, CSV in and out,
+"""Question and answers file formats (runner/files/formats), without a model: detection, CSV in and out,
 JSON rows, the errors file."""
 
 import csv
@@ -8,10 +8,10 @@ import json
 import pytest
 
 from ggbatch.runner.errors import InputError
-from ggbatch.runner.formats.csvfile import csv_rows, render_csv
-from ggbatch.runner.formats.detect import detect_format, input_format, output_format
-from ggbatch.runner.inputs import read_question_file, read_records
-from ggbatch.runner.outputs import OutputSpec, Row, answer_rows, render, write_answers
+from ggbatch.runner.files.formats.csvfile import csv_rows, render_csv
+from ggbatch.runner.files.formats.detect import detect_format, input_format, output_format
+from ggbatch.runner.files.inputs import read_question_file, read_records
+from ggbatch.runner.files.outputs import OutputSpec, Row, answer_rows, render, write_answers
 from ggbatch.workers.protocol import Answer, FinishReason
 
 OPENAI_LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",

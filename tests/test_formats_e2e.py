@@ -122,7 +122,7 @@ def test_duplicate_custom_ids_are_refused_naming_both_lines(tmp_path, stories):
 def test_chat_lines_are_rendered_with_the_models_chat_template(tmp_path):
     """The demo model has a ChatML template: a line's whole conversation goes through it, a
     completion prompt goes in as it is."""
-    from ggbatch.runner.prompts import PromptBuilder
+    from ggbatch.runner.questions.prompts import PromptBuilder
     from ggbatch.runner.tools.modelgen import ensure_demo_model
     from ggbatch.workers.model_runner import Tokenizer
 

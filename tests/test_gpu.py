@@ -4,11 +4,11 @@ llama.cpp is tested end to end in test_e2e.py.)"""
 
 import pytest
 
-from ggbatch.runner.config import build_config
+from ggbatch.runner.config.schema import build_config
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.gpu import GPU_ALL, cpu_layer_share, gpu_layers_for, worker_threads
-from ggbatch.runner.layout import PromptFacts, settle, start, usable_cores
-from ggbatch.runner.memory import MIB, ModelDims, plan_memory
+from ggbatch.runner.plan.gpu import GPU_ALL, cpu_layer_share, gpu_layers_for, worker_threads
+from ggbatch.runner.plan.layout import PromptFacts, settle, start, usable_cores
+from ggbatch.runner.plan.memory import MIB, ModelDims, plan_memory
 from ggbatch.workers.devices import visible_device_env
 
 DIMS = ModelDims(file_bytes=400 * MIB, n_layer=28, n_embd=1024, n_head=8, n_head_kv=8, head_dim=128,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from ggbatch.runner.config import load_job_file
+from ggbatch.runner.config.schema import load_job_file
 from ggbatch.runner.errors import ModelError
-from ggbatch.runner.hub import HubRef, is_hub_name, parse_hub_name, pick_file, split_parts
+from ggbatch.runner.model.hub import HubRef, is_hub_name, parse_hub_name, pick_file, split_parts
 
 pytestmark = pytest.mark.timeout(240)
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -118,7 +118,7 @@ def resolve(name, env, hide_hub=False):
     """resolve_model(name) in a fresh process, as `ggbatch run` calls it; hide_hub makes
     `import huggingface_hub` fail there, as where the extra is not installed."""
     code = ("import sys\n" + ("sys.modules['huggingface_hub'] = None\n" if hide_hub else "") +
-            "from ggbatch.runner.model import resolve_model\nprint(resolve_model(sys.argv[1]))\n")
+            "from ggbatch.runner.model.identity import resolve_model\nprint(resolve_model(sys.argv[1]))\n")
     return subprocess.run([sys.executable, "-c", code, name], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=60)
 

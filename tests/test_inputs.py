@@ -3,7 +3,7 @@ import json
 import pytest
 
 from ggbatch.runner.errors import InputError
-from ggbatch.runner.inputs import detect_format, read_records
+from ggbatch.runner.files.inputs import detect_format, read_records
 
 
 def write(tmp_path, name, text, binary=False):

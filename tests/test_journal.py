@@ -3,7 +3,7 @@ from array import array
 import pytest
 
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.journal import Journal, changed_setting
+from ggbatch.runner.journal.journal import Journal, changed_setting
 from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, Question
 
 FP = {"model.size_bytes": 10, "sampling.temperature": 0.0}
@@ -34,7 +34,7 @@ def test_answers_survive_and_are_reused_only_for_unchanged_prompts(tmp_path):
 
 @pytest.mark.parametrize("block", [64, 1 << 22])
 def test_a_torn_last_line_is_dropped_and_the_file_stays_valid(tmp_path, monkeypatch, block):
-    monkeypatch.setattr("ggbatch.runner.journal_index.BLOCK_BYTES", block)
+    monkeypatch.setattr("ggbatch.runner.journal.index.BLOCK_BYTES", block)
     path = tmp_path / "j.jsonl"
     j = Journal(str(path), FP)
     j.split([question("q1", 1)])
@@ -79,7 +79,7 @@ def test_a_question_whose_own_settings_changed_is_answered_again(tmp_path):
 
 @pytest.mark.parametrize("block", [64, 1 << 22])  # read in blocks shorter than a line, or all at once
 def test_a_rerun_reads_each_entry_right_whatever_its_text_holds(tmp_path, monkeypatch, block):
-    monkeypatch.setattr("ggbatch.runner.journal_index.BLOCK_BYTES", block)
+    monkeypatch.setattr("ggbatch.runner.journal.index.BLOCK_BYTES", block)
     path = str(tmp_path / "j.jsonl")
     tricky = ['say "error": null', 'a \\ backslash, "quoted"', "日本 \u2028", ', "error": "x"']
     qids = ['plain', 'with "quote"', 'back\\slash', '日本']
@@ -99,7 +99,7 @@ def test_a_rerun_reads_each_entry_right_whatever_its_text_holds(tmp_path, monkey
 
 
 def test_a_line_is_known_by_its_hash_only_while_its_answer_stands(tmp_path):
-    from ggbatch.runner.journal import Expected, record_hash
+    from ggbatch.runner.journal.journal import Expected, record_hash
 
     path = str(tmp_path / "j.jsonl")
     j = Journal(path, FP)

@@ -4,10 +4,10 @@ from array import array
 import pytest
 
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.layout import (context_per_sequence, cpu_flags, kv_unified_for, plan_layout, repack_weights,
+from ggbatch.runner.plan.layout import (context_per_sequence, cpu_flags, kv_unified_for, plan_layout, repack_weights,
                                    start)
-from ggbatch.runner.prepare import common_prefix
-from ggbatch.runner.questions import question_seed
+from ggbatch.runner.questions.prepare import common_prefix
+from ggbatch.runner.questions.maker import question_seed
 
 
 def test_auto_uses_one_worker_on_every_core():
@@ -82,8 +82,8 @@ def test_long_sequences_keep_every_slot_with_one_stream_per_sequence(longest, pr
     # 420 tokens a sequence, 10 shared: one stream per sequence, whose attention never scans
     # another slot, so only memory limits the slots. 2,000 a sequence, 1,100 shared: one unified
     # pool, 900 cells a slot beyond the prefix, and 8192 pool cells hold 9 of them.
-    from ggbatch.runner.layout import PromptFacts, settle
-    from ggbatch.runner.memory import ModelDims
+    from ggbatch.runner.plan.layout import PromptFacts, settle
+    from ggbatch.runner.plan.memory import ModelDims
 
     dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
     started = plan_layout([0, 1], None, None, 1, 1)
@@ -96,8 +96,8 @@ def test_long_sequences_keep_every_slot_with_one_stream_per_sequence(longest, pr
 
 
 def test_auto_n_batch_is_larger_for_the_prefix_cache_and_an_asked_one_is_kept():
-    from ggbatch.runner.layout import PromptFacts, batch_budget, settle
-    from ggbatch.runner.memory import ModelDims
+    from ggbatch.runner.plan.layout import PromptFacts, batch_budget, settle
+    from ggbatch.runner.plan.memory import ModelDims
 
     assert batch_budget(None, False, False) == 512
     assert batch_budget(None, True, False) == 1024  # a passage's whole prompt in one ubatch

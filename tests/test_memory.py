@@ -1,6 +1,6 @@
 import pytest
 
-from ggbatch.runner.memory import MIB, ModelDims, allocated_kv_cells, dims_from_metadata, fit_layout, plan_memory
+from ggbatch.runner.plan.memory import MIB, ModelDims, allocated_kv_cells, dims_from_metadata, fit_layout, plan_memory
 
 # The 28 × 1024 benchmark shape: 8 KV heads × 128 head size → 28 × 8 × 128 × 2 × 2 = 114,688 B per cell.
 DIMS = ModelDims(file_bytes=400 * MIB, n_layer=28, n_embd=1024, n_head=8, n_head_kv=8, head_dim=128,

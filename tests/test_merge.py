@@ -1,5 +1,5 @@
 """`ggbatch merge`, without a model: answers files of every format written by the run's own
-renderer (runner/outputs.py) for a whole job and for each of its shards; the shards merged must
+renderer (runner/files/outputs.py) for a whole job and for each of its shards; the shards merged must
 be the whole job's file byte for byte, and a merge that would lose, mix or invent answers says so."""
 
 import json
@@ -11,11 +11,11 @@ import pytest
 
 from conftest import ROOT
 from ggbatch.runner.errors import ConfigError, InputError
-from ggbatch.runner.merge_command import merge_files
-from ggbatch.runner.merge_parts import MISSING
-from ggbatch.runner.outputs import OutputSpec, Row, render
-from ggbatch.runner.parts import read_part
-from ggbatch.runner.shards import shard_of
+from ggbatch.runner.merge.command import merge_files
+from ggbatch.runner.merge.join import MISSING
+from ggbatch.runner.files.outputs import OutputSpec, Row, render
+from ggbatch.runner.merge.parts import read_part
+from ggbatch.runner.files.shards import shard_of
 from ggbatch.workers.protocol import Answer, FinishReason
 
 IDS = [f"q{i}" for i in range(1, 31)] + ["7", "007", "é-1", "with, comma"]

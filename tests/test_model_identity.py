@@ -1,4 +1,4 @@
-"""A model's identity (runner/model.py): what decides whether a journal's answers may be reused."""
+"""A model's identity (runner/model/identity.py): what decides whether a journal's answers may be reused."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from conftest import MODELS, require
 from ggbatch.runner.errors import ModelError
-from ggbatch.runner.gguf_header import GGUFFormatError, read_layout
-from ggbatch.runner.model import identify, resolve_model, sample_offsets
+from ggbatch.runner.model.gguf_header import GGUFFormatError, read_layout
+from ggbatch.runner.model.identity import identify, resolve_model, sample_offsets
 
 
 @pytest.fixture

@@ -150,7 +150,7 @@ def test_a_truncated_model_says_truncated(tmp_path):
     model.write_bytes(require(STORIES).read_bytes()[:4000])  # cut inside the metadata
     expected = f"{model}: the model file is truncated or corrupt (failed to read key-value pairs)"
     assert load_in_subprocess(model) == expected
-    # Through the command line, the model's identity (runner/model.py) reads its header first.
+    # Through the command line, the model's identity (runner/model/identity.py) reads its header first.
     line = one_line_exit_2(run(model, tmp_path))
     assert line.startswith(f"ggbatch: error: {model}: the model file is truncated or corrupt (the header ends early")
 

@@ -1,4 +1,4 @@
-"""OpenAI Batch files without a model: each request line checked (runner/formats/openai_request.py),
+"""OpenAI Batch files without a model: each request line checked (runner/files/formats/openai_request.py),
 a whole input file read, the output lines written and read back with the openai package's types."""
 
 import json
@@ -11,11 +11,11 @@ from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict
 
 from ggbatch.runner.errors import InputError
-from ggbatch.runner.formats.openai_output import batch_line
-from ggbatch.runner.formats.openai_request import parse_request
-from ggbatch.runner.inputs import read_question_file
-from ggbatch.runner.outputs import OutputSpec, Row, render
-from ggbatch.runner.question_settings import QuestionSettings, own_generation, vocabulary_problem
+from ggbatch.runner.files.formats.openai_output import batch_line
+from ggbatch.runner.files.formats.openai_request import parse_request
+from ggbatch.runner.files.inputs import read_question_file
+from ggbatch.runner.files.outputs import OutputSpec, Row, render
+from ggbatch.runner.questions.settings import QuestionSettings, own_generation, vocabulary_problem
 from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, ResponseFormat, SamplingParams
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -217,8 +217,8 @@ def test_output_ids_are_stable_for_the_same_answer_and_differ_for_another():
 
 
 def test_the_layout_guess_before_tokenizing_counts_a_lines_own_text_and_max_tokens(tmp_path):
-    from ggbatch.runner.config import build_config
-    from ggbatch.runner.tuned import largest_max_tokens, longest_prompt_chars
+    from ggbatch.runner.config.schema import build_config
+    from ggbatch.runner.plan.tuned import largest_max_tokens, longest_prompt_chars
 
     records = read_question_file(batch_file(tmp_path, [
         {**line({"max_tokens": 900}), "custom_id": "a"},

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from ggbatch.runner.formats.rows import split_thinking
-from ggbatch.runner.outputs import OutputSpec, Row, merge, render, write_atomic
+from ggbatch.runner.files.formats.rows import split_thinking
+from ggbatch.runner.files.outputs import OutputSpec, Row, merge, render, write_atomic
 from ggbatch.workers.protocol import Answer, FinishReason
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT
 from ggbatch.runner.errors import ConfigError, OutputError
-from ggbatch.runner.paths import check_writable, job_paths
+from ggbatch.runner.files.paths import check_writable, job_paths
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,9 +1,9 @@
-"""Grouping questions by the prefix they share, on crafted token arrays (runner/prefix_groups.py)."""
+"""Grouping questions by the prefix they share, on crafted token arrays (runner/questions/prefix_groups.py)."""
 
 import random
 from array import array
 
-from ggbatch.runner.prefix_groups import MIN_SHARED, find_groups, grouped_order, whole_groups
+from ggbatch.runner.questions.prefix_groups import MIN_SHARED, find_groups, grouped_order, whole_groups
 from ggbatch.workers.protocol import Question
 
 

@@ -5,8 +5,8 @@ import logging
 import time
 
 
-from ggbatch.runner.progress import Progress
-from ggbatch.runner.rates import RateWindow, eta_s, generating, tokens_left
+from ggbatch.runner.watch.progress import Progress
+from ggbatch.runner.watch.rates import RateWindow, eta_s, generating, tokens_left
 from ggbatch.workers.protocol import Answer, FinishReason
 
 

@@ -1,7 +1,7 @@
 import pytest
 
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.prompts import PromptBuilder
+from ggbatch.runner.questions.prompts import PromptBuilder
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -63,7 +63,7 @@ def test_template_kwargs_reach_the_chat_template():
 
 
 def test_a_misspelt_field_is_an_error_naming_it():
-    from ggbatch.runner.prompts import TemplateFieldError
+    from ggbatch.runner.questions.prompts import TemplateFieldError
 
     b = PromptBuilder(None, user_template="Q: {{ questoin }}")
     with pytest.raises(TemplateFieldError) as err:
@@ -91,7 +91,7 @@ def test_a_conversation_renders_with_the_job_system_prompt_unless_it_has_its_own
 
 
 def test_a_template_refusing_a_conversation_is_a_chat_template_error():
-    from ggbatch.runner.prompts import ChatTemplateError
+    from ggbatch.runner.questions.prompts import ChatTemplateError
 
     strict = ("{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
               "{{ raise_exception('roles must alternate') }}{% endif %}{{ m.content }}{% endfor %}")

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from fake_engine import Fake
-from ggbatch.runner.config import build_config
+from ggbatch.runner.config.schema import build_config
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.nodes import nodes_from_ray
-from ggbatch.runner.pool import WorkerPool
+from ggbatch.runner.plan.nodes import nodes_from_ray
+from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
 from ggbatch.workers.ray_actor import own_cores
 
@@ -42,7 +42,7 @@ def cluster():
 
 
 def ray_specs(n_workers, fake=Fake(), slots=4):
-    from ggbatch.runner.ray_workers import RayBackend
+    from ggbatch.runner.pool.ray import RayBackend
 
     backend = RayBackend(None)  # joins the module's instance
     node = backend.nodes()[0]
@@ -122,7 +122,7 @@ def test_question_that_keeps_killing_actors_is_failed_by_the_same_crash_budget(c
 
 
 def test_actor_pins_itself_and_overrides_omp_num_threads(cluster):
-    from ggbatch.runner.ray_workers import RayBackend
+    from ggbatch.runner.pool.ray import RayBackend
     from ggbatch.workers.ray_actor import RayWorker
 
     node = RayBackend(None).nodes()[0]
@@ -228,8 +228,8 @@ def test_a_bad_ray_address_is_one_line_and_exit_2(tmp_path, stories):
 def test_node_plan_numbers_workers_across_nodes_and_keeps_their_ids_when_a_node_keeps_fewer():
     from dataclasses import replace
 
-    from ggbatch.runner.layout import plan_layout
-    from ggbatch.runner.nodes import Node, NodePlan, share
+    from ggbatch.runner.plan.layout import plan_layout
+    from ggbatch.runner.plan.nodes import Node, NodePlan, share
 
     small, big = Node("a" * 56, "10.0.0.1", tuple(range(2))), Node("b" * 56, "10.0.0.2", tuple(range(16)))
     plan = NodePlan.of([small, big], [plan_layout(small.cores, None, 2, None, 100),

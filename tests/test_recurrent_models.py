@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from ggbatch.runner.prepare import common_prefix
-from ggbatch.runner.prompts import PromptBuilder
+from ggbatch.runner.questions.prepare import common_prefix
+from ggbatch.runner.questions.prompts import PromptBuilder
 from ggbatch.runner.tools import modelgen as mg
 from ggbatch.workers.memory_kind import KvRefused, MemoryKind
 from ggbatch.workers.prefix_cache import Start

@@ -20,12 +20,12 @@ from openai.types.chat import ChatCompletion
 from conftest import ROOT, gsm8k_records
 from fake_engine import Fake
 from ggbatch import build_config
-from ggbatch.runner import layout as layouts
-from ggbatch.runner.growth import ContextGrowth, PlanInputs
+from ggbatch.runner.plan import layout as layouts
+from ggbatch.runner.plan.growth import ContextGrowth, PlanInputs
 from ggbatch.runner.job import STREAMED, run_job
-from ggbatch.runner.layout import PromptFacts
-from ggbatch.runner.memory import ModelDims
-from ggbatch.runner.nodes import Node, NodePlan
+from ggbatch.runner.plan.layout import PromptFacts
+from ggbatch.runner.plan.memory import ModelDims
+from ggbatch.runner.plan.nodes import Node, NodePlan
 from ggbatch.workers.protocol import GenerationParams, Question
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"

@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 
-from ggbatch.runner.config import build_config
+from ggbatch.runner.config.schema import build_config
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.formats.record import Record
-from ggbatch.runner.journal import Journal, fingerprint
-from ggbatch.runner.model import ModelIdentity
-from ggbatch.runner.shards import Shard, parse_shard, shard_in_name, in_shard, shard_of, shard_path
+from ggbatch.runner.files.formats.record import Record
+from ggbatch.runner.journal.journal import Journal, fingerprint
+from ggbatch.runner.model.identity import ModelIdentity
+from ggbatch.runner.files.shards import Shard, parse_shard, shard_in_name, in_shard, shard_of, shard_path
 from ggbatch.workers.protocol import GenerationParams
 
 GSM8K_IDS = [f"gsm8k-{i}" for i in range(1, 1320)]
@@ -32,7 +32,7 @@ def test_the_split_is_a_fixed_function_of_the_id():
 
 @pytest.mark.timeout(60)
 def test_the_split_is_the_same_in_other_processes_whatever_their_hash_seed():
-    code = ("from ggbatch.runner.shards import shard_of; "
+    code = ("from ggbatch.runner.files.shards import shard_of; "
             f"print([shard_of(q, 5) for q in {GSM8K_IDS[:200]!r}])")
     seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50,
                            env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout for seed in ("1", "2")}

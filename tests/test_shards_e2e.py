@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT, gsm8k_records
-from ggbatch.runner.shards import shard_of
+from ggbatch.runner.files.shards import shard_of
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
 

@@ -14,9 +14,9 @@ import pytest
 
 from conftest import ROOT
 from ggbatch.runner.errors import InputError
-from ggbatch.runner.formats.csvfile import csv_rows, header_delimiter
-from ggbatch.runner.formats.textfile import read_text
-from ggbatch.runner.inputs import read_question_file, read_records
+from ggbatch.runner.files.formats.csvfile import csv_rows, header_delimiter
+from ggbatch.runner.files.formats.textfile import read_text
+from ggbatch.runner.files.inputs import read_question_file, read_records
 
 QUESTIONS = [("q1", "Once upon a time, there was a cat."), ("q2", "Lily liked to play; she ran."),
              ("q3", "The sun was hot.")]
@@ -277,7 +277,7 @@ def test_run_reads_an_openai_batch_file_whose_first_request_is_over_a_mib(tmp_pa
 
 
 def test_merge_and_score_refuse_a_lone_surrogate_id_naming_the_line(tmp_path):
-    from ggbatch.runner.parts import read_part
+    from ggbatch.runner.merge.parts import read_part
     from ggbatch.runner.scoring.files import read_answers
 
     path = write(tmp_path, "a.jsonl", '{"questionID": "q1", "answer": "4"}\n{"questionID": "\\ud800", "answer": "5"}\n')

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from ggbatch.runner.memory_guard import LowMemoryPause
-from ggbatch.runner.stalls import StallWatch
+from ggbatch.runner.watch.memory_guard import LowMemoryPause
+from ggbatch.runner.watch.stalls import StallWatch
 
 
 def test_a_worker_whose_cpu_time_stops_growing_is_a_stall_once_then_recovers():

@@ -1,7 +1,7 @@
 """The thread controller's first evidence, across real processes: ggbatch's own CPU time (its
 children alive and ended) is told apart from other load, and a worker that loads beside a busy
 loop is told its thread count at Ready, so that its first step already runs it
-(runner/startup_load.py; the decisions themselves: tests/test_threads.py)."""
+(runner/watch/startup_load.py; the decisions themselves: tests/test_threads.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 
 from conftest import two_cores
 from fake_engine import Fake
-from ggbatch.runner.pool import WorkerPool
-from ggbatch.runner.startup_load import ggbatch_cpu_s, process_cpu_s
-from ggbatch.runner.watch import RunWatch
+from ggbatch.runner.pool.pool import WorkerPool
+from ggbatch.runner.watch.startup_load import ggbatch_cpu_s, process_cpu_s
+from ggbatch.runner.watch.watch import RunWatch
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""A file of more records than one window streams (runner/feed.py, runner/prepare.py): windows
+"""A file of more records than one window streams (runner/questions/feed.py, runner/questions/prepare.py): windows
 made while the workers answer, answers kept in the journal and written from it. Here with a
 window of a few dozen records, through run_job with the fake engine and the real tokenizer."""
 
@@ -130,8 +130,7 @@ def test_a_streamed_file_stopped_twice_is_finished_by_a_rerun_exactly_as_one_run
     """The feed thread reuses a window's journaled answers while the pool's thread journals new
     ones, both into one index: merged every few additions here, and threads switched as often as
     the interpreter can, a lost or torn merge shows as a crash or a missing answer."""
-    from ggbatch.runner import columns
-
+    from ggbatch.runner.journal import compact as columns
     monkeypatch.setattr(columns, "MERGE_AT", 8)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ggbatch.runner.monitor import CoreTime, core_times
-from ggbatch.runner.threads import CoreLoad, ThreadChange, ThreadController, core_load
+from ggbatch.runner.watch.monitor import CoreTime, core_times
+from ggbatch.runner.watch.thread_controller import CoreLoad, ThreadChange, ThreadController, core_load
 
 RECORDED = Path(__file__).parent / "data" / "threads"
 
@@ -135,7 +135,7 @@ def test_a_short_final_interval_says_nothing():
     assert c.sample(0, 2.1, load(0.9), 2, 2) is not None
 
 
-# -- the first evidence: from the job's start to a worker's Ready (runner/startup_load.py) ---------
+# -- the first evidence: from the job's start to a worker's Ready (runner/watch/startup_load.py) ---------
 
 
 def test_a_worker_ready_after_two_busy_seconds_is_told_at_once():
@@ -182,7 +182,7 @@ def test_a_quiet_start_changes_nothing():
 
 
 def test_the_coordinators_cpu_counts_as_its_share_of_the_workers_cores():
-    from ggbatch.runner.startup_load import own_share
+    from ggbatch.runner.watch.startup_load import own_share
 
     assert own_share(1.5, 0.8, (0, 1), coordinator_cores=2) == pytest.approx(2.3)  # every core is the worker's
     assert own_share(1.5, 0.8, (2, 3), coordinator_cores=8) == pytest.approx(1.7)  # a quarter of them

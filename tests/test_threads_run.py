@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, two_cores
-from ggbatch.runner.pool import WorkerPool
+from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.model]

@@ -1,6 +1,6 @@
 """The run's timeline (pure): rates from counters, bounded length, totals kept through thinning."""
 
-from ggbatch.runner.timeline import MIB, Sample, Timeline, WorkerPoint
+from ggbatch.runner.watch.timeline import MIB, Sample, Timeline, WorkerPoint
 
 
 def point(generated, prompt=0, steps=0, busy=0, cpu=0.0, pss=100 * MIB, threads=3):

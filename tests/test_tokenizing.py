@@ -18,7 +18,7 @@ import pytest
 
 from conftest import MODELS, STORIES, require
 from ggbatch.runner.errors import ModelError
-from ggbatch.runner.tokenizing import Rejected, TokenizerProcess, tokenize_all
+from ggbatch.runner.questions.tokenizing import Rejected, TokenizerProcess, tokenize_all
 from ggbatch.workers.tokenizer_process import BatchTokenizer
 from ggbatch.workers.tokenizing_fork import MIN_CAPACITY
 from ggbatch.workers.vocab_gaps import SpmGaps

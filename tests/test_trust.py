@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from ggbatch.runner.gguf_header import read_layout
+from ggbatch.runner.model.gguf_header import read_layout
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
 

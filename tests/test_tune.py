@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ggbatch.runner import layout, tuned
-from ggbatch.runner.model import identify
+from ggbatch.runner.plan import layout
+from ggbatch.runner.plan import tuned
+from ggbatch.runner.model.identity import identify
 from ggbatch.runner.tools import tune
-from ggbatch.runner.config import JobConfig, build_config
-from ggbatch.runner.inputs import Record
+from ggbatch.runner.config.schema import JobConfig, build_config
+from ggbatch.runner.files.inputs import Record
 
 SHORT = {"workers": 2, "threads": 1, "slots": 32}
 LONG = {"workers": 1, "threads": 2, "slots": 4}

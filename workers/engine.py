@@ -23,7 +23,7 @@ a unified pool makes every token scan every slot's cells. A unified pool wins wh
 share a long prefix: it stores the prefix once and a copy into a slot only tags cells, where
 separate streams copy it physically into each (with a 545-token shared prefix: 37 s vs 61 s).
 So the coordinator picks unified exactly when the shared prefix is longer than the rest of a
-sequence (runner/layout.py).
+sequence (runner/plan/layout.py).
 
 Flash attention's online softmax depends on how many KV cells it scans, which changes with the
 rest of the batch, so at a near-tie a token can flip (2 of 64 greedy stories260K answers

@@ -10,7 +10,7 @@ One small frozen dataclass per message, so a reader sees the whole conversation 
         │ ── Chunk(questions) ───────────▶ │
         │ ◀───────────── AnswerBatch ───── │  every step that finished a question
         │ ◀─────────────── EngineStats ─── │  at most every 0.5 s while it works, and when it runs dry
-        │ ── SetThreads(n) ──────────────▶ │  other processes take its cores (runner/threads.py):
+        │ ── SetThreads(n) ──────────────▶ │  other processes take its cores (runner/watch/thread_controller.py):
         │ ◀──────────────── ThreadsSet ─── │  llama.cpp's thread count from the next step, as it says
         │ ── Stop ───────────────────────▶ │  finish what is decoding, drop the rest, exit
         │ ◀──────────────── WorkerError ── │  only when the worker itself cannot go on
@@ -18,7 +18,7 @@ One small frozen dataclass per message, so a reader sees the whole conversation 
 Questions travel as token ids: the coordinator tokenizes once (it needs the counts to size the
 context and order the work), so a worker never renders or tokenizes a prompt.
 
-The coordinator tokenizes through a tokenizer process (runner/tokenizing.py,
+The coordinator tokenizes through a tokenizer process (runner/questions/tokenizing.py,
 workers/tokenizer_process.py), because llama.cpp's tokenizer can abort the process on text its
 vocabulary cannot represent:
 
@@ -60,7 +60,7 @@ class Question:
     # Its own generation settings (an OpenAI Batch line's max_tokens, temperature, stop, ...);
     # None: the job's (EngineConfig.generation), as for most questions.
     generation: Optional[GenerationParams] = None
-    # Questions of one group share a prefix worth computing once (runner/prefix_groups.py): the
+    # Questions of one group share a prefix worth computing once (runner/questions/prefix_groups.py): the
     # coordinator keeps them in one chunk where it can. 0: in no group.
     group: int = 0
 
@@ -101,7 +101,7 @@ class SamplingParams:
 
 # A response format is enforced by a grammar (AnswerSpec.grammar, made by the coordinator from
 # the schema). Journaled answers made before it was (when this was False) are answered again:
-# runner/question_settings.py settings_key records it.
+# runner/questions/settings.py settings_key records it.
 RESPONSE_FORMAT_ENFORCED = True
 
 
@@ -210,7 +210,7 @@ class WorkerSpec:
     # The one GPU this worker may see (--devices), made the only visible one before llama.cpp
     # loads (workers/devices.py); None: every GPU llama.cpp finds, split by layer as it does.
     device: Optional[int] = None
-    # The Ray node the worker lives on (runner/ray_workers.py): its id and IP; None for a local
+    # The Ray node the worker lives on (runner/pool/ray.py): its id and IP; None for a local
     # process. Its cores are then positions in that node's usable cores (workers/ray_actor.py).
     node_id: Optional[str] = None
     node_ip: Optional[str] = None
@@ -316,7 +316,7 @@ class Stop:
 @dataclass(frozen=True)
 class VocabInfo:
     """What the coordinator needs of the model without its weights: for the chat template, the
-    context size and the memory plan (runner/memory.py dims_from_metadata)."""
+    context size and the memory plan (runner/plan/memory.py dims_from_metadata)."""
 
     chat_template: Optional[str]
     bos_text: str

@@ -1,4 +1,4 @@
-"""A worker as a Ray actor (the Ray backend, runner/ray_workers.py): the same life as a worker
+"""A worker as a Ray actor (the Ray backend, runner/pool/ray.py): the same life as a worker
 process (workers/main.py run_worker: pin, load, serve the engine), run in a thread of the actor,
 with a pair of queues where the process has its task queue and results pipe.
 

@@ -13,8 +13,8 @@ from typing import Any, Optional
 
 from .files import read_answers, read_gold
 from ..errors import ConfigError, GgbatchError
-from ..outputs import write_atomic
-from ..paths import check_writable
+from ..files.outputs import write_atomic
+from ..files.paths import check_writable
 from .table import ScoreResult, details, format_table, parse_by, parse_extract, score, summary
 
 

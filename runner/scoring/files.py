@@ -20,9 +20,9 @@ from ..errors import InputError, quote
 # The question reader's parsing (line numbers, U+2028-safe line splitting, CSV rows named by the
 # line they start on) is the one every file of questions goes through; answers and gold files
 # are read the same way.
-from ..formats.csvfile import csv_rows
-from ..formats.record import checked_id
-from ..inputs import json_array, json_lines, read_text, detect_format
+from ..files.formats.csvfile import csv_rows
+from ..files.formats.record import checked_id
+from ..files.inputs import json_array, json_lines, read_text, detect_format
 from .rules import LETTERS, Gold
 
 

@@ -21,9 +21,9 @@ from itertools import groupby
 from array import array
 from typing import Any, Sequence
 
-from .. import layout as layouts
-from ..layout import Layout, kv_unified_for, plan_layout, step_budget, usable_cores
-from ..pool import WorkerPool
+from ..plan import layout as layouts
+from ..plan.layout import Layout, kv_unified_for, plan_layout, step_budget, usable_cores
+from ..pool.pool import WorkerPool
 from ...workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
 
 COLUMNS = ["PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"]
@@ -39,7 +39,7 @@ def synthetic_questions(n: int, pp: int, n_vocab: int, seed: int = 0) -> list[Qu
 
 def engine_config(model: str, threads: int, slots: int, n_ctx_seq: int, prefix: array, max_tokens: int,
                   repack: bool) -> EngineConfig:
-    """One worker's engine configured as a job's would be (runner/layout.py), greedy, generating
+    """One worker's engine configured as a job's would be (runner/plan/layout.py), greedy, generating
     exactly max_tokens per question."""
     layout = Layout(1, threads, slots, (), repack, "bench", n_ctx_seq,
                     kv_unified_for(len(prefix), n_ctx_seq, batch_invariant=False), step_budget(512, slots))

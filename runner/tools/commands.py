@@ -10,13 +10,13 @@ import logging
 import os
 from typing import Any, Callable
 
-from ..config import load_job_file
-from ..config_checks import bool_or_auto
+from ..config.schema import load_job_file
+from ..config.checks import bool_or_auto
 from ..errors import ConfigError, ModelError
-from ..layout import cpu_flags, plan_layout, repack_weights, usable_cores
-from ..model import identify, resolve_model
-from ..outputs import write_atomic
-from ..paths import check_writable
+from ..plan.layout import cpu_flags, plan_layout, repack_weights, usable_cores
+from ..model.identity import identify, resolve_model
+from ..files.outputs import write_atomic
+from ..files.paths import check_writable
 
 log = logging.getLogger("ggbatch")
 
@@ -174,7 +174,7 @@ def _add_tune(sub: Any) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from . import tune
-    from .. import tuned
+    from ..plan import tuned
 
     job = load_job_file(args.job) if args.job else {}
     model_arg = args.model or job.get("model.path") or job.get("model")

@@ -20,7 +20,7 @@ from typing import Union
 
 import gguf
 
-from ..paths import ggbatch_cache
+from ..files.paths import ggbatch_cache
 from .gguf_random import WEIGHT_STD, temp_sibling as _temp_sibling, write_random_gguf
 from .gguf_vocab import GGUFVocab, build_demo_vocab, vocab_from_gguf
 from .lfm2_gen import Lfm2Shape

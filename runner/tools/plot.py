@@ -1,5 +1,5 @@
 """`ggbatch plot REPORT.json -o run.png`: a picture of a run from its report's `timeline`
-(runner/timeline.py): six panels over the job's time, one line per worker where the timeline has
+(runner/watch/timeline.py): six panels over the job's time, one line per worker where the timeline has
 one: questions done, generated tokens/s, prompt tokens/s, busy slots (% of the worker's slots),
 CPU (100% = one core) and PSS. Needs matplotlib (ggbatch[plot]).
 """

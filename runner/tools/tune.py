@@ -1,5 +1,5 @@
 """`ggbatch tune`: try layouts (workers × threads × slots × weight layout) on a sample of the
-user's questions and save the fastest where the job path reads it (runner/tuned.py), per machine,
+user's questions and save the fastest where the job path reads it (runner/plan/tuned.py), per machine,
 model and context, so that `auto` uses it from then on.
 
 Each trial is a real run of the whole runner (the same code path as `ggbatch run`) with exactly
@@ -15,10 +15,10 @@ import os
 import tempfile
 from typing import Any, Callable, Optional, Sequence
 
-from ..config import build_config
-from ..inputs import read_records
-from ..layout import usable_cores
-from ..memory import MIB
+from ..config.schema import build_config
+from ..files.inputs import read_records
+from ..plan.layout import usable_cores
+from ..plan.memory import MIB
 
 SAMPLE_QUESTIONS = [f"A shop sells {a} pens for {b} dollars. How much do {c} pens cost? Show the steps."
                     for a, b, c in ((3, 2, 12), (5, 4, 30), (7, 3, 21), (4, 9, 16), (6, 5, 18), (8, 2, 40))]

@@ -1,0 +1,167 @@
+"""What an answer must be, from the job's answer.* keys or an OpenAI line's response_format, as
+the worker takes it (AnswerSpec): fixed choices, or a GBNF grammar. A JSON schema becomes GBNF
+through llama-cpp-python's converter; every grammar is built once by llama.cpp here, before any
+worker starts, so a bad one is one line naming the key (exit 2) or the line's own error.
+
+    answer.choices [A, B] | auto ─▶ AnswerSpec(choices)      (auto: each record's `choices`)
+    answer.json_schema {...} | F.json ─▶ GBNF ─▶ AnswerSpec(grammar)
+    answer.grammar GBNF ─▶ AnswerSpec(grammar)
+    response_format json_object | json_schema ─▶ GBNF (per line)
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import replace
+from typing import Any, Mapping, Optional
+
+from .schema import CHOICES_AUTO, JobConfig
+from ..errors import ConfigError, InputError, quote
+from ...workers.protocol import AnswerSpec, GenerationParams, ResponseFormat
+
+
+def job_answer(config: JobConfig) -> Optional[AnswerSpec]:
+    """The job's AnswerSpec (None: free text), its grammar checked by llama.cpp; ConfigError
+    naming the key when the schema or the grammar cannot be used."""
+    flags = {"logprobs": config.choice_logprobs, "choice_logits": config.choice_logits}
+    if config.choices == CHOICES_AUTO:
+        return AnswerSpec(**flags)  # each question's choices come from its record
+    if config.choices:
+        return AnswerSpec(tuple(config.choices), **flags)
+    if config.json_schema is not None:
+        try:
+            gbnf = schema_grammar(config.json_schema)
+        except ValueError as exc:
+            raise ConfigError(f"answer.json_schema: {exc}") from None
+        return AnswerSpec(grammar=_checked("answer.json_schema", gbnf))
+    if config.grammar is not None:
+        return AnswerSpec(grammar=_checked("answer.grammar", config.grammar))
+    return None
+
+
+def check_spellable(tokenizer: Any, choices: tuple[str, ...], unknown_token: Optional[str]) -> None:
+    """ConfigError naming the first choice the model's vocabulary cannot write: no answer could
+    be that choice, and every question would fail at run time with the grammar's error. The
+    choices go once through the tokenizer process (runner/questions/tokenizing.py), which says which text
+    its vocabulary lacks a character of; a tokenizer that reads a character as its unknown token
+    cannot write it either."""
+    tokenizer.submit(choices, [False] * len(choices))
+    got = tokenizer.receive()
+    unknown = int(unknown_token) if unknown_token is not None and unknown_token.lstrip("-").isdigit() else None
+    start = 0
+    for i, choice in enumerate(choices):
+        count = max(got.counts[i], 0)
+        why = got.errors.get(i)
+        if why is None and unknown is not None and unknown in got.tokens[start:start + count]:
+            why = "the model's tokenizer reads a character of it as its unknown token"
+        if why is not None:
+            raise ConfigError(f"answer.choices: {quote(choice)}: {why}, so no answer can be this choice")
+        start += count
+
+
+def _checked(key: str, gbnf: str) -> str:
+    problem = grammar_problem(gbnf)
+    if problem is not None:
+        raise ConfigError(f"{key}: not a grammar llama.cpp can use: {quote(problem, 160)}")
+    return gbnf
+
+
+@functools.lru_cache(maxsize=256)
+def grammar_problem(gbnf: str) -> Optional[str]:
+    """Why llama.cpp cannot parse this GBNF, or None (it is built once and freed)."""
+    from ...workers.sampling import grammar_problem as build  # loads llama.cpp: only when needed
+    return build(gbnf)
+
+
+@functools.lru_cache(maxsize=256)
+def schema_grammar(schema_text: str) -> str:
+    """GBNF for JSON valid under this schema (canonical JSON text), by llama-cpp-python's
+    converter; ValueError saying why it cannot convert it."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    unenforced = unenforced_keyword(json.loads(schema_text))
+    if unenforced is not None:
+        raise ValueError(unenforced)
+    try:
+        return json_schema_to_gbnf(schema_text)
+    except Exception as exc:  # noqa: BLE001 - the converter raises whatever it meets; one line says it
+        raise ValueError(f"cannot turn this JSON schema into a grammar ({type(exc).__name__}: {exc})") from None
+
+
+# What llama-cpp-python's converter turns into grammar rules; anything else it would drop without a
+# word, and an answer could then break the schema (an integer under "minimum": 0 come out -5).
+ENFORCED = {"type", "format", "$ref", "$defs", "definitions", "oneOf", "anyOf", "allOf", "const", "enum",
+            "properties", "additionalProperties", "required", "items", "prefixItems", "minItems", "maxItems",
+            "pattern", "minLength", "maxLength"}
+ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "default", "examples", "readOnly",
+               "writeOnly", "deprecated"}
+
+
+def unenforced_keyword(schema: Any, at: str = "") -> Optional[str]:
+    """Why a grammar cannot hold answers to this schema: the first keyword the converter ignores
+    (minimum, uniqueItems, not, ...), with where it is; None when every keyword is enforced."""
+    if not isinstance(schema, dict):
+        return None
+    for key in schema:
+        if key not in ENFORCED and key not in ANNOTATIONS:
+            return (f"the grammar cannot enforce {quote(key)}{f' (at {at[1:]})' if at else ''}, so answers could "
+                    "break the schema: leave it out (and check that part of the answers yourself)")
+    children: list[tuple[str, Any]] = []
+    for key in ("properties", "$defs", "definitions"):
+        children += [(f"{at}.{key}.{k}" if key != "properties" else f"{at}.properties.{k}", v)
+                     for k, v in (schema.get(key) or {}).items()]
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        children += [(f"{at}.{key}[{i}]", v) for i, v in enumerate(schema.get(key) or [])]
+    for key in ("items", "additionalProperties"):
+        children += [(f"{at}.{key}", schema.get(key))]
+    for where, child in children:
+        found = unenforced_keyword(child, where)
+        if found is not None:
+            return found
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def format_grammar(fmt: ResponseFormat) -> str:
+    """GBNF for an OpenAI response_format: any JSON object, or JSON valid under its schema;
+    ValueError naming the field when it cannot be enforced."""
+    if fmt.type == "json_object" or fmt.schema is None:
+        from llama_cpp.llama_grammar import JSON_GBNF
+        return JSON_GBNF
+    try:
+        gbnf = schema_grammar(fmt.schema)
+    except ValueError as exc:
+        raise ValueError(f"body.response_format: json_schema.schema: {exc}") from None
+    problem = grammar_problem(gbnf)
+    if problem is not None:
+        raise ValueError(f"body.response_format: json_schema.schema: llama.cpp cannot use its grammar ({problem})")
+    return gbnf
+
+
+def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str, ...]:
+    """A record's own choices (answer.choices: auto): the keys of a `choices` mapping (MMLU,
+    LSAT-RC: {"A": "4", "B": "8"} gives A, B), or the items of a `choices` list."""
+    choices = fields.get("choices")
+    if isinstance(choices, Mapping):
+        items = list(choices)
+    elif isinstance(choices, list):
+        items = choices
+    else:
+        raise InputError(f"{where}: record '{qid}' has no 'choices' mapping or list (answer.choices: auto)")
+    if not items or not all(isinstance(c, str) and c for c in items) or len(set(items)) != len(items):
+        raise InputError(f"{where}: record '{qid}': choices must be distinct non-empty strings "
+                         f"(answer.choices: auto), got {quote(json.dumps(choices), 80)}")
+    return tuple(items)
+
+
+def with_choices(gen: GenerationParams, choices: tuple[str, ...]) -> GenerationParams:
+    """The job's settings for a question of its own choices (answer.choices: auto)."""
+    assert gen.answer is not None
+    return replace(gen, answer=replace(gen.answer, choices=choices), max_tokens=choice_tokens(gen.max_tokens, choices))
+
+
+def choice_tokens(max_tokens: int, choices: tuple[str, ...]) -> int:
+    """The most tokens an answer among these choices can take: every token a grammar lets through
+    writes a byte or more, so the longest choice's bytes and its leading space, plus one for the
+    end of generation. The context is sized for it, not for the job's max_tokens."""
+    return min(max_tokens, max(len(c.encode("utf-8")) for c in choices) + 2) if choices else max_tokens

@@ -1,0 +1,274 @@
+"""Job configuration: one loader, one schema, unknown keys rejected, errors that name the key.
+
+Precedence: command-line flags > job file > defaults. Relative paths in a job file are relative
+to the job file's folder; relative paths given as flags are relative to the current directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Union
+
+import yaml
+
+from . import checks as check
+from .checks import AUTO, CHOICES_AUTO
+from ..errors import ConfigError, quote
+from ..files.formats import FORMATS
+from ..model.hub import is_hub_name
+from ..files.shards import Shard, shard_path
+from ...workers.protocol import SamplingParams
+
+# What the rest of the runner takes from here; AUTO and CHOICES_AUTO (the values a JobConfig
+# holds for `auto`) are the value checks', which produce them.
+__all__ = ["AUTO", "CHOICES_AUTO", "MAX_SLOTS", "SCHEMA", "JobConfig", "build_config", "flatten", "load_job_file"]
+
+MAX_SLOTS = 255  # llama.cpp LLAMA_MAX_SEQ (256) sequences per context, less the shared prefix one
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    model: str = ""  # path to a GGUF file, or "demo" for the generated demo model
+    input: str = ""
+    output: str = ""
+    report: Optional[str] = None
+    input_format: Optional[str] = AUTO  # json, jsonl, csv or openai; auto: by extension and content
+    shard: Optional[Shard] = None  # answer only this shard's questions (runner/files/shards.py)
+    output_format: Optional[str] = AUTO  # json, jsonl, csv or openai; auto: runner/files/formats/detect.py
+    errors_output: Optional[str] = None  # questions without an answer go here instead of output
+    n_ctx: Optional[int] = AUTO  # context per sequence; auto = longest prompt + max_tokens
+    workers: Optional[int] = AUTO
+    threads: Optional[int] = AUTO
+    threads_adapt: str = "auto"  # auto: fewer llama.cpp threads while other processes take the cores; off
+    slots: Optional[int] = AUTO
+    repack: Optional[bool] = AUTO  # llama.cpp's CPU_REPACK weight layout; auto: layout.repack_weights
+    n_gpu_layers: Optional[int] = AUTO  # layers in VRAM, GPU_ALL for all; auto: gpu.gpu_layers_for
+    devices: tuple[int, ...] = ()  # one worker per GPU (runner/plan/gpu.py)
+    n_batch: Optional[int] = AUTO  # a step's token budget; auto: layout.batch_budget
+    max_tokens: int = 256
+    system: Optional[str] = None
+    prompt_template: Optional[str] = None  # Jinja over the record's fields -> the user message
+    chat_template: str = "auto"  # "auto" (the model's own), "plain", or a Jinja chat template
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"enable_thinking": False}
+    keep_thinking: bool = False  # also write a reasoning model's <think> block, as "thinking"
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    batch_invariant: bool = False  # answers independent of batch-mates (per-sequence KV, slower)
+    prefix_cache: str = "auto"  # "auto": prompts sharing a prefix are sent together and reuse its KV; "off"
+    id_field: str = "questionID"
+    question_field: str = "question"
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # What an answer must be (runner/config/answer.py): one of fixed choices (or CHOICES_AUTO), JSON
+    # under a schema (canonical JSON text), or a GBNF grammar; at most one of the three.
+    choices: Union[tuple[str, ...], str] = ()
+    choice_logprobs: bool = False  # write each choice's log-probability
+    choice_logits: bool = True  # false: single-token choices generated under the grammar too
+    json_schema: Optional[str] = None
+    grammar: Optional[str] = None
+    backend: str = "local"  # where workers live: local processes, or Ray actors (runner/pool/ray.py)
+    ray_address: Optional[str] = None  # the Ray cluster to join (HOST:PORT or auto); None: start one here
+
+
+# dotted key -> (JobConfig field or "sampling.<field>", check)
+SCHEMA: dict[str, Callable[[Any], Any]] = {
+    "model": check.string(),
+    "model.path": check.string(),
+    "model.n_ctx": check.integer(16, allow_auto=True),
+    "model.repack": check.bool_or_auto,
+    "model.n_gpu_layers": check.gpu_layers,
+    "devices": check.devices,
+    "input": check.string(),
+    "output": check.string(),
+    "report": check.string(optional=True),
+    "input_format": check.one_of(*FORMATS),
+    "shard": check.shard,
+    "output_format": check.one_of(*FORMATS),
+    "errors_output": check.string(optional=True),
+    "workers": check.integer(1, allow_auto=True),
+    "threads": check.integer(1, allow_auto=True),
+    "threads_adapt": check.auto_or_off,
+    "slots": check.integer(1, allow_auto=True, hi=MAX_SLOTS,
+                           why_hi=f" (a llama.cpp context holds at most {MAX_SLOTS + 1} sequences, one of them "
+                                  "the shared prefix)"),
+    "n_batch": check.integer(1, allow_auto=True),
+    "max_tokens": check.integer(1),
+    "system": check.string(optional=True),
+    "prompt.template": check.string(optional=True),
+    "prompt.chat_template": check.string(),
+    "prompt.template_kwargs": check.mapping,
+    "keep_thinking": check.boolean,
+    "stop": check.stop,
+    "ignore_eos": check.boolean,
+    "batch_invariant": check.boolean,
+    "prefix_cache": check.auto_or_off,
+    "fields.id": check.string(),
+    "fields.question": check.string(),
+    "sampling.temperature": check.number(0.0),
+    "sampling.top_k": check.integer(0),
+    "sampling.top_p": check.number(0.0, 1.0, lo_open=True),
+    "sampling.min_p": check.number(0.0, 1.0),
+    "sampling.repeat_penalty": check.number(0.0, lo_open=True),
+    "sampling.repeat_last_n": check.integer(0),
+    "sampling.seed": check.integer(0, hi=2**64 - 1),  # only hashed into per-question seeds
+    "answer.choices": check.choices,
+    "answer.logprobs": check.boolean,
+    "answer.choice_logits": check.boolean,
+    "answer.json_schema": check.json_schema,
+    "answer.grammar": check.grammar,
+    "backend": check.backend,
+    "ray_address": check.ray_address,
+}
+SECTIONS = {"model", "prompt", "fields", "sampling", "answer"}  # keys that may hold a mapping
+LEAF_MAPPINGS = {"answer.json_schema"}  # keys whose value is itself a mapping
+PATH_KEYS = ("model", "model.path", "input", "output", "report", "errors_output", "answer.json_schema",
+             "answer.grammar")
+_TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "model.repack": "repack",
+           "model.n_gpu_layers": "n_gpu_layers", "prompt.template": "prompt_template",
+           "prompt.chat_template": "chat_template", "prompt.template_kwargs": "template_kwargs",
+           "fields.id": "id_field",
+           "fields.question": "question_field", "answer.choices": "choices", "answer.logprobs": "choice_logprobs",
+           "answer.choice_logits": "choice_logits", "answer.json_schema": "json_schema",
+           "answer.grammar": "grammar"}
+
+
+def flatten(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[str, Any]:
+    """{"sampling": {"seed": 1}} -> {"sampling.seed": 1}, rejecting unknown keys with a hint."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        dotted = f"{prefix}{key}"
+        if dotted in SECTIONS and dotted not in LEAF_MAPPINGS and isinstance(value, Mapping):
+            flat.update(flatten(value, source, dotted + "."))
+        elif dotted in SCHEMA:
+            flat[dotted] = value
+        else:
+            known = [k[len(prefix):] for k in SCHEMA if k.startswith(prefix) and "." not in k[len(prefix):]]
+            known += [s for s in SECTIONS if not prefix and s not in known]
+            hint = difflib.get_close_matches(str(key), known, n=1)
+            where = f" in {prefix[:-1]}" if prefix else ""
+            raise ConfigError(f"{source}: unknown key '{key}'{where}"
+                              + (f" (did you mean '{hint[0]}'?)" if hint else ""))
+    return flat
+
+
+def load_job_file(path: str) -> dict[str, Any]:
+    """Read a YAML job file into flat dotted keys, paths made relative to the file's folder."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: job file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read job file: {exc}") from None
+    try:
+        data = yaml.load(text, Loader=UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}{where}: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: a job file must be a mapping of keys to values")
+    flat = flatten(data, str(path))
+    base = p.resolve().parent
+    for key in PATH_KEYS:
+        value = flat.get(key)
+        if isinstance(value, str) and value != "demo" and not Path(value).expanduser().is_absolute() \
+                and not _inline(key, value):
+            if key.startswith("model") and is_hub_name(value) and not (base / value).exists():
+                continue  # a Hugging Face model name (runner/model/hub.py), not a path beside the job file
+            flat[key] = str(base / value)
+    return flat
+
+
+def _inline(key: str, value: str) -> bool:
+    """A schema or a grammar written in the job file itself, not a file's path."""
+    if key == "answer.grammar":
+        return check.is_grammar_text(value)
+    return value.lstrip().startswith("{")
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last one
+    silently: a setting written twice would lose one without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                line = first_line.get(key)
+            except TypeError:  # an unhashable key: the base class says so
+                continue
+            if line is not None:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {quote(key)} (first on line {line})",
+                                                        key_node.start_mark)
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def build_config(layers: list[tuple[str, Mapping[str, Any]]]) -> JobConfig:
+    """Apply flat key/value layers in order (later wins) over the defaults, checking each value.
+    Each layer is (source name for errors, {dotted key: value})."""
+    values: dict[str, Any] = {}
+    sampling: dict[str, Any] = {}
+    for source, layer in layers:
+        for key, raw in layer.items():
+            if key not in SCHEMA:
+                raise ConfigError(f"{source}: unknown key '{key}'")
+            try:
+                value = SCHEMA[key](raw)
+            except ValueError as exc:
+                raise ConfigError(f"{source}: {key}: {exc}, got {quote(raw)}{_yaml_hint(source, raw)}") from None
+            if key.startswith("sampling."):
+                sampling[key.split(".", 1)[1]] = value
+            else:
+                values[_TARGET.get(key, key)] = value
+    config = replace(JobConfig(), **values, sampling=SamplingParams(**sampling))
+    for key in ("model", "input", "output"):
+        if not getattr(config, key):
+            raise ConfigError(f"missing required setting '{key}' (give it in the job file or as --{key})")
+    _check_answer(config)
+    return _shard_files(config)
+
+
+def _yaml_hint(source: str, raw: Any) -> str:
+    """YAML reads yes, no, on and off as true and false: a refused value holding a boolean from a
+    job file was likely written as one of those words."""
+    values = raw if isinstance(raw, list) else [raw]
+    if Path(source).suffix.lower() in (".yaml", ".yml") and any(isinstance(v, bool) for v in values):
+        return " (YAML reads yes, no, on and off as true and false: quote them, as 'yes', to mean the words)"
+    return ""
+
+
+def _check_answer(config: JobConfig) -> None:
+    given = [key for key, value in (("answer.choices", config.choices), ("answer.json_schema", config.json_schema),
+                                    ("answer.grammar", config.grammar)) if value]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)}: give one of them (an answer is one choice, JSON or a grammar's)")
+    if config.choice_logprobs and not config.choices:
+        raise ConfigError("answer.logprobs: needs answer.choices (log-probabilities are the choices')")
+    _check_backend(config)
+
+
+def _check_backend(config: JobConfig) -> None:
+    """Settings that make sense with one backend only."""
+    if config.ray_address is not None and config.backend != "ray":
+        raise ConfigError(f"ray_address: {config.ray_address} is for backend: ray (--backend ray), "
+                          f"the backend is {config.backend}")
+    if config.backend == "ray" and config.devices:
+        raise ConfigError("devices: GPUs are not laid out on the Ray backend (yet); use backend: local")
+
+
+def _shard_files(config: JobConfig) -> JobConfig:
+    """A shard writes files of its own (answers.shard-2-of-8.jsonl, and its journal beside it), so
+    every task of a job array can run the same job file."""
+    if config.shard is None:
+        return config
+    named = {key: getattr(config, key) for key in ("output", "report", "errors_output")}
+    return replace(config, **{key: shard_path(path, config.shard) for key, path in named.items() if path})

@@ -1,0 +1,78 @@
+"""Which format a question file or an answers file is: as the job says (input_format,
+output_format), else by the file's extension, checked against its content. Errors name the file
+and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from ...errors import InputError
+
+JSONL_SUFFIXES = {".jsonl", ".ndjson"}
+CSV_SUFFIXES = {".csv"}
+
+
+def detect_format(path: str, text: str) -> str:
+    """'json', 'jsonl' or 'csv'. The extension decides, and must agree with the content; another
+    extension: the content decides (an array, objects, else CSV)."""
+    suffix = Path(path).suffix.lower()
+    starts = text.lstrip()[:1]
+    if suffix in CSV_SUFFIXES:
+        return "csv"
+    if suffix == ".json":
+        if starts and starts != "[":
+            raise InputError(f"{path}: a .json question file must hold a JSON array "
+                             "([{...}, ...]); for one object per line name it .jsonl")
+        return "json"
+    if suffix in JSONL_SUFFIXES:
+        first = text.lstrip().split("\n", 1)[0].strip()
+        if starts == "[" and not first.startswith("{"):
+            raise InputError(f"{path}:1: a .jsonl file holds one JSON object per line, but this "
+                             "looks like a JSON array; name it .json")
+        return "jsonl"
+    return {"[": "json", "{": "jsonl", "": "jsonl"}.get(starts, "csv")
+
+
+def input_format(path: str, text: str, requested: Optional[str] = None) -> str:
+    """The question file's format: `requested` (the job's input_format) if set; otherwise JSON
+    Lines whose first line is an OpenAI Batch request ({"custom_id", "method", "url", "body"}) are
+    'openai', and anything else is what detect_format says."""
+    if requested is not None:
+        return requested
+    fmt = detect_format(path, text)
+    return "openai" if fmt == "jsonl" and is_openai_request(_first_line(text)) else fmt
+
+
+def output_format(path: str, requested: Optional[str], input_fmt: str) -> str:
+    """The answers file's format: `requested` (the job's output_format) if set; otherwise `.csv`
+    is CSV and `.json` a JSON array; lines (`.jsonl`, another extension) are OpenAI Batch output
+    when the questions were an OpenAI Batch file, else `.jsonl` is JSON Lines and anything else a
+    JSON array."""
+    if requested is not None:
+        return requested
+    suffix = Path(path).suffix.lower()
+    if suffix in CSV_SUFFIXES:
+        return "csv"
+    if suffix == ".json":
+        return "json"
+    if input_fmt == "openai":
+        return "openai"
+    return "jsonl" if suffix in JSONL_SUFFIXES else "json"
+
+
+def is_openai_request(line: str) -> bool:
+    """Whether one line of JSON is an OpenAI Batch request (it has a custom_id and a body or url)."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and "custom_id" in obj and ("body" in obj or "url" in obj)
+
+
+def _first_line(text: str) -> str:
+    for line in text.split("\n"):
+        if line.strip():
+            return line
+    return ""

@@ -1,0 +1,59 @@
+"""OpenAI Batch output files: one line per request, in input order, as the Batch API writes them
+(and the openai package's types read them):
+
+    {"id": "batch_req_…", "custom_id": "q1", "error": null, "response": {"status_code": 200,
+     "request_id": "req_…", "body": <a chat.completion, or a text_completion for /v1/completions>}}
+
+The body's usage is the answer's own token counts and its model the GGUF's general.name (else
+its file name). A line without an answer has "response": null and "error": {"code", "message"};
+a request refused as asked (a stream, an embeddings url, an unknown body field) also carries the
+400 response OpenAI gives such a line. Codes: invalid_request, failed (the model could not answer
+it: a prompt its tokenizer cannot take, longer than the context, a worker that died on it),
+not_answered (the run ended first).
+
+Ids are derived from the custom_id and the time of its answer (the run's start for a line without
+one): unique in a file, and the same when a rerun rewrites an answer its journal kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from .rows import OutputSpec, Row, split_thinking
+from ....workers.protocol import Answer, FinishReason
+
+
+def batch_line(row: Row, spec: OutputSpec) -> dict[str, Any]:
+    """One output line (a BatchRequestOutput of the API reference)."""
+    when = row.answer.created if row.answer is not None and row.answer.created else spec.started
+    key = hashlib.blake2b(f"{row.qid}\0{when!r}".encode(), digest_size=12).hexdigest()
+    line: dict[str, Any] = {"id": f"batch_req_{key}", "custom_id": row.qid, "response": None, "error": None}
+    if row.error is None and row.answer is not None:
+        line["response"] = {"status_code": 200, "request_id": f"req_{key}", "body": _body(row.answer, row.qid, spec,
+                                                                                           key, when)}
+    elif row.qid in spec.refused:
+        error = {"message": row.error, "type": "invalid_request_error", "param": None, "code": None}
+        line["response"] = {"status_code": 400, "request_id": f"req_{key}", "body": {"error": error}}
+        line["error"] = {"code": "invalid_request", "message": row.error}
+    else:
+        line["error"] = {"code": "not_answered" if row.answer is None else "failed", "message": row.error}
+    return line
+
+
+def _body(answer: Answer, qid: str, spec: OutputSpec, key: str, when: float) -> dict[str, Any]:
+    """A chat.completion, or a text_completion whose text is the continuation exactly as made."""
+    finish = "length" if answer.finish_reason is FinishReason.LENGTH else "stop"
+    usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
+             "total_tokens": answer.prompt_tokens + answer.completion_tokens}
+    if qid in spec.completions:
+        choice = {"index": 0, "text": answer.text, "logprobs": None, "finish_reason": finish}
+        return {"id": f"cmpl-{key}", "object": "text_completion", "created": int(when), "model": spec.model_name,
+                "choices": [choice], "usage": usage}
+    thinking, text = split_thinking(answer.text)
+    message: dict[str, Any] = {"role": "assistant", "content": text.strip(), "refusal": None}
+    if spec.keep_thinking and thinking is not None:
+        message["reasoning_content"] = thinking  # where vLLM and DeepSeek's API put it
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+    return {"id": f"chatcmpl-{key}", "object": "chat.completion", "created": int(when), "model": spec.model_name,
+            "choices": [choice], "usage": usage}

@@ -1,0 +1,252 @@
+"""One line of an OpenAI Batch input file, checked: the messages (/v1/chat/completions) or the
+prompt (/v1/completions) it asks to answer and its own generation settings, or, when ggbatch
+cannot answer it as asked, why. Pure: no model needed.
+
+    {"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 64}}
+
+A body field is honoured (max_tokens or max_completion_tokens, temperature, top_p, seed, stop,
+response_format, logit_bias), ignored (model: the job's model answers every line), accepted at
+its neutral value only (n 1, stream false, presence_penalty and frequency_penalty 0, logprobs
+false), or refused. A refused line is answered with the reason, which names the field, and the
+rest of the file is answered, as OpenAI answers a bad line of a batch with a 400. A setting the
+line leaves out is the job's, not OpenAI's default (the job is greedy by default, where OpenAI
+samples at temperature 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from ...errors import quote
+from ...questions.settings import QuestionSettings
+from ....workers.protocol import ResponseFormat
+
+CHAT, COMPLETION = "chat", "completion"
+ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
+LINE_KEYS = ("custom_id", "method", "url", "body")
+HONOURED = {CHAT: ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+                   "stop", "response_format", "logit_bias"),
+            COMPLETION: ("prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias")}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOP = 4  # stop strings per request, as OpenAI allows
+INT32_MAX = 2**31 - 1
+
+
+def _zero(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
+
+
+# field -> (its neutral value as said in an error, the test)
+NEUTRAL: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "n": ("1", lambda v: v == 1 and not isinstance(v, bool)), "stream": ("false", lambda v: v is False),
+    "presence_penalty": ("0", _zero), "frequency_penalty": ("0", _zero), "logprobs": ("false", lambda v: v is False),
+}
+
+
+class Refused(ValueError):
+    """Why a line cannot be answered as asked, naming the field."""
+
+
+@dataclass(frozen=True)
+class Request:
+    endpoint: str  # CHAT or COMPLETION
+    messages: tuple[tuple[str, str], ...] = ()  # chat: (role, content), developer as system
+    prompt: Optional[str] = None  # completion: the text as it is, no chat template
+    settings: QuestionSettings = QuestionSettings()
+    model: Optional[str] = None  # as the line names it: ignored
+    error: Optional[str] = None  # why it cannot be answered (nothing else is set then)
+
+    @property
+    def chars(self) -> int:
+        """Characters of its text, before any chat template."""
+        return len(self.prompt) if self.prompt is not None else sum(len(c) for _, c in self.messages)
+
+
+def parse_request(line: Mapping[str, Any]) -> Request:
+    """The request one batch line makes (its custom_id is the caller's business)."""
+    try:
+        return _request(line)
+    except Refused as exc:
+        return Request(ENDPOINTS.get(line.get("url"), CHAT), error=str(exc))
+
+
+def _request(line: Mapping[str, Any]) -> Request:
+    extra = [k for k in line if k not in LINE_KEYS]
+    if extra:
+        raise Refused(f"{extra[0]}: not a key of a batch request line ({', '.join(LINE_KEYS)})")
+    if line.get("method", "POST") != "POST":
+        raise Refused(f"method: must be POST, got {quote(line.get('method'))}")
+    url = line.get("url")
+    if url not in ENDPOINTS:
+        raise Refused(f"url: {quote(url)} is not answered here (ggbatch answers {' and '.join(ENDPOINTS)})")
+    body = line.get("body")
+    if not isinstance(body, dict):
+        raise Refused("body: must be a JSON object")
+    endpoint = ENDPOINTS[url]
+    _check_fields(endpoint, body)
+    model = body.get("model")
+    settings = _settings(body)
+    if endpoint == CHAT:
+        return Request(CHAT, messages=_messages(body.get("messages")), settings=settings, model=model)
+    return Request(COMPLETION, prompt=_prompt(body.get("prompt")), settings=settings, model=model)
+
+
+def _check_fields(endpoint: str, body: Mapping[str, Any]) -> None:
+    for key, value in body.items():
+        if key == "stream" and value is True:
+            raise Refused("body.stream: a batch line cannot stream its answer")
+        if key in NEUTRAL:
+            said, neutral = NEUTRAL[key]
+            if value is not None and not neutral(value):
+                raise Refused(f"body.{key}: only {said} is supported, got {quote(value)}")
+        elif key not in HONOURED[endpoint]:
+            raise Refused(f"body.{key}: not supported on {_url(endpoint)} (ggbatch honours "
+                          f"{', '.join(HONOURED[endpoint])})")
+    if "model" in body and body["model"] is not None and not isinstance(body["model"], str):
+        raise Refused(f"body.model: must be a string, got {quote(body['model'])}")
+
+
+def _url(endpoint: str) -> str:
+    return next(url for url, e in ENDPOINTS.items() if e == endpoint)
+
+
+def _settings(body: Mapping[str, Any]) -> QuestionSettings:
+    return QuestionSettings(
+        max_tokens=_max_tokens(body),
+        temperature=_field(body, "temperature", _number(0.0, 2.0)),
+        top_p=_field(body, "top_p", _number(0.0, 1.0, lo_open=True)),
+        seed=_field(body, "seed", _integer(-2**63, 2**63 - 1)),
+        stop=_field(body, "stop", _stop),
+        logit_bias=_field(body, "logit_bias", _logit_bias) or (),
+        response_format=_field(body, "response_format", _response_format))
+
+
+def _field(body: Mapping[str, Any], key: str, check: Callable[[Any], Any]) -> Any:
+    """The checked value of body[key]; None when absent or null (the job's setting)."""
+    value = body.get(key)
+    if value is None:
+        return None
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise Refused(f"body.{key}: {exc}, got {quote(value)}") from None
+
+
+def _max_tokens(body: Mapping[str, Any]) -> Optional[int]:
+    check = _integer(1, INT32_MAX)
+    old, new = _field(body, "max_tokens", check), _field(body, "max_completion_tokens", check)
+    if old is not None and new is not None and old != new:
+        raise Refused(f"body.max_tokens ({old}) and body.max_completion_tokens ({new}) differ: give one")
+    return new if new is not None else old
+
+
+def _number(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError("must be a number")
+        if v < lo or (lo_open and v == lo) or v > hi:
+            raise ValueError(f"must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}")
+        return float(v)
+    return check
+
+
+def _integer(lo: int, hi: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError("must be an integer")
+        if not lo <= v <= hi:
+            raise ValueError(f"must be from {lo} to {hi}")
+        return v
+    return check
+
+
+def _stop(v: Any) -> tuple[str, ...]:
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or len(stops) > MAX_STOP or not all(isinstance(s, str) and s for s in stops):
+        raise ValueError(f"must be a non-empty string or a list of up to {MAX_STOP} of them")
+    return tuple(stops)
+
+
+def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
+    if not isinstance(v, dict):
+        raise ValueError("must map token ids to biases from -100 to 100")
+    bias = _number(-100.0, 100.0)
+    out: dict[int, float] = {}
+    for token, value in v.items():
+        if not (isinstance(token, str) and token.isascii() and token.isdigit()):
+            raise ValueError(f"token {quote(token)} is not a token id")
+        try:
+            out[int(token)] = bias(value)
+        except ValueError as exc:
+            raise ValueError(f"token {token}: {exc}") from None
+    return tuple(sorted(out.items()))
+
+
+def _response_format(v: Any) -> Optional[ResponseFormat]:
+    """None for {"type": "text"}; otherwise what the answer must be (see ResponseFormat)."""
+    kind = v.get("type") if isinstance(v, dict) else None
+    if kind == "text" or kind == "json_object":
+        if len(v) > 1:
+            raise ValueError(f"type {kind} takes no other key")
+        return None if kind == "text" else ResponseFormat("json_object")
+    if kind != "json_schema":
+        raise ValueError("must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", "
+                         "\"json_schema\": {\"name\": ..., \"schema\": {...}}}")
+    spec = v.get("json_schema")
+    if set(v) != {"type", "json_schema"} or not isinstance(spec, dict):
+        raise ValueError("json_schema: must be {\"name\": ..., \"schema\": {...}, \"strict\": ...}")
+    unknown = set(spec) - {"name", "schema", "strict", "description"}
+    name, schema, strict = spec.get("name"), spec.get("schema"), spec.get("strict")
+    if unknown or not isinstance(name, str) or not name:
+        raise ValueError("json_schema: needs a name, and takes only name, schema, strict and description")
+    if schema is not None and not isinstance(schema, dict):
+        raise ValueError("json_schema.schema: must be a JSON Schema object")
+    if strict is not None and not isinstance(strict, bool):
+        raise ValueError("json_schema.strict: must be true or false")
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":")) if schema is not None else None
+    return ResponseFormat("json_schema", text, name, bool(strict))
+
+
+def _messages(v: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(v, list) or not v:
+        raise Refused("body.messages: must be a non-empty list of messages")
+    return tuple(_message(f"body.messages[{i}]", m) for i, m in enumerate(v))
+
+
+def _message(where: str, m: Any) -> tuple[str, str]:
+    if not isinstance(m, dict):
+        raise Refused(f"{where}: must be an object with a role and a content")
+    extra = set(m) - {"role", "content", "name"}
+    if extra:
+        raise Refused(f"{where}.{sorted(extra)[0]}: not supported (tools and function calls are not)")
+    role = m.get("role")
+    if role not in ROLES:
+        raise Refused(f"{where}.role: must be one of {', '.join(ROLES)}, got {quote(role)}")
+    return ROLES[role], _content(f"{where}.content", m.get("content"))
+
+
+def _content(where: str, v: Any) -> str:
+    """A message's text: a string, or text parts (joined by line breaks)."""
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list) or not v:
+        raise Refused(f"{where}: must be a string or a list of text parts")
+    texts = []
+    for i, part in enumerate(v):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise Refused(f"{where}[{i}]: only text parts are supported, got {quote(kind)}")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _prompt(v: Any) -> str:
+    if isinstance(v, list) and len(v) == 1:
+        v = v[0]
+    if not isinstance(v, str) or not v:
+        raise Refused("body.prompt: must be one non-empty string (one prompt per line)")
+    return v

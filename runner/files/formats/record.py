@@ -1,0 +1,35 @@
+"""One record of a question file, whatever its format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from ...errors import InputError, quote
+from .openai_request import Request
+
+
+@dataclass(slots=True)  # not frozen: a frozen dataclass is slow to make, and a big file makes millions
+class Record:
+    qid: str  # ids are kept as strings: "007" stays "007"
+    fields: Mapping[str, Any]  # the whole record, for prompt templates
+    line: int
+    # An OpenAI Batch line: its messages or prompt and its own settings (or why it cannot be
+    # answered). None for the records of json, jsonl and csv files: prompt.template makes their prompt.
+    request: Optional[Request] = None
+    digest: int = 0  # a 64-bit hash of the record as written (runner/journal/journal.py reuses answers by it)
+    key: int = 0  # a 64-bit hash of its id (runner/journal/compact.py text_key), once read
+
+
+def checked_id(where: str, qid: str, name: str) -> str:
+    """The id as it is, or an InputError naming the line: an empty id (a spreadsheet's blank
+    cell), or one holding a lone surrogate (JSON's "\\ud800" spells one), which no UTF-8 file, the
+    journal and the answers file included, can hold."""
+    if not qid.strip():
+        raise InputError(f"{where}: '{name}' is empty" + (f" ({quote(qid)})" if qid else ""))
+    try:
+        qid.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{where}: '{name}' {quote(qid)} holds a lone surrogate ({quote(qid[exc.start])} "
+                         f"at character {exc.start + 1}): ids must be text that UTF-8 can write") from None
+    return qid

@@ -1,0 +1,58 @@
+"""What an answers file is made of, whatever its format: one Row per question in input order,
+and the OutputSpec that says how to write them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Container, Optional
+
+from ....workers.protocol import Answer
+
+
+@dataclass(frozen=True)
+class Row:
+    qid: str
+    answer: Optional[Answer]  # the answer it got (an identical prompt's, when deduplicated)
+    error: Optional[str] = None  # why it has no answer (None: answered)
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    format: str  # json, jsonl, csv or openai
+    id_field: str = "questionID"
+    keep_thinking: bool = False
+    # OpenAI Batch output only
+    model_name: str = ""  # the GGUF's general.name, else its file name
+    completions: Container[str] = frozenset()  # ids of /v1/completions lines (text_completion objects)
+    refused: Container[str] = frozenset()  # ids of requests refused as asked (answered with a 400)
+    started: float = 0.0  # Unix time the run started: "created" of a line that has no answer
+    choice_logprobs: bool = False  # answers carry choice_logprobs (answer.logprobs): CSV gives them a column
+
+
+def split_thinking(text: str) -> tuple[Optional[str], str]:
+    """(reasoning, answer) of a reasoning model's output: `<think>…</think>` at the start, or
+    everything before `</think>` when the chat template itself opened the block."""
+    end = text.find("</think>")
+    if end == -1:
+        return None, text
+    start = text.find("<think>")
+    if start != -1 and (start > end or text[:start].strip()):
+        return None, text  # a tag in the middle of an answer is the answer's business
+    thinking = text[start + len("<think>") if start != -1 else 0:end]
+    return thinking.strip(), text[end + len("</think>"):]
+
+
+def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
+    """{id: ..., "answer": ...} (and "thinking" if asked), or {id, "answer": None, "error": why}.
+    A reasoning model's `<think>` block is taken out of the answer."""
+    out: dict[str, Any] = {id_field: row.qid}
+    if row.error is not None or row.answer is None:
+        out.update(answer=None, error=row.error)
+        return out
+    thinking, text = split_thinking(row.answer.text)
+    out["answer"] = text.strip()
+    if keep_thinking and thinking is not None:
+        out["thinking"] = thinking
+    if row.answer.choice_logprobs is not None:
+        out["choice_logprobs"] = row.answer.choice_logprobs
+    return out

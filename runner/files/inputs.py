@@ -1,0 +1,247 @@
+"""Reading and checking a question file, whatever its format (runner/files/formats: a JSON array, JSON
+Lines, CSV, or OpenAI Batch requests): every record in file order, ids unique, and every problem
+an InputError naming the file and line.
+
+Line formats (JSON Lines, CSV, OpenAI Batch) are read a line at a time, so a file of millions of
+questions is never in memory whole: `open_question_file` gives its records as an iterator, each
+checked as it is read (a problem on line 900,000 is raised when that line is reached). A JSON
+array is parsed whole.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from ..journal.compact import HashIndex, key64, text_key
+from ..errors import InputError
+from .formats.csvfile import csv_rows
+from .formats.detect import detect_format, input_format
+from .formats.jsonfile import json_array, json_lines  # noqa: F401 (the readers of every JSON file)
+from .formats.openai_input import openai_record, say_models
+from .formats.record import Record, checked_id
+from .formats.textfile import decoded, open_bytes, read_text, split_lone_cr
+
+__all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "read_question_file", "read_records",
+           "read_text", "detect_format", "json_array", "json_lines"]
+
+HEAD_BYTES = 1 << 20  # what format detection reads of a file
+UNIQUE_CHUNK = 4096  # records whose ids are checked together
+READ_BYTES = 1 << 20  # lines of a JSON Lines file read (and looked up in a resumed journal) together
+
+
+@dataclass(frozen=True)
+class QuestionFile:
+    format: str  # json, jsonl, csv or openai
+    records: list[Record]
+
+
+@dataclass
+class Known:
+    """Lines whose answers are known (runner/journal/journal.py records_known: lines' hashes -> their
+    ids, or None): such a line of a JSON Lines file becomes a record without its fields,
+    unparsed. Set once the journal is open; a job that needs a reused record's fields
+    (answer.choices: auto) leaves it."""
+
+    qids_of: Optional[Callable[[list[int]], list[Optional[str]]]] = None
+
+
+@dataclass
+class QuestionStream:
+    format: str
+    records: Iterator[Record]  # in file order, each checked (ids unique so far) as it is read
+    longest_line: int  # characters of the longest line (a JSON array: of the longest record's text)
+    known: Known
+
+
+def open_question_file(path: str, id_field: str = "questionID", question_field: str = "question",
+                       fmt: Optional[str] = None) -> QuestionStream:
+    """The records of a question file as they are read. `fmt`: the job's input_format (None: by
+    extension and content, runner/files/formats/detect.py)."""
+    requested, fmt = fmt, input_format(path, _head(path), fmt)
+    hint = _openai_hint(fmt, requested)
+    if fmt == "json":
+        text = read_text(path)
+        items = ((line, obj, json.dumps(obj, sort_keys=True).encode()) for line, obj in json_array(path, text))
+        records = (_record(path, line, obj, id_field, question_field, key64(raw), hint) for line, obj, raw in items)
+        return QuestionStream(fmt, _unique(path, records, id_field), max(map(len, text.split("\n")), default=0),
+                              Known())
+    if fmt == "openai":
+        models: dict[str, int] = {}  # the models its lines name, said once the whole file is read and checked
+        return QuestionStream(fmt, _then(_unique(path, _openai(path, models), "custom_id"),
+                                         lambda: say_models(path, models)), _longest_line(path), Known())
+    known = Known()
+    if fmt == "csv":
+        required = {id_field: "fields.id", question_field: "fields.question"}
+        records = (_record(path, line, row, id_field, question_field, _row_digest(row))
+                   for line, row in csv_rows(path, _csv_lines(path), required))
+        return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path, csv=True), known)
+    records = _jsonl_records(path, id_field, question_field, known, hint)
+    return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path), known)
+
+
+def _openai_hint(fmt: str, requested: Optional[str]) -> str:
+    """What to do when a record of this format turns out to be an OpenAI Batch request."""
+    if fmt == "json":
+        return " (an OpenAI Batch request: a file of requests holds one per line, JSON Lines, not an array)"
+    if fmt != "jsonl":
+        return ""
+    if requested is None:
+        return (" (an OpenAI Batch request, but the file's first line is not one, so the file is read as "
+                "questions: set input_format to openai to read it as requests)")
+    return " (an OpenAI Batch request: set input_format to openai)"
+
+
+def _row_digest(row: dict[str, str]) -> int:
+    """A CSV row's hash, of its column names with their values: a rerun after the header was
+    relabelled (two columns' names swapped) holds other records, whose prompts are made again."""
+    return key64("\x1f".join(f"{name}\x1e{value}" for name, value in row.items()).encode())
+
+
+def read_question_file(path: str, id_field: str = "questionID", question_field: str = "question",
+                       fmt: Optional[str] = None) -> QuestionFile:
+    """All records of a question file, in file order, validated (ids unique, question text present)."""
+    stream = open_question_file(path, id_field, question_field, fmt)
+    return QuestionFile(stream.format, list(stream.records))
+
+
+def read_records(path: str, id_field: str = "questionID", question_field: str = "question",
+                 fmt: Optional[str] = None) -> list[Record]:
+    """All records of a question file, in file order, validated (ids unique, question text present)."""
+    return read_question_file(path, id_field, question_field, fmt).records
+
+
+def _unique(path: str, records: Iterable[Record], id_name: str) -> Iterator[Record]:
+    """The records, an InputError at the first id seen
+    before, naming both lines. Ids are held as 64-bit keys (runner/journal/compact.py): a million of them
+    in 16 MB, looked up a chunk of records at a time."""
+    seen = HashIndex()
+    chunk: list[Record] = []
+    for rec in records:
+        chunk.append(rec)
+        if len(chunk) == UNIQUE_CHUNK:
+            yield from _check(path, chunk, seen, id_name)
+            chunk = []
+    yield from _check(path, chunk, seen, id_name)
+
+
+def _check(path: str, chunk: list[Record], seen: HashIndex, id_name: str) -> list[Record]:
+    earlier = seen.get_many([rec.key for rec in chunk])
+    mine: dict[int, int] = {}
+    for rec, line in zip(chunk, earlier):
+        line = line if line is not None else mine.get(rec.key)
+        if line is not None:
+            raise InputError(f"{path}: duplicate {id_name}: '{rec.qid}' (lines {line} and {rec.line})")
+        mine[rec.key] = rec.line
+    seen.add_many(list(mine), list(mine.values()))
+    return chunk
+
+
+def _openai(path: str, models: dict[str, int]) -> Iterator[Record]:
+    """The requests; `models`: how many lines name each model."""
+    if _head(path).lstrip().startswith("["):
+        raise InputError(f"{path}:1: an OpenAI Batch file holds one request per line (JSON Lines), "
+                         "not a JSON array")
+    for number, text, raw in _json_lines(path):
+        rec = openai_record(f"{path}:{number}", number, _json(path, number, text), key64(raw))
+        if rec.request is not None and rec.request.model:
+            models[rec.request.model] = models.get(rec.request.model, 0) + 1
+        yield rec
+
+
+def _then(records: Iterator[Record], done: Callable[[], None]) -> Iterator[Record]:
+    yield from records
+    done()
+
+
+def _jsonl_records(path: str, id_field: str, question_field: str, known: Known,
+                   hint: str) -> Iterator[Record]:
+    with open_bytes(path) as f:
+        number = 0
+        while lines := f.readlines(READ_BYTES):
+            digests = [key64(raw) for raw in lines]  # each line as written, its line break too
+            qids = known.qids_of(digests) if known.qids_of is not None else [None] * len(lines)
+            for raw, digest, qid in zip(lines, digests, qids):
+                number += 1
+                if qid is not None:  # answered before, exactly as written: not even decoded (a resumed big file)
+                    yield Record(qid, {}, number, digest=digest, key=text_key(qid))
+                    continue
+                text = decoded(path, number, raw)
+                if text.strip():
+                    yield _record(path, number, _json(path, number, text), id_field, question_field, digest, hint)
+
+
+def _json_lines(path: str) -> Iterator[tuple[int, str, bytes]]:
+    """(line number, text, raw bytes) of each non-blank line."""
+    for number, text, raw in _lines(path, keep_raw=True):
+        if text.strip():
+            yield number, text, raw.strip()
+
+
+def _json(path: str, number: int, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{number}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+
+
+def _lines(path: str, keep_raw: bool = False) -> Iterator[Any]:
+    """(number, text) of each line, or (number, text, raw bytes): split on "\\n" only (str's
+    splitlines would also split on U+0085 and U+2028 inside strings), decoded as UTF-8 with the
+    line and column of a byte that is not."""
+    with open_bytes(path) as f:
+        for number, raw in enumerate(f, start=1):
+            text = decoded(path, number, raw)
+            yield (number, text, raw) if keep_raw else (number, text)
+
+
+def _csv_lines(path: str) -> Iterator[str]:
+    """A CSV file's lines, ended by LF, CRLF or a lone CR (Excel for Mac), each decoded."""
+    with open_bytes(path) as f:
+        for number, raw in enumerate(split_lone_cr(f), start=1):
+            yield decoded(path, number, raw)
+
+
+def _head(path: str) -> str:
+    """The start of the file for format detection: its first HEAD_BYTES cut at a line end, or its
+    first line whole when that is longer and may be a JSON object (an OpenAI Batch request of a
+    long document)."""
+    with open_bytes(path) as f:
+        data = f.read(HEAD_BYTES)
+        body = data.removeprefix(codecs.BOM_UTF8).lstrip()
+        if body.startswith(b"{") and b"\n" not in body:
+            data += f.readline()
+        elif len(data) == HEAD_BYTES and b"\n" in data:
+            data = data[:data.rindex(b"\n") + 1]
+    return data.decode("utf-8-sig", "replace")
+
+
+def _longest_line(path: str, csv: bool = False) -> int:
+    """Bytes of the file's longest line (a CSV file's lines may end in a lone CR): a bound on any
+    one question's text, read in one fast pass (runner/plan/layout.py guesses a streamed file's context
+    from it)."""
+    with open_bytes(path) as f:
+        return max(map(len, split_lone_cr(f) if csv else f), default=0)
+
+
+def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0,
+            hint: str = "") -> Record:
+    where = f"{path}:{line}"
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: each question must be a JSON object, got {type(obj).__name__}")
+    if id_field not in obj:
+        raise InputError(f"{where}: record has no '{id_field}'{hint if 'custom_id' in obj else ''}")
+    qid = obj[id_field]
+    if isinstance(qid, bool) or not isinstance(qid, (str, int)):
+        raise InputError(f"{where}: '{id_field}' must be a string or an integer, got {type(qid).__name__}")
+    if question_field not in obj:
+        raise InputError(f"{where}: record has no '{question_field}'")
+    question = obj[question_field]
+    if not isinstance(question, str):
+        raise InputError(f"{where}: '{question_field}' must be a string, got {type(question).__name__}")
+    if not question.strip():
+        raise InputError(f"{where}: '{question_field}' is empty")
+    qid = checked_id(where, str(qid), id_field)
+    return Record(qid, obj, line, digest=digest, key=text_key(qid))

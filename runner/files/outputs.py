@@ -1,0 +1,186 @@
+"""Merging answers back into input order and writing the answers file atomically, in its format
+(runner/files/formats: a JSON array, JSON Lines, CSV, or OpenAI Batch output). Rows are written as
+they come (a file of millions of answers is never one string in memory): each format's text is
+a head, one piece per row, and a tail (RowText)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Iterable, Iterator, Mapping, Optional, Sequence
+
+from ..errors import OutputError
+from .formats.csvfile import csv_line
+from .formats.openai_output import batch_line
+from .formats.rows import OutputSpec, Row, row_fields
+from ...workers.protocol import Answer
+
+
+def answer_rows(ids: Iterable[str], answers: Mapping[str, Answer], aliases: Optional[Mapping[str, str]] = None,
+                unanswered: str = "not answered") -> list[Row]:
+    """One row per input id, in input order. `aliases` maps a question id to the id whose answer
+    it shares (identical prompts are answered once); a question without an answer gets
+    `unanswered` as its error."""
+    rows = []
+    for qid in ids:
+        answer = answers.get((aliases or {}).get(qid, qid))
+        rows.append(Row(qid, answer, unanswered if answer is None else answer.error))
+    return rows
+
+
+def merge(ids: Sequence[str], answers: Mapping[str, Answer],
+          aliases: Optional[Mapping[str, str]] = None, id_field: str = "questionID",
+          keep_thinking: bool = False, unanswered: str = "not answered") -> list[dict[str, Any]]:
+    """answer_rows as the fields of a JSON or CSV answers file ({id, "answer", "error"?}); a
+    reasoning model's `<think>` block is taken out of the answer (kept as "thinking" if asked)."""
+    return [row_fields(row, id_field, keep_thinking) for row in answer_rows(ids, answers, aliases, unanswered)]
+
+
+class RowText:
+    """An answers file's text in one format, a row at a time: head(), row()..., tail()."""
+
+    def __init__(self, spec: OutputSpec) -> None:
+        self.spec = spec
+        self.columns = [spec.id_field, "answer", "error"] + (["thinking"] if spec.keep_thinking else [])
+        if spec.choice_logprobs:  # CSV: as JSON text in one column
+            self.columns.append("choice_logprobs")
+        self.rows = 0
+
+    def head(self) -> str:
+        return csv_line(self.columns) if self.spec.format == "csv" else ""
+
+    def row(self, row: Row) -> str:
+        self.rows += 1
+        if self.spec.format == "openai":
+            return json.dumps(batch_line(row, self.spec), ensure_ascii=False) + "\n"
+        fields = row_fields(row, self.spec.id_field, self.spec.keep_thinking)
+        if self.spec.format == "csv":
+            if "choice_logprobs" in fields:
+                fields["choice_logprobs"] = json.dumps(fields["choice_logprobs"])
+            return csv_line(["" if fields.get(c) is None else fields[c] for c in self.columns])
+        if self.spec.format == "jsonl":
+            return json.dumps(fields, ensure_ascii=False) + "\n"
+        # As json.dumps(rows, indent=1) writes an array, an element at a time.
+        element = " " + json.dumps(fields, ensure_ascii=False, indent=1).replace("\n", "\n ")
+        return ("[\n" if self.rows == 1 else ",\n") + element
+
+    def tail(self) -> str:
+        if self.spec.format != "json":
+            return ""
+        return "\n]\n" if self.rows else "[]\n"
+
+
+def render(rows: Iterable[Row], spec: OutputSpec) -> str:
+    """The answers file's text in spec.format."""
+    return "".join(_pieces(rows, RowText(spec)))
+
+
+def _pieces(rows: Iterable[Row], text: RowText) -> Iterator[str]:
+    yield text.head()
+    for row in rows:
+        yield text.row(row)
+    yield text.tail()
+
+
+def write_answers(path: str, rows: Iterable[Row], spec: OutputSpec, errors_path: Optional[str] = None) -> None:
+    """The answers file, atomically, written as the rows come. With `errors_path` the rows
+    without an answer go there instead, in the same format (as OpenAI splits a batch into an
+    output and an error file); each file in input order, the errors file written even when empty
+    (never a stale one)."""
+    if errors_path is None:
+        with AtomicFile(path) as out:
+            for piece in _pieces(rows, RowText(spec)):
+                out.write(piece)
+        return
+    with AtomicFile(path) as out, AtomicFile(errors_path) as errors:
+        answered, failed = RowText(spec), RowText(spec)
+        out.write(answered.head())
+        errors.write(failed.head())
+        for row in rows:
+            if row.error is None:
+                out.write(answered.row(row))
+            else:
+                errors.write(failed.row(row))
+        out.write(answered.tail())
+        errors.write(failed.tail())
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write to a temporary file beside the target, then rename: readers never see half a file.
+    A symlink is followed: the file it points to is replaced and the link stays a link."""
+    with AtomicFile(path) as out:
+        out.write(text)
+
+
+class AtomicFile:
+    """A file written beside its target and renamed over it when the block ends without an
+    error, fsynced first; after an error the target is left as it was. A symlink is followed:
+    the file it points to is replaced and the link stays a link."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.target = Path(os.path.realpath(path))
+        self._tmp = ""
+        self._file: Optional[IO[str]] = None
+
+    def __enter__(self) -> "AtomicFile":
+        mode = _mode_for(self.target)
+        try:
+            fd, self._tmp = tempfile.mkstemp(prefix=f".{self.target.name}.", suffix=".tmp",
+                                             dir=self.target.resolve().parent)
+            os.fchmod(fd, mode)  # mkstemp's 0600 would hide the answers from the pipeline's other users
+            # newline="": the text is written as made (CSV's quoted line breaks stay as they are)
+            self._file = os.fdopen(fd, "w", encoding="utf-8", newline="")
+        except OSError as exc:
+            self._fail(exc)
+        return self
+
+    def write(self, text: str) -> None:
+        try:
+            self._file.write(text)
+        except OSError as exc:
+            self._fail(exc)
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if kind is not None:
+            self._discard()
+            return
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self._tmp, self.target)
+        except OSError as error:
+            self._fail(error)
+
+    def _fail(self, exc: OSError) -> None:
+        self._discard()
+        raise OutputError(f"{self.path}: could not write answers: {exc.strerror or exc}") from None
+
+    def _discard(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+        if self._tmp:
+            try:
+                os.unlink(self._tmp)
+            except OSError:
+                pass
+            self._tmp = ""
+
+
+def _mode_for(target: Path) -> int:
+    """The permissions a plain open(target, "w") would leave: the file's own if it exists,
+    otherwise 0666 less the umask."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)  # the only way to read it; set straight back
+        os.umask(umask)
+        return 0o666 & ~umask

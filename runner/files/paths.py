@@ -1,0 +1,136 @@
+"""The files a job reads and writes, checked before any work starts: no two of them may be the
+same file, and every output must be writable.
+
+A job reads its question file, its model and its job file; it writes the answers file, the
+answers' journal and lock beside it, and the report. Two of these resolving to one file means
+one is about to destroy the other (`--output` equal to `--input` would overwrite the questions,
+`--report` equal to `--output` would replace the answers with the report), so that is refused,
+naming both. "The same file" means the same after following symlinks, or the same inode (a hard
+link).
+
+An output given as a symlink is followed: the answers are written to the file it points to
+(atomically, through a temporary file beside that file), the link stays a link, and the journal
+and lock sit beside the real file, so two links to one file share one lock.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..errors import ConfigError, OutputError
+
+JOURNAL_SUFFIX = ".journal.jsonl"
+LOCK_SUFFIX = ".lock"
+WRITTEN = {"the answers file (output)", "the report", "the errors file (errors_output)", "the output's journal",
+           "the output's lock"}
+PROBE_BYTES = 4096  # written and removed once: a full disk fails here, not after the run
+
+
+def ggbatch_cache() -> Path:
+    """ggbatch's cache folder (the demo model, `ggbatch tune`'s layouts): $XDG_CACHE_HOME/ggbatch,
+    ~/.cache/ggbatch when XDG_CACHE_HOME is unset or empty (as the XDG spec says)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ggbatch"
+
+
+def journal_path(output: str) -> str:
+    return output + JOURNAL_SUFFIX
+
+
+def lock_path(output: str) -> str:
+    return output + LOCK_SUFFIX
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    input: str
+    model: str
+    output: str  # symlinks followed
+    report: Optional[str] = None  # symlinks followed
+    job_file: Optional[str] = None
+    errors_output: Optional[str] = None  # symlinks followed
+
+    @property
+    def journal(self) -> str:
+        return journal_path(self.output)
+
+    @property
+    def lock(self) -> str:
+        return lock_path(self.output)
+
+    def roles(self) -> list[tuple[str, str]]:
+        """(what it is to the job, path) for every file the job touches."""
+        named = [("the question file (input)", self.input), ("the model", self.model),
+                 ("the job file", self.job_file), ("the answers file (output)", self.output),
+                 ("the report", self.report), ("the errors file (errors_output)", self.errors_output),
+                 ("the output's journal", self.journal),
+                 ("the output's lock", self.lock)]
+        return [(role, path) for role, path in named if path]
+
+
+def job_paths(input_path: str, model: str, output: str, report: Optional[str] = None,
+              job_file: Optional[str] = None, errors_output: Optional[str] = None) -> JobPaths:
+    """The job's files, outputs resolved through symlinks, checked: distinct and writable."""
+    paths = JobPaths(input_path, model, os.path.realpath(output),
+                     os.path.realpath(report) if report else None, job_file,
+                     os.path.realpath(errors_output) if errors_output else None)
+    check_distinct(paths)
+    for path in (paths.output, paths.report, paths.errors_output):
+        if path:
+            check_writable(path)
+    return paths
+
+
+def check_distinct(paths: JobPaths) -> None:
+    """ConfigError naming both roles when two of the job's files are one file, or when an output
+    is the journal or lock of some other output."""
+    roles = paths.roles()
+    for i, (role_a, a) in enumerate(roles):
+        for role_b, b in roles[i + 1:]:
+            if same_file(a, b):
+                # roles() lists what is read before what is written: role_b is the one written
+                harm = f": ggbatch would overwrite {role_a.split(' (')[0]}" if role_b in WRITTEN else ""
+                raise ConfigError(f"{role_b} and {role_a} are the same file ({b}){harm}; give another path")
+    for role, path in (("the answers file (output)", paths.output), ("the report", paths.report),
+                       ("the errors file (errors_output)", paths.errors_output)):
+        if path and (path.endswith(JOURNAL_SUFFIX) or path.endswith(LOCK_SUFFIX) or _is_journal(path)):
+            raise ConfigError(f"{role} {path} is the journal or lock of another output; give another path")
+
+
+def check_writable(path: str) -> None:
+    """Fail before any work if a file could not be written there: the folder must exist and take
+    a small write (a full disk or a read-only mount fails here, not after the run)."""
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise OutputError(f"{path}: output folder {folder} does not exist")
+    if Path(path).is_dir():
+        raise OutputError(f"{path}: output is a directory")
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"\0" * PROBE_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        raise OutputError(f"{path}: output folder {folder} is not writable: {exc.strerror or exc}") from None
+
+
+def same_file(a: str, b: str) -> bool:
+    """The same file after following symlinks, or the same inode (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links
+    except OSError:
+        return False  # one of them does not exist yet
+
+
+def _is_journal(path: str) -> bool:
+    """An existing file whose first line is a ggbatch journal header (runner/journal/journal.py)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(20).startswith(b'{"ggbatch_journal"')
+    except OSError:
+        return False

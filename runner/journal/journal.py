@@ -1,0 +1,248 @@
+"""The journal: every finished answer appended and flushed beside the output, so a run that dies
+at 90% loses nothing and a rerun answers only what is missing.
+
+    <output>.journal.jsonl
+    line 1   {"ggbatch_journal": 1, "fingerprint": {setting: value, ...}}
+    line 2+  {"qid": ..., "prompt": <hash of the prompt tokens>, "record": <hash of its record>,
+              "text": ..., ...}   one per answer
+
+The fingerprint holds everything that decides an answer (model identity, prompt and chat
+template, sampling, max tokens, ...). A rerun with a different fingerprint is refused, naming the
+setting, unless started fresh. An entry is reused only if its prompt hash still matches, so an
+edited question under the same id is answered again; a question with settings of its own (an
+OpenAI Batch line's max_tokens, temperature, ...) has them in its hash, so editing them on one
+line answers that line again.
+
+The journal is also where the answers of a run are kept until the answers file is written from
+it (runner/files/outputs.py): the coordinator holds each answer's place in the file, not the answer. The journal is kept after a complete run:
+rerunning the same job then rewrites the same output without answering anything, and a job whose
+question file grew answers only the new questions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import Future
+from array import array
+from dataclasses import dataclass
+from dataclasses import asdict
+from typing import Any, Mapping, Optional, Sequence
+
+from .compact import HashIndex, text_key
+from .index import Earlier, prompt_key, read_earlier
+from ..config.schema import JobConfig
+from ..errors import ConfigError, OutputError, quote
+from ..model.identity import ModelIdentity
+from ..questions.settings import settings_key
+from ..model.versions import package_version
+from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
+
+VERSION = 1
+
+
+def prompt_hash(tokens: array, own: Optional[GenerationParams] = None) -> str:
+    """Of a question's prompt tokens, and of its own generation settings if it has any."""
+    h = hashlib.blake2b(tokens.tobytes(), digest_size=12)
+    if own is not None:
+        h.update(settings_key(own))
+    return h.hexdigest()
+
+
+def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationParams,
+                template_sha: str) -> dict[str, Any]:
+    """Everything that decides an answer; a journal is reused only when all of it is unchanged."""
+    return {"model": model.digest, "model.n_ctx": "auto" if config.n_ctx is None else config.n_ctx,
+            "llama_cpp_python": package_version("llama_cpp_python"),
+            "chat_template": template_sha, "system": config.system,
+            "prompt.template": config.prompt_template, "fields.question": config.question_field,
+            # which field is the id (a journal entry is found by it; the default is left out, so
+            # that journals written before it was fingerprinted stay valid)
+            **({"fields.id": config.id_field} if config.id_field != "questionID" else {}),
+            "prompt.template_kwargs": config.template_kwargs,
+            "max_tokens": generation.max_tokens, "stop": list(generation.stop),
+            "ignore_eos": generation.ignore_eos, "batch_invariant": config.batch_invariant,
+            # fixed choices, a schema's or a job's grammar: an answer made under others is not reused
+            "answer": asdict(generation.answer) if generation.answer is not None else None,
+            # another shard's output holds other questions: refused rather than silently mixed
+            "shard": str(config.shard) if config.shard is not None else None,
+            **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items()}}
+
+
+def as_written(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """A fingerprint as the journal's header holds it, read back: one form to compare, whatever
+    spelled the settings (a tuple from the command line, a list from JSON, a dataclass's tuples)."""
+    return json.loads(json.dumps(dict(fingerprint)))
+
+
+def changed_setting(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[str]:
+    """The first setting whose value differs, or None. Both are compared as written to a journal."""
+    old, new = as_written(old), as_written(new)
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            return key
+    return None
+
+
+def _entry(answer: Answer, prompt: str, record: str) -> dict[str, Any]:
+    return {"qid": answer.qid, "prompt": prompt, "record": record, "text": answer.text,
+            "finish_reason": answer.finish_reason.value, "prompt_tokens": answer.prompt_tokens,
+            "completion_tokens": answer.completion_tokens, "worker_id": answer.worker_id,
+            "ttft_s": round(answer.ttft_s, 4), "latency_s": round(answer.latency_s, 4),
+            "error": answer.error, "created": answer.created, "choice_logprobs": answer.choice_logprobs}
+
+
+def _answer(e: Mapping[str, Any]) -> Answer:
+    return Answer(e["qid"], e["text"], FinishReason(e["finish_reason"]), e["prompt_tokens"],
+                  e["completion_tokens"], e["worker_id"], e["ttft_s"], e["latency_s"], e["error"],
+                  e.get("created", 0.0), e.get("choice_logprobs"))
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a question's entry will say besides its answer."""
+
+    prompt: str  # prompt_hash()
+    record: str = ""  # record_hash() of the record it came from
+
+
+def record_hash(key: int) -> str:
+    return f"{key:016x}"
+
+
+class Journal:
+    def __init__(self, path: str, fingerprint: Mapping[str, Any], fresh: bool = False,
+                 reading: "Optional[Future[Optional[Earlier]]]" = None) -> None:
+        """`reading`: the file being read already (runner/journal/index.py start_reading: read
+        while the fingerprint was not known yet)."""
+        self.path = path
+        self.fingerprint = as_written(fingerprint)
+        # qid key -> where this run's answer is in the file (appended, or reused from before)
+        self._answers = HashIndex()
+        self._expected: dict[str, Expected] = {}  # of the questions being answered now
+        try:
+            self._earlier = self._open(fresh, reading)  # the earlier run's entries that may be reused
+            self._file = open(path, "ab")
+            self._size = self._file.tell()
+            self._reader = open(path, "rb")
+        except OSError as exc:
+            raise OutputError(f"{path}: cannot write the journal: {exc.strerror or exc}") from None
+        self.kept = self._earlier.kept  # entries kept from the earlier run
+
+    # -- reuse ------------------------------------------------------------------------------------
+
+    def reuse_records(self, keys: Sequence[int], records: Sequence[int]) -> list[Optional[int]]:
+        """For each record (its id's key, text_key, and its digest, Record.digest): an earlier
+        answer of this very record is the answer of this run now (no need to tokenize the
+        question), and its prompt's key (prompt_key) is returned; None: not held. Looked up
+        together: a resumed file of millions of records goes through here."""
+        rows = self._earlier.rows.get_many(keys)
+        held = [row is not None and row >= 0 and record and self._earlier.records[row] == record
+                for record, row in zip(records, rows)]
+        self._answers.add_many([key for key, h in zip(keys, held) if h],
+                               [self._earlier.at[row] for row, h in zip(rows, held) if h])
+        return [self._earlier.prompts[row] if h else None for row, h in zip(rows, held)]
+
+    def records_known(self, records: Sequence[int]) -> list[Optional[str]]:
+        """For each line's hash (Record.digest of a line as written): the id of the question whose
+        answer the journal holds for a record written exactly so, if any, so that the line need
+        not even be parsed. Looked up together: a resumed file of millions of lines comes here a
+        chunk at a time."""
+        qids = self._earlier.qids
+        return [None if row is None else qids[row] for row in self._earlier.by_record.get_many(records)]
+
+    def reuse_prompt(self, qid: str, prompt: str) -> bool:
+        """Whether an earlier answer of this prompt is held (then it is this run's answer)."""
+        row = self._earlier.rows.get(text_key(qid))
+        if row is None or row < 0 or self._earlier.prompts[row] != prompt_key(prompt):
+            return False
+        self._answers.add(text_key(qid), self._earlier.at[row])
+        return True
+
+    def expect(self, qid: str, expected: Expected) -> None:
+        """This question is to be answered now: its entry will carry these hashes."""
+        self._expected[qid] = expected
+
+    def split(self, questions: Sequence[Question]) -> tuple[list[Question], dict[str, Answer]]:
+        """(the questions to answer, in their order; qid -> answer reused from the journal). An
+        answer is reused if its prompt is unchanged and it did not fail."""
+        todo: list[Question] = []
+        reused: dict[str, Answer] = {}
+        for q in questions:
+            h = prompt_hash(q.tokens, q.generation)
+            if self.reuse_prompt(q.qid, h):
+                reused[q.qid] = self.answer(q.qid)
+            else:
+                todo.append(q)
+                self.expect(q.qid, Expected(h))
+        return todo, reused
+
+    # -- this run's answers -----------------------------------------------------------------------
+
+    def append(self, answers: Sequence[Answer]) -> None:
+        """Append answers (those of one worker message) with one write and one flush."""
+        lines = []
+        at = self._size
+        for a in answers:
+            expected = self._expected.pop(a.qid, None) or Expected("")
+            line = (json.dumps(_entry(a, expected.prompt, expected.record), ensure_ascii=False) + "\n").encode()
+            lines.append(line)
+            self._answers.add(text_key(a.qid), at)
+            at += len(line)
+        try:
+            self._file.write(b"".join(lines))
+            self._file.flush()  # in the kernel's hands now: survives kill -9 of this process
+        except OSError as exc:
+            raise OutputError(f"{self.path}: cannot append to the journal ({exc.strerror or exc}); "
+                              "every answer written before this one is kept") from None
+        self._size = at
+
+    def answer(self, qid: str) -> Optional[Answer]:
+        """This run's answer to a question (made now or reused), read back from the file."""
+        at = self._answers.get(text_key(qid))
+        if at is None:
+            return None
+        self._reader.seek(at)
+        e = json.loads(self._reader.readline())
+        return _answer(e) if e["qid"] == qid else None  # another id with the same 64-bit key
+
+    def sync(self) -> None:
+        """Make what was appended survive a power cut too (a killed process loses nothing anyway)."""
+        try:
+            os.fsync(self._file.fileno())
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sync()
+        for f in (self._file, self._reader):
+            try:
+                f.close()
+            except OSError:
+                pass  # a failed append has already said so; everything flushed before it is kept
+
+    # -- the earlier run's file ---------------------------------------------------------------------
+
+    def _open(self, fresh: bool, reading: "Optional[Future[Optional[Earlier]]]") -> Earlier:
+        """A new file with the header, or (not fresh, same fingerprint) the earlier run's,
+        indexed, and a torn last line of a killed run cut off, so that what is appended never
+        follows half a line."""
+        earlier = None if fresh else reading.result() if reading is not None else read_earlier(self.path)
+        if earlier is None:
+            with open(self.path, "wb") as out:
+                out.write((json.dumps({"ggbatch_journal": VERSION, "fingerprint": self.fingerprint}) + "\n").encode())
+            return Earlier(self.fingerprint)
+        self._check_header(earlier.fingerprint)
+        if earlier.end < os.path.getsize(self.path):
+            os.truncate(self.path, earlier.end)
+        return earlier
+
+    def _check_header(self, old: Optional[dict[str, Any]]) -> None:
+        if old is None:
+            raise ConfigError(f"{self.path}: not a ggbatch journal; remove it or run with --fresh")
+        key = changed_setting(old, self.fingerprint)
+        if key is not None:
+            raise ConfigError(f"{self.path}: '{key}' changed since the journaled run "
+                              f"({quote(old.get(key))} -> {quote(self.fingerprint.get(key))}); "
+                              "run with --fresh to start over")

@@ -1,0 +1,198 @@
+"""`ggbatch merge --output OUT [--input QUESTIONS] PART...`: the files of a merge checked, the parts
+read and merged (runner/merge/parts.py, runner/merge/join.py), OUT written atomically, and what keeps
+it from being complete said one line each (runner/cli.py makes that exit 1).
+
+Refused (exit 2, one line naming the files): an id in two parts, an id the question file does not
+have, parts of different kinds (OpenAI Batch lines and answers rows), of different splits (by
+their names) or of different jobs (by the settings in their journals: the first that differs),
+OUT being a part or the question file. Incomplete (OUT written, exit 1): a part
+file that does not exist, a shard no part's name says, questions no part holds (named: the first
+few and a count), rows without an answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from ..errors import ConfigError, InputError, quote
+from ..files.formats import FORMATS
+from ..files.formats.detect import output_format
+from ..files.inputs import read_question_file
+from .join import Merged, merge_rows, render_merged
+from ..files.outputs import write_atomic
+from ..journal.journal import changed_setting
+from .parts import Part, part_settings, read_part
+from ..files.paths import check_writable, same_file
+from ..files.shards import shard_in_name, shard_of
+
+SHOWN = 5  # missing ids named in the message
+
+
+def add_merge_parser(sub: Any) -> None:
+    """Register `ggbatch merge` on the CLI's subcommands."""
+    m = sub.add_parser("merge", help="join the answers files of a sharded job (run --shard I/N) into one",
+                       description="Rows are merged by id, in the question file's order with --input (else in the "
+                                   "parts' order); an id in two parts is refused; questions no part holds are "
+                                   "named (exit 1) and marked not answered.")
+    m.add_argument("parts", nargs="+", metavar="PART", help="the shards' answers files (any output format)")
+    m.add_argument("--output", required=True, help="the merged answers file")
+    m.add_argument("--input", help="the question file: rows in its order, and every question accounted for")
+    m.add_argument("--output-format", dest="output_format", choices=["auto", *FORMATS], default="auto",
+                   help="auto: .csv, .json, else lines (OpenAI Batch output when the parts are, JSON Lines for .jsonl)")
+    m.add_argument("--input-format", dest="input_format", choices=["auto", *FORMATS], default="auto",
+                   help="the question file's format, as ggbatch run takes it")
+    m.add_argument("--id-field", dest="id_field", default="questionID",
+                   help="id field of the question file and of the parts (OpenAI Batch lines: custom_id)")
+    m.add_argument("--question-field", dest="question_field", default="question",
+                   help="question field of the question file (default question)")
+    m.add_argument("-q", "--quiet", action="store_true", help="nothing on stdout; problems only, on stderr")
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    # Reading an OpenAI Batch question file notes the models its lines name: not news to a merge.
+    logging.getLogger("ggbatch").setLevel(logging.WARNING)
+    outcome = merge_files(args.output, args.parts, args.input, _auto(args.output_format), _auto(args.input_format),
+                          args.id_field, args.question_field)
+    if not args.quiet:
+        order = f"in the order of {args.input}" if args.input else "in the parts' order"
+        print(f"merged {len(outcome.merged.rows)} rows from {outcome.parts} parts into {outcome.output} "
+              f"({outcome.format}, {order})")
+    problems = outcome.problems()
+    for line in problems:
+        print(f"ggbatch: merge: {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _auto(value: str) -> Optional[str]:
+    return None if value == "auto" else value
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    output: str
+    format: str
+    merged: Merged
+    parts: int  # read
+    absent: list[str] = field(default_factory=list)  # part files that do not exist
+    split: int = 0  # N, when every part's name says a shard of N
+    absent_shards: list[int] = field(default_factory=list)  # of N, that no part's name says
+
+    def problems(self) -> list[str]:
+        """What keeps the merged file from being complete, one line each (none: all answered)."""
+        said = [f"{path}: not found (an absent shard?)" for path in self.absent]
+        if self.absent_shards:
+            said.append(f"no part is named for shard {', '.join(f'{i}/{self.split}' for i in self.absent_shards)}")
+        missing = self.merged.missing
+        if missing:
+            more = f" and {len(missing) - SHOWN} more" if len(missing) > SHOWN else ""
+            shards = sorted({shard_of(q, self.split) for q in missing}) if self.split else []
+            whose = f" (by their ids, of shard {', '.join(f'{i}/{self.split}' for i in shards)})" if shards else ""
+            said.append(f"{len(missing)} of {len(self.merged.rows)} questions {'is' if len(missing) == 1 else 'are'} "
+                        "in no part: "
+                        f"{', '.join(map(quote, missing[:SHOWN]))}{more}{whose}; {self.output} marks them "
+                        "not answered")
+        failed = self.merged.failed
+        if failed:
+            said.append(f"{failed} {'question has' if failed == 1 else 'questions have'} no answer in the parts "
+                        "(the rows say why)")
+        return said
+
+
+def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = None,
+                output_fmt: Optional[str] = None, input_fmt: Optional[str] = None,
+                id_field: str = "questionID", question_field: str = "question") -> MergeOutcome:
+    """Merge the parts into `output` (written even when incomplete: MergeOutcome.problems says
+    why). InputError or ConfigError for a merge that is refused; nothing is written then."""
+    _check_paths(output, paths, questions)
+    split, absent_shards = _split(paths)
+    _check_one_job([p for p in paths if os.path.exists(p)])
+    order, question_fmt = None, None
+    if questions is not None:
+        question_file = read_question_file(questions, id_field, question_field, input_fmt)
+        order, question_fmt = [r.qid for r in question_file.records], question_file.format
+    parts = [read_part(p, id_field) for p in paths if os.path.exists(p)]
+    merged = merge_rows(parts, order, questions or "")
+    fmt = _format(output, output_fmt, parts, question_fmt)
+    write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time()))
+    return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
+                        absent_shards)
+
+
+def _check_paths(output: str, paths: Sequence[str], questions: Optional[str]) -> None:
+    for i, path in enumerate(paths):
+        twice = next((p for p in paths[:i] if same_file(p, path)), None)
+        if twice is not None:
+            raise ConfigError(f"{path}: given twice as a part ({twice})")
+    for role, path in [("the question file", questions)] + [("a part", p) for p in paths]:
+        if path is not None and same_file(output, path):
+            raise ConfigError(f"the merged output {output} is {role} ({path}); give another path")
+    check_writable(output)
+
+
+def _check_one_job(paths: Sequence[str]) -> None:
+    """Refuse parts whose journals say they were answered with different settings (another
+    model, another max_tokens, ...): merged, they would read as one job's answers. A part
+    without a journal beside it cannot say, and is taken as it is."""
+    first: Optional[tuple[str, dict[str, Any]]] = None
+    for path in paths:
+        settings = part_settings(path)
+        if settings is None:
+            continue
+        if first is None:
+            first = (path, settings)
+            continue
+        key = changed_setting(first[1], settings)
+        if key is not None:
+            raise ConfigError(f"parts of two jobs: {first[0]} and {path} were answered with different "
+                              f"'{key}' ({quote(first[1].get(key))} and {quote(settings.get(key))}, as their "
+                              "journals say); merge the shards of one job")
+
+
+def _split(paths: Sequence[str]) -> tuple[int, list[int]]:
+    """(N, the shards of N no part is named for) when every part's name says a shard of one N
+    (`answers.shard-2-of-8.jsonl`), else (0, [])."""
+    named = [(p, shard_in_name(p)) for p in paths]
+    if not named or any(s is None for _, s in named):
+        return 0, []
+    first_path, first = named[0]
+    for path, shard in named:
+        if shard.count != first.count:
+            raise InputError(f"parts of two splits: {first_path} is shard {first}, {path} is shard {shard}")
+    given = {shard.index for _, shard in named}
+    return first.count, [i for i in range(first.count) if i not in given]
+
+
+def _format(output: str, requested: Optional[str], parts: Sequence[Part], question_fmt: Optional[str]) -> str:
+    """OUT's format: --output-format, else by its name as a run decides (runner/files/formats/detect.py),
+    OpenAI Batch output when the parts are (or, with no part, the question file is)."""
+    # an empty part (a shard without questions) is of no kind: an empty file reads as JSON Lines
+    lines = [p for p in parts if p.rows and p.lines]
+    fields = [p for p in parts if p.rows and not p.lines]
+    if lines and fields:
+        raise InputError(f"{lines[0].path} holds OpenAI Batch output lines and {fields[0].path} answers rows: "
+                         "merge parts of one kind")
+    source = "openai" if lines else "json" if fields else question_fmt or "json"
+    fmt = output_format(output, requested, source)
+    if lines and fmt != "openai":
+        raise ConfigError(f"{output}: the parts are OpenAI Batch output, which merge keeps line by line and "
+                          f"does not convert to {fmt}: name it .jsonl or give --output-format openai")
+    if fields and fmt == "openai":
+        raise ConfigError(f"{output}: OpenAI Batch output is made by a run (its lines hold token counts and "
+                          f"ids); the parts are {fields[0].format} answers rows: merge them into json, jsonl or csv")
+    return fmt
+
+
+def _csv_header(parts: Sequence[Part]) -> tuple[str, ...]:
+    """The CSV parts' header (they must agree), or () to take the run's columns."""
+    headers = [p for p in parts if p.columns]
+    for part in headers[1:]:
+        if part.columns != headers[0].columns:
+            raise InputError(f"{part.path}:1: its header ({', '.join(part.columns)}) is not that of "
+                             f"{headers[0].path} ({', '.join(headers[0].columns)})")
+    return headers[0].columns if headers else ()

@@ -1,0 +1,126 @@
+"""The parts `ggbatch merge` joins: answers files of every output format, read as rows keyed by
+question id, each named by its file and line.
+
+    a JSON array, JSON Lines   {id, "answer", "error"?, "thinking"?} as written   fields
+    CSV                        the same fields (an empty error is none)           fields
+    OpenAI Batch output        one line per request, keyed by its custom_id       the line, as it is
+
+Each part's journal (beside it, as a run leaves it) says what job made it: part_settings.
+
+The format is the file's extension checked against its content (runner/files/formats/detect.py); JSON
+Lines whose first line is an OpenAI Batch output line ({"custom_id", "response", "error"}) are
+OpenAI Batch output. The parsing is the question reader's and the scorer's (line numbers,
+U+2028-safe line splitting, CSV rows named by the line they start on).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from ..errors import InputError
+from ..files.formats.csvfile import csv_rows
+from ..files.inputs import detect_format, json_array, json_lines, read_text
+from ..files.paths import journal_path
+from ..scoring.files import openai_text, row_id
+
+
+def part_settings(path: str) -> Optional[dict[str, Any]]:
+    """The settings a part was answered with: its journal's fingerprint (runner/journal/journal.py),
+    normalised by a JSON round trip and without its shard, which differs between the shards of one
+    job by design; None when the part has no readable journal beside it (a part copied alone)."""
+    try:
+        with open(journal_path(path), "rb") as f:
+            header = json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
+    fingerprint = header.get("fingerprint") if isinstance(header, dict) else None
+    if not isinstance(fingerprint, dict):
+        return None
+    settings = json.loads(json.dumps(fingerprint))
+    settings.pop("shard", None)
+    return settings
+
+
+@dataclass(frozen=True)
+class PartRow:
+    qid: str
+    where: str  # file:line
+    answered: bool  # holds an answer (no error)
+    fields: Optional[dict[str, Any]] = None  # json, jsonl, csv
+    line: Optional[str] = None  # openai: the output line as it is
+
+
+@dataclass(frozen=True)
+class Part:
+    path: str
+    format: str  # json, jsonl, csv or openai
+    rows: list[PartRow]
+    columns: tuple[str, ...] = ()  # a CSV part's header
+
+    @property
+    def lines(self) -> bool:
+        """Whether its rows are OpenAI Batch output lines (kept as they are) rather than fields."""
+        return self.format == "openai"
+
+
+def read_part(path: str, id_field: str = "questionID") -> Part:
+    """Every row of an answers file, in file order (duplicates are merge_rows' to find)."""
+    text = read_text(path)
+    fmt = part_format(path, text)
+    if fmt == "openai":
+        return Part(path, fmt, list(_openai_rows(path, text)))
+    if fmt == "csv":
+        rows = [_row(f"{path}:{line}", csv_fields(row), id_field)
+                for line, row in csv_rows(path, text, {id_field: "--id-field"})]
+        return Part(path, fmt, rows, tuple(next(csv.reader(io.StringIO(text, newline="")), [])))
+    items = json_array(path, text) if fmt == "json" else json_lines(path, text)
+    return Part(path, fmt, [_row(f"{path}:{line}", obj, id_field) for line, obj in items])
+
+
+def part_format(path: str, text: str) -> str:
+    """json, jsonl, csv or openai (OpenAI Batch output lines)."""
+    fmt = detect_format(path, text)
+    if fmt == "jsonl":
+        first = next((line for line in text.split("\n") if line.strip()), "")
+        try:
+            obj = json.loads(first)
+        except ValueError:
+            return fmt  # json_lines names the line
+        if isinstance(obj, dict) and "custom_id" in obj and ("response" in obj or "error" in obj):
+            return "openai"
+    return fmt
+
+
+def csv_fields(row: dict[str, str]) -> dict[str, Any]:
+    """A CSV answers row as the fields a JSON answers file has: an answer, or `"answer": null`
+    and the error; an empty error or thinking column is none."""
+    fields: dict[str, Any] = dict(row)
+    if fields.get("error"):
+        fields["answer"] = None
+    else:
+        fields.pop("error", None)
+    if not fields.get("thinking"):
+        fields.pop("thinking", None)
+    return fields
+
+
+def _row(where: str, obj: Any, id_field: str) -> PartRow:
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: each answer must be a JSON object, got {type(obj).__name__}")
+    answered = obj.get("answer") is not None and not obj.get("error")
+    return PartRow(row_id(where, obj, id_field), where, answered, fields=obj)
+
+
+def _openai_rows(path: str, text: str) -> Iterable[PartRow]:
+    lines = text.split("\n")  # as json_lines splits: its line numbers index this
+    for number, obj in json_lines(path, text):
+        where = f"{path}:{number}"
+        if not isinstance(obj, dict):
+            raise InputError(f"{where}: each line of OpenAI Batch output must be a JSON object, "
+                             f"got {type(obj).__name__}")
+        yield PartRow(row_id(where, obj, "custom_id"), where, openai_text(obj) is not None,
+                      line=lines[number - 1].rstrip("\r"))

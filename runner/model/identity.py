@@ -1,0 +1,93 @@
+"""Which model a job runs: the path it names, checked before anything starts, and the model's
+identity, which decides whether a journal's answers may be reused and which `ggbatch tune`
+layout applies.
+
+Identity: a sha256 over the file size, the whole GGUF header (every metadata value, so the
+tokenizer, chat template and hyper-parameters; and the tensor table, so every tensor's type,
+shape and place) and samples of the weights: the first and a middle block of every tensor plus
+blocks spread evenly over the file. A re-quantization changes the tensor table; a fine-tune or a
+merged adapter exported under the same name changes every weight of the tensors it touches, so
+their sampled blocks. Reading that is a few MiB whatever the model's size (measured: README,
+"Nothing lost"), where hashing a multi-GB file would take longer than a small job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ModelError
+from .gguf_header import GGUFFormatError, GGUFLayout, read_layout
+from .hub import resolve_hub_name
+
+BLOCK = 4096  # bytes sampled at each place
+SPREAD_BLOCKS = 64  # evenly spaced samples over the whole file, besides two per tensor
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    path: str  # absolute
+    size_bytes: int
+    mtime: int
+    digest: str  # sha256 over size, header and sampled weights (see the module docstring)
+
+    def as_report(self) -> dict[str, object]:
+        return {"path": self.path, "size_bytes": self.size_bytes, "mtime": self.mtime, "sha256_sampled": self.digest}
+
+
+def resolve_model(model: str) -> str:
+    """The GGUF path to load: `demo` builds (once) the project's own tiny model; a Hugging Face
+    name (`hf:OWNER/REPO/FILE.gguf`, `OWNER/REPO:QUANT`) is the cached file. Refuses, in one
+    line naming the path, what llama.cpp could not load."""
+    if model == "demo":
+        from ..tools.modelgen import ensure_demo_model  # numpy + gguf: only needed to build the demo model
+
+        return str(ensure_demo_model())
+    model = resolve_hub_name(model)
+    path = Path(model).expanduser()
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except FileNotFoundError:
+        raise ModelError(f"{model}: model file not found") from None
+    except IsADirectoryError:
+        raise ModelError(f"{model}: model path is a directory, not a GGUF file") from None
+    except OSError as exc:
+        raise ModelError(f"{model}: cannot read the model file ({exc.strerror or exc})") from None
+    if magic != b"GGUF":
+        raise ModelError(f"{model}: not a GGUF file (no GGUF magic at the start)")
+    return str(path)
+
+
+def identify(path: str) -> ModelIdentity:
+    """The model's identity (see the module docstring); ModelError if its header is unreadable."""
+    try:
+        layout = read_layout(path)
+        digest = _digest(path, layout)
+        st = os.stat(path)
+    except GGUFFormatError as exc:
+        raise ModelError(f"{path}: the model file is truncated or corrupt ({exc})") from None
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
+    return ModelIdentity(os.path.abspath(path), st.st_size, int(st.st_mtime), digest)
+
+
+def sample_offsets(layout: GGUFLayout) -> list[int]:
+    """Where the weights are sampled: each tensor's first block and a block in its middle (its
+    end is where the next tensor starts), and SPREAD_BLOCKS blocks spread over the whole file."""
+    starts = sorted(set(layout.tensor_offsets))
+    ends = starts[1:] + [layout.file_size]
+    offsets = set(starts) | {s + (e - s) // 2 for s, e in zip(starts, ends)}
+    offsets |= {layout.file_size * i // SPREAD_BLOCKS for i in range(SPREAD_BLOCKS)}
+    return sorted(o for o in offsets if o < layout.file_size)
+
+
+def _digest(path: str, layout: GGUFLayout) -> str:
+    h = hashlib.sha256(layout.file_size.to_bytes(8, "little"))
+    with open(path, "rb") as f:
+        h.update(f.read(layout.header_end))
+        for offset in sample_offsets(layout):
+            h.update(os.pread(f.fileno(), BLOCK, offset))
+    return h.hexdigest()

@@ -1,0 +1,1 @@
+"""Before any worker starts: the layout (workers, threads, slots), the memory plan, the nodes."""

@@ -1,0 +1,121 @@
+"""A streamed file's context per sequence, grown as its windows come.
+
+The layout is settled on the first window (runner/job.py): its longest prompt, and for a
+streamed file a guess of the longest line from the file's bytes. A later window may still hold a
+prompt that context cannot take: a small vocabulary makes more tokens of the same characters, and
+a resumed file's first window may hold nothing left to answer. Such a question is not failed.
+When the pool takes the window, the context grows to what each of its questions needs (its prompt
+and its max_tokens, capped by the model's training context, as the context of a file of one
+window is sized), within the memory of the first plan; the workers finish what they hold, get
+nothing new meanwhile, and start again with the larger context (runner/pool/pool.py reconfigure).
+
+    window ─▶ need (longest prompt + its max_tokens) ─▶ fits the context? ─▶ as it is
+                                                     └▶ the largest context ≤ need the memory
+                                                        holds (runner/plan/layout.py settled)
+                                                        ─▶ pool.reconfigure(engines)
+
+A question fails for its length only when the model's context, the job's model.n_ctx, or the
+memory the plan allows cannot hold it.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+from . import layout as layouts
+from .layout import Layout, PromptFacts
+from .memory import MemoryPlan, describe
+from .nodes import NodePlan
+from ...workers.protocol import EngineConfig, GenerationParams, Question
+
+log = logging.getLogger("ggbatch")
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the first settle was given, kept to settle again with a larger context."""
+
+    started: NodePlan  # the workers as started (runner/plan/layout.py phase 1)
+    facts: tuple[PromptFacts, ...]  # each node's
+    available: tuple[int, ...]  # each node's memory for the plan, as the first settle saw it
+    slots: Optional[int]  # the job's (None: auto)
+    n_batch: Optional[int]
+    n_ctx: Optional[int]  # the job's model.n_ctx (None: auto); a context asked for never grows
+    offload: bool
+
+
+class ContextGrowth:
+    """The layout now and the engines it gives; grows when a window needs more context."""
+
+    def __init__(self, inputs: PlanInputs, plan: NodePlan, memory: Sequence[MemoryPlan], model_path: str,
+                 prefix: array, generation: GenerationParams) -> None:
+        self.inputs, self.plan, self.memory = inputs, plan, list(memory)
+        self.model_path, self.prefix, self.generation = model_path, prefix, generation
+        self.grown = False
+        self._said_short = 0  # the largest context the memory could not hold, said once
+
+    @property
+    def n_ctx_seq(self) -> int:
+        return min(lay.n_ctx_seq for lay in self.plan.layouts)
+
+    def engines(self) -> dict[int, EngineConfig]:
+        """Each worker's engine, from its node's layout."""
+        per_node = [layouts.engine_config(self.model_path, lay, self.prefix, self.generation)
+                    for lay in self.plan.layouts]
+        return {wid: per_node[k] for wid, k in self.plan.node_of().items()}
+
+    def engines_for(self, questions: Sequence[Question]) -> Optional[dict[int, EngineConfig]]:
+        """The workers' new engines when these questions need a larger context than the plan's
+        (None: they fit, or no larger context can be had)."""
+        if self.inputs.n_ctx is not None:
+            return None
+        want = context_needed(questions, self.generation.max_tokens, self.inputs.facts[0].n_ctx_train)
+        if want <= self.n_ctx_seq:
+            return None
+        n_ctx_seq = self._largest_fitting(want)
+        if n_ctx_seq < want and want > self._said_short:
+            self._said_short = want
+            log.warning("a question needs a context of %d tokens per sequence, the memory plan holds %d at most: "
+                        "a longer prompt fails (%s)", want, n_ctx_seq, describe(self._plans(want)[0][1]))
+        if n_ctx_seq <= self.n_ctx_seq:
+            return None
+        log.info("a later window holds longer questions: the context per sequence grows from %d to %d tokens "
+                 "(each worker starts again once it has answered what it holds)", self.n_ctx_seq, n_ctx_seq)
+        plans = self._plans(n_ctx_seq)
+        for _, memory in plans:
+            if memory.note:
+                log.warning("memory plan: %s (%s)", memory.note, describe(memory))
+        self.plan = replace(self.plan, layouts=tuple(lay for lay, _ in plans))
+        self.memory = [memory for _, memory in plans]
+        self.grown = True
+        return self.engines()
+
+    def _plans(self, n_ctx_seq: int) -> list[tuple[Layout, MemoryPlan]]:
+        """Each node's layout and memory plan at this context per sequence."""
+        i = self.inputs
+        return [layouts.settled(lay, facts, n_ctx_seq, i.slots, i.n_batch, available, i.offload, node.cores)
+                for node, lay, facts, available in zip(i.started.nodes, i.started.layouts, i.facts, i.available)]
+
+    def _largest_fitting(self, want: int) -> int:
+        """The largest context per sequence up to `want` whose plan fits every node (the plan
+        now fits: the answer is never below it). Memory grows with the context: bisect."""
+        low, high = self.n_ctx_seq, want
+        while low < high:
+            mid = (low + high + 1) // 2
+            if all(memory.fits for _, memory in self._plans(mid)):
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+
+def context_needed(questions: Sequence[Question], max_tokens: int, n_ctx_train: int) -> int:
+    """The context per sequence these questions need: each its prompt and its own max_tokens
+    (else the job's), as runner/plan/layout.py context_per_sequence sizes it, capped by the
+    model's training context (0: unknown)."""
+    need = max((len(q.tokens) + (q.generation.max_tokens if q.generation else max_tokens) + 1 for q in questions),
+               default=0)
+    return min(need, n_ctx_train) if n_ctx_train > 0 else need

@@ -1,0 +1,290 @@
+"""The one owner of a job's layout: how many workers, their cores and threads, whether llama.cpp
+repacks the weights, how many sequences (slots) each decodes together, the context per sequence,
+the KV layout and the step's token budget.
+
+It is decided in two phases, because workers start (and load the model) while the coordinator is
+still tokenizing:
+
+    start()   before tokenizing: workers × threads, the cores of each, the weight layout. Slots
+              are estimated from the record count (the weight layout depends on them), and a
+              `ggbatch tune` choice is looked up at a context guessed from the characters. With
+              GPUs (`devices`), one worker per device, each pinned to its share of the cores.
+    settle()  after tokenizing: the context per sequence, the KV layout, the slots, within the
+              memory plan (runner/plan/memory.py), which may keep fewer workers or slots; and, now
+              that the tokenizer process has said whether llama.cpp can offload, the threads of
+              a worker whose layers are all on a GPU (runner/plan/gpu.py).
+
+Pure functions over numbers and lists: every rule is unit-tested.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from array import array
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+from . import gpu
+from ..errors import ConfigError
+from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
+from ...workers.invariant import kv_streams
+from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
+
+log = logging.getLogger("ggbatch")
+
+# Auto slots. With one KV stream per sequence (the usual layout) each token's attention scans
+# only its own sequence's cells, so more slots keep paying off for as long as memory lasts (the
+# memory plan has the last word). On the 28 × 1024 benchmark model: 128 GSM8K questions × 64
+# tokens, S_TG 233 / 267 / 307 tok/s at 16 / 32 / 64 slots; 96 questions × 256 tokens (~400 KV
+# cells a sequence) 123 s at 20 slots, 111 s at 32, 94 s at 48. In one unified pool (long shared
+# prefix) every token scans every slot's cells, and past a few thousand cells attention costs as
+# much as the weights, so there long sequences get fewer slots.
+MAX_AUTO_SLOTS = 64
+MAX_AUTO_POOL_CELLS = 8192
+# Sequences per worker from which llama.cpp's plain kernels beat its repacked ones on AVX-512.
+PLAIN_KERNELS_FROM_SLOTS = 16
+# Before the questions are tokenized only their characters are known. ~4 characters make a token
+# of English in a large BPE vocabulary, fewer in small vocabularies and other scripts: 3 is in
+# between, and the tune cache's power-of-two context buckets absorb the error.
+CHARS_PER_TOKEN = 3
+CHAT_TEMPLATE_TOKENS = 32  # role markers and the like that a chat template adds around the text
+# Auto n_batch (a step's token budget, also llama.cpp's n_ubatch). With the prefix cache a prompt
+# step is a passage, or several questions' own parts each in a ubatch of its own
+# (workers/ubatches.py): a larger budget takes a whole ~700-token prompt in one ubatch and more own
+# parts a step, in fewer steps (LSAT-64 on the benchmark model: 45 steps instead of 59, and
+# faster: README, the prefix cache). Without it, 512: W1/W2/W4 were measured there.
+N_BATCH = 512
+N_BATCH_PREFIX_CACHE = 1024
+
+
+@dataclass(frozen=True)
+class Layout:
+    workers: int
+    threads: int  # per worker
+    slots: int  # sequences per worker
+    cores: tuple[tuple[int, ...], ...]  # cores[i] = the cores worker i is pinned to
+    repack: bool = True  # weights in llama.cpp's CPU_REPACK layout (repack_weights)
+    repack_reason: str = ""
+    # settled once the prompts are tokenized (0 / False before)
+    n_ctx_seq: int = 0  # KV cells each sequence may use: longest prompt + max_tokens
+    kv_unified: bool = False  # one KV pool for all slots, or one stream per sequence
+    n_batch: int = 0  # tokens of one decode step
+    slot_cap: int = MAX_AUTO_SLOTS  # most auto slots: the default, or what `ggbatch tune` measured
+    batch_invariant: bool = False  # answers independent of their batch: no repacking, no unified pool
+    n_gpu_layers: int = 0  # layers each worker asks llama.cpp to store in VRAM (gpu.GPU_ALL: all)
+    devices: tuple[int, ...] = ()  # devices[i] = the GPU of worker i (none: every GPU llama.cpp finds)
+    threads_auto: bool = True  # the job left threads on auto (settle may pick GPU threads)
+    prefix_cache: bool = False  # workers keep and share prompts' KV (workers/prefix_cache.py)
+
+
+@dataclass(frozen=True)
+class PromptFacts:
+    """What the layout needs to know of the tokenized prompts."""
+
+    n_questions: int  # left to answer
+    longest: int  # tokens of the longest prompt
+    n_prefix: int  # tokens every prompt starts with
+    n_ctx_train: int  # the model's training context (0 = unknown)
+    dims: ModelDims
+    shared_groups: int = 0  # groups of questions sharing more than n_prefix (runner/questions/prefix_groups.py)
+
+
+def usable_cores() -> list[int]:
+    """The cores this process may run on (its affinity mask, not the machine's core count)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (x86 "flags", ARM "Features"); empty if unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+# -- phase 1: before tokenizing ------------------------------------------------------------------
+
+
+def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], slots: Optional[int],
+          repack: Optional[bool], n_records: int, flags: frozenset[str],
+          tuned: Optional[dict[str, int]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
+          batch_invariant: bool = False) -> Layout:
+    """The workers to start now (None = auto; `tuned`: what `ggbatch tune` chose, used for what
+    the job leaves to auto). Slots are an estimate from the record count. `devices`: one worker
+    per GPU, each pinned to an equal share of the cores."""
+    cap = MAX_AUTO_SLOTS
+    if devices:
+        workers, tuned = gpu.workers_for_devices(devices, workers, len(cores)), None  # tune measured CPUs
+    threads_auto = threads is None and not tuned
+    if tuned:
+        workers, threads, cap = tuned["workers"], tuned["threads"], tuned["slots"]
+    layout = plan_layout(cores, workers, threads, slots, max(1, n_records), max_auto_slots=cap)
+    use_repack, why = repack_weights(repack, tuned.get("repack") if tuned else None, flags, layout.slots,
+                                     batch_invariant)
+    return replace(layout, repack=use_repack, repack_reason=why, slot_cap=cap, n_gpu_layers=n_gpu_layers,
+                   devices=tuple(devices), threads_auto=threads_auto, batch_invariant=batch_invariant)
+
+
+def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[int],
+                slots: Optional[int], n_questions: int, pool_cells_per_slot: int = 0,
+                max_auto_slots: int = MAX_AUTO_SLOTS) -> Layout:
+    """Choose workers × threads within the usable cores (None = auto) and give each worker a
+    disjoint set of cores. Never more worker threads than usable cores. `pool_cells_per_slot`
+    (the KV one sequence adds to a unified pool beyond the shared prefix; 0 with one stream per
+    sequence) limits auto slots on long sequences."""
+    n_cores = len(cores)
+    if workers is not None and workers > n_cores:
+        raise ConfigError(f"workers: {workers} workers need at least {workers} cores, "
+                          f"{n_cores} are usable here")
+    if threads is not None and threads > n_cores:
+        raise ConfigError(f"threads: {threads} threads per worker exceed the {n_cores} usable cores")
+    if workers is None and threads is None:
+        # One worker using every core: continuous batching inside one context shares the weight
+        # reads across all sequences, which several smaller workers cannot (see README).
+        workers, threads = 1, n_cores
+    elif workers is None:
+        workers = max(1, n_cores // threads)
+    elif threads is None:
+        threads = max(1, n_cores // workers)
+    if workers * threads > n_cores:
+        raise ConfigError(f"workers × threads = {workers} × {threads} = {workers * threads} "
+                          f"exceeds the {n_cores} usable cores")
+    if slots is None:
+        by_kv = MAX_AUTO_POOL_CELLS // pool_cells_per_slot if pool_cells_per_slot > 0 else max_auto_slots
+        slots = max(1, min(max_auto_slots, max(4, by_kv), math.ceil(n_questions / workers)))
+    assignment = tuple(tuple(cores[i * threads:(i + 1) * threads]) for i in range(workers))
+    return Layout(workers, threads, slots, assignment)
+
+
+def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: frozenset[str],
+                   slots: int, batch_invariant: bool = False) -> tuple[bool, str]:
+    """Whether workers let llama.cpp repack the weights into its CPU_REPACK layout, and why;
+    `slots`: the sequences each worker is expected to decode together.
+
+    Never under batch_invariant: the repacked kernels compute each group of 4 batch rows with
+    gemm and the rest with gemv, which round differently (llama.cpp repack.cpp
+    forward_mul_mat_one_chunk), so a row's result would depend on the batch.
+
+    llama.cpp repacks by default, for its interleaved gemm kernels. On an x86 CPU with AVX-512 its
+    plain kernels win from about 16 sequences a batch, measured here (AMD EPYC, 28 × 1024 Q4_K_M,
+    llama-batched-bench with and without --no-repack): prompts 1.5× faster at every batch size;
+    generation 143 → 126 tok/s at 8 sequences, 225 → 216 at 16, 255 → 318 at 32; whole runs of
+    32-token prompts and 256 generated tokens 12% slower at 8, even at 16, 26% faster at 32
+    (128-token prompts and 64 generated: 8% faster at 8, 1.3× at 32). Not repacking also loads
+    faster (0.30 s against 0.43 s) and keeps the weights in the shared file pages (161 MiB less
+    per worker). Elsewhere (ARM, where llama.cpp reports 2-3.5× faster prompts repacked; AVX2)
+    llama.cpp's default stays until `ggbatch tune`, which tries both, says otherwise."""
+    if batch_invariant:
+        if requested:
+            raise ConfigError("model.repack: true cannot be combined with batch_invariant: llama.cpp's "
+                              "repacked kernels give a row another result in another batch")
+        return False, "batch_invariant"
+    if requested is not None:
+        return requested, "job"
+    if tuned is not None:
+        return tuned, "ggbatch tune"
+    if "avx512f" in flags and slots >= PLAIN_KERNELS_FROM_SLOTS:
+        return False, f"auto: AVX-512 CPU, {PLAIN_KERNELS_FROM_SLOTS}+ sequences per worker"
+    return True, "auto: llama.cpp default"
+
+
+def estimate_context(prompt_chars: int, max_tokens: int, n_ctx: Optional[int]) -> int:
+    """Tokens per sequence guessed before tokenizing: context_per_sequence with the prompt's
+    tokens guessed from its characters; the job's own n_ctx when it sets one."""
+    guessed = math.ceil(prompt_chars / CHARS_PER_TOKEN) + CHAT_TEMPLATE_TOKENS
+    return context_per_sequence(guessed, max_tokens, 0, n_ctx)
+
+
+# -- phase 2: after tokenizing -------------------------------------------------------------------
+
+
+def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Optional[int],
+           max_tokens: int, n_batch: Optional[int], available: int, offload: bool = False,
+           cores: Optional[Sequence[int]] = None) -> tuple[Layout, MemoryPlan]:
+    """The layout of the workers already started, now that the prompts are known: context, KV
+    layout and slots, shrunk (slots first, then workers) to the memory available. `offload`:
+    this llama.cpp build can offload, so the layers the job puts on a GPU leave RAM (VRAM is
+    llama.cpp's to fit) and a worker with every layer there needs few threads. `cores`, `available`:
+    the machine's (default: this one's usable cores; runner/plan/nodes.py gives a Ray node's)."""
+    n_ctx_seq = context_per_sequence(facts.longest, max_tokens, facts.n_ctx_train, n_ctx)
+    layout, memory = settled(started, facts, n_ctx_seq, slots, n_batch, available, offload, cores)
+    if not memory.fits:
+        raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}")
+    if memory.note:
+        log.warning("memory plan: %s (%s)", memory.note, describe(memory))
+    return layout, memory
+
+
+def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional[int], n_batch: Optional[int],
+            available: int, offload: bool = False, cores: Optional[Sequence[int]] = None) -> tuple[Layout, MemoryPlan]:
+    """settle's layout for a given context per sequence, without a word: memory.fits says
+    whether one worker with one slot fits (a streamed file's context grows through here,
+    runner/plan/growth.py)."""
+    invariant = started.batch_invariant
+    cache = facts.shared_groups > 0
+    unified = kv_unified_for(facts.n_prefix, n_ctx_seq, invariant, cache)
+    n_batch = batch_budget(n_batch, cache, invariant)
+    pool_cells = n_ctx_seq - facts.n_prefix if unified else 0
+    wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots, facts.n_questions,
+                         pool_cells, started.slot_cap).slots
+    layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
+                     n_batch=step_budget(n_batch, wanted),
+                     threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))
+    memory = fit_layout(facts.dims, layout.workers, layout.slots,
+                        lambda s: allocated_kv_cells(kv_cells(s, n_ctx_seq, facts.n_prefix, unified, invariant),
+                                                     kv_streams(s, invariant), unified),
+                        layout.n_batch, available, layout.repack,
+                        gpu.cpu_layer_share(layout.n_gpu_layers, facts.dims.n_layer, offload),
+                        gpu.vram_note(layout.n_gpu_layers, offload))
+    if memory.fits and memory.note:
+        layout = replace(layout, workers=memory.workers, slots=memory.slots, cores=layout.cores[:memory.workers],
+                         devices=layout.devices[:memory.workers], n_batch=step_budget(n_batch, memory.slots))
+    return layout, memory
+
+
+def context_per_sequence(longest_prompt: int, max_tokens: int, n_ctx_train: int,
+                         requested: Optional[int]) -> int:
+    """Tokens of KV each sequence may use: as asked, or just enough for the longest prompt plus
+    max_tokens, capped by what the model was trained for (0 = unknown)."""
+    if requested is not None:
+        return requested
+    need = longest_prompt + max_tokens + 1
+    return min(need, n_ctx_train) if n_ctx_train > 0 else need
+
+
+def kv_unified_for(n_prefix: int, n_ctx_seq: int, batch_invariant: bool, prefix_cache: bool = False) -> bool:
+    """One KV pool when the shared prefix is longer than the rest of a sequence (it is then
+    stored once instead of copied into every slot); otherwise one stream per sequence, whose
+    attention scans only its own cells. Measurements in workers/engine.py. The prefix cache
+    (questions sharing more than that prefix) keeps prompts in the slots' own streams."""
+    return not batch_invariant and not prefix_cache and n_prefix > n_ctx_seq - n_prefix
+
+
+def batch_budget(n_batch: Optional[int], prefix_cache: bool, batch_invariant: bool) -> int:
+    """n_batch as asked, or auto: larger for the prefix cache's prompt steps (N_BATCH_PREFIX_CACHE),
+    except in batch-invariant mode, whose batch shapes are laid out for N_BATCH."""
+    if n_batch is not None:
+        return n_batch
+    return N_BATCH_PREFIX_CACHE if prefix_cache and not batch_invariant else N_BATCH
+
+
+def step_budget(n_batch: int, slots: int) -> int:
+    """Tokens per decode step: every slot's decode token must fit, whatever n_batch says."""
+    return max(n_batch, slots)
+
+
+def engine_config(model_path: str, layout: Layout, prefix: array, generation: GenerationParams) -> EngineConfig:
+    """What each worker builds its engine from."""
+    invariant = layout.batch_invariant
+    return EngineConfig(model_path, layout.threads, layout.slots, layout.n_ctx_seq, layout.n_batch, prefix,
+                        generation, kv_unified=layout.kv_unified,
+                        kv_cells=kv_cells(layout.slots, layout.n_ctx_seq, len(prefix), layout.kv_unified, invariant),
+                        flash_attn=not invariant, repack=layout.repack, batch_invariant=invariant,
+                        prefix_cache=layout.prefix_cache)

@@ -1,0 +1,156 @@
+"""The memory plan: will this layout fit in the memory that is available? Pure arithmetic.
+
+What a worker holds, as llama.cpp reports it and as PSS measures it (28 × 1024 Q4_K_M model,
+413 MiB file, 16 slots, two workers: plan 1,281 MiB, measured PSS 1,304 MiB):
+- the model file, mmap'd: its pages are shared by all workers, counted once;
+- when the weights are repacked (runner/plan/layout.py repack_weights), a private copy of those
+  the repacked kernels take (llama.cpp's CPU_REPACK buffer: 161 MiB of that 405 MiB model,
+  about 40%), so every worker pays it again;
+- its KV cache: layers × KV heads × head size × 2 (K and V) × 2 bytes (f16) per cell, with the
+  cell count rounded up to a multiple of 256 as llama.cpp does;
+- the logits of one step and the part of the compute buffer a step touches (llama.cpp reserves
+  300 MiB for it, but only about n_batch × n_embd × 80 bytes is ever written), and the
+  interpreter and libraries (~45 MiB).
+
+Layers offloaded to a GPU take their weights and KV cache to VRAM: the plan counts the share of
+the layers left on the CPU (runner/plan/gpu.py cpu_layer_share) and leaves VRAM to llama.cpp, which
+fails the load when the layers do not fit there; the plan says so (`vram`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Optional
+
+MIB = 1 << 20
+OVERHEAD_PER_PROCESS = 45 * MIB  # Python, numpy, llama.cpp's code
+REPACKED_SHARE = 0.4  # of the file: weights llama.cpp copies into its CPU_REPACK buffer
+KV_CELL_ROUNDING = 256
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    file_bytes: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    n_ff: int = 0
+
+    @property
+    def kv_bytes_per_cell(self) -> int:
+        return self.n_layer * self.n_head_kv * self.head_dim * 2 * 2  # K and V, f16
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    workers: int
+    slots: int
+    kv_cells_per_worker: int
+    weights_per_worker: int
+    kv_per_worker: int
+    compute_per_worker: int
+    shared_file_pages: int
+    total: int
+    available: int
+    fits: bool
+    note: str = ""
+    cpu_share: float = 1.0  # of the layers (weights, KV cache) kept in RAM; the rest is in VRAM
+    vram: str = ""  # what the plan says of VRAM, when the job offloads layers
+
+    def as_report(self) -> dict[str, Any]:
+        mib = lambda b: round(b / MIB, 1)  # noqa: E731
+        return {"workers": self.workers, "slots": self.slots, "kv_cells_per_worker": self.kv_cells_per_worker,
+                "weights_per_worker_mib": mib(self.weights_per_worker), "kv_per_worker_mib": mib(self.kv_per_worker),
+                "compute_per_worker_mib": mib(self.compute_per_worker),
+                "shared_file_pages_mib": mib(self.shared_file_pages), "total_mib": mib(self.total),
+                "available_mib": mib(self.available), "fits": self.fits, "note": self.note,
+                "cpu_layer_share": round(self.cpu_share, 3), "vram": self.vram}
+
+
+def compute_bytes(dims: ModelDims, n_batch: int, slots: int) -> int:
+    """The compute buffer a step actually touches, the logits of every slot, the interpreter."""
+    activations = n_batch * dims.n_embd * 80
+    logits = max(slots, 1) * dims.n_vocab * 4
+    return activations + logits + OVERHEAD_PER_PROCESS
+
+
+def allocated_kv_cells(n_ctx: int, n_seq_max: int, unified: bool) -> int:
+    """The KV cells llama.cpp allocates when asked for n_ctx (llama_context's constructor): n_ctx
+    padded to a multiple of 256, and with one stream per sequence each stream's share padded to
+    256 again. Measured: 64 slots × 213 tokens per sequence ask for 13,845 cells and get
+    65 × 256 = 16,640, 140 MiB more KV on the 28 × 1024 model than the first padding alone."""
+    n_ctx = _round_up(n_ctx)
+    if unified or n_seq_max <= 1:
+        return n_ctx
+    return n_seq_max * _round_up(n_ctx // n_seq_max)
+
+
+def _round_up(cells: int) -> int:
+    return -(-cells // KV_CELL_ROUNDING) * KV_CELL_ROUNDING
+
+
+def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
+                n_batch: int, available: int, repacked: bool = True, safety: float = 0.9,
+                cpu_share: float = 1.0, vram: str = "") -> MemoryPlan:
+    """The memory a layout needs, with `kv_cells_for(slots)` the KV pool a worker allocates.
+    Without repacking, a worker's weights are the shared file pages alone. `cpu_share`: of the
+    layers, those kept in RAM (the others' weights and KV cache are in VRAM)."""
+    cells = _round_up(kv_cells_for(slots))
+    kv = int(cells * dims.kv_bytes_per_cell * cpu_share)
+    compute = compute_bytes(dims, n_batch, slots)
+    weights = int(dims.file_bytes * REPACKED_SHARE * cpu_share) if repacked else 0
+    file_pages = int(dims.file_bytes * cpu_share)
+    total = workers * (weights + kv + compute) + file_pages
+    budget = int(available * safety)
+    return MemoryPlan(workers, slots, cells, weights, kv, compute, file_pages, total,
+                      available, total <= budget, cpu_share=cpu_share, vram=vram)
+
+
+def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
+               n_batch: int, available: int, repacked: bool = True, cpu_share: float = 1.0,
+               vram: str = "") -> MemoryPlan:
+    """The plan for the requested layout, shrunk to fit: slots first (halving), then workers.
+    The returned plan has fits=False only if one worker with one slot does not fit."""
+    plan = plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked, cpu_share=cpu_share,
+                       vram=vram)
+    asked = (workers, slots)
+    while not plan.fits and (plan.slots > 1 or plan.workers > 1):
+        if plan.slots > 1:
+            slots = max(1, plan.slots // 2)
+        else:
+            workers -= 1
+        plan = plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked, cpu_share=cpu_share,
+                           vram=vram)
+    if (plan.workers, plan.slots) != asked:
+        plan = MemoryPlan(**{**asdict(plan), "note": f"shrunk from {asked[0]} workers × {asked[1]} "
+                             f"slots to fit {available / MIB:.0f} MiB available"})
+    return plan
+
+
+def describe(plan: MemoryPlan) -> str:
+    return (f"{plan.workers} workers × ({plan.weights_per_worker / MIB:.0f} MiB repacked weights + "
+            f"{plan.kv_per_worker / MIB:.0f} MiB KV + {plan.compute_per_worker / MIB:.0f} MiB compute) "
+            f"+ {plan.shared_file_pages / MIB:.0f} MiB shared file pages = {plan.total / MIB:.0f} MiB, "
+            f"{plan.available / MIB:.0f} MiB available" + (f"; {plan.vram}" if plan.vram else ""))
+
+
+def dims_from_metadata(meta: Callable[[str], Optional[str]], file_bytes: int, n_vocab: int) -> ModelDims:
+    """ModelDims from GGUF metadata (`meta(key)` returns the value as text or None)."""
+    arch = meta("general.architecture") or "llama"
+
+    def num(key: str, default: int = 0) -> int:
+        value = meta(f"{arch}.{key}")
+        try:
+            return int(float(value)) if value is not None else default
+        except ValueError:
+            return default
+
+    n_embd = num("embedding_length", 1)
+    n_head = num("attention.head_count", 1) or 1
+    head_dim = num("attention.key_length", n_embd // n_head)
+    return ModelDims(file_bytes, num("block_count", 1), n_embd, n_head,
+                     num("attention.head_count_kv", n_head) or n_head, head_dim, n_vocab,
+                     num("feed_forward_length", 4 * n_embd))

@@ -1,0 +1,1 @@
+"""The worker processes: started, fed chunks of questions, restarted when they die, stopped."""

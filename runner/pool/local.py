@@ -1,0 +1,135 @@
+"""The local backend: each worker a spawned process on this machine, talking to the pool
+(runner/pool/pool.py) through a task queue and a results pipe of its own.
+
+    pool ── send(msg) ──▶ task queue ──▶ worker process (workers/main.py worker_main)
+    pool ◀── wait() ◀── results pipe (one per worker) + the process's sentinel
+
+Each worker writes to a pipe of its own, whose writing end only it holds. A shared queue would
+need a lock between writers, and a worker killed while holding it (kill -9, the OOM killer)
+would block every other worker's next answer forever; with its own pipe, a worker killed in the
+middle of a message leaves a torn message that reads as the end of the pipe. Deaths are noticed
+by waiting on the process sentinels, not by polling.
+
+A backend is three calls: start(spec) gives a link (one life of one worker), wait(links,
+timeout) gives what each link said and whether it died, close(). runner/pool/ray.py is the
+other one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import multiprocess as mp
+from multiprocess.connection import wait as wait_any
+
+from .crashes import last_words
+from ..plan.nodes import Node, local_node
+from ...workers.main import worker_main
+from ...workers.protocol import WorkerSpec, decode, encode
+
+
+@dataclass
+class Event:
+    """What one worker said since the last wait, and whether it has died (after saying it)."""
+
+    link: Any
+    messages: list[Any]
+    died: bool = False
+
+
+class LocalLink:
+    """One life of one worker process."""
+
+    def __init__(self, ctx: Any, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.tasks = ctx.Queue()
+        self.results, writer = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=worker_main, args=(spec, self.tasks, writer),
+                                   name=f"ggbatch-worker-{spec.worker_id}", daemon=True)
+        self.process.start()
+        writer.close()  # the worker holds the only writing end: its death closes the pipe
+
+    @property
+    def pid(self) -> Optional[int]:
+        """Its pid while alive, for psutil (runner/watch/monitor.py)."""
+        return self.process.pid if self.process.is_alive() else None
+
+    def send(self, msg: Any) -> None:
+        if self.tasks is not None:
+            self.tasks.put(encode(msg))
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        self.process.join(timeout)
+
+    def kill(self) -> None:
+        """End this life now (if it has not ended) and let go of its queue and pipe; idempotent."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        if self.tasks is not None:
+            self.tasks.close()
+            self.tasks.cancel_join_thread()
+            self.tasks = None
+        self._close_results()
+
+    def how_it_died(self) -> tuple[str, str]:
+        """(how: "signal 9", "exit code 1"; its last words on stderr)."""
+        self.process.join()
+        code = self.process.exitcode
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return how, last_words(self.spec.log_path)
+
+    def drain(self) -> list[Any]:
+        """Every whole message in the pipe; a torn one (the worker died writing it) or a closed
+        pipe ends the reading."""
+        out = []
+        while self.results is not None and self.results.poll():
+            try:
+                out.append(decode(self.results.recv_bytes()))
+            except (EOFError, OSError):
+                self._close_results()
+        return out
+
+    def _close_results(self) -> None:
+        if self.results is not None:
+            self.results.close()
+            self.results = None
+
+
+class LocalBackend:
+    """Worker processes on this machine, started with the spawn method."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self._ctx = mp.get_context("spawn")
+
+    def nodes(self) -> list[Node]:
+        return [local_node()]
+
+    def start(self, spec: WorkerSpec) -> LocalLink:
+        return LocalLink(self._ctx, spec)
+
+    def wait(self, links: Sequence[LocalLink], timeout: float) -> list[Event]:
+        readers = {link.results: link for link in links if link.results is not None}
+        sentinels = {link.process.sentinel: link for link in links}
+        ready = wait_any([*readers, *sentinels], timeout)
+        events = {id(readers[r]): Event(readers[r], readers[r].drain()) for r in ready if r in readers}
+        for s in ready:
+            if s in sentinels:
+                link = sentinels[s]
+                # Drain first: the worker may have sent answers or its error just before dying.
+                event = events.setdefault(id(link), Event(link, []))
+                event.messages.extend(link.drain())
+                event.died = True
+        return list(events.values())
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "LocalBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

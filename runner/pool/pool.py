@@ -1,0 +1,434 @@
+"""The worker pool: start pinned workers, hand out questions as they ask, collect the answers,
+notice deaths and give a dead worker's questions to the others.
+
+    [feed: the next window of a streamed file] ─▶ pending (longest prompts first)
+    pending ──Chunk──▶ link.send ──▶ worker i
+    backend.wait(links, timeout = next monitor tick) ◀── Ready | WantWork | AnswerBatch |
+                                                         EngineStats | WorkerError, or its death
+    set_threads(i, n) ──SetThreads──▶ link.send;  ThreadsSet ──▶ on_threads  (runner/pool/worker_threads.py)
+    Ready ──▶ on_ready, before the worker's WantWork is answered: a SetThreads sent then comes
+              before its first Chunk, so its first step already runs the count asked
+    reconfigure(engines) ──▶ each worker gets no new Chunk, finishes what it holds, then starts
+              again with its new engine (a streamed file's later window needs a larger context)
+
+Where workers live is the backend's business, behind three calls (start, wait, close): local
+processes (runner/pool/local.py: a task queue and a results pipe each, deaths seen on the
+process sentinels) or Ray actors on a cluster's nodes (runner/pool/ray.py). Everything here,
+dispatch, deaths, restarts and the crash budget, is the same for both.
+
+A streamed file's questions come in windows (runner/questions/prepare.py): the pool takes the next one
+from its feed when fewer than `feed_below` questions are pending, and the run ends when the
+feed has given its last and every question has its answer (runner/pool/intake.py).
+
+Dispatch is pull-based: a worker says how many questions it wants when its engine runs low, so
+no fixed shard can leave one worker busy while another idles. Near the end the chunks shrink:
+no worker takes more than an even share of what is not answered yet, counting what it holds,
+which keeps the tail short and the batches alike.
+
+Stopping (SIGINT/SIGTERM through `request_stop`): no new questions go out, every worker is told
+to Stop (finish what is decoding, drop what has not started), and after GRACE_S or when all have
+exited, Interrupted is raised; a second request kills at once.
+
+When a worker dies, every question it held is a suspect. Suspects are retried one at a time, each
+alone on a worker, so the next death names its culprit exactly; its innocent batch-mates are
+answered. A dead worker is restarted; what deaths may cost before the run gives up is
+runner/pool/crashes.py's decision. Each local worker's stderr goes to a log file of its own, whose last
+line is quoted when it dies (llama.cpp writes its asserts there).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections import deque
+from dataclasses import replace
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence, Union
+
+from .crashes import CrashBudget, Death
+from ..questions.prefix_groups import whole_groups
+from ..errors import Interrupted, ModelError
+from .intake import Feed, WindowIntake
+from .local import LocalBackend
+from ..report.report import WorkerRun
+from .worker_state import WorkerState, added, on_node, worker_run
+from .worker_threads import ThreadCount, WorkerThreads
+from ...workers.memory_kind import MemoryKind
+from ...workers.protocol import (Answer, AnswerBatch, Chunk, Configure, EngineConfig, EngineStats, Question,
+                                Ready, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec)
+
+log = logging.getLogger("ggbatch")
+
+TICK_S = 1.0
+GRACE_S = 2.0  # in-flight questions may finish this long after a stop request
+
+
+class WorkerPool:
+    def __init__(self, specs: Sequence[WorkerSpec], on_answers: Callable[[list[Answer]], None],
+                 on_tick: Optional[Callable[["WorkerPool"], None]] = None,
+                 max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None, backend: Any = None,
+                 on_threads: Optional[Callable[[ThreadsSet], None]] = None, keep_answers: bool = True,
+                 on_ready: Optional[Callable[["WorkerPool", Ready], None]] = None) -> None:
+        """max_solo_deaths, max_barren_deaths: see runner/pool/crashes.py. backend: where workers live
+        (default: local processes, runner/pool/local.py). on_threads: called with a worker's
+        answer to set_threads; on_ready: with each Ready (a worker has loaded and built its
+        engine). keep_answers: keep every answer in `answers` (the job keeps them in
+        its journal instead, through on_answers)."""
+        self._backend = backend or LocalBackend()
+        self._on_threads = on_threads
+        self._on_ready = on_ready
+        self._log_dir = tempfile.mkdtemp(prefix="ggbatch-workers-")
+        self.workers = [WorkerState(replace(spec, log_path=os.path.join(self._log_dir, f"worker-{spec.worker_id}.log")))
+                        for spec in specs]
+        self._on_answers = on_answers  # called with each batch of new answers
+        self._on_tick = on_tick
+        self._crashes = CrashBudget(len(specs), max_solo_deaths, max_barren_deaths or 0)
+        self._pending: deque[Question] = deque()
+        self._suspects: deque[tuple[Question, ...]] = deque()  # groups, from workers that died
+        self.answers: dict[str, Answer] = {}  # when keep_answers
+        self._keep_answers = keep_answers
+        self.n_answered = 0
+        self._open: set[str] = set()  # qids pending or in flight: an answer to anything else is a repeat
+        self.paused = False  # admit no new questions (memory is low, or stopping)
+        self.finished = False  # every question answered; the workers are still alive
+        self._stop_signal = 0
+        self._stop_deadline = 0.0
+        self._engines: Union[EngineConfig, Mapping[int, EngineConfig], None] = None
+        self._leaving: set[int] = set()  # workers a reconfigure lets go once they have finished
+        self.first_ready_at: Optional[float] = None
+        self._memory_noted = False  # what recurrent or hybrid memory changes is said once a run
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the workers: they pin themselves and load the model, then wait for run()."""
+        for w in self.workers:
+            if w.link is None:
+                self._start(w)
+
+    def keep(self, worker_ids: Collection[int]) -> None:
+        """Let go of the workers not named (the memory plan wants fewer)."""
+        for w in self.workers:
+            if w.spec.worker_id not in worker_ids:
+                self._stop_process(w, graceful=True)
+        self.workers = [w for w in self.workers if w.spec.worker_id in worker_ids]
+
+    def close(self) -> None:
+        """Kill every worker (an error before run(), or nothing left to answer); idempotent."""
+        self._shutdown(graceful=False)
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def worker_runs(self) -> list[WorkerRun]:
+        """What each worker did, for the report."""
+        return [worker_run(w) for w in self.workers]
+
+    def engine_counters(self) -> dict[int, EngineStats]:
+        """worker id -> its engine's counters over all its lives, as last sent (at most
+        STATS_EVERY_S old while it works; whole once it has answered everything it held)."""
+        out = {}
+        for w in self.workers:
+            total = added(w.earlier, w.live)
+            if total is not None:
+                out[w.spec.worker_id] = total
+        return out
+
+    def run(self, questions: Sequence[Question], engine: Union[EngineConfig, Mapping[int, EngineConfig]],
+            feed: Optional[Feed] = None, feed_below: int = 0) -> dict[str, Answer]:
+        """Answer every question (or record why not), and those of every window `feed` gives
+        (taken when fewer than feed_below questions are pending). Questions should come longest
+        first. engine: every worker's, or each worker's by id (nodes of different sizes). Returns
+        the answers if kept."""
+        windows = WindowIntake(feed, feed_below)
+        self._add(questions)
+        self._engines = engine
+        if not self._stop_signal:  # stopped before the run: no worker gets work, none starts
+            for w in self.workers:
+                if w.link is not None:  # started early, waiting for its configuration
+                    w.link.send(Configure(self._engine_of(w)))
+            self.start()  # the others get their configuration as they start
+        next_tick = time.perf_counter() + TICK_S
+        graceful = False
+        try:
+            while self._open or windows.to_come:
+                if self._stop_signal and (time.perf_counter() >= self._stop_deadline or
+                                          all(w.link is None for w in self.workers)):
+                    raise Interrupted(self._stop_signal)
+                feeding = windows.to_come and not self._stop_signal
+                if feeding:
+                    self._add(windows.take(len(self._pending)))
+                timeout = max(0.0, min(next_tick, self._stop_deadline or next_tick) - time.perf_counter())
+                self._wait_once(windows.wait_s(timeout, feeding, len(self._pending)))
+                if time.perf_counter() >= next_tick:
+                    next_tick = time.perf_counter() + TICK_S
+                    if self._on_tick:
+                        self._on_tick(self)
+            self.finished = True
+            if self._on_tick:  # a last sample while the workers are still alive
+                self._on_tick(self)
+            graceful = True
+        finally:
+            self._shutdown(graceful)
+        return self.answers
+
+    def reconfigure(self, engines: Mapping[int, EngineConfig]) -> None:
+        """Every worker starts again with its engine here (a streamed file's later window needs a
+        larger context: runner/plan/growth.py): each finishes the questions it holds and gets no new
+        ones meanwhile, then restarts with it; a worker without one is let go once it has
+        finished."""
+        old = self._engines
+        ids = [w.spec.worker_id for w in self.workers]
+        self._leaving = {wid for wid in ids if wid not in engines}
+        # A worker let go keeps its engine until it has finished (the thread monitor reads it).
+        self._engines = {**(old if isinstance(old, Mapping) else dict.fromkeys(ids, old)), **engines}
+        for w in self.workers:
+            w.outdated = w.link is not None
+        self._dispatch()
+
+    def _add(self, questions: Sequence[Question]) -> None:
+        if questions:
+            self._pending.extend(questions)
+            self._open.update(q.qid for q in questions)
+            self._dispatch()
+
+    def request_stop(self, signum: int) -> None:
+        """First call: finish in-flight questions for a short grace, then stop. Second: now."""
+        if self._stop_signal:
+            raise Interrupted(signum)
+        self._stop_signal = signum
+        self._stop_deadline = time.perf_counter() + GRACE_S
+        self.paused = True
+        live = [w for w in self.workers if w.link is not None]
+        for w in live:
+            w.link.send(Stop())  # the worker finishes what is decoding, then exits
+        if live:
+            log.warning("stopping: questions already decoding get %.0f s to finish", GRACE_S)
+        else:
+            log.warning("stopping before any worker has started")
+
+    def pause(self, paused: bool) -> None:
+        """Stop (or resume) handing out questions; workers finish what they hold. A pool that
+        is stopping stays paused."""
+        if self._stop_signal:
+            return
+        self.paused = paused
+        if not paused:
+            self._dispatch()
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self._stop_signal)
+
+    @property
+    def in_flight(self) -> dict[int, int]:
+        """worker id -> questions it holds, for each live worker."""
+        return {w.spec.worker_id: len(w.in_flight) for w in self.workers if w.link is not None}
+
+    @property
+    def live_pids(self) -> dict[int, int]:
+        """worker id -> pid of its live process, for those on this machine (psutil sees only them)."""
+        pids = {w.spec.worker_id: w.link.pid for w in self.workers if w.link is not None}
+        return {wid: pid for wid, pid in pids.items() if pid is not None}
+
+    def llama_threads(self) -> dict[int, WorkerThreads]:
+        """worker id -> its llama.cpp threads (runner/pool/worker_threads.py), for each live worker
+        once run() has configured it."""
+        if self._engines is None:
+            return {}
+        return {w.spec.worker_id: w.threads.view(self._engine_of(w).n_threads)
+                for w in self.workers if w.link is not None}
+
+    def set_threads(self, worker_id: int, n: int) -> None:
+        """Ask a worker to run llama.cpp with n threads from its next step; it answers ThreadsSet."""
+        w = next((x for x in self.workers if x.spec.worker_id == worker_id), None)
+        if w is not None and w.link is not None:
+            w.link.send(w.threads.ask(n))
+
+    # -- event loop -----------------------------------------------------------------------------
+
+    def _wait_once(self, timeout: float) -> None:
+        events = self._backend.wait([w.link for w in self.workers if w.link is not None], timeout)
+        by_link = {id(w.link): w for w in self.workers if w.link is not None}
+        for event in events:
+            for msg in event.messages:
+                self._handle(msg)
+        for event in events:  # deaths after every message: a worker may have spoken just before
+            w = by_link.get(id(event.link))
+            if event.died and w is not None and w.link is event.link:
+                self._on_death(w)
+
+    def _handle(self, msg: Any) -> None:
+        w = next((x for x in self.workers if x.spec.worker_id == msg.worker_id), None)
+        if w is None:  # a worker let go of (keep) that spoke before it went
+            return
+        if isinstance(msg, AnswerBatch):
+            w.engine_stats = msg.step_stats
+            for answer in msg.answers:
+                w.in_flight.pop(answer.qid, None)
+            self._record(msg.answers)
+            if not w.in_flight:
+                w.solo = False
+            self._dispatch()
+        elif isinstance(msg, WantWork):
+            w.wants = msg.n
+            self._dispatch()
+        elif isinstance(msg, EngineStats):
+            w.live = msg
+        elif isinstance(msg, ThreadsSet):
+            w.threads.answered(msg)
+            if self._on_threads:
+                self._on_threads(msg)
+        elif isinstance(msg, Ready):
+            w.ready = msg
+            w.threads.started(msg.n_threads)
+            if self.first_ready_at is None:
+                self.first_ready_at = time.perf_counter()
+            log.debug("worker %d: ready in %.2f s (pid %d, cores %s)", msg.worker_id, msg.load_s,
+                      msg.pid, msg.cores)
+            note = MemoryKind(msg.memory).note()
+            if note and not self._memory_noted:
+                log.info("%s", note)
+                self._memory_noted = True
+            if self._on_ready:
+                self._on_ready(self, msg)
+        elif isinstance(msg, WorkerError):
+            w.last_error = f"{msg.kind}: {msg.message}"
+            log.debug("worker %d (%s): %s\n%s", msg.worker_id, msg.stage, w.last_error, msg.traceback)
+            if msg.kind == "ModelLoadError" and msg.stage in ("load", "configure"):
+                # The model or its context cannot be made: every worker would fail the same way.
+                raise ModelError(msg.message)
+
+    def _record(self, answers: Sequence[Answer]) -> None:
+        # A requeued question may come back twice (its first worker's answer arriving after the
+        # worker was given up on): keep the first.
+        new = [a for a in answers if a.qid in self._open]
+        for a in new:
+            self._open.discard(a.qid)
+            if self._keep_answers:
+                self.answers[a.qid] = a
+        self.n_answered += len(new)
+        if new:
+            self._crashes.progress()
+            self._on_answers(new)
+
+    def _dispatch(self) -> None:
+        if self.paused:
+            return
+        self._restart_outdated()
+        hungry = [w for w in self.workers if w.link is not None and w.wants > 0 and not w.solo and not w.outdated]
+        for w in hungry:
+            if self._suspects and not w.in_flight:
+                chunk: tuple[Question, ...] = self._suspects.popleft()
+                w.solo = True
+            elif self._pending and (share := self._share(w)) > 0:
+                n = whole_groups(self._pending, min(w.wants, share, len(self._pending)))
+                chunk = tuple(self._pending.popleft() for _ in range(n))
+            else:
+                continue
+            for q in chunk:
+                w.in_flight[q.qid] = q
+            w.link.send(Chunk(chunk))
+            w.wants = 0
+
+    def _share(self, w: WorkerState) -> int:
+        """How many more questions worker w may take: an even share of everything not answered
+        yet (pending, and held by the live workers), less what it holds. Near the end this keeps
+        every worker's batch as full as the others' (32 questions, two workers of 16 slots: 16
+        each, where an even share of the pending alone gave the first to ask 16, then halves of
+        the rest to whoever asked next: 18/14 on W1). A worker at its share gets nothing: another, below its share, takes the rest when
+        it asks, as it does when it runs low."""
+        live = [x for x in self.workers if x.link is not None]
+        open_questions = len(self._pending) + sum(len(x.in_flight) for x in live)
+        return math.ceil(open_questions / max(1, len(live))) - len(w.in_flight)
+
+    # -- worker lifecycle -----------------------------------------------------------------------
+
+    def _restart_outdated(self) -> None:
+        """The outdated workers that hold nothing now start again with their new engine (a stopping
+        pool starts none: the journal keeps what they answered)."""
+        for w in self.workers:
+            if not w.outdated or w.in_flight or w.link is None or self._stop_signal:
+                continue
+            # It holds nothing, and its counters came before its last answers: nothing is lost by
+            # ending it at once, and the loop never waits for a worker still loading the model.
+            self._stop_process(w, graceful=False)
+            w.earlier, w.live = added(w.earlier, w.live), None
+            w.outdated = False
+            if w.spec.worker_id not in self._leaving:
+                self._start(w)
+
+    def _engine_of(self, w: WorkerState) -> EngineConfig:
+        engines = self._engines
+        return engines if isinstance(engines, EngineConfig) else engines[w.spec.worker_id]
+
+    def _start(self, w: WorkerState) -> None:
+        if w.spec.log_path:
+            open(w.spec.log_path, "w").close()  # last words are this life's only
+        w.link = self._backend.start(w.spec)
+        w.ready, w.wants, w.outdated = None, 0, False
+        w.threads = ThreadCount()
+        if self._engines is not None:  # a restart during the run: configure it at once
+            w.link.send(Configure(self._engine_of(w)))
+
+    def _stop_process(self, w: WorkerState, graceful: bool, timeout: float = 5.0) -> None:
+        if w.link is not None:
+            if graceful:
+                w.link.send(Stop())
+                w.link.join(timeout)
+            w.link.kill()
+            w.link = None
+
+    def _on_death(self, w: WorkerState) -> None:
+        how, words = w.link.how_it_died()
+        w.link.kill()  # let go of what is left of it (a pipe, a queue, a Ray actor)
+        w.link = None
+        if self._stop_signal:  # it exited as told: nothing to redo now, the journal has the rest
+            return
+        death = Death(w.spec.worker_id, how, w.last_error or words, before_ready=w.ready is None)
+        lost = list(w.in_flight.values())
+        w.in_flight.clear()
+        w.earlier, w.live = added(w.earlier, w.live), None
+        w.solo, w.last_error = False, ""
+        failed, suspects = self._crashes.death(death, lost)
+        self._suspects.extend(suspects)
+        self._record(failed)
+        n_live = sum(x.link is not None for x in self.workers)
+        verdict = self._crashes.give_up(death, self.first_ready_at is not None, n_live)
+        if verdict is not None:
+            raise verdict  # it says which worker died and how
+        log.warning("worker %d%s died (%s); %d questions go back to the queue", death.worker_id,
+                    on_node(w.spec), death, len(lost))
+        if not self._crashes.may_restart(w.spec.worker_id):
+            log.warning("worker %d cannot start (%s): going on without it", death.worker_id, death)
+            return
+        if w.spec.worker_id in self._leaving:  # a larger context's plan let it go
+            self._dispatch()
+            return
+        w.restarts += 1
+        self._start(w)
+        self._dispatch()
+
+    def _shutdown(self, graceful: bool) -> None:
+        """Graceful: every worker is idle and exits on Stop (told all at once, then joined).
+        Otherwise (interrupted, error, nothing to do) they are killed: waiting for them would
+        mean waiting for work nobody will collect."""
+        try:
+            if graceful:
+                for w in self.workers:
+                    if w.link is not None:
+                        w.link.send(Stop())
+                deadline = time.monotonic() + 5.0
+                for w in self.workers:
+                    if w.link is not None:
+                        w.link.join(max(0.0, deadline - time.monotonic()))
+            for w in self.workers:
+                self._stop_process(w, graceful=False)  # kills whatever is still alive
+        finally:
+            shutil.rmtree(self._log_dir, ignore_errors=True)

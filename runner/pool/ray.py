@@ -1,0 +1,226 @@
+"""The Ray backend: each worker a Ray actor on a node of a cluster, behind the pool's backend
+interface (start, wait, close; runner/pool/local.py is the other one).
+
+    pool ── link.send(msg) ──▶ actor.send(seq, bytes)             (workers/ray_actor.py)
+    pool ◀── wait(): ray.wait over each actor's one outstanding next_messages call
+
+An actor reserves its worker's threads as Ray CPUs (num_cpus) on the node the plan put it on
+(NodeAffinitySchedulingStrategy, not soft: its cores were planned on that node's numbers), and
+pins itself there. A dead actor, however it died (its node lost, the OOM killer, ray.kill, a
+llama.cpp abort), fails its outstanding call with RayActorError (or, when its node is gone and
+it cannot be placed again, ActorUnschedulableError): the pool then treats it as a dead local process (requeues, restarts, the crash budget of runner/pool/crashes.py). An actor is never
+restarted by Ray itself (max_restarts 0): the pool decides, as it does for processes.
+
+ray.init starts a local cluster on this machine when no address is given, and connects to one
+otherwise; connecting is checked first with a plain TCP connection, because ray.init retries an
+address nobody listens on for minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any, Optional, Sequence
+
+from ..errors import ConfigError
+from ..plan.layout import usable_cores
+from .local import Event
+from ..plan.nodes import Node, nodes_from_ray
+from ...workers.protocol import Ready, WorkerSpec, decode, encode
+from ...workers.ray_actor import RayWorker
+
+log = logging.getLogger("ggbatch")
+
+POLL_S = 2.0  # how long one next_messages call waits in the actor for a first message
+ACTOR_CONCURRENCY = 4  # a poll waiting, a send, and room to spare (threaded actor)
+CONNECT_TIMEOUT_S = 5.0
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("backend: ray needs the ray package: pip install 'ggbatch[ray]'") from None
+    return ray
+
+
+def check_address(address: str) -> None:
+    """One line and exit 2 for an address with no Ray head behind it, in seconds, not minutes."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"ray_address: must be auto or HOST:PORT (a Ray head's GCS address, as "
+                          f"`ray start --head` prints it), got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ConfigError(f"ray_address {address}: cannot connect ({exc.strerror or exc}); is a Ray head "
+                          "running there (`ray start --head`)?") from None
+
+
+def connect(address: Optional[str]) -> bool:
+    """Join a Ray cluster (address: HOST:PORT or auto), or start one on this machine (None).
+    Returns whether this call started or joined it (and so should leave it at the end); a
+    process already connected (a test, a notebook) keeps its connection."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    if address not in (None, "auto"):
+        check_address(address)
+    # No dashboard (a server of its own), and no copying of the workers' output to this terminal:
+    # the coordinator owns it, and llama.cpp's log goes to Ray's worker log files.
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+    if address is None:
+        # Workers at the coordinator's niceness, not Ray's default 15 (workers/ray_actor.py pin_process).
+        options.update(num_cpus=len(usable_cores()), _system_config={"worker_niceness": 0})
+    try:
+        ray.init(address=address, **options)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"ray_address {address}: {str(exc).splitlines()[0]}") from None
+    return True
+
+
+class RayLink:
+    """One life of one worker: a Ray actor."""
+
+    def __init__(self, actor_class: Any, spec: WorkerSpec) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.spec = spec
+        self.local = spec.node_ip == ray.util.get_node_ip_address()
+        self.pid: Optional[int] = None  # on this machine, once ready: psutil can watch it
+        strategy = NodeAffinitySchedulingStrategy(spec.node_id, soft=False)
+        # Named, so an operator (or a test) can find and ray.kill one: ggbatch-worker-ID-LIFE.
+        self.actor = actor_class.options(num_cpus=len(spec.cores), max_concurrency=ACTOR_CONCURRENCY,
+                                         max_restarts=0, scheduling_strategy=strategy,
+                                         name=f"ggbatch-worker-{spec.worker_id}-{uuid.uuid4().hex[:8]}"
+                                         ).remote(spec, os.getpriority(os.PRIO_PROCESS, 0))
+        self._seq = 0
+        self._sends: list[Any] = []  # refs of sends not yet seen through, so no error goes unread
+        self.poll = self.actor.next_messages.remote(POLL_S)
+        self.exit: Optional[int] = None
+        self.error = ""
+
+    def send(self, msg: Any) -> None:
+        if self.exit is None and not self.error:
+            self._sends.append(self.actor.send.remote(self._seq, encode(msg)))
+            self._seq += 1
+
+    def take(self) -> list[Any]:
+        """The ready poll's messages, and a new poll unless the worker has ended."""
+        import ray
+
+        self._forget_sent()
+        try:
+            data, self.exit = ray.get(self.poll)
+        except ray.exceptions.RayError as exc:
+            # RayActorError (it died: node lost, OOM, ray.kill, an abort; or unreachable), and the
+            # others that mean the same for us: ActorUnschedulableError (its node is gone, so it
+            # cannot be placed again), OutOfMemoryError, a RayTaskError from inside the call.
+            self.error, data = _why(exc), []
+        messages = [decode(d) for d in data]
+        for msg in messages:
+            if isinstance(msg, Ready) and self.local:
+                self.pid = msg.pid
+        if self.ended:
+            self.pid = None
+        else:
+            self.poll = self.actor.next_messages.remote(POLL_S)
+        return messages
+
+    @property
+    def ended(self) -> bool:
+        return self.exit is not None or bool(self.error)
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Wait for the worker to end (after a Stop), dropping what it says meanwhile."""
+        import ray
+
+        deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
+        while not self.ended and time.monotonic() < deadline:
+            if ray.wait([self.poll], timeout=max(0.0, deadline - time.monotonic()))[0]:
+                self.take()
+
+    def kill(self) -> None:
+        import ray
+
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:  # gone already (its node lost); nothing left to free
+            pass
+        self.pid = None
+
+    def how_it_died(self) -> tuple[str, str]:
+        return (f"exit code {self.exit}", "") if self.exit is not None else ("Ray actor died", self.error)
+
+    def _forget_sent(self) -> None:
+        import ray
+
+        if self._sends:
+            done, self._sends = ray.wait(self._sends, num_returns=len(self._sends), timeout=0)
+            for ref in done:  # a failed send means a dead actor, which its poll reports
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError:
+                    pass
+
+
+def _why(exc: Exception) -> str:
+    """RayActorError's own account, without its tab-indented table of ids."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("\t")]
+    return " ".join(lines)[:300]
+
+
+class RayBackend:
+    """Workers as Ray actors. address: HOST:PORT or auto to join a cluster, None to start one here."""
+
+    name = "ray"
+
+    def __init__(self, address: Optional[str]) -> None:
+        self._owns = connect(address)
+        import ray
+
+        self._actor_class = ray.remote(RayWorker)
+
+    def nodes(self) -> list[Node]:
+        import ray
+
+        nodes = nodes_from_ray(ray.nodes())
+        if not nodes:
+            raise ConfigError("backend ray: the cluster has no live node with CPUs")
+        return nodes
+
+    def start(self, spec: WorkerSpec) -> RayLink:
+        return RayLink(self._actor_class, spec)
+
+    def wait(self, links: Sequence[RayLink], timeout: float) -> list[Event]:
+        import ray
+
+        by_ref = {link.poll: link for link in links if not link.ended}
+        if not by_ref:
+            time.sleep(timeout)
+            return []
+        refs = list(by_ref)
+        ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready and rest:  # and every other call that is ready too
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        events = []
+        for ref in ready:
+            link = by_ref[ref]
+            events.append(Event(link, link.take(), link.ended))
+        return events
+
+    def close(self) -> None:
+        import ray
+
+        if self._owns and ray.is_initialized():
+            ray.shutdown()
+
+    def __enter__(self) -> "RayBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,95 @@
+"""SIGINT and SIGTERM during a run, from its first moment: a stop at any moment ends the run the
+same way (README, "Exit codes"). The first signal asks the run to stop; a second one stops it at
+once (Interrupted raised where the main thread is).
+
+    signal ─▶ STOP ─┬─ a pool attached ─▶ pool.request_stop: questions decoding get a short
+                    │                    grace, then the pool raises Interrupted
+                    └─ none yet ────────▶ remembered, and handed to the pool as it is attached:
+                                         the run makes its questions (the answers file lists
+                                         them all, marked), starts no worker and ends at once
+
+The handlers go in before anything starts a process or makes a temporary file (for
+`ggbatch run`, before the command line is even read: runner/entry.py), so no signal finds the
+run half-built, and every stop leaves no process and no temporary file behind. Only the main
+thread can own signal handlers; elsewhere (a notebook's worker thread) signals keep their own.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+from ..errors import Interrupted
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequests:
+    """The process's SIGINT and SIGTERM while ggbatch holds them (one instance: STOP)."""
+
+    def __init__(self) -> None:
+        self.signum = 0  # the first signal not yet answered by an Interrupted
+        self._pool: Any = None  # runner/pool/pool.py WorkerPool, once the run has one
+        self._previous: Optional[dict[int, Any]] = None
+
+    def install(self) -> bool:
+        """Take the signals (idempotent); True when this call took them, and its caller gives
+        them back with uninstall()."""
+        if self._previous is not None or threading.current_thread() is not threading.main_thread():
+            return False
+        self._previous = {s: signal.getsignal(s) for s in SIGNALS}
+        self.signum = 0
+        for s in SIGNALS:
+            signal.signal(s, self._on_signal)
+        return True
+
+    def uninstall(self) -> None:
+        """Give the signals back; a signal that no run has answered yet goes on to the handler
+        given back (Python's: KeyboardInterrupt for SIGINT, the end of the process for SIGTERM)."""
+        if self._previous is None:
+            return
+        previous, self._previous, self._pool = self._previous, None, None
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        pending, self.signum = self.signum, 0
+        if pending:
+            signal.raise_signal(pending)
+
+    @contextmanager
+    def run(self) -> Iterator["StopRequests"]:
+        """A run's span: the signals held (unless held already), and answered by the Interrupted
+        that ends it."""
+        took = self.install()
+        try:
+            yield self
+        except Interrupted:
+            self.signum = 0  # the run has ended by it: nothing left to pass on
+            raise
+        finally:
+            self._pool = None
+            if took:
+                self.uninstall()
+
+    def attach(self, pool: Any) -> None:
+        """Signals go to this pool from now on; one already received stops it now."""
+        self._pool = pool
+        if self.signum:
+            pool.request_stop(self.signum)
+
+    def detach(self) -> None:
+        """The pool is done; a signal from now on is remembered (a second one raises Interrupted)."""
+        self._pool = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        first = not self.signum
+        self.signum = self.signum or signum
+        if self._pool is not None:
+            self._pool.request_stop(signum)  # a second request raises Interrupted
+        elif not first:
+            raise Interrupted(signum)
+        # else: remembered for the pool, which says it is stopping (logging may not be set up yet)
+
+
+STOP = StopRequests()

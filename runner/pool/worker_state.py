@@ -1,0 +1,59 @@
+"""What the pool knows of one worker across its lives (runner/pool/pool.py keeps one per worker): its
+spec, this life's link and messages, the questions it holds, its engine's counters (this life's
+and its earlier lives' summed), and how it reads in the report and the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..report.report import WorkerRun
+from .worker_threads import ThreadCount
+from ...workers.protocol import EngineStats, Question, Ready, WorkerSpec
+
+
+@dataclass
+class WorkerState:
+    """One worker as the pool sees it; WorkerPool._start begins a new life (link, ready, wants,
+    threads)."""
+
+    spec: WorkerSpec
+    link: Any = None  # this life of the worker, as its backend gives it (None: not running)
+    ready: Optional[Ready] = None
+    wants: int = 0
+    in_flight: dict[str, Question] = field(default_factory=dict)
+    solo: bool = False  # holds one group of suspects and nothing else (runner/pool/crashes.py)
+    engine_stats: dict[str, float] = field(default_factory=dict)
+    live: Optional[EngineStats] = None  # this life's counters, as last sent
+    earlier: Optional[EngineStats] = None  # the counters of its earlier lives, summed
+    restarts: int = 0
+    outdated: bool = False  # to start again with the pool's new engine once it holds nothing
+    last_error: str = ""  # the WorkerError it sent, if any, in this life
+    threads: ThreadCount = field(default_factory=ThreadCount)  # llama.cpp's, in this life
+
+
+def worker_run(w: WorkerState) -> WorkerRun:
+    """What the worker did, for the report."""
+    return WorkerRun(w.spec.worker_id, w.spec.cores, w.restarts, w.ready.load_s if w.ready else None,
+                     w.ready.n_threads if w.ready else None, dict(w.engine_stats), w.spec.device,
+                     w.ready.n_gpu_layers if w.ready else None, w.ready.gpu_layers if w.ready else None,
+                     node(w.spec), w.ready.memory if w.ready else None)
+
+
+def node(spec: WorkerSpec) -> Optional[dict[str, str]]:
+    """The Ray node a worker lives on, for the report; None for a local process."""
+    return {"node_id": spec.node_id, "ip": spec.node_ip or ""} if spec.node_id else None
+
+
+def on_node(spec: WorkerSpec) -> str:
+    """Where a worker lives, for a log line: "" for a local process."""
+    return f" (on node {spec.node_ip} {spec.node_id[:12]})" if spec.node_id else ""
+
+
+def added(a: Optional[EngineStats], b: Optional[EngineStats]) -> Optional[EngineStats]:
+    """Two lives' counters summed (either may be None: no stats yet)."""
+    if a is None or b is None:
+        return a or b
+    return EngineStats(a.worker_id, a.steps + b.steps, a.busy_slots + b.busy_slots,
+                       a.generated_tokens + b.generated_tokens, a.prompt_tokens + b.prompt_tokens)

@@ -1,0 +1,1 @@
+"""Records to questions: prompts rendered, tokenized, deduplicated, grouped, a window at a time."""

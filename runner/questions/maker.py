@@ -1,0 +1,239 @@
+"""From records to the questions the workers answer: each prompt rendered (runner/questions/prompts.py)
+and tokenized once (runner/questions/tokenizing.py), with its own generation settings when its line asks
+for any (runner/questions/settings.py), identical ones answered once, and those that cannot be
+answered turned into their error.
+
+    record ─▶ answer in the journal (by the record's hash)
+           ─▶ prompt text ─▶ tokens ─▶ settings ─▶ Question | alias of an identical one
+                                                   | answer in the journal (by the prompt's hash) | error answer
+
+A record's prompt is the job's prompt.template through the chat template; an OpenAI Batch line's
+is its messages through the chat template (/v1/chat/completions) or its prompt as it is
+(/v1/completions).
+"""
+
+from __future__ import annotations
+
+import zlib
+from array import array
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence, Union
+
+from ..config.answer import format_grammar, record_choices, with_choices
+from ..config.schema import CHOICES_AUTO, JobConfig
+from ..journal.compact import HashIndex, IdColumn, IdSet, key64, text_key
+from ..errors import ConfigError, quote
+from ..files.formats.openai_request import COMPLETION
+from ..files.formats.record import Record
+from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
+from ..journal.journal import Expected, Journal, prompt_hash, prompt_key, record_hash
+from .settings import (QuestionSettings, describe_own, has_grammar, is_greedy, own_generation,
+                                settings_key, vocabulary_problem)
+from .tokenizing import Rejected, TokenizerProcess, tokenize_all
+from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
+
+CHECK_MASK = (1 << 31) - 1
+INDEX_MASK = (1 << 32) - 1
+
+
+@dataclass
+class QuestionSet:
+    """What the questions of a job came to, window after window (the questions themselves go to
+    the workers and are not kept)."""
+
+    # Ids among the job's (runner/journal/compact.py: compact, as every line of a big OpenAI Batch file may be one)
+    refused: IdSet  # requests refused as asked (each also in `rejected`)
+    completions: IdSet  # /v1/completions lines (answered with text_completion bodies)
+    with_grammar: IdSet  # questions with a grammar of their own
+    from_journal: IdSet  # questions whose answer the journal held (an identical prompt's records take it too)
+    # qid -> its error answer, never sent to a worker nor journaled (a rerun tries again): a prompt
+    # the model's tokenizer cannot take, a request refused as asked
+    rejected: dict[str, Answer] = field(default_factory=dict)
+    first_refused: str = ""  # "file:line: why", for the log
+    own_settings: Counter[str] = field(default_factory=Counter)  # question_settings.describe_own, summed
+    # Distinct prompts, answered now or before (from the journal) or failing to tokenize: identical
+    # ones count once when they are answered once (greedy, equal settings)
+    unique: int = 0
+
+
+class QuestionMaker:
+    """Records to the questions the workers answer, a window of records at a time; what must be
+    remembered across windows (which prompts were seen, the journal) is kept compact."""
+
+    def __init__(self, builder: PromptBuilder, tokenizers: list[TokenizerProcess], config: JobConfig,
+                 job: GenerationParams, n_vocab: int, journal: Journal) -> None:
+        self.builder, self.tokenizers, self.config, self.job, self.n_vocab = builder, tokenizers, config, job, n_vocab
+        self.journal = journal
+        # Identical prompts: the prompt hash's first 64 bits -> (31 more bits << 32) | index in
+        # self.ids of the first one; 95 bits must match for a question to take another's answer.
+        self._first = HashIndex()
+        self.ids = IdColumn()
+        self.made = QuestionSet(IdSet(self.ids), IdSet(self.ids), IdSet(self.ids), IdSet(self.ids))
+        self._failed_prompts: set[int] = set()  # key64 of the prompts the tokenizer refused (and settings)
+
+    def make(self, records: Sequence[Record]) -> list[Question]:
+        """The questions of these records still to answer, in file order; the rest are answers
+        the journal holds, aliases of identical prompts, or errors (self.made)."""
+        questions: list[Question] = []
+        waiting: deque[tuple[Record, int, str]] = deque()  # rendered, waiting for their tokens
+        journaled = self.journal.reuse_records([rec.key or text_key(rec.qid) for rec in records],
+                                               [rec.digest for rec in records])
+        first = len(self.ids)
+        self.ids.extend(rec.qid for rec in records)
+        self._kinds(records, first)
+        self._journaled([(first + i, rec, prompt) for i, (rec, prompt) in enumerate(zip(records, journaled))
+                         if prompt is not None])
+
+        def prompts() -> Iterator[tuple[str, bool]]:
+            for index, (rec, prompt) in enumerate(zip(records, journaled), start=first):
+                if prompt is not None:
+                    continue
+                text = self.prompt(rec, index)
+                if text is not None:
+                    waiting.append((rec, index, text))
+                    yield text, self.builder.needs_bos(text)
+
+        # The prompts are rendered as the tokenizer process takes them (rendering overlaps tokenizing).
+        for tokens in tokenize_all(self.tokenizers, prompts()):
+            rec, index, text = waiting.popleft()
+            if isinstance(tokens, Rejected):
+                self._count_failed(rec, text)
+            question = self.add(rec, index, tokens)
+            if question is not None:
+                questions.append(question)
+        return questions
+
+    def _kinds(self, records: Sequence[Record], first: int) -> None:
+        """Which lines are /v1/completions requests, from the lines themselves: an answer the
+        journal holds is written as the kind of body its line asks for, like a new one."""
+        for index, rec in enumerate(records, start=first):
+            if rec.request is not None and rec.request.endpoint == COMPLETION:
+                self.made.completions.add(rec.qid, index)
+
+    def _journaled(self, held: list[tuple[int, Record, int]]) -> None:
+        """Records whose answer the journal holds (index in self.ids, record, its prompt's key):
+        reused without rendering or tokenizing; a resumed file's first half comes here."""
+        owns = [self._own_generation(rec) for _, rec, _ in held]
+        greedy = [(prompt, index) for (index, _, prompt), own in zip(held, owns) if is_greedy(own or self.job)]
+        # A journaled prompt is found by its 64 bits, without the 31 more (_first_of).
+        self._first.add_many([prompt for prompt, _ in greedy], [index for _, index in greedy])
+        for (index, rec, _), own in zip(held, owns):
+            self.made.from_journal.add(rec.qid, index)
+            if own is not None:
+                self._count_own(rec.qid, index, own)
+        self.made.unique += len(held)
+
+    def prompt(self, rec: Record, index: int) -> Optional[str]:
+        """The prompt text, or None for a request refused as asked (its error answer is made)."""
+        req = rec.request
+        if req is None:
+            return self.builder.render(_user_message(self.builder, rec, self.config.input))
+        why = req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
+        if why is None and req.prompt is not None:
+            return req.prompt
+        if why is None:
+            try:
+                return self.builder.render_messages(req.messages)
+            except ChatTemplateError as exc:
+                why = f"body.messages: {exc}"
+        self._fail(rec.qid, why)
+        self.made.refused.add(rec.qid, index)
+        self.made.first_refused = self.made.first_refused or f"{self.config.input}:{rec.line}: {why}"
+        return None
+
+    def add(self, rec: Record, index: int, tokens: Union[array, Rejected]) -> Optional[Question]:
+        """The question to answer, or None: it failed, takes an identical prompt's answer, or the
+        journal holds its answer."""
+        if isinstance(tokens, Rejected):
+            self._fail(rec.qid, tokens.reason)
+            return None
+        own = self._own_generation(rec)
+        h = prompt_hash(tokens, own)
+        # Identical prompts are answered once, but only when greedy and asked with equal settings
+        # (in the hash): with sampling each question has its own seed, so duplicates are meant to differ.
+        if is_greedy(own or self.job):
+            first = self._first_of(h)
+            if first is not None:
+                self.ids.same_as(index, first)
+                return None
+            self._first.add(prompt_key(h), (int(h[16:24], 16) & CHECK_MASK) << 32 | index)
+        reused = self.journal.reuse_prompt(rec.qid, h)
+        self._count(rec.qid, index, own)
+        if reused:
+            self.made.from_journal.add(rec.qid, index)
+            return None
+        self.journal.expect(rec.qid, Expected(h, record_hash(rec.digest) if rec.digest else ""))
+        seed = rec.request.settings.seed if rec.request and rec.request.settings.seed is not None else None
+        return Question(rec.qid, tokens, question_seed(self.config.sampling.seed, rec.qid) if seed is None else seed,
+                        own)
+
+    def _first_of(self, h: str) -> Optional[int]:
+        """The index of the first question with this prompt hash, if one was seen."""
+        value = self._first.get(prompt_key(h))
+        if value is None:
+            return None
+        check, index = value >> 32, value & INDEX_MASK
+        return index if check in (0, int(h[16:24], 16) & CHECK_MASK) else None
+
+    def _count(self, qid: str, index: int, own: Optional[GenerationParams]) -> None:
+        self.made.unique += 1
+        if own is not None:
+            self._count_own(qid, index, own)
+
+    def _count_failed(self, rec: Record, text: str) -> None:
+        """A prompt the tokenizer refused is one of the unique prompts once, as an identical
+        prompt it could take would be answered once (greedy, equal settings)."""
+        own = self._own_generation(rec)
+        if is_greedy(own or self.job):
+            key = key64(text.encode("utf-8", "surrogatepass") + (settings_key(own) if own is not None else b""))
+            if key in self._failed_prompts:
+                return
+            self._failed_prompts.add(key)
+        self.made.unique += 1
+
+    def _count_own(self, qid: str, index: int, own: GenerationParams) -> None:
+        self.made.own_settings.update(describe_own([own]))
+        if has_grammar(own):
+            self.made.with_grammar.add(qid, index)
+
+    def _own_generation(self, rec: Record) -> Optional[GenerationParams]:
+        if rec.request is None:
+            if self.config.choices != CHOICES_AUTO or self.job.answer is None:
+                return None
+            choices = record_choices(rec.fields, f"{self.config.input}:{rec.line}", rec.qid)
+            return with_choices(self.job, choices)
+        # A chat prompt on the plain template stops before inventing the next question; a raw
+        # completion prompt has no template to stop at.
+        template_stop = PLAIN_STOP if self.builder.is_plain and rec.request.prompt is None else ()
+        fmt = rec.request.settings.response_format
+        return own_generation(self.job, rec.request.settings, self.config.stop or template_stop,
+                              format_grammar(fmt) if fmt is not None else None)
+
+    def _fail(self, qid: str, why: str) -> None:
+        self.made.rejected[qid] = Answer(qid, "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error=why)
+
+
+def _format_problem(settings: QuestionSettings) -> Optional[str]:
+    """Why a line's response_format cannot be enforced (its schema cannot become a grammar)."""
+    if settings.response_format is None:
+        return None
+    try:
+        format_grammar(settings.response_format)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _user_message(builder: PromptBuilder, rec: Record, path: str) -> str:
+    try:
+        return builder.user_message(rec.fields)
+    except TemplateFieldError as exc:
+        fields = ", ".join(map(str, rec.fields))
+        raise ConfigError(f"{path}:{rec.line}: record '{rec.qid}' has no field '{exc.field}' "
+                          f"that prompt.template uses (its fields: {quote(fields, 120)})") from None
+
+
+def question_seed(job_seed: int, qid: str) -> int:
+    """Per-question sampling seed: an answer never depends on which worker or slot produced it."""
+    return zlib.crc32(f"{job_seed}:{qid}".encode("utf-8"))

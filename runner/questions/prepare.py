@@ -1,0 +1,192 @@
+"""From records to questions, a window of records at a time: render every prompt with the chat
+template, tokenize it once, answer identical prompts once, reuse what the journal holds, order
+the work, find the prefix every prompt shares.
+
+    records ─▶ window of WINDOW records ─▶ QuestionMaker (runner/questions/maker.py): prompt, tokens,
+    dedup, journal ─▶ order: longest first, or with the prefix cache groups of questions that
+    share a prefix (runner/questions/prefix_groups.py) ─▶ the workers
+
+A file of up to WINDOW records is one window: every question is known before the first is
+dispatched, as the layout likes it. A bigger file streams: the layout is settled on the first
+window (runner/job.py), its context grown if a later window needs more (runner/plan/growth.py), and
+each next window is made while the workers answer the last, so the coordinator holds a window of
+questions and a few bytes for each question before it (runner/journal/compact.py), and the first answer
+comes within seconds of the start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from array import array
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+from ..config.answer import check_spellable, choice_tokens
+from ..config.schema import JobConfig
+from ..errors import ConfigError
+from ..journal.journal import Journal
+from ..plan.layout import PromptFacts
+from ..plan.memory import ModelDims, dims_from_metadata
+from .prefix_groups import Sharing, grouped_order
+from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
+from ..files.inputs import Record
+from .maker import QuestionMaker, QuestionSet
+from .tokenizing import TokenizerProcess
+from ...workers.protocol import AnswerSpec, GenerationParams, Question, VocabInfo
+from ...workers.sequence import common_prefix_len
+
+log = logging.getLogger("ggbatch")
+
+WINDOW = 8192  # records made into questions at a time
+
+
+@dataclass(frozen=True)
+class Window:
+    questions: list[Question]  # to answer, in dispatch order
+    sharing: Optional[Sharing]  # what the prefix cache's grouping found in it (None: off)
+    records: int  # records it was made from
+    last: bool  # no record follows
+
+
+class Preparer:
+    """The tokenizer process and what a job's questions have in common, for the whole run.
+    `answer`: what every answer must be (runner/config/answer.py job_answer), checked already."""
+
+    def __init__(self, config: JobConfig, model_path: str, answer: Optional[AnswerSpec] = None) -> None:
+        self.config = config
+        self.tokenizer = TokenizerProcess(model_path)
+        try:
+            self._set_up(config, model_path, answer)
+        except BaseException:
+            self.tokenizer.close()  # a job refused here leaves no process behind
+            raise
+
+    def _set_up(self, config: JobConfig, model_path: str, answer: Optional[AnswerSpec]) -> None:
+        info = self.tokenizer.info
+        if answer is not None and answer.choices:
+            check_spellable(self.tokenizer, answer.choices, info.metadata.get("tokenizer.ggml.unknown_token_id"))
+        template, self.chat_template = chat_template(config, info.chat_template)
+        self.builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
+                                     info.bos_text, info.eos_text, config.template_kwargs)
+        stop = config.stop or (PLAIN_STOP if self.builder.is_plain else ())
+        max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
+        self.generation = GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
+        self.template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
+        self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)
+        self.info: VocabInfo = info
+        self.model_name = info.metadata.get("general.name") or Path(model_path).stem
+        self.maker: Optional[QuestionMaker] = None
+        self.groups = 0  # groups numbered so far: each window's numbers follow the last's
+        self.sharing = Sharing(0, 0, 0)  # summed over the windows
+
+    def close(self) -> None:
+        self.tokenizer.close()
+
+    def __enter__(self) -> "Preparer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, journal: Journal) -> None:
+        """The journal is open (its fingerprint needs self.generation): questions can be made."""
+        self.maker = QuestionMaker(self.builder, [self.tokenizer], self.config, self.generation, self.info.n_vocab,
+                                   journal)
+
+    @property
+    def made(self) -> QuestionSet:
+        return self.maker.made
+
+    def window(self, records: Sequence[Record], last: bool) -> Window:
+        questions, sharing = order(self.maker.make(records), self.config.prefix_cache == "auto")
+        if sharing is not None and sharing.groups:
+            questions = [replace(q, group=q.group + self.groups) if q.group else q for q in questions]
+            self.groups += sharing.groups
+            self.sharing = Sharing(*(a + b for a, b in zip((self.sharing.groups, self.sharing.grouped,
+                                                             self.sharing.shareable),
+                                                            (sharing.groups, sharing.grouped, sharing.shareable))))
+        return Window(questions, sharing, len(records), last)
+
+    def windows(self, records: Iterator[Record], size: int = WINDOW) -> Iterator[Window]:
+        """The windows of the records left, made one at a time as they are asked for."""
+        batch: list[Record] = []
+        for rec in records:
+            batch.append(rec)
+            if len(batch) == size:
+                yield self.window(batch, False)
+                batch = []
+        yield self.window(batch, True)
+
+    def say(self) -> None:
+        """What the log says once about the questions that will not be answered as asked."""
+        made = self.made
+        refused = len(made.refused)
+        if refused:
+            log.warning("%d request%s cannot be answered as asked; the output says why on each (first: %s)",
+                        refused, "s" if refused > 1 else "", made.first_refused)
+        failed = {qid: a for qid, a in made.rejected.items() if qid not in made.refused}
+        if failed:
+            qid, answer = next(iter(failed.items()))
+            log.warning("%d question%s cannot be tokenized by this model; the output says why on each "
+                        "(first: %s: %s)", len(failed), "s" if len(failed) > 1 else "", qid, answer.error)
+
+
+def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: int = 0) -> tuple[PromptFacts, array]:
+    """What the layout needs to know, from the first window (and, for a streamed file, a guess of
+    the longest prompt to come), and the prefix every prompt of the first window shares."""
+    prompts = [q.tokens for q in first.questions]
+    prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
+    longest = max(max((len(p) for p in prompts), default=0), longest_guess)
+    return PromptFacts(n_questions, longest, len(prefix), preparer.info.n_ctx_train, preparer.dims,
+                       first.sharing.groups if first.sharing else 0), prefix
+
+
+def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> int:
+    """The most tokens any question may generate: its own max_tokens, or the job's."""
+    return max((q.generation.max_tokens if q.generation else generation.max_tokens for q in questions),
+               default=generation.max_tokens)
+
+
+def order(questions: list[Question], grouped: bool) -> tuple[list[Question], Optional[Sharing]]:
+    """Longest prompts first, so that the long ones start early and the tail of the run stays
+    short; `grouped`: the same by groups of questions sharing a prefix, kept together."""
+    if not grouped:
+        return sorted(questions, key=lambda q: len(q.tokens), reverse=True), None
+    prompts = [q.tokens for q in questions]
+    n_prefix = len(common_prefix(prompts)) if len(prompts) > 1 else 0
+    placed, sharing = grouped_order(prompts, n_prefix)
+    if sharing.groups:
+        log.info("prefix cache: %d groups of questions share a prefix (%d questions; %d prompt tokens "
+                 "need not be computed again)", sharing.groups, sharing.grouped, sharing.shareable)
+    return [replace(questions[i], group=group) if group else questions[i] for i, group in placed], sharing
+
+
+def check_requests(config: JobConfig, first: Sequence[Record]) -> None:
+    if config.prompt_template is not None and first and first[0].request is not None:
+        raise ConfigError(f"prompt.template: {config.input} holds OpenAI Batch requests, which bring their own "
+                          "messages; remove prompt.template")
+
+
+def chat_template(config: JobConfig, model_template: Optional[str]) -> tuple[Optional[str], str]:
+    """(template text or None for the plain one, which: "model", "plain" or "job")."""
+    if config.chat_template == "auto":
+        return (model_template, "model") if model_template else (None, "plain")
+    if config.chat_template == "plain":
+        return None, "plain"
+    return config.chat_template, "job"
+
+
+def common_prefix(prompts: Sequence[array]) -> array:
+    """The tokens every prompt starts with (system prompt, few-shot examples): decoded once per
+    worker and shared by every sequence."""
+    if not prompts:
+        return array("i")
+    n = len(prompts[0])
+    for p in prompts[1:]:
+        n = common_prefix_len(prompts[0][:n], p)
+        if n == 0:
+            break
+    return prompts[0][:n]

@@ -1,0 +1,132 @@
+"""Turning a record into the exact prompt text the model sees. Pure: no model needed.
+
+The user message comes from the job's `prompt.template` (Jinja over the record's fields, default:
+the question). The chat template is the model's own (GGUF `tokenizer.chat_template`), rendered
+with Jinja2 in a sandbox as Hugging Face does; models without one get PLAIN_TEMPLATE.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Mapping, Optional, Sequence
+
+import jinja2
+import jinja2.ext
+import jinja2.meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ..errors import ConfigError, quote
+
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m.role == 'system' %}{{ m.content }}\n\n"
+    "{% elif m.role == 'user' %}Question: {{ m.content }}\n"
+    "{% elif m.role == 'assistant' %}Answer: {{ m.content }}\n\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Answer:{% endif %}"
+)
+# A model on the plain template would otherwise go on to invent the next question.
+PLAIN_STOP = ("\nQuestion:",)
+
+
+class ChatTemplateError(ConfigError):
+    """The chat template refused these messages (its raise_exception, say roles out of order)."""
+
+
+class TemplateFieldError(ConfigError):
+    """prompt.template names a field this record does not have; the caller says which record."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _environment(strict: bool = False) -> ImmutableSandboxedEnvironment:
+    # The user's prompt template is strict: a misspelt field must be an error, not an empty
+    # string that gives every question the same prompt (and, deduplicated, the same answer).
+    # Chat templates are not: they test optional variables (tools, documents) by truthiness.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                       extensions=[jinja2.ext.loopcontrols],
+                                       undefined=jinja2.StrictUndefined if strict else jinja2.Undefined)
+    # Hugging Face renders tojson without ASCII escaping; templates rely on it.
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+    return env
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _user_template(source: str) -> jinja2.Template:
+    """The user message template, checked once: it must parse, and it must use the record (a
+    template naming no variable renders every question identically)."""
+    env = _environment(strict=True)
+    try:
+        fields = jinja2.meta.find_undeclared_variables(env.parse(source))
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"prompt.template: line {exc.lineno}: {exc.message}") from None
+    if not fields:
+        raise ConfigError("prompt.template uses no field of the record, so every question would get "
+                          f"the same prompt: {quote(source)}")
+    return env.from_string(source)
+
+
+def _undefined_name(message: str) -> str:
+    """The variable in Jinja's "'questoin' is undefined" (or "... has no attribute 'x'")."""
+    quoted = message.split("'")
+    return quoted[-2] if len(quoted) >= 3 else message
+
+
+class PromptBuilder:
+    def __init__(self, chat_template: Optional[str], system: Optional[str] = None,
+                 user_template: Optional[str] = None, question_field: str = "question",
+                 bos_token: str = "", eos_token: str = "",
+                 template_kwargs: Optional[Mapping[str, Any]] = None) -> None:
+        env = _environment()
+        self.is_plain = chat_template is None
+        try:
+            self._chat = env.from_string(chat_template or PLAIN_TEMPLATE)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"chat template: line {exc.lineno}: {exc.message}") from None
+        self._user = _user_template(user_template or "{{ %s }}" % question_field)
+        self._user_is_question = user_template is None
+        self.system = system
+        self.question_field = question_field
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.template_kwargs = dict(template_kwargs or {})
+
+    def user_message(self, fields: Mapping[str, Any]) -> str:
+        if self._user_is_question:  # the default template: skip Jinja, it is most of the cost
+            return fields[self.question_field]
+        try:
+            return self._user.render(**fields)
+        except jinja2.UndefinedError as exc:
+            field = _undefined_name(str(exc))
+            raise TemplateFieldError(f"prompt.template: {exc}", field) from None
+        except jinja2.TemplateError as exc:
+            raise ConfigError(f"prompt.template: {exc}") from None
+
+    def render(self, user_message: str) -> str:
+        """The prompt for one user message (after the job's system prompt, if any)."""
+        return self.render_messages((("user", user_message),))
+
+    def render_messages(self, messages: Sequence[tuple[str, str]]) -> str:
+        """The prompt for a conversation of (role, content) turns, ready for the assistant's
+        answer. The job's system prompt goes first unless the conversation has its own."""
+        turns = [{"role": role, "content": content} for role, content in messages]
+        if self.system and not any(role == "system" for role, _ in messages):
+            turns.insert(0, {"role": "system", "content": self.system})
+        try:
+            return self._chat.render(messages=turns, add_generation_prompt=True,
+                                     bos_token=self.bos_token, eos_token=self.eos_token,
+                                     raise_exception=_raise,
+                                     strftime_now=lambda f: datetime.now().strftime(f),
+                                     **self.template_kwargs)
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template: {exc}") from None
+
+    def needs_bos(self, prompt: str) -> bool:
+        """Whether the tokenizer should add BOS: not when the template already wrote it."""
+        return not (self.bos_token and prompt.startswith(self.bos_token))

@@ -1,0 +1,85 @@
+"""A question's own generation settings: what its line of the question file asks for (an OpenAI
+Batch line's max_tokens, temperature, top_p, seed, stop, logit_bias, response_format), laid over
+the job's. Pure.
+
+A question with settings of its own carries them to the worker (Question.generation); one whose
+settings come out equal to the job's carries None, like every question of a plain question file.
+The settings decide the answer, so identical prompts are answered once only when their settings
+are equal too, and a journaled answer is reused only when they are unchanged (settings_key).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from typing import Optional
+
+from ...workers.protocol import RESPONSE_FORMAT_ENFORCED, AnswerSpec, GenerationParams, ResponseFormat
+
+
+@dataclass(frozen=True)
+class QuestionSettings:
+    """What one line asks for; None (or empty) where it takes the job's setting."""
+
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None  # this question's sampling seed, used as given
+    stop: Optional[tuple[str, ...]] = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), by token id
+    response_format: Optional[ResponseFormat] = None
+
+
+def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str, ...],
+                   grammar: Optional[str] = None) -> Optional[GenerationParams]:
+    """The settings a question is answered with, or None when they are the job's. `stop`: its stop
+    strings unless the line names its own (the job's, else the plain template's for a chat prompt;
+    a raw completion prompt has no template, so no template stop). `grammar`: its response_format
+    as GBNF (runner/config/answer.py format_grammar), which replaces the job's answer.*."""
+    sampling = replace(job.sampling, **{k: v for k, v in (("temperature", own.temperature), ("top_p", own.top_p),
+                                                          ("seed", own.seed)) if v is not None})
+    gen = replace(job, max_tokens=own.max_tokens or job.max_tokens, stop=own.stop or stop, sampling=sampling,
+                  logit_bias=own.logit_bias, response_format=own.response_format,
+                  answer=AnswerSpec(grammar=grammar) if grammar is not None else job.answer)
+    return None if gen == job else gen
+
+
+def vocabulary_problem(own: QuestionSettings, n_vocab: int) -> Optional[str]:
+    """Why a line's logit_bias cannot apply to this model (a token id outside its vocabulary)."""
+    for token, _ in own.logit_bias:
+        if token >= n_vocab:
+            return f"body.logit_bias: token {token} is not in the model's vocabulary (ids 0-{n_vocab - 1})"
+    return None
+
+
+def has_grammar(gen: GenerationParams) -> bool:
+    """Whether its answers are held to a grammar (fixed choices, a JSON schema, GBNF)."""
+    return gen.answer is not None and (gen.answer.grammar is not None or bool(gen.answer.choices))
+
+
+def is_greedy(gen: GenerationParams) -> bool:
+    return gen.sampling.temperature <= 0
+
+
+def settings_key(gen: GenerationParams) -> bytes:
+    """A question's own settings as bytes for the journal's prompt hash. A response format also
+    records whether it was enforced, so answers made before the grammar are not reused after."""
+    data = asdict(gen)
+    if gen.response_format is not None:
+        data["response_format_enforced"] = RESPONSE_FORMAT_ENFORCED
+    return json.dumps(data, sort_keys=True).encode()
+
+
+def describe_own(generations: list[GenerationParams]) -> dict[str, int]:
+    """For the report: how many questions have settings of their own, and which response formats
+    they ask for."""
+    counts: dict[str, int] = {"questions": len(generations)}
+    for gen in generations:
+        if gen.response_format is not None:
+            key = f"response_format.{gen.response_format.type}"
+            counts[key] = counts.get(key, 0) + 1
+        if gen.logit_bias:
+            counts["logit_bias"] = counts.get("logit_bias", 0) + 1
+        if gen.answer is not None and gen.answer.choices:
+            counts["answer.choices"] = counts.get("answer.choices", 0) + 1
+    return counts

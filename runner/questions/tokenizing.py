@@ -1,0 +1,171 @@
+"""The coordinator's side of tokenizing: a tokenizer process (workers/tokenizer_process.py) holds
+the model's vocabulary; prompts stream to it in batches and come back, in order, as tokens or as
+the reason the model's tokenizer cannot take them.
+
+    prompts (rendered lazily) ──TokenizeBatch of BATCH_TEXTS──▶ requests queue ──▶ tokenizer process
+    tokens | Rejected, in input order ◀── TokenizedBatch ◀── results pipe ◀───────────┘
+
+Tokenizing happens outside the coordinator because llama.cpp's tokenizer can abort the process
+on text its vocabulary cannot represent; there, a crash costs one question (see the worker side).
+
+IN_FLIGHT batches per process: the coordinator renders the next batch while the process
+tokenizes the last. Requests go through a queue, whose feeder thread does the writing, so the
+coordinator never blocks on a full pipe while the process blocks writing its results. Batches
+are independent, so several processes can share one stream (round robin, read back in the same
+order); one is enough today.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from array import array
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence, Union
+
+import multiprocess as mp
+from multiprocess.connection import wait
+
+from ..errors import ModelError, WorkerFailure
+from ...workers.protocol import (TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo, decode,
+                                encode)
+from ...workers.load_errors import says_memory
+from ...workers.tokenizer_process import tokenizer_main
+
+BATCH_TEXTS = 512
+IN_FLIGHT = 2
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A prompt the model's tokenizer cannot take, and why, in words a user understands."""
+
+    reason: str
+
+
+class _Died(Exception):
+    """The tokenizer process is gone; the message says how (exit code or signal, last stderr)."""
+
+
+class TokenizerProcess:
+    """One tokenizer process. `info` (the chat template, special tokens, metadata) is there once
+    the constructor returns; a model it cannot load raises ModelError with llama.cpp's reason."""
+
+    def __init__(self, model_path: str) -> None:
+        self.model_path = model_path
+        ctx = mp.get_context("spawn")
+        fd, self._stderr_path = tempfile.mkstemp(prefix="ggbatch-tokenizer-", suffix=".log")
+        self._stderr = os.fdopen(fd, "rb")  # the process's stderr, read only if it dies
+        self._requests = ctx.Queue()
+        self._results, child_end = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(target=tokenizer_main, name="ggbatch-tokenizer", daemon=True,
+                                    args=(model_path, self._stderr_path, self._requests, child_end))
+        try:
+            self._process.start()
+            child_end.close()  # ours: with the child's copy closed by its death, the pipe says EOF
+            self.info = self._handshake()
+        except BaseException:
+            self.close()
+            raise
+
+    def _handshake(self) -> VocabInfo:
+        try:
+            msg = decode(self._receive())
+        except _Died as exc:
+            path = self.model_path
+            raise ModelError(f"not enough memory to load the vocabulary of {path} ({exc})" if says_memory(str(exc))
+                             else f"{path}: the tokenizer process died loading the vocabulary ({exc})") from None
+        finally:
+            os.unlink(self._stderr_path)  # the child has it open; no name left behind
+        if isinstance(msg, TokenizerLoadError):
+            raise ModelError(msg.message)
+        return msg
+
+    def submit(self, texts: Sequence[str], add_bos: Sequence[bool]) -> None:
+        self._requests.put(encode(TokenizeBatch(tuple(texts), tuple(add_bos))))
+
+    def receive(self) -> TokenizedBatch:
+        """The result of the oldest batch submitted and not yet received."""
+        try:
+            return decode(self._receive())
+        except _Died as exc:
+            raise WorkerFailure(f"the tokenizer process died ({exc})") from None
+
+    def _receive(self) -> bytes:
+        # Waiting on the sentinel too: a dead process is noticed at once, not by a hang.
+        ready = wait([self._results, self._process.sentinel])
+        if self._results in ready:
+            try:
+                return self._results.recv_bytes()
+            except EOFError:
+                pass
+        self._process.join()
+        raise _Died(self._how_it_died())
+
+    def _how_it_died(self) -> str:
+        code = self._process.exitcode
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(0, self._stderr.tell() - 600))
+        words = " ".join(self._stderr.read().decode("utf-8", "replace").split())[-300:]
+        return f"{how}: {words}" if words else how
+
+    def close(self) -> None:
+        """Kill the process (it holds nothing worth finishing); idempotent."""
+        if self._process.is_alive():
+            self._process.kill()
+        if self._process.pid is not None:
+            self._process.join()
+        self._requests.close()
+        self._requests.cancel_join_thread()
+        self._results.close()
+        self._stderr.close()
+        if os.path.exists(self._stderr_path):
+            os.unlink(self._stderr_path)
+
+    def __enter__(self) -> "TokenizerProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def tokenize_all(processes: Sequence[TokenizerProcess], prompts: Iterable[tuple[str, bool]],
+                 batch_texts: int = BATCH_TEXTS) -> Iterator[Union[array, Rejected]]:
+    """The tokens of each (text, add_bos) prompt, or Rejected, in order. `prompts` is consumed a
+    batch at a time, so rendering overlaps tokenizing."""
+    in_flight: deque[TokenizerProcess] = deque()
+    turn = itertools.cycle(processes)
+    for texts, add_bos in _batches(prompts, batch_texts):
+        process = next(turn)
+        process.submit(texts, add_bos)
+        in_flight.append(process)
+        if len(in_flight) >= IN_FLIGHT * len(processes):
+            yield from _split(in_flight.popleft().receive())
+    while in_flight:
+        yield from _split(in_flight.popleft().receive())
+
+
+def _batches(prompts: Iterable[tuple[str, bool]], size: int) -> Iterator[tuple[list[str], list[bool]]]:
+    texts: list[str] = []
+    add_bos: list[bool] = []
+    for text, bos in prompts:
+        texts.append(text)
+        add_bos.append(bos)
+        if len(texts) == size:
+            yield texts, add_bos
+            texts, add_bos = [], []
+    if texts:
+        yield texts, add_bos
+
+
+def _split(batch: TokenizedBatch) -> Iterator[Union[array, Rejected]]:
+    offset = 0
+    for i, n in enumerate(batch.counts):
+        if n < 0:
+            yield Rejected(batch.errors.get(i, "the model's tokenizer could not tokenize it"))
+        else:
+            yield batch.tokens[offset:offset + n]
+            offset += n

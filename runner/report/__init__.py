@@ -1,0 +1,1 @@
+"""After the run: the tally of answers and the report."""

@@ -1,0 +1,90 @@
+"""What the report says of the answers of a run, counted as they arrive: the answers themselves
+go to the journal (runner/journal/journal.py) and are not kept, so a run of millions of questions holds
+a few numbers per answer here (its latency and time to first token), not the answers.
+
+    answers of this run ─▶ add(made=True)    counts, tokens, latencies, per worker
+    refused before any worker saw them ─▶ add(made=False)    counts only
+    each record as the answers file is written ─▶ RecordCounts    the report's questions.*
+
+The work of this run is counted by prompt (identical prompts are answered once); what the run
+came to is counted by record, the lines of the input a user counts (RecordCounts).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from ...workers.protocol import Answer
+
+FIRST_ERRORS = 20  # errors the report quotes
+
+
+class AnswerTally:
+    """The answers of this run as they arrive, one per prompt answered (RecordCounts counts the
+    records, once the answers file is written)."""
+
+    def __init__(self) -> None:
+        self.made = 0  # by a worker in this run
+        self.errors: list[tuple[str, str]] = []  # (qid, error), the first FIRST_ERRORS
+        self.prompt_tokens = 0  # of the answers made whose prompt was decoded
+        self.refused_tokens = 0  # of those made without decoding their prompt (too long, ...)
+        self.generated_tokens = 0
+        self.latency_s = array("d")  # of the answers made without an error
+        self.ttft_s = array("d")  # of those that generated a token
+        self.by_worker: dict[int, list[int]] = {}  # worker id -> [answers, generated tokens]
+
+    def add(self, answers: Iterable[Answer], made: bool = True) -> None:
+        """made: answered by a worker here (False: refused before any worker saw it)."""
+        for a in answers:
+            if a.error is not None and len(self.errors) < FIRST_ERRORS:
+                self.errors.append((a.qid, a.error))
+            if made:
+                self._made(a)
+
+    def _made(self, a: Answer) -> None:
+        self.made += 1
+        if a.prompt_decoded:
+            self.prompt_tokens += a.prompt_tokens
+        else:  # no work of this run: a rate or a cache share counting them would be false
+            self.refused_tokens += a.prompt_tokens
+        self.generated_tokens += a.completion_tokens
+        if a.error is None:
+            self.latency_s.append(a.latency_s)
+            if a.completion_tokens:
+                self.ttft_s.append(a.ttft_s)
+        mine = self.by_worker.setdefault(a.worker_id, [0, 0])
+        mine[0] += 1
+        mine[1] += a.completion_tokens
+
+    def of_worker(self, worker_id: int) -> dict[str, Any]:
+        questions, generated = self.by_worker.get(worker_id, (0, 0))
+        return {"questions": questions, "generated_tokens": generated}
+
+
+@dataclass
+class RecordCounts:
+    """The records of the input by what the answers file says of each: answered, failed (an
+    error), not answered (the run ended first); how many took their answer from the journal,
+    and each one's finish reason. Every count is of records, duplicates included, so they add up
+    to the records of the input."""
+
+    answered: int = 0
+    failed: int = 0
+    not_answered: int = 0
+    from_journal: int = 0  # answered by an earlier run of this job (a failed answer is not reused)
+    finish_reasons: Counter[str] = field(default_factory=Counter)
+
+    def count(self, answer: Optional[Answer], from_journal: bool = False) -> None:
+        """One record and its answer (None: it has none)."""
+        if answer is None:
+            self.not_answered += 1
+            return
+        self.finish_reasons[answer.finish_reason.value] += 1
+        self.from_journal += from_journal
+        if answer.error is None:
+            self.answered += 1
+        else:
+            self.failed += 1

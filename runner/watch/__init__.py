@@ -1,0 +1,1 @@
+"""While the run goes: memory, stalls, threads under contention, progress, rates, the timeline."""

@@ -1,0 +1,142 @@
+"""The one owner of the terminal: a tqdm bar on a TTY, a one-line log every few seconds otherwise
+(cron). Log records go through tqdm.write so they never tear the bar."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Optional, Sequence, TextIO
+
+from tqdm import tqdm
+
+from .rates import RateWindow, eta_s, generating, tokens_left
+from ...workers.protocol import Answer
+
+log = logging.getLogger("ggbatch")
+
+
+class TqdmHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm.write(self.format(record), file=sys.stderr)
+
+
+def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
+    """ggbatch's log on stderr; quiet keeps errors only (warnings go too: a script reads the exit
+    code and the answers file), verbose adds worker start-up and errors in detail."""
+    handler = TqdmHandler()
+    handler.setFormatter(logging.Formatter("ggbatch: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.DEBUG if verbose else logging.ERROR if quiet else logging.INFO)
+    log.propagate = False
+
+
+class _Bar(tqdm):
+    """tqdm whose time left is Progress's estimate from tokens when there is one (tqdm's own,
+    from finished questions, says `?` until the first wave of answers)."""
+
+    ends_at: Optional[float] = None  # time.monotonic() when the run should end
+
+    @property
+    def format_dict(self) -> dict:
+        d = super().format_dict
+        if self.ends_at is not None:
+            d["left"] = self.format_interval(max(0.0, self.ends_at - time.monotonic()))
+        elif d.get("rate") and d.get("total"):
+            d["left"] = self.format_interval((d["total"] - d["n"]) / d["rate"])
+        else:
+            d["left"] = "?"
+        return d
+
+
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{left}, {rate_fmt}{postfix}]"
+
+
+class Progress:
+    def __init__(self, total: int, stream: TextIO = sys.stderr, log_every_s: float = 5.0,
+                 mode: str = "auto") -> None:
+        """mode: "bar", "log" (a line every log_every_s), "off", or "auto" (bar on a terminal)."""
+        self._total = total
+        self.max_tokens = 0  # per answer: the expected length before any answer is in
+        self.done = 0
+        self.failed = 0
+        self.done_tokens = 0  # generated tokens of the finished answers
+        self.generated = 0  # generated tokens, finished answers or not (the engines' counters)
+        self.prompt = 0  # prompt tokens decoded
+        self.slots = 1  # decoded together over all workers
+        self._rates = RateWindow()
+        self._generating = False  # the in-flight questions have a token each (runner/watch/rates.py)
+        self._t0 = time.perf_counter()
+        self._log_every = log_every_s
+        self._last_log = self._t0
+        self._silent = mode == "off"
+        use_bar = mode == "bar" or (mode == "auto" and stream.isatty())
+        self._bar = _Bar(total=total or None, file=stream, unit="q", dynamic_ncols=True, smoothing=0.1,
+                         bar_format=BAR_FORMAT) if use_bar else None
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+    @total.setter
+    def total(self, value: int) -> None:
+        """Set once the questions left to answer are known (after tokenizing and the journal)."""
+        self._total = value
+        self._t0 = self._last_log = time.perf_counter()
+        self._rates = RateWindow()
+        self._rates.add(self._t0, 0, 0)  # the engines' counters start with the run
+        if self._bar is not None:
+            self._bar.reset(total=value)
+
+    def grow(self, n: int) -> None:
+        """More questions to answer: the next window of a streamed file."""
+        self._total += n
+        if self._bar is not None:
+            self._bar.total = self._total
+            self._bar.refresh()
+
+    def answered(self, answers: Sequence[Answer]) -> None:
+        self.done += len(answers)
+        self.failed += sum(a.error is not None for a in answers)
+        self.done_tokens += sum(a.completion_tokens for a in answers)
+        if self._bar is not None:
+            self._bar.update(len(answers))
+
+    def tokens(self, generated: int, prompt: int) -> None:
+        """The engines' counters summed (generated and prompt tokens so far in this run)."""
+        self.generated, self.prompt = generated, prompt
+        self._rates.add(time.perf_counter(), generated, prompt)
+        self._generating = self._generating or generating(generated, self.done_tokens, self.slots,
+                                                          self.total - self.done)
+
+    def eta_s(self) -> Optional[float]:
+        """Seconds left: tokens left at the live generation rate once the engines generate in
+        earnest (runner/watch/rates.py); before that, from finished questions if any; else None."""
+        now = time.perf_counter()
+        if self._generating:
+            left = tokens_left(self.total, self.done, self.done_tokens, self.generated, self.max_tokens)
+            return eta_s(left, self._rates.rates(now)[0])
+        q_rate = self.done / (now - self._t0) if now > self._t0 else 0.0
+        return (self.total - self.done) / q_rate if q_rate > 0 else None
+
+    def tick(self) -> None:
+        gen_s, prompt_s = self._rates.rates(time.perf_counter())
+        if self.generated == 0 and self.done_tokens:  # an engine without counters: count the answers
+            elapsed = time.perf_counter() - self._t0
+            gen_s = self.done_tokens / elapsed if elapsed > 0 else 0.0
+        eta = self.eta_s()
+        if self._bar is not None:
+            self._bar.ends_at = time.monotonic() + eta if eta is not None else None
+            self._bar.set_postfix_str(f"gen {gen_s:.1f} tok/s, prompt {prompt_s:.0f} tok/s"
+                                      + (f", {self.failed} failed" if self.failed else ""))
+        elif not self._silent and time.perf_counter() - self._last_log >= self._log_every:
+            self._last_log = time.perf_counter()
+            elapsed = self._last_log - self._t0
+            rate = self.done / elapsed if elapsed > 0 else 0.0
+            log.info("%d/%d answered (%d failed), %.2f q/s, %.1f generated tok/s, %.1f prompt tok/s, ETA %s",
+                     self.done, self.total, self.failed, rate, gen_s, prompt_s,
+                     f"{eta:.0f} s" if eta is not None else "?")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
