@@ -39,8 +39,7 @@ GSM8K = SHARED / "data" / "gsm8k" / "questions.jsonl"
 
 def bench_model() -> str:
     """The realistic-shape benchmark model, built once into the user's cache."""
-    from ggbatch.runner.tools import modelgen
-
+    from ggbatch.runner.model.make import modelgen
     cache = ggbatch_cache()
     path = cache / "bench-28x1024-q4_k_m.gguf"
     if not path.exists():

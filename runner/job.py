@@ -12,7 +12,7 @@ answers from the journal and the report.
     (its format: runner/files/formats; without an answer, to errors_output when set)
 
 A file of more than `window` records streams: the coordinator keeps a few windows of questions
-and a few bytes for every question before them (runner/journal/compact.py), never the whole file; a
+and a few bytes for every question before them (runner/files/compact.py), never the whole file; a
 window whose prompts need a larger context than the first one's grows it (runner/plan/growth.py).
 """
 
@@ -49,12 +49,12 @@ from .plan.nodes import Node, NodePlan, node_report, share
 from .files.outputs import write_answers, write_atomic
 from .files.paths import JobPaths, job_paths
 from .pool.pool import WorkerPool
-from .questions.settings import has_grammar
+from .files.formats.own_settings import has_grammar
 from .questions.prepare import WINDOW, Preparer, Window, check_requests, facts, max_tokens
 from .report.report import JobSetup, RunOutcome, RunReport
 from .files.shards import in_shard
 from .pool.signals import STOP
-from .report.tally import RecordCounts
+from .watch.tally import RecordCounts
 from .watch.watch import RunWatch
 from ..workers.protocol import EngineConfig, WorkerSpec
 

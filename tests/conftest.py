@@ -70,8 +70,7 @@ def k_quant_model(tmp_path_factory) -> str:
     its tiled kernel from 8 batch rows on (ggml-cpu tiled/tiled.cpp), with vec_dot below, and
     random weights make near-ties between the top two tokens common: a row that takes another
     kernel in another batch shows in greedy answers."""
-    from ggbatch.runner.tools import modelgen as mg
-
+    from ggbatch.runner.model.make import modelgen as mg
     folder = tmp_path_factory.mktemp("kquant")
     shape = mg.ModelShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=512)
     src = mg.write_random_llama_gguf(folder / "f16.gguf", shape, mg.build_demo_vocab(), seed=0)

@@ -1,12 +1,12 @@
-"""The compact per-question columns of a streamed file (runner/journal/compact.py) and the answer tally."""
+"""The compact per-question columns of a streamed file (runner/files/compact.py) and the answer tally."""
 
 import json
 
-from ggbatch.runner.journal import compact as columns
-from ggbatch.runner.journal.compact import HashIndex, IdColumn, IdSet, text_key
+from ggbatch.runner.files import compact as columns
+from ggbatch.runner.files.compact import HashIndex, IdColumn, IdSet, text_key
 from ggbatch.runner.files.formats.rows import OutputSpec, Row
 from ggbatch.runner.files.outputs import render
-from ggbatch.runner.report.tally import AnswerTally
+from ggbatch.runner.watch.tally import AnswerTally
 from ggbatch.workers.protocol import Answer, FinishReason
 
 

@@ -244,7 +244,7 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k
 def test_repack_setting_reaches_llama_cpp(tmp_path, gsm8k_file):
     # A Q4_K model (rows of 256: what llama.cpp's repacked kernels take). llama.cpp's own log,
     # let through by GGBATCH_LLAMA_LOG, says whether it made a CPU_REPACK buffer.
-    from ggbatch.runner.tools import modelgen as mg
+    from ggbatch.runner.model.make import modelgen as mg
     from ggbatch.runner.plan.layout import cpu_flags
 
     if "avx2" not in cpu_flags():

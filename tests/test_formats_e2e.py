@@ -123,7 +123,7 @@ def test_chat_lines_are_rendered_with_the_models_chat_template(tmp_path):
     """The demo model has a ChatML template: a line's whole conversation goes through it, a
     completion prompt goes in as it is."""
     from ggbatch.runner.questions.prompts import PromptBuilder
-    from ggbatch.runner.tools.modelgen import ensure_demo_model
+    from ggbatch.runner.model.make.modelgen import ensure_demo_model
     from ggbatch.workers.model_runner import Tokenizer
 
     turns = [("system", "Be brief."), ("user", "2+2?"), ("assistant", "4"), ("user", "And 3+3?")]

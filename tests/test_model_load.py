@@ -51,8 +51,7 @@ def sparse_model(path, shape="qwen3-1.7b-like"):
     what loading a big model asks of memory, without the disk."""
     import gguf
 
-    from ggbatch.runner.tools import modelgen
-
+    from ggbatch.runner.model.make import modelgen
     dims, tokenizer = modelgen.SHAPES[shape], modelgen.build_demo_vocab()
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(dims.n_ctx)

@@ -15,7 +15,7 @@ from ggbatch.runner.files.formats.openai_output import batch_line
 from ggbatch.runner.files.formats.openai_request import parse_request
 from ggbatch.runner.files.inputs import read_question_file
 from ggbatch.runner.files.outputs import OutputSpec, Row, render
-from ggbatch.runner.questions.settings import QuestionSettings, own_generation, vocabulary_problem
+from ggbatch.runner.files.formats.own_settings import QuestionSettings, own_generation, vocabulary_problem
 from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, ResponseFormat, SamplingParams
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"

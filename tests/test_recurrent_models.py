@@ -24,7 +24,7 @@ import pytest
 from conftest import ROOT
 from ggbatch.runner.questions.prepare import common_prefix
 from ggbatch.runner.questions.prompts import PromptBuilder
-from ggbatch.runner.tools import modelgen as mg
+from ggbatch.runner.model.make import modelgen as mg
 from ggbatch.workers.memory_kind import KvRefused, MemoryKind
 from ggbatch.workers.prefix_cache import Start
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question

@@ -130,7 +130,7 @@ def test_a_streamed_file_stopped_twice_is_finished_by_a_rerun_exactly_as_one_run
     """The feed thread reuses a window's journaled answers while the pool's thread journals new
     ones, both into one index: merged every few additions here, and threads switched as often as
     the interpreter can, a lost or torn merge shows as a crash or a missing answer."""
-    from ggbatch.runner.journal import compact as columns
+    from ggbatch.runner.files import compact as columns
     monkeypatch.setattr(columns, "MERGE_AT", 8)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)

@@ -101,7 +101,7 @@ class SamplingParams:
 
 # A response format is enforced by a grammar (AnswerSpec.grammar, made by the coordinator from
 # the schema). Journaled answers made before it was (when this was False) are answered again:
-# runner/questions/settings.py settings_key records it.
+# runner/files/formats/own_settings.py settings_key records it.
 RESPONSE_FORMAT_ENFORCED = True
 
 

@@ -13,12 +13,13 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
-from ..plan.gpu import GPU_ALL
 from ..files.shards import Shard, parse_shard
 
 AUTO = None  # "auto" in a job file or on the command line is stored as None
 CHOICES_AUTO = "auto"  # answer.choices: auto, each record's own `choices`
 INT32_MAX = 2**31 - 1  # llama.cpp's counts and sizes are 32-bit ints
+
+GPU_ALL = -1  # llama.h: a negative n_gpu_layers stores every layer (and the output layer) in VRAM
 
 
 def integer(lo: int, allow_auto: bool = False, hi: int = INT32_MAX,

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from ..journal.compact import HashIndex, key64, text_key
+from .compact import HashIndex, key64, text_key
 from ..errors import InputError
 from .formats.csvfile import csv_rows
 from .formats.detect import detect_format, input_format
@@ -115,7 +115,7 @@ def read_records(path: str, id_field: str = "questionID", question_field: str = 
 
 def _unique(path: str, records: Iterable[Record], id_name: str) -> Iterator[Record]:
     """The records, an InputError at the first id seen
-    before, naming both lines. Ids are held as 64-bit keys (runner/journal/compact.py): a million of them
+    before, naming both lines. Ids are held as 64-bit keys (runner/files/compact.py): a million of them
     in 16 MB, looked up a chunk of records at a time."""
     seen = HashIndex()
     chunk: list[Record] = []

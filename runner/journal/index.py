@@ -24,7 +24,7 @@ from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any, Iterator, NamedTuple, Optional, Union
 
-from .compact import HashIndex, IdColumn, text_key
+from ..files.compact import HashIndex, IdColumn, text_key
 
 BLOCK_BYTES = 1 << 22  # of the journal read at a time
 

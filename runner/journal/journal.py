@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from dataclasses import asdict
 from typing import Any, Mapping, Optional, Sequence
 
-from .compact import HashIndex, text_key
+from ..files.compact import HashIndex, text_key
 from .index import Earlier, prompt_key, read_earlier
 from ..config.schema import JobConfig
 from ..errors import ConfigError, OutputError, quote
 from ..model.identity import ModelIdentity
-from ..questions.settings import settings_key
+from ..files.formats.own_settings import settings_key
 from ..model.versions import package_version
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
 

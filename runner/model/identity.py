@@ -42,7 +42,7 @@ def resolve_model(model: str) -> str:
     name (`hf:OWNER/REPO/FILE.gguf`, `OWNER/REPO:QUANT`) is the cached file. Refuses, in one
     line naming the path, what llama.cpp could not load."""
     if model == "demo":
-        from ..tools.modelgen import ensure_demo_model  # numpy + gguf: only needed to build the demo model
+        from .make.modelgen import ensure_demo_model  # numpy + gguf: only needed to build the demo model
 
         return str(ensure_demo_model())
     model = resolve_hub_name(model)

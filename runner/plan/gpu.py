@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
+from ..config.checks import GPU_ALL
 from ..errors import ConfigError
 
-GPU_ALL = -1  # llama.h: a negative n_gpu_layers stores every layer (and the output layer) in VRAM
 # llama.cpp threads of a worker whose every layer is on a GPU. Only the input embedding lookup
 # stays on the CPU then (llama.cpp keeps the input layer there: "very little benefit to
 # offloading" it), a row copy per token; every other op runs on the GPU while the CPU threads

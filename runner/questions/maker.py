@@ -1,6 +1,6 @@
 """From records to the questions the workers answer: each prompt rendered (runner/questions/prompts.py)
 and tokenized once (runner/questions/tokenizing.py), with its own generation settings when its line asks
-for any (runner/questions/settings.py), identical ones answered once, and those that cannot be
+for any (runner/files/formats/own_settings.py), identical ones answered once, and those that cannot be
 answered turned into their error.
 
     record ─▶ answer in the journal (by the record's hash)
@@ -22,13 +22,13 @@ from typing import Iterator, Optional, Sequence, Union
 
 from ..config.answer import format_grammar, record_choices, with_choices
 from ..config.schema import CHOICES_AUTO, JobConfig
-from ..journal.compact import HashIndex, IdColumn, IdSet, key64, text_key
+from ..files.compact import HashIndex, IdColumn, IdSet, key64, text_key
 from ..errors import ConfigError, quote
 from ..files.formats.openai_request import COMPLETION
 from ..files.formats.record import Record
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
 from ..journal.journal import Expected, Journal, prompt_hash, prompt_key, record_hash
-from .settings import (QuestionSettings, describe_own, has_grammar, is_greedy, own_generation,
+from ..files.formats.own_settings import (QuestionSettings, describe_own, has_grammar, is_greedy, own_generation,
                                 settings_key, vocabulary_problem)
 from .tokenizing import Rejected, TokenizerProcess, tokenize_all
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
@@ -42,7 +42,7 @@ class QuestionSet:
     """What the questions of a job came to, window after window (the questions themselves go to
     the workers and are not kept)."""
 
-    # Ids among the job's (runner/journal/compact.py: compact, as every line of a big OpenAI Batch file may be one)
+    # Ids among the job's (runner/files/compact.py: compact, as every line of a big OpenAI Batch file may be one)
     refused: IdSet  # requests refused as asked (each also in `rejected`)
     completions: IdSet  # /v1/completions lines (answered with text_completion bodies)
     with_grammar: IdSet  # questions with a grammar of their own

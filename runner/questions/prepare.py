@@ -10,7 +10,7 @@ A file of up to WINDOW records is one window: every question is known before the
 dispatched, as the layout likes it. A bigger file streams: the layout is settled on the first
 window (runner/job.py), its context grown if a later window needs more (runner/plan/growth.py), and
 each next window is made while the workers answer the last, so the coordinator holds a window of
-questions and a few bytes for each question before it (runner/journal/compact.py), and the first answer
+questions and a few bytes for each question before it (runner/files/compact.py), and the first answer
 comes within seconds of the start.
 """
 

@@ -20,7 +20,7 @@ from ..plan.memory import MemoryPlan
 from ..model.identity import ModelIdentity
 from ..watch.monitor import UsageSummary
 from ..questions.prefix_groups import Sharing
-from .tally import AnswerTally, RecordCounts
+from ..watch.tally import AnswerTally, RecordCounts
 from ..model.versions import package_version
 from ...workers.memory_kind import MemoryKind
 from ...workers.protocol import RESPONSE_FORMAT_ENFORCED, GenerationParams

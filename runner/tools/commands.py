@@ -47,7 +47,7 @@ def _add_make_model(sub: Any) -> None:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
-    from . import modelgen
+    from ..model.make import modelgen
 
     if args.vocab and not os.path.isfile(args.vocab):
         raise ConfigError(f"{args.vocab}: vocab file not found")

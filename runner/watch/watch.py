@@ -18,7 +18,7 @@ from .memory_guard import LowMemoryPause
 from .monitor import Monitor
 from .progress import Progress
 from .stalls import StallWatch
-from ..report.tally import AnswerTally
+from .tally import AnswerTally
 from .startup_load import SinceStart
 from .thread_controller import CoreLoad, ThreadChange, ThreadController, core_load
 from .timeline import Sample, Timeline, WorkerPoint

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from ...errors import InputError, quote
 from .openai_request import parse_request
-from ...journal.compact import text_key
+from ..compact import text_key
 from .record import Record, checked_id
 
 log = logging.getLogger("ggbatch")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ...errors import quote
-from ...questions.settings import QuestionSettings
+from .own_settings import QuestionSettings
 from ....workers.protocol import ResponseFormat
 
 CHAT, COMPLETION = "chat", "completion"

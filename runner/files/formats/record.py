@@ -18,7 +18,7 @@ class Record:
     # answered). None for the records of json, jsonl and csv files: prompt.template makes their prompt.
     request: Optional[Request] = None
     digest: int = 0  # a 64-bit hash of the record as written (runner/journal/journal.py reuses answers by it)
-    key: int = 0  # a 64-bit hash of its id (runner/journal/compact.py text_key), once read
+    key: int = 0  # a 64-bit hash of its id (runner/files/compact.py text_key), once read
 
 
 def checked_id(where: str, qid: str, name: str) -> str:

@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from ...workers.protocol import RESPONSE_FORMAT_ENFORCED, AnswerSpec, GenerationParams, ResponseFormat
+from ....workers.protocol import RESPONSE_FORMAT_ENFORCED, AnswerSpec, GenerationParams, ResponseFormat
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Union
 
 import gguf
 
-from ..files.paths import ggbatch_cache
+from ...files.paths import ggbatch_cache
 from .gguf_random import WEIGHT_STD, temp_sibling as _temp_sibling, write_random_gguf
 from .gguf_vocab import GGUFVocab, build_demo_vocab, vocab_from_gguf
 from .lfm2_gen import Lfm2Shape
@@ -163,7 +163,7 @@ def quantize(
 
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    from ...workers.model_runner import set_fields
+    from ....workers.model_runner import set_fields
 
     params = llama_cpp.llama_model_quantize_default_params()
     # nthread 0: llama.cpp uses all hardware threads

@@ -1,0 +1,1 @@
+"""Random-weight GGUF models of real shapes and vocabularies (`ggbatch make-model`, the demo model, test models)."""
