@@ -1,6 +1,6 @@
 """Command line: `ggbatch run [JOB.yaml] [flags]`. The only place errors become exit codes.
 
-Exit codes: 0 all answered; 1 some questions failed or the run gave up on its workers (the
+Exit codes: 0 all answered; 1 some questions failed or have no answer, or the run gave up on its workers (the
 answers file says which and why); 2 bad usage, config, input, model, files or limits; 130 / 143
 interrupted (README, "Exit codes"). The side tools' subcommands are runner/tools/commands.py's.
 """
@@ -193,7 +193,8 @@ def cmd_run(args: argparse.Namespace) -> int:
               + (f", report to {config.report}" if config.report else ""))
     if args.score and not args.quiet:  # quiet: the exit code says the rest
         print_run_score(config.input, config.output, config.id_field)
-    return 1 if report.failed else 0
+    # A row without an answer in a run that ended by itself is never a success either.
+    return 1 if report.failed or report.not_answered else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -127,6 +127,11 @@ class RunReport:
         """Records whose row holds an answer, made in this run or taken from the journal."""
         return self.outcome.records.answered
 
+    @property
+    def not_answered(self) -> int:
+        """Records whose row says why it has no answer (a run that ended early)."""
+        return self.outcome.records.not_answered
+
     def as_json(self) -> dict[str, Any]:
         """The report file: the schema users' tooling reads."""
         return {"ggbatch_version": self.versions["ggbatch"],
