@@ -46,11 +46,11 @@ from typing import Optional, Protocol
 import numpy as np
 
 from . import invariant
+from .batch import Batch, batch_arrays, logit_index
 from .constraints import best_choice, choice_grammar, choice_logprobs, choice_text
 from .model_runner import ModelRunner
 from .protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
 from .sampling import Sampling
-from .batch import Batch, batch_arrays, logit_index
 from .scheduler import Scheduler, Span
 from .sequence import Phase, Sequence
 from .slot_kv import SlotKv, slot_contents

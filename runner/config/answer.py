@@ -16,9 +16,9 @@ import json
 from dataclasses import replace
 from typing import Any, Mapping, Optional
 
-from .schema import CHOICES_AUTO, JobConfig
-from ..errors import ConfigError, InputError, quote
 from ...workers.protocol import AnswerSpec, GenerationParams, ResponseFormat
+from ..errors import ConfigError, InputError, quote
+from .schema import CHOICES_AUTO, JobConfig
 
 
 def job_answer(config: JobConfig) -> Optional[AnswerSpec]:
@@ -84,7 +84,7 @@ def schema_grammar(schema_text: str) -> str:
         raise ValueError(unenforced)
     try:
         return json_schema_to_gbnf(schema_text)
-    except Exception as exc:  # noqa: BLE001 - the converter raises whatever it meets; one line says it
+    except Exception as exc:  # the converter raises whatever it meets; one line says it
         raise ValueError(f"cannot turn this JSON schema into a grammar ({type(exc).__name__}: {exc})") from None
 
 

@@ -13,13 +13,13 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 import yaml
 
-from . import checks as check
-from .checks import AUTO, CHOICES_AUTO
+from ...workers.protocol import SamplingParams
 from ..errors import ConfigError, quote
 from ..files.formats import FORMATS
-from ..model.hub import is_hub_name
 from ..files.shards import Shard, shard_path
-from ...workers.protocol import SamplingParams
+from ..model.hub import is_hub_name
+from . import checks as check
+from .checks import AUTO, CHOICES_AUTO
 
 # What the rest of the runner takes from here; AUTO and CHOICES_AUTO (the values a JobConfig
 # holds for `auto`) are the value checks', which produce them.
@@ -206,8 +206,8 @@ class UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: the base class says so
                 continue
             if line is not None:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {quote(key)} (first on line {line})",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {quote(key)} (first on line {line})", key_node.start_mark)
             first_line[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
 

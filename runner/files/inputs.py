@@ -15,11 +15,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from .compact import HashIndex, key64, text_key
 from ..errors import InputError
+from .compact import HashIndex, key64, text_key
 from .formats.csvfile import csv_rows
 from .formats.detect import detect_format, input_format
-from .formats.jsonfile import json_array, json_lines  # noqa: F401 (the readers of every JSON file)
+from .formats.jsonfile import json_array, json_lines
 from .formats.openai_input import openai_record, say_models
 from .formats.record import Record, checked_id
 from .formats.textfile import decoded, open_bytes, read_text, split_lone_cr

@@ -12,11 +12,11 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping, Optional, Sequence
 
+from ...workers.protocol import Answer
 from ..errors import OutputError
 from .formats.csvfile import csv_line
 from .formats.openai_output import batch_line
 from .formats.rows import OutputSpec, Row, row_fields
-from ...workers.protocol import Answer
 
 
 def answer_rows(ids: Iterable[str], answers: Mapping[str, Answer], aliases: Optional[Mapping[str, str]] = None,

@@ -14,9 +14,9 @@ OpenAI Batch line's max_tokens, temperature, ...) has them in its hash, so editi
 line answers that line again.
 
 The journal is also where the answers of a run are kept until the answers file is written from
-it (runner/files/outputs.py): the coordinator holds each answer's place in the file, not the answer. The journal is kept after a complete run:
-rerunning the same job then rewrites the same output without answering anything, and a job whose
-question file grew answers only the new questions.
+it (runner/files/outputs.py): the coordinator holds each answer's place in the file, not the answer.
+The journal is kept after a complete run: rerunning the same job then rewrites the same output
+without answering anything, and a job whose question file grew answers only the new questions.
 """
 
 from __future__ import annotations
@@ -24,20 +24,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from concurrent.futures import Future
 from array import array
-from dataclasses import dataclass
-from dataclasses import asdict
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ..files.compact import HashIndex, text_key
-from .index import Earlier, prompt_key, read_earlier
+from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
 from ..config.schema import JobConfig
 from ..errors import ConfigError, OutputError, quote
-from ..model.identity import ModelIdentity
+from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
+from ..model.identity import ModelIdentity
 from ..model.versions import package_version
-from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
+from .index import Earlier, prompt_key, read_earlier
 
 VERSION = 1
 

@@ -24,12 +24,12 @@ from ..errors import ConfigError, InputError, quote
 from ..files.formats import FORMATS
 from ..files.formats.detect import output_format
 from ..files.inputs import read_question_file
-from .join import Merged, merge_rows, render_merged
 from ..files.outputs import write_atomic
-from ..journal.journal import changed_setting
-from .parts import Part, part_settings, read_part
 from ..files.paths import check_writable, same_file
 from ..files.shards import shard_in_name, shard_of
+from ..journal.journal import changed_setting
+from .join import Merged, merge_rows, render_merged
+from .parts import Part, part_settings, read_part
 
 SHOWN = 5  # missing ids named in the message
 

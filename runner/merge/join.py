@@ -67,7 +67,8 @@ def render_merged(merged: Merged, fmt: str, id_field: str = "questionID", column
     the time of an OpenAI Batch line written for a missing question."""
     if fmt == "openai":
         spec = OutputSpec("openai", started=started)
-        return "".join((row.line if row is not None else json.dumps(batch_line(Row(qid, None, MISSING), spec), ensure_ascii=False)) + "\n"
+        return "".join((row.line if row is not None
+                        else json.dumps(batch_line(Row(qid, None, MISSING), spec), ensure_ascii=False)) + "\n"
                        for qid, row in merged.rows)
     fields = [row.fields if row is not None else row_fields(Row(qid, None, MISSING), id_field, False)
               for qid, row in merged.rows]

@@ -26,11 +26,11 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
-from . import gpu
-from ..errors import ConfigError
-from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
 from ...workers.invariant import kv_streams
 from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
+from ..errors import ConfigError
+from . import gpu
+from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
 
 log = logging.getLogger("ggbatch")
 
@@ -232,8 +232,8 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     unified = kv_unified_for(facts.n_prefix, n_ctx_seq, invariant, cache)
     n_batch = batch_budget(n_batch, cache, invariant)
     pool_cells = n_ctx_seq - facts.n_prefix if unified else 0
-    wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots, facts.n_questions,
-                         pool_cells, started.slot_cap).slots
+    wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots,
+                         facts.n_questions, pool_cells, started.slot_cap).slots
     layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
                      n_batch=step_budget(n_batch, wanted),
                      threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))

@@ -24,19 +24,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from ...workers.protocol import AnswerSpec, GenerationParams, Question, VocabInfo
+from ...workers.sequence import common_prefix_len
 from ..config.answer import check_spellable, choice_tokens
 from ..config.schema import JobConfig
 from ..errors import ConfigError
+from ..files.inputs import Record
 from ..journal.journal import Journal
 from ..plan.layout import PromptFacts
 from ..plan.memory import ModelDims, dims_from_metadata
+from .maker import QuestionMaker, QuestionSet
 from .prefix_groups import Sharing, grouped_order
 from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
-from ..files.inputs import Record
-from .maker import QuestionMaker, QuestionSet
 from .tokenizing import TokenizerProcess
-from ...workers.protocol import AnswerSpec, GenerationParams, Question, VocabInfo
-from ...workers.sequence import common_prefix_len
 
 log = logging.getLogger("ggbatch")
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from itertools import groupby
 from array import array
+from itertools import groupby
 from typing import Any, Sequence
 
+from ...workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
 from ..plan import layout as layouts
 from ..plan.layout import Layout, kv_unified_for, plan_layout, step_budget, usable_cores
 from ..pool.pool import WorkerPool
-from ...workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
 
 COLUMNS = ["PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"]
 

@@ -28,8 +28,9 @@ def candidates(n_cores: int, slot_options: Sequence[int], n_questions: int,
                batch_invariant: bool = False) -> list[dict[str, int]]:
     """Every split of the cores into equal workers, with every slot count the sample can fill,
     with the weights repacked by llama.cpp and not (which is faster depends on the CPU and the
-    batch: layout.repack_weights; a batch_invariant job never repacks). `workers` workers share n_questions, so slots beyond each
-    one's share would stay empty and the trial would repeat a smaller one under a bigger name.
+    batch: layout.repack_weights; a batch_invariant job never repacks). `workers` workers share
+    n_questions, so slots beyond each one's share would stay empty and the trial would repeat a
+    smaller one under a bigger name.
     The smallest slot count always stays."""
     smallest = min(slot_options)
     return [{"workers": w, "threads": n_cores // w, "slots": s, "repack": repack}

@@ -10,8 +10,8 @@ from typing import Optional, Sequence, TextIO
 
 from tqdm import tqdm
 
-from .rates import RateWindow, eta_s, generating, tokens_left
 from ...workers.protocol import Answer
+from .rates import RateWindow, eta_s, generating, tokens_left
 
 log = logging.getLogger("ggbatch")
 

@@ -13,17 +13,17 @@ from typing import Any, Callable, Optional, Sequence
 
 import psutil
 
+from ...workers.protocol import Answer, EngineStats, FinishReason, Ready, ThreadsSet
 from ..journal.journal import Journal
+from ..pool.worker_threads import WorkerThreads
 from .memory_guard import LowMemoryPause
 from .monitor import Monitor
 from .progress import Progress
 from .stalls import StallWatch
-from .tally import AnswerTally
 from .startup_load import SinceStart
+from .tally import AnswerTally
 from .thread_controller import CoreLoad, ThreadChange, ThreadController, core_load
 from .timeline import Sample, Timeline, WorkerPoint
-from ..pool.worker_threads import WorkerThreads
-from ...workers.protocol import Answer, EngineStats, FinishReason, Ready, ThreadsSet
 
 log = logging.getLogger("ggbatch")
 

@@ -21,9 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from ....workers.protocol import ResponseFormat
 from ...errors import quote
 from .own_settings import QuestionSettings
-from ....workers.protocol import ResponseFormat
 
 CHAT, COMPLETION = "chat", "completion"
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
