@@ -273,7 +273,8 @@ class LlamaEngine:
     def _layout(self, spans: list[Span]) -> Batch:
         """The arrays of one llama_decode for these spans; in batch-invariant mode with ballast
         and logits rows added as workers/invariant.py requires."""
-        arrays, ballast = batch_arrays(spans), []
+        arrays: tuple[np.ndarray, ...] = batch_arrays(spans)
+        ballast: list[int] = []
         index = logit_index(spans)
         if self.invariant:
             arrays, ballast = invariant.lay_out(arrays, self.prefix_id)

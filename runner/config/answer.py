@@ -24,11 +24,12 @@ from .schema import CHOICES_AUTO, JobConfig
 def job_answer(config: JobConfig) -> Optional[AnswerSpec]:
     """The job's AnswerSpec (None: free text), its grammar checked by llama.cpp; ConfigError
     naming the key when the schema or the grammar cannot be used."""
-    flags = {"logprobs": config.choice_logprobs, "choice_logits": config.choice_logits}
+    logprobs, logits = config.choice_logprobs, config.choice_logits
     if config.choices == CHOICES_AUTO:
-        return AnswerSpec(**flags)  # each question's choices come from its record
+        # each question's choices come from its record
+        return AnswerSpec(logprobs=logprobs, choice_logits=logits)
     if config.choices:
-        return AnswerSpec(tuple(config.choices), **flags)
+        return AnswerSpec(tuple(config.choices), logprobs=logprobs, choice_logits=logits)
     if config.json_schema is not None:
         try:
             gbnf = schema_grammar(config.json_schema)

@@ -78,8 +78,8 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
         records = (_record(path, line, row, id_field, question_field, _row_digest(row))
                    for line, row in csv_rows(path, _csv_lines(path), required))
         return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path, csv=True), known)
-    records = _jsonl_records(path, id_field, question_field, known, hint)
-    return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path), known)
+    lines = _jsonl_records(path, id_field, question_field, known, hint)
+    return QuestionStream(fmt, _unique(path, lines, id_field), _longest_line(path), known)
 
 
 def _openai_hint(fmt: str, requested: Optional[str]) -> str:

@@ -137,11 +137,11 @@ class Journal:
         question), and its prompt's key (prompt_key) is returned; None: not held. Looked up
         together: a resumed file of millions of records goes through here."""
         rows = self._earlier.rows.get_many(keys)
-        held = [row is not None and row >= 0 and record and self._earlier.records[row] == record
+        held = [row if row is not None and row >= 0 and record and self._earlier.records[row] == record else None
                 for record, row in zip(records, rows)]
-        self._answers.add_many([key for key, h in zip(keys, held) if h],
-                               [self._earlier.at[row] for row, h in zip(rows, held) if h])
-        return [self._earlier.prompts[row] if h else None for row, h in zip(rows, held)]
+        self._answers.add_many([key for key, row in zip(keys, held) if row is not None],
+                               [self._earlier.at[row] for row in held if row is not None])
+        return [self._earlier.prompts[row] if row is not None else None for row in held]
 
     def records_known(self, records: Sequence[int]) -> list[Optional[str]]:
         """For each line's hash (Record.digest of a line as written): the id of the question whose
@@ -170,8 +170,9 @@ class Journal:
         reused: dict[str, Answer] = {}
         for q in questions:
             h = prompt_hash(q.tokens, q.generation)
-            if self.reuse_prompt(q.qid, h):
-                reused[q.qid] = self.answer(q.qid)
+            answer = self.answer(q.qid) if self.reuse_prompt(q.qid, h) else None
+            if answer is not None:
+                reused[q.qid] = answer
             else:
                 todo.append(q)
                 self.expect(q.qid, Expected(h))

@@ -24,7 +24,7 @@ import math
 import os
 from array import array
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.invariant import kv_streams
 from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
@@ -114,7 +114,7 @@ def cpu_flags() -> frozenset[str]:
 
 def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], slots: Optional[int],
           repack: Optional[bool], n_records: int, flags: frozenset[str],
-          tuned: Optional[dict[str, int]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
+          tuned: Optional[Mapping[str, Any]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
           batch_invariant: bool = False) -> Layout:
     """The workers to start now (None = auto; `tuned`: what `ggbatch tune` chose, used for what
     the job leaves to auto). Slots are an estimate from the record count. `devices`: one worker
@@ -145,13 +145,11 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
                           f"{n_cores} are usable here")
     if threads is not None and threads > n_cores:
         raise ConfigError(f"threads: {threads} threads per worker exceed the {n_cores} usable cores")
-    if workers is None and threads is None:
-        # One worker using every core: continuous batching inside one context shares the weight
-        # reads across all sequences, which several smaller workers cannot (see README).
-        workers, threads = 1, n_cores
-    elif workers is None:
-        workers = max(1, n_cores // threads)
-    elif threads is None:
+    if workers is None:
+        # Neither given: one worker using every core: continuous batching inside one context shares
+        # the weight reads across all sequences, which several smaller workers cannot (see README).
+        workers = 1 if threads is None else max(1, n_cores // threads)
+    if threads is None:
         threads = max(1, n_cores // workers)
     if workers * threads > n_cores:
         raise ConfigError(f"workers × threads = {workers} × {threads} = {workers * threads} "

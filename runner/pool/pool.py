@@ -200,7 +200,9 @@ class WorkerPool:
         ids = [w.spec.worker_id for w in self.workers]
         self._leaving = {wid for wid in ids if wid not in engines}
         # A worker let go keeps its engine until it has finished (the thread monitor reads it).
-        self._engines = {**(old if isinstance(old, Mapping) else dict.fromkeys(ids, old)), **engines}
+        earlier: Mapping[int, EngineConfig] = (old if isinstance(old, Mapping)
+                                               else {} if old is None else dict.fromkeys(ids, old))
+        self._engines = {**earlier, **engines}
         for w in self.workers:
             w.outdated = w.link is not None
         self._dispatch()
@@ -379,6 +381,8 @@ class WorkerPool:
 
     def _engine_of(self, w: WorkerState) -> EngineConfig:
         engines = self._engines
+        if engines is None:
+            raise RuntimeError(f"worker {w.spec.worker_id} started before the run gave the engine's settings")
         return engines if isinstance(engines, EngineConfig) else engines[w.spec.worker_id]
 
     def _start(self, w: WorkerState) -> None:

@@ -93,6 +93,8 @@ class RayLink:
         self.spec = spec
         self.local = spec.node_ip == ray.util.get_node_ip_address()
         self.pid: Optional[int] = None  # on this machine, once ready: psutil can watch it
+        if spec.node_id is None:
+            raise ValueError(f"worker {spec.worker_id}: a Ray worker's spec names its node")
         strategy = NodeAffinitySchedulingStrategy(spec.node_id, soft=False)
         # Named, so an operator (or a test) can find and ray.kill one: ggbatch-worker-ID-LIFE.
         self.actor = actor_class.options(num_cpus=len(spec.cores), max_concurrency=ACTOR_CONCURRENCY,

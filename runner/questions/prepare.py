@@ -78,7 +78,7 @@ class Preparer:
         self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)
         self.info: VocabInfo = info
         self.model_name = info.metadata.get("general.name") or Path(model_path).stem
-        self.maker: Optional[QuestionMaker] = None
+        self._maker: Optional[QuestionMaker] = None
         self.groups = 0  # groups numbered so far: each window's numbers follow the last's
         self.sharing = Sharing(0, 0, 0)  # summed over the windows
 
@@ -93,8 +93,14 @@ class Preparer:
 
     def start(self, journal: Journal) -> None:
         """The journal is open (its fingerprint needs self.generation): questions can be made."""
-        self.maker = QuestionMaker(self.builder, [self.tokenizer], self.config, self.generation, self.info.n_vocab,
-                                   journal)
+        self._maker = QuestionMaker(self.builder, [self.tokenizer], self.config, self.generation, self.info.n_vocab,
+                                    journal)
+
+    @property
+    def maker(self) -> QuestionMaker:
+        if self._maker is None:
+            raise RuntimeError("questions made before the journal was opened (Preparer.start)")
+        return self._maker
 
     @property
     def made(self) -> QuestionSet:

@@ -150,9 +150,9 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_tg, ax_all) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for (pp, tg), group in groupby(sorted(rows, key=lambda r: (r["PP"], r["TG"], r["B"])),
-                                   key=lambda r: (r["PP"], r["TG"])):
-        group = list(group)
+    for (pp, tg), members in groupby(sorted(rows, key=lambda r: (r["PP"], r["TG"], r["B"])),
+                                     key=lambda r: (r["PP"], r["TG"])):
+        group = list(members)
         b = [r["B"] for r in group]
         ax_tg.plot(b, [r["S_TG t/s"] for r in group], marker="o", label=f"PP {pp}, TG {tg}")
         ax_all.plot(b, [r["S t/s"] for r in group], marker="o", label=f"PP {pp}, TG {tg}")

@@ -71,7 +71,8 @@ def parse_request(line: Mapping[str, Any]) -> Request:
     try:
         return _request(line)
     except Refused as exc:
-        return Request(ENDPOINTS.get(line.get("url"), CHAT), error=str(exc))
+        url = line.get("url")
+        return Request(ENDPOINTS.get(url, CHAT) if isinstance(url, str) else CHAT, error=str(exc))
 
 
 def _request(line: Mapping[str, Any]) -> Request:
