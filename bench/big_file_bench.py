@@ -41,8 +41,8 @@ def build(path: Path, n: int) -> int:
             sources += [(name, json.loads(line)) for line in f if line.strip()]
     with open(path, "w", encoding="utf-8") as f:
         for i, (name, rec) in zip(range(n), itertools.cycle(sources)):
-            f.write(json.dumps({"questionID": f"{name}-{i}-{rec['questionID']}", "question": f"{rec['question']} (item {i})"},
-                               ensure_ascii=False) + "\n")
+            record = {"questionID": f"{name}-{i}-{rec['questionID']}", "question": f"{rec['question']} (item {i})"}
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path.stat().st_size
 
 

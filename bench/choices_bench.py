@@ -48,7 +48,8 @@ def run_job(model: str, questions: Path, side: str, tmp: Path) -> dict:
     lay = rep["layout"]
     engine = [w["engine"] for w in rep["workers"].values() if w.get("engine")]
     work = {k: sum(e[k] for e in engine) for k in ("step_s", "decode_s", "sample_s")}
-    return {"wall_s": wall, **work, "other_s": work["step_s"] - work["decode_s"] - work["sample_s"], "answered": rep["questions"]["answered"], "prompt_tokens": rep["tokens"]["prompt"],
+    return {"wall_s": wall, **work, "other_s": work["step_s"] - work["decode_s"] - work["sample_s"],
+            "answered": rep["questions"]["answered"], "prompt_tokens": rep["tokens"]["prompt"],
             "layout": f"{lay['workers']}w x {lay['threads_per_worker']}t x {lay['slots_per_worker']} slots, "
                       f"n_ctx {lay['n_ctx_per_sequence']}",
             "letters": sum(a.get("answer") in ("A", "B", "C", "D") for a in answers)}

@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine_bench import bench_model, load_questions  # noqa: E402
-
 from ggbatch.runner.config.answer import schema_grammar  # noqa: E402
 from ggbatch.runner.questions.prepare import common_prefix  # noqa: E402
 from ggbatch.workers.protocol import AnswerSpec, EngineConfig, GenerationParams  # noqa: E402

@@ -24,13 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from ggbatch.runner import layout as layouts  # noqa: E402
+from compare_server import LSAT  # noqa: E402
+from engine_bench import bench_model, load_questions  # noqa: E402
+from ggbatch.runner.plan import layout as layouts  # noqa: E402
 from ggbatch.runner.plan.layout import Layout, cpu_flags, repack_weights, step_budget, usable_cores  # noqa: E402
 from ggbatch.runner.questions.prefix_groups import grouped_order  # noqa: E402
 from ggbatch.runner.questions.prepare import common_prefix  # noqa: E402
 from ggbatch.workers.protocol import GenerationParams, Question  # noqa: E402
-from compare_server import LSAT  # noqa: E402
-from engine_bench import bench_model, load_questions  # noqa: E402
 
 SYSTEM = "Answer with the letter of the correct choice."
 TOKENS = 32
@@ -98,8 +98,8 @@ def main() -> None:
         for variant in args.variants.split(","):
             r = run(model, questions, variant, args.threads)
             walls.setdefault(variant, []).append(r["wall"])
-            print(f"{variant:>20}: {r['wall']:6.1f} s, CPU {r['cpu']:6.1f} s (prompt steps {r['pp_s']:5.1f} s, generation steps "
-                  f"{r['tg_s']:5.1f} s), prompt tokens computed {r['computed']}, {r['steps']} steps, "
+            print(f"{variant:>20}: {r['wall']:6.1f} s, CPU {r['cpu']:6.1f} s (prompt steps {r['pp_s']:5.1f} s, "
+                  f"generation steps {r['tg_s']:5.1f} s), prompt tokens computed {r['computed']}, {r['steps']} steps, "
                   f"flash_attn {r['flash_attn']}, n_batch {r['n_batch']}", flush=True)
     for variant, w in walls.items():
         print(f"{variant}: median {statistics.median(w):.1f} s of {len(w)}")

@@ -29,8 +29,9 @@ from compare_server import SYSTEM  # noqa: E402
 from contention_bench import busy_loops  # noqa: E402
 from engine_bench import GSM8K, bench_model  # noqa: E402
 
-SAMPLE = re.compile(r"worker (\d+): cores \[([\d, ]+)\] over ([\d.]+) s( from the job's start to its Ready)?: "
-                    r"([\d.]+) busy, ([\d.]+) its own, ([\d.]+) other \(([\d.]+) steal\) cores; (\d+) llama.cpp threads")
+SAMPLE = re.compile(r"worker (\d+): cores \[([\d, ]+)\] over ([\d.]+) s"
+                    r"( from the job's start to its Ready)?: ([\d.]+) busy, ([\d.]+) its own, "
+                    r"([\d.]+) other \(([\d.]+) steal\) cores; (\d+) llama.cpp threads")
 
 
 def parse_samples(log: str) -> list[dict]:

@@ -29,7 +29,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from engine_bench import bench_model  # noqa: E402
-
 from ggbatch.runner.config.checks import bool_or_auto  # noqa: E402
 from ggbatch.runner.plan.layout import cpu_flags, repack_weights, usable_cores  # noqa: E402
 

@@ -15,15 +15,15 @@ from typing import Any, Callable, Optional, Sequence, TextIO, cast
 
 from .closed_pipe import ClosedPipeSafe
 from .config.schema import build_config, load_job_file
-from .pool.crashes import address_space_limit
 from .errors import GgbatchError, Interrupted, WorkerFailure
 from .files.formats import FORMATS
-from .merge.command import add_merge_parser, cmd_merge
 from .files.paths import journal_path
-from .watch.progress import setup_logging
-from .scoring.command import add_score_parser, cmd_score, print_run_score
+from .merge.command import add_merge_parser, cmd_merge
+from .pool.crashes import address_space_limit
 from .pool.signals import STOP
+from .scoring.command import add_score_parser, cmd_score, print_run_score
 from .tools.commands import TOOL_COMMANDS, add_tool_commands
+from .watch.progress import setup_logging
 
 log = logging.getLogger("ggbatch")
 

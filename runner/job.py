@@ -29,34 +29,33 @@ from typing import Any, Callable, Iterator, Optional
 
 import psutil
 
-from .plan import gpu
-from .plan import layout as layouts
-from .plan import tuned
+from ..workers.protocol import EngineConfig, WorkerSpec
 from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, JobConfig
 from .errors import Interrupted, WorkerFailure
-from .questions.feed import QuestionFeed
 from .files.formats.detect import output_format
+from .files.formats.own_settings import has_grammar
 from .files.formats.rows import OutputSpec, Row
-from .plan.growth import ContextGrowth, PlanInputs
 from .files.inputs import QuestionStream, Record, open_question_file
-from .journal.journal import Journal, fingerprint
-from .journal.index import Earlier, start_reading
-from .pool.local import LocalBackend
 from .files.lock import OutputLock
-from .model.identity import ModelIdentity, identify, resolve_model
-from .plan.nodes import Node, NodePlan, node_report, share
 from .files.outputs import write_answers, write_atomic
 from .files.paths import JobPaths, job_paths
+from .files.shards import in_shard
+from .journal.index import Earlier, start_reading
+from .journal.journal import Journal, fingerprint
+from .model.identity import ModelIdentity, identify, resolve_model
+from .plan import gpu, tuned
+from .plan import layout as layouts
+from .plan.growth import ContextGrowth, PlanInputs
+from .plan.nodes import Node, NodePlan, node_report, share
+from .pool.local import LocalBackend
 from .pool.pool import WorkerPool
-from .files.formats.own_settings import has_grammar
+from .pool.signals import STOP
+from .questions.feed import QuestionFeed
 from .questions.prepare import WINDOW, Preparer, Window, check_requests, facts, max_tokens
 from .report.report import JobSetup, RunOutcome, RunReport
-from .files.shards import in_shard
-from .pool.signals import STOP
 from .watch.tally import RecordCounts
 from .watch.watch import RunWatch
-from ..workers.protocol import EngineConfig, WorkerSpec
 
 log = logging.getLogger("ggbatch")
 

@@ -68,7 +68,8 @@ class FakeEngine:
         if fake.fail_load or (fake.fail_load_once_marked and Path(fake.marker or "/nonexistent").exists()):
             raise RuntimeError("fake engine refused to load")
         if fake.environ_to:
-            Path(fake.environ_to).write_text(json.dumps({k: v for k, v in os.environ.items() if "VISIBLE_DEVICES" in k}))
+            visible = {k: v for k, v in os.environ.items() if "VISIBLE_DEVICES" in k}
+            Path(fake.environ_to).write_text(json.dumps(visible))
         self.fake = fake
         self.slots = config.slots
         self.worker_id = worker_id

@@ -7,12 +7,12 @@ from array import array
 
 import pytest
 
-from ggbatch.runner.config.answer import choice_tokens, record_choices, schema_grammar, with_choices
 from ggbatch.runner.cli import _flag_layer, build_parser
+from ggbatch.runner.config.answer import choice_tokens, record_choices, schema_grammar, with_choices
 from ggbatch.runner.config.schema import CHOICES_AUTO, build_config, load_job_file
 from ggbatch.runner.errors import ConfigError, InputError
-from ggbatch.runner.journal.journal import changed_setting, prompt_hash
 from ggbatch.runner.files.formats.own_settings import settings_key
+from ggbatch.runner.journal.journal import changed_setting, prompt_hash
 from ggbatch.workers.constraints import best_choice, choice_grammar, choice_logprobs, choice_text, gbnf_literal
 from ggbatch.workers.protocol import AnswerSpec, GenerationParams
 

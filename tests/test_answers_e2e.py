@@ -173,7 +173,8 @@ def test_openai_lines_response_format_is_enforced_and_a_bad_schema_is_that_lines
 
 
 @pytest.mark.parametrize("flags, said", [
-    (["--grammar", "root ::= missing"], "answer.grammar: not a grammar llama.cpp can use: \"Undefined rule identifier 'missing'\""),
+    (["--grammar", "root ::= missing"],
+     "answer.grammar: not a grammar llama.cpp can use: \"Undefined rule identifier 'missing'\""),
     (["--grammar", 'root ::= [a-'], "answer.grammar: not a grammar llama.cpp can use: 'unexpected end of input'"),
     (["--json-schema", '{"type": "object", "properties": {"a": {"$ref": "#/x/y"}}}'],
      "answer.json_schema: cannot turn this JSON schema into a grammar"),

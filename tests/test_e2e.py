@@ -238,7 +238,8 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k
     assert (layout["workers"], layout["threads_per_worker"]) == (entry["choice"]["workers"], entry["choice"]["threads"])
     assert layout["slots_per_worker"] <= entry["choice"]["slots"]
     assert (layout["repack_weights"], layout["repack_reason"]) == (entry["choice"]["repack"], "ggbatch tune")
-    assert f"layout from ggbatch tune ({tmp_path / 'cache' / 'ggbatch' / 'layouts.json'}, tuned for <= {bucket}" in r.stderr
+    tuned = tmp_path / "cache" / "ggbatch" / "layouts.json"
+    assert f"layout from ggbatch tune ({tuned}, tuned for <= {bucket}" in r.stderr
 
 
 def test_repack_setting_reaches_llama_cpp(tmp_path, gsm8k_file):

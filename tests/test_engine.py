@@ -222,6 +222,7 @@ def test_sequences_moved_between_streams_answer_as_if_alone(stories, tokenizer):
 def test_params_refuse_a_field_the_bindings_do_not_have():
     # ctypes takes any attribute name silently: a renamed field must fail loudly instead.
     import llama_cpp
+
     from ggbatch.workers.model_runner import set_fields
 
     params = llama_cpp.llama_model_default_params()
@@ -251,7 +252,8 @@ def test_each_question_is_answered_with_its_own_settings(stories, tokenizer):
     got = answer_all(stories, mixed, slots=5, **run, **job)
     assert [got[f"q{i}"].completion_tokens for i in (0, 1)] == [3, 12]
     assert alone["q0"].text.startswith(got["q0"].text) and got["q1"].text == alone["q1"].text
-    assert got["q2"].finish_reason is FinishReason.STOP and got["q2"].text == alone["q2"].text[:alone["q2"].text.index(stop_at)]
+    assert got["q2"].finish_reason is FinishReason.STOP
+    assert got["q2"].text == alone["q2"].text[:alone["q2"].text.index(stop_at)]
     assert got["q3"].text != alone["q3"].text  # its greedy tokens were banned
     again = answer_all(stories, [own(4, **sampled)], slots=1, **run, **job)
     other_seed = answer_all(stories, [replace(own(4, **sampled), seed=qs[4].seed + 1)], slots=1, **run, **job)

@@ -194,7 +194,8 @@ def test_workers_killed_at_random_moments_lose_and_duplicate_nothing(long_refere
         # Kills between answers: each after some progress, as crashes spread over a long job are.
         # (Three kills of the one worker retrying a suspect would rightly fail that question.)
         before = answers_by_worker(out)
-        wait_for(lambda: (len(workers_of(proc)) == 2 and all(answers_by_worker(out)[w] > before[w] for w in (0, 1)))
+        wait_for(lambda before=before: (len(workers_of(proc)) == 2
+                                        and all(answers_by_worker(out)[w] > before[w] for w in (0, 1)))
                  or proc.poll() is not None, what="two live workers, each with a new answer")
         time.sleep(rng.uniform(0.0, 0.2))
         victims = workers_of(proc)
@@ -249,7 +250,7 @@ def test_batch_invariant_answers_retried_alone_after_kill_9_equal_a_quiet_run(k_
         # Spread over the first half of the job, so every kill lands while questions are left.
         for share in (0.1, 0.2, 0.35, 0.5):
             wait_for(lambda: len(workers_of(proc)) == 2 or proc.poll() is not None, what="two live workers")
-            wait_for(lambda: journal_entries(out) >= share * KQ_QUESTIONS or proc.poll() is not None,
+            wait_for(lambda share=share: journal_entries(out) >= share * KQ_QUESTIONS or proc.poll() is not None,
                      what="answers")
             victims = sorted(workers_of(proc), key=lambda w: w.create_time())
             if proc.poll() is not None or not victims:

@@ -122,8 +122,8 @@ def test_duplicate_custom_ids_are_refused_naming_both_lines(tmp_path, stories):
 def test_chat_lines_are_rendered_with_the_models_chat_template(tmp_path):
     """The demo model has a ChatML template: a line's whole conversation goes through it, a
     completion prompt goes in as it is."""
-    from ggbatch.runner.questions.prompts import PromptBuilder
     from ggbatch.runner.model.make.modelgen import ensure_demo_model
+    from ggbatch.runner.questions.prompts import PromptBuilder
     from ggbatch.workers.model_runner import Tokenizer
 
     turns = [("system", "Be brief."), ("user", "2+2?"), ("assistant", "4"), ("user", "And 3+3?")]
@@ -138,7 +138,8 @@ def test_chat_lines_are_rendered_with_the_models_chat_template(tmp_path):
     try:
         assert "<|im_start|>" in tok.chat_template
         prompt = PromptBuilder(tok.chat_template, bos_token=tok.bos_text, eos_token=tok.eos_text).render_messages(turns)
-        assert bodies["talk"].usage.prompt_tokens == len(tok.tokenize(prompt, add_bos=not prompt.startswith(tok.bos_text)))
+        tokens = tok.tokenize(prompt, add_bos=not prompt.startswith(tok.bos_text))
+        assert bodies["talk"].usage.prompt_tokens == len(tokens)
         assert bodies["raw"].usage.prompt_tokens == len(tok.tokenize("<|im_start|>user"))
     finally:
         tok.close()

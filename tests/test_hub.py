@@ -26,7 +26,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 @pytest.mark.parametrize("name, ref", [
-    ("hf:owner/repo/model-Q4_K_M.gguf", HubRef("hf:owner/repo/model-Q4_K_M.gguf", "owner/repo", filename="model-Q4_K_M.gguf")),
+    ("hf:owner/repo/model-Q4_K_M.gguf",
+     HubRef("hf:owner/repo/model-Q4_K_M.gguf", "owner/repo", filename="model-Q4_K_M.gguf")),
     ("hf:owner/repo/sub/dir/m.gguf", HubRef("hf:owner/repo/sub/dir/m.gguf", "owner/repo", filename="sub/dir/m.gguf")),
     ("owner/repo:Q4_K_M", HubRef("owner/repo:Q4_K_M", "owner/repo", quant="Q4_K_M")),
     ("hf:owner/Repo-GGUF:q8_0", HubRef("hf:owner/Repo-GGUF:q8_0", "owner/Repo-GGUF", quant="q8_0")),
@@ -63,7 +64,8 @@ def test_pick_file_defaults_and_errors():
     assert pick_file(["only.gguf", "mmproj-x.gguf"], HubRef("n", "o/r")) == "only.gguf"
     with pytest.raises(ModelError, match=r"^n: no GGUF file of o/r matches Q4_K; it has Model-7B-Q4_K_M.gguf, "):
         pick_file(FILES, HubRef("n", "o/r", quant="Q4_K"))  # Q4_K is followed by _M there, not . or -
-    with pytest.raises(ModelError, match=r"2 files match Q4_K_M: a/m-Q4_K_M.gguf, b/m-Q4_K_M.gguf; name one as hf:o/r/FILE"):
+    with pytest.raises(ModelError,
+                       match=r"2 files match Q4_K_M: a/m-Q4_K_M.gguf, b/m-Q4_K_M.gguf; name one as hf:o/r/FILE"):
         pick_file(["a/m-Q4_K_M.gguf", "b/m-Q4_K_M.gguf"], HubRef("n", "o/r", quant="Q4_K_M"))
     with pytest.raises(ModelError, match="no GGUF file of o/r matches Q4_K_M or Q8_0; it has x.gguf, y.gguf"):
         pick_file(["x.gguf", "y.gguf"], HubRef("n", "o/r"))
@@ -125,8 +127,9 @@ def resolve(name, env, hide_hub=False):
 
 def test_names_resolve_offline_from_the_cache(hub):
     cache, snapshot, env = hub
-    for name, file in [("hf:owner/repo/stories260K.gguf", "stories260K.gguf"), ("owner/repo:F32", "stories260K-F32.gguf"),
-                       ("owner/repo:f32", "stories260K-F32.gguf"), ("hf:owner/repo:F32", "stories260K-F32.gguf")]:
+    for name, file in [("hf:owner/repo/stories260K.gguf", "stories260K.gguf"),
+                       ("owner/repo:F32", "stories260K-F32.gguf"), ("owner/repo:f32", "stories260K-F32.gguf"),
+                       ("hf:owner/repo:F32", "stories260K-F32.gguf")]:
         r = resolve(name, env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == str(snapshot / file)
@@ -137,13 +140,15 @@ def test_offline_misses_are_one_line_errors(hub):
     r = resolve("hf:owner/repo/absent.gguf", env)
     assert f"hf:owner/repo/absent.gguf: not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set" in r.stderr
     r = resolve("owner/other:Q4_K_M", env)
-    assert f"owner/other:Q4_K_M: owner/other is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set" in r.stderr
+    assert (f"owner/other:Q4_K_M: owner/other is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set"
+            in r.stderr)
     r = resolve("owner/two:Q8_0", env)
     assert "owner/two:Q8_0: 2 files match Q8_0: a/m-Q8_0.gguf, b/m-Q8_0.gguf" in r.stderr
     r = resolve("owner/repo:Q4_K_M", env)
     assert "no GGUF file of owner/repo matches Q4_K_M; it has stories260K-F32.gguf, stories260K.gguf" in r.stderr
     r = resolve("owner/repo:F32", env, hide_hub=True)
-    assert "owner/repo:F32: a Hugging Face model name needs the huggingface_hub package: pip install 'ggbatch[hf]'" in r.stderr
+    assert ("owner/repo:F32: a Hugging Face model name needs the huggingface_hub package: pip install 'ggbatch[hf]'"
+            in r.stderr)
 
 
 def test_unreachable_hub_falls_back_to_the_cache(hub):

@@ -65,7 +65,8 @@ def test_changed_setting():
 
 def test_a_question_whose_own_settings_changed_is_answered_again(tmp_path):
     path = str(tmp_path / "j.jsonl")
-    own = lambda qid, n: Question(qid, array("i", [1, 2]), 0, GenerationParams(max_tokens=n))  # noqa: E731
+    def own(qid, n):
+        return Question(qid, array("i", [1, 2]), 0, GenerationParams(max_tokens=n))
     j = Journal(path, FP)
     j.split([own("q1", 8), own("q2", 8), question("q3", 1, 2)])
     j.append([answer("q1"), answer("q2"), Answer("q3", "t", FinishReason.STOP, 3, 1, 0, 0.1, 0.2, created=12.5)])

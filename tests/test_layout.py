@@ -4,10 +4,16 @@ from array import array
 import pytest
 
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.plan.layout import (context_per_sequence, cpu_flags, kv_unified_for, plan_layout, repack_weights,
-                                   start)
-from ggbatch.runner.questions.prepare import common_prefix
+from ggbatch.runner.plan.layout import (
+    context_per_sequence,
+    cpu_flags,
+    kv_unified_for,
+    plan_layout,
+    repack_weights,
+    start,
+)
 from ggbatch.runner.questions.maker import question_seed
+from ggbatch.runner.questions.prepare import common_prefix
 
 
 def test_auto_uses_one_worker_on_every_core():

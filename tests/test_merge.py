@@ -11,11 +11,11 @@ import pytest
 
 from conftest import ROOT
 from ggbatch.runner.errors import ConfigError, InputError
+from ggbatch.runner.files.outputs import OutputSpec, Row, render
+from ggbatch.runner.files.shards import shard_of
 from ggbatch.runner.merge.command import merge_files
 from ggbatch.runner.merge.join import MISSING
-from ggbatch.runner.files.outputs import OutputSpec, Row, render
 from ggbatch.runner.merge.parts import read_part
-from ggbatch.runner.files.shards import shard_of
 from ggbatch.workers.protocol import Answer, FinishReason
 
 IDS = [f"q{i}" for i in range(1, 31)] + ["7", "007", "é-1", "with, comma"]

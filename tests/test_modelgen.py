@@ -10,6 +10,7 @@ import gguf
 import pytest
 
 from ggbatch.runner.model.make import modelgen as mg
+
 SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 QWEN2_VOCAB = SHARED_MODELS / "ggml-vocab-qwen2.gguf"
 TINY = mg.ModelShape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=512)

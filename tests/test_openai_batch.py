@@ -13,9 +13,9 @@ from pydantic import BaseModel, ConfigDict
 from ggbatch.runner.errors import InputError
 from ggbatch.runner.files.formats.openai_output import batch_line
 from ggbatch.runner.files.formats.openai_request import parse_request
+from ggbatch.runner.files.formats.own_settings import QuestionSettings, own_generation, vocabulary_problem
 from ggbatch.runner.files.inputs import read_question_file
 from ggbatch.runner.files.outputs import OutputSpec, Row, render
-from ggbatch.runner.files.formats.own_settings import QuestionSettings, own_generation, vocabulary_problem
 from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, ResponseFormat, SamplingParams
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -63,7 +63,8 @@ def test_a_completion_line_and_message_shapes():
     (line({"temperature": 3}), "body.temperature: must be >= 0 and <= 2, got 3"),
     (line({"top_p": 0}), "body.top_p: must be > 0 and <= 1, got 0"),
     (line({"max_tokens": 0}), "body.max_tokens: must be from 1 to"),
-    (line({"max_tokens": 8, "max_completion_tokens": 9}), "body.max_tokens (8) and body.max_completion_tokens (9) differ"),
+    (line({"max_tokens": 8, "max_completion_tokens": 9}),
+     "body.max_tokens (8) and body.max_completion_tokens (9) differ"),
     (line({"seed": 1.5}), "body.seed: must be an integer"),
     (line({"stop": ["a", "b", "c", "d", "e"]}), "body.stop: must be a non-empty string or a list of up to 4"),
     (line({"stop": [""]}), "body.stop: must be a non-empty string"),
@@ -82,7 +83,8 @@ def test_a_completion_line_and_message_shapes():
     (line({"messages": [{"role": "assistant", "content": None, "tool_calls": []}]}),
      "body.messages[0].tool_calls: not supported"),
     (line({"prompt": ["a", "b"]}, url=COMPLETIONS), "body.messages: not supported on /v1/completions"),
-    ({"custom_id": "c", "url": COMPLETIONS, "body": {"prompt": ["a", "b"]}}, "body.prompt: must be one non-empty string"),
+    ({"custom_id": "c", "url": COMPLETIONS, "body": {"prompt": ["a", "b"]}},
+     "body.prompt: must be one non-empty string"),
     (line(method="GET"), "method: must be POST, got 'GET'"),
     (line(extra_key=1), "extra_key: not a key of a batch request line"),
     ({"custom_id": "q", "url": CHAT, "body": "hi"}, "body: must be a JSON object"),
@@ -184,7 +186,8 @@ def test_output_lines_read_by_the_openai_types():
     done = Answer("chat", "<think>sum</think>\n 4 ", FinishReason.STOP, 20, 3, 0, 0.1, 0.2, created=1_700_000_000.5)
     cut = Answer("comp", " there was", FinishReason.LENGTH, 5, 8, 0, 0.1, 0.2, created=1_700_000_001.25)
     rows = [Row("chat", done), Row("comp", cut), Row("bad", None, "body.stream: no"),
-            Row("tok", Answer("tok", "", FinishReason.ERROR, 0, 0, -1, 0, 0, "no token for U+2019"), "no token for U+2019"),
+            Row("tok", Answer("tok", "", FinishReason.ERROR, 0, 0, -1, 0, 0, "no token for U+2019"),
+                "no token for U+2019"),
             Row("late", None, "not answered: stopped")]
     spec = OutputSpec("openai", keep_thinking=True, model_name="stories", completions=frozenset({"comp"}),
                       refused=frozenset({"bad"}), started=1_699_999_999.0)
@@ -203,7 +206,8 @@ def test_output_lines_read_by_the_openai_types():
     assert (bad.error.code, parsed["tok"][0].error.code, parsed["late"][0].error.code) == \
         ("invalid_request", "failed", "not_answered")
     assert parsed["tok"][0].response is None and parsed["late"][0].error.message == "not answered: stopped"
-    ids = [env.id for env, _ in parsed.values()] + [env.response.request_id for env, _ in parsed.values() if env.response]
+    ids = [env.id for env, _ in parsed.values()]
+    ids += [env.response.request_id for env, _ in parsed.values() if env.response]
     assert len(set(ids)) == len(ids) and all(i.startswith(("batch_req_", "req_")) for i in ids)
 
 

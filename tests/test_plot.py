@@ -80,7 +80,7 @@ def test_plot_draws_every_panel_with_data(real_run, tmp_path):
     fig = plot.draw(rep)  # the same figure, for where its panels are
     fig.canvas.draw()
     height = image.size[1]
-    for ax, (key, title, per_worker) in zip(fig.axes, plot.PANELS):
+    for ax, (_, title, per_worker) in zip(fig.axes, plot.PANELS):
         assert ax.get_title() == title
         box = ax.get_window_extent()
         inner = (int(box.x0) + 3, int(height - box.y1) + 3, int(box.x1) - 3, int(height - box.y0) - 3)

@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 
 from fake_engine import Fake
-from ggbatch.runner.pool.crashes import StartupError
 from ggbatch.runner.errors import WorkerFailure
+from ggbatch.runner.pool.crashes import StartupError
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.runner.pool.worker_threads import WorkerThreads
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec

@@ -57,7 +57,8 @@ def test_sharing_shorter_than_min_shared_is_not_a_group():
 def test_nested_sharing_keeps_the_inner_groups_next_to_each_other():
     # two subjects with their few-shot examples, two passages under each
     subject = {s: list(range(2000 + 100 * s, 2000 + 100 * s + 40)) for s in (0, 1)}
-    passage = {(s, p): list(range(5000 + 100 * (2 * s + p), 5000 + 100 * (2 * s + p) + 50)) for s in (0, 1) for p in (0, 1)}
+    passage = {(s, p): list(range(5000 + 100 * (2 * s + p), 5000 + 100 * (2 * s + p) + 50))
+               for s in (0, 1) for p in (0, 1)}
     prompts = [prompt(SYSTEM, subject[s], passage[s, p], [9000 + j]) for s in (0, 1) for p in (0, 1) for j in range(3)]
     random.Random(5).shuffle(prompts)
     placed, sharing = grouped_order(prompts, 10)

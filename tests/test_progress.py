@@ -4,7 +4,6 @@ import io
 import logging
 import time
 
-
 from ggbatch.runner.watch.progress import Progress
 from ggbatch.runner.watch.rates import RateWindow, eta_s, generating, tokens_left
 from ggbatch.workers.protocol import Answer, FinishReason

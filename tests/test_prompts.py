@@ -86,7 +86,8 @@ def test_a_conversation_renders_with_the_job_system_prompt_unless_it_has_its_own
     assert b.render_messages(turns) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
                                         "<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\n3+3?<|im_end|>\n"
                                         "<|im_start|>assistant\n")
-    assert b.render_messages((("system", "Be kind."), ("user", "hi"))).startswith("<|im_start|>system\nBe kind.<|im_end|>")
+    rendered = b.render_messages((("system", "Be kind."), ("user", "hi")))
+    assert rendered.startswith("<|im_start|>system\nBe kind.<|im_end|>")
     assert b.render("hi") == b.render_messages((("user", "hi"),))
 
 

@@ -87,7 +87,8 @@ def test_a_worker_maps_its_planned_positions_onto_its_node_usable_cores():
 
 def test_ray_settings_are_checked():
     base = {"model": "m.gguf", "input": "q.jsonl", "output": "a.json"}
-    assert build_config([("t", {**base, "backend": "ray", "ray_address": "10.0.0.1:6379"})]).ray_address == "10.0.0.1:6379"
+    config = build_config([("t", {**base, "backend": "ray", "ray_address": "10.0.0.1:6379"})])
+    assert config.ray_address == "10.0.0.1:6379"
     with pytest.raises(ConfigError, match="backend: must be local or ray"):
         build_config([("t", {**base, "backend": "spark"})])
     with pytest.raises(ConfigError, match="ray_address: must be auto or HOST:PORT"):

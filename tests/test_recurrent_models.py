@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
+from ggbatch.runner.model.make import modelgen as mg
 from ggbatch.runner.questions.prepare import common_prefix
 from ggbatch.runner.questions.prompts import PromptBuilder
-from ggbatch.runner.model.make import modelgen as mg
 from ggbatch.workers.memory_kind import KvRefused, MemoryKind
 from ggbatch.workers.prefix_cache import Start
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
@@ -108,6 +108,7 @@ def references(model: str, qs: list[Question], flash_attn: bool = True) -> dict[
 @pytest.mark.parametrize("name", list(ARCHS))
 def test_make_model_writes_an_architecture_llama_cpp_loads_as_recurrent_memory(models, tokenizers, name, tmp_path):
     import llama_cpp
+
     from ggbatch.runner.cli import build_parser
     from ggbatch.runner.tools.commands import cmd_make_model
 

@@ -20,9 +20,9 @@ from openai.types.chat import ChatCompletion
 from conftest import ROOT, gsm8k_records
 from fake_engine import Fake
 from ggbatch import build_config
+from ggbatch.runner.job import STREAMED, run_job
 from ggbatch.runner.plan import layout as layouts
 from ggbatch.runner.plan.growth import ContextGrowth, PlanInputs
-from ggbatch.runner.job import STREAMED, run_job
 from ggbatch.runner.plan.layout import PromptFacts
 from ggbatch.runner.plan.memory import ModelDims
 from ggbatch.runner.plan.nodes import Node, NodePlan
@@ -216,8 +216,9 @@ def test_workers_busy_with_a_window_start_again_with_a_larger_context_and_lose_n
     questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": " ".join(["seven"] * (1 + i // 4))})
                                  + "\n" for i in range(200)))
     one, streamed = tmp_path / "one.json", tmp_path / "streamed.json"
-    config = lambda out: build_config([("t", {"model": stories, "input": str(questions), "output": str(out),
-                                               "workers": 2, "slots": 4, "max_tokens": 4})])  # noqa: E731
+    def config(out):
+        return build_config([("t", {"model": stories, "input": str(questions), "output": str(out),
+                                    "workers": 2, "slots": 4, "max_tokens": 4})])
     run_job(config(one), engine_factory=Fake(context=True), progress="log")
     report = run_job(config(streamed), engine_factory=Fake(context=True, slow=0.002), progress="log", window=20)
     assert all(r["answer"] is not None for r in json.loads(streamed.read_text()))

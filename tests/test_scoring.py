@@ -9,13 +9,23 @@ import sys
 import pytest
 
 from conftest import DATA, ROOT, require
-from ggbatch.runner.scoring.files import openai_text, read_answers, read_gold
 from ggbatch.runner.cli import build_parser
-from ggbatch.runner.scoring.command import cmd_score
 from ggbatch.runner.errors import InputError
+from ggbatch.runner.scoring.command import cmd_score
+from ggbatch.runner.scoring.files import openai_text, read_answers, read_gold
+from ggbatch.runner.scoring.rules import (
+    Gold,
+    accuracy_stderr,
+    auto_rule,
+    extract_letter,
+    extract_number,
+    group_of,
+    normalise_text,
+    parse_number,
+    score_one,
+    tally,
+)
 from ggbatch.runner.scoring.table import ScoreResult, format_table, score
-from ggbatch.runner.scoring.rules import (Gold, accuracy_stderr, auto_rule, extract_letter, extract_number,
-                                    group_of, normalise_text, parse_number, score_one, tally)
 
 MMLU = DATA / "mmlu" / "questions.jsonl"
 GSM8K_RAW = DATA / "gsm8k" / "raw" / "grade_school_math" / "data" / "test.jsonl"
@@ -184,7 +194,8 @@ def test_csv_and_json_array_answers(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"questionID": "a", "answer": "1"}\n{"questionID": "a", "answer": "2"}\n', "duplicate answer for 'a' (lines 1 and 2)"),
+    ('{"questionID": "a", "answer": "1"}\n{"questionID": "a", "answer": "2"}\n',
+     "duplicate answer for 'a' (lines 1 and 2)"),
     ('{"questionID": "a", "answer": "1"}\n{"questionID": "b", "answer": \n', ":2: malformed JSON"),
     ('{"id": "a", "answer": "1"}\n', ":1: no 'questionID' field (it has: id, answer)"),
     ('{"questionID": "a", "answer": ["x"]}\n', ":1: 'answer' must be a string or a number"),
@@ -197,9 +208,10 @@ def test_unreadable_answers_name_file_and_line(tmp_path, content, message):
 
 
 def test_gold_with_choices_list_and_records_without_gold(tmp_path):
-    path = write_jsonl(tmp_path / "g.jsonl", [{"questionID": "1", "question": "?", "answer": "B", "choices": ["x", "y"]},
-                                              {"questionID": "2", "question": "?"},
-                                              {"questionID": 3, "question": "?", "answer": 18}])
+    path = write_jsonl(tmp_path / "g.jsonl", [
+        {"questionID": "1", "question": "?", "answer": "B", "choices": ["x", "y"]},
+        {"questionID": "2", "question": "?"},
+        {"questionID": 3, "question": "?", "answer": 18}])
     gold, without = read_gold(path)
     assert gold == [Gold("1", "B", {"A": "x", "B": "y"}), Gold("3", "18")] and without == {"2"}
 
@@ -238,11 +250,12 @@ def test_score_command_table_json_and_details(tmp_path, capsys):
                       "--json", summary, "--details", details) == 0
     out = capsys.readouterr().out
     data = json.loads(summary.read_text())
-    assert data["overall"] == {"n": 40, "correct": 10, "accuracy": 0.25, "stderr": pytest.approx(math.sqrt(0.25 * 0.75 / 39)),
-                               "invalid": 10, "missing": 10}
+    assert data["overall"] == {"n": 40, "correct": 10, "accuracy": 0.25,
+                               "stderr": pytest.approx(math.sqrt(0.25 * 0.75 / 39)), "invalid": 10, "missing": 10}
     assert data["answers_not_in_gold"] == 1 and data["rules"] == {"letter": 40}
     groups = data["groups"]
-    assert sum(g["n"] for g in groups.values()) == 40 and set(groups) == {r["questionID"].rsplit("-", 1)[0][5:] for r in records}
+    assert sum(g["n"] for g in groups.values()) == 40
+    assert set(groups) == {r["questionID"].rsplit("-", 1)[0][5:] for r in records}
     assert groups["abstract_algebra"]["n"] == 11
     lines = [json.loads(line) for line in details.read_text().splitlines()]
     assert [d["id"] for d in lines] == [r["questionID"] for r in records]

@@ -12,9 +12,9 @@ import pytest
 from ggbatch.runner.config.schema import build_config
 from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.files.formats.record import Record
+from ggbatch.runner.files.shards import Shard, in_shard, parse_shard, shard_in_name, shard_of, shard_path
 from ggbatch.runner.journal.journal import Journal, fingerprint
 from ggbatch.runner.model.identity import ModelIdentity
-from ggbatch.runner.files.shards import Shard, parse_shard, shard_in_name, in_shard, shard_of, shard_path
 from ggbatch.workers.protocol import GenerationParams
 
 GSM8K_IDS = [f"gsm8k-{i}" for i in range(1, 1320)]

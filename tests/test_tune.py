@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ggbatch.runner.plan import layout
-from ggbatch.runner.plan import tuned
-from ggbatch.runner.model.identity import identify
-from ggbatch.runner.tools import tune
 from ggbatch.runner.config.schema import JobConfig, build_config
 from ggbatch.runner.files.inputs import Record
+from ggbatch.runner.model.identity import identify
+from ggbatch.runner.plan import layout, tuned
+from ggbatch.runner.tools import tune
 
 SHORT = {"workers": 2, "threads": 1, "slots": 32}
 LONG = {"workers": 1, "threads": 2, "slots": 4}
@@ -85,7 +84,8 @@ def test_a_tune_per_context_keeps_the_others(cache: Path, model: str) -> None:
     assert tuned.load_choice(identify(model), 4000) == (4096, LONG)
     assert tuned.load_choice(identify(model), 150) == (256, SHORT)
     tuned.save_choice(identify(model), SHORT, [], 4000)  # a new tune at the same context replaces only that one
-    assert tuned.load_choice(identify(model), 4000) == (4096, SHORT) and tuned.load_choice(identify(model), 150) == (256, SHORT)
+    assert tuned.load_choice(identify(model), 4000) == (4096, SHORT)
+    assert tuned.load_choice(identify(model), 150) == (256, SHORT)
 
 
 def test_choices_are_per_model(cache: Path, model: str, tmp_path: Path) -> None:

@@ -46,11 +46,11 @@ from typing import Optional, Protocol
 import numpy as np
 
 from . import invariant
+from .batch import Batch, batch_arrays, logit_index
 from .constraints import best_choice, choice_grammar, choice_logprobs, choice_text
 from .model_runner import ModelRunner
 from .protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
 from .sampling import Sampling
-from .batch import Batch, batch_arrays, logit_index
 from .scheduler import Scheduler, Span
 from .sequence import Phase, Sequence
 from .slot_kv import SlotKv, slot_contents
@@ -273,7 +273,8 @@ class LlamaEngine:
     def _layout(self, spans: list[Span]) -> Batch:
         """The arrays of one llama_decode for these spans; in batch-invariant mode with ballast
         and logits rows added as workers/invariant.py requires."""
-        arrays, ballast = batch_arrays(spans), []
+        arrays: tuple[np.ndarray, ...] = batch_arrays(spans)
+        ballast: list[int] = []
         index = logit_index(spans)
         if self.invariant:
             arrays, ballast = invariant.lay_out(arrays, self.prefix_id)

@@ -42,7 +42,8 @@ nrows = 2), so a row's result there depends on the batch's parity.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence as Seq
+from typing import TYPE_CHECKING
+from typing import Sequence as Seq
 
 if TYPE_CHECKING:
     import numpy as np

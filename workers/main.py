@@ -21,8 +21,24 @@ from typing import Any, Optional
 
 from .devices import visible_device_env
 from .memory_kind import MemoryKind
-from .protocol import (STATS_EVERY_S, Answer, AnswerBatch, Chunk, Configure, EngineConfig, EngineStats, Ready,
-                       SetThreads, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec, decode, encode)
+from .protocol import (
+    STATS_EVERY_S,
+    Answer,
+    AnswerBatch,
+    Chunk,
+    Configure,
+    EngineConfig,
+    EngineStats,
+    Ready,
+    SetThreads,
+    Stop,
+    ThreadsSet,
+    WantWork,
+    WorkerError,
+    WorkerSpec,
+    decode,
+    encode,
+)
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 

@@ -196,7 +196,7 @@ class Tokenizer:
     """The model's vocabulary alone (no weights): tokenize prompts and read the chat template."""
 
     def __init__(self, model_path: str) -> None:
-        self._model = _load_model(model_path, model_params(vocab_only=True))
+        self._model: Optional[llama_cpp.llama_model_p] = _load_model(model_path, model_params(vocab_only=True))
         self._vocab = _Vocab(self._model)
         v = self._vocab.vocab
         self.bos_text = self._vocab.special_text(llama_cpp.llama_vocab_bos(v))
@@ -270,13 +270,12 @@ class _Batch:
         base = self.seq_id_storage.ctypes.data
         # Each token belongs to exactly one sequence: seq_id[i] points at seq_id_storage[i].
         self._seq_ptrs = (i32p * capacity)(*[ctypes.cast(base + 4 * i, i32p) for i in range(capacity)])
-        self.struct = llama_cpp.llama_batch()
-        self.struct.token = self.token.ctypes.data_as(i32p)
-        self.struct.embd = ctypes.POINTER(ctypes.c_float)()
-        self.struct.pos = self.pos.ctypes.data_as(i32p)
-        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(i32p)
-        self.struct.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(i32p))
-        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        # Fields given to the constructor: llama_cpp annotates these pointer fields as arrays.
+        self.struct = llama_cpp.llama_batch(
+            token=self.token.ctypes.data_as(i32p), embd=ctypes.POINTER(ctypes.c_float)(),
+            pos=self.pos.ctypes.data_as(i32p), n_seq_id=self.n_seq_id.ctypes.data_as(i32p),
+            seq_id=ctypes.cast(self._seq_ptrs, ctypes.POINTER(i32p)),
+            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)))
 
 
 class ModelRunner:
@@ -284,8 +283,9 @@ class ModelRunner:
 
     def __init__(self, model_path: str, n_threads: int, n_ctx: int, n_seq_max: int, n_batch: int,
                  kv_unified: bool, flash_attn: bool = True, repack: bool = True) -> None:
-        self.model = (_preloaded.pop((model_path, repack), None)
-                      or _load_model(model_path, model_params(vocab_only=False, repack=repack)))
+        self.model: Optional[llama_cpp.llama_model_p] = (
+            _preloaded.pop((model_path, repack), None)
+            or _load_model(model_path, model_params(vocab_only=False, repack=repack)))
         self.vocab = _Vocab(self.model)
         params = llama_cpp.llama_context_default_params()
         # Explicit thread counts: the defaults ignore CPU affinity and oversubscribe pinned workers.

@@ -34,13 +34,13 @@ import os
 import queue
 import threading
 from dataclasses import replace
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from .main import run_worker
 from .protocol import WorkerSpec
 
 
-def own_cores(positions: Sequence[int], usable: Sequence[int]) -> tuple[int, ...]:
+def own_cores(positions: Sequence[int], usable: Iterable[int]) -> tuple[int, ...]:
     """The cores of this node that planned positions name: the node's usable cores in order, the
     position wrapping round when Ray counted more CPUs than the process may use."""
     cores = sorted(usable)

@@ -21,6 +21,7 @@ import llama_cpp
 import numpy as np
 
 from .constraints import ROOT, choice_spellings
+
 # The backend and its log's ring of error lines belong to model_runner, which sets them up once.
 from .model_runner import ModelRunner, _errors, _init_backend
 from .protocol import GenerationParams
@@ -119,7 +120,8 @@ class Sampling:
         A response format's grammar (gen.response_format, not enforced yet: protocol.py
         RESPONSE_FORMAT_ENFORCED) goes at the head of this chain."""
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
+        def add(s: llama_cpp.llama_sampler_p) -> None:
+            llama_cpp.llama_sampler_chain_add(chain, s)
         params = gen.sampling
         if gen.logit_bias:
             add(self._logit_bias(gen.logit_bias))

@@ -6,7 +6,8 @@ import enum
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence as Seq
+from typing import Any, Optional
+from typing import Sequence as Seq
 
 from .protocol import FinishReason, GenerationParams, Question
 

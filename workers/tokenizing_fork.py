@@ -92,9 +92,10 @@ class TokenizingFork:
         need = capacity_for(data) + room
         if self.pid and os.waitpid(self.pid, os.WNOHANG)[0]:  # killed between rounds: not a text's fault
             self._forget()
-        if not self.pid or need > self.shared.capacity:
-            self._start(need)
-        ints = self.shared.ints
+        shared = self.shared
+        if not self.pid or shared is None or need > shared.capacity:
+            shared = self._start(need)
+        ints = shared.ints
         ints[_Shared.DONE] = ints[_Shared.USED] = ints[_Shared.NEEDED] = 0
         stderr_at = os.lseek(2, 0, os.SEEK_END)
         try:
@@ -104,31 +105,34 @@ class TokenizingFork:
         except (EOFError, BrokenPipeError, ConnectionResetError):
             died = os.waitpid(self.pid, 0)[1] or FORK_FAILED << 8  # (a wait status of 0 is no death)
             self._forget()
-        return self._collect(len(data), died, _last_words(stderr_at) if died else b"")
+        return self._collect(shared, len(data), died, _last_words(stderr_at) if died else b"")
 
-    def _collect(self, n: int, died: int, last_words: bytes) -> Round:
-        ints = self.shared.ints
+    def _collect(self, shared: _Shared, n: int, died: int, last_words: bytes) -> Round:
+        ints = shared.ints
         done = ints[_Shared.DONE]
         counts = ints[_Shared.HEADER:_Shared.HEADER + done].tolist()
         start = _Shared.HEADER + n
         return Round(done, counts, ints[start:start + ints[_Shared.USED]].tobytes(), died, last_words,
                      ints[_Shared.NEEDED])
 
-    def _start(self, need: int) -> None:
+    def _start(self, need: int) -> _Shared:
+        """A new fork, with shared memory of at least `need` tokens (the old one when it is enough)."""
         self._stop()
-        if self.shared is None or need > self.shared.capacity:
-            if self.shared is not None:
-                self.shared.close()
-            self.shared = _Shared(max(MIN_CAPACITY, need))
+        shared = self.shared
+        if shared is None or need > shared.capacity:
+            if shared is not None:
+                shared.close()
+            shared = self.shared = _Shared(max(MIN_CAPACITY, need))
         requests_r, self._requests = Pipe(duplex=False)
         self._done, done_w = Pipe(duplex=False)
         self.pid = os.fork()
         if self.pid == 0:
             self._requests.close()
             self._done.close()
-            _fork_main(self.tokenizer, self.shared, requests_r, done_w)
+            _fork_main(self.tokenizer, shared, requests_r, done_w)
         requests_r.close()  # only the fork holds these ends now: its death reads as EOF here
         done_w.close()
+        return shared
 
     def _forget(self) -> None:
         """The fork is gone (reaped): close our ends of its pipes."""

@@ -16,19 +16,20 @@ import json
 from dataclasses import replace
 from typing import Any, Mapping, Optional
 
-from .schema import CHOICES_AUTO, JobConfig
-from ..errors import ConfigError, InputError, quote
 from ...workers.protocol import AnswerSpec, GenerationParams, ResponseFormat
+from ..errors import ConfigError, InputError, quote
+from .schema import CHOICES_AUTO, JobConfig
 
 
 def job_answer(config: JobConfig) -> Optional[AnswerSpec]:
     """The job's AnswerSpec (None: free text), its grammar checked by llama.cpp; ConfigError
     naming the key when the schema or the grammar cannot be used."""
-    flags = {"logprobs": config.choice_logprobs, "choice_logits": config.choice_logits}
+    logprobs, logits = config.choice_logprobs, config.choice_logits
     if config.choices == CHOICES_AUTO:
-        return AnswerSpec(**flags)  # each question's choices come from its record
+        # each question's choices come from its record
+        return AnswerSpec(logprobs=logprobs, choice_logits=logits)
     if config.choices:
-        return AnswerSpec(tuple(config.choices), **flags)
+        return AnswerSpec(tuple(config.choices), logprobs=logprobs, choice_logits=logits)
     if config.json_schema is not None:
         try:
             gbnf = schema_grammar(config.json_schema)
@@ -84,7 +85,7 @@ def schema_grammar(schema_text: str) -> str:
         raise ValueError(unenforced)
     try:
         return json_schema_to_gbnf(schema_text)
-    except Exception as exc:  # noqa: BLE001 - the converter raises whatever it meets; one line says it
+    except Exception as exc:  # the converter raises whatever it meets; one line says it
         raise ValueError(f"cannot turn this JSON schema into a grammar ({type(exc).__name__}: {exc})") from None
 
 

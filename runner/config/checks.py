@@ -11,7 +11,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union, cast
 
 from ..files.shards import Shard, parse_shard
 
@@ -122,11 +122,12 @@ def gpu_layers(v: Any) -> Optional[int]:
 
 def devices(v: Any) -> tuple[int, ...]:
     """GPU numbers: `0,1` or a list [0, 1]; none (an empty list) is no GPU worker layout."""
-    items = [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
+    items: Any = [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
     if isinstance(items, int) and not isinstance(items, bool):
         items = [items]
+    gpu = integer(0)  # without allow_auto it never answers None
     try:
-        devices = tuple(integer(0)(x) for x in items)
+        devices = tuple(cast(int, gpu(x)) for x in items)
     except (TypeError, ValueError):
         raise ValueError("must be GPU numbers, as 0,1 or a list") from None
     if len(set(devices)) != len(devices):

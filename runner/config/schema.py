@@ -9,17 +9,17 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import yaml
 
-from . import checks as check
-from .checks import AUTO, CHOICES_AUTO
+from ...workers.protocol import SamplingParams
 from ..errors import ConfigError, quote
 from ..files.formats import FORMATS
-from ..model.hub import is_hub_name
 from ..files.shards import Shard, shard_path
-from ...workers.protocol import SamplingParams
+from ..model.hub import is_hub_name
+from . import checks as check
+from .checks import AUTO, CHOICES_AUTO
 
 # What the rest of the runner takes from here; AUTO and CHOICES_AUTO (the values a JobConfig
 # holds for `auto`) are the value checks', which produce them.
@@ -206,13 +206,13 @@ class UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: the base class says so
                 continue
             if line is not None:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {quote(key)} (first on line {line})",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {quote(key)} (first on line {line})", key_node.start_mark)
             first_line[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
 
 
-def build_config(layers: list[tuple[str, Mapping[str, Any]]]) -> JobConfig:
+def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
     """Apply flat key/value layers in order (later wins) over the defaults, checking each value.
     Each layer is (source name for errors, {dotted key: value})."""
     values: dict[str, Any] = {}
@@ -270,5 +270,7 @@ def _shard_files(config: JobConfig) -> JobConfig:
     every task of a job array can run the same job file."""
     if config.shard is None:
         return config
-    named = {key: getattr(config, key) for key in ("output", "report", "errors_output")}
-    return replace(config, **{key: shard_path(path, config.shard) for key, path in named.items() if path})
+    shard = config.shard
+    return replace(config, output=config.output and shard_path(config.output, shard),
+                   report=config.report and shard_path(config.report, shard),
+                   errors_output=config.errors_output and shard_path(config.errors_output, shard))

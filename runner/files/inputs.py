@@ -15,11 +15,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from .compact import HashIndex, key64, text_key
 from ..errors import InputError
+from .compact import HashIndex, key64, text_key
 from .formats.csvfile import csv_rows
 from .formats.detect import detect_format, input_format
-from .formats.jsonfile import json_array, json_lines  # noqa: F401 (the readers of every JSON file)
+from .formats.jsonfile import json_array, json_lines
 from .formats.openai_input import openai_record, say_models
 from .formats.record import Record, checked_id
 from .formats.textfile import decoded, open_bytes, read_text, split_lone_cr
@@ -78,8 +78,8 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
         records = (_record(path, line, row, id_field, question_field, _row_digest(row))
                    for line, row in csv_rows(path, _csv_lines(path), required))
         return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path, csv=True), known)
-    records = _jsonl_records(path, id_field, question_field, known, hint)
-    return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path), known)
+    lines = _jsonl_records(path, id_field, question_field, known, hint)
+    return QuestionStream(fmt, _unique(path, lines, id_field), _longest_line(path), known)
 
 
 def _openai_hint(fmt: str, requested: Optional[str]) -> str:

@@ -12,11 +12,11 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping, Optional, Sequence
 
+from ...workers.protocol import Answer
 from ..errors import OutputError
 from .formats.csvfile import csv_line
 from .formats.openai_output import batch_line
 from .formats.rows import OutputSpec, Row, row_fields
-from ...workers.protocol import Answer
 
 
 def answer_rows(ids: Iterable[str], answers: Mapping[str, Answer], aliases: Optional[Mapping[str, str]] = None,
@@ -138,9 +138,14 @@ class AtomicFile:
             self._fail(exc)
         return self
 
+    def _opened(self) -> IO[str]:
+        if self._file is None:
+            raise RuntimeError(f"{self.target}: written outside its with block")
+        return self._file
+
     def write(self, text: str) -> None:
         try:
-            self._file.write(text)
+            self._opened().write(text)
         except OSError as exc:
             self._fail(exc)
 
@@ -149,9 +154,10 @@ class AtomicFile:
             self._discard()
             return
         try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
+            file = self._opened()
+            file.flush()
+            os.fsync(file.fileno())
+            file.close()
             os.replace(self._tmp, self.target)
         except OSError as error:
             self._fail(error)

@@ -14,9 +14,9 @@ OpenAI Batch line's max_tokens, temperature, ...) has them in its hash, so editi
 line answers that line again.
 
 The journal is also where the answers of a run are kept until the answers file is written from
-it (runner/files/outputs.py): the coordinator holds each answer's place in the file, not the answer. The journal is kept after a complete run:
-rerunning the same job then rewrites the same output without answering anything, and a job whose
-question file grew answers only the new questions.
+it (runner/files/outputs.py): the coordinator holds each answer's place in the file, not the answer.
+The journal is kept after a complete run: rerunning the same job then rewrites the same output
+without answering anything, and a job whose question file grew answers only the new questions.
 """
 
 from __future__ import annotations
@@ -24,20 +24,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from concurrent.futures import Future
 from array import array
-from dataclasses import dataclass
-from dataclasses import asdict
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ..files.compact import HashIndex, text_key
-from .index import Earlier, prompt_key, read_earlier
+from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
 from ..config.schema import JobConfig
 from ..errors import ConfigError, OutputError, quote
-from ..model.identity import ModelIdentity
+from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
+from ..model.identity import ModelIdentity
 from ..model.versions import package_version
-from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
+from .index import Earlier, prompt_key, read_earlier
 
 VERSION = 1
 
@@ -138,11 +137,11 @@ class Journal:
         question), and its prompt's key (prompt_key) is returned; None: not held. Looked up
         together: a resumed file of millions of records goes through here."""
         rows = self._earlier.rows.get_many(keys)
-        held = [row is not None and row >= 0 and record and self._earlier.records[row] == record
+        held = [row if row is not None and row >= 0 and record and self._earlier.records[row] == record else None
                 for record, row in zip(records, rows)]
-        self._answers.add_many([key for key, h in zip(keys, held) if h],
-                               [self._earlier.at[row] for row, h in zip(rows, held) if h])
-        return [self._earlier.prompts[row] if h else None for row, h in zip(rows, held)]
+        self._answers.add_many([key for key, row in zip(keys, held) if row is not None],
+                               [self._earlier.at[row] for row in held if row is not None])
+        return [self._earlier.prompts[row] if row is not None else None for row in held]
 
     def records_known(self, records: Sequence[int]) -> list[Optional[str]]:
         """For each line's hash (Record.digest of a line as written): the id of the question whose
@@ -171,8 +170,9 @@ class Journal:
         reused: dict[str, Answer] = {}
         for q in questions:
             h = prompt_hash(q.tokens, q.generation)
-            if self.reuse_prompt(q.qid, h):
-                reused[q.qid] = self.answer(q.qid)
+            answer = self.answer(q.qid) if self.reuse_prompt(q.qid, h) else None
+            if answer is not None:
+                reused[q.qid] = answer
             else:
                 todo.append(q)
                 self.expect(q.qid, Expected(h))

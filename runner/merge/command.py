@@ -24,12 +24,12 @@ from ..errors import ConfigError, InputError, quote
 from ..files.formats import FORMATS
 from ..files.formats.detect import output_format
 from ..files.inputs import read_question_file
-from .join import Merged, merge_rows, render_merged
 from ..files.outputs import write_atomic
-from ..journal.journal import changed_setting
-from .parts import Part, part_settings, read_part
 from ..files.paths import check_writable, same_file
 from ..files.shards import shard_in_name, shard_of
+from ..journal.journal import changed_setting
+from .join import Merged, merge_rows, render_merged
+from .parts import Part, part_settings, read_part
 
 SHOWN = 5  # missing ids named in the message
 
@@ -129,9 +129,9 @@ def _check_paths(output: str, paths: Sequence[str], questions: Optional[str]) ->
         twice = next((p for p in paths[:i] if same_file(p, path)), None)
         if twice is not None:
             raise ConfigError(f"{path}: given twice as a part ({twice})")
-    for role, path in [("the question file", questions)] + [("a part", p) for p in paths]:
-        if path is not None and same_file(output, path):
-            raise ConfigError(f"the merged output {output} is {role} ({path}); give another path")
+    for role, other in [("the question file", questions)] + [("a part", p) for p in paths]:
+        if other is not None and same_file(output, other):
+            raise ConfigError(f"the merged output {output} is {role} ({other}); give another path")
     check_writable(output)
 
 
@@ -157,8 +157,8 @@ def _check_one_job(paths: Sequence[str]) -> None:
 def _split(paths: Sequence[str]) -> tuple[int, list[int]]:
     """(N, the shards of N no part is named for) when every part's name says a shard of one N
     (`answers.shard-2-of-8.jsonl`), else (0, [])."""
-    named = [(p, shard_in_name(p)) for p in paths]
-    if not named or any(s is None for _, s in named):
+    named = [(p, s) for p in paths if (s := shard_in_name(p)) is not None]
+    if not named or len(named) < len(paths):
         return 0, []
     first_path, first = named[0]
     for path, shard in named:

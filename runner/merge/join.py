@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, TypeVar
 
 from ..errors import InputError, quote
 from ..files.formats.csvfile import render_csv
@@ -24,6 +24,8 @@ from ..files.formats.jsonfile import render_json
 from ..files.formats.openai_output import batch_line
 from ..files.formats.rows import OutputSpec, Row, row_fields
 from .parts import Part, PartRow
+
+V = TypeVar("V")
 
 MISSING = "not answered: no part holds this question"
 
@@ -67,13 +69,21 @@ def render_merged(merged: Merged, fmt: str, id_field: str = "questionID", column
     the time of an OpenAI Batch line written for a missing question."""
     if fmt == "openai":
         spec = OutputSpec("openai", started=started)
-        return "".join((row.line if row is not None else json.dumps(batch_line(Row(qid, None, MISSING), spec), ensure_ascii=False)) + "\n"
+        return "".join((_held(row.line, row) if row is not None
+                        else json.dumps(batch_line(Row(qid, None, MISSING), spec), ensure_ascii=False)) + "\n"
                        for qid, row in merged.rows)
-    fields = [row.fields if row is not None else row_fields(Row(qid, None, MISSING), id_field, False)
+    fields = [_held(row.fields, row) if row is not None else row_fields(Row(qid, None, MISSING), id_field, False)
               for qid, row in merged.rows]
     if fmt == "csv":
         return render_csv(fields, columns or _columns(fields, id_field))
     return render_json(fields, lines=fmt == "jsonl")
+
+
+def _held(value: Optional[V], row: PartRow) -> V:
+    """A row's line (an OpenAI Batch part) or fields (the others): its part's reader always sets it."""
+    if value is None:
+        raise InputError(f"{row.where}: a row without its content")
+    return value
 
 
 def _columns(fields: Sequence[dict[str, Any]], id_field: str) -> list[str]:

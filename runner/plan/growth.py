@@ -25,11 +25,11 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
+from ...workers.protocol import EngineConfig, GenerationParams, Question
 from . import layout as layouts
 from .layout import Layout, PromptFacts
 from .memory import MemoryPlan, describe
 from .nodes import NodePlan
-from ...workers.protocol import EngineConfig, GenerationParams, Question
 
 log = logging.getLogger("ggbatch")
 

@@ -24,13 +24,13 @@ import math
 import os
 from array import array
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
-from . import gpu
-from ..errors import ConfigError
-from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
 from ...workers.invariant import kv_streams
 from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
+from ..errors import ConfigError
+from . import gpu
+from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
 
 log = logging.getLogger("ggbatch")
 
@@ -114,7 +114,7 @@ def cpu_flags() -> frozenset[str]:
 
 def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], slots: Optional[int],
           repack: Optional[bool], n_records: int, flags: frozenset[str],
-          tuned: Optional[dict[str, int]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
+          tuned: Optional[Mapping[str, Any]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
           batch_invariant: bool = False) -> Layout:
     """The workers to start now (None = auto; `tuned`: what `ggbatch tune` chose, used for what
     the job leaves to auto). Slots are an estimate from the record count. `devices`: one worker
@@ -145,13 +145,11 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
                           f"{n_cores} are usable here")
     if threads is not None and threads > n_cores:
         raise ConfigError(f"threads: {threads} threads per worker exceed the {n_cores} usable cores")
-    if workers is None and threads is None:
-        # One worker using every core: continuous batching inside one context shares the weight
-        # reads across all sequences, which several smaller workers cannot (see README).
-        workers, threads = 1, n_cores
-    elif workers is None:
-        workers = max(1, n_cores // threads)
-    elif threads is None:
+    if workers is None:
+        # Neither given: one worker using every core: continuous batching inside one context shares
+        # the weight reads across all sequences, which several smaller workers cannot (see README).
+        workers = 1 if threads is None else max(1, n_cores // threads)
+    if threads is None:
         threads = max(1, n_cores // workers)
     if workers * threads > n_cores:
         raise ConfigError(f"workers × threads = {workers} × {threads} = {workers * threads} "
@@ -232,8 +230,8 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     unified = kv_unified_for(facts.n_prefix, n_ctx_seq, invariant, cache)
     n_batch = batch_budget(n_batch, cache, invariant)
     pool_cells = n_ctx_seq - facts.n_prefix if unified else 0
-    wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots, facts.n_questions,
-                         pool_cells, started.slot_cap).slots
+    wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots,
+                         facts.n_questions, pool_cells, started.slot_cap).slots
     layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
                      n_batch=step_budget(n_batch, wanted),
                      threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))

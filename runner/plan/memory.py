@@ -61,7 +61,8 @@ class MemoryPlan:
     vram: str = ""  # what the plan says of VRAM, when the job offloads layers
 
     def as_report(self) -> dict[str, Any]:
-        mib = lambda b: round(b / MIB, 1)  # noqa: E731
+        def mib(b: float) -> float:
+            return round(b / MIB, 1)
         return {"workers": self.workers, "slots": self.slots, "kv_cells_per_worker": self.kv_cells_per_worker,
                 "weights_per_worker_mib": mib(self.weights_per_worker), "kv_per_worker_mib": mib(self.kv_per_worker),
                 "compute_per_worker_mib": mib(self.compute_per_worker),

@@ -19,10 +19,10 @@ from typing import Any, Optional, Sequence
 
 from ..config.schema import JobConfig
 from ..files.inputs import Record
-from .layout import estimate_context, usable_cores
-from ..model.identity import ModelIdentity
 from ..files.outputs import write_atomic
 from ..files.paths import ggbatch_cache
+from ..model.identity import ModelIdentity
+from .layout import estimate_context, usable_cores
 
 log = logging.getLogger("ggbatch")
 

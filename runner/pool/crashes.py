@@ -25,8 +25,8 @@ import resource
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..errors import GgbatchError, WorkerFailure
 from ...workers.protocol import Answer, FinishReason, Question
+from ..errors import GgbatchError, WorkerFailure
 
 MAX_STARTUP_FAILURES = 3  # a worker dying this many times in a row before it is ready is given up
 LAST_WORDS_BYTES = 4096

@@ -23,10 +23,10 @@ from typing import Any, Optional, Sequence
 import multiprocess as mp
 from multiprocess.connection import wait as wait_any
 
-from .crashes import last_words
-from ..plan.nodes import Node, local_node
 from ...workers.main import worker_main
 from ...workers.protocol import WorkerSpec, decode, encode
+from ..plan.nodes import Node, local_node
+from .crashes import last_words
 
 
 @dataclass

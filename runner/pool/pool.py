@@ -48,17 +48,30 @@ from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence, Union
 
-from .crashes import CrashBudget, Death
-from ..questions.prefix_groups import whole_groups
+from ...workers.memory_kind import MemoryKind
+from ...workers.protocol import (
+    Answer,
+    AnswerBatch,
+    Chunk,
+    Configure,
+    EngineConfig,
+    EngineStats,
+    Question,
+    Ready,
+    Stop,
+    ThreadsSet,
+    WantWork,
+    WorkerError,
+    WorkerSpec,
+)
 from ..errors import Interrupted, ModelError
+from ..questions.prefix_groups import whole_groups
+from ..report.report import WorkerRun
+from .crashes import CrashBudget, Death
 from .intake import Feed, WindowIntake
 from .local import LocalBackend
-from ..report.report import WorkerRun
 from .worker_state import WorkerState, added, on_node, worker_run
 from .worker_threads import ThreadCount, WorkerThreads
-from ...workers.memory_kind import MemoryKind
-from ...workers.protocol import (Answer, AnswerBatch, Chunk, Configure, EngineConfig, EngineStats, Question,
-                                Ready, Stop, ThreadsSet, WantWork, WorkerError, WorkerSpec)
 
 log = logging.getLogger("ggbatch")
 
@@ -187,7 +200,9 @@ class WorkerPool:
         ids = [w.spec.worker_id for w in self.workers]
         self._leaving = {wid for wid in ids if wid not in engines}
         # A worker let go keeps its engine until it has finished (the thread monitor reads it).
-        self._engines = {**(old if isinstance(old, Mapping) else dict.fromkeys(ids, old)), **engines}
+        earlier: Mapping[int, EngineConfig] = (old if isinstance(old, Mapping)
+                                               else {} if old is None else dict.fromkeys(ids, old))
+        self._engines = {**earlier, **engines}
         for w in self.workers:
             w.outdated = w.link is not None
         self._dispatch()
@@ -342,8 +357,8 @@ class WorkerPool:
         yet (pending, and held by the live workers), less what it holds. Near the end this keeps
         every worker's batch as full as the others' (32 questions, two workers of 16 slots: 16
         each, where an even share of the pending alone gave the first to ask 16, then halves of
-        the rest to whoever asked next: 18/14 on W1). A worker at its share gets nothing: another, below its share, takes the rest when
-        it asks, as it does when it runs low."""
+        the rest to whoever asked next: 18/14 on W1). A worker at its share gets nothing: another,
+        below its share, takes the rest when it asks, as it does when it runs low."""
         live = [x for x in self.workers if x.link is not None]
         open_questions = len(self._pending) + sum(len(x.in_flight) for x in live)
         return math.ceil(open_questions / max(1, len(live))) - len(w.in_flight)
@@ -366,6 +381,8 @@ class WorkerPool:
 
     def _engine_of(self, w: WorkerState) -> EngineConfig:
         engines = self._engines
+        if engines is None:
+            raise RuntimeError(f"worker {w.spec.worker_id} started before the run gave the engine's settings")
         return engines if isinstance(engines, EngineConfig) else engines[w.spec.worker_id]
 
     def _start(self, w: WorkerState) -> None:

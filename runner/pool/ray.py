@@ -8,7 +8,8 @@ An actor reserves its worker's threads as Ray CPUs (num_cpus) on the node the pl
 (NodeAffinitySchedulingStrategy, not soft: its cores were planned on that node's numbers), and
 pins itself there. A dead actor, however it died (its node lost, the OOM killer, ray.kill, a
 llama.cpp abort), fails its outstanding call with RayActorError (or, when its node is gone and
-it cannot be placed again, ActorUnschedulableError): the pool then treats it as a dead local process (requeues, restarts, the crash budget of runner/pool/crashes.py). An actor is never
+it cannot be placed again, ActorUnschedulableError): the pool then treats it as a dead local
+process (requeues, restarts, the crash budget of runner/pool/crashes.py). An actor is never
 restarted by Ray itself (max_restarts 0): the pool decides, as it does for processes.
 
 ray.init starts a local cluster on this machine when no address is given, and connects to one
@@ -25,12 +26,12 @@ import time
 import uuid
 from typing import Any, Optional, Sequence
 
-from ..errors import ConfigError
-from ..plan.layout import usable_cores
-from .local import Event
-from ..plan.nodes import Node, nodes_from_ray
 from ...workers.protocol import Ready, WorkerSpec, decode, encode
 from ...workers.ray_actor import RayWorker
+from ..errors import ConfigError
+from ..plan.layout import usable_cores
+from ..plan.nodes import Node, nodes_from_ray
+from .local import Event
 
 log = logging.getLogger("ggbatch")
 
@@ -92,6 +93,8 @@ class RayLink:
         self.spec = spec
         self.local = spec.node_ip == ray.util.get_node_ip_address()
         self.pid: Optional[int] = None  # on this machine, once ready: psutil can watch it
+        if spec.node_id is None:
+            raise ValueError(f"worker {spec.worker_id}: a Ray worker's spec names its node")
         strategy = NodeAffinitySchedulingStrategy(spec.node_id, soft=False)
         # Named, so an operator (or a test) can find and ray.kill one: ggbatch-worker-ID-LIFE.
         self.actor = actor_class.options(num_cpus=len(spec.cores), max_concurrency=ACTOR_CONCURRENCY,

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ...workers.protocol import EngineStats, Question, Ready, WorkerSpec
 from ..report.report import WorkerRun
 from .worker_threads import ThreadCount
-from ...workers.protocol import EngineStats, Question, Ready, WorkerSpec
 
 
 @dataclass

@@ -18,10 +18,10 @@ import queue
 import threading
 from typing import Callable, Iterator, Optional, Union
 
+from ...workers.protocol import Question
 from ..errors import GgbatchError
 from ..files.inputs import Record
 from .prepare import Preparer, Window
-from ...workers.protocol import Question
 
 log = logging.getLogger("ggbatch")
 
@@ -57,7 +57,7 @@ class QuestionFeed:
             for window in self._preparer.windows(self._records, self._size):
                 if not self._hand_over(window) or window.last:
                     return
-        except BaseException as exc:  # noqa: B902 (raised again in the pool's thread)
+        except BaseException as exc:  # raised again in the pool's thread
             self._hand_over(exc)
 
     def _hand_over(self, item: Union[Window, BaseException]) -> bool:

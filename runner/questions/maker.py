@@ -20,18 +20,25 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence, Union
 
+from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
 from ..config.answer import format_grammar, record_choices, with_choices
 from ..config.schema import CHOICES_AUTO, JobConfig
-from ..files.compact import HashIndex, IdColumn, IdSet, key64, text_key
 from ..errors import ConfigError, quote
+from ..files.compact import HashIndex, IdColumn, IdSet, key64, text_key
 from ..files.formats.openai_request import COMPLETION
+from ..files.formats.own_settings import (
+    QuestionSettings,
+    describe_own,
+    has_grammar,
+    is_greedy,
+    own_generation,
+    settings_key,
+    vocabulary_problem,
+)
 from ..files.formats.record import Record
-from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
 from ..journal.journal import Expected, Journal, prompt_hash, prompt_key, record_hash
-from ..files.formats.own_settings import (QuestionSettings, describe_own, has_grammar, is_greedy, own_generation,
-                                settings_key, vocabulary_problem)
+from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
 from .tokenizing import Rejected, TokenizerProcess, tokenize_all
-from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
 
 CHECK_MASK = (1 << 31) - 1
 INDEX_MASK = (1 << 32) - 1

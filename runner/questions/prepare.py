@@ -24,19 +24,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from ...workers.protocol import AnswerSpec, GenerationParams, Question, VocabInfo
+from ...workers.sequence import common_prefix_len
 from ..config.answer import check_spellable, choice_tokens
 from ..config.schema import JobConfig
 from ..errors import ConfigError
+from ..files.inputs import Record
 from ..journal.journal import Journal
 from ..plan.layout import PromptFacts
 from ..plan.memory import ModelDims, dims_from_metadata
+from .maker import QuestionMaker, QuestionSet
 from .prefix_groups import Sharing, grouped_order
 from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
-from ..files.inputs import Record
-from .maker import QuestionMaker, QuestionSet
 from .tokenizing import TokenizerProcess
-from ...workers.protocol import AnswerSpec, GenerationParams, Question, VocabInfo
-from ...workers.sequence import common_prefix_len
 
 log = logging.getLogger("ggbatch")
 
@@ -78,7 +78,7 @@ class Preparer:
         self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)
         self.info: VocabInfo = info
         self.model_name = info.metadata.get("general.name") or Path(model_path).stem
-        self.maker: Optional[QuestionMaker] = None
+        self._maker: Optional[QuestionMaker] = None
         self.groups = 0  # groups numbered so far: each window's numbers follow the last's
         self.sharing = Sharing(0, 0, 0)  # summed over the windows
 
@@ -93,8 +93,14 @@ class Preparer:
 
     def start(self, journal: Journal) -> None:
         """The journal is open (its fingerprint needs self.generation): questions can be made."""
-        self.maker = QuestionMaker(self.builder, [self.tokenizer], self.config, self.generation, self.info.n_vocab,
-                                   journal)
+        self._maker = QuestionMaker(self.builder, [self.tokenizer], self.config, self.generation, self.info.n_vocab,
+                                    journal)
+
+    @property
+    def maker(self) -> QuestionMaker:
+        if self._maker is None:
+            raise RuntimeError("questions made before the journal was opened (Preparer.start)")
+        return self._maker
 
     @property
     def made(self) -> QuestionSet:

@@ -28,11 +28,10 @@ from typing import Any, Iterable, Iterator, Sequence, Union
 import multiprocess as mp
 from multiprocess.connection import wait
 
-from ..errors import ModelError, WorkerFailure
-from ...workers.protocol import (TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo, decode,
-                                encode)
 from ...workers.load_errors import says_memory
+from ...workers.protocol import TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo, decode, encode
 from ...workers.tokenizer_process import tokenizer_main
+from ..errors import ModelError, WorkerFailure
 
 BATCH_TEXTS = 512
 IN_FLIGHT = 2

@@ -13,17 +13,17 @@ import resource
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
+from ...workers.memory_kind import MemoryKind
+from ...workers.protocol import RESPONSE_FORMAT_ENFORCED, GenerationParams
 from ..config.schema import JobConfig
+from ..model.identity import ModelIdentity
+from ..model.versions import package_version
 from ..plan.gpu import gpu_layers_text
 from ..plan.layout import Layout
 from ..plan.memory import MemoryPlan
-from ..model.identity import ModelIdentity
-from ..watch.monitor import UsageSummary
 from ..questions.prefix_groups import Sharing
+from ..watch.monitor import UsageSummary
 from ..watch.tally import AnswerTally, RecordCounts
-from ..model.versions import package_version
-from ...workers.memory_kind import MemoryKind
-from ...workers.protocol import RESPONSE_FORMAT_ENFORCED, GenerationParams
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -31,7 +31,8 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {"p50": 0.0, "p95": 0.0, "max": 0.0}
     s = sorted(values)
-    pick = lambda q: s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]  # noqa: E731
+    def pick(q: float) -> float:
+        return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
     return {"p50": round(pick(0.50), 3), "p95": round(pick(0.95), 3), "max": round(s[-1], 3)}
 
 
@@ -195,7 +196,8 @@ class RunReport:
         """Prompt tokens computed against those in the questions answered here (workers' last
         lives: a restarted worker's earlier counters are gone), and what the cache held."""
         engines = [w.engine for w in self.outcome.workers]
-        total = lambda key: int(sum(e.get(key, 0.0) for e in engines))  # noqa: E731
+        def total(key: str) -> int:
+            return int(sum(e.get(key, 0.0) for e in engines))
         in_questions = self.outcome.tally.prompt_tokens
         computed = total("prompt_computed")
         sharing = self.setup.sharing

@@ -11,10 +11,10 @@ import os
 import sys
 from typing import Any, Optional
 
-from .files import read_answers, read_gold
 from ..errors import ConfigError, GgbatchError
 from ..files.outputs import write_atomic
 from ..files.paths import check_writable
+from .files import read_answers, read_gold
 from .table import ScoreResult, details, format_table, parse_by, parse_extract, score, summary
 
 

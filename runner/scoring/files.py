@@ -17,12 +17,13 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping, Optional
 
 from ..errors import InputError, quote
+
 # The question reader's parsing (line numbers, U+2028-safe line splitting, CSV rows named by the
 # line they start on) is the one every file of questions goes through; answers and gold files
 # are read the same way.
 from ..files.formats.csvfile import csv_rows
 from ..files.formats.record import checked_id
-from ..files.inputs import json_array, json_lines, read_text, detect_format
+from ..files.inputs import detect_format, json_array, json_lines, read_text
 from .rules import LETTERS, Gold
 
 

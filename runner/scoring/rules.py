@@ -27,9 +27,9 @@ import math
 import re
 import sys
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from collections import Counter
 from typing import Iterable, Mapping, Optional, Sequence
 
 RULES = ("auto", "number", "letter", "exact")  # and "regex", with the user's pattern

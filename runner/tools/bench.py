@@ -17,14 +17,14 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from itertools import groupby
 from array import array
+from itertools import groupby
 from typing import Any, Sequence
 
+from ...workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
 from ..plan import layout as layouts
 from ..plan.layout import Layout, kv_unified_for, plan_layout, step_budget, usable_cores
 from ..pool.pool import WorkerPool
-from ...workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
 
 COLUMNS = ["PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"]
 
@@ -150,9 +150,9 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_tg, ax_all) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for (pp, tg), group in groupby(sorted(rows, key=lambda r: (r["PP"], r["TG"], r["B"])),
-                                   key=lambda r: (r["PP"], r["TG"])):
-        group = list(group)
+    for (pp, tg), members in groupby(sorted(rows, key=lambda r: (r["PP"], r["TG"], r["B"])),
+                                     key=lambda r: (r["PP"], r["TG"])):
+        group = list(members)
         b = [r["B"] for r in group]
         ax_tg.plot(b, [r["S_TG t/s"] for r in group], marker="o", label=f"PP {pp}, TG {tg}")
         ax_all.plot(b, [r["S t/s"] for r in group], marker="o", label=f"PP {pp}, TG {tg}")

@@ -10,13 +10,13 @@ import logging
 import os
 from typing import Any, Callable
 
-from ..config.schema import load_job_file
 from ..config.checks import bool_or_auto
+from ..config.schema import load_job_file
 from ..errors import ConfigError, ModelError
-from ..plan.layout import cpu_flags, plan_layout, repack_weights, usable_cores
-from ..model.identity import identify, resolve_model
 from ..files.outputs import write_atomic
 from ..files.paths import check_writable
+from ..model.identity import identify, resolve_model
+from ..plan.layout import cpu_flags, plan_layout, repack_weights, usable_cores
 
 log = logging.getLogger("ggbatch")
 
@@ -173,8 +173,8 @@ def _add_tune(sub: Any) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from . import tune
     from ..plan import tuned
+    from . import tune
 
     job = load_job_file(args.job) if args.job else {}
     model_arg = args.model or job.get("model.path") or job.get("model")

@@ -28,8 +28,9 @@ def candidates(n_cores: int, slot_options: Sequence[int], n_questions: int,
                batch_invariant: bool = False) -> list[dict[str, int]]:
     """Every split of the cores into equal workers, with every slot count the sample can fill,
     with the weights repacked by llama.cpp and not (which is faster depends on the CPU and the
-    batch: layout.repack_weights; a batch_invariant job never repacks). `workers` workers share n_questions, so slots beyond each
-    one's share would stay empty and the trial would repeat a smaller one under a bigger name.
+    batch: layout.repack_weights; a batch_invariant job never repacks). `workers` workers share
+    n_questions, so slots beyond each one's share would stay empty and the trial would repeat a
+    smaller one under a bigger name.
     The smallest slot count always stays."""
     smallest = min(slot_options)
     return [{"workers": w, "threads": n_cores // w, "slots": s, "repack": repack}
@@ -79,12 +80,14 @@ def tune(model_path: str, input_path: Optional[str], n_questions: int, max_token
                                              "slots": layout["slots"], "model.repack": layout["repack"]})])
             report = run_job(config, progress="off", fresh=True, use_tuned=False)
             t = report.outcome.timings
-            seconds = t["total_s"] - (t["first_worker_ready_s"] or 0.0)
+            total_s = t["total_s"]
+            assert total_s is not None  # a run that returned has its total time
+            seconds = total_s - (t["first_worker_ready_s"] or 0.0)
             used = report.setup.layout
             generated = report.outcome.tally.generated_tokens
             trial = {"workers": used.workers, "threads": used.threads, "slots": used.slots,
                      "repack": used.repack, "n_ctx_per_sequence": used.n_ctx_seq,
-                     "generated_tok_s": round(generated / seconds, 2), "wall_s": round(t["total_s"], 2)}
+                     "generated_tok_s": round(generated / seconds, 2), "wall_s": round(total_s, 2)}
             trials.append(trial)
             on_trial(trial)
     best = max(trials, key=lambda r: r["generated_tok_s"])

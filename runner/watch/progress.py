@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Optional, Sequence, TextIO
+from typing import Any, MutableMapping, Optional, Sequence, TextIO
 
 from tqdm import tqdm
 
-from .rates import RateWindow, eta_s, generating, tokens_left
 from ...workers.protocol import Answer
+from .rates import RateWindow, eta_s, generating, tokens_left
 
 log = logging.getLogger("ggbatch")
 
@@ -38,7 +38,7 @@ class _Bar(tqdm):
     ends_at: Optional[float] = None  # time.monotonic() when the run should end
 
     @property
-    def format_dict(self) -> dict:
+    def format_dict(self) -> MutableMapping[str, Any]:
         d = super().format_dict
         if self.ends_at is not None:
             d["left"] = self.format_interval(max(0.0, self.ends_at - time.monotonic()))

@@ -78,7 +78,8 @@ def _worker_row(cur: WorkerPoint, prev: Optional[WorkerPoint], dt: float) -> dic
     zero = WorkerPoint(0, 0, 0, 0, None, 0, 0)
     before = prev or zero
     steps = cur.steps - before.steps
-    rate = (lambda now, then: round(max(0, now - then) / dt, 1) if dt > 0 else None)  # noqa: E731
+    def rate(now: float, then: float) -> Optional[float]:
+        return round(max(0, now - then) / dt, 1) if dt > 0 else None
     cpu = (round(100.0 * max(0.0, cur.cpu_s - before.cpu_s) / dt, 1)
            if dt > 0 and cur.cpu_s is not None and before.cpu_s is not None else None)
     return {"generated_tokens": cur.generated, "prompt_tokens": cur.prompt,

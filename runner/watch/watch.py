@@ -13,17 +13,17 @@ from typing import Any, Callable, Optional, Sequence
 
 import psutil
 
+from ...workers.protocol import Answer, EngineStats, FinishReason, Ready, ThreadsSet
 from ..journal.journal import Journal
+from ..pool.worker_threads import WorkerThreads
 from .memory_guard import LowMemoryPause
 from .monitor import Monitor
 from .progress import Progress
 from .stalls import StallWatch
-from .tally import AnswerTally
 from .startup_load import SinceStart
+from .tally import AnswerTally
 from .thread_controller import CoreLoad, ThreadChange, ThreadController, core_load
 from .timeline import Sample, Timeline, WorkerPoint
-from ..pool.worker_threads import WorkerThreads
-from ...workers.protocol import Answer, EngineStats, FinishReason, Ready, ThreadsSet
 
 log = logging.getLogger("ggbatch")
 
@@ -61,6 +61,8 @@ class RunWatch:
             self.monitor.sample(pool.live_pids)
 
     def on_answers(self, answers: list[Answer]) -> None:
+        if self.journal is None:
+            raise RuntimeError("answers before the journal was opened")
         self.journal.append(answers)
         self.tally.add(answers)
         self.progress.answered(answers)
@@ -105,7 +107,7 @@ class RunWatch:
         for wid, threads in pool.llama_threads().items():
             usage = self.monitor.workers.get(wid)
             load = usage and core_load(self.monitor.cores, usage.affinity, usage.interval_cpu_s)
-            if not load or load.interval_s <= 0:  # two samples within the clock's tick: nothing to judge
+            if not usage or not load or load.interval_s <= 0:  # two samples within the clock's tick: nothing to judge
                 continue
             self._other[wid] = load.other
             self._judge(pool, wid, now, load, threads, usage.affinity)

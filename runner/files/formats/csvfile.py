@@ -72,7 +72,7 @@ def _header(path: str, reader: Any) -> tuple[list[str], int]:
     """The column names, less empty ones at the end of the row (a spreadsheet writes a column
     whose cells were once formatted), and how many cells the row had."""
     try:
-        cells = next(reader, [])
+        cells: list[str] = next(reader, [])
     except csv.Error as exc:
         raise InputError(f"{path}:1: malformed CSV header: {exc}") from None
     header = list(cells)

@@ -15,8 +15,8 @@ from collections import Counter
 from typing import Any, Mapping
 
 from ...errors import InputError, quote
-from .openai_request import parse_request
 from ..compact import text_key
+from .openai_request import parse_request
 from .record import Record, checked_id
 
 log = logging.getLogger("ggbatch")

@@ -20,8 +20,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .rows import OutputSpec, Row, split_thinking
 from ....workers.protocol import Answer, FinishReason
+from .rows import OutputSpec, Row, split_thinking
 
 
 def batch_line(row: Row, spec: OutputSpec) -> dict[str, Any]:

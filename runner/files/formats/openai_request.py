@@ -21,9 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from ....workers.protocol import ResponseFormat
 from ...errors import quote
 from .own_settings import QuestionSettings
-from ....workers.protocol import ResponseFormat
 
 CHAT, COMPLETION = "chat", "completion"
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
@@ -71,7 +71,8 @@ def parse_request(line: Mapping[str, Any]) -> Request:
     try:
         return _request(line)
     except Refused as exc:
-        return Request(ENDPOINTS.get(line.get("url"), CHAT), error=str(exc))
+        url = line.get("url")
+        return Request(ENDPOINTS.get(url, CHAT) if isinstance(url, str) else CHAT, error=str(exc))
 
 
 def _request(line: Mapping[str, Any]) -> Request:

@@ -36,8 +36,10 @@ def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str
     strings unless the line names its own (the job's, else the plain template's for a chat prompt;
     a raw completion prompt has no template, so no template stop). `grammar`: its response_format
     as GBNF (runner/config/answer.py format_grammar), which replaces the job's answer.*."""
-    sampling = replace(job.sampling, **{k: v for k, v in (("temperature", own.temperature), ("top_p", own.top_p),
-                                                          ("seed", own.seed)) if v is not None})
+    base = job.sampling
+    sampling = replace(base, temperature=base.temperature if own.temperature is None else own.temperature,
+                       top_p=base.top_p if own.top_p is None else own.top_p,
+                       seed=base.seed if own.seed is None else own.seed)
     gen = replace(job, max_tokens=own.max_tokens or job.max_tokens, stop=own.stop or stop, sampling=sampling,
                   logit_bias=own.logit_bias, response_format=own.response_format,
                   answer=AnswerSpec(grammar=grammar) if grammar is not None else job.answer)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 import io
 import re
-from typing import Any, BinaryIO, Iterator, Union
+from typing import Any, BinaryIO, Iterable, Iterator, Union
 
 from ...errors import InputError
 
@@ -63,7 +63,7 @@ class RecodedLines:
     def _decode(self, read: Any) -> bytes:
         try:
             return read().encode("utf-8")
-        except UnicodeError as exc:
+        except (UnicodeDecodeError, UnicodeEncodeError) as exc:  # (a bare UnicodeError has no reason)
             name = self.encoding.upper()
             raise InputError(f"{self.path}:{self.number + 1}: not {name} text ({exc.reason}), though it "
                              f"starts with a {name} byte order mark; save the file as UTF-8") from None
@@ -97,7 +97,7 @@ def cannot_read(path: str, exc: OSError) -> InputError:
     return InputError(f"{path}: cannot read input: {exc.strerror}")
 
 
-def split_lone_cr(lines: Iterator[bytes]) -> Iterator[bytes]:
+def split_lone_cr(lines: Iterable[bytes]) -> Iterator[bytes]:
     """The lines again, a line that holds lone CRs cut after each: CSV rows end in CR, LF or
     CRLF. (A CR byte is never part of a multi-byte UTF-8 character.)"""
     for line in lines:
@@ -148,7 +148,7 @@ def _recoded(path: str, data: bytes, encoding: str) -> str:
         text = data.decode(encoding, "surrogatepass")
         text.encode("utf-8")  # a lone surrogate, named by its line
         return text
-    except UnicodeError as exc:
+    except (UnicodeDecodeError, UnicodeEncodeError) as exc:  # (a bare UnicodeError has no start)
         before = text[:exc.start] if text else data[:exc.start].decode(encoding, "replace")
         line = before.count("\n") + 1
         name = encoding.upper()

@@ -21,7 +21,8 @@ from typing import Union
 import gguf
 
 from ...files.paths import ggbatch_cache
-from .gguf_random import WEIGHT_STD, temp_sibling as _temp_sibling, write_random_gguf
+from .gguf_random import temp_sibling as _temp_sibling
+from .gguf_random import write_random_gguf
 from .gguf_vocab import GGUFVocab, build_demo_vocab, vocab_from_gguf
 from .lfm2_gen import Lfm2Shape
 from .mamba2_gen import Mamba2Shape
