@@ -48,6 +48,7 @@ from .plan import gpu, tuned
 from .plan import layout as layouts
 from .plan.growth import ContextGrowth, PlanInputs
 from .plan.nodes import Node, NodePlan, node_report, share
+from .pool.backend import Backend
 from .pool.local import LocalBackend
 from .pool.pool import WorkerPool
 from .pool.signals import STOP
@@ -160,7 +161,7 @@ def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterat
     return first, rest, stream
 
 
-def open_backend(config: JobConfig) -> Any:
+def open_backend(config: JobConfig) -> Backend[Any]:
     """Where the workers live: local processes, or Ray actors (connecting here: a bad address is
     one line and exit 2 before any work)."""
     if config.backend == "ray":

@@ -16,9 +16,9 @@ Its behaviour is a `Fake`, a picklable engine factory that goes where the real e
                                             die after N answers, then fail every start-up
     Fake(started=P)                         touch P when a step first holds a question (tests wait on it)
     Fake(environ_to=P)                      write the worker's GPU-visibility variables to P (JSON) at start
-    Fake(threads=True)                      a model runner whose set_threads keeps the count it is given,
-                                            as the real one's llama.cpp context does (without it the
-                                            worker cannot change the engine's threads, and says so)
+    Fake(threads=True)                      set_threads keeps the count it is given, as the real engine's
+                                            llama.cpp context does (without it the count stays, and the
+                                            worker says so)
     Fake(build_s=S)                         take S seconds to build (as a real engine allocates its KV cache
                                             and decodes the shared prefix before it is Ready)
     Fake(threads=True, first_step_threads_to=P)
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ggbatch.workers.memory_kind import MemoryKind
 from ggbatch.workers.protocol import Answer, EngineConfig, FinishReason, Question
 
 
@@ -78,12 +79,21 @@ class FakeEngine:
         self.steps = 0
         self.busy = 0  # slots busy, summed over steps
         self.prompt_tokens = 0  # of the questions answered
-        self.n_threads = config.n_threads
+        self._threads = config.n_threads
+        self.memory_kind = MemoryKind.ATTENTION
         self.n_ctx_seq = config.n_ctx_seq
         self.refused: list[Answer] = []
-        if fake.threads:
-            self.runner = FakeRunner(config.n_threads)
         time.sleep(fake.build_s)
+
+    @property
+    def n_threads(self) -> int:
+        return self._threads
+
+    def set_threads(self, n: int) -> int:
+        """Fake(threads=True): the count changes as llama.cpp's would; else it stays."""
+        if self.fake.threads:
+            self._threads = n
+        return self._threads
 
     @property
     def n_unfinished(self) -> int:
@@ -103,7 +113,7 @@ class FakeEngine:
         if fake.started and self.waiting:
             Path(fake.started).touch()
         if fake.first_step_threads_to and self.steps == 1:
-            Path(fake.first_step_threads_to).write_text(str(self.runner.n_threads))
+            Path(fake.first_step_threads_to).write_text(str(self._threads))
         if fake.exit_every and self.answered >= fake.exit_every:
             os._exit(3)  # after the last answers went out, holding the next ones
         if fake.slow:
@@ -146,14 +156,3 @@ class FakeEngine:
 
     def close(self) -> None:
         pass
-
-
-class FakeRunner:
-    """The part of workers/model_runner.py ModelRunner the worker reaches through `engine.runner`."""
-
-    def __init__(self, n_threads: int) -> None:
-        self.n_threads = n_threads
-
-    def set_threads(self, n: int) -> int:
-        self.n_threads = n
-        return n

@@ -48,6 +48,7 @@ import numpy as np
 from . import invariant
 from .batch import Batch, batch_arrays, logit_index
 from .constraints import best_choice, choice_grammar, choice_logprobs, choice_text
+from .memory_kind import MemoryKind
 from .model_runner import ModelRunner
 from .protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
 from .sampling import Sampling
@@ -61,6 +62,17 @@ class Engine(Protocol):
     """What a worker drives. The fake engine of the coordinator tests implements the same."""
 
     slots: int
+    memory_kind: MemoryKind  # what the model's KV memory can do (recurrent and hybrid: whole streams only)
+
+    @property
+    def n_threads(self) -> int:
+        """llama.cpp's thread count now."""
+        ...
+
+    def set_threads(self, n: int) -> int:
+        """Run the next steps on n threads; returns the count llama.cpp then reports (an engine
+        that cannot change it returns its count unchanged)."""
+        ...
 
     def add(self, question: Question) -> None: ...
 
@@ -101,7 +113,6 @@ class LlamaEngine:
                                   n_batch=self.n_batch, kv_unified=config.kv_unified,
                                   flash_attn=config.flash_attn, repack=config.repack)
         self.sampling = Sampling(self.runner)
-        self.n_threads = self.runner.n_threads  # as llama.cpp reports it
         # With one unified pool, admission keeps the sequences within it; separate streams
         # give each slot its own room.
         budget = self.runner.n_ctx - len(prefix) if config.kv_unified else None
@@ -121,6 +132,13 @@ class LlamaEngine:
         self._decode_prefix(prefix)
 
     # -- public interface -----------------------------------------------------------------------
+
+    @property
+    def n_threads(self) -> int:
+        return self.runner.n_threads  # as llama.cpp reports it
+
+    def set_threads(self, n: int) -> int:
+        return self.runner.set_threads(n)
 
     @property
     def n_unfinished(self) -> int:

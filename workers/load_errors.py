@@ -33,6 +33,11 @@ _GENERIC = re.compile(r"failed to load model( from .*)?$")
 _PREFIX = re.compile(r"^(?:\w+: |error loading model(?: \w+)*: )")
 
 
+class ModelLoadError(Exception):
+    """The GGUF file, or a context for it, could not be made by llama.cpp: the model or the
+    machine, so every worker would fail the same way (WorkerError.model_load)."""
+
+
 def says_memory(text: str) -> bool:
     """Whether an error text is about memory (llama.cpp's, the C++ runtime's or the OS's words)."""
     return bool(_MEMORY.search(text))

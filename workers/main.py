@@ -17,10 +17,10 @@ import queue
 import signal
 import time
 import traceback
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .devices import visible_device_env
-from .memory_kind import MemoryKind
+from .load_errors import ModelLoadError
 from .protocol import (
     STATS_EVERY_S,
     Answer,
@@ -39,6 +39,9 @@ from .protocol import (
     decode,
     encode,
 )
+
+if TYPE_CHECKING:  # the engine module loads llama.cpp: a fake engine's worker never imports it
+    from .engine import Engine
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -68,7 +71,7 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
     send_bytes(). Returns False after reporting an error (a WorkerError), True after a Stop."""
     if spec.device is not None:  # before llama.cpp lists its GPUs (workers/devices.py)
         os.environ.update(visible_device_env(spec.device, os.environ))
-    engine = None
+    engine: Optional[Engine] = None
     stage = "load"
     try:
         # Pin before the model loads, so llama.cpp's thread pool is created on our cores.
@@ -84,15 +87,14 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
         engine = _build_engine(spec, first.engine)
         stage = "run"
         results.send_bytes(encode(Ready(spec.worker_id, os.getpid(), load_s + time.perf_counter() - t1,
-                                 getattr(engine, "n_threads", first.engine.n_threads),
-                                 tuple(sorted(os.sched_getaffinity(0))), n_gpu_layers, gpu_layers,
-                                 MemoryKind(getattr(engine, "memory_kind", MemoryKind.ATTENTION)).value)))
+                                        engine.n_threads, tuple(sorted(os.sched_getaffinity(0))), n_gpu_layers,
+                                        gpu_layers, engine.memory_kind.value)))
         _serve(engine, spec, tasks, results)
         # The engine stays open: the caller ends the process at once, which frees it faster.
         return True
     except BaseException as exc:  # report anything, then die: the coordinator decides what next
         results.send_bytes(encode(WorkerError(spec.worker_id, stage, type(exc).__name__, str(exc),
-                                              traceback.format_exc())))
+                                              traceback.format_exc(), isinstance(exc, ModelLoadError))))
         if engine is not None:
             engine.close()
         return False
@@ -131,7 +133,7 @@ def _preload(spec: WorkerSpec) -> tuple[int, int]:
     return offload.n_gpu_layers, offload.gpu_layers
 
 
-def _build_engine(spec: WorkerSpec, config: EngineConfig) -> Any:
+def _build_engine(spec: WorkerSpec, config: EngineConfig) -> Engine:
     if spec.engine_factory is not None:
         return spec.engine_factory(config, spec.worker_id)
     from .engine import LlamaEngine
@@ -139,7 +141,7 @@ def _build_engine(spec: WorkerSpec, config: EngineConfig) -> Any:
     return LlamaEngine(config, spec.worker_id)
 
 
-def _serve(engine: Any, spec: WorkerSpec, tasks: Any, results: Any) -> None:
+def _serve(engine: Engine, spec: WorkerSpec, tasks: Any, results: Any) -> None:
     target = 2 * engine.slots  # questions held locally: a full batch plus a full refill
     asked = False
     stopping = False
@@ -169,14 +171,11 @@ def _serve(engine: Any, spec: WorkerSpec, tasks: Any, results: Any) -> None:
                 results.send_bytes(encode(AnswerBatch(spec.worker_id, tuple(answers), engine.stats())))
 
 
-def set_threads(engine: Any, worker_id: int, n: int) -> ThreadsSet:
-    """Change llama.cpp's thread count between two steps, through the engine's model runner (the
-    only module that calls llama.cpp); an engine without one keeps its count and says so."""
-    runner = getattr(engine, "runner", None)
-    before = int(getattr(runner, "n_threads", None) or getattr(engine, "n_threads", 0) or 0)
-    setter = getattr(runner, "set_threads", None)
-    steps = int(engine.stats().get("steps", 0))
-    return ThreadsSet(worker_id, before, int(setter(n)) if setter is not None else before, steps)
+def set_threads(engine: Engine, worker_id: int, n: int) -> ThreadsSet:
+    """Change llama.cpp's thread count between two steps; the answer says the count before and
+    the one llama.cpp reports after (unchanged where the engine cannot change it)."""
+    before = engine.n_threads
+    return ThreadsSet(worker_id, before, engine.set_threads(n), int(engine.stats().get("steps", 0)))
 
 
 class _StatsSender:
@@ -188,7 +187,7 @@ class _StatsSender:
         self.next_at = 0.0
         self.finished = 0  # questions this engine finished with a decoded prompt
 
-    def after_step(self, engine: Any, answers: list[Answer]) -> None:
+    def after_step(self, engine: Engine, answers: list[Answer]) -> None:
         self.finished += sum(a.error is None for a in answers)
         now = time.monotonic()
         if now >= self.next_at or engine.n_unfinished == 0:

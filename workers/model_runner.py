@@ -24,15 +24,10 @@ from typing import Any, Optional
 import llama_cpp
 import numpy as np
 
-from .load_errors import describe_context_failure, describe_load_failure
+from .load_errors import ModelLoadError, describe_context_failure, describe_load_failure
 from .memory_kind import MemoryKind
 from .protocol import VocabInfo
 from .vocab_gaps import SpmGaps
-
-
-class ModelLoadError(Exception):
-    """The GGUF file could not be loaded by llama.cpp."""
-
 
 # ggml.h's enum ggml_log_level (llama_cpp/_logger.py's comment has an older numbering).
 _LOG_ERROR, _LOG_CONT = 4, 5

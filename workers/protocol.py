@@ -278,9 +278,10 @@ class ThreadsSet:
 class WorkerError:
     worker_id: int
     stage: str  # "load" (pin, load the model), "configure" (build the engine) or "run"
-    kind: str  # the exception's class name, e.g. "ModelLoadError"
+    kind: str  # the exception's class name, for the log
     message: str
     traceback: str
+    model_load: bool = False  # a ModelLoadError (workers/load_errors.py): every worker would fail so
 
 
 # coordinator -> worker

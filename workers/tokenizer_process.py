@@ -45,7 +45,8 @@ def tokenizer_main(model_path: str, stderr_path: str, requests: Any, results: An
     os.close(fd)
     # Read when libggml loads: without it, every abort forks gdb to print a backtrace (seconds).
     os.environ["GGML_NO_BACKTRACE"] = "1"
-    from .model_runner import ModelLoadError, Tokenizer
+    from .load_errors import ModelLoadError
+    from .model_runner import Tokenizer
 
     try:
         tokenizer = Tokenizer(model_path)

@@ -10,14 +10,11 @@ would block every other worker's next answer forever; with its own pipe, a worke
 middle of a message leaves a torn message that reads as the end of the pipe. Deaths are noticed
 by waiting on the process sentinels, not by polling.
 
-A backend is three calls: start(spec) gives a link (one life of one worker), wait(links,
-timeout) gives what each link said and whether it died, close(). runner/pool/ray.py is the
-other one.
+It implements runner/pool/backend.py's Backend; runner/pool/ray.py is the other one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import multiprocess as mp
@@ -26,16 +23,8 @@ from multiprocess.connection import wait as wait_any
 from ...workers.main import worker_main
 from ...workers.protocol import WorkerSpec, decode, encode
 from ..plan.nodes import Node, local_node
+from .backend import Event
 from .crashes import last_words
-
-
-@dataclass
-class Event:
-    """What one worker said since the last wait, and whether it has died (after saying it)."""
-
-    link: Any
-    messages: list[Any]
-    died: bool = False
 
 
 class LocalLink:
@@ -111,11 +100,12 @@ class LocalBackend:
     def start(self, spec: WorkerSpec) -> LocalLink:
         return LocalLink(self._ctx, spec)
 
-    def wait(self, links: Sequence[LocalLink], timeout: float) -> list[Event]:
+    def wait(self, links: Sequence[LocalLink], timeout: float) -> list[Event[LocalLink]]:
         readers = {link.results: link for link in links if link.results is not None}
         sentinels = {link.process.sentinel: link for link in links}
         ready = wait_any([*readers, *sentinels], timeout)
-        events = {id(readers[r]): Event(readers[r], readers[r].drain()) for r in ready if r in readers}
+        events: dict[int, Event[LocalLink]] = {id(readers[r]): Event(readers[r], readers[r].drain())
+                                               for r in ready if r in readers}
         for s in ready:
             if s in sentinels:
                 link = sentinels[s]

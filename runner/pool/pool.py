@@ -67,6 +67,7 @@ from ...workers.protocol import (
 from ..errors import Interrupted, ModelError
 from ..questions.prefix_groups import whole_groups
 from ..report.report import WorkerRun
+from .backend import Backend
 from .crashes import CrashBudget, Death
 from .intake import Feed, WindowIntake
 from .local import LocalBackend
@@ -82,7 +83,8 @@ GRACE_S = 2.0  # in-flight questions may finish this long after a stop request
 class WorkerPool:
     def __init__(self, specs: Sequence[WorkerSpec], on_answers: Callable[[list[Answer]], None],
                  on_tick: Optional[Callable[["WorkerPool"], None]] = None,
-                 max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None, backend: Any = None,
+                 max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None,
+                 backend: Optional[Backend[Any]] = None,
                  on_threads: Optional[Callable[[ThreadsSet], None]] = None, keep_answers: bool = True,
                  on_ready: Optional[Callable[["WorkerPool", Ready], None]] = None) -> None:
         """max_solo_deaths, max_barren_deaths: see runner/pool/crashes.py. backend: where workers live
@@ -90,7 +92,7 @@ class WorkerPool:
         answer to set_threads; on_ready: with each Ready (a worker has loaded and built its
         engine). keep_answers: keep every answer in `answers` (the job keeps them in
         its journal instead, through on_answers)."""
-        self._backend = backend or LocalBackend()
+        self._backend: Backend[Any] = backend or LocalBackend()
         self._on_threads = on_threads
         self._on_ready = on_ready
         self._log_dir = tempfile.mkdtemp(prefix="ggbatch-workers-")
@@ -220,9 +222,9 @@ class WorkerPool:
         self._stop_signal = signum
         self._stop_deadline = time.perf_counter() + GRACE_S
         self.paused = True
-        live = [w for w in self.workers if w.link is not None]
-        for w in live:
-            w.link.send(Stop())  # the worker finishes what is decoding, then exits
+        live = [w.link for w in self.workers if w.link is not None]
+        for link in live:
+            link.send(Stop())  # the worker finishes what is decoding, then exits
         if live:
             log.warning("stopping: questions already decoding get %.0f s to finish", GRACE_S)
         else:
@@ -316,7 +318,7 @@ class WorkerPool:
         elif isinstance(msg, WorkerError):
             w.last_error = f"{msg.kind}: {msg.message}"
             log.debug("worker %d (%s): %s\n%s", msg.worker_id, msg.stage, w.last_error, msg.traceback)
-            if msg.kind == "ModelLoadError" and msg.stage in ("load", "configure"):
+            if msg.model_load and msg.stage in ("load", "configure"):
                 # The model or its context cannot be made: every worker would fail the same way.
                 raise ModelError(msg.message)
 
@@ -337,8 +339,9 @@ class WorkerPool:
         if self.paused:
             return
         self._restart_outdated()
-        hungry = [w for w in self.workers if w.link is not None and w.wants > 0 and not w.solo and not w.outdated]
-        for w in hungry:
+        hungry = [(w, w.link) for w in self.workers
+                  if w.link is not None and w.wants > 0 and not w.solo and not w.outdated]
+        for w, link in hungry:
             if self._suspects and not w.in_flight:
                 chunk: tuple[Question, ...] = self._suspects.popleft()
                 w.solo = True
@@ -349,7 +352,7 @@ class WorkerPool:
                 continue
             for q in chunk:
                 w.in_flight[q.qid] = q
-            w.link.send(Chunk(chunk))
+            link.send(Chunk(chunk))
             w.wants = 0
 
     def _share(self, w: WorkerState) -> int:
@@ -403,6 +406,8 @@ class WorkerPool:
             w.link = None
 
     def _on_death(self, w: WorkerState) -> None:
+        if w.link is None:  # already let go of
+            return
         how, words = w.link.how_it_died()
         w.link.kill()  # let go of what is left of it (a pipe, a queue, a Ray actor)
         w.link = None

@@ -31,7 +31,7 @@ from ...workers.ray_actor import RayWorker
 from ..errors import ConfigError
 from ..plan.layout import usable_cores
 from ..plan.nodes import Node, nodes_from_ray
-from .local import Event
+from .backend import Event
 
 log = logging.getLogger("ggbatch")
 
@@ -199,7 +199,7 @@ class RayBackend:
     def start(self, spec: WorkerSpec) -> RayLink:
         return RayLink(self._actor_class, spec)
 
-    def wait(self, links: Sequence[RayLink], timeout: float) -> list[Event]:
+    def wait(self, links: Sequence[RayLink], timeout: float) -> list[Event[RayLink]]:
         import ray
 
         by_ref = {link.poll: link for link in links if not link.ended}
@@ -210,7 +210,7 @@ class RayBackend:
         ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready and rest:  # and every other call that is ready too
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-        events = []
+        events: list[Event[RayLink]] = []
         for ref in ready:
             link = by_ref[ref]
             events.append(Event(link, link.take(), link.ended))

@@ -6,10 +6,11 @@ and its earlier lives' summed), and how it reads in the report and the log.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from ...workers.protocol import EngineStats, Question, Ready, WorkerSpec
 from ..report.report import WorkerRun
+from .backend import Link
 from .worker_threads import ThreadCount
 
 
@@ -19,7 +20,7 @@ class WorkerState:
     threads)."""
 
     spec: WorkerSpec
-    link: Any = None  # this life of the worker, as its backend gives it (None: not running)
+    link: Optional[Link] = None  # this life of the worker, as its backend gives it (None: not running)
     ready: Optional[Ready] = None
     wants: int = 0
     in_flight: dict[str, Question] = field(default_factory=dict)

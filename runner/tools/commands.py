@@ -93,7 +93,8 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def _n_vocab(model: str) -> int:
-    from ...workers.model_runner import ModelLoadError, Tokenizer
+    from ...workers.load_errors import ModelLoadError
+    from ...workers.model_runner import Tokenizer
 
     try:
         tokenizer = Tokenizer(model)
