@@ -82,7 +82,7 @@ def _request(line: Mapping[str, Any]) -> Request:
     if line.get("method", "POST") != "POST":
         raise Refused(f"method: must be POST, got {quote(line.get('method'))}")
     url = line.get("url")
-    if url not in ENDPOINTS:
+    if not isinstance(url, str) or url not in ENDPOINTS:
         raise Refused(f"url: {quote(url)} is not answered here (ggbatch answers {' and '.join(ENDPOINTS)})")
     body = line.get("body")
     if not isinstance(body, dict):
