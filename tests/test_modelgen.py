@@ -9,9 +9,11 @@ from pathlib import Path
 import gguf
 import pytest
 
+from conftest import MODELS
+
 from ggbatch.runner.model.make import modelgen as mg
-SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
-QWEN2_VOCAB = SHARED_MODELS / "ggml-vocab-qwen2.gguf"
+
+QWEN2_VOCAB = MODELS / "ggml-vocab-qwen2.gguf"
 TINY = mg.ModelShape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=512)
 # k-quants need rows that are a multiple of 256 (n_embd and n_ff here), or llama.cpp falls back.
 KQUANT_SHAPE = mg.ModelShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=512)

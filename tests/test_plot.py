@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import GSM8K, ROOT, STORIES
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,8 +31,8 @@ def colour_pixels(image, box, rgb, tolerance=40):
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
     """A few seconds of stories260K with the report, 2 workers where there are 2 cores."""
-    stories = ROOT.parent / "shared" / "models" / "stories260K.gguf"
-    data = ROOT.parent / "shared" / "data" / "gsm8k" / "questions.jsonl"
+    stories = STORIES
+    data = GSM8K
     if not stories.exists() or not data.exists():
         pytest.skip("../shared/models/stories260K.gguf or ../shared/data is absent")
     tmp = tmp_path_factory.mktemp("plot")
