@@ -71,7 +71,8 @@ def write_questions(path: str | Path, n: int, gold: bool = False, prefix: str = 
     return write_jsonl(path, question_records(n, gold, prefix))
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.02) -> Any:
+def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "the condition",
+             every: float = 0.02) -> Any:
     """Poll `condition` until it returns something truthy, which is returned; fail after `timeout` s."""
     deadline = time.monotonic() + timeout
     while True:

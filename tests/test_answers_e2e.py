@@ -5,14 +5,13 @@ starts, and the journal refusing answers made under other choices."""
 
 import json
 import re
-import subprocess
-import sys
 from array import array
 
 import jsonschema
 import pytest
 
-from conftest import DATA, MODELS, ROOT, require
+from conftest import DATA, MODELS, require
+from helpers import ggbatch as cli
 from test_openai_batch import parse_output
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
@@ -28,8 +27,7 @@ def ggbatch(*args, timeout=240):
     """A run on one thread: beside other busy processes on a small machine, llama.cpp's threads
     wait at every graph node for a descheduled one (README, Layout)."""
     threads = ["--threads", "1"] if args[0] == "run" and "--threads" not in args else []
-    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args), *threads], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return cli(*args, *threads, timeout=timeout)
 
 
 def sample(path, n, tmp_path):

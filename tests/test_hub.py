@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from helpers import ggbatch as cli
 from ggbatch.runner.config.schema import load_job_file
 from ggbatch.runner.errors import ModelError
 from ggbatch.runner.model.hub import HubRef, is_hub_name, parse_hub_name, pick_file, split_parts
@@ -159,8 +160,7 @@ def test_unreachable_hub_falls_back_to_the_cache(hub):
 
 
 def ggbatch_run(env, *args):
-    return subprocess.run([sys.executable, "-m", "ggbatch", "run", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=200)
+    return cli("run", *args, env=env)
 
 
 @pytest.mark.parametrize("name, file", [("hf:owner/repo/stories260K.gguf", "stories260K.gguf"),

@@ -4,12 +4,10 @@ be the whole job's file byte for byte, and a merge that would lose, mix or inven
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ggbatch as cli
 from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.merge.command import merge_files
 from ggbatch.runner.merge.join import MISSING
@@ -164,8 +162,7 @@ def test_an_empty_shard_merges(tmp_path):
 
 
 def ggbatch(*args):
-    return subprocess.run([sys.executable, "-m", "ggbatch", "merge", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return cli("merge", *args, timeout=60)
 
 
 @pytest.mark.timeout(120)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import GSM8K, ROOT, STORIES
+from helpers import ggbatch as cli
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -16,8 +17,7 @@ LINE_COLOURS = {"k": (0, 0, 0), "C0": (31, 119, 180), "C1": (255, 127, 14)}  # m
 
 
 def ggbatch(*args, timeout=200):
-    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return cli(*args, timeout=timeout)
 
 
 def colour_pixels(image, box, rgb, tolerance=40):

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from array import array
@@ -18,6 +16,7 @@ import pytest
 from fake_engine import Fake
 from ggbatch.runner.config.schema import build_config
 from ggbatch.runner.errors import ConfigError
+from helpers import ggbatch as cli
 from ggbatch.runner.plan.nodes import nodes_from_ray
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
@@ -150,11 +149,6 @@ def test_actor_pins_itself_and_overrides_omp_num_threads(cluster):
 
 
 # -- end to end on stories260K ------------------------------------------------------------------
-
-
-def cli(*args, timeout=150):
-    return subprocess.run([sys.executable, "-m", "ggbatch", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
 
 
 @pytest.mark.model

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 from array import array
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +15,8 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from conftest import ROOT, gsm8k_records
+from conftest import gsm8k_records
+from helpers import ggbatch as cli
 from fake_engine import Fake
 from ggbatch import build_config
 from ggbatch.runner.plan import layout as layouts
@@ -45,8 +44,7 @@ def said(caplog):
 
 
 def ggbatch(*args):
-    return subprocess.run([sys.executable, "-m", "ggbatch", "run", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=150)
+    return cli("run", *args, timeout=150)
 
 
 def batch_requests(n: int) -> list[dict]:
@@ -95,12 +93,12 @@ def without_times(lines: list[dict]) -> list[dict]:
 @pytest.mark.timeout(240)
 @pytest.mark.model
 @pytest.mark.slow
-def test_a_resumed_openai_batch_writes_each_journaled_answer_as_its_line_asks(tmp_path, stories):
+def test_a_resumed_openai_batch_writes_each_journaled_answer_as_its_line_asks(tmp_path, demo_model):
     requests = batch_requests(16)
     whole, out = tmp_path / "whole.jsonl", tmp_path / "out.jsonl"
     questions = tmp_path / "batch.jsonl"
     write_lines(questions, requests)
-    args = ("--model", stories, "--input", questions, "--max-tokens", 12)
+    args = ("--model", demo_model, "--input", questions, "--max-tokens", 12)
     assert (r := ggbatch(*args, "--output", whole)).returncode == 0, r.stderr
     expected = without_times(checked_bodies(whole, requests))
 
@@ -175,23 +173,23 @@ def short_then_long(path: Path, n_short: int, n_long: int) -> None:
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
-def stories_job(tmp_path: Path, stories: str, questions: Path, out: Path):
-    return build_config([("t", {"model": stories, "input": str(questions), "output": str(out), "workers": 1,
+def stories_job(tmp_path: Path, demo_model: str, questions: Path, out: Path):
+    return build_config([("t", {"model": demo_model, "input": str(questions), "output": str(out), "workers": 1,
                                 "slots": 4, "max_tokens": 6})])
 
 
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_streamed_files_later_longer_questions_are_answered_as_in_one_window(tmp_path, stories):
+def test_a_streamed_files_later_longer_questions_are_answered_as_in_one_window(tmp_path, demo_model):
     questions = tmp_path / "q.jsonl"
     short_then_long(questions, 10, 6)
     one, streamed = tmp_path / "one.json", tmp_path / "streamed.json"
-    whole = run_job(stories_job(tmp_path, stories, questions, one), progress="log")
+    whole = run_job(stories_job(tmp_path, demo_model, questions, one), progress="log")
     rows = json.loads(one.read_text())
     assert all(r["answer"] is not None for r in rows), [r["error"] for r in rows if r["error"]][:2]
 
-    report = run_job(stories_job(tmp_path, stories, questions, streamed), progress="log", window=4)
+    report = run_job(stories_job(tmp_path, demo_model, questions, streamed), progress="log", window=4)
     assert streamed.read_bytes() == one.read_bytes()
     context = whole.as_json()["layout"]["n_ctx_per_sequence"]
     assert report.as_json()["layout"]["n_ctx_per_sequence"] == context
@@ -200,15 +198,15 @@ def test_a_streamed_files_later_longer_questions_are_answered_as_in_one_window(t
     # prompt at all, and grows with the windows that hold questions still to answer.
     resumed = tmp_path / "resumed.json"
     short_then_long(questions, 10, 0)
-    run_job(stories_job(tmp_path, stories, questions, resumed), progress="log", window=4)
+    run_job(stories_job(tmp_path, demo_model, questions, resumed), progress="log", window=4)
     short_then_long(questions, 10, 6)
-    run_job(stories_job(tmp_path, stories, questions, resumed), progress="log", window=4)
+    run_job(stories_job(tmp_path, demo_model, questions, resumed), progress="log", window=4)
     assert resumed.read_bytes() == one.read_bytes()
 
 
 @pytest.mark.model
 @pytest.mark.timeout(180)
-def test_workers_busy_with_a_window_start_again_with_a_larger_context_and_lose_nothing(tmp_path, stories, said):
+def test_workers_busy_with_a_window_start_again_with_a_larger_context_and_lose_nothing(tmp_path, demo_model, said):
     # Two workers of the fake engine (which refuses a prompt its context cannot hold, as the real
     # one does), windows of 20, prompts longer window after window: the context grows several
     # times while questions are in flight.
@@ -216,7 +214,7 @@ def test_workers_busy_with_a_window_start_again_with_a_larger_context_and_lose_n
     questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": " ".join(["seven"] * (1 + i // 4))})
                                  + "\n" for i in range(200)))
     one, streamed = tmp_path / "one.json", tmp_path / "streamed.json"
-    config = lambda out: build_config([("t", {"model": stories, "input": str(questions), "output": str(out),
+    config = lambda out: build_config([("t", {"model": demo_model, "input": str(questions), "output": str(out),
                                                "workers": 2, "slots": 4, "max_tokens": 4})])  # noqa: E731
     run_job(config(one), engine_factory=Fake(context=True), progress="log")
     report = run_job(config(streamed), engine_factory=Fake(context=True, slow=0.002), progress="log", window=20)
