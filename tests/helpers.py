@@ -16,17 +16,22 @@ from ggbatch.workers.protocol import Answer, FinishReason
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def ggbatch_command(*args: object) -> list[str]:
+    """The command line of `python -m ggbatch ARGS`, for a test that starts it itself (Popen)."""
+    return [sys.executable, "-m", "ggbatch", *map(str, args)]
+
+
 def ggbatch(*args: object, timeout: float = 200, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """`python -m ggbatch ARGS` from the project's root, its output captured as text."""
-    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, **kwargs)
+    return subprocess.run(ggbatch_command(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          **kwargs)
 
 
 def answer(qid: str, text: str = "x", error: Optional[str] = None, finish: FinishReason = FinishReason.STOP,
-           prompt_tokens: int = 3, tokens: int = 2, **fields: Any) -> Answer:
+           prompt_tokens: int = 3, tokens: int = 2, latency_s: float = 0.2, **fields: Any) -> Answer:
     """A finished answer as a worker would send it: an error makes it FinishReason.ERROR."""
-    return Answer(qid, text, FinishReason.ERROR if error else finish, prompt_tokens, tokens, 0, 0.1, 0.2, error,
-                  **fields)
+    return Answer(qid, text, FinishReason.ERROR if error else finish, prompt_tokens, tokens, 0, 0.1, latency_s,
+                  error, **fields)
 
 
 _NAMES = ["Janet", "Josh", "Maria", "Tom", "Aisha", "Ken", "Lucia", "Omar", "Priya", "Sam"]
@@ -57,6 +62,20 @@ def question_records(n: int, gold: bool = False, prefix: str = "q") -> list[dict
     for i in range(n):
         text, answer_ = word_problem(i)
         records.append({"questionID": f"{prefix}{i}", "question": text, **({"answer": answer_} if gold else {})})
+    return records
+
+
+def choice_records(n: int, prefix: str = "m") -> list[dict]:
+    """n MMLU-like records: a word problem with four lettered options, its "choices" and its "answer"."""
+    records = []
+    for i in range(n):
+        text, gold = word_problem(i)
+        options = [gold, str(int(gold) + 1), str(int(gold) - 2), str(int(gold) * 2)]
+        random.Random(i).shuffle(options)
+        choices = dict(zip("ABCD", options))
+        lettered = "\n".join(f"{k}. {v}" for k, v in choices.items())
+        records.append({"questionID": f"{prefix}{i}", "question": f"{text}\n\n{lettered}",
+                        "answer": next(k for k, v in choices.items() if v == gold), "choices": choices})
     return records
 
 

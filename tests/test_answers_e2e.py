@@ -178,19 +178,19 @@ def test_openai_lines_response_format_is_enforced_and_a_bad_schema_is_that_lines
     (["--json-schema", '{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}'],
      "answer.json_schema: the grammar cannot enforce 'minimum' (at properties.n)"),
 ])
-def test_a_bad_grammar_or_schema_is_exit_2_before_any_worker(tmp_path, stories, gsm8k_file, flags, said):
+def test_a_bad_grammar_or_schema_is_exit_2_before_any_worker(tmp_path, demo_model, questions_file, flags, said):
     out = tmp_path / "a.json"
-    r = ggbatch("run", "--model", stories, "--input", gsm8k_file(4), "--output", out, *flags, timeout=60)
+    r = ggbatch("run", "--model", demo_model, "--input", questions_file(4), "--output", out, *flags, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith(f"ggbatch: error: {said}"), r.stderr
     assert not out.exists() and not (tmp_path / "a.json.journal.jsonl").exists()
 
 
-def test_resume_refuses_answers_made_under_other_choices(tmp_path, stories):
-    q, _ = sample(MMLU, 6, tmp_path)
+def test_resume_refuses_answers_made_under_other_choices(tmp_path, demo_model, questions_file):
+    q = questions_file(6)
     out = tmp_path / "a.json"
-    assert ggbatch("run", "--model", stories, "--input", q, "--output", out, "--choices", "A,B,C,D").returncode == 0
-    r = ggbatch("run", "--model", stories, "--input", q, "--output", out, "--choices", "A,B")
+    assert ggbatch("run", "--model", demo_model, "--input", q, "--output", out, "--choices", "A,B,C,D").returncode == 0
+    r = ggbatch("run", "--model", demo_model, "--input", q, "--output", out, "--choices", "A,B")
     assert r.returncode == 2 and "'answer' changed since the journaled run" in r.stderr
-    r = ggbatch("run", "--model", stories, "--input", q, "--output", out, "--choices", "A,B", "--fresh")
+    r = ggbatch("run", "--model", demo_model, "--input", q, "--output", out, "--choices", "A,B", "--fresh")
     assert r.returncode == 0 and {a["answer"] for a in json.loads(out.read_text())} <= {"A", "B"}

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,22 +17,12 @@ import pytest
 
 import ggbatch
 from conftest import MODELS, ROOT, require
+from helpers import ggbatch_command as ggbatch_cmd
+from helpers import write_questions
 from ggbatch.runner.config.schema import build_config, load_job_file
 from ggbatch.runner.errors import quote
 
 TINYSTORIES = MODELS / "TinyStories-656K-Q8_0.gguf"
-
-
-def ggbatch_cmd(*args: object) -> list[str]:
-    return [sys.executable, "-m", "ggbatch", *map(str, args)]
-
-
-def write_questions(path: Path, n: int, gold: bool = False) -> Path:
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(n):
-            row = {"questionID": f"q{i}", "question": f"Tom has {i} apples. How many?"}
-            f.write(json.dumps({**row, "answer": str(i)} if gold else row) + "\n")
-    return path
 
 
 def flags(model: str, questions: Path, out: Path, *more: object) -> list[object]:
@@ -150,7 +139,7 @@ def test_choices_the_vocabulary_cannot_spell_are_exit_2_naming_the_choice(tmp_pa
 @pytest.mark.model
 @pytest.mark.timeout(120)
 def test_choices_spelled_with_byte_tokens_are_answered(tmp_path, demo_model):
-    # stories260K has all 256 byte tokens: α is three of them, and the grammar can write it
+    # the demo vocabulary has all 256 byte tokens: α is two of them, and the grammar can write it
     questions = write_questions(tmp_path / "q.jsonl", 2)
     out = tmp_path / "a.jsonl"
     r = subprocess.run(ggbatch_cmd("run", *flags(demo_model, questions, out, "--choices", "α,β", "-q")), cwd=ROOT,

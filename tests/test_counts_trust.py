@@ -7,15 +7,11 @@ import json
 import pytest
 
 from helpers import ggbatch as cli
+from helpers import write_jsonl
 
 
 def ggbatch(*args, timeout=200):
     return cli(*args, timeout=timeout)
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
 
 
 # -- ggbatch score ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from conftest import ROOT
-from helpers import wait_for, write_questions
+from helpers import wait_for, write_jsonl, write_questions
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model, pytest.mark.slow]
 
@@ -147,7 +147,7 @@ def test_one_signal_gives_a_grace_and_a_second_stops_at_once(tmp_path, demo_mode
     # Every engine step takes 60 s, so questions in flight never finish: one signal waits out the
     # 2 s grace before stopping the workers, a second one stops them at once.
     questions = tmp_path / "q.jsonl"
-    questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": "Hi?"}) + "\n" for i in range(8)))
+    write_jsonl(questions, [{"questionID": f"q{i}", "question": "Hi?"} for i in range(8)])
     script = tmp_path / "job.py"
     started = tmp_path / "started"
     script.write_text(STUCK_JOB.format(root=str(ROOT), tests=str(ROOT / "tests"), model=demo_model,
@@ -307,7 +307,7 @@ def test_disk_full_is_exit_2_and_the_journal_keeps_what_was_answered(reference, 
     # With room again (the same files moved to a bigger disk), the rerun finishes the job.
     roomy = tmp_path / "roomy"
     roomy.mkdir()
-    Path(f"{roomy / 'answers.json'}.journal.jsonl").write_text("\n".join(journal) + "\n")
+    Path(f"{roomy / 'answers.json'}.journal.jsonl").write_bytes(Path(f"{out}.journal.jsonl").read_bytes())
     r = subprocess.run(cmd(model, questions, roomy / "answers.json", "--report", tmp_path / "r.json"),
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from helpers import ggbatch as cli
+from helpers import write_jsonl as write_lines
 from test_openai_batch import parse_output
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
@@ -26,11 +27,6 @@ def chat(cid, text, **body):
 
 def completion(cid, prompt, **body):
     return {"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": {"prompt": prompt, **body}}
-
-
-def write_lines(path, lines):
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
 
 
 SAMPLED = dict(temperature=1.0, top_p=0.95, max_tokens=8)

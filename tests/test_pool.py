@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from helpers import write_jsonl
 from fake_engine import Fake
 from ggbatch.runner.pool.crashes import StartupError
 from ggbatch.runner.errors import WorkerFailure
@@ -194,7 +195,7 @@ def test_when_no_worker_can_start_any_more_the_answers_so_far_are_written(tmp_pa
     from ggbatch import build_config, run_job
 
     q = tmp_path / "q.jsonl"
-    q.write_text("".join(json.dumps({"questionID": f"q{i}", "question": f"Question {i}?"}) + "\n" for i in range(5)))
+    write_jsonl(q, [{"questionID": f"q{i}", "question": f"Question {i}?"} for i in range(5)])
     out = tmp_path / "a.json"
     fake = Fake(exit_after=3, marker=str(tmp_path / "died"), fail_load_once_marked=True)
     config = build_config([("t", {"model": demo_model, "input": str(q), "output": str(out), "workers": 1,

@@ -9,12 +9,11 @@ import sys
 
 import pytest
 
-from conftest import DATA, ROOT, require
+from conftest import ROOT
 from fake_engine import Fake
 from ggbatch import build_config
 from ggbatch.runner.job import run_job
-
-MMLU = DATA / "mmlu" / "questions.jsonl"
+from helpers import choice_records
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
           "additionalProperties": False}
@@ -37,7 +36,7 @@ def _files(tmp_path):
     (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
     (tmp_path / "job.yaml").write_text("stop: ['\\n', '?']\nprompt:\n  template_kwargs: {enable_thinking: false, "
                                        "tools: [a, b]}\nsampling: {temperature: 0.5, seed: 3}\n")
-    lines = require(MMLU).read_text(encoding="utf-8").splitlines()[:12]
+    lines = [json.dumps(r) for r in choice_records(12)]  # MMLU-like: four lettered choices each
     (tmp_path / "half.jsonl").write_text("\n".join(lines[:6]) + "\n", encoding="utf-8")
     (tmp_path / "all.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
 

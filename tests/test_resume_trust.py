@@ -16,7 +16,9 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from conftest import gsm8k_records
+from helpers import question_records
 from helpers import ggbatch as cli
+from helpers import write_jsonl as write_lines
 from fake_engine import Fake
 from ggbatch import build_config
 from ggbatch.runner.plan import layout as layouts
@@ -48,9 +50,9 @@ def ggbatch(*args):
 
 
 def batch_requests(n: int) -> list[dict]:
-    """n OpenAI Batch lines on GSM8K questions, /v1/chat/completions and /v1/completions in turn."""
+    """n OpenAI Batch lines on GSM8K-like questions, /v1/chat/completions and /v1/completions in turn."""
     lines = []
-    for i, rec in enumerate(gsm8k_records(n)):
+    for i, rec in enumerate(question_records(n)):
         text = rec["question"][:160]
         if i % 2:
             lines.append({"custom_id": f"c{i}", "method": "POST", "url": COMPLETIONS,
@@ -60,10 +62,6 @@ def batch_requests(n: int) -> list[dict]:
                           "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": text}],
                                    "max_tokens": 12}})
     return lines
-
-
-def write_lines(path: Path, lines: list[dict]) -> None:
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
 def checked_bodies(path: Path, requests: list[dict]) -> list[dict]:
@@ -173,23 +171,23 @@ def short_then_long(path: Path, n_short: int, n_long: int) -> None:
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
-def stories_job(tmp_path: Path, demo_model: str, questions: Path, out: Path):
-    return build_config([("t", {"model": demo_model, "input": str(questions), "output": str(out), "workers": 1,
+def stories_job(tmp_path: Path, stories: str, questions: Path, out: Path):
+    return build_config([("t", {"model": stories, "input": str(questions), "output": str(out), "workers": 1,
                                 "slots": 4, "max_tokens": 6})])
 
 
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_streamed_files_later_longer_questions_are_answered_as_in_one_window(tmp_path, demo_model):
+def test_a_streamed_files_later_longer_questions_are_answered_as_in_one_window(tmp_path, stories):
     questions = tmp_path / "q.jsonl"
     short_then_long(questions, 10, 6)
     one, streamed = tmp_path / "one.json", tmp_path / "streamed.json"
-    whole = run_job(stories_job(tmp_path, demo_model, questions, one), progress="log")
+    whole = run_job(stories_job(tmp_path, stories, questions, one), progress="log")
     rows = json.loads(one.read_text())
     assert all(r["answer"] is not None for r in rows), [r["error"] for r in rows if r["error"]][:2]
 
-    report = run_job(stories_job(tmp_path, demo_model, questions, streamed), progress="log", window=4)
+    report = run_job(stories_job(tmp_path, stories, questions, streamed), progress="log", window=4)
     assert streamed.read_bytes() == one.read_bytes()
     context = whole.as_json()["layout"]["n_ctx_per_sequence"]
     assert report.as_json()["layout"]["n_ctx_per_sequence"] == context
@@ -198,23 +196,24 @@ def test_a_streamed_files_later_longer_questions_are_answered_as_in_one_window(t
     # prompt at all, and grows with the windows that hold questions still to answer.
     resumed = tmp_path / "resumed.json"
     short_then_long(questions, 10, 0)
-    run_job(stories_job(tmp_path, demo_model, questions, resumed), progress="log", window=4)
+    run_job(stories_job(tmp_path, stories, questions, resumed), progress="log", window=4)
     short_then_long(questions, 10, 6)
-    run_job(stories_job(tmp_path, demo_model, questions, resumed), progress="log", window=4)
+    run_job(stories_job(tmp_path, stories, questions, resumed), progress="log", window=4)
     assert resumed.read_bytes() == one.read_bytes()
 
 
 @pytest.mark.model
 @pytest.mark.timeout(180)
-def test_workers_busy_with_a_window_start_again_with_a_larger_context_and_lose_nothing(tmp_path, demo_model, said):
+def test_workers_busy_with_a_window_start_again_with_a_larger_context_and_lose_nothing(tmp_path, stories, said):
     # Two workers of the fake engine (which refuses a prompt its context cannot hold, as the real
     # one does), windows of 20, prompts longer window after window: the context grows several
-    # times while questions are in flight.
+    # times while questions are in flight. The growth steps follow stories260K's vocabulary and
+    # trained context: the demo model's chat template and larger context take them in one.
     questions = tmp_path / "q.jsonl"
     questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": " ".join(["seven"] * (1 + i // 4))})
                                  + "\n" for i in range(200)))
     one, streamed = tmp_path / "one.json", tmp_path / "streamed.json"
-    config = lambda out: build_config([("t", {"model": demo_model, "input": str(questions), "output": str(out),
+    config = lambda out: build_config([("t", {"model": stories, "input": str(questions), "output": str(out),
                                                "workers": 2, "slots": 4, "max_tokens": 4})])  # noqa: E731
     run_job(config(one), engine_factory=Fake(context=True), progress="log")
     report = run_job(config(streamed), engine_factory=Fake(context=True, slow=0.002), progress="log", window=20)

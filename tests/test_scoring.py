@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import DATA, ROOT, require
+from helpers import write_jsonl
 from ggbatch.runner.scoring.files import openai_text, read_answers, read_gold
 from ggbatch.runner.cli import build_parser
 from ggbatch.runner.scoring.command import cmd_score
@@ -152,11 +153,6 @@ def test_missing_and_unknown_answers():
 
 
 # -- files --------------------------------------------------------------------------------------
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
 
 
 def test_openai_batch_output(tmp_path):

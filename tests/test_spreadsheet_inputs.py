@@ -212,7 +212,7 @@ def test_a_request_read_as_a_question_says_what_to_do(tmp_path, name, text, fmt,
     assert "leave input_format on auto" not in error
 
 
-# ---- end to end: `ggbatch run` on stories260K
+# ---- end to end: `ggbatch run` on the demo model
 
 def ggbatch(*args, timeout=240):
     return cli(*args, timeout=timeout)

@@ -12,11 +12,12 @@ import faulthandler
 import os
 import signal
 import time
+from pathlib import Path
 from array import array
 
 import pytest
 
-from conftest import MODELS, STORIES, require
+from conftest import MODELS, require
 from ggbatch.runner.errors import ModelError
 from ggbatch.runner.questions.tokenizing import Rejected, TokenizerProcess, tokenize_all
 from ggbatch.workers.tokenizer_process import BatchTokenizer
@@ -98,9 +99,9 @@ def test_the_vocabulary_info_is_the_models(tiny):
     assert info.metadata["llama.block_count"] == "2"
 
 
-def test_a_model_the_tokenizer_process_cannot_load_is_a_model_error(tmp_path):
+def test_a_model_the_tokenizer_process_cannot_load_is_a_model_error(tmp_path, demo_model):
     truncated = tmp_path / "truncated.gguf"
-    truncated.write_bytes(require(STORIES).read_bytes()[:600_000])
+    truncated.write_bytes(Path(demo_model).read_bytes()[:600_000])
     with pytest.raises(ModelError, match=r"truncated\.gguf: the model file is truncated or corrupt \(tensor"):
         TokenizerProcess(str(truncated))
 
