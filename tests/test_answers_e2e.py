@@ -31,7 +31,7 @@ def ggbatch(*args, timeout=240):
 
 
 def sample(path, n, tmp_path):
-    lines = require(path).read_text(encoding="utf-8").splitlines()[:n]
+    lines = require(path, "a real data set's questions with their lettered choices").read_text(encoding="utf-8").splitlines()[:n]
     out = tmp_path / path.parent.name
     out.mkdir(exist_ok=True)
     (out / "q.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -88,9 +88,10 @@ def test_logits_path_answers_as_the_grammar_path_on_single_token_choices(model, 
     from ggbatch.workers.model_runner import Tokenizer
     from ggbatch.workers.protocol import AnswerSpec, EngineConfig, GenerationParams, Question
 
-    path = str(require(MODELS / model))
-    records = [json.loads(x) for x in require(MMLU).read_text().splitlines()[:24]]
-    records += [json.loads(x) for x in require(LSAT).read_text().splitlines()[:6]]
+    path = str(require(MODELS / model, "a real vocabulary's one-token letters"))
+    needs = "real MMLU and LSAT-RC questions"
+    records = [json.loads(x) for x in require(MMLU, needs).read_text().splitlines()[:24]]
+    records += [json.loads(x) for x in require(LSAT, needs).read_text().splitlines()[:6]]
     tok = Tokenizer(path)
     prompts = {r["questionID"]: tok.tokenize(r["question"][-1000:] + suffix) for r in records}
     tok.close()

@@ -83,7 +83,7 @@ def test_questions_the_tokenizer_cannot_take_fail_alone_and_the_rest_is_answered
     whole coordinator inside llama.cpp (exit 134)."""
     from conftest import MODELS, require
 
-    model = require(MODELS / "TinyStories-656K-Q8_0.gguf")
+    model = require(MODELS / "TinyStories-656K-Q8_0.gguf", "TinyStories' tokenizer, which lacks characters (and aborts on them without ggbatch's check)")
     questions, out = tmp_path / "q.jsonl", tmp_path / "answers.json"
     questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": q}) + "\n"
                                  for i, q in enumerate(TOKENIZER_TRAP)))

@@ -124,7 +124,7 @@ def test_a_closed_stdout_ends_quietly_with_the_runs_own_code(tmp_path, demo_mode
 @pytest.mark.model
 @pytest.mark.timeout(120)
 def test_choices_the_vocabulary_cannot_spell_are_exit_2_naming_the_choice(tmp_path):
-    model = require(TINYSTORIES)  # 77 byte tokens: no way to write α
+    model = require(TINYSTORIES, "TinyStories' vocabulary, whose byte tokens cannot write α")  # 77 of them
     questions = write_questions(tmp_path / "q.jsonl", 3)
     out = tmp_path / "a.jsonl"
     r = subprocess.run(ggbatch_cmd("run", *flags(str(model), questions, out, "--choices", "A,α,β")), cwd=ROOT,

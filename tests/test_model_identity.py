@@ -55,7 +55,7 @@ def test_other_weights_of_the_same_size_are_another_model(copy, demo_model, wher
 
 
 def test_identifying_a_big_vocabulary_is_quick():
-    qwen = require(MODELS / "ggml-vocab-qwen2.gguf")  # 151,936 tokens in the header
+    qwen = require(MODELS / "ggml-vocab-qwen2.gguf", "a real vocabulary's header")  # 151,936 tokens in the header
     t0 = time.perf_counter()
     identity = identify(str(qwen))
     assert time.perf_counter() - t0 < 1.0

@@ -208,7 +208,7 @@ def test_demo_model_generates(demo_llm) -> None:
 @pytest.fixture(scope="module")
 def qwen2_tokenizer() -> mg.GGUFVocab:
     if not QWEN2_VOCAB.is_file():
-        pytest.skip(f"shared vocab fixture not found: {QWEN2_VOCAB}")
+        pytest.skip(f"needs a real vocabulary (Qwen2's): {QWEN2_VOCAB} is absent")
     return mg.vocab_from_gguf(QWEN2_VOCAB)  # GGUFReader parses 300k strings: ~8 s
 
 

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from conftest import GSM8K, ROOT, STORIES
+from conftest import ROOT
 from helpers import ggbatch as cli
+from helpers import write_questions
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -29,18 +30,13 @@ def colour_pixels(image, box, rgb, tolerance=40):
 
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
-    """A few seconds of stories260K with the report, 2 workers where there are 2 cores."""
-    stories = STORIES
-    data = GSM8K
-    if not stories.exists() or not data.exists():
-        pytest.skip("../shared/models/stories260K.gguf or ../shared/data is absent")
+def real_run(tmp_path_factory, demo_model):
+    """A few seconds of the demo model with the report, 2 workers where there are 2 cores."""
     tmp = tmp_path_factory.mktemp("plot")
-    questions = tmp / "q.jsonl"
-    questions.write_text("".join(line for _, line in zip(range(64), data.open(encoding="utf-8"))))
+    questions = write_questions(tmp / "q.jsonl", 64)
     workers = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
     report = tmp / "r.json"
-    r = ggbatch("run", "--model", stories, "--input", questions, "--output", tmp / "a.json", "--report", report,
+    r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp / "a.json", "--report", report,
                 "--max-tokens", 192, "--ignore-eos", "--workers", workers, "--slots", 16)
     assert r.returncode == 0, r.stderr
     return report, json.loads(report.read_text()), workers

@@ -62,7 +62,7 @@ def test_gold_with_thousands_separator():
 def test_every_real_gsm8k_reference_solution_scores_right():
     """The 1,319 reference solutions of GSM8K end in `#### N`: the strict rule finds every gold
     answer in them; without the `####` line the last number still finds nearly all."""
-    solutions = [json.loads(line)["answer"] for line in require(GSM8K_RAW).read_text().splitlines()]
+    solutions = [json.loads(line)["answer"] for line in require(GSM8K_RAW, "GSM8K's 1,319 real reference solutions").read_text().splitlines()]
     gold = [Gold(str(i), s.split("####")[-1].strip()) for i, s in enumerate(solutions)]
     strict = [score_one(g, s, "auto", "all") for g, s in zip(gold, solutions)]
     assert tally(strict).correct == 1319 and {s.rule for s in strict} == {"number"}
@@ -213,7 +213,7 @@ def mmlu_answers(tmp_path, n=40):
     """The first n MMLU questions (gold) and answers with a known score: every 4th answered right in
     four spellings, every 4th wrong, every 4th nonsense (invalid), every 4th absent (missing);
     plus one answer whose id is not in the gold file."""
-    records = [json.loads(line) for line in require(MMLU).read_text().splitlines()[:n]]
+    records = [json.loads(line) for line in require(MMLU, "MMLU's real records").read_text().splitlines()[:n]]
     gold = write_jsonl(tmp_path / "gold.jsonl", records)
     spellings = ["{}", "({})", "The answer is {}.", "{}. because"]
     rows = []
@@ -288,7 +288,7 @@ def test_format_table_without_answers():
 def test_run_then_score_on_mmlu_with_a_real_model(tmp_path, stories):
     """`run --score`: stories260K's answers are nonsense, so only the table is checked: present,
     and its numbers add up."""
-    records = [json.loads(line) for line in require(MMLU).read_text().splitlines()[:6]]
+    records = [json.loads(line) for line in require(MMLU, "MMLU's real records").read_text().splitlines()[:6]]
     questions = write_jsonl(tmp_path / "mmlu.jsonl", records)
     out = tmp_path / "answers.jsonl"
     r = subprocess.run([sys.executable, "-m", "ggbatch", "run", "--model", stories, "--input", questions,
