@@ -164,6 +164,7 @@ def ggbatch_run(env, *args):
     return cli("run", *args, env=env)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name, file", [("hf:owner/repo/stories260K.gguf", "stories260K.gguf"),
                                         ("owner/repo:F32", "stories260K-F32.gguf")])
 def test_run_with_a_hub_name_offline(hub, tmp_path, questions_file, name, file):

@@ -284,6 +284,7 @@ def test_format_table_without_answers():
     assert "all" in table and "0.00%" in table and "missing" in table
 
 
+@pytest.mark.model
 @pytest.mark.timeout(240)
 def test_run_then_score_on_mmlu_with_a_real_model(tmp_path, stories):
     """`run --score`: stories260K's answers are nonsense, so only the table is checked: present,
