@@ -14,6 +14,8 @@ from helpers import write_questions
 
 pytestmark = pytest.mark.timeout(240)
 
+N = 192  # questions of 192 tokens: about 8 s on the demo model with 2 workers
+
 LINE_COLOURS = {"k": (0, 0, 0), "C0": (31, 119, 180), "C1": (255, 127, 14)}  # matplotlib's defaults
 
 
@@ -31,9 +33,10 @@ def colour_pixels(image, box, rgb, tolerance=40):
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory, demo_model):
-    """A few seconds of the demo model with the report, 2 workers where there are 2 cores."""
+    """Several seconds of the demo model with the report (its timeline samples every second or
+    so: the plot needs a few), 2 workers where there are 2 cores."""
     tmp = tmp_path_factory.mktemp("plot")
-    questions = write_questions(tmp / "q.jsonl", 64)
+    questions = write_questions(tmp / "q.jsonl", N)
     workers = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
     report = tmp / "r.json"
     r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp / "a.json", "--report", report,
@@ -50,13 +53,13 @@ def test_the_report_holds_a_timeline_whose_totals_are_the_runs(real_run):
     times = [s["t_s"] for s in timeline]
     assert times == sorted(times) and times[-1] <= rep["timings_s"]["total_s"] + 0.5
     done = [s["done"] for s in timeline]
-    assert done == sorted(done) and done[-1] == 64
+    assert done == sorted(done) and done[-1] == N
     end = timeline[-1]
     assert set(end["workers"]) == {str(w) for w in range(workers)}
     # The engines' counters are whole at the end: every generated token, and every prompt token
     # decoded (the shared prefix is decoded once per worker, outside the questions' count).
-    assert end["generated_tokens"] == rep["tokens"]["generated"] == 64 * 192
-    assert end["prompt_tokens"] == rep["tokens"]["prompt"] - 64 * rep["layout"]["shared_prefix_tokens"]
+    assert end["generated_tokens"] == rep["tokens"]["generated"] == N * 192
+    assert end["prompt_tokens"] == rep["tokens"]["prompt"] - N * rep["layout"]["shared_prefix_tokens"]
     for w in end["workers"].values():
         assert w["pss_mib"] > 0 and w["threads"] >= 1
 
