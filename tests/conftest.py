@@ -1,5 +1,7 @@
-"""Shared fixtures. Real models and data come from ../shared beside the project; tests that need
-them skip with the reason when it is absent."""
+"""Shared fixtures. Tests that need a model, not a trained one, run on the demo model the project
+generates itself (`demo_model`) and on questions they write (`questions_file`). Only what needs
+a trained model's answers, a real vocabulary or a real data set takes it from ../shared beside
+the project (GGBATCH_SHARED elsewhere), and skips without it, saying which."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+# GGBATCH_SHARED points elsewhere (a missing folder shows what a fresh clone skips).
+SHARED = Path(os.environ.get("GGBATCH_SHARED", ROOT.parent / "shared"))
 MODELS = SHARED / "models"
 DATA = SHARED / "data"
 STORIES = MODELS / "stories260K.gguf"
@@ -19,10 +22,13 @@ GSM8K = DATA / "gsm8k" / "questions.jsonl"
 
 sys.path.insert(0, str(ROOT / "tests"))  # spawned workers import tests' fake engine from here
 
+from helpers import write_jsonl, write_questions  # noqa: E402  (found through the path above)
 
-def require(path: Path) -> Path:
+
+def require(path: Path, needs: str = "a file from ../shared") -> Path:
+    """`path` from ../shared, or a skip that says what the test needs it for."""
     if not path.exists():
-        pytest.skip(f"{path} is absent (the tests look for ../shared beside the project)")
+        pytest.skip(f"needs {needs}: {path} is absent (../shared beside the project, or GGBATCH_SHARED)")
     return path
 
 
@@ -36,23 +42,37 @@ def two_cores() -> tuple[int, int]:
 
 @pytest.fixture
 def stories() -> str:
-    return str(require(STORIES))
+    """stories260K, for tests on a trained model's answers (a random model's are noise)."""
+    return str(require(STORIES, "stories260K's trained weights"))
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory) -> str:
+    """The demo model (`ggbatch make-model --shape demo`: a small random llama with the demo
+    vocabulary), built once a session: for tests that need a model, not a trained one."""
+    from ggbatch.runner.model.make import modelgen as mg
+    return str(mg.make_model(tmp_path_factory.mktemp("demo") / "demo.gguf", "demo", seed=0, ftype="f32"))
 
 
 def gsm8k_records(n: int) -> list[dict]:
-    with open(require(GSM8K), encoding="utf-8") as f:
+    with open(require(GSM8K, "GSM8K's real questions and gold answers"), encoding="utf-8") as f:
         return [json.loads(line) for _, line in zip(range(n), f)]
 
 
 @pytest.fixture
-def gsm8k_file(tmp_path):
-    """gsm8k_file(n) -> path of a .jsonl holding the first n GSM8K questions."""
+def questions_file(tmp_path):
+    """questions_file(n) -> path of a .jsonl of n GSM8K-like questions the test writes itself."""
     def make(n: int, name: str = "questions.jsonl") -> str:
-        path = tmp_path / name
-        with open(path, "w", encoding="utf-8") as f:
-            for rec in gsm8k_records(n):
-                f.write(json.dumps({"questionID": rec["questionID"], "question": rec["question"]}) + "\n")
-        return str(path)
+        return str(write_questions(tmp_path / name, n))
+    return make
+
+
+@pytest.fixture
+def gsm8k_file(tmp_path):
+    """gsm8k_file(n) -> path of a .jsonl holding the first n real GSM8K questions."""
+    def make(n: int, name: str = "questions.jsonl") -> str:
+        rows = [{"questionID": r["questionID"], "question": r["question"]} for r in gsm8k_records(n)]
+        return str(write_jsonl(tmp_path / name, rows))
     return make
 
 

@@ -5,14 +5,13 @@ starts, and the journal refusing answers made under other choices."""
 
 import json
 import re
-import subprocess
-import sys
 from array import array
 
 import jsonschema
 import pytest
 
-from conftest import DATA, MODELS, ROOT, require
+from conftest import DATA, MODELS, require
+from helpers import ggbatch as cli
 from test_openai_batch import parse_output
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
@@ -28,12 +27,12 @@ def ggbatch(*args, timeout=240):
     """A run on one thread: beside other busy processes on a small machine, llama.cpp's threads
     wait at every graph node for a descheduled one (README, Layout)."""
     threads = ["--threads", "1"] if args[0] == "run" and "--threads" not in args else []
-    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args), *threads], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return cli(*args, *threads, timeout=timeout)
 
 
 def sample(path, n, tmp_path):
-    lines = require(path).read_text(encoding="utf-8").splitlines()[:n]
+    source = require(path, "a real data set's questions with their lettered choices")
+    lines = source.read_text(encoding="utf-8").splitlines()[:n]
     out = tmp_path / path.parent.name
     out.mkdir(exist_ok=True)
     (out / "q.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -90,9 +89,10 @@ def test_logits_path_answers_as_the_grammar_path_on_single_token_choices(model, 
     from ggbatch.workers.model_runner import Tokenizer
     from ggbatch.workers.protocol import AnswerSpec, EngineConfig, GenerationParams, Question
 
-    path = str(require(MODELS / model))
-    records = [json.loads(x) for x in require(MMLU).read_text().splitlines()[:24]]
-    records += [json.loads(x) for x in require(LSAT).read_text().splitlines()[:6]]
+    path = str(require(MODELS / model, "a real vocabulary's one-token letters"))
+    needs = "real MMLU and LSAT-RC questions"
+    records = [json.loads(x) for x in require(MMLU, needs).read_text().splitlines()[:24]]
+    records += [json.loads(x) for x in require(LSAT, needs).read_text().splitlines()[:6]]
     tok = Tokenizer(path)
     prompts = {r["questionID"]: tok.tokenize(r["question"][-1000:] + suffix) for r in records}
     tok.close()
@@ -181,19 +181,19 @@ def test_openai_lines_response_format_is_enforced_and_a_bad_schema_is_that_lines
     (["--json-schema", '{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}'],
      "answer.json_schema: the grammar cannot enforce 'minimum' (at properties.n)"),
 ])
-def test_a_bad_grammar_or_schema_is_exit_2_before_any_worker(tmp_path, stories, gsm8k_file, flags, said):
+def test_a_bad_grammar_or_schema_is_exit_2_before_any_worker(tmp_path, demo_model, questions_file, flags, said):
     out = tmp_path / "a.json"
-    r = ggbatch("run", "--model", stories, "--input", gsm8k_file(4), "--output", out, *flags, timeout=60)
+    r = ggbatch("run", "--model", demo_model, "--input", questions_file(4), "--output", out, *flags, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith(f"ggbatch: error: {said}"), r.stderr
     assert not out.exists() and not (tmp_path / "a.json.journal.jsonl").exists()
 
 
-def test_resume_refuses_answers_made_under_other_choices(tmp_path, stories):
-    q, _ = sample(MMLU, 6, tmp_path)
+def test_resume_refuses_answers_made_under_other_choices(tmp_path, demo_model, questions_file):
+    q = questions_file(6)
     out = tmp_path / "a.json"
-    assert ggbatch("run", "--model", stories, "--input", q, "--output", out, "--choices", "A,B,C,D").returncode == 0
-    r = ggbatch("run", "--model", stories, "--input", q, "--output", out, "--choices", "A,B")
+    assert ggbatch("run", "--model", demo_model, "--input", q, "--output", out, "--choices", "A,B,C,D").returncode == 0
+    r = ggbatch("run", "--model", demo_model, "--input", q, "--output", out, "--choices", "A,B")
     assert r.returncode == 2 and "'answer' changed since the journaled run" in r.stderr
-    r = ggbatch("run", "--model", stories, "--input", q, "--output", out, "--choices", "A,B", "--fresh")
+    r = ggbatch("run", "--model", demo_model, "--input", q, "--output", out, "--choices", "A,B", "--fresh")
     assert r.returncode == 0 and {a["answer"] for a in json.loads(out.read_text())} <= {"A", "B"}

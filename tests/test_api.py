@@ -11,44 +11,44 @@ import ggbatch
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
 
 
-def test_run_a_job_from_keyword_arguments_returns_the_report(tmp_path, stories, gsm8k_file):
+def test_run_a_job_from_keyword_arguments_returns_the_report(tmp_path, demo_model, questions_file):
     out = tmp_path / "a.json"
-    report = ggbatch.run(model=stories, input=gsm8k_file(4), output=str(out), max_tokens=8, workers=1,
+    report = ggbatch.run(model=demo_model, input=questions_file(4), output=str(out), max_tokens=8, workers=1,
                          sampling={"temperature": 0.0, "seed": 3})
     assert isinstance(report, ggbatch.RunReport)
     assert (report.answered, report.failed) == (4, 0)
     assert report.setup.config.sampling.seed == 3
     assert 0 < report.as_json()["tokens"]["generated"] <= 4 * 8
-    assert [r["questionID"] for r in json.loads(out.read_text())] == [f"gsm8k-{i}" for i in range(1, 5)]
+    assert [r["questionID"] for r in json.loads(out.read_text())] == [f"q{i}" for i in range(4)]
 
 
-def test_run_a_job_file_with_overrides(tmp_path, stories, gsm8k_file):
+def test_run_a_job_file_with_overrides(tmp_path, demo_model, questions_file):
     job = tmp_path / "job.yaml"
-    job.write_text(f"model: {stories}\ninput: {gsm8k_file(3)}\noutput: a.jsonl\nmax_tokens: 64\n")
+    job.write_text(f"model: {demo_model}\ninput: {questions_file(3)}\noutput: a.jsonl\nmax_tokens: 64\n")
     report = ggbatch.run(str(job), max_tokens=4, sampling__seed=5)
     assert report.setup.config.max_tokens == 4 and report.setup.config.sampling.seed == 5
     assert (tmp_path / "a.jsonl").exists()  # the job file's relative path, from its own folder
 
 
-def test_a_bad_setting_is_a_ggbatch_error_naming_it(stories):
+def test_a_bad_setting_is_a_ggbatch_error_naming_it(demo_model):
     with pytest.raises(ggbatch.GgbatchError, match="unknown key 'max_tokenz'") as err:
-        ggbatch.run(model=stories, input="q.jsonl", output="a.json", max_tokenz=3)
+        ggbatch.run(model=demo_model, input="q.jsonl", output="a.json", max_tokenz=3)
     assert err.value.exit_code == 2
 
 
-def test_answer_questions_in_memory_in_their_order(tmp_path, stories):
+def test_answer_questions_in_memory_in_their_order(tmp_path, demo_model):
     questions = ["Once upon a time", "The little dog", {"question": "Tom and Sue went", "hint": "park"}]
-    answers = ggbatch.answer(questions, model=stories, max_tokens=8)
+    answers = ggbatch.answer(questions, model=demo_model, max_tokens=8)
     assert [a.id for a in answers] == ["0", "1", "2"]
     assert all(a.text and a.error is None for a in answers)
     # the same engine as a job: identical to answering the same prompts through a file
-    again = ggbatch.answer(questions[:2], model=stories, max_tokens=8)
+    again = ggbatch.answer(questions[:2], model=demo_model, max_tokens=8)
     assert [a.text for a in again] == [a.text for a in answers[:2]]
 
 
-def test_answer_can_keep_its_files_to_resume(tmp_path, stories):
+def test_answer_can_keep_its_files_to_resume(tmp_path, demo_model):
     folder = tmp_path / "work"
-    first = ggbatch.answer(["Once upon a time"], model=stories, max_tokens=6, resume_dir=str(folder))
+    first = ggbatch.answer(["Once upon a time"], model=demo_model, max_tokens=6, resume_dir=str(folder))
     assert (folder / "answers.jsonl.journal.jsonl").exists()
-    second = ggbatch.answer(["Once upon a time", "The cat"], model=stories, max_tokens=6, resume_dir=str(folder))
+    second = ggbatch.answer(["Once upon a time", "The cat"], model=demo_model, max_tokens=6, resume_dir=str(folder))
     assert second[0].text == first[0].text and second[1].text

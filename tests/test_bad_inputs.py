@@ -47,7 +47,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("name,content,extra,message", BAD, ids=[f"{b[0]}-{b[3][:24]}" for b in BAD])
-def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, stories, name, content, extra, message):
+def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, demo_model, name, content, extra, message):
     questions = tmp_path / name
     if content is None:
         content = '{"questionID": "1", "question": "a"}\n'
@@ -56,7 +56,7 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, stories, 
     out.write_text("earlier answers")
     (tmp_path / "notgguf.gguf").write_text("not a model")
     _unknown_architecture(tmp_path / "badarch.gguf")
-    (tmp_path / "truncated.gguf").write_bytes(Path(stories).read_bytes()[:600_000])
+    (tmp_path / "truncated.gguf").write_bytes(Path(demo_model).read_bytes()[:600_000])
     (tmp_path / "job.yaml").write_text("sampling:\n  temprature: 1\n")
     replace = {"MISSING": tmp_path / "missing.gguf", "NOTGGUF": tmp_path / "notgguf.gguf",
                "BADARCH": tmp_path / "badarch.gguf", "TRUNCATED": tmp_path / "truncated.gguf",
@@ -64,7 +64,7 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, stories, 
                "JOB": tmp_path / "job.yaml"}
     job = [str(replace["JOB"])] if "JOB" in extra else []  # the job file is the positional argument
     flags = [str(replace.get(x, x)) for x in extra if x != "JOB"]
-    args = [sys.executable, "-m", "ggbatch", "run", *job, "--model", stories, "--input", str(questions),
+    args = [sys.executable, "-m", "ggbatch", "run", *job, "--model", demo_model, "--input", str(questions),
             "--output", str(out), "--max-tokens", "4", *flags]
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
@@ -83,7 +83,8 @@ def test_questions_the_tokenizer_cannot_take_fail_alone_and_the_rest_is_answered
     whole coordinator inside llama.cpp (exit 134)."""
     from conftest import MODELS, require
 
-    model = require(MODELS / "TinyStories-656K-Q8_0.gguf")
+    model = require(MODELS / "TinyStories-656K-Q8_0.gguf",
+                    "TinyStories' tokenizer, which lacks characters (and aborts on them without ggbatch's check)")
     questions, out = tmp_path / "q.jsonl", tmp_path / "answers.json"
     questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": q}) + "\n"
                                  for i, q in enumerate(TOKENIZER_TRAP)))

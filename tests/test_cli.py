@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ggbatch as cli
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.model]
 
 
-def ggbatch(*args):
-    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=100)
+def ggbatch(*args, timeout=100):
+    return cli(*args, timeout=timeout)
 
 
 def test_version_names_ggbatch_llama_cpp_python_llama_cpp_and_the_cpu():
@@ -28,18 +25,18 @@ def test_version_names_ggbatch_llama_cpp_python_llama_cpp_and_the_cpu():
     assert lines[4].startswith("llama.cpp system info: CPU :")
 
 
-def test_quiet_prints_nothing_and_the_exit_code_says_it(tmp_path, stories, gsm8k_file):
+def test_quiet_prints_nothing_and_the_exit_code_says_it(tmp_path, demo_model, questions_file):
     out = tmp_path / "a.json"
-    r = ggbatch("run", "-q", "--model", stories, "--input", gsm8k_file(3), "--output", out, "--max-tokens", 4,
+    r = ggbatch("run", "-q", "--model", demo_model, "--input", questions_file(3), "--output", out, "--max-tokens", 4,
                 "--workers", 1)
     assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stderr
     assert len(json.loads(out.read_text())) == 3
-    bad = ggbatch("run", "-q", "--model", stories, "--input", tmp_path / "none.jsonl", "--output", out)
+    bad = ggbatch("run", "-q", "--model", demo_model, "--input", tmp_path / "none.jsonl", "--output", out)
     assert bad.returncode == 2 and bad.stderr.startswith("ggbatch: error: ") and bad.stdout == ""
 
 
-def test_one_worker_reads_one_worker(tmp_path, stories, gsm8k_file):
-    r = ggbatch("run", "--model", stories, "--input", gsm8k_file(2), "--output", tmp_path / "a.json",
+def test_one_worker_reads_one_worker(tmp_path, demo_model, questions_file):
+    r = ggbatch("run", "--model", demo_model, "--input", questions_file(2), "--output", tmp_path / "a.json",
                 "--max-tokens", 2, "--workers", 1, "--progress", "off")
     assert r.returncode == 0, r.stderr
     assert "layout     1 worker × " in r.stdout

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,20 +19,10 @@ import ggbatch
 from conftest import MODELS, ROOT, require
 from ggbatch.runner.config.schema import build_config, load_job_file
 from ggbatch.runner.errors import quote
+from helpers import ggbatch_command as ggbatch_cmd
+from helpers import write_questions
 
 TINYSTORIES = MODELS / "TinyStories-656K-Q8_0.gguf"
-
-
-def ggbatch_cmd(*args: object) -> list[str]:
-    return [sys.executable, "-m", "ggbatch", *map(str, args)]
-
-
-def write_questions(path: Path, n: int, gold: bool = False) -> Path:
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(n):
-            row = {"questionID": f"q{i}", "question": f"Tom has {i} apples. How many?"}
-            f.write(json.dumps({**row, "answer": str(i)} if gold else row) + "\n")
-    return path
 
 
 def flags(model: str, questions: Path, out: Path, *more: object) -> list[object]:
@@ -45,8 +34,8 @@ def flags(model: str, questions: Path, out: Path, *more: object) -> list[object]
 
 @pytest.mark.model
 @pytest.mark.timeout(120)
-def test_answer_takes_one_string_as_one_question(stories):
-    answers = ggbatch.answer("Once upon a time", model=stories, max_tokens=4)
+def test_answer_takes_one_string_as_one_question(demo_model):
+    answers = ggbatch.answer("Once upon a time", model=demo_model, max_tokens=4)
     assert len(answers) == 1
     assert answers[0].id == "0" and answers[0].text and answers[0].error is None
 
@@ -87,20 +76,20 @@ def test_an_unknown_keyword_argument_lists_the_valid_ones():
 
 @pytest.mark.model
 @pytest.mark.timeout(120)
-def test_a_record_without_a_question_is_named_by_its_index_in_the_callers_list(stories):
+def test_a_record_without_a_question_is_named_by_its_index_in_the_callers_list(demo_model):
     with pytest.raises(ggbatch.GgbatchError) as err:
-        ggbatch.answer(["Once upon a time", {"text": "no question field"}], model=stories, max_tokens=4)
+        ggbatch.answer(["Once upon a time", {"text": "no question field"}], model=demo_model, max_tokens=4)
     message = str(err.value)
     assert message == "ggbatch.answer(): questions[1]: record has no 'question'"
     with pytest.raises(ggbatch.GgbatchError, match=r"duplicate questionID: 'a' \(questions\[0\] and \[2\]\)"):
         ggbatch.answer([{"questionID": "a", "question": "Hi"}, "Yo", {"questionID": "a", "question": "Ho"}],
-                       model=stories, max_tokens=4)
+                       model=demo_model, max_tokens=4)
 
 
 @pytest.mark.model
 @pytest.mark.timeout(120)
-def test_a_lone_surrogate_in_a_question_is_that_questions_error(stories):
-    answers = ggbatch.answer(["Once \ud800 upon", "Once upon a time"], model=stories, max_tokens=3)
+def test_a_lone_surrogate_in_a_question_is_that_questions_error(demo_model):
+    answers = ggbatch.answer(["Once \ud800 upon", "Once upon a time"], model=demo_model, max_tokens=3)
     assert answers[0].text is None and "surrogate" in answers[0].error
     assert answers[1].text and answers[1].error is None
 
@@ -115,10 +104,10 @@ def test_a_record_json_cannot_spell_is_named_by_its_index():
 
 @pytest.mark.model
 @pytest.mark.timeout(120)
-def test_a_closed_stdout_ends_quietly_with_the_runs_own_code(tmp_path, stories):
+def test_a_closed_stdout_ends_quietly_with_the_runs_own_code(tmp_path, demo_model):
     questions = write_questions(tmp_path / "q.jsonl", 3, gold=True)
     out = tmp_path / "a.jsonl"
-    commands = [ggbatch_cmd("run", *flags(stories, questions, out, "--score")),
+    commands = [ggbatch_cmd("run", *flags(demo_model, questions, out, "--score")),
                 ggbatch_cmd("score", "--answers", out, "--gold", questions)]
     for command in commands:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -135,7 +124,7 @@ def test_a_closed_stdout_ends_quietly_with_the_runs_own_code(tmp_path, stories):
 @pytest.mark.model
 @pytest.mark.timeout(120)
 def test_choices_the_vocabulary_cannot_spell_are_exit_2_naming_the_choice(tmp_path):
-    model = require(TINYSTORIES)  # 77 byte tokens: no way to write α
+    model = require(TINYSTORIES, "TinyStories' vocabulary, whose byte tokens cannot write α")  # 77 of them
     questions = write_questions(tmp_path / "q.jsonl", 3)
     out = tmp_path / "a.jsonl"
     r = subprocess.run(ggbatch_cmd("run", *flags(str(model), questions, out, "--choices", "A,α,β")), cwd=ROOT,
@@ -149,11 +138,11 @@ def test_choices_the_vocabulary_cannot_spell_are_exit_2_naming_the_choice(tmp_pa
 
 @pytest.mark.model
 @pytest.mark.timeout(120)
-def test_choices_spelled_with_byte_tokens_are_answered(tmp_path, stories):
-    # stories260K has all 256 byte tokens: α is three of them, and the grammar can write it
+def test_choices_spelled_with_byte_tokens_are_answered(tmp_path, demo_model):
+    # the demo vocabulary has all 256 byte tokens: α is two of them, and the grammar can write it
     questions = write_questions(tmp_path / "q.jsonl", 2)
     out = tmp_path / "a.jsonl"
-    r = subprocess.run(ggbatch_cmd("run", *flags(stories, questions, out, "--choices", "α,β", "-q")), cwd=ROOT,
+    r = subprocess.run(ggbatch_cmd("run", *flags(demo_model, questions, out, "--choices", "α,β", "-q")), cwd=ROOT,
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr
     assert {json.loads(line)["answer"] for line in out.read_text(encoding="utf-8").splitlines()} <= {"α", "β"}
@@ -187,7 +176,7 @@ def processes_of_tmpdir(tmp: Path) -> list[psutil.Process]:
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_sigterm_in_the_first_moments_ends_the_run_as_documented(tmp_path, stories):
+def test_sigterm_in_the_first_moments_ends_the_run_as_documented(tmp_path, demo_model):
     # Work enough that no run is over before its signal comes, even on a quiet machine.
     questions = write_questions(tmp_path / "q.jsonl", 300)
     documented = 0
@@ -195,7 +184,8 @@ def test_sigterm_in_the_first_moments_ends_the_run_as_documented(tmp_path, stori
         tmp = tmp_path / f"tmp-{moment}"
         tmp.mkdir()
         out = tmp_path / f"a-{moment}.json"
-        proc = subprocess.Popen(ggbatch_cmd("run", *flags(stories, questions, out, "--max-tokens", 64, "--ignore-eos",
+        proc = subprocess.Popen(ggbatch_cmd("run", *flags(demo_model, questions, out, "--max-tokens", 64,
+                                                          "--ignore-eos",
                                                           "--threads", 1)), cwd=ROOT,
                                 env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -294,9 +284,9 @@ def test_a_json_schema_file_that_is_missing_says_no_such_file():
 
 @pytest.mark.model
 @pytest.mark.timeout(120)
-def test_run_score_quiet_prints_nothing(tmp_path, stories):
+def test_run_score_quiet_prints_nothing(tmp_path, demo_model):
     questions = write_questions(tmp_path / "q.jsonl", 2, gold=True)
-    r = subprocess.run(ggbatch_cmd("run", *flags(stories, questions, tmp_path / "a.jsonl", "--score", "-q")),
+    r = subprocess.run(ggbatch_cmd("run", *flags(demo_model, questions, tmp_path / "a.jsonl", "--score", "-q")),
                        cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert r.returncode in (0, 1), r.stderr
     assert r.stdout == ""

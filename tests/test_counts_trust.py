@@ -3,22 +3,15 @@ the report and the summary (one definition each: records), prompt tokens only wh
 `ggbatch merge` refusing shards of different jobs. Real files, real processes, real tiny models."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ggbatch as cli
+from helpers import write_jsonl
 
 
 def ggbatch(*args, timeout=200):
-    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+    return cli(*args, timeout=timeout)
 
 
 # -- ggbatch score ------------------------------------------------------------------------------
@@ -72,11 +65,11 @@ def run(model, questions, output, *args):
 
 @pytest.mark.model
 @pytest.mark.timeout(240)
-def test_prompt_tokens_count_only_prompts_decoded_and_refused_ones_apart(tmp_path, stories):
+def test_prompt_tokens_count_only_prompts_decoded_and_refused_ones_apart(tmp_path, demo_model):
     questions = write_jsonl(tmp_path / "q.jsonl", [{"questionID": "short", "question": "Once upon a time"},
                                                    {"questionID": "long", "question": "word " * 300}])
     out, report = tmp_path / "a.json", tmp_path / "r.json"
-    r = run(stories, questions, out, "--n-ctx", 64, "--max-tokens", 4, "--report", report)
+    r = run(demo_model, questions, out, "--n-ctx", 64, "--max-tokens", 4, "--report", report)
     assert r.returncode == 1, r.stderr
     rows = {row["questionID"]: row for row in json.loads(out.read_text())}
     refused = int(rows["long"]["error"].split("prompt has ")[1].split()[0])
@@ -95,7 +88,8 @@ def test_prompt_tokens_count_only_prompts_decoded_and_refused_ones_apart(tmp_pat
 def test_untokenizable_duplicates_are_counted_by_record_and_as_one_prompt(tmp_path):
     from conftest import MODELS, require
 
-    model = require(MODELS / "TinyStories-656K-Q8_0.gguf")
+    model = require(MODELS / "TinyStories-656K-Q8_0.gguf",
+                    "TinyStories' tokenizer, which lacks characters (and aborts on them without ggbatch's check)")
     texts = {"a": "Once upon a time.", "b": "It’s a dog.", "c": "It’s a dog.", "d": "Once upon a time."}
     questions = write_jsonl(tmp_path / "q.jsonl", [{"questionID": k, "question": v} for k, v in texts.items()])
     out, report = tmp_path / "a.json", tmp_path / "r.json"
@@ -110,18 +104,18 @@ def test_untokenizable_duplicates_are_counted_by_record_and_as_one_prompt(tmp_pa
 
 @pytest.mark.model
 @pytest.mark.timeout(300)
-def test_a_resumed_runs_report_counts_every_record_as_a_whole_run_does(tmp_path, stories):
+def test_a_resumed_runs_report_counts_every_record_as_a_whole_run_does(tmp_path, demo_model):
     first = [{"questionID": "q0", "question": "Once upon a time"}, {"questionID": "q1", "question": "The dog ran"}]
     more = [{"questionID": "q2", "question": "Once upon a time"}, {"questionID": "q3", "question": "A big red ball"}]
     questions, out, report = tmp_path / "q.jsonl", tmp_path / "a.json", tmp_path / "r.json"
     write_jsonl(questions, first)
-    assert run(stories, questions, out, "--max-tokens", 6).returncode == 0
+    assert run(demo_model, questions, out, "--max-tokens", 6).returncode == 0
     write_jsonl(questions, first + more)  # two more lines, one a duplicate of an answered one
-    r = run(stories, questions, out, "--max-tokens", 6, "--report", report)
+    r = run(demo_model, questions, out, "--max-tokens", 6, "--report", report)
     assert r.returncode == 0, r.stderr
     resumed = json.loads(report.read_text())["questions"]
     whole_report = tmp_path / "whole.json"
-    assert run(stories, questions, tmp_path / "whole-a.json", "--max-tokens", 6,
+    assert run(demo_model, questions, tmp_path / "whole-a.json", "--max-tokens", 6,
                "--report", whole_report).returncode == 0
     whole = json.loads(whole_report.read_text())["questions"]
     # q0, q1 and q2 (q0's prompt) took their answers from the journal: 3 records, 1 made now.
@@ -137,10 +131,10 @@ def test_a_resumed_runs_report_counts_every_record_as_a_whole_run_does(tmp_path,
 
 @pytest.mark.model
 @pytest.mark.timeout(300)
-def test_merge_refuses_shards_of_two_jobs_naming_the_parts_and_the_setting(tmp_path, stories, gsm8k_file):
-    questions, output = gsm8k_file(6), str(tmp_path / "answers.jsonl")
+def test_merge_refuses_shards_of_two_jobs_naming_the_parts_and_the_setting(tmp_path, demo_model, questions_file):
+    questions, output = questions_file(6), str(tmp_path / "answers.jsonl")
     for shard, max_tokens in (("0/2", 4), ("1/2", 6)):  # the second shard run with another max_tokens
-        r = run(stories, questions, output, "--shard", shard, "--max-tokens", max_tokens)
+        r = run(demo_model, questions, output, "--shard", shard, "--max-tokens", max_tokens)
         assert r.returncode == 0, r.stderr
     parts = [str(tmp_path / f"answers.shard-{i}-of-2.jsonl") for i in range(2)]
     merged = tmp_path / "merged.jsonl"
@@ -151,7 +145,7 @@ def test_merge_refuses_shards_of_two_jobs_naming_the_parts_and_the_setting(tmp_p
                                      "shards of one job"]
     assert not merged.exists()
 
-    r = run(stories, questions, output, "--shard", "1/2", "--max-tokens", 4, "--fresh")  # the same job now
+    r = run(demo_model, questions, output, "--shard", "1/2", "--max-tokens", 4, "--fresh")  # the same job now
     assert r.returncode == 0, r.stderr
     r = ggbatch("merge", "--input", questions, "--output", merged, *parts)
     assert r.returncode == 0, r.stderr

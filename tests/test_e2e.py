@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, gsm8k_records
+from conftest import ROOT
 from ggbatch.runner.plan.tuned import context_bucket
+from helpers import ggbatch as cli
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.model]
 
 
 def ggbatch(*args, timeout=200):
-    return subprocess.run([sys.executable, "-m", "ggbatch", "run", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return cli("run", *args, timeout=timeout)
 
 
 def two_cores():
@@ -24,16 +24,16 @@ def two_cores():
         pytest.skip("needs 2 usable cores")
 
 
-@pytest.mark.parametrize("model", ["stories", "demo"])
-def test_two_pinned_workers_answer_50_gsm8k_questions_in_input_order(request, tmp_path, gsm8k_file, model):
+@pytest.mark.parametrize("model", ["file", "demo"])
+def test_two_pinned_workers_answer_50_questions_in_input_order(request, tmp_path, questions_file, model):
     two_cores()
-    model_path = request.getfixturevalue("stories") if model == "stories" else "demo"
-    questions, out, report = gsm8k_file(50), tmp_path / "answers.json", tmp_path / "report.json"
+    model_path = request.getfixturevalue("demo_model") if model == "file" else "demo"
+    questions, out, report = questions_file(50), tmp_path / "answers.json", tmp_path / "report.json"
     r = ggbatch("--model", model_path, "--input", questions, "--output", out, "--workers", 2,
                 "--max-tokens", 16, "--report", report)
     assert r.returncode == 0, r.stderr
     rows = json.loads(out.read_text())
-    assert [row["questionID"] for row in rows] == [rec["questionID"] for rec in gsm8k_records(50)]
+    assert [row["questionID"] for row in rows] == [f"q{i}" for i in range(50)]
     assert all(isinstance(row["answer"], str) and row["answer"] for row in rows)
     rep = json.loads(report.read_text())
     workers = rep["workers"]
@@ -48,13 +48,13 @@ def test_two_pinned_workers_answer_50_gsm8k_questions_in_input_order(request, tm
     assert "answered   50/50" in r.stdout
 
 
-def test_one_worker_gets_every_core_by_default(tmp_path, stories, gsm8k_file):
+def test_one_worker_gets_every_core_by_default(tmp_path, demo_model, questions_file):
     out, report = tmp_path / "a.jsonl", tmp_path / "r.json"
-    r = ggbatch("--model", stories, "--input", gsm8k_file(5), "--output", out, "--max-tokens", 8,
+    r = ggbatch("--model", demo_model, "--input", questions_file(5), "--output", out, "--max-tokens", 8,
                 "--report", report)
     assert r.returncode == 0, r.stderr
     lines = out.read_text().splitlines()
-    assert [json.loads(line)["questionID"] for line in lines] == [f"gsm8k-{i}" for i in range(1, 6)]
+    assert [json.loads(line)["questionID"] for line in lines] == [f"q{i}" for i in range(5)]
     data = json.loads(report.read_text())
     w = data["workers"]["0"]
     cores = sorted(os.sched_getaffinity(0))
@@ -72,44 +72,44 @@ def test_example_job_runs(tmp_path):
     assert len(rows) == 12 and all(row["answer"] for row in rows)
 
 
-def test_missing_model_is_one_line_exit_2(tmp_path, gsm8k_file):
-    r = ggbatch("--model", tmp_path / "nope.gguf", "--input", gsm8k_file(3), "--output", tmp_path / "a.json")
+def test_missing_model_is_one_line_exit_2(tmp_path, questions_file):
+    r = ggbatch("--model", tmp_path / "nope.gguf", "--input", questions_file(3), "--output", tmp_path / "a.json")
     assert r.returncode == 2
     assert r.stderr.strip() == f"ggbatch: error: {tmp_path / 'nope.gguf'}: model file not found"
 
 
-def test_file_that_is_not_gguf_is_exit_2(tmp_path, gsm8k_file):
+def test_file_that_is_not_gguf_is_exit_2(tmp_path, questions_file):
     fake = tmp_path / "fake.gguf"
     fake.write_text("hello")
-    r = ggbatch("--model", fake, "--input", gsm8k_file(3), "--output", tmp_path / "a.json")
+    r = ggbatch("--model", fake, "--input", questions_file(3), "--output", tmp_path / "a.json")
     assert r.returncode == 2 and "not a GGUF file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_malformed_input_line_is_one_line_exit_2_and_nothing_written(tmp_path, stories):
+def test_malformed_input_line_is_one_line_exit_2_and_nothing_written(tmp_path, demo_model):
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"questionID": "1", "question": "a"}\n{"questionID": "2", "question": "b"\n')
     out = tmp_path / "a.json"
     out.write_text("previous answers")
-    r = ggbatch("--model", stories, "--input", questions, "--output", out)
+    r = ggbatch("--model", demo_model, "--input", questions, "--output", out)
     assert r.returncode == 2
     assert r.stderr.strip().startswith(f"ggbatch: error: {questions}:2: malformed JSON")
     assert len(r.stderr.strip().splitlines()) == 1
     assert out.read_text() == "previous answers"
 
 
-def test_empty_input_gives_empty_output(tmp_path, stories):
+def test_empty_input_gives_empty_output(tmp_path, demo_model):
     questions = tmp_path / "q.jsonl"
     questions.write_text("")
-    r = ggbatch("--model", stories, "--input", questions, "--output", tmp_path / "a.json")
+    r = ggbatch("--model", demo_model, "--input", questions, "--output", tmp_path / "a.json")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "a.json").read_text()) == []
 
 
-def test_failed_question_is_recorded_and_exit_1(tmp_path, stories):
+def test_failed_question_is_recorded_and_exit_1(tmp_path, demo_model):
     questions = tmp_path / "q.json"
     questions.write_text(json.dumps([{"questionID": "short", "question": "Hi"},
                                      {"questionID": "long", "question": "word " * 300}]))
-    r = ggbatch("--model", stories, "--input", questions, "--output", tmp_path / "a.json",
+    r = ggbatch("--model", demo_model, "--input", questions, "--output", tmp_path / "a.json",
                 "--n-ctx", 64, "--max-tokens", 8)
     assert r.returncode == 1, r.stderr
     rows = {row["questionID"]: row for row in json.loads((tmp_path / "a.json").read_text())}
@@ -117,16 +117,16 @@ def test_failed_question_is_recorded_and_exit_1(tmp_path, stories):
     assert rows["long"]["answer"] is None and "context per sequence is 64" in rows["long"]["error"]
 
 
-def test_too_many_workers_is_a_usage_error(tmp_path, stories, gsm8k_file):
+def test_too_many_workers_is_a_usage_error(tmp_path, demo_model, questions_file):
     n = len(os.sched_getaffinity(0)) + 1
-    r = ggbatch("--model", stories, "--input", gsm8k_file(3), "--output", tmp_path / "a.json", "--workers", n)
+    r = ggbatch("--model", demo_model, "--input", questions_file(3), "--output", tmp_path / "a.json", "--workers", n)
     assert r.returncode == 2 and f"{n} workers need at least {n} cores" in r.stderr
 
 
-def test_python_api_returns_the_report(tmp_path, stories, gsm8k_file):
+def test_python_api_returns_the_report(tmp_path, demo_model, questions_file):
     from ggbatch import build_config, run_job
 
-    config = build_config([("api", {"model": stories, "input": gsm8k_file(4), "output": str(tmp_path / "a.json"),
+    config = build_config([("api", {"model": demo_model, "input": questions_file(4), "output": str(tmp_path / "a.json"),
                                     "max_tokens": 8, "workers": 1})])
     report = run_job(config, progress="log")
     assert (report.answered, report.failed) == (4, 0)
@@ -134,13 +134,13 @@ def test_python_api_returns_the_report(tmp_path, stories, gsm8k_file):
     assert Path(tmp_path / "a.json").exists()
 
 
-def test_identical_prompts_answered_once_and_report_adds_up(tmp_path, stories):
+def test_identical_prompts_answered_once_and_report_adds_up(tmp_path, demo_model):
     questions = tmp_path / "q.jsonl"
     texts = ["Once upon a time", "The dog ran", "Once upon a time", "A big red ball", "The dog ran"]
     questions.write_text("".join(json.dumps({"questionID": f"d{i}", "question": t}) + "\n"
                                  for i, t in enumerate(texts)))
     out, report = tmp_path / "a.json", tmp_path / "r.json"
-    r = ggbatch("--model", stories, "--input", questions, "--output", out, "--max-tokens", 12,
+    r = ggbatch("--model", demo_model, "--input", questions, "--output", out, "--max-tokens", 12,
                 "--report", report, "--workers", 1)
     assert r.returncode == 0, r.stderr
     rows = {row["questionID"]: row["answer"] for row in json.loads(out.read_text())}
@@ -161,13 +161,13 @@ def test_identical_prompts_answered_once_and_report_adds_up(tmp_path, stories):
     assert rep["latency_s"]["p50"] <= rep["latency_s"]["p95"] <= rep["latency_s"]["max"]
 
 
-def test_make_model_writes_a_model_that_answers(tmp_path, gsm8k_file):
+def test_make_model_writes_a_model_that_answers(tmp_path, questions_file):
     model = tmp_path / "m.gguf"
     r = subprocess.run([sys.executable, "-m", "ggbatch", "make-model", "--shape", "demo", "--quant", "q8_0",
                         str(model)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert model.read_bytes()[:4] == b"GGUF"
-    r = ggbatch("--model", model, "--input", gsm8k_file(3), "--output", tmp_path / "a.json", "--max-tokens", 4)
+    r = ggbatch("--model", model, "--input", questions_file(3), "--output", tmp_path / "a.json", "--max-tokens", 4)
     assert r.returncode == 0, r.stderr
     bad = subprocess.run([sys.executable, "-m", "ggbatch", "make-model", "--shape", "nope", str(model)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -175,8 +175,8 @@ def test_make_model_writes_a_model_that_answers(tmp_path, gsm8k_file):
 
 
 @pytest.mark.slow
-def test_bench_prints_the_batched_bench_table_and_the_runner_overhead(tmp_path, stories):
-    r = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", stories, "--npp", "32", "--ntg", "8",
+def test_bench_prints_the_batched_bench_table_and_the_runner_overhead(tmp_path, demo_model):
+    r = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", demo_model, "--npp", "32", "--ntg", "8",
                         "--npl", "1,4", "--repeat", "2", "--json", str(tmp_path / "b.json"),
                         "--csv", str(tmp_path / "b.csv"), "--plot", str(tmp_path / "b.png")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -190,28 +190,29 @@ def test_bench_prints_the_batched_bench_table_and_the_runner_overhead(tmp_path, 
     assert (tmp_path / "b.png").read_bytes().startswith(b"\x89PNG")
     assert data["runner"][0]["B"] == 4 and data["runner"][0]["runner S t/s"] > 0
     assert (tmp_path / "b.csv").read_text().startswith("PP,TG,B,N_KV")
-    bad = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", stories, "--npl", "0"],
+    bad = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", demo_model, "--npl", "0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--npl: expected integers >= 1" in bad.stderr
 
 
-def test_bench_runner_row_with_several_workers(tmp_path, stories):
+def test_bench_runner_row_with_several_workers(tmp_path, demo_model):
     n_cores = len(os.sched_getaffinity(0))
-    r = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", stories, "--npp", "16", "--ntg", "4",
+    r = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", demo_model, "--npp", "16", "--ntg", "4",
                         "--npl", "2", "--workers", str(n_cores), "--json", str(tmp_path / "b.json")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     (row,) = json.loads((tmp_path / "b.json").read_text())["runner"]
     assert row["workers"] == n_cores and row["runner S t/s"] > 0
     assert f"{n_cores} pinned worker process(es) × 1 threads" in r.stdout
-    bad = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", stories, "--workers", str(n_cores + 1)],
+    bad = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", demo_model,
+                          "--workers", str(n_cores + 1)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and f"{n_cores + 1} workers need at least {n_cores + 1} cores" in bad.stderr
 
 
 @pytest.mark.slow
-def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k_file):
-    r = subprocess.run([sys.executable, "-m", "ggbatch", "tune", "--model", stories, "--input", gsm8k_file(8),
+def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, demo_model, questions_file):
+    r = subprocess.run([sys.executable, "-m", "ggbatch", "tune", "--model", demo_model, "--input", questions_file(8),
                         "--questions", "8", "--max-tokens", "8", "--slots", "2,4"],
                        cwd=ROOT, capture_output=True, text=True, timeout=200,
                        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
@@ -229,7 +230,7 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k
                                                if len(os.sched_getaffinity(0)) % w == 0)
     assert {t["repack"] for t in entry["trials"]} == {True, False}
     out, report = tmp_path / "a.json", tmp_path / "r.json"
-    r = subprocess.run([sys.executable, "-m", "ggbatch", "run", "--model", stories, "--input", gsm8k_file(8),
+    r = subprocess.run([sys.executable, "-m", "ggbatch", "run", "--model", demo_model, "--input", questions_file(8),
                         "--output", str(out), "--max-tokens", "4", "--report", str(report)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
@@ -242,7 +243,7 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, stories, gsm8k
     assert f"layout from ggbatch tune ({tuned}, tuned for <= {bucket}" in r.stderr
 
 
-def test_repack_setting_reaches_llama_cpp(tmp_path, gsm8k_file):
+def test_repack_setting_reaches_llama_cpp(tmp_path, questions_file):
     # A Q4_K model (rows of 256: what llama.cpp's repacked kernels take). llama.cpp's own log,
     # let through by GGBATCH_LLAMA_LOG, says whether it made a CPU_REPACK buffer.
     from ggbatch.runner.model.make import modelgen as mg
@@ -256,7 +257,7 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, gsm8k_file):
     model = mg.quantize(src, tmp_path / "q4.gguf", "q4_k_m")
     for repack in ("true", "false"):
         report = tmp_path / f"r-{repack}.json"
-        r = subprocess.run([sys.executable, "-m", "ggbatch", "run", "--model", str(model), "--input", gsm8k_file(4),
+        r = subprocess.run([sys.executable, "-m", "ggbatch", "run", "--model", str(model), "--input", questions_file(4),
                             "--output", str(tmp_path / f"a-{repack}.json"), "--max-tokens", "4",
                             "--repack", repack, "--report", str(report)],
                            cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -268,11 +269,12 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, gsm8k_file):
         assert f"weights {'repacked' if repack == 'true' else 'not repacked'} (job)" in r.stdout
 
 
-def test_auto_repack_follows_the_cpu_and_the_expected_slots(tmp_path, stories, gsm8k_file):
+def test_auto_repack_follows_the_cpu_and_the_expected_slots(tmp_path, demo_model, questions_file):
     from ggbatch.runner.plan.layout import cpu_flags, repack_weights
 
     report = tmp_path / "r.json"
-    r = ggbatch("--model", stories, "--input", gsm8k_file(20), "--output", tmp_path / "a.json", "--max-tokens", 2,
+    r = ggbatch("--model", demo_model, "--input", questions_file(20), "--output", tmp_path / "a.json",
+                "--max-tokens", 2,
                 "--workers", 1, "--report", report)
     assert r.returncode == 0, r.stderr
     layout = json.loads(report.read_text())["layout"]
@@ -281,13 +283,13 @@ def test_auto_repack_follows_the_cpu_and_the_expected_slots(tmp_path, stories, g
 
 
 @pytest.mark.parametrize("flag,given", [("7", 7), ("all", "all")])
-def test_gpu_layers_reach_llama_cpp_and_a_cpu_only_build_warns_once(tmp_path, stories, gsm8k_file, flag, given):
+def test_gpu_layers_reach_llama_cpp_and_a_cpu_only_build_warns_once(tmp_path, demo_model, questions_file, flag, given):
     import llama_cpp
 
     if llama_cpp.llama_supports_gpu_offload():
         pytest.skip("this llama-cpp-python build can offload: the CPU-only warning does not apply")
     out, report = tmp_path / "a.json", tmp_path / "r.json"
-    r = ggbatch("--model", stories, "--input", gsm8k_file(6), "--output", out, "--max-tokens", 4,
+    r = ggbatch("--model", demo_model, "--input", questions_file(6), "--output", out, "--max-tokens", 4,
                 "--gpu-layers", flag, "--devices", "0", "--report", report)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("this llama-cpp-python build has no GPU offload (llama_supports_gpu_offload() is "

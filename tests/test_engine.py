@@ -18,7 +18,7 @@ def tokenizer(request):
     from conftest import STORIES, require
     from ggbatch.workers.model_runner import Tokenizer
 
-    tok = Tokenizer(str(require(STORIES)))
+    tok = Tokenizer(str(require(STORIES, "stories260K, whose answers these tests compare")))
     yield tok
     tok.close()
 

@@ -15,10 +15,12 @@ import psutil
 import pytest
 
 from conftest import ROOT
+from helpers import wait_for, write_jsonl, write_questions
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model, pytest.mark.slow]
 
 N_QUESTIONS, MAX_TOKENS = 64, 64
+LONG_QUESTIONS = 6 * N_QUESTIONS  # eight kills with progress between them, on the fast demo model
 
 
 def cmd(model, questions, out, *extra, slots=4):
@@ -48,15 +50,6 @@ def answers_by_worker(out) -> dict[int, int]:
     return counts
 
 
-def wait_for(predicate, timeout=60.0, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def workers_of(proc):
     """The coordinator's worker processes (not its tokenizer process, which names itself)."""
     try:
@@ -66,14 +59,9 @@ def workers_of(proc):
         return []
 
 
-def quiet_run(folder, n_questions):
+def quiet_run(folder, n_questions, model):
     """An uninterrupted run: (model, questions, the bytes every disturbed run must reproduce)."""
-    from conftest import STORIES, gsm8k_records, require
-
-    model = require(STORIES)
-    questions = folder / "q.jsonl"
-    questions.write_text("".join(json.dumps({"questionID": r["questionID"], "question": r["question"]}) + "\n"
-                                 for r in gsm8k_records(n_questions)))
+    questions = write_questions(folder / "q.jsonl", n_questions)
     out = folder / "answers.json"
     r = subprocess.run(cmd(model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -81,14 +69,14 @@ def quiet_run(folder, n_questions):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return quiet_run(tmp_path_factory.mktemp("reference"), N_QUESTIONS)
+def reference(tmp_path_factory, demo_model):
+    return quiet_run(tmp_path_factory.mktemp("reference"), N_QUESTIONS, demo_model)
 
 
 @pytest.fixture(scope="module")
-def long_reference(tmp_path_factory):
+def long_reference(tmp_path_factory, demo_model):
     """Long enough for eight kills with progress between them."""
-    return quiet_run(tmp_path_factory.mktemp("long_reference"), 3 * N_QUESTIONS)
+    return quiet_run(tmp_path_factory.mktemp("long_reference"), LONG_QUESTIONS, demo_model)
 
 
 def test_kill_9_of_the_coordinator_then_rerun_gives_identical_output(reference, tmp_path):
@@ -155,14 +143,14 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("signals, seconds", [(1, (1.8, 5.0)), (2, (0.0, 1.0))])
-def test_one_signal_gives_a_grace_and_a_second_stops_at_once(tmp_path, stories, signals, seconds):
+def test_one_signal_gives_a_grace_and_a_second_stops_at_once(tmp_path, demo_model, signals, seconds):
     # Every engine step takes 60 s, so questions in flight never finish: one signal waits out the
     # 2 s grace before stopping the workers, a second one stops them at once.
     questions = tmp_path / "q.jsonl"
-    questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": "Hi?"}) + "\n" for i in range(8)))
+    write_jsonl(questions, [{"questionID": f"q{i}", "question": "Hi?"} for i in range(8)])
     script = tmp_path / "job.py"
     started = tmp_path / "started"
-    script.write_text(STUCK_JOB.format(root=str(ROOT), tests=str(ROOT / "tests"), model=stories,
+    script.write_text(STUCK_JOB.format(root=str(ROOT), tests=str(ROOT / "tests"), model=demo_model,
                                        questions=str(questions), out=str(tmp_path / "a.json"),
                                        started=str(started)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -209,7 +197,7 @@ def test_workers_killed_at_random_moments_lose_and_duplicate_nothing(long_refere
     assert stderr.count("died (signal 9)") == kills
     assert out.read_bytes() == expected
     ids = [json.loads(line)["qid"] for line in Path(f"{out}.journal.jsonl").read_text().splitlines()[1:]]
-    assert len(ids) == len(set(ids)) == 3 * N_QUESTIONS  # each answer journaled exactly once
+    assert len(ids) == len(set(ids)) == LONG_QUESTIONS  # each answer journaled exactly once
 
 
 KQ_QUESTIONS, KQ_SLOTS = 160, 16
@@ -222,12 +210,8 @@ def kq_cmd(model, questions, out):
 @pytest.fixture(scope="module")
 def k_quant_reference(tmp_path_factory, k_quant_model):
     """An uninterrupted --batch-invariant run of a K-quant model (see conftest.k_quant_model)."""
-    from conftest import gsm8k_records
-
     folder = tmp_path_factory.mktemp("kq-reference")
-    questions = folder / "q.jsonl"
-    questions.write_text("".join(json.dumps({"questionID": r["questionID"], "question": r["question"]}) + "\n"
-                                 for r in gsm8k_records(KQ_QUESTIONS)))
+    questions = write_questions(folder / "q.jsonl", KQ_QUESTIONS)
     out = folder / "answers.json"
     r = subprocess.run(kq_cmd(k_quant_model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -324,7 +308,7 @@ def test_disk_full_is_exit_2_and_the_journal_keeps_what_was_answered(reference, 
     # With room again (the same files moved to a bigger disk), the rerun finishes the job.
     roomy = tmp_path / "roomy"
     roomy.mkdir()
-    Path(f"{roomy / 'answers.json'}.journal.jsonl").write_text("\n".join(journal) + "\n")
+    Path(f"{roomy / 'answers.json'}.journal.jsonl").write_bytes(Path(f"{out}.journal.jsonl").read_bytes())
     r = subprocess.run(cmd(model, questions, roomy / "answers.json", "--report", tmp_path / "r.json"),
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -332,7 +316,7 @@ def test_disk_full_is_exit_2_and_the_journal_keeps_what_was_answered(reference, 
     assert json.loads((tmp_path / "r.json").read_text())["questions"]["from_journal"] >= len(kept) - 1
 
 
-def test_read_only_output_folder_is_exit_2_before_any_work(tmp_path, stories):
+def test_read_only_output_folder_is_exit_2_before_any_work(tmp_path, demo_model):
     """Root may write anywhere, except on a read-only filesystem: mount one (skipped without mount)."""
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -342,7 +326,7 @@ def test_read_only_output_folder_is_exit_2_before_any_work(tmp_path, stories):
     try:
         questions = tmp_path / "q.jsonl"
         questions.write_text('{"questionID": "a", "question": "Hi?"}\n')
-        r = subprocess.run(cmd(stories, questions, folder / "answers.json"), cwd=ROOT, capture_output=True,
+        r = subprocess.run(cmd(demo_model, questions, folder / "answers.json"), cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2
         assert r.stderr.strip().splitlines() == [f"ggbatch: error: {folder / 'answers.json'}: output folder "

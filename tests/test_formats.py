@@ -12,7 +12,7 @@ from ggbatch.runner.files.formats.csvfile import csv_rows, render_csv
 from ggbatch.runner.files.formats.detect import detect_format, input_format, output_format
 from ggbatch.runner.files.inputs import read_question_file, read_records
 from ggbatch.runner.files.outputs import OutputSpec, Row, answer_rows, render, write_answers
-from ggbatch.workers.protocol import Answer, FinishReason
+from helpers import answer
 
 OPENAI_LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
                           "body": {"messages": [{"role": "user", "content": "hi"}]}})
@@ -102,10 +102,6 @@ def test_csv_not_utf8_names_the_line(tmp_path):
 
 def test_csv_rows_of_an_empty_file():
     assert list(csv_rows("e.csv", "", {"questionID": "fields.id"})) == []
-
-
-def answer(qid, text="x", error=None, finish=FinishReason.STOP):
-    return Answer(qid, text, FinishReason.ERROR if error else finish, 3, 2, 0, 0.1, 0.2, error)
 
 
 def test_csv_answers_round_trip_through_the_csv_module():

@@ -6,20 +6,18 @@ import copy
 import csv
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ggbatch as cli
+from helpers import write_jsonl as write_lines
 from test_openai_batch import parse_output
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
 
 
 def ggbatch(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return cli(*args, timeout=timeout)
 
 
 def chat(cid, text, **body):
@@ -29,11 +27,6 @@ def chat(cid, text, **body):
 
 def completion(cid, prompt, **body):
     return {"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": {"prompt": prompt, **body}}
-
-
-def write_lines(path, lines):
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
 
 
 SAMPLED = dict(temperature=1.0, top_p=0.95, max_tokens=8)
@@ -55,11 +48,11 @@ BATCH = [
 REFUSED = ["stream", "embed", "odd-field"]
 
 
-def test_an_openai_batch_file_is_answered_line_by_line_and_read_back_by_the_openai_types(tmp_path, stories):
+def test_an_openai_batch_file_is_answered_line_by_line_and_read_back_by_the_openai_types(tmp_path, demo_model):
     batch, out, report = write_lines(tmp_path / "batch.jsonl", BATCH), tmp_path / "out.jsonl", tmp_path / "r.json"
     # ignore_eos: every answer runs to its own max_tokens; batch-invariant: a sampled answer
     # depends on its seed alone, not on its batch-mates
-    r = ggbatch("run", "--model", stories, "--input", batch, "--output", out, "--report", report,
+    r = ggbatch("run", "--model", demo_model, "--input", batch, "--output", out, "--report", report,
                 "--ignore-eos", "--batch-invariant")
     assert r.returncode == 1, r.stderr  # some lines failed, the rest are answered
     parsed = parse_output(out.read_text())
@@ -94,7 +87,7 @@ def test_an_openai_batch_file_is_answered_line_by_line_and_read_back_by_the_open
     edited[0]["body"]["max_tokens"] = 5
     write_lines(batch, edited)
     errors = tmp_path / "errors.jsonl"
-    r = ggbatch("run", "--model", stories, "--input", batch, "--output", out, "--report", report,
+    r = ggbatch("run", "--model", demo_model, "--input", batch, "--output", out, "--report", report,
                 "--ignore-eos", "--batch-invariant", "--errors-output", errors)
     assert r.returncode == 1, r.stderr
     again, failed = parse_output(out.read_text()), parse_output(errors.read_text())
@@ -111,9 +104,9 @@ def test_an_openai_batch_file_is_answered_line_by_line_and_read_back_by_the_open
     assert (overall["n"], overall["correct"]) == (2, 1), overall
 
 
-def test_duplicate_custom_ids_are_refused_naming_both_lines(tmp_path, stories):
+def test_duplicate_custom_ids_are_refused_naming_both_lines(tmp_path, demo_model):
     batch = write_lines(tmp_path / "b.jsonl", [chat("a", "x"), chat("b", "y"), chat("a", "z")])
-    r = ggbatch("run", "--model", stories, "--input", batch, "--output", tmp_path / "o.jsonl")
+    r = ggbatch("run", "--model", demo_model, "--input", batch, "--output", tmp_path / "o.jsonl")
     assert r.returncode == 2
     assert r.stderr.strip() == f"ggbatch: error: {batch}: duplicate custom_id: 'a' (lines 1 and 3)"
     assert not (tmp_path / "o.jsonl").exists()
@@ -145,7 +138,7 @@ def test_chat_lines_are_rendered_with_the_models_chat_template(tmp_path):
         tok.close()
 
 
-def test_csv_in_and_out_and_scored(tmp_path, stories):
+def test_csv_in_and_out_and_scored(tmp_path, demo_model):
     questions = tmp_path / "q.csv"
     with open(questions, "w", newline="") as f:
         w = csv.writer(f)
@@ -154,7 +147,7 @@ def test_csv_in_and_out_and_scored(tmp_path, stories):
         w.writerow(["q,2", 'The dog said "hi"\nand ran', "dogs", "5"])
         w.writerow(["q3", "Lily", "people", "6"])
     out = tmp_path / "a.csv"
-    r = ggbatch("run", "--model", stories, "--input", questions, "--output", out, "--max-tokens", 6,
+    r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", out, "--max-tokens", 6,
                 "--template", "{{ question }} ({{ topic }})")
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(io.StringIO(out.read_text(), newline="")))

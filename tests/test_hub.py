@@ -1,6 +1,6 @@
 """Models named by Hugging Face names. This machine has no network: the tests build a real hub
 cache (huggingface_hub's layout: blobs, refs/main, snapshots/<commit>/FILE) holding
-stories260K.gguf and resolve names from it offline through the library."""
+the demo model under a few file names and resolve names from it offline through the library."""
 
 import hashlib
 import json
@@ -17,6 +17,7 @@ from conftest import ROOT
 from ggbatch.runner.config.schema import load_job_file
 from ggbatch.runner.errors import ModelError
 from ggbatch.runner.model.hub import HubRef, is_hub_name, parse_hub_name, pick_file, split_parts
+from helpers import ggbatch as cli
 
 pytestmark = pytest.mark.timeout(240)
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -107,11 +108,12 @@ def add_to_hub_cache(cache: Path, repo_id: str, files: dict, commit: str = COMMI
 
 
 @pytest.fixture
-def hub(tmp_path, stories):
+def hub(tmp_path, demo_model):
     cache = tmp_path / "hub"
-    snapshot = add_to_hub_cache(cache, "owner/repo", {"stories260K.gguf": stories, "stories260K-F32.gguf": stories,
-                                                      "mmproj-stories260K-F32.gguf": stories})
-    add_to_hub_cache(cache, "owner/two", {"a/m-Q8_0.gguf": stories, "b/m-Q8_0.gguf": stories})
+    snapshot = add_to_hub_cache(cache, "owner/repo", {"stories260K.gguf": demo_model,
+                                                      "stories260K-F32.gguf": demo_model,
+                                                      "mmproj-stories260K-F32.gguf": demo_model})
+    add_to_hub_cache(cache, "owner/two", {"a/m-Q8_0.gguf": demo_model, "b/m-Q8_0.gguf": demo_model})
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     return cache, snapshot, env
 
@@ -164,21 +166,21 @@ def test_unreachable_hub_falls_back_to_the_cache(hub):
 
 
 def ggbatch_run(env, *args):
-    return subprocess.run([sys.executable, "-m", "ggbatch", "run", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=200)
+    return cli("run", *args, env=env)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name, file", [("hf:owner/repo/stories260K.gguf", "stories260K.gguf"),
                                         ("owner/repo:F32", "stories260K-F32.gguf")])
-def test_run_with_a_hub_name_offline(hub, tmp_path, gsm8k_file, name, file):
+def test_run_with_a_hub_name_offline(hub, tmp_path, questions_file, name, file):
     _, snapshot, env = hub
     out, report = tmp_path / "a.json", tmp_path / "r.json"
-    r = ggbatch_run(env, "--model", name, "--input", gsm8k_file(3), "--output", out, "--max-tokens", 8,
+    r = ggbatch_run(env, "--model", name, "--input", questions_file(3), "--output", out, "--max-tokens", 8,
                     "--report", report)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(out.read_text())) == 3
     assert json.loads(report.read_text())["model"]["path"] == str(snapshot / file)
     # a missing file stops the run before anything starts: exit 2, one line, no answers file
-    r = ggbatch_run(env, "--model", "owner/repo:Q2_K", "--input", gsm8k_file(3), "--output", tmp_path / "b.json")
+    r = ggbatch_run(env, "--model", "owner/repo:Q2_K", "--input", questions_file(3), "--output", tmp_path / "b.json")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "matches Q2_K" in r.stderr
     assert not (tmp_path / "b.json").exists()

@@ -5,12 +5,13 @@ import pytest
 from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.journal.journal import Journal, changed_setting
 from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, Question
+from helpers import answer as make_answer
 
 FP = {"model.size_bytes": 10, "sampling.temperature": 0.0}
 
 
 def answer(qid, text="t", error=None):
-    return Answer(qid, text, FinishReason.ERROR if error else FinishReason.STOP, 3, 1, 0, 0.1, 0.2, error)
+    return make_answer(qid, text, error, tokens=1)
 
 
 def question(qid, *tokens):

@@ -4,19 +4,18 @@ be the whole job's file byte for byte, and a merge that would lose, mix or inven
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
 from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.files.outputs import OutputSpec, Row, render
 from ggbatch.runner.files.shards import shard_of
 from ggbatch.runner.merge.command import merge_files
 from ggbatch.runner.merge.join import MISSING
 from ggbatch.runner.merge.parts import read_part
-from ggbatch.workers.protocol import Answer, FinishReason
+from helpers import answer as make_answer
+from helpers import ggbatch as cli
+from helpers import write_jsonl
 
 IDS = [f"q{i}" for i in range(1, 31)] + ["7", "007", "é-1", "with, comma"]
 TEXTS = {"q3": 'He said "hi",\nthen left', "q4": "<think>2+2</think> 4", "q5": "  ", "q6": "naïve – ünïcödé"}
@@ -26,8 +25,8 @@ EXT = {"json": "json", "jsonl": "jsonl", "csv": "csv", "openai": "jsonl"}
 
 def answer(i, qid):
     error = "the prompt is longer than the context" if qid == FAILED else None
-    return Answer(qid, TEXTS.get(qid, f"answer {i}"), FinishReason.ERROR if error else FinishReason.STOP, 10 + i, i,
-                  0, 0.1, 0.2, error, created=1_700_000_000.5 + i)
+    return make_answer(qid, TEXTS.get(qid, f"answer {i}"), error, prompt_tokens=10 + i, tokens=i,
+                       created=1_700_000_000.5 + i)
 
 
 ROWS = [Row(qid, answer(i, qid), answer(i, qid).error) for i, qid in enumerate(IDS)]
@@ -41,7 +40,7 @@ def spec(fmt, keep_thinking=False):
 def write_job(tmp_path, fmt, count=3, keep_thinking=False):
     """(the question file, the whole job's answers as one run writes them, the shards' files)."""
     questions = tmp_path / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"questionID": q, "question": "?"}) + "\n" for q in IDS))
+    write_jsonl(questions, [{"questionID": q, "question": "?"} for q in IDS])
     whole = tmp_path / f"whole.{EXT[fmt]}"
     whole.write_text(render(ROWS, spec(fmt, keep_thinking)), newline="")
     parts = []
@@ -164,8 +163,7 @@ def test_an_empty_shard_merges(tmp_path):
 
 
 def ggbatch(*args):
-    return subprocess.run([sys.executable, "-m", "ggbatch", "merge", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return cli("merge", *args, timeout=60)
 
 
 @pytest.mark.timeout(120)

@@ -16,21 +16,21 @@ from ggbatch.runner.model.identity import identify, resolve_model, sample_offset
 
 
 @pytest.fixture
-def copy(tmp_path, stories):
+def copy(tmp_path, demo_model):
     path = tmp_path / "m.gguf"
-    shutil.copy(stories, path)
+    shutil.copy(demo_model, path)
     return path
 
 
-def test_layout_agrees_with_the_gguf_package(stories):
-    layout = read_layout(stories)
-    reader = gguf.GGUFReader(stories)
+def test_layout_agrees_with_the_gguf_package(demo_model):
+    layout = read_layout(demo_model)
+    reader = gguf.GGUFReader(demo_model)
     assert layout.data_start == reader.data_offset
     assert sorted(layout.tensor_offsets) == sorted(int(t.data_offset) for t in reader.tensors)
 
 
-def test_the_same_bytes_elsewhere_are_the_same_model(copy, stories):
-    assert identify(str(copy)).digest == identify(stories).digest
+def test_the_same_bytes_elsewhere_are_the_same_model(copy, demo_model):
+    assert identify(str(copy)).digest == identify(demo_model).digest
 
 
 def flip_byte(path, offset):
@@ -42,7 +42,7 @@ def flip_byte(path, offset):
 
 
 @pytest.mark.parametrize("where", ["middle of the last tensor", "first tensor start", "metadata"])
-def test_other_weights_of_the_same_size_are_another_model(copy, stories, where):
+def test_other_weights_of_the_same_size_are_another_model(copy, demo_model, where):
     layout = read_layout(str(copy))
     last = max(layout.tensor_offsets)
     offset = {"middle of the last tensor": last + (layout.file_size - last) // 2,
@@ -51,11 +51,11 @@ def test_other_weights_of_the_same_size_are_another_model(copy, stories, where):
     assert offset in sample_offsets(layout) or where == "metadata"
     flip_byte(copy, offset)
     assert copy.stat().st_size == layout.file_size
-    assert identify(str(copy)).digest != identify(stories).digest
+    assert identify(str(copy)).digest != identify(demo_model).digest
 
 
 def test_identifying_a_big_vocabulary_is_quick():
-    qwen = require(MODELS / "ggml-vocab-qwen2.gguf")  # 151,936 tokens in the header
+    qwen = require(MODELS / "ggml-vocab-qwen2.gguf", "a real vocabulary's header")  # 151,936 tokens in the header
     t0 = time.perf_counter()
     identity = identify(str(qwen))
     assert time.perf_counter() - t0 < 1.0

@@ -8,11 +8,12 @@ import resource
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, STORIES, require
+from conftest import ROOT
 from ggbatch.workers.load_errors import describe_load_failure
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.model]
@@ -144,9 +145,9 @@ def test_a_context_too_big_for_the_address_space_says_memory(stories):
     assert r.stdout.count("\n") == 1
 
 
-def test_a_truncated_model_says_truncated(tmp_path):
+def test_a_truncated_model_says_truncated(tmp_path, demo_model):
     model = tmp_path / "truncated.gguf"
-    model.write_bytes(require(STORIES).read_bytes()[:4000])  # cut inside the metadata
+    model.write_bytes(Path(demo_model).read_bytes()[:4000])  # cut inside the metadata
     expected = f"{model}: the model file is truncated or corrupt (failed to read key-value pairs)"
     assert load_in_subprocess(model) == expected
     # Through the command line, the model's identity (runner/model/identity.py) reads its header first.
@@ -164,9 +165,9 @@ def without_read_permission():
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
-def test_a_model_without_read_permission_says_so_naming_the_path(tmp_path):
+def test_a_model_without_read_permission_says_so_naming_the_path(tmp_path, demo_model):
     model = tmp_path / "private.gguf"
-    shutil.copy(require(STORIES), model)
+    shutil.copy(demo_model, model)
     model.chmod(0)
     prefix = without_read_permission()
     # llama.cpp's own loader (the workers' and the tokenizer process's) ...

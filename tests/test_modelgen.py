@@ -9,10 +9,10 @@ from pathlib import Path
 import gguf
 import pytest
 
+from conftest import MODELS
 from ggbatch.runner.model.make import modelgen as mg
 
-SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
-QWEN2_VOCAB = SHARED_MODELS / "ggml-vocab-qwen2.gguf"
+QWEN2_VOCAB = MODELS / "ggml-vocab-qwen2.gguf"
 TINY = mg.ModelShape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=512)
 # k-quants need rows that are a multiple of 256 (n_embd and n_ff here), or llama.cpp falls back.
 KQUANT_SHAPE = mg.ModelShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=512)
@@ -207,7 +207,7 @@ def test_demo_model_generates(demo_llm) -> None:
 @pytest.fixture(scope="module")
 def qwen2_tokenizer() -> mg.GGUFVocab:
     if not QWEN2_VOCAB.is_file():
-        pytest.skip(f"shared vocab fixture not found: {QWEN2_VOCAB}")
+        pytest.skip(f"needs a real vocabulary (Qwen2's): {QWEN2_VOCAB} is absent")
     return mg.vocab_from_gguf(QWEN2_VOCAB)  # GGUFReader parses 300k strings: ~8 s
 
 

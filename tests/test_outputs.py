@@ -5,11 +5,7 @@ import pytest
 
 from ggbatch.runner.files.formats.rows import split_thinking
 from ggbatch.runner.files.outputs import OutputSpec, Row, merge, render, write_atomic
-from ggbatch.workers.protocol import Answer, FinishReason
-
-
-def answer(qid, text="x", error=None):
-    return Answer(qid, text, FinishReason.ERROR if error else FinishReason.STOP, 3, 2, 0, 0.1, 0.2, error)
+from helpers import answer
 
 
 def test_merge_restores_input_order_fans_out_aliases_and_records_failures():

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
 from ggbatch.runner.errors import ConfigError, OutputError
 from ggbatch.runner.files.paths import check_writable, job_paths
+from helpers import ggbatch as cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,19 +102,18 @@ def test_a_full_disk_is_refused_before_any_work(tmp_path):
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "ggbatch", "run", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=100)
+    return cli("run", *args, timeout=100)
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("case", ["output=input", "report=output", "output=model"])
-def test_the_cli_refuses_before_touching_anything(tmp_path, stories, case):
+def test_the_cli_refuses_before_touching_anything(tmp_path, demo_model, case):
     q = tmp_path / "q.jsonl"
     q.write_text('{"questionID": "a", "question": "Hi?"}\n')
     out = tmp_path / "a.json"
     out.write_text("[]\n")
     model = tmp_path / "m.gguf"
-    model.write_bytes(open(stories, "rb").read())
+    model.write_bytes(open(demo_model, "rb").read())
     before = {p: p.read_bytes() for p in (q, out, model)}
     args = {"output=input": ["--output", q],
             "report=output": ["--output", out, "--report", out],
@@ -128,13 +126,13 @@ def test_the_cli_refuses_before_touching_anything(tmp_path, stories, case):
 
 
 @pytest.mark.model
-def test_answers_go_through_an_output_symlink(tmp_path, stories):
+def test_answers_go_through_an_output_symlink(tmp_path, demo_model):
     q = tmp_path / "q.jsonl"
     q.write_text('{"questionID": "a", "question": "Once upon a time"}\n')
     (tmp_path / "real").mkdir()
     link = tmp_path / "answers.json"
     os.symlink(tmp_path / "real" / "answers.json", link)
-    r = run("--model", stories, "--input", q, "--output", link, "--max-tokens", 4)
+    r = run("--model", demo_model, "--input", q, "--output", link, "--max-tokens", 4)
     assert r.returncode == 0, r.stderr
     assert link.is_symlink()
     assert json.loads((tmp_path / "real" / "answers.json").read_text())[0]["questionID"] == "a"

@@ -9,15 +9,18 @@ import sys
 import pytest
 
 from conftest import ROOT
+from helpers import ggbatch as cli
+from helpers import write_questions
 
 pytestmark = pytest.mark.timeout(240)
+
+N = 192  # questions of 192 tokens: about 8 s on the demo model with 2 workers
 
 LINE_COLOURS = {"k": (0, 0, 0), "C0": (31, 119, 180), "C1": (255, 127, 14)}  # matplotlib's defaults
 
 
 def ggbatch(*args, timeout=200):
-    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return cli(*args, timeout=timeout)
 
 
 def colour_pixels(image, box, rgb, tolerance=40):
@@ -29,18 +32,14 @@ def colour_pixels(image, box, rgb, tolerance=40):
 
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
-    """A few seconds of stories260K with the report, 2 workers where there are 2 cores."""
-    stories = ROOT.parent / "shared" / "models" / "stories260K.gguf"
-    data = ROOT.parent / "shared" / "data" / "gsm8k" / "questions.jsonl"
-    if not stories.exists() or not data.exists():
-        pytest.skip("../shared/models/stories260K.gguf or ../shared/data is absent")
+def real_run(tmp_path_factory, demo_model):
+    """Several seconds of the demo model with the report (its timeline samples every second or
+    so: the plot needs a few), 2 workers where there are 2 cores."""
     tmp = tmp_path_factory.mktemp("plot")
-    questions = tmp / "q.jsonl"
-    questions.write_text("".join(line for _, line in zip(range(64), data.open(encoding="utf-8"))))
+    questions = write_questions(tmp / "q.jsonl", N)
     workers = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
     report = tmp / "r.json"
-    r = ggbatch("run", "--model", stories, "--input", questions, "--output", tmp / "a.json", "--report", report,
+    r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp / "a.json", "--report", report,
                 "--max-tokens", 192, "--ignore-eos", "--workers", workers, "--slots", 16)
     assert r.returncode == 0, r.stderr
     return report, json.loads(report.read_text()), workers
@@ -54,13 +53,13 @@ def test_the_report_holds_a_timeline_whose_totals_are_the_runs(real_run):
     times = [s["t_s"] for s in timeline]
     assert times == sorted(times) and times[-1] <= rep["timings_s"]["total_s"] + 0.5
     done = [s["done"] for s in timeline]
-    assert done == sorted(done) and done[-1] == 64
+    assert done == sorted(done) and done[-1] == N
     end = timeline[-1]
     assert set(end["workers"]) == {str(w) for w in range(workers)}
     # The engines' counters are whole at the end: every generated token, and every prompt token
     # decoded (the shared prefix is decoded once per worker, outside the questions' count).
-    assert end["generated_tokens"] == rep["tokens"]["generated"] == 64 * 192
-    assert end["prompt_tokens"] == rep["tokens"]["prompt"] - 64 * rep["layout"]["shared_prefix_tokens"]
+    assert end["generated_tokens"] == rep["tokens"]["generated"] == N * 192
+    assert end["prompt_tokens"] == rep["tokens"]["prompt"] - N * rep["layout"]["shared_prefix_tokens"]
     for w in end["workers"].values():
         assert w["pss_mib"] > 0 and w["threads"] >= 1
 

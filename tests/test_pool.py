@@ -11,6 +11,7 @@ from ggbatch.runner.pool.crashes import StartupError
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.runner.pool.worker_threads import WorkerThreads
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec
+from helpers import write_jsonl
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,7 +187,7 @@ def test_a_worker_given_a_device_sees_only_that_gpu(tmp_path, monkeypatch):
 
 
 @pytest.mark.model
-def test_when_no_worker_can_start_any_more_the_answers_so_far_are_written(tmp_path, stories):
+def test_when_no_worker_can_start_any_more_the_answers_so_far_are_written(tmp_path, demo_model):
     # Through run_job: the worker dies at its third answer and can never start again; the run
     # ends, and the answers file has the two it sent and says of the others why not.
     import json
@@ -194,10 +195,10 @@ def test_when_no_worker_can_start_any_more_the_answers_so_far_are_written(tmp_pa
     from ggbatch import build_config, run_job
 
     q = tmp_path / "q.jsonl"
-    q.write_text("".join(json.dumps({"questionID": f"q{i}", "question": f"Question {i}?"}) + "\n" for i in range(5)))
+    write_jsonl(q, [{"questionID": f"q{i}", "question": f"Question {i}?"} for i in range(5)])
     out = tmp_path / "a.json"
     fake = Fake(exit_after=3, marker=str(tmp_path / "died"), fail_load_once_marked=True)
-    config = build_config([("t", {"model": stories, "input": str(q), "output": str(out), "workers": 1,
+    config = build_config([("t", {"model": demo_model, "input": str(q), "output": str(out), "workers": 1,
                                   "slots": 1})])
     with pytest.raises(WorkerFailure, match="no worker can start any more"):
         run_job(config, engine_factory=fake, progress="log")

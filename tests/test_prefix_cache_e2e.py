@@ -1,4 +1,4 @@
-"""The prefix cache through the whole job on a real model (stories260K): questions sharing
+"""The prefix cache through the whole job on a real model (the generated demo model): questions sharing
 passages, shuffled, answered exactly as without the cache, with far fewer prompt tokens computed,
 and nothing lost when a worker holding cached passages is killed."""
 
@@ -7,12 +7,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, STORIES, require
-from test_faults import journal_entries, wait_for, workers_of
+from conftest import ROOT
+from helpers import ggbatch_command, wait_for, write_jsonl
+from test_faults import journal_entries, workers_of
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.model]
 
@@ -27,25 +27,24 @@ def passage_file(path, seed=4):
                                                         f"{rng.choice(words)} do next?"}
             for p, text in enumerate(passages) for j in range(PER_PASSAGE)]
     rng.shuffle(rows)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return write_jsonl(path, rows)
 
 
-def run(questions, out, *extra, timeout=180):
-    args = [sys.executable, "-m", "ggbatch", "run", "--model", str(require(STORIES)), "--input", str(questions),
-            "--output", str(out), "--report", f"{out}.report.json", "--workers", "2", "--slots", "4",
-            "--max-tokens", "24", "--batch-invariant", "--progress", "off", *extra]
+def run(model, questions, out, *extra, timeout=180):
+    args = ggbatch_command("run", "--model", model, "--input", questions, "--output", out, "--report",
+                           f"{out}.report.json", "--workers", 2, "--slots", 4, "--max-tokens", 24,
+                           "--batch-invariant", "--progress", "off", *extra)
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr
     return json.loads(open(f"{out}.report.json").read())
 
 
 @pytest.fixture(scope="module")
-def quiet(tmp_path_factory):
+def quiet(tmp_path_factory, demo_model):
     folder = tmp_path_factory.mktemp("prefix")
     questions = passage_file(folder / "q.jsonl")
-    off = run(questions, folder / "off.json", "--prefix-cache", "off")
-    on = run(questions, folder / "on.json")
+    off = run(demo_model, questions, folder / "off.json", "--prefix-cache", "off")
+    on = run(demo_model, questions, folder / "on.json")
     return questions, folder, off, on
 
 
@@ -63,12 +62,11 @@ def test_the_cache_gives_the_same_answers_and_computes_most_passages_once(quiet)
 
 
 @pytest.mark.slow
-def test_a_worker_killed_while_it_holds_cached_passages_loses_nothing(quiet, tmp_path):
+def test_a_worker_killed_while_it_holds_cached_passages_loses_nothing(quiet, tmp_path, demo_model):
     questions, folder, _, _ = quiet
     out = tmp_path / "answers.json"
-    args = [sys.executable, "-m", "ggbatch", "run", "--model", str(require(STORIES)), "--input", str(questions),
-            "--output", str(out), "--workers", "2", "--slots", "4", "--max-tokens", "24", "--batch-invariant",
-            "--progress", "log"]
+    args = ggbatch_command("run", "--model", demo_model, "--input", questions, "--output", out, "--workers", 2,
+                           "--slots", 4, "--max-tokens", 24, "--batch-invariant", "--progress", "log")
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: journal_entries(out) >= 4 or proc.poll() is not None, what="some answers")
     victims = workers_of(proc)

@@ -6,11 +6,12 @@ import time
 
 from ggbatch.runner.watch.progress import Progress
 from ggbatch.runner.watch.rates import RateWindow, eta_s, generating, tokens_left
-from ggbatch.workers.protocol import Answer, FinishReason
+from ggbatch.workers.protocol import FinishReason
+from helpers import answer as make_answer
 
 
 def answer(qid, tokens):
-    return Answer(qid, "x", FinishReason.LENGTH, 10, tokens, 0, 0.1, 1.0)
+    return make_answer(qid, finish=FinishReason.LENGTH, prompt_tokens=10, tokens=tokens, latency_s=1.0)
 
 
 def test_rates_are_over_the_last_window_only():

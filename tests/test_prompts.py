@@ -47,7 +47,7 @@ def test_real_model_templates_render(request):
     from ggbatch.workers.model_runner import Tokenizer
 
     for name in ["ggml-vocab-qwen2.gguf", "ggml-vocab-phi-3.gguf"]:
-        tok = Tokenizer(str(require(MODELS / name)))
+        tok = Tokenizer(str(require(MODELS / name, "real models' chat templates")))
         b = PromptBuilder(tok.chat_template, system="Be brief.", bos_token=tok.bos_text, eos_token=tok.eos_text)
         prompt = b.render("What is 2+2?")
         assert "What is 2+2?" in prompt

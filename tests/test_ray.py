@@ -1,13 +1,11 @@
 """The Ray backend on a real local Ray instance (no mock of Ray): one instance for the module, 2
 CPUs, no dashboard. Pool tests use the fake engine; end-to-end tests the real runner on
-stories260K, against the local backend's answers."""
+the demo model, against the local backend's answers."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from array import array
@@ -22,6 +20,7 @@ from ggbatch.runner.plan.nodes import nodes_from_ray
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
 from ggbatch.workers.ray_actor import own_cores
+from helpers import ggbatch as cli
 
 ray = pytest.importorskip("ray", reason="the Ray backend's tests need ray: pip install -e '.[test]'")
 
@@ -150,21 +149,16 @@ def test_actor_pins_itself_and_overrides_omp_num_threads(cluster):
         ray.kill(actor)
 
 
-# -- end to end on stories260K ------------------------------------------------------------------
-
-
-def cli(*args, timeout=150):
-    return subprocess.run([sys.executable, "-m", "ggbatch", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+# -- end to end on the demo model ---------------------------------------------------------------
 
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_ray_backend_answers_as_the_local_backend(cluster, stories, gsm8k_file, tmp_path):
+def test_ray_backend_answers_as_the_local_backend(cluster, demo_model, questions_file, tmp_path):
     from ggbatch.runner.cli import main
 
-    q = gsm8k_file(24)
-    common = ["run", "--model", stories, "--input", q, "--max-tokens", "48", "--batch-invariant",
+    q = questions_file(24)
+    common = ["run", "--model", demo_model, "--input", q, "--max-tokens", "48", "--batch-invariant",
               "--progress", "off", "-q", "--slots", "8"]
     assert main([*common, "--output", str(tmp_path / "local.json")]) == 0
     assert main([*common, "--output", str(tmp_path / "ray.json"), "--backend", "ray",
@@ -194,12 +188,12 @@ def _kill_one_actor_when(journal: Path, min_answers: int, killed: list) -> None:
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_ray_kill_of_an_actor_mid_job_loses_nothing(cluster, stories, gsm8k_file, tmp_path):
+def test_ray_kill_of_an_actor_mid_job_loses_nothing(cluster, demo_model, questions_file, tmp_path):
     out, report = tmp_path / "a.json", tmp_path / "r.json"
     killed: list = []
     killer = threading.Thread(target=_kill_one_actor_when, args=(tmp_path / "a.json.journal.jsonl", 3, killed))
     killer.start()
-    done = cli("run", "--model", stories, "--input", gsm8k_file(48), "--output", str(out), "--max-tokens", "48",
+    done = cli("run", "--model", demo_model, "--input", questions_file(48), "--output", str(out), "--max-tokens", "48",
                "--workers", "2", "--slots", "4", "--batch-invariant", "--progress", "off", "--report", str(report),
                "--backend", "ray", "--ray-address", cluster)
     killer.join()
@@ -214,10 +208,10 @@ def test_ray_kill_of_an_actor_mid_job_loses_nothing(cluster, stories, gsm8k_file
 
 
 @pytest.mark.slow
-def test_a_bad_ray_address_is_one_line_and_exit_2(tmp_path, stories):
+def test_a_bad_ray_address_is_one_line_and_exit_2(tmp_path, demo_model):
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"questionID": "q1", "question": "Hi?"}) + "\n")
-    done = cli("run", "--model", stories, "--input", str(q), "--output", str(tmp_path / "a.json"),
+    done = cli("run", "--model", demo_model, "--input", str(q), "--output", str(tmp_path / "a.json"),
                "--backend", "ray", "--ray-address", "127.0.0.1:1", timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [

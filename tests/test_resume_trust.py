@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 from array import array
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +15,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from conftest import ROOT, gsm8k_records
+from conftest import gsm8k_records
 from fake_engine import Fake
 from ggbatch import build_config
 from ggbatch.runner.job import STREAMED, run_job
@@ -27,6 +25,9 @@ from ggbatch.runner.plan.layout import PromptFacts
 from ggbatch.runner.plan.memory import ModelDims
 from ggbatch.runner.plan.nodes import Node, NodePlan
 from ggbatch.workers.protocol import GenerationParams, Question
+from helpers import ggbatch as cli
+from helpers import question_records
+from helpers import write_jsonl as write_lines
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
@@ -45,14 +46,13 @@ def said(caplog):
 
 
 def ggbatch(*args):
-    return subprocess.run([sys.executable, "-m", "ggbatch", "run", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=150)
+    return cli("run", *args, timeout=150)
 
 
 def batch_requests(n: int) -> list[dict]:
-    """n OpenAI Batch lines on GSM8K questions, /v1/chat/completions and /v1/completions in turn."""
+    """n OpenAI Batch lines on GSM8K-like questions, /v1/chat/completions and /v1/completions in turn."""
     lines = []
-    for i, rec in enumerate(gsm8k_records(n)):
+    for i, rec in enumerate(question_records(n)):
         text = rec["question"][:160]
         if i % 2:
             lines.append({"custom_id": f"c{i}", "method": "POST", "url": COMPLETIONS,
@@ -62,10 +62,6 @@ def batch_requests(n: int) -> list[dict]:
                           "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": text}],
                                    "max_tokens": 12}})
     return lines
-
-
-def write_lines(path: Path, lines: list[dict]) -> None:
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
 def checked_bodies(path: Path, requests: list[dict]) -> list[dict]:
@@ -95,12 +91,12 @@ def without_times(lines: list[dict]) -> list[dict]:
 @pytest.mark.timeout(240)
 @pytest.mark.model
 @pytest.mark.slow
-def test_a_resumed_openai_batch_writes_each_journaled_answer_as_its_line_asks(tmp_path, stories):
+def test_a_resumed_openai_batch_writes_each_journaled_answer_as_its_line_asks(tmp_path, demo_model):
     requests = batch_requests(16)
     whole, out = tmp_path / "whole.jsonl", tmp_path / "out.jsonl"
     questions = tmp_path / "batch.jsonl"
     write_lines(questions, requests)
-    args = ("--model", stories, "--input", questions, "--max-tokens", 12)
+    args = ("--model", demo_model, "--input", questions, "--max-tokens", 12)
     assert (r := ggbatch(*args, "--output", whole)).returncode == 0, r.stderr
     expected = without_times(checked_bodies(whole, requests))
 
@@ -211,7 +207,8 @@ def test_a_streamed_files_later_longer_questions_are_answered_as_in_one_window(t
 def test_workers_busy_with_a_window_start_again_with_a_larger_context_and_lose_nothing(tmp_path, stories, said):
     # Two workers of the fake engine (which refuses a prompt its context cannot hold, as the real
     # one does), windows of 20, prompts longer window after window: the context grows several
-    # times while questions are in flight.
+    # times while questions are in flight. The growth steps follow stories260K's vocabulary and
+    # trained context: the demo model's chat template and larger context take them in one.
     questions = tmp_path / "q.jsonl"
     questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": " ".join(["seven"] * (1 + i // 4))})
                                  + "\n" for i in range(200)))

@@ -26,6 +26,7 @@ from ggbatch.runner.scoring.rules import (
     tally,
 )
 from ggbatch.runner.scoring.table import ScoreResult, format_table, score
+from helpers import write_jsonl
 
 MMLU = DATA / "mmlu" / "questions.jsonl"
 GSM8K_RAW = DATA / "gsm8k" / "raw" / "grade_school_math" / "data" / "test.jsonl"
@@ -71,7 +72,8 @@ def test_gold_with_thousands_separator():
 def test_every_real_gsm8k_reference_solution_scores_right():
     """The 1,319 reference solutions of GSM8K end in `#### N`: the strict rule finds every gold
     answer in them; without the `####` line the last number still finds nearly all."""
-    solutions = [json.loads(line)["answer"] for line in require(GSM8K_RAW).read_text().splitlines()]
+    raw = require(GSM8K_RAW, "GSM8K's 1,319 real reference solutions")
+    solutions = [json.loads(line)["answer"] for line in raw.read_text().splitlines()]
     gold = [Gold(str(i), s.split("####")[-1].strip()) for i, s in enumerate(solutions)]
     strict = [score_one(g, s, "auto", "all") for g, s in zip(gold, solutions)]
     assert tally(strict).correct == 1319 and {s.rule for s in strict} == {"number"}
@@ -164,11 +166,6 @@ def test_missing_and_unknown_answers():
 # -- files --------------------------------------------------------------------------------------
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 def test_openai_batch_output(tmp_path):
     def line(cid, content=None, text=None, error=None, status=200):
         choice = {"index": 0, "message": {"role": "assistant", "content": content}} if text is None else {"text": text}
@@ -229,7 +226,7 @@ def mmlu_answers(tmp_path, n=40):
     """The first n MMLU questions (gold) and answers with a known score: every 4th answered right in
     four spellings, every 4th wrong, every 4th nonsense (invalid), every 4th absent (missing);
     plus one answer whose id is not in the gold file."""
-    records = [json.loads(line) for line in require(MMLU).read_text().splitlines()[:n]]
+    records = [json.loads(line) for line in require(MMLU, "MMLU's real records").read_text().splitlines()[:n]]
     gold = write_jsonl(tmp_path / "gold.jsonl", records)
     spellings = ["{}", "({})", "The answer is {}.", "{}. because"]
     rows = []
@@ -301,11 +298,12 @@ def test_format_table_without_answers():
     assert "all" in table and "0.00%" in table and "missing" in table
 
 
+@pytest.mark.model
 @pytest.mark.timeout(240)
 def test_run_then_score_on_mmlu_with_a_real_model(tmp_path, stories):
     """`run --score`: stories260K's answers are nonsense, so only the table is checked: present,
     and its numbers add up."""
-    records = [json.loads(line) for line in require(MMLU).read_text().splitlines()[:6]]
+    records = [json.loads(line) for line in require(MMLU, "MMLU's real records").read_text().splitlines()[:6]]
     questions = write_jsonl(tmp_path / "mmlu.jsonl", records)
     out = tmp_path / "answers.jsonl"
     r = subprocess.run([sys.executable, "-m", "ggbatch", "run", "--model", stories, "--input", questions,

@@ -7,16 +7,14 @@ import codecs
 import csv
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
 from ggbatch.runner.errors import InputError
 from ggbatch.runner.files.formats.csvfile import csv_rows, header_delimiter
 from ggbatch.runner.files.formats.textfile import read_text
 from ggbatch.runner.files.inputs import read_question_file, read_records
+from helpers import ggbatch as cli
 
 QUESTIONS = [("q1", "Once upon a time, there was a cat."), ("q2", "Lily liked to play; she ran."),
              ("q3", "The sun was hot.")]
@@ -214,11 +212,10 @@ def test_a_request_read_as_a_question_says_what_to_do(tmp_path, name, text, fmt,
     assert "leave input_format on auto" not in error
 
 
-# ---- end to end: `ggbatch run` on stories260K
+# ---- end to end: `ggbatch run` on the demo model
 
 def ggbatch(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "ggbatch", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return cli(*args, timeout=timeout)
 
 
 def answers(path):
@@ -228,7 +225,7 @@ def answers(path):
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_run_answers_a_spreadsheet_csv_as_it_answers_a_plain_one(tmp_path, stories):
+def test_run_answers_a_spreadsheet_csv_as_it_answers_a_plain_one(tmp_path, demo_model):
     """Semicolons, UTF-16 with its mark, CR line ends, empty trailing columns and an empty last row,
     a field over 131,072 characters: the same answers as the plain CSV of the same questions."""
     rows = QUESTIONS + [("long", "Once upon a time. " * 10_000)]
@@ -238,7 +235,7 @@ def test_run_answers_a_spreadsheet_csv_as_it_answers_a_plain_one(tmp_path, stori
     got = {}
     for path in (plain, excel):
         out = tmp_path / (path.rsplit("/", 1)[1] + ".jsonl")
-        r = ggbatch("run", "--model", stories, "--input", path, "--output", out, "--max-tokens", 8, "-q")
+        r = ggbatch("run", "--model", demo_model, "--input", path, "--output", out, "--max-tokens", 8, "-q")
         assert r.returncode == 1, r.stderr  # the long question fails alone, for its length
         got[path] = answers(out)
     assert got[excel] == got[plain]
@@ -250,13 +247,13 @@ def test_run_answers_a_spreadsheet_csv_as_it_answers_a_plain_one(tmp_path, stori
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_run_refuses_a_bad_id_in_one_line(tmp_path, stories):
+def test_run_refuses_a_bad_id_in_one_line(tmp_path, demo_model):
     for text, message in [('{"questionID": "q1", "question": "a"}\n{"questionID": "\\ud800", "question": "b"}\n',
                            "q.jsonl:2: 'questionID' '\\ud800' holds a lone surrogate"),
                           (json.dumps(request("\ud800")) + "\n", "q.jsonl:1: 'custom_id' '\\ud800' holds a lone"),
                           ("questionID,question\n,a\n", "q.csv:2: 'questionID' is empty")]:
         path = write(tmp_path, "q.csv" if text.startswith("questionID") else "q.jsonl", text)
-        r = ggbatch("run", "--model", stories, "--input", path, "--output", tmp_path / "a.jsonl")
+        r = ggbatch("run", "--model", demo_model, "--input", path, "--output", tmp_path / "a.jsonl")
         assert r.returncode == 2, r.stderr
         (line,) = r.stderr.strip().splitlines()
         assert line.startswith(f"ggbatch: error: {tmp_path}/{message}")
@@ -265,11 +262,11 @@ def test_run_refuses_a_bad_id_in_one_line(tmp_path, stories):
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_run_reads_an_openai_batch_file_whose_first_request_is_over_a_mib(tmp_path, stories):
+def test_run_reads_an_openai_batch_file_whose_first_request_is_over_a_mib(tmp_path, demo_model):
     long = json.dumps(request("doc", "word " * 250_000))
     batch = write(tmp_path, "batch.jsonl", long + "\n" + json.dumps(request("short")) + "\n")
     out = tmp_path / "out.jsonl"
-    r = ggbatch("run", "--model", stories, "--input", batch, "--output", out, "--max-tokens", 4, "-q")
+    r = ggbatch("run", "--model", demo_model, "--input", batch, "--output", out, "--max-tokens", 4, "-q")
     assert r.returncode == 1, r.stderr  # the long request fails alone, for its length
     lines = [json.loads(line) for line in open(out, encoding="utf-8")]
     assert [x["custom_id"] for x in lines] == ["doc", "short"]

@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT
 from ggbatch.runner.watch.memory_guard import LowMemoryPause
 from ggbatch.runner.watch.stalls import StallWatch
+from helpers import wait_for
 
 
 def test_a_worker_whose_cpu_time_stops_growing_is_a_stall_once_then_recovers():
@@ -62,17 +63,16 @@ def test_low_memory_pauses_and_resumes_but_says_nothing_once_stopping(caplog):
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_stopped_worker_is_reported_within_seconds_and_the_job_still_finishes(tmp_path, stories, gsm8k_file):
+def test_a_stopped_worker_is_reported_within_seconds_and_the_job_still_finishes(tmp_path, demo_model, questions_file):
     import psutil
 
     out = tmp_path / "a.json"
-    proc = subprocess.Popen([sys.executable, "-m", "ggbatch", "run", "--model", stories, "--input", gsm8k_file(32),
+    proc = subprocess.Popen([sys.executable, "-m", "ggbatch", "run", "--model", demo_model,
+                             "--input", questions_file(32),
                              "--output", str(out), "--max-tokens", "64", "--workers", "1", "--slots", "2",
                              "--progress", "log"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     journal = tmp_path / "a.json.journal.jsonl"
-    deadline = time.time() + 60
-    while not (journal.exists() and len(journal.read_text().splitlines()) > 2) and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) > 2, 60, "two journaled answers")
     (worker,) = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
     os.kill(worker.pid, signal.SIGSTOP)
     time.sleep(12.5)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from array import array
 
 import psutil
@@ -19,6 +18,7 @@ from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.runner.watch.startup_load import ggbatch_cpu_s, process_cpu_s
 from ggbatch.runner.watch.watch import RunWatch
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec
+from helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,7 +71,7 @@ def load_beside_a_busy_loop(tmp_path, adapt: bool):
     questions = [Question(f"q{i}", array("i", range(i % 7 + 1)), i) for i in range(20)]
     loop = outside_loop()
     try:
-        time.sleep(0.5)
+        wait_for(lambda: sum(loop.cpu_times()[:2]) >= 0.3, 30, "the busy loop burning a core")
         watch = RunWatch("off", adapt_threads=adapt)
         acks: list[ThreadsSet] = []
 

@@ -29,16 +29,16 @@ def questions(path, n, line=None):
             f.write(line(i) if line and line(i) else json.dumps({"questionID": f"q{i}", "question": text}) + "\n")
 
 
-def job(tmp_path, stories, out, **keys):
-    return build_config([("t", {"model": stories, "input": str(tmp_path / "q.jsonl"), "output": str(out),
+def job(tmp_path, demo_model, out, **keys):
+    return build_config([("t", {"model": demo_model, "input": str(tmp_path / "q.jsonl"), "output": str(out),
                                 "workers": 2, "slots": 4, "max_tokens": 4, **keys})])
 
 
-def test_a_streamed_file_answers_exactly_as_one_window_does(tmp_path, stories):
+def test_a_streamed_file_answers_exactly_as_one_window_does(tmp_path, demo_model):
     questions(tmp_path / "q.jsonl", 500)
     one, streamed = tmp_path / "one.json", tmp_path / "streamed.json"
-    whole = run_job(job(tmp_path, stories, one), engine_factory=Fake(), progress="log")
-    report = run_job(job(tmp_path, stories, streamed), engine_factory=Fake(), progress="log", window=40)
+    whole = run_job(job(tmp_path, demo_model, one), engine_factory=Fake(), progress="log")
+    report = run_job(job(tmp_path, demo_model, streamed), engine_factory=Fake(), progress="log", window=40)
     assert streamed.read_bytes() == one.read_bytes()
     rows = json.loads(streamed.read_text())
     assert [r["questionID"] for r in rows] == [f"q{i}" for i in range(500)]
@@ -49,43 +49,43 @@ def test_a_streamed_file_answers_exactly_as_one_window_does(tmp_path, stories):
     assert q == {**whole.as_json()["questions"]} and q["records"] == 500 and q["unique_prompts"] < 500
 
 
-def test_formats_stream_too(tmp_path, stories):
+def test_formats_stream_too(tmp_path, demo_model):
     questions(tmp_path / "q.jsonl", 120)
     for name in ("a.csv", "a.jsonl"):
         one, streamed = tmp_path / f"one-{name}", tmp_path / f"streamed-{name}"
-        run_job(job(tmp_path, stories, one), engine_factory=Fake(), progress="log")
-        run_job(job(tmp_path, stories, streamed), engine_factory=Fake(), progress="log", window=25)
+        run_job(job(tmp_path, demo_model, one), engine_factory=Fake(), progress="log")
+        run_job(job(tmp_path, demo_model, streamed), engine_factory=Fake(), progress="log", window=25)
         assert streamed.read_bytes() == one.read_bytes()
 
 
-def test_a_streamed_run_that_dies_resumes_from_the_journal_to_the_same_answers(tmp_path, stories):
+def test_a_streamed_run_that_dies_resumes_from_the_journal_to_the_same_answers(tmp_path, demo_model):
     questions(tmp_path / "q.jsonl", 300)
     out, reference = tmp_path / "a.json", tmp_path / "reference.json"
-    whole = run_job(job(tmp_path, stories, reference), engine_factory=Fake(), progress="log", window=30)
+    whole = run_job(job(tmp_path, demo_model, reference), engine_factory=Fake(), progress="log", window=30)
     dying = Fake(exit_after=100, marker=str(tmp_path / "died"), fail_load_once_marked=True)
     with pytest.raises(WorkerFailure, match="no worker can start any more"):
-        run_job(job(tmp_path, stories, out, workers=1), engine_factory=dying, progress="log", window=30)
+        run_job(job(tmp_path, demo_model, out, workers=1), engine_factory=dying, progress="log", window=30)
     rows = json.loads(out.read_text())
     # Every question has its row, those not read yet too, each saying why it has no answer.
     assert [r["questionID"] for r in rows] == [f"q{i}" for i in range(300)]
     unanswered = [r for r in rows if r["answer"] is None]
     assert unanswered and all(r["error"].startswith("not answered: no worker can start") for r in unanswered)
-    again = run_job(job(tmp_path, stories, out), engine_factory=Fake(), progress="log", window=30)
+    again = run_job(job(tmp_path, demo_model, out), engine_factory=Fake(), progress="log", window=30)
     assert out.read_bytes() == reference.read_bytes()
     q = again.as_json()["questions"]
     assert q["from_journal"] >= 80 and {**q, "from_journal": 0} == whole.as_json()["questions"]
 
 
-def test_a_bad_line_far_into_a_streamed_file_stops_the_run_naming_it_and_keeps_the_answers(tmp_path, stories):
+def test_a_bad_line_far_into_a_streamed_file_stops_the_run_naming_it_and_keeps_the_answers(tmp_path, demo_model):
     questions(tmp_path / "q.jsonl", 12000, line=lambda i: '{"questionID": "q", "question": \n' if i == 11000 else None)
     out = tmp_path / "a.json"
     with pytest.raises(InputError, match=r"q.jsonl:11001: malformed JSON"):
-        run_job(job(tmp_path, stories, out), engine_factory=Fake(), progress="log", window=500)
+        run_job(job(tmp_path, demo_model, out), engine_factory=Fake(), progress="log", window=500)
     journal = (tmp_path / "a.json.journal.jsonl").read_text().splitlines()
     assert len(journal) > 5000  # the windows before it were answered, and are kept for the rerun
 
 
-def test_peak_memory_of_the_coordinator_stays_small_for_100000_questions(tmp_path, stories):
+def test_peak_memory_of_the_coordinator_stays_small_for_100000_questions(tmp_path, demo_model):
     """The coordinator alone (the workers and the tokenizer are processes of their own), in a
     fresh process so that the peak is this run's (the report's, from VmHWM: getrusage's peak
     would be this big pytest process's, kept across exec)."""
@@ -96,7 +96,7 @@ def test_peak_memory_of_the_coordinator_stays_small_for_100000_questions(tmp_pat
     code = (f"import sys, json; sys.path[:0] = {[str(ROOT), str(ROOT / 'tests')]!r}\n"
             "from fake_engine import Fake\nfrom ggbatch import build_config\nfrom ggbatch.runner.job import run_job\n"
             "if __name__ == '__main__':\n"
-            f"    c = build_config([('t', {{'model': {stories!r}, 'input': {str(path)!r}, "
+            f"    c = build_config([('t', {{'model': {demo_model!r}, 'input': {str(path)!r}, "
             f"'output': {str(tmp_path / 'a.jsonl')!r}, 'workers': 2, 'slots': 64, 'max_tokens': 2}})])\n"
             "    r = run_job(c, engine_factory=Fake(), progress='off')\n"
             "    print(json.dumps([r.as_json()['memory']['coordinator_peak_rss_mib'], "
@@ -110,15 +110,15 @@ def test_peak_memory_of_the_coordinator_stays_small_for_100000_questions(tmp_pat
     assert peak_mib < 120, f"coordinator peak RSS {peak_mib} MiB"
 
 
-def test_a_line_edited_since_is_answered_again_and_only_it(tmp_path, stories):
+def test_a_line_edited_since_is_answered_again_and_only_it(tmp_path, demo_model):
     questions(tmp_path / "q.jsonl", 300)
     out = tmp_path / "a.json"
-    run_job(job(tmp_path, stories, out), engine_factory=Fake(), progress="log", window=40)
+    run_job(job(tmp_path, demo_model, out), engine_factory=Fake(), progress="log", window=40)
     before = json.loads(out.read_text())
     lines = (tmp_path / "q.jsonl").read_text().splitlines(keepends=True)
     lines[250] = json.dumps({"questionID": "q250", "question": "An edited question, longer than it was?"}) + "\n"
     (tmp_path / "q.jsonl").write_text("".join(lines))
-    again = run_job(job(tmp_path, stories, out), engine_factory=Fake(), progress="log", window=40)
+    again = run_job(job(tmp_path, demo_model, out), engine_factory=Fake(), progress="log", window=40)
     q = again.as_json()["questions"]
     assert again.outcome.tally.made == 1 and q["from_journal"] == q["records"] - 1
     rows = json.loads(out.read_text())
@@ -126,7 +126,7 @@ def test_a_line_edited_since_is_answered_again_and_only_it(tmp_path, stories):
     assert rows[:250] == before[:250] and rows[251:] == before[251:]
 
 
-def test_a_streamed_file_stopped_twice_is_finished_by_a_rerun_exactly_as_one_run(tmp_path, stories, monkeypatch):
+def test_a_streamed_file_stopped_twice_is_finished_by_a_rerun_exactly_as_one_run(tmp_path, demo_model, monkeypatch):
     """The feed thread reuses a window's journaled answers while the pool's thread journals new
     ones, both into one index: merged every few additions here, and threads switched as often as
     the interpreter can, a lost or torn merge shows as a crash or a missing answer."""
@@ -137,12 +137,12 @@ def test_a_streamed_file_stopped_twice_is_finished_by_a_rerun_exactly_as_one_run
     try:
         questions(tmp_path / "q.jsonl", 600)
         out, reference = tmp_path / "a.jsonl", tmp_path / "reference.jsonl"
-        run_job(job(tmp_path, stories, reference), engine_factory=Fake(), progress="log", window=30)
+        run_job(job(tmp_path, demo_model, reference), engine_factory=Fake(), progress="log", window=30)
         for stop in ("first", "second"):
             dying = Fake(exit_after=150, marker=str(tmp_path / f"died-{stop}"), fail_load_once_marked=True)
             with pytest.raises(WorkerFailure, match="no worker can start any more"):
-                run_job(job(tmp_path, stories, out, workers=1), engine_factory=dying, progress="log", window=30)
-        again = run_job(job(tmp_path, stories, out), engine_factory=Fake(), progress="log", window=30)
+                run_job(job(tmp_path, demo_model, out, workers=1), engine_factory=dying, progress="log", window=30)
+        again = run_job(job(tmp_path, demo_model, out), engine_factory=Fake(), progress="log", window=30)
     finally:
         sys.setswitchinterval(interval)
     assert out.read_bytes() == reference.read_bytes()

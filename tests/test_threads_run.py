@@ -8,16 +8,17 @@ import json
 import re
 import subprocess
 import sys
-import time
 from array import array
 from contextlib import contextmanager
 
 import numpy as np
+import psutil
 import pytest
 
 from conftest import ROOT, two_cores
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec
+from helpers import wait_for
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.model]
 
@@ -32,12 +33,12 @@ def busy_loop():
         proc.wait()
 
 
-def test_llama_cpp_takes_a_new_thread_count_on_a_live_context(stories):
+def test_llama_cpp_takes_a_new_thread_count_on_a_live_context(demo_model):
     import llama_cpp
 
     from ggbatch.workers.model_runner import ModelRunner
 
-    runner = ModelRunner(stories, n_threads=2, n_ctx=64, n_seq_max=1, n_batch=16, kv_unified=True)
+    runner = ModelRunner(demo_model, n_threads=2, n_ctx=64, n_seq_max=1, n_batch=16, kv_unified=True)
     try:
         assert runner.n_threads == 2
         assert runner.set_threads(1) == 1 == llama_cpp.llama_n_threads(runner.ctx)
@@ -75,13 +76,13 @@ def logits_at(runner, threads):
 
 @pytest.mark.parametrize("flash_attn,kv_unified,repack", [(True, True, True), (True, False, True),
                                                          (False, False, False)])
-def test_the_thread_count_changes_no_logit(stories, flash_attn, kv_unified, repack):
+def test_the_thread_count_changes_no_logit(demo_model, flash_attn, kv_unified, repack):
     # ggml splits each operation's output rows among the threads, never a sum: an answer does not
     # depend on how many threads contention left the worker (batch_invariant's layout included:
     # flash attention, kv_unified and repacking off).
     from ggbatch.workers.model_runner import ModelRunner
 
-    runner = ModelRunner(stories, n_threads=2, n_ctx=256, n_seq_max=4, n_batch=128, kv_unified=kv_unified,
+    runner = ModelRunner(demo_model, n_threads=2, n_ctx=256, n_seq_max=4, n_batch=128, kv_unified=kv_unified,
                          flash_attn=flash_attn, repack=repack)
     try:
         two, one = logits_at(runner, 2), logits_at(runner, 1)
@@ -90,8 +91,8 @@ def test_the_thread_count_changes_no_logit(stories, flash_attn, kv_unified, repa
     assert all(np.array_equal(a, b) for a, b in zip(two, one))
 
 
-def test_a_real_worker_runs_the_thread_count_it_is_told(stories):
-    engine = EngineConfig(stories, 2, 4, 96, 64, array("i"), GenerationParams(max_tokens=48, ignore_eos=True))
+def test_a_real_worker_runs_the_thread_count_it_is_told(demo_model):
+    engine = EngineConfig(demo_model, 2, 4, 96, 64, array("i"), GenerationParams(max_tokens=48, ignore_eos=True))
     questions = [Question(f"q{i}", array("i", [1, 50 + i, 300, 20 + i]), i) for i in range(40)]
     acks: list[ThreadsSet] = []
 
@@ -99,7 +100,7 @@ def test_a_real_worker_runs_the_thread_count_it_is_told(stories):
         if not acks and pool.llama_threads()[0].settable:
             pool.set_threads(0, 1)
 
-    pool = WorkerPool([WorkerSpec(0, two_cores(), stories, repack=False)], on_answers=on_answers,
+    pool = WorkerPool([WorkerSpec(0, two_cores(), demo_model, repack=False)], on_answers=on_answers,
                       on_threads=acks.append)
     answers = pool.run(questions, engine)
     # llama_n_threads, read back in the worker, after the steps that made the first answers
@@ -108,13 +109,13 @@ def test_a_real_worker_runs_the_thread_count_it_is_told(stories):
     assert len(answers) == 40 and all(a.error is None and a.completion_tokens == 48 for a in answers.values())
 
 
-def test_a_run_beside_a_busy_loop_gives_a_thread_up_and_says_why(tmp_path, stories, gsm8k_file):
+def test_a_run_beside_a_busy_loop_gives_a_thread_up_and_says_why(tmp_path, demo_model, questions_file):
     two_cores()
     out, report = tmp_path / "a.json", tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "ggbatch", "run", "--model", stories, "--input", gsm8k_file(48),
+    cmd = [sys.executable, "-m", "ggbatch", "run", "--model", demo_model, "--input", questions_file(48),
            "--output", str(out), "--report", str(report), "--max-tokens", "128", "--ignore-eos", "--progress", "log"]
-    with busy_loop():
-        time.sleep(0.5)
+    with busy_loop() as loop:
+        wait_for(lambda: sum(psutil.Process(loop.pid).cpu_times()[:2]) >= 0.3, 30, "the busy loop burning a core")
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     threads = json.loads(report.read_text())["threads"]

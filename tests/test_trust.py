@@ -6,20 +6,17 @@ from __future__ import annotations
 import json
 import resource
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
 from ggbatch.runner.model.gguf_header import read_layout
+from helpers import ggbatch as cli
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
 
 
 def ggbatch(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "ggbatch", "run", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=150, **kwargs)
+    return cli("run", *args, timeout=150, **kwargs)
 
 
 @pytest.fixture
@@ -38,9 +35,9 @@ def one_error_line(r):
     return lines[-1]
 
 
-def test_a_model_with_other_weights_of_the_same_size_is_not_resumed(tmp_path, stories, questions):
+def test_a_model_with_other_weights_of_the_same_size_is_not_resumed(tmp_path, demo_model, questions):
     model = tmp_path / "m.gguf"
-    shutil.copy(stories, model)
+    shutil.copy(demo_model, model)
     out = tmp_path / "a.json"
     assert ggbatch("--model", model, "--input", questions, "--output", out, "--max-tokens", 4).returncode == 0
     layout = read_layout(str(model))
@@ -52,33 +49,34 @@ def test_a_model_with_other_weights_of_the_same_size_is_not_resumed(tmp_path, st
     assert "'model' changed since the journaled run" in line and "--fresh" in line
 
 
-def test_a_context_cut_is_not_resumed_into_a_plain_run(tmp_path, stories, questions):
+def test_a_context_cut_is_not_resumed_into_a_plain_run(tmp_path, demo_model, questions):
     out = tmp_path / "a.json"
-    assert ggbatch("--model", stories, "--input", questions, "--output", out, "--max-tokens", 4,
-                   "--n-ctx", 24).returncode == 0
-    line = one_error_line(ggbatch("--model", stories, "--input", questions, "--output", out, "--max-tokens", 4))
-    assert "'model.n_ctx' changed since the journaled run (24 -> 'auto')" in line
+    # The demo model's chat template makes each prompt 24 tokens: 26 leave room for 2 of the 4.
+    assert ggbatch("--model", demo_model, "--input", questions, "--output", out, "--max-tokens", 4,
+                   "--n-ctx", 26).returncode == 0
+    line = one_error_line(ggbatch("--model", demo_model, "--input", questions, "--output", out, "--max-tokens", 4))
+    assert "'model.n_ctx' changed since the journaled run (26 -> 'auto')" in line
 
 
-def test_a_misspelt_template_field_is_exit_2_naming_the_field_and_the_record(tmp_path, stories, questions):
+def test_a_misspelt_template_field_is_exit_2_naming_the_field_and_the_record(tmp_path, demo_model, questions):
     out = tmp_path / "a.json"
-    line = one_error_line(ggbatch("--model", stories, "--input", questions, "--output", out,
+    line = one_error_line(ggbatch("--model", demo_model, "--input", questions, "--output", out,
                                   "--template", "Q: {{ questoin }}"))
     assert f"{questions}:1: record 'q0' has no field 'questoin' that prompt.template uses" in line
     assert not out.exists()
 
 
 @pytest.mark.parametrize("flag,value", [("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "nan")])
-def test_non_finite_numbers_are_refused(tmp_path, stories, questions, flag, value):
-    line = one_error_line(ggbatch("--model", stories, "--input", questions, "--output", tmp_path / "a.json",
+def test_non_finite_numbers_are_refused(tmp_path, demo_model, questions, flag, value):
+    line = one_error_line(ggbatch("--model", demo_model, "--input", questions, "--output", tmp_path / "a.json",
                                   flag, value))
     assert "must be a finite number" in line
 
 
-def test_a_tight_ulimit_v_is_one_line_naming_the_limit(tmp_path, stories, questions):
+def test_a_tight_ulimit_v_is_one_line_naming_the_limit(tmp_path, demo_model, questions):
     # 150 MiB of address space: the coordinator starts, a worker cannot map llama.cpp's buffers.
     limit = 150 << 20
-    r = ggbatch("--model", stories, "--input", questions, "--output", tmp_path / "a.json",
+    r = ggbatch("--model", demo_model, "--input", questions, "--output", tmp_path / "a.json",
                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     line = one_error_line(r)
     assert "address-space limit of 150 MiB per process (ulimit -v)" in line

@@ -1,0 +1,103 @@
+"""Helpers the tests share: the command line in a subprocess, answers built by hand, and question
+files written by the test itself (GSM8K-like word problems, so no data set is needed)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from ggbatch.workers.protocol import Answer, FinishReason
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ggbatch_command(*args: object) -> list[str]:
+    """The command line of `python -m ggbatch ARGS`, for a test that starts it itself (Popen)."""
+    return [sys.executable, "-m", "ggbatch", *map(str, args)]
+
+
+def ggbatch(*args: object, timeout: float = 200, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """`python -m ggbatch ARGS` from the project's root, its output captured as text."""
+    return subprocess.run(ggbatch_command(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          **kwargs)
+
+
+def answer(qid: str, text: str = "x", error: Optional[str] = None, finish: FinishReason = FinishReason.STOP,
+           prompt_tokens: int = 3, tokens: int = 2, latency_s: float = 0.2, **fields: Any) -> Answer:
+    """A finished answer as a worker would send it: an error makes it FinishReason.ERROR."""
+    return Answer(qid, text, FinishReason.ERROR if error else finish, prompt_tokens, tokens, 0, 0.1, latency_s,
+                  error, **fields)
+
+
+_NAMES = ["Janet", "Josh", "Maria", "Tom", "Aisha", "Ken", "Lucia", "Omar", "Priya", "Sam"]
+_THINGS = ["eggs", "apples", "books", "marbles", "stickers", "cookies", "pencils", "shells"]
+_TEMPLATES = [
+    "{a} has {x} {t}. {b} gives {a} {y} more, and {a} uses {z} of them. How many {t} does {a} have now?",
+    "{a} buys {x} boxes of {t} with {y} {t} in each box. {a} gives away {z}. How many {t} are left?",
+    "{a} sells {t} for ${y} each. On Monday {a} sells {x} and on Tuesday {z} more. How much money does {a} make?",
+    "A shop had {x} {t}. It sold {z} in the morning and got {y} more in the afternoon. How many {t} does the "
+    "shop have at the end of the day, if {a} then buys half of them?",
+]
+
+
+def word_problem(i: int) -> tuple[str, str]:
+    """Question i of a fixed family of GSM8K-like word problems, and its answer as a string."""
+    rng = random.Random(i)
+    a, b = rng.sample(_NAMES, 2)
+    x, y, z = rng.randint(10, 90), rng.randint(2, 30), rng.randint(1, 9)
+    kind = i % len(_TEMPLATES)
+    text = _TEMPLATES[kind].format(a=a, b=b, t=rng.choice(_THINGS), x=x, y=y, z=z)
+    gold = [x + y - z, x * y - z, y * (x + z), (x - z + y) - (x - z + y) // 2][kind]
+    return text, str(gold)
+
+
+def question_records(n: int, gold: bool = False, prefix: str = "q") -> list[dict]:
+    """n GSM8K-like records {"questionID", "question"[, "answer"]}, the same for the same n."""
+    records = []
+    for i in range(n):
+        text, answer_ = word_problem(i)
+        records.append({"questionID": f"{prefix}{i}", "question": text, **({"answer": answer_} if gold else {})})
+    return records
+
+
+def choice_records(n: int, prefix: str = "m") -> list[dict]:
+    """n MMLU-like records: a word problem with four lettered options, its "choices" and its "answer"."""
+    records = []
+    for i in range(n):
+        text, gold = word_problem(i)
+        options = [gold, str(int(gold) + 1), str(int(gold) - 2), str(int(gold) * 2)]
+        random.Random(i).shuffle(options)
+        choices = dict(zip("ABCD", options))
+        lettered = "\n".join(f"{k}. {v}" for k, v in choices.items())
+        records.append({"questionID": f"{prefix}{i}", "question": f"{text}\n\n{lettered}",
+                        "answer": next(k for k, v in choices.items() if v == gold), "choices": choices})
+    return records
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> Path:
+    path = Path(path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def write_questions(path: str | Path, n: int, gold: bool = False, prefix: str = "q") -> Path:
+    """A .jsonl of n GSM8K-like questions (with their answers when `gold`)."""
+    return write_jsonl(path, question_records(n, gold, prefix))
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "the condition",
+             every: float = 0.02) -> Any:
+    """Poll `condition` until it returns something truthy, which is returned; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(every)
