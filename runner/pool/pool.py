@@ -20,10 +20,8 @@ A streamed file's questions come in windows (runner/questions/prepare.py): the p
 from its feed when fewer than `feed_below` questions are pending, and the run ends when the
 feed has given its last and every question has its answer (runner/pool/intake.py).
 
-Dispatch is pull-based: a worker says how many questions it wants when its engine runs low, so
-no fixed shard can leave one worker busy while another idles. Near the end the chunks shrink:
-no worker takes more than an even share of what is not answered yet, counting what it holds,
-which keeps the tail short and the batches alike.
+Dispatch is pull-based: a worker says how many questions it wants when its engine runs low, and
+runner/pool/dispatch.py says what it gets.
 
 Stopping (SIGINT/SIGTERM through `request_stop`): no new questions go out, every worker is told
 to Stop (finish what is decoding, drop what has not started), and after GRACE_S or when all have
@@ -39,7 +37,6 @@ line is quoted when it dies (llama.cpp writes its asserts there).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -65,10 +62,10 @@ from ...workers.protocol import (
     WorkerSpec,
 )
 from ..errors import Interrupted, ModelError
-from ..questions.prefix_groups import whole_groups
 from ..report.report import WorkerRun
 from .backend import Backend
 from .crashes import CrashBudget, Death
+from .dispatch import next_chunk
 from .intake import Feed, WindowIntake
 from .local import LocalBackend
 from .worker_state import WorkerState, added, on_node, worker_run
@@ -339,32 +336,18 @@ class WorkerPool:
         if self.paused:
             return
         self._restart_outdated()
-        hungry = [(w, w.link) for w in self.workers
-                  if w.link is not None and w.wants > 0 and not w.solo and not w.outdated]
-        for w, link in hungry:
-            if self._suspects and not w.in_flight:
-                chunk: tuple[Question, ...] = self._suspects.popleft()
-                w.solo = True
-            elif self._pending and (share := self._share(w)) > 0:
-                n = whole_groups(self._pending, min(w.wants, share, len(self._pending)))
-                chunk = tuple(self._pending.popleft() for _ in range(n))
-            else:
+        live = [w for w in self.workers if w.link is not None]
+        for w in live:
+            if w.link is None or w.wants <= 0 or w.solo or w.outdated:
                 continue
+            taken = next_chunk(w, live, self._pending, self._suspects)
+            if taken is None:
+                continue
+            chunk, w.solo = taken
             for q in chunk:
                 w.in_flight[q.qid] = q
-            link.send(Chunk(chunk))
+            w.link.send(Chunk(chunk))
             w.wants = 0
-
-    def _share(self, w: WorkerState) -> int:
-        """How many more questions worker w may take: an even share of everything not answered
-        yet (pending, and held by the live workers), less what it holds. Near the end this keeps
-        every worker's batch as full as the others' (32 questions, two workers of 16 slots: 16
-        each, where an even share of the pending alone gave the first to ask 16, then halves of
-        the rest to whoever asked next: 18/14 on W1). A worker at its share gets nothing: another,
-        below its share, takes the rest when it asks, as it does when it runs low."""
-        live = [x for x in self.workers if x.link is not None]
-        open_questions = len(self._pending) + sum(len(x.in_flight) for x in live)
-        return math.ceil(open_questions / max(1, len(live))) - len(w.in_flight)
 
     # -- worker lifecycle -----------------------------------------------------------------------
 
