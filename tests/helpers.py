@@ -101,3 +101,16 @@ def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "t
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout} s: {what}")
         time.sleep(every)
+
+
+
+def answers_of(engine: Any, questions: Iterable[Any]) -> dict[str, Answer]:
+    """qid -> answer of every question, the engine (made by the caller, with the settings the
+    test is about) stepped until none is unfinished."""
+    for q in questions:
+        engine.add(q)
+    out: dict[str, Answer] = {}
+    while engine.n_unfinished:
+        for a in engine.step():
+            out[a.qid] = a
+    return out

@@ -9,6 +9,7 @@ from conftest import gsm8k_records
 from ggbatch.runner.questions.prepare import common_prefix
 from ggbatch.runner.questions.prompts import PromptBuilder
 from ggbatch.workers.protocol import EngineConfig, FinishReason, GenerationParams, Question, SamplingParams
+from helpers import answers_of
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
 
@@ -40,12 +41,7 @@ def answer_all(model, qs, slots, prefix=None, n_ctx_seq=512, n_batch=256, unifie
                           batch_invariant=invariant, prefix_cache=prefix_cache)
     engine = LlamaEngine(config, worker_id=0)
     try:
-        for q in qs:
-            engine.add(q)
-        out = {}
-        while engine.n_unfinished:
-            for a in engine.step():
-                out[a.qid] = a
+        out = answers_of(engine, qs)
         if stats is not None:
             stats.update(engine.stats())
         return out

@@ -30,6 +30,7 @@ from ggbatch.workers.prefix_cache import Start
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
 from ggbatch.workers.scheduler import Scheduler
 from ggbatch.workers.sequence import Sequence
+from helpers import answers_of
 
 ARCHS = {"mamba2-tiny": ("mamba2", MemoryKind.RECURRENT), "lfm2-tiny": ("lfm2", MemoryKind.HYBRID)}
 WORDS = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()
@@ -174,16 +175,11 @@ def run_engine(model: str, qs: list[Question], slots: int, prefix: array, stats:
     engine = LlamaEngine(EngineConfig(model, 1, slots, 512, 256, prefix, GenerationParams(max_tokens=MAX_TOKENS),
                                       **config), worker_id=0)
     try:
-        for q in qs:
-            engine.add(q)
-        out = {}
-        while engine.n_unfinished:
-            for a in engine.step():
-                assert a.error is None, a
-                out[a.qid] = a.text
+        answers = answers_of(engine, qs)
+        assert all(a.error is None for a in answers.values()), answers
         if stats is not None:
             stats.update(engine.stats(), memory=engine.memory_kind)
-        return out
+        return {qid: a.text for qid, a in answers.items()}
     finally:
         engine.close()
 
