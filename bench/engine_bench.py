@@ -52,7 +52,7 @@ def bench_model() -> str:
 def load_questions(model: str, n: int, system: str, path: Path = GSM8K) -> list[Question]:
     """The first n questions of a question file (GSM8K's by default), rendered with the model's
     chat template and tokenized."""
-    from ggbatch.workers.model_runner import Tokenizer
+    from ggbatch.workers.llama.model_runner import Tokenizer
 
     tok = Tokenizer(model)
     builder = PromptBuilder(tok.chat_template, system=system, bos_token=tok.bos_text, eos_token=tok.eos_text)

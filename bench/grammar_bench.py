@@ -39,8 +39,8 @@ MODES = ("free", "grammar", "grammar-always-masked")
 
 def run(model: str, questions: list, mode: str, slots: int, threads: int, max_tokens: int,
         lengths: dict[str, int]) -> dict:
-    from ggbatch.workers.engine import LlamaEngine
-    from ggbatch.workers.sampling import Sampling
+    from ggbatch.workers.llama.engine import LlamaEngine
+    from ggbatch.workers.llama.sampling import Sampling
 
     answer = None if mode == "free" else AnswerSpec(grammar=schema_grammar(json.dumps(SCHEMA, sort_keys=True)))
     Sampling.grammar_check_first = mode != "grammar-always-masked"

@@ -7,7 +7,7 @@ answers differ from the first slot count's.
 
 Layouts: `default`, one KV stream per sequence with flash attention (a job's usual layout);
 `streams`, the same without flash attention (what batch_invariant was before its batches were
-laid out by workers/invariant.py); `invariant`, batch_invariant as it is. Runs of one slot count
+laid out by workers/engine/invariant.py); `invariant`, batch_invariant as it is. Runs of one slot count
 alternate between the layouts, so a slow spell on a shared machine hits them alike.
 """
 
@@ -34,7 +34,7 @@ LAYOUTS = {"default": {"flash_attn": True}, "streams": {"flash_attn": False},
 def load_questions(model: str, n: int) -> tuple[list[Question], bool]:
     """The first n GSM8K questions with the model's chat template (else the plain one), longest
     first as a job orders them; and whether the prompts are plain (then answers stop at PLAIN_STOP)."""
-    from ggbatch.workers.model_runner import Tokenizer
+    from ggbatch.workers.llama.model_runner import Tokenizer
 
     tok = Tokenizer(model)
     builder = PromptBuilder(tok.chat_template, bos_token=tok.bos_text, eos_token=tok.eos_text)
@@ -52,7 +52,7 @@ def load_questions(model: str, n: int) -> tuple[list[Question], bool]:
 def run(model: str, questions: list[Question], slots: int, layout: str, threads: int, max_tokens: int,
         stop: tuple[str, ...]) -> tuple[float, dict[str, str], dict[str, float]]:
     """One engine run: (wall seconds, answer text by question id, engine stats)."""
-    from ggbatch.workers.engine import LlamaEngine
+    from ggbatch.workers.llama.engine import LlamaEngine
 
     n_ctx_seq = max(len(q.tokens) for q in questions) + max_tokens + 1
     config = EngineConfig(model, threads, slots, n_ctx_seq, max(512, slots),

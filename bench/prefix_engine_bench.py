@@ -8,7 +8,7 @@ A quick loop for tuning the prefill layout; bench/prefix_bench.py times the whol
 A variant is `cache` or `off` (the prefix cache), with `+nofa` (flash attention off) or
 `+fa` (on), `+b<N>` (the step's token budget n_batch; without it, as a job would choose it:
 runner/plan/layout.py batch_budget) and `+byid` (prompt steps listed by sequence id, as before
-workers/ubatches.py) appended as wanted: e.g. cache+nofa+b512.
+workers/engine/ubatches.py) appended as wanted: e.g. cache+nofa+b512.
 Without `+fa`/`+nofa` flash attention is as a job would choose it.
 """
 
@@ -41,8 +41,8 @@ def lsat_questions(model: str, n: int) -> list[Question]:
 
 
 def run(model: str, questions: list[Question], variant: str, threads: int) -> dict:
-    from ggbatch.workers.engine import LlamaEngine
-    from ggbatch.workers.scheduler import Scheduler
+    from ggbatch.workers.engine.scheduler import Scheduler
+    from ggbatch.workers.llama.engine import LlamaEngine
 
     parts = variant.split("+")
     cache = parts[0] == "cache"

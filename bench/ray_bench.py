@@ -60,8 +60,8 @@ def round_trip_ms(model: str) -> float:
     import ray
 
     from ggbatch.runner.plan.nodes import nodes_from_ray
-    from ggbatch.workers.protocol import WorkerSpec
     from ggbatch.workers.ray_actor import RayWorker
+    from ggbatch.workers.spec import WorkerSpec
 
     node = nodes_from_ray(ray.nodes())[0]
     actor = ray.remote(RayWorker).options(num_cpus=1).remote(WorkerSpec(0, (0,), model, node_id=node.node_id))

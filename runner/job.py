@@ -25,11 +25,14 @@ import math
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import psutil
 
-from ..workers.protocol import EngineConfig, WorkerSpec
+from ..workers.engine.interface import EngineFactory
+from ..workers.llama.factory import LLAMA_ENGINE
+from ..workers.protocol import EngineConfig
+from ..workers.spec import WorkerSpec
 from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, JobConfig
 from .errors import Interrupted, WorkerFailure
@@ -60,11 +63,10 @@ from .watch.watch import RunWatch
 
 log = logging.getLogger("ggbatch")
 
-EngineFactory = Callable[[EngineConfig, int], Any]
 STREAMED = 1 << 20  # questions a streamed file is planned for: more than any layout gives slots to
 
 
-def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
+def run_job(config: JobConfig, engine_factory: EngineFactory = LLAMA_ENGINE,
             progress: str = "auto", fresh: bool = False,
             use_tuned: bool = True, job_file: Optional[str] = None, window: int = WINDOW) -> RunReport:
     """Run a whole job and return its report (also written to config.report if set). Answers
@@ -77,7 +79,7 @@ def run_job(config: JobConfig, engine_factory: Optional[EngineFactory] = None,
         return _run(config, engine_factory, progress, fresh, use_tuned, job_file, window)
 
 
-def _run(config: JobConfig, engine_factory: Optional[EngineFactory], progress: str, fresh: bool,
+def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh: bool,
          use_tuned: bool, job_file: Optional[str], window: int) -> RunReport:
     clock = {"start": time.perf_counter(), "started_at": time.time()}
     model_path = resolve_model(config.model)
@@ -190,7 +192,7 @@ def _start_layout(config: JobConfig, model: ModelIdentity, records: list[Record]
     return NodePlan.of(nodes, layouts_)
 
 
-def _specs(plan: NodePlan, model_path: str, engine_factory: Optional[EngineFactory]) -> list[WorkerSpec]:
+def _specs(plan: NodePlan, model_path: str, engine_factory: EngineFactory) -> list[WorkerSpec]:
     return [WorkerSpec(first + i, cores, model_path, engine_factory, lay.repack, n_gpu_layers=lay.n_gpu_layers,
                        device=lay.devices[i] if lay.devices else None, node_id=node.node_id, node_ip=node.ip or None)
             for node, lay, first in zip(plan.nodes, plan.layouts, plan.first_ids)

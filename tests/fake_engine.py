@@ -1,8 +1,8 @@
-"""A fake engine implementing the real engine interface (ggbatch.workers.engine.Engine), for
+"""A fake engine implementing the real engine interface (ggbatch.workers.engine.interface.Engine), for
 testing the coordinator across real processes in milliseconds. It answers each question with a
 text derived from its id and token count, `slots` questions per step.
 
-Its behaviour is a `Fake`, a picklable engine factory that goes where the real engine's would
+Its behaviour is a `Fake`, a picklable EngineFactory that goes where the real engine's would
 (`WorkerSpec.engine_factory`, `run_job(engine_factory=...)`) and crosses into the spawned worker:
 
     Fake()                                  answer everything
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ggbatch.workers.memory_kind import MemoryKind
+from ggbatch.workers.engine.memory_kind import MemoryKind
 from ggbatch.workers.protocol import Answer, EngineConfig, FinishReason, Question
 
 
@@ -60,7 +60,10 @@ class Fake:
     first_step_threads_to: Optional[str] = None
     context: bool = False
 
-    def __call__(self, config: EngineConfig, worker_id: int) -> "FakeEngine":
+    def preload(self, model_path: str, repack: bool, n_gpu_layers: int, one_device: bool) -> tuple[int, int]:
+        return n_gpu_layers, 0  # no weights to load
+
+    def build(self, config: EngineConfig, worker_id: int) -> "FakeEngine":
         return FakeEngine(config, worker_id, self)
 
 

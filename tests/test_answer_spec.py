@@ -13,7 +13,7 @@ from ggbatch.runner.config.schema import CHOICES_AUTO, build_config, load_job_fi
 from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.files.formats.own_settings import settings_key
 from ggbatch.runner.journal.journal import changed_setting, prompt_hash
-from ggbatch.workers.constraints import best_choice, choice_grammar, choice_logprobs, choice_text, gbnf_literal
+from ggbatch.workers.engine.constraints import best_choice, choice_grammar, choice_logprobs, choice_text, gbnf_literal
 from ggbatch.workers.protocol import AnswerSpec, GenerationParams
 
 BASE = {"model": "m.gguf", "input": "q.jsonl", "output": "a.jsonl"}

@@ -85,8 +85,8 @@ def test_lsat_choices_auto_take_each_records_letters_under_a_grammar_too(tmp_pat
 def test_logits_path_answers_as_the_grammar_path_on_single_token_choices(model, suffix):
     """The same questions, choices answered from the first position's logits and generated under
     the choice grammar: where the grammar answered in one token (here all of them), the same."""
-    from ggbatch.workers.engine import LlamaEngine
-    from ggbatch.workers.model_runner import Tokenizer
+    from ggbatch.workers.llama.engine import LlamaEngine
+    from ggbatch.workers.llama.model_runner import Tokenizer
     from ggbatch.workers.protocol import AnswerSpec, EngineConfig, GenerationParams, Question
 
     path = str(require(MODELS / model, "a real vocabulary's one-token letters"))

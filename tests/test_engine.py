@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
 @pytest.fixture(scope="module")
 def tokenizer(request):
     from conftest import STORIES, require
-    from ggbatch.workers.model_runner import Tokenizer
+    from ggbatch.workers.llama.model_runner import Tokenizer
 
     tok = Tokenizer(str(require(STORIES, "stories260K, whose answers these tests compare")))
     yield tok
@@ -32,8 +32,8 @@ def questions(tokenizer, texts, system=None, seed=0):
 def answer_all(model, qs, slots, prefix=None, n_ctx_seq=512, n_batch=256, unified=True, invariant=False,
                kv=0, stats=None, prefix_cache=False, **gen):
     """invariant: the batch_invariant mode (per-sequence KV streams, no flash attention, no
-    repacked weights, batches laid out by workers/invariant.py)."""
-    from ggbatch.workers.engine import LlamaEngine
+    repacked weights, batches laid out by workers/engine/invariant.py)."""
+    from ggbatch.workers.llama.engine import LlamaEngine
 
     config = EngineConfig(model, 1, slots, n_ctx_seq, n_batch, prefix if prefix is not None else array("i"),
                           GenerationParams(**gen), kv_unified=unified and not invariant,
@@ -50,7 +50,7 @@ def answer_all(model, qs, slots, prefix=None, n_ctx_seq=512, n_batch=256, unifie
 
 
 # GSM8K questions whose greedy stories260K answer alone differed from their answer in a batch
-# before batch-invariant mode laid out its batches (workers/invariant.py): one sequence alone took
+# before batch-invariant mode laid out its batches (workers/engine/invariant.py): one sequence alone took
 # llama.cpp's vec_dot kernels where a batch takes tinyBLAS. Found comparing slots 1 and 16 over
 # the first 300 questions; with the earlier layout all three differed within 64 tokens here.
 DIVERGED_ALONE = ("gsm8k-126", "gsm8k-184", "gsm8k-249")
@@ -75,7 +75,7 @@ def test_batch_invariant_answers_alone_equal_answers_in_any_batch(stories, token
 def test_batch_invariant_on_k_quant_weights(k_quant_model):
     # Alone with a shared prefix against all together without one; two prompts shorter than
     # invariant.MIN_ROWS tokens, which are fed whole and alone.
-    from ggbatch.workers.model_runner import Tokenizer
+    from ggbatch.workers.llama.model_runner import Tokenizer
 
     tok = Tokenizer(k_quant_model)
     try:
@@ -93,7 +93,7 @@ def test_batch_invariant_on_k_quant_weights(k_quant_model):
 
 def test_unified_kv_differs_at_most_at_rare_near_ties(stories, tokenizer):
     # Unified KV + flash attention is faster but not bit-identical across batch shapes (see
-    # workers/engine.py); on this model 1 of 64 answers flips at a near-tie.
+    # workers/llama/engine.py); on this model 1 of 64 answers flips at a near-tie.
     qs = questions(tokenizer, [r["question"] for r in gsm8k_records(64)])
     one = answer_all(stories, qs, slots=1, max_tokens=24)
     eight = answer_all(stories, qs, slots=8, max_tokens=24)
@@ -219,7 +219,7 @@ def test_params_refuse_a_field_the_bindings_do_not_have():
     # ctypes takes any attribute name silently: a renamed field must fail loudly instead.
     import llama_cpp
 
-    from ggbatch.workers.model_runner import set_fields
+    from ggbatch.workers.llama.model_runner import set_fields
 
     params = llama_cpp.llama_model_default_params()
     set_fields(params, load_mode=llama_cpp.LLAMA_LOAD_MODE_MMAP, vocab_only=True)

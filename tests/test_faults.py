@@ -221,7 +221,7 @@ def k_quant_reference(tmp_path_factory, k_quant_model):
 @pytest.mark.timeout(240)
 def test_batch_invariant_answers_retried_alone_after_kill_9_equal_a_quiet_run(k_quant_reference, tmp_path):
     # Every kill sends the worker's questions back as suspects, each retried alone on a worker:
-    # the batch of one. Before batch-invariant batches were laid out (workers/invariant.py),
+    # the batch of one. Before batch-invariant batches were laid out (workers/engine/invariant.py),
     # a sixth of this model's answers changed when decoded alone.
     # Each worker writes to a results pipe of its own (runner/pool/pool.py), so a kill at any moment,
     # in the middle of a message included, cannot block the other worker.

@@ -117,7 +117,7 @@ def test_chat_lines_are_rendered_with_the_models_chat_template(tmp_path):
     completion prompt goes in as it is."""
     from ggbatch.runner.model.make.modelgen import ensure_demo_model
     from ggbatch.runner.questions.prompts import PromptBuilder
-    from ggbatch.workers.model_runner import Tokenizer
+    from ggbatch.workers.llama.model_runner import Tokenizer
 
     turns = [("system", "Be brief."), ("user", "2+2?"), ("assistant", "4"), ("user", "And 3+3?")]
     batch = write_lines(tmp_path / "b.jsonl", [

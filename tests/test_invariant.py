@@ -1,4 +1,4 @@
-"""The batch shapes of batch-invariant mode (workers/invariant.py) are pure rules: tested with no
+"""The batch shapes of batch-invariant mode (workers/engine/invariant.py) are pure rules: tested with no
 model. test_engine.py checks on real models that they make answers independent of the batch."""
 
 from array import array
@@ -6,11 +6,11 @@ from array import array
 import numpy as np
 import pytest
 
-from ggbatch.workers import invariant
-from ggbatch.workers.invariant import MIN_ROWS
+from ggbatch.workers.engine import invariant
+from ggbatch.workers.engine.invariant import MIN_ROWS
+from ggbatch.workers.engine.scheduler import Scheduler
+from ggbatch.workers.engine.sequence import Phase, Sequence
 from ggbatch.workers.protocol import EngineConfig, Question, kv_cells
-from ggbatch.workers.scheduler import Scheduler
-from ggbatch.workers.sequence import Phase, Sequence
 
 
 def seq(qid, n_prompt, first=1):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from ggbatch.workers.load_errors import describe_load_failure
+from ggbatch.workers.llama.load_errors import describe_load_failure
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.model]
 
@@ -87,7 +87,7 @@ def limit_address_space():
 
 LOAD = """
 import sys
-from ggbatch.workers.model_runner import ModelLoadError, _load_model, model_params
+from ggbatch.workers.llama.model_runner import ModelLoadError, _load_model, model_params
 try:
     _load_model(sys.argv[1], model_params(vocab_only=False))
 except ModelLoadError as exc:
@@ -128,7 +128,7 @@ def test_a_model_too_big_for_the_address_space_says_memory(tmp_path):
 
 
 CONTEXT = """
-from ggbatch.workers.model_runner import ModelLoadError, ModelRunner
+from ggbatch.workers.llama.model_runner import ModelLoadError, ModelRunner
 try:
     ModelRunner({model!r}, n_threads=1, n_ctx=1 << 22, n_seq_max=1, n_batch=64, kv_unified=True)
 except ModelLoadError as exc:
@@ -184,7 +184,7 @@ def test_a_model_without_read_permission_says_so_naming_the_path(tmp_path, demo_
 
 def test_the_layers_llama_cpp_offloaded_are_read_from_its_log():
     # Printed only by builds that can offload (llama-model.cpp load_tensors); none here.
-    from ggbatch.workers.model_runner import _OFFLOADED
+    from ggbatch.workers.llama.model_runner import _OFFLOADED
 
     found = _OFFLOADED.search("load_tensors: offloaded 29/29 layers to GPU\n")
     assert found and int(found.group(1)) == 29

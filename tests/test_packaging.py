@@ -28,7 +28,7 @@ def test_the_installed_wheel_runs_from_the_repository_root(tmp_path):
     assert install.returncode == 0, install.stderr[-2000:]
     env = {**os.environ, "PYTHONPATH": str(target)}
     for cmd in (["-m", "ggbatch", "--version"],
-                ["-c", "import ggbatch, ggbatch.runner.cli, ggbatch.workers.engine; print(ggbatch.__file__)"]):
+                ["-c", "import ggbatch, ggbatch.runner.cli, ggbatch.workers.llama.engine; print(ggbatch.__file__)"]):
         done = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == str(target / "ggbatch" / "__init__.py")

@@ -10,7 +10,8 @@ from ggbatch.runner.errors import WorkerFailure
 from ggbatch.runner.pool.crashes import StartupError
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.runner.pool.worker_threads import WorkerThreads
-from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec
+from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet
+from ggbatch.workers.spec import WorkerSpec
 from helpers import write_jsonl
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,13 +1,13 @@
-"""The prefix cache's bookkeeping (workers/prefix_cache.py) and the scheduler's admission with it:
+"""The prefix cache's bookkeeping (workers/engine/prefix_cache.py) and the scheduler's admission with it:
 pure, no model."""
 
 from array import array
 
-from ggbatch.workers.invariant import MIN_ROWS
-from ggbatch.workers.prefix_cache import MIN_WAIT_GAIN, SlotContents, Start
+from ggbatch.workers.engine.invariant import MIN_ROWS
+from ggbatch.workers.engine.prefix_cache import MIN_WAIT_GAIN, SlotContents, Start
+from ggbatch.workers.engine.scheduler import Scheduler
+from ggbatch.workers.engine.sequence import Phase, Sequence
 from ggbatch.workers.protocol import Question
-from ggbatch.workers.scheduler import Scheduler
-from ggbatch.workers.sequence import Phase, Sequence
 
 PREFIX = array("i", range(1, 6))  # 5 tokens every prompt starts with
 PREFIX_ID = 4

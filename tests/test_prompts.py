@@ -44,7 +44,7 @@ def test_template_exceptions_and_syntax_errors_are_config_errors():
 @pytest.mark.model
 def test_real_model_templates_render(request):
     from conftest import MODELS, require
-    from ggbatch.workers.model_runner import Tokenizer
+    from ggbatch.workers.llama.model_runner import Tokenizer
 
     for name in ["ggml-vocab-qwen2.gguf", "ggml-vocab-phi-3.gguf"]:
         tok = Tokenizer(str(require(MODELS / name, "real models' chat templates")))

@@ -18,8 +18,9 @@ from ggbatch.runner.config.schema import build_config
 from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.plan.nodes import nodes_from_ray
 from ggbatch.runner.pool.pool import WorkerPool
-from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
+from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
 from ggbatch.workers.ray_actor import own_cores
+from ggbatch.workers.spec import WorkerSpec
 from helpers import ggbatch as cli
 
 ray = pytest.importorskip("ray", reason="the Ray backend's tests need ray: pip install -e '.[test]'")

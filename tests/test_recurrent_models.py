@@ -5,7 +5,7 @@ questions, a shared system prompt that prompts share all or part of, and passage
 cache's case), at one slot and several.
 
 llama.cpp cannot cut a recurrent state back to a position (seq_rm returns false), so there the
-engine copies the shared prefix only whole and recomputes other prompts (workers/memory_kind.py);
+engine copies the shared prefix only whole and recomputes other prompts (workers/engine/memory_kind.py);
 a refused removal raises instead of decoding from the wrong state."""
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from conftest import ROOT
 from ggbatch.runner.model.make import modelgen as mg
 from ggbatch.runner.questions.prepare import common_prefix
 from ggbatch.runner.questions.prompts import PromptBuilder
-from ggbatch.workers.memory_kind import KvRefused, MemoryKind
-from ggbatch.workers.prefix_cache import Start
+from ggbatch.workers.engine.memory_kind import KvRefused, MemoryKind
+from ggbatch.workers.engine.prefix_cache import Start
+from ggbatch.workers.engine.scheduler import Scheduler
+from ggbatch.workers.engine.sequence import Sequence
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
-from ggbatch.workers.scheduler import Scheduler
-from ggbatch.workers.sequence import Sequence
 from helpers import answers_of
 
 ARCHS = {"mamba2-tiny": ("mamba2", MemoryKind.RECURRENT), "lfm2-tiny": ("lfm2", MemoryKind.HYBRID)}
@@ -80,7 +80,7 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def tokenizers(models):
-    from ggbatch.workers.model_runner import Tokenizer
+    from ggbatch.workers.llama.model_runner import Tokenizer
 
     toks = {name: Tokenizer(path) for name, path in models.items()}
     yield toks
@@ -170,7 +170,7 @@ def passage_texts(n_passages: int, per_passage: int, seed: int = 1, words: int =
 
 def run_engine(model: str, qs: list[Question], slots: int, prefix: array, stats: dict | None = None,
                **config) -> dict[str, str]:
-    from ggbatch.workers.engine import LlamaEngine
+    from ggbatch.workers.llama.engine import LlamaEngine
 
     engine = LlamaEngine(EngineConfig(model, 1, slots, 512, 256, prefix, GenerationParams(max_tokens=MAX_TOKENS),
                                       **config), worker_id=0)
@@ -230,9 +230,9 @@ def test_batch_invariant_mode_on_recurrent_memory_answers_as_alone(models, token
 @pytest.mark.model
 @pytest.mark.timeout(60)
 def test_a_refused_removal_raises_and_is_never_passed_over(models):
-    from ggbatch.workers.model_runner import ModelRunner
-    from ggbatch.workers.slot_kv import SlotKv
-    from ggbatch.workers.step_counters import StepCounters
+    from ggbatch.workers.engine.step_counters import StepCounters
+    from ggbatch.workers.llama.model_runner import ModelRunner
+    from ggbatch.workers.llama.slot_kv import SlotKv
 
     runner = ModelRunner(models["mamba2-tiny"], 1, n_ctx=256, n_seq_max=2, n_batch=64, kv_unified=False)
     try:

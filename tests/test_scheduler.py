@@ -4,9 +4,9 @@ from array import array
 
 import pytest
 
+from ggbatch.workers.engine.scheduler import Scheduler
+from ggbatch.workers.engine.sequence import Phase, Sequence, find_stop
 from ggbatch.workers.protocol import Question
-from ggbatch.workers.scheduler import Scheduler
-from ggbatch.workers.sequence import Phase, Sequence, find_stop
 
 
 def seq(qid, n_prompt):
@@ -196,7 +196,7 @@ def test_a_question_with_its_own_max_tokens_reserves_that_many_cells():
     assert s.admit() == [short, long] and s.kv_reserved == 42  # the plain one (15 more) waits
 
 
-# -- prompt steps shaped for llama.cpp's ubatch split (workers/ubatches.py) ----------------------
+# -- prompt steps shaped for llama.cpp's ubatch split (workers/engine/ubatches.py) ----------------------
 
 def _spans(s):
     return [(sp.seq.seq_id, sp.start_pos, sp.n) for sp in s.schedule()]
@@ -208,14 +208,14 @@ def own(i, n_prompt):
 
 
 def _cache_scheduler(slots, n_batch):
-    from ggbatch.workers.prefix_cache import SlotContents
+    from ggbatch.workers.engine.prefix_cache import SlotContents
 
     return Scheduler(slots=slots, n_batch=n_batch, stream_per_sequence=True,
                      contents=SlotContents(array("i"), slots, False))
 
 
 def test_chunk_len_takes_whole_prompts_and_never_a_thin_piece():
-    from ggbatch.workers.ubatches import chunk_len
+    from ggbatch.workers.engine.ubatches import chunk_len
 
     assert chunk_len(100, 512) == 100  # fits: all of it, however short
     assert chunk_len(550, 512) == 486  # would leave 38: leaves 64 instead
@@ -226,7 +226,7 @@ def test_chunk_len_takes_whole_prompts_and_never_a_thin_piece():
 
 
 def test_prompt_chunks_listed_so_each_sequence_is_one_ubatch():
-    from ggbatch.workers.ubatches import passes
+    from ggbatch.workers.engine.ubatches import passes
 
     s = _cache_scheduler(slots=6, n_batch=512)
     lens = [38, 159, 109, 76, 47, 83]
@@ -242,7 +242,7 @@ def test_prompt_chunks_listed_so_each_sequence_is_one_ubatch():
 
 
 def test_equal_chunks_of_consecutive_sequences_make_one_ubatch():
-    from ggbatch.workers.ubatches import passes
+    from ggbatch.workers.engine.ubatches import passes
 
     s = _cache_scheduler(slots=5, n_batch=512)
     for i, n in enumerate([80, 80, 80, 50, 90]):

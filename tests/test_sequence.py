@@ -1,9 +1,9 @@
-"""The stop rules of one sequence (workers/sequence.py Sequence.accept): pure, no model."""
+"""The stop rules of one sequence (workers/engine/sequence.py Sequence.accept): pure, no model."""
 
 from array import array
 
+from ggbatch.workers.engine.sequence import Phase, Sequence
 from ggbatch.workers.protocol import FinishReason, GenerationParams, Question
-from ggbatch.workers.sequence import Phase, Sequence
 
 
 def running(n_prompt=4):

@@ -17,7 +17,8 @@ from fake_engine import Fake
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.runner.watch.startup_load import ggbatch_cpu_s, process_cpu_s
 from ggbatch.runner.watch.watch import RunWatch
-from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec
+from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet
+from ggbatch.workers.spec import WorkerSpec
 from helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,7 +17,8 @@ import pytest
 
 from conftest import ROOT, two_cores
 from ggbatch.runner.pool.pool import WorkerPool
-from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet, WorkerSpec
+from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet
+from ggbatch.workers.spec import WorkerSpec
 from helpers import wait_for
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.model]
@@ -36,7 +37,7 @@ def busy_loop():
 def test_llama_cpp_takes_a_new_thread_count_on_a_live_context(demo_model):
     import llama_cpp
 
-    from ggbatch.workers.model_runner import ModelRunner
+    from ggbatch.workers.llama.model_runner import ModelRunner
 
     runner = ModelRunner(demo_model, n_threads=2, n_ctx=64, n_seq_max=1, n_batch=16, kv_unified=True)
     try:
@@ -80,7 +81,7 @@ def test_the_thread_count_changes_no_logit(demo_model, flash_attn, kv_unified, r
     # ggml splits each operation's output rows among the threads, never a sum: an answer does not
     # depend on how many threads contention left the worker (batch_invariant's layout included:
     # flash attention, kv_unified and repacking off).
-    from ggbatch.workers.model_runner import ModelRunner
+    from ggbatch.workers.llama.model_runner import ModelRunner
 
     runner = ModelRunner(demo_model, n_threads=2, n_ctx=256, n_seq_max=4, n_batch=128, kv_unified=kv_unified,
                          flash_attn=flash_attn, repack=repack)

@@ -20,9 +20,9 @@ import pytest
 from conftest import MODELS, require
 from ggbatch.runner.errors import ModelError
 from ggbatch.runner.questions.tokenizing import Rejected, TokenizerProcess, tokenize_all
-from ggbatch.workers.tokenizer_process import BatchTokenizer
-from ggbatch.workers.tokenizing_fork import MIN_CAPACITY
-from ggbatch.workers.vocab_gaps import SpmGaps
+from ggbatch.workers.llama.vocab_gaps import SpmGaps
+from ggbatch.workers.tokenizer.fork import MIN_CAPACITY
+from ggbatch.workers.tokenizer.process import BatchTokenizer
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.model]
 
@@ -45,7 +45,7 @@ def tiny():
 
 def expected_tokens(texts, add_bos):
     """In-process tokenization, for the texts llama.cpp can take (the others would abort pytest)."""
-    from ggbatch.workers.model_runner import Tokenizer
+    from ggbatch.workers.llama.model_runner import Tokenizer
 
     tokenizer = Tokenizer(str(TINY))
     try:

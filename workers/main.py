@@ -17,17 +17,17 @@ import queue
 import signal
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from .devices import visible_device_env
-from .load_errors import ModelLoadError
+from .engine.interface import Engine
+from .llama.load_errors import ModelLoadError
 from .protocol import (
     STATS_EVERY_S,
     Answer,
     AnswerBatch,
     Chunk,
     Configure,
-    EngineConfig,
     EngineStats,
     Ready,
     SetThreads,
@@ -35,13 +35,10 @@ from .protocol import (
     ThreadsSet,
     WantWork,
     WorkerError,
-    WorkerSpec,
     decode,
     encode,
 )
-
-if TYPE_CHECKING:  # the engine module loads llama.cpp: a fake engine's worker never imports it
-    from .engine import Engine
+from .spec import WorkerSpec
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -84,7 +81,7 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
             return True
         t1 = time.perf_counter()
         stage = "configure"
-        engine = _build_engine(spec, first.engine)
+        engine = spec.engine_factory.build(first.engine, spec.worker_id)
         stage = "run"
         results.send_bytes(encode(Ready(spec.worker_id, os.getpid(), load_s + time.perf_counter() - t1,
                                         engine.n_threads, tuple(sorted(os.sched_getaffinity(0))), n_gpu_layers,
@@ -124,21 +121,8 @@ def _redirect_stderr(log_path: Optional[str]) -> None:
 
 def _preload(spec: WorkerSpec) -> tuple[int, int]:
     """Load the weights now, while the coordinator is still tokenizing the questions. Returns
-    (the n_gpu_layers llama.cpp was given, the layers it says it offloaded)."""
-    if spec.engine_factory is not None:
-        return spec.n_gpu_layers, 0
-    from .model_runner import preload_model  # llama.cpp loads only in workers
-
-    offload = preload_model(spec.model_path, spec.repack, spec.n_gpu_layers, spec.device is not None)
-    return offload.n_gpu_layers, offload.gpu_layers
-
-
-def _build_engine(spec: WorkerSpec, config: EngineConfig) -> Engine:
-    if spec.engine_factory is not None:
-        return spec.engine_factory(config, spec.worker_id)
-    from .engine import LlamaEngine
-
-    return LlamaEngine(config, spec.worker_id)
+    (the n_gpu_layers the library was given, the layers it says it offloaded)."""
+    return spec.engine_factory.preload(spec.model_path, spec.repack, spec.n_gpu_layers, spec.device is not None)
 
 
 def _serve(engine: Engine, spec: WorkerSpec, tasks: Any, results: Any) -> None:

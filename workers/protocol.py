@@ -19,7 +19,7 @@ Questions travel as token ids: the coordinator tokenizes once (it needs the coun
 context and order the work), so a worker never renders or tokenizes a prompt.
 
 The coordinator tokenizes through a tokenizer process (runner/questions/tokenizing.py,
-workers/tokenizer_process.py), because llama.cpp's tokenizer can abort the process on text its
+workers/tokenizer/process.py), because llama.cpp's tokenizer can abort the process on text its
 vocabulary cannot represent:
 
     coordinator                         tokenizer process
@@ -39,9 +39,9 @@ import enum
 import pickle
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from .invariant import kv_streams
+from .engine.invariant import kv_streams
 
 
 class FinishReason(str, enum.Enum):
@@ -165,7 +165,7 @@ class EngineConfig:
     prefix_tokens: array  # tokens every prompt starts with; decoded once, then shared
     generation: GenerationParams = GenerationParams()
     # One KV pool shared by all slots (a shared prefix is stored once), or one stream per slot
-    # (attention scans only the sequence's own cells). See workers/engine.py.
+    # (attention scans only the sequence's own cells). See workers/llama/engine.py.
     kv_unified: bool = True
     # Flash attention's online softmax depends on how many KV cells it scans (batch_invariant
     # turns it off).
@@ -176,10 +176,10 @@ class EngineConfig:
     # Weights copied into llama.cpp's CPU_REPACK layout at load (see WorkerSpec.repack).
     repack: bool = True
     # Answers bit-identical whatever else is in the batch, a batch of one included: every batch
-    # laid out as workers/invariant.py says. Needs kv_unified, flash_attn and repack all off.
+    # laid out as workers/engine/invariant.py says. Needs kv_unified, flash_attn and repack all off.
     batch_invariant: bool = False
     # Prompts start from the longest prefix the worker's KV streams hold, and slots keep a finished
-    # prompt's cells for the next question that shares them (workers/prefix_cache.py). Needs one
+    # prompt's cells for the next question that shares them (workers/engine/prefix_cache.py). Needs one
     # stream per sequence; off: from the shared prefix only.
     prefix_cache: bool = False
 
@@ -187,33 +187,6 @@ class EngineConfig:
         if self.batch_invariant and (self.kv_unified or self.flash_attn or self.repack):
             raise ValueError("batch_invariant needs kv_unified, flash_attn and repack off (got "
                              f"{self.kv_unified}, {self.flash_attn}, {self.repack})")
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a worker needs to start: it pins itself and loads the model while the coordinator is
-    still tokenizing; the engine's settings follow in a Configure message."""
-
-    worker_id: int
-    cores: tuple[int, ...]  # the worker pins itself to these before loading the model
-    model_path: str
-    # Module-level callable building the engine inside the child; tests pass a fake engine here.
-    engine_factory: Optional[Callable[[EngineConfig, int], Any]] = None
-    # Load the weights into llama.cpp's CPU_REPACK layout. Decided before the worker starts,
-    # because the model loads before its Configure arrives; EngineConfig.repack says the same.
-    repack: bool = True
-    # Where the worker's stderr goes (llama.cpp writes its asserts and aborts there): the
-    # coordinator owns the terminal and quotes the last line when the worker dies.
-    log_path: Optional[str] = None
-    # Layers llama.cpp stores in VRAM (a negative value: all of them), set at load like repack.
-    n_gpu_layers: int = 0
-    # The one GPU this worker may see (--devices), made the only visible one before llama.cpp
-    # loads (workers/devices.py); None: every GPU llama.cpp finds, split by layer as it does.
-    device: Optional[int] = None
-    # The Ray node the worker lives on (runner/pool/ray.py): its id and IP; None for a local
-    # process. Its cores are then positions in that node's usable cores (workers/ray_actor.py).
-    node_id: Optional[str] = None
-    node_ip: Optional[str] = None
 
 
 # worker -> coordinator
@@ -228,7 +201,7 @@ class Ready:
     cores: tuple[int, ...]
     n_gpu_layers: int = 0  # what llama.cpp was given (a negative value: all layers)
     gpu_layers: int = 0  # layers llama.cpp says it offloaded; 0 on a build without GPU offload
-    # The model's memory as llama.cpp says (workers/memory_kind.py MemoryKind's value): on
+    # The model's memory as llama.cpp says (workers/engine/memory_kind.py MemoryKind's value): on
     # "recurrent" and "hybrid" the engine takes other ways than on "attention" (no prefix cache).
     memory: str = "attention"
 
@@ -281,7 +254,7 @@ class WorkerError:
     kind: str  # the exception's class name, for the log
     message: str
     traceback: str
-    model_load: bool = False  # a ModelLoadError (workers/load_errors.py): every worker would fail so
+    model_load: bool = False  # a ModelLoadError (workers/llama/load_errors.py): every worker would fail so
 
 
 # coordinator -> worker

@@ -37,7 +37,7 @@ from dataclasses import replace
 from typing import Any, Iterable, Optional, Sequence
 
 from .main import run_worker
-from .protocol import WorkerSpec
+from .spec import WorkerSpec
 
 
 def own_cores(positions: Sequence[int], usable: Iterable[int]) -> tuple[int, ...]:

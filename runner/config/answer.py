@@ -71,7 +71,7 @@ def _checked(key: str, gbnf: str) -> str:
 @functools.lru_cache(maxsize=256)
 def grammar_problem(gbnf: str) -> Optional[str]:
     """Why llama.cpp cannot parse this GBNF, or None (it is built once and freed)."""
-    from ...workers.sampling import grammar_problem as build  # loads llama.cpp: only when needed
+    from ...workers.llama.sampling import grammar_problem as build  # loads llama.cpp: only when needed
     return build(gbnf)
 
 

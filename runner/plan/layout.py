@@ -26,7 +26,7 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
-from ...workers.invariant import kv_streams
+from ...workers.engine.invariant import kv_streams
 from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
 from ..errors import ConfigError
 from . import gpu
@@ -52,7 +52,7 @@ CHARS_PER_TOKEN = 3
 CHAT_TEMPLATE_TOKENS = 32  # role markers and the like that a chat template adds around the text
 # Auto n_batch (a step's token budget, also llama.cpp's n_ubatch). With the prefix cache a prompt
 # step is a passage, or several questions' own parts each in a ubatch of its own
-# (workers/ubatches.py): a larger budget takes a whole ~700-token prompt in one ubatch and more own
+# (workers/engine/ubatches.py): a larger budget takes a whole ~700-token prompt in one ubatch and more own
 # parts a step, in fewer steps (LSAT-64 on the benchmark model: 45 steps instead of 59, and
 # faster: README, the prefix cache). Without it, 512: W1/W2/W4 were measured there.
 N_BATCH = 512
@@ -76,7 +76,7 @@ class Layout:
     n_gpu_layers: int = 0  # layers each worker asks llama.cpp to store in VRAM (gpu.GPU_ALL: all)
     devices: tuple[int, ...] = ()  # devices[i] = the GPU of worker i (none: every GPU llama.cpp finds)
     threads_auto: bool = True  # the job left threads on auto (settle may pick GPU threads)
-    prefix_cache: bool = False  # workers keep and share prompts' KV (workers/prefix_cache.py)
+    prefix_cache: bool = False  # workers keep and share prompts' KV (workers/engine/prefix_cache.py)
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ def context_per_sequence(longest_prompt: int, max_tokens: int, n_ctx_train: int,
 def kv_unified_for(n_prefix: int, n_ctx_seq: int, batch_invariant: bool, prefix_cache: bool = False) -> bool:
     """One KV pool when the shared prefix is longer than the rest of a sequence (it is then
     stored once instead of copied into every slot); otherwise one stream per sequence, whose
-    attention scans only its own cells. Measurements in workers/engine.py. The prefix cache
+    attention scans only its own cells. Measurements in workers/llama/engine.py. The prefix cache
     (questions sharing more than that prefix) keeps prompts in the slots' own streams."""
     return not batch_invariant and not prefix_cache and n_prefix > n_ctx_seq - n_prefix
 

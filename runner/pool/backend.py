@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generic, Optional, Protocol, Sequence, TypeVar
 
-from ...workers.protocol import WorkerSpec
+from ...workers.spec import WorkerSpec
 from ..plan.nodes import Node
 
 

@@ -21,7 +21,8 @@ import multiprocess as mp
 from multiprocess.connection import wait as wait_any
 
 from ...workers.main import worker_main
-from ...workers.protocol import WorkerSpec, decode, encode
+from ...workers.protocol import decode, encode
+from ...workers.spec import WorkerSpec
 from ..plan.nodes import Node, local_node
 from .backend import Event
 from .crashes import last_words

@@ -45,7 +45,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence, Union
 
-from ...workers.memory_kind import MemoryKind
+from ...workers.engine.memory_kind import MemoryKind
 from ...workers.protocol import (
     Answer,
     AnswerBatch,
@@ -59,8 +59,8 @@ from ...workers.protocol import (
     ThreadsSet,
     WantWork,
     WorkerError,
-    WorkerSpec,
 )
+from ...workers.spec import WorkerSpec
 from ..errors import Interrupted, ModelError
 from ..report.report import WorkerRun
 from .backend import Backend

@@ -26,8 +26,9 @@ import time
 import uuid
 from typing import Any, Optional, Sequence
 
-from ...workers.protocol import Ready, WorkerSpec, decode, encode
+from ...workers.protocol import Ready, decode, encode
 from ...workers.ray_actor import RayWorker
+from ...workers.spec import WorkerSpec
 from ..errors import ConfigError
 from ..plan.layout import usable_cores
 from ..plan.nodes import Node, nodes_from_ray

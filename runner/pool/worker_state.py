@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ...workers.protocol import EngineStats, Question, Ready, WorkerSpec
+from ...workers.protocol import EngineStats, Question, Ready
+from ...workers.spec import WorkerSpec
 from ..report.report import WorkerRun
 from .backend import Link
 from .worker_threads import ThreadCount

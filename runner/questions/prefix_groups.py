@@ -5,7 +5,7 @@ stand next to each other, whatever order the file has them in; the common length
 neighbours is what they share. A group is a run of neighbours sharing MIN_SHARED tokens or more
 beyond the prefix every prompt has (which each worker computes once anyway). Groups nest the way
 the prompts do (a subject's examples, then a passage within it): sorting keeps nested runs
-inside their parent, and each worker's prefix cache (workers/prefix_cache.py) finds the deepest
+inside their parent, and each worker's prefix cache (workers/engine/prefix_cache.py) finds the deepest
 prefix it holds by itself, so the order is all the coordinator has to get right.
 
 The order is groups by their work (longest first, as single questions were before), each
@@ -19,8 +19,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Sequence
 
+from ...workers.engine.sequence import common_prefix_len
 from ...workers.protocol import Question
-from ...workers.sequence import common_prefix_len
 
 # Tokens beyond the job's shared prefix that make neighbours a group: fewer are cheaper to
 # compute again than to keep together.

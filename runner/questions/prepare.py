@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from ...workers.engine.sequence import common_prefix_len
 from ...workers.protocol import AnswerSpec, GenerationParams, Question, VocabInfo
-from ...workers.sequence import common_prefix_len
 from ..config.answer import check_spellable, choice_tokens
 from ..config.schema import JobConfig
 from ..errors import ConfigError

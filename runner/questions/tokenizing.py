@@ -1,4 +1,4 @@
-"""The coordinator's side of tokenizing: a tokenizer process (workers/tokenizer_process.py) holds
+"""The coordinator's side of tokenizing: a tokenizer process (workers/tokenizer/process.py) holds
 the model's vocabulary; prompts stream to it in batches and come back, in order, as tokens or as
 the reason the model's tokenizer cannot take them.
 
@@ -28,9 +28,9 @@ from typing import Any, Iterable, Iterator, Sequence, Union
 import multiprocess as mp
 from multiprocess.connection import wait
 
-from ...workers.load_errors import says_memory
+from ...workers.llama.load_errors import says_memory
 from ...workers.protocol import TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo, decode, encode
-from ...workers.tokenizer_process import tokenizer_main
+from ...workers.tokenizer.process import tokenizer_main
 from ..errors import ModelError, WorkerFailure
 
 BATCH_TEXTS = 512

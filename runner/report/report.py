@@ -13,7 +13,7 @@ import resource
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ...workers.memory_kind import MemoryKind
+from ...workers.engine.memory_kind import MemoryKind
 from ...workers.protocol import RESPONSE_FORMAT_ENFORCED, GenerationParams
 from ..config.schema import JobConfig
 from ..model.identity import ModelIdentity
@@ -71,7 +71,7 @@ class WorkerRun:
     n_gpu_layers: Optional[int] = None  # what llama.cpp was given (negative: all layers)
     gpu_layers: Optional[int] = None  # layers llama.cpp says it offloaded
     node: Optional[Mapping[str, str]] = None  # the Ray node it lived on ({node_id, ip}); None: this machine
-    memory: Optional[str] = None  # the model's memory as its engine found it (workers/memory_kind.py)
+    memory: Optional[str] = None  # the model's memory as its engine found it (workers/engine/memory_kind.py)
 
 
 @dataclass(frozen=True)

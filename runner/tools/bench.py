@@ -21,7 +21,8 @@ from array import array
 from itertools import groupby
 from typing import Any, Sequence
 
-from ...workers.protocol import EngineConfig, GenerationParams, Question, WorkerSpec
+from ...workers.protocol import EngineConfig, GenerationParams, Question
+from ...workers.spec import WorkerSpec
 from ..plan import layout as layouts
 from ..plan.layout import Layout, kv_unified_for, plan_layout, step_budget, usable_cores
 from ..pool.pool import WorkerPool
@@ -54,7 +55,7 @@ def batched_bench_config(model: str, threads: int, pp: int, tg: int, b: int, rep
 
 def run_engine(config: EngineConfig, questions: Sequence[Question], warm_up: bool) -> tuple[float, dict[str, float]]:
     """The engine alone, in this process: (seconds from first step to last answer, its stats)."""
-    from ...workers.engine import LlamaEngine
+    from ...workers.llama.engine import LlamaEngine
 
     engine = LlamaEngine(config, worker_id=0)
     try:

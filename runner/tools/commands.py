@@ -93,8 +93,8 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def _n_vocab(model: str) -> int:
-    from ...workers.load_errors import ModelLoadError
-    from ...workers.model_runner import Tokenizer
+    from ...workers.llama.load_errors import ModelLoadError
+    from ...workers.llama.model_runner import Tokenizer
 
     try:
         tokenizer = Tokenizer(model)

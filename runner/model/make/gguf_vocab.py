@@ -1,7 +1,7 @@
 """The vocabulary written into the models modelgen makes: the ``tokenizer.*`` metadata of a
 GGUF, copied from a vocab-only GGUF (a real model's tokenizer and chat template) or built here
 (the demo model's small SentencePiece vocabulary with ChatML specials). Metadata only: the
-tokenizer a job runs is llama.cpp's (workers/model_runner.py).
+tokenizer a job runs is llama.cpp's (workers/llama/model_runner.py).
 """
 
 from __future__ import annotations

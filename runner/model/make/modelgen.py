@@ -76,7 +76,7 @@ SHAPES: dict[str, ModelShape] = {
 
 ArchShape = Union[Mamba2Shape, Lfm2Shape]
 # Tiny models of the architectures whose memory is not (only) an attention KV cache: a recurrent
-# state per sequence that llama.cpp cannot cut back to a position (workers/memory_kind.py).
+# state per sequence that llama.cpp cannot cut back to a position (workers/engine/memory_kind.py).
 ARCH_SHAPES: dict[str, ArchShape] = {
     "mamba2-tiny": Mamba2Shape(n_layer=2, n_embd=64, d_state=16, head_dim=16, n_ctx=2048),
     # convolution, attention, convolution, attention
@@ -164,7 +164,7 @@ def quantize(
 
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    from ....workers.model_runner import set_fields
+    from ....workers.llama.model_runner import set_fields
 
     params = llama_cpp.llama_model_quantize_default_params()
     # nthread 0: llama.cpp uses all hardware threads

@@ -1,7 +1,7 @@
 """How a token is chosen: llama.cpp sampler chains, grammar samplers, fixed choices.
 
 `Sampling` picks each sequence's next token from the logits of the last decode of a ModelRunner
-(workers/model_runner.py, the model, context and decode): one argmax over the greedy rows,
+(workers/llama/model_runner.py, the model, context and decode): one argmax over the greedy rows,
 a sampler chain of the sequence's own for the others, a grammar asked first about the token
 picked without it and masking the whole vocabulary only when it refuses that token (as
 llama.cpp's common/sampling.cpp does), and the log-probability of each of a question's fixed
@@ -20,11 +20,11 @@ from typing import Iterator, Optional, Sequence
 import llama_cpp
 import numpy as np
 
-from .constraints import ROOT, choice_spellings
+from ..engine.constraints import ROOT, choice_spellings
+from ..protocol import GenerationParams
 
 # The backend and its log's ring of error lines belong to model_runner, which sets them up once.
 from .model_runner import ModelRunner, _errors, _init_backend
-from .protocol import GenerationParams
 
 
 def grammar_problem(gbnf: str) -> Optional[str]:

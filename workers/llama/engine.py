@@ -1,7 +1,7 @@
 """Continuous batching: many sequences share one llama.cpp context and one llama_decode per step.
 
     add(question) ──▶ Scheduler.waiting
-    step():  admit    waiting → free slots, KV of the prompt's start copied in (workers/slot_kv.py)
+    step():  admit    waiting → free slots, KV of the prompt's start copied in (workers/llama/slot_kv.py)
              schedule one token per decoding sequence + prompt chunks, within n_batch
              decode   one llama_decode (status 1 = no KV room: shrink the batch, then preempt)
              sample   each sequence's own sampler chain on its own logits row
@@ -10,9 +10,9 @@
 
 The shared prefix (system prompt, few-shot examples: whatever every prompt starts with) is
 decoded once into its own sequence when the engine starts and copied into each slot; with the
-prefix cache a slot may start from any stream holding the start of its prompt (workers/slot_kv.py).
+prefix cache a slot may start from any stream holding the start of its prompt (workers/llama/slot_kv.py).
 On recurrent and hybrid memory a slot takes a stream only whole, and there is no prefix cache
-(workers/memory_kind.py).
+(workers/engine/memory_kind.py).
 
 KV layout, chosen per job by measurement (32 GSM8K prompts of ~79 tokens, 64 generated tokens
 each, 32 slots, 2 threads, 28×1024 Q4_K_M model):
@@ -29,7 +29,7 @@ Flash attention's online softmax depends on how many KV cells it scans, which ch
 rest of the batch, so at a near-tie a token can flip (2 of 64 greedy stories260K answers
 differed between 1 and 16 slots in a unified pool). `batch_invariant: true` in a job picks
 separate streams without flash attention and without repacked weights, and lays every batch out
-so that each matrix product takes the same kernel whatever the batch (workers/invariant.py:
+so that each matrix product takes the same kernel whatever the batch (workers/engine/invariant.py:
 decode steps of at least 8 tokens, with ballast tokens in free sequence ids when fewer
 sequences decode; prompts fed alone in chunks of 8 or more): every float reduction then sees
 the same numbers in the same order, and answers are bit-identical across slot counts including
@@ -41,51 +41,20 @@ from __future__ import annotations
 import time
 from array import array
 from dataclasses import asdict
-from typing import Optional, Protocol
+from typing import Optional
 
 import numpy as np
 
-from . import invariant
-from .batch import Batch, batch_arrays, logit_index
-from .constraints import best_choice, choice_grammar, choice_logprobs, choice_text
-from .memory_kind import MemoryKind
+from ..engine import invariant
+from ..engine.batch import Batch, batch_arrays, logit_index
+from ..engine.constraints import best_choice, choice_grammar, choice_logprobs, choice_text
+from ..engine.scheduler import Scheduler, Span
+from ..engine.sequence import Phase, Sequence
+from ..engine.step_counters import StepCounters
+from ..protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
 from .model_runner import ModelRunner
-from .protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
 from .sampling import Sampling
-from .scheduler import Scheduler, Span
-from .sequence import Phase, Sequence
 from .slot_kv import SlotKv, slot_contents
-from .step_counters import StepCounters
-
-
-class Engine(Protocol):
-    """What a worker drives. The fake engine of the coordinator tests implements the same."""
-
-    slots: int
-    memory_kind: MemoryKind  # what the model's KV memory can do (recurrent and hybrid: whole streams only)
-
-    @property
-    def n_threads(self) -> int:
-        """llama.cpp's thread count now."""
-        ...
-
-    def set_threads(self, n: int) -> int:
-        """Run the next steps on n threads; returns the count llama.cpp then reports (an engine
-        that cannot change it returns its count unchanged)."""
-        ...
-
-    def add(self, question: Question) -> None: ...
-
-    def step(self) -> list[Answer]: ...
-
-    @property
-    def n_unfinished(self) -> int: ...
-
-    def stats(self) -> dict[str, float]: ...
-
-    def drop_waiting(self) -> int: ...
-
-    def close(self) -> None: ...
 
 
 class EngineError(RuntimeError):
@@ -117,7 +86,7 @@ class LlamaEngine:
         # give each slot its own room.
         budget = self.runner.n_ctx - len(prefix) if config.kv_unified else None
         self.counters = StepCounters()
-        # What the model's memory can do decides where prompts may start (workers/memory_kind.py).
+        # What the model's memory can do decides where prompts may start (workers/engine/memory_kind.py).
         self.memory_kind = self.runner.memory_kind
         self.kv = SlotKv(self.runner, prefix, self.prefix_id,
                          slot_contents(config, prefix, self.prefix_id, self.memory_kind), self.counters)
@@ -290,7 +259,7 @@ class LlamaEngine:
 
     def _layout(self, spans: list[Span]) -> Batch:
         """The arrays of one llama_decode for these spans; in batch-invariant mode with ballast
-        and logits rows added as workers/invariant.py requires."""
+        and logits rows added as workers/engine/invariant.py requires."""
         arrays: tuple[np.ndarray, ...] = batch_arrays(spans)
         ballast: list[int] = []
         index = logit_index(spans)

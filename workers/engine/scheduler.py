@@ -14,10 +14,10 @@ free (no question waiting to fill it), the highest sequence moves down into it (
 Measured on the 28 × 1024 model, 32 sequences decoding: 107 ms a step with ids 0..31 in order,
 141-156 ms with one id out of place, 330-410 ms shuffled or reversed.
 With the prefix cache a prompt step is mostly short own parts of several questions after a
-shared passage: those chunks are cut and listed as workers/ubatches.py says (one ubatch per
+shared passage: those chunks are cut and listed as workers/engine/ubatches.py says (one ubatch per
 sequence, or per run of equal chunks), not by id.
 
-Batch-invariant mode (workers/invariant.py) schedules a step as either one prompt chunk alone
+Batch-invariant mode (workers/engine/invariant.py) schedules a step as either one prompt chunk alone
 (at least MIN_ROWS tokens, or a whole short prompt) or one token of every running sequence,
 never shrinks a batch, and leaves every sequence at least MIN_ROWS prompt tokens of its own.
 """
@@ -47,7 +47,7 @@ class Span:
 
 
 class Scheduler:
-    # Prompt steps laid out for llama.cpp's ubatch split (workers/ubatches.py) when the prefix
+    # Prompt steps laid out for llama.cpp's ubatch split (workers/engine/ubatches.py) when the prefix
     # cache is on, where a step's prompts are many short own parts (False: by id, as without the
     # cache; bench/prefix_engine_bench.py compares).
     shaped_prefill = True
@@ -61,10 +61,10 @@ class Scheduler:
         has its own room). A sequence is admitted only when its prompt plus max_new_tokens fits
         what the running ones may still claim, so a full pool never thrashes.
         stream_per_sequence: the context keeps one KV stream per sequence (see the module doc).
-        batch_invariant: lay batches out as workers/invariant.py requires (needs streams).
-        contents: the prefix cache (workers/prefix_cache.py); None: prompts start from the shared
+        batch_invariant: lay batches out as workers/engine/invariant.py requires (needs streams).
+        contents: the prefix cache (workers/engine/prefix_cache.py); None: prompts start from the shared
         prefix only. memory: what the model's memory can do; on recurrent state a prompt takes the
-        shared prefix whole or not at all (workers/memory_kind.py; there is no prefix cache there)."""
+        shared prefix whole or not at all (workers/engine/memory_kind.py; there is no prefix cache there)."""
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) cannot exceed the token budget n_batch ({n_batch})")
         self.n_batch = n_batch

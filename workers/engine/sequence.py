@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 from typing import Sequence as Seq
 
-from .protocol import FinishReason, GenerationParams, Question
+from ..protocol import FinishReason, GenerationParams, Question
 
 
 class Phase(enum.Enum):

@@ -6,10 +6,10 @@ Without the prefix cache a new sequence starts from the shared prefix's sequence
 when the engine starts) as far as its prompt agrees with it. With the prefix cache (one stream
 per sequence) it starts from whichever stream the scheduler found holding the longest part of its
 prompt, and a finished sequence's slot keeps its prompt's cells for the questions that share them.
-Which source and how many tokens is workers/prefix_cache.py's decision (pure bookkeeping); this
+Which source and how many tokens is workers/engine/prefix_cache.py's decision (pure bookkeeping); this
 module carries it out on the model's KV and counts it. Every removal is checked: one llama.cpp
 refuses raises KvRefused, since the next decode would start from a state other than the one the
-scheduler counts. On recurrent and hybrid memory (workers/memory_kind.py) there is no prefix
+scheduler counts. On recurrent and hybrid memory (workers/engine/memory_kind.py) there is no prefix
 cache and a sequence takes the shared prefix only whole, so nothing here asks for a partial cut.
 """
 
@@ -18,12 +18,12 @@ from __future__ import annotations
 from array import array
 from typing import Optional
 
-from .memory_kind import KvRefused, MemoryKind
+from ..engine.memory_kind import KvRefused, MemoryKind
+from ..engine.prefix_cache import SlotContents
+from ..engine.sequence import Sequence
+from ..engine.step_counters import StepCounters
+from ..protocol import EngineConfig
 from .model_runner import ModelRunner
-from .prefix_cache import SlotContents
-from .protocol import EngineConfig
-from .sequence import Sequence
-from .step_counters import StepCounters
 
 
 def slot_contents(config: EngineConfig, prefix: array, prefix_id: int,

@@ -26,7 +26,7 @@ from typing import Any, NoReturn, Optional, Sequence
 
 from multiprocess.connection import Pipe
 
-from .main import die_with_parent
+from ..main import die_with_parent
 
 PR_SET_DUMPABLE = 4  # from <linux/prctl.h>
 SPARE_TOKENS = 8  # room per text beyond one token per byte: BOS, EOS

@@ -1,5 +1,5 @@
 """What an answer must be, in the terms llama.cpp's grammar sampler takes, and the pick among fixed
-choices from their log-probabilities. Pure: no llama.cpp here (workers/sampling.py builds the
+choices from their log-probabilities. Pure: no llama.cpp here (workers/llama/sampling.py builds the
 grammars and reads the logits)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What an engine has done, counted as it steps: the worker sends them (engine.stats()) with its
 answers, for the report and the live progress (workers/main.py).
 
-Its own module so that the engine and the parts it delegates to (workers/slot_kv.py) count into
+Its own module so that the engine and the parts it delegates to (workers/llama/slot_kv.py) count into
 the same object without importing one another.
 """
 
@@ -34,7 +34,7 @@ class StepCounters:
     grammar_tokens: float = 0.0  # tokens picked under a grammar (AnswerSpec)
     grammar_resamples: float = 0.0  # of those, picked again because the grammar refused the first pick
     choice_answers: float = 0.0  # fixed choices answered from the first position's logits
-    # The prefix cache (workers/prefix_cache.py): prompt tokens decoded (the shared prefix's
+    # The prefix cache (workers/engine/prefix_cache.py): prompt tokens decoded (the shared prefix's
     # included) and taken from KV already held; admissions that started from another question's
     # prompt; whole-stream copies; the most prompt tokens free slots kept at once.
     prompt_computed: float = 0.0

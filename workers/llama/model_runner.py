@@ -1,13 +1,13 @@
 """The model, its context and the decode, through llama-cpp-python's low-level bindings (with
-workers/sampling.py, which chooses tokens from the logits, the only modules that touch llama.cpp).
+workers/llama/sampling.py, which chooses tokens from the logits, the only modules that touch llama.cpp).
 
 `ModelRunner` owns one model, one context holding many sequences and one reusable batch; the
 engine above it speaks in plain ints and never sees a ctypes object. `Tokenizer` loads only the
-vocabulary, for the tokenizer process (workers/tokenizer_process.py), which tokenizes every
+vocabulary, for the tokenizer process (workers/tokenizer/process.py), which tokenizes every
 prompt once for the coordinator.
 
 llama.cpp reports why a load failed only in its log: the log callback keeps the last error lines,
-and a failed load turns them into ModelLoadError's one line (workers/load_errors.py).
+and a failed load turns them into ModelLoadError's one line (workers/llama/load_errors.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any, Optional
 import llama_cpp
 import numpy as np
 
+from ..engine.memory_kind import MemoryKind
+from ..protocol import VocabInfo
 from .load_errors import ModelLoadError, describe_context_failure, describe_load_failure
-from .memory_kind import MemoryKind
-from .protocol import VocabInfo
 from .vocab_gaps import SpmGaps
 
 # ggml.h's enum ggml_log_level (llama_cpp/_logger.py's comment has an older numbering).
@@ -237,7 +237,7 @@ class Tokenizer:
         return int(llama_cpp.llama_tokenize(self._vocab.vocab, data, len(data), out, capacity, add_bos, True))
 
     def gaps(self) -> Optional[SpmGaps]:
-        """The characters this vocabulary cannot take (workers/vocab_gaps.py): only llama.cpp's SPM
+        """The characters this vocabulary cannot take (workers/llama/vocab_gaps.py): only llama.cpp's SPM
         tokenizer spells characters through byte_to_token, so None for the others. Built on first
         use (a call per token of the vocabulary)."""
         spm = llama_cpp.llama_vocab_type(self._vocab.vocab) == llama_cpp.LLAMA_VOCAB_TYPE_SPM
@@ -299,7 +299,7 @@ class ModelRunner:
         self.n_threads = int(llama_cpp.llama_n_threads(self.ctx))
         self.n_batch = n_batch
         self.memory = llama_cpp.llama_get_memory(self.ctx)
-        # What the KV operations may ask of this memory (workers/memory_kind.py decides from it).
+        # What the KV operations may ask of this memory (workers/engine/memory_kind.py decides from it).
         self.memory_kind = MemoryKind.of(bool(llama_cpp.llama_model_is_recurrent(self.model)),
                                          bool(llama_cpp.llama_model_is_hybrid(self.model)))
         self.batch = _Batch(n_batch)

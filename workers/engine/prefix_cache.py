@@ -13,7 +13,7 @@ A question that shares more with a prompt still going in than with anything held
 (`wanted_soon`): the passage is then computed once per worker, not once per slot that happens to
 start a question on it in the same step.
 
-Pure bookkeeping on token arrays: no llama.cpp here (workers/slot_kv.py copies and removes the cells).
+Pure bookkeeping on token arrays: no llama.cpp here (workers/llama/slot_kv.py copies and removes the cells).
 """
 
 from __future__ import annotations

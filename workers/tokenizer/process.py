@@ -5,14 +5,14 @@
                                                 │ vocabulary lacks, else llama.cpp's last words on
                                                 └─ stderr), a new fork goes on from k + 1
 
-No text is tokenized in this process itself, only in a fork of it (workers/tokenizing_fork.py):
+No text is tokenized in this process itself, only in a fork of it (workers/tokenizer/fork.py):
 llama.cpp's tokenizer may abort on text its vocabulary cannot represent. This process stays
 single-threaded (it reads the requests queue and writes the results pipe, no feeder thread), so
 forking it is safe.
 
 A crash costs a fork (3-9 ms). So that a file in a script the vocabulary lacks, with
 thousands of bad records, does not cost thousands of forks, the characters a crash was certainly
-due to (workers/vocab_gaps.py: no token holds them, no byte tokens spell them) are remembered,
+due to (workers/llama/vocab_gaps.py: no token holds them, no byte tokens spell them) are remembered,
 and later texts holding one are rejected without tokenizing. Learned from crashes, not predicted:
 a llama.cpp build that stops aborting on them never rejects a text it could tokenize.
 """
@@ -25,9 +25,9 @@ import signal
 from array import array
 from typing import Any, Optional, Sequence
 
-from .main import die_with_parent
-from .protocol import TokenizeBatch, TokenizedBatch, TokenizerLoadError, decode, encode
-from .tokenizing_fork import Round, TokenizingFork
+from ..main import die_with_parent
+from ..protocol import TokenizeBatch, TokenizedBatch, TokenizerLoadError, decode, encode
+from .fork import Round, TokenizingFork
 
 PR_SET_NAME = 15  # from <linux/prctl.h>
 PROCESS_NAME = b"ggbatch-tokenizer"  # seen as "ggbatch-tokeniz"
@@ -45,8 +45,8 @@ def tokenizer_main(model_path: str, stderr_path: str, requests: Any, results: An
     os.close(fd)
     # Read when libggml loads: without it, every abort forks gdb to print a backtrace (seconds).
     os.environ["GGML_NO_BACKTRACE"] = "1"
-    from .load_errors import ModelLoadError
-    from .model_runner import Tokenizer
+    from ..llama.load_errors import ModelLoadError
+    from ..llama.model_runner import Tokenizer
 
     try:
         tokenizer = Tokenizer(model_path)
