@@ -62,12 +62,12 @@ from ...workers.protocol import (
 )
 from ...workers.spec import WorkerSpec
 from ..errors import Interrupted, ModelError
-from ..report.report import WorkerRun
 from .backend import Backend
 from .crashes import CrashBudget, Death
 from .dispatch import next_chunk
 from .intake import Feed, WindowIntake
 from .local import LocalBackend
+from .worker_run import WorkerRun
 from .worker_state import WorkerState, added, on_node, worker_run
 from .worker_threads import ThreadCount, WorkerThreads
 

@@ -10,8 +10,8 @@ from typing import Optional
 
 from ...workers.protocol import EngineStats, Question, Ready
 from ...workers.spec import WorkerSpec
-from ..report.report import WorkerRun
 from .backend import Link
+from .worker_run import WorkerRun
 from .worker_threads import ThreadCount
 
 

@@ -21,6 +21,7 @@ from ..model.versions import package_version
 from ..plan.gpu import gpu_layers_text
 from ..plan.layout import Layout
 from ..plan.memory import MemoryPlan
+from ..pool.worker_run import WorkerRun
 from ..questions.prefix_groups import Sharing
 from ..watch.monitor import UsageSummary
 from ..watch.tally import AnswerTally, RecordCounts
@@ -55,23 +56,6 @@ def own_cpu_s() -> float:
     each second of it is taken from llama.cpp."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-@dataclass(frozen=True)
-class WorkerRun:
-    """One worker as the pool saw it (runner/pool/pool.py fills these)."""
-
-    worker_id: int
-    cores: tuple[int, ...]
-    restarts: int
-    load_s: Optional[float]  # spawn to ready, last life
-    n_threads: Optional[int]  # as llama.cpp reports it
-    engine: Mapping[str, float]  # the engine's step counters, last life
-    device: Optional[int] = None  # the GPU it was given (--devices)
-    n_gpu_layers: Optional[int] = None  # what llama.cpp was given (negative: all layers)
-    gpu_layers: Optional[int] = None  # layers llama.cpp says it offloaded
-    node: Optional[Mapping[str, str]] = None  # the Ray node it lived on ({node_id, ip}); None: this machine
-    memory: Optional[str] = None  # the model's memory as its engine found it (workers/engine/memory_kind.py)
 
 
 @dataclass(frozen=True)
