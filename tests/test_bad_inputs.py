@@ -4,12 +4,12 @@ fail alone). Every run here has a hard timeout; a hang is a failure."""
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
+from helpers import ggbatch_command
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model, pytest.mark.slow]
 
@@ -64,8 +64,8 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, demo_mode
                "JOB": tmp_path / "job.yaml"}
     job = [str(replace["JOB"])] if "JOB" in extra else []  # the job file is the positional argument
     flags = [str(replace.get(x, x)) for x in extra if x != "JOB"]
-    args = [sys.executable, "-m", "ggbatch", "run", *job, "--model", demo_model, "--input", str(questions),
-            "--output", str(out), "--max-tokens", "4", *flags]
+    args = ggbatch_command("run", *job, "--model", demo_model, "--input", str(questions),
+                           "--output", str(out), "--max-tokens", "4", *flags)
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
@@ -88,8 +88,8 @@ def test_questions_the_tokenizer_cannot_take_fail_alone_and_the_rest_is_answered
     questions, out = tmp_path / "q.jsonl", tmp_path / "answers.json"
     questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": q}) + "\n"
                                  for i, q in enumerate(TOKENIZER_TRAP)))
-    args = [sys.executable, "-m", "ggbatch", "run", "--model", str(model), "--input", str(questions),
-            "--output", str(out), "--max-tokens", "8", "--progress", "log"]
+    args = ggbatch_command("run", "--model", str(model), "--input", str(questions),
+                           "--output", str(out), "--max-tokens", "8", "--progress", "log")
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr and "abort" not in r.stderr.lower() and "terminate" not in r.stderr

@@ -3,7 +3,6 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from conftest import ROOT
 from ggbatch.runner.plan.tuned import context_bucket
 from helpers import ggbatch as cli
+from helpers import ggbatch_command
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.model]
 
@@ -163,23 +163,21 @@ def test_identical_prompts_answered_once_and_report_adds_up(tmp_path, demo_model
 
 def test_make_model_writes_a_model_that_answers(tmp_path, questions_file):
     model = tmp_path / "m.gguf"
-    r = subprocess.run([sys.executable, "-m", "ggbatch", "make-model", "--shape", "demo", "--quant", "q8_0",
-                        str(model)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = cli("make-model", "--shape", "demo", "--quant", "q8_0",
+                str(model), timeout=120)
     assert r.returncode == 0, r.stderr
     assert model.read_bytes()[:4] == b"GGUF"
     r = ggbatch("--model", model, "--input", questions_file(3), "--output", tmp_path / "a.json", "--max-tokens", 4)
     assert r.returncode == 0, r.stderr
-    bad = subprocess.run([sys.executable, "-m", "ggbatch", "make-model", "--shape", "nope", str(model)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    bad = cli("make-model", "--shape", "nope", str(model), timeout=60)
     assert bad.returncode == 2 and "unknown shape 'nope'" in bad.stderr
 
 
 @pytest.mark.slow
 def test_bench_prints_the_batched_bench_table_and_the_runner_overhead(tmp_path, demo_model):
-    r = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", demo_model, "--npp", "32", "--ntg", "8",
-                        "--npl", "1,4", "--repeat", "2", "--json", str(tmp_path / "b.json"),
-                        "--csv", str(tmp_path / "b.csv"), "--plot", str(tmp_path / "b.png")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = cli("bench", "--model", demo_model, "--npp", "32", "--ntg", "8",
+                "--npl", "1,4", "--repeat", "2", "--json", str(tmp_path / "b.json"),
+                "--csv", str(tmp_path / "b.csv"), "--plot", str(tmp_path / "b.png"), timeout=120)
     assert r.returncode == 0, r.stderr
     assert "|       PP |       TG |        B |     N_KV |   T_PP s | S_PP t/s |" in r.stdout
     data = json.loads((tmp_path / "b.json").read_text())
@@ -190,30 +188,27 @@ def test_bench_prints_the_batched_bench_table_and_the_runner_overhead(tmp_path, 
     assert (tmp_path / "b.png").read_bytes().startswith(b"\x89PNG")
     assert data["runner"][0]["B"] == 4 and data["runner"][0]["runner S t/s"] > 0
     assert (tmp_path / "b.csv").read_text().startswith("PP,TG,B,N_KV")
-    bad = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", demo_model, "--npl", "0"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    bad = cli("bench", "--model", demo_model, "--npl", "0", timeout=60)
     assert bad.returncode == 2 and "--npl: expected integers >= 1" in bad.stderr
 
 
 def test_bench_runner_row_with_several_workers(tmp_path, demo_model):
     n_cores = len(os.sched_getaffinity(0))
-    r = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", demo_model, "--npp", "16", "--ntg", "4",
-                        "--npl", "2", "--workers", str(n_cores), "--json", str(tmp_path / "b.json")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = cli("bench", "--model", demo_model, "--npp", "16", "--ntg", "4",
+                "--npl", "2", "--workers", str(n_cores), "--json", str(tmp_path / "b.json"), timeout=120)
     assert r.returncode == 0, r.stderr
     (row,) = json.loads((tmp_path / "b.json").read_text())["runner"]
     assert row["workers"] == n_cores and row["runner S t/s"] > 0
     assert f"{n_cores} pinned worker process(es) × 1 threads" in r.stdout
-    bad = subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", demo_model,
-                          "--workers", str(n_cores + 1)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    bad = cli("bench", "--model", demo_model,
+                  "--workers", str(n_cores + 1), timeout=60)
     assert bad.returncode == 2 and f"{n_cores + 1} workers need at least {n_cores + 1} cores" in bad.stderr
 
 
 @pytest.mark.slow
 def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, demo_model, questions_file):
-    r = subprocess.run([sys.executable, "-m", "ggbatch", "tune", "--model", demo_model, "--input", questions_file(8),
-                        "--questions", "8", "--max-tokens", "8", "--slots", "2,4"],
+    r = subprocess.run(ggbatch_command("tune", "--model", demo_model, "--input", questions_file(8),
+                                       "--questions", "8", "--max-tokens", "8", "--slots", "2,4"),
                        cwd=ROOT, capture_output=True, text=True, timeout=200,
                        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
@@ -230,8 +225,8 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, demo_model, qu
                                                if len(os.sched_getaffinity(0)) % w == 0)
     assert {t["repack"] for t in entry["trials"]} == {True, False}
     out, report = tmp_path / "a.json", tmp_path / "r.json"
-    r = subprocess.run([sys.executable, "-m", "ggbatch", "run", "--model", demo_model, "--input", questions_file(8),
-                        "--output", str(out), "--max-tokens", "4", "--report", str(report)],
+    r = subprocess.run(ggbatch_command("run", "--model", demo_model, "--input", questions_file(8),
+                                       "--output", str(out), "--max-tokens", "4", "--report", str(report)),
                        cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
@@ -257,9 +252,9 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, questions_file):
     model = mg.quantize(src, tmp_path / "q4.gguf", "q4_k_m")
     for repack in ("true", "false"):
         report = tmp_path / f"r-{repack}.json"
-        r = subprocess.run([sys.executable, "-m", "ggbatch", "run", "--model", str(model), "--input", questions_file(4),
-                            "--output", str(tmp_path / f"a-{repack}.json"), "--max-tokens", "4",
-                            "--repack", repack, "--report", str(report)],
+        r = subprocess.run(ggbatch_command("run", "--model", str(model), "--input", questions_file(4),
+                                           "--output", str(tmp_path / f"a-{repack}.json"), "--max-tokens", "4",
+                                           "--repack", repack, "--report", str(report)),
                            cwd=ROOT, capture_output=True, text=True, timeout=120,
                            env={**os.environ, "GGBATCH_LLAMA_LOG": "1"})
         assert r.returncode == 0, r.stderr[-2000:]

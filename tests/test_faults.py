@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from conftest import ROOT
-from helpers import wait_for, write_jsonl, write_questions
+from helpers import ggbatch_command, wait_for, write_jsonl, write_questions
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model, pytest.mark.slow]
 
@@ -27,9 +27,9 @@ def cmd(model, questions, out, *extra, slots=4):
     # batch-invariant: answers do not depend on batch composition, so a resumed or disturbed run
     # must give byte-identical output. 4 slots per worker: most questions are still waiting when
     # a test strikes, so the job cannot finish in the same instant.
-    return [sys.executable, "-m", "ggbatch", "run", "--model", str(model), "--input", str(questions),
-            "--output", str(out), "--workers", "2", "--slots", str(slots), "--max-tokens", str(MAX_TOKENS),
-            "--batch-invariant", "--progress", "log", *map(str, extra)]
+    return ggbatch_command("run", "--model", model, "--input", questions, "--output", out, "--workers", 2,
+                           "--slots", slots, "--max-tokens", MAX_TOKENS, "--batch-invariant", "--progress", "log",
+                           *extra)
 
 
 def journal_entries(out) -> int:
@@ -270,8 +270,8 @@ def test_a_second_run_on_the_same_output_is_refused(reference, tmp_path):
 def test_changed_setting_refuses_the_journal_until_fresh(reference, tmp_path):
     model, questions, _ = reference
     out = tmp_path / "answers.json"
-    base = [sys.executable, "-m", "ggbatch", "run", "--model", str(model), "--input", str(questions),
-            "--output", str(out), "--max-tokens", "8"]
+    base = ggbatch_command("run", "--model", str(model), "--input", str(questions),
+                           "--output", str(out), "--max-tokens", "8")
     assert subprocess.run(base, cwd=ROOT, capture_output=True, timeout=120).returncode == 0
     r = subprocess.run([*base, "--temperature", "0.5"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import ROOT
 from ggbatch.workers.llama.load_errors import describe_load_failure
+from helpers import ggbatch_command
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.model]
 
@@ -106,8 +107,8 @@ def load_in_subprocess(path, **kwargs):
 def run(model, tmp_path, **kwargs):
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"questionID": "a", "question": "Hi?"}) + "\n")
-    return subprocess.run([sys.executable, "-m", "ggbatch", "run", "--model", str(model), "--input", str(questions),
-                           "--output", str(tmp_path / "a.json"), "--max-tokens", "2"], cwd=ROOT,
+    return subprocess.run(ggbatch_command("run", "--model", str(model), "--input", str(questions),
+                                          "--output", str(tmp_path / "a.json"), "--max-tokens", "2"), cwd=ROOT,
                           capture_output=True, text=True, timeout=90, **kwargs)
 
 

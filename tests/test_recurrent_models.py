@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from array import array
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from ggbatch.workers.engine.prefix_cache import Start
 from ggbatch.workers.engine.scheduler import Scheduler
 from ggbatch.workers.engine.sequence import Sequence
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
-from helpers import answers_of
+from helpers import answers_of, ggbatch_command
 
 ARCHS = {"mamba2-tiny": ("mamba2", MemoryKind.RECURRENT), "lfm2-tiny": ("lfm2", MemoryKind.HYBRID)}
 WORDS = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()
@@ -257,9 +256,9 @@ def test_a_refused_removal_raises_and_is_never_passed_over(models):
 
 
 def ggbatch_run(model: str, questions: Path, out: Path, *extra: str) -> tuple[dict, str]:
-    args = [sys.executable, "-m", "ggbatch", "run", "--model", model, "--input", str(questions),
-            "--output", str(out), "--report", f"{out}.report.json", "--workers", "1",
-            "--max-tokens", str(MAX_TOKENS), "--progress", "off", *extra]
+    args = ggbatch_command("run", "--model", model, "--input", str(questions),
+                           "--output", str(out), "--report", f"{out}.report.json", "--workers", "1",
+                           "--max-tokens", str(MAX_TOKENS), "--progress", "off", *extra)
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr
     return json.loads(Path(f"{out}.report.json").read_text()), done.stderr

@@ -5,7 +5,6 @@ only for the prompt it answered (a relabelled CSV header asks other questions)."
 
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +12,7 @@ from conftest import ROOT
 from fake_engine import Fake
 from ggbatch import build_config
 from ggbatch.runner.job import run_job
-from helpers import choice_records
+from helpers import choice_records, ggbatch_command
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
           "additionalProperties": False}
@@ -47,9 +46,9 @@ def _run(tmp_path, demo_model, flags, questions):
              for f in flags]
     job_file = [f for f in given if f.endswith(".yaml")]
     flags = [f for f in given if not f.endswith(".yaml")]
-    cmd = [sys.executable, "-m", "ggbatch", "run", *job_file, "--model", demo_model, "--input", tmp_path / questions,
-           "--output", tmp_path / "a.jsonl", "--report", tmp_path / "report.json", "--max-tokens", "6",
-           "--workers", "1", "--threads", "1", "--slots", "4", *flags]
+    cmd = ggbatch_command("run", *job_file, "--model", demo_model, "--input", tmp_path / questions,
+                          "--output", tmp_path / "a.jsonl", "--report", tmp_path / "report.json", "--max-tokens", "6",
+                          "--workers", "1", "--threads", "1", "--slots", "4", *flags)
     return subprocess.run(list(map(str, cmd)), cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

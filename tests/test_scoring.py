@@ -3,12 +3,10 @@
 import json
 import math
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import DATA, ROOT, require
+from conftest import DATA, require
 from ggbatch.runner.cli import build_parser
 from ggbatch.runner.errors import InputError
 from ggbatch.runner.scoring.command import cmd_score
@@ -26,7 +24,7 @@ from ggbatch.runner.scoring.rules import (
     tally,
 )
 from ggbatch.runner.scoring.table import ScoreResult, format_table, score
-from helpers import write_jsonl
+from helpers import ggbatch, write_jsonl
 
 MMLU = DATA / "mmlu" / "questions.jsonl"
 GSM8K_RAW = DATA / "gsm8k" / "raw" / "grade_school_math" / "data" / "test.jsonl"
@@ -273,8 +271,7 @@ def test_score_csv_answers_by_custom_id_column(tmp_path, capsys):
 
 
 def score_cli(*args):
-    return subprocess.run([sys.executable, "-m", "ggbatch", "score", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return ggbatch("score", *args, timeout=60)
 
 
 def test_unreadable_input_is_one_line_exit_2(tmp_path):
@@ -306,9 +303,7 @@ def test_run_then_score_on_mmlu_with_a_real_model(tmp_path, stories):
     records = [json.loads(line) for line in require(MMLU, "MMLU's real records").read_text().splitlines()[:6]]
     questions = write_jsonl(tmp_path / "mmlu.jsonl", records)
     out = tmp_path / "answers.jsonl"
-    r = subprocess.run([sys.executable, "-m", "ggbatch", "run", "--model", stories, "--input", questions,
-                        "--output", str(out), "--max-tokens", "8", "--score"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=200)
+    r = ggbatch("run", "--model", stories, "--input", questions, "--output", out, "--max-tokens", 8, "--score")
     assert r.returncode == 0, r.stderr
     assert f"score of {out} against {questions} (extraction: letter 6)" in r.stdout
     row = [line.split() for line in r.stdout.splitlines() if line.startswith("all ")][0]

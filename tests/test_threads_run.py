@@ -19,7 +19,7 @@ from conftest import ROOT, two_cores
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet
 from ggbatch.workers.spec import WorkerSpec
-from helpers import wait_for
+from helpers import ggbatch_command, wait_for
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.model]
 
@@ -113,8 +113,8 @@ def test_a_real_worker_runs_the_thread_count_it_is_told(demo_model):
 def test_a_run_beside_a_busy_loop_gives_a_thread_up_and_says_why(tmp_path, demo_model, questions_file):
     two_cores()
     out, report = tmp_path / "a.json", tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "ggbatch", "run", "--model", demo_model, "--input", questions_file(48),
-           "--output", str(out), "--report", str(report), "--max-tokens", "128", "--ignore-eos", "--progress", "log"]
+    cmd = ggbatch_command("run", "--model", demo_model, "--input", questions_file(48), "--output", out,
+                          "--report", report, "--max-tokens", 128, "--ignore-eos", "--progress", "log")
     with busy_loop() as loop:
         wait_for(lambda: sum(psutil.Process(loop.pid).cpu_times()[:2]) >= 0.3, 30, "the busy loop burning a core")
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
