@@ -114,3 +114,67 @@ def answers_of(engine: Any, questions: Iterable[Any]) -> dict[str, Answer]:
         for a in engine.step():
             out[a.qid] = a
     return out
+
+
+# -- a model's answers, engine against each prompt decoded alone --------------------------------
+
+STORY_WORDS = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()
+
+
+def alone(model: str, tokens: Iterable[int], max_tokens: int, flash_attn: bool = True) -> str:
+    """The greedy answer of one prompt decoded alone in a fresh llama.cpp context. flash_attn as
+    the engine has it: with random weights a near-tie between two tokens can go either way
+    between flash attention and the plain kernels."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=model, n_ctx=1024, n_batch=512, flash_attn=flash_attn, verbose=False)
+    try:
+        return llm.create_completion(list(tokens), max_tokens=max_tokens, temperature=0)["choices"][0]["text"]
+    finally:
+        llm.close()
+
+
+def chat_questions(tokenizer: Any, texts: list[str], system: Optional[str] = None) -> list[Any]:
+    """Questions as the coordinator makes them: each text in the model's chat template, tokenized."""
+    from array import array
+
+    from ggbatch.runner.questions.prompts import PromptBuilder
+    from ggbatch.workers.protocol import Question
+
+    b = PromptBuilder(tokenizer.chat_template, system=system, bos_token=tokenizer.bos_text,
+                      eos_token=tokenizer.eos_text)
+    out = []
+    for i, text in enumerate(texts):
+        prompt = b.render(text)
+        out.append(Question(f"q{i}", array("i", tokenizer.tokenize(prompt, add_bos=b.needs_bos(prompt))), i))
+    return out
+
+
+def passage_texts(n_passages: int, per_passage: int, seed: int = 1, words: int = 60) -> list[str]:
+    """Questions on shared passages (the prefix cache's case), shuffled."""
+    rng = random.Random(seed)
+    passages = [" ".join(rng.choice(STORY_WORDS) for _ in range(words)) for _ in range(n_passages)]
+    texts = [f"Story: {p}\nQuestion {j}: what did the {rng.choice(STORY_WORDS)} do?" for p in passages
+             for j in range(per_passage)]
+    rng.shuffle(texts)
+    return texts
+
+
+def engine_answers(model: str, questions: list[Any], slots: int, prefix: Any, max_tokens: int,
+                   stats: Optional[dict] = None, **config: Any) -> dict[str, str]:
+    """qid -> text from a LlamaEngine of `slots` slots (n_ctx_seq 512, n_batch 256) with the shared
+    prefix `prefix` and the EngineConfig fields in `config`; every answer must be without error.
+    `stats` gets the engine's counters and its memory kind."""
+    from ggbatch.workers.llama.engine import LlamaEngine
+    from ggbatch.workers.protocol import EngineConfig, GenerationParams
+
+    engine = LlamaEngine(EngineConfig(model, 1, slots, 512, 256, prefix, GenerationParams(max_tokens=max_tokens),
+                                      **config), worker_id=0)
+    try:
+        answers = answers_of(engine, questions)
+        assert all(a.error is None for a in answers.values()), answers
+        if stats is not None:
+            stats.update(engine.stats(), memory=engine.memory_kind)
+        return {qid: a.text for qid, a in answers.items()}
+    finally:
+        engine.close()

@@ -65,7 +65,7 @@ def sparse_model(path, shape="qwen3-1.7b-like"):
     writer.add_layer_norm_rms_eps(dims.rms_eps)
     tokenizer.add_to(writer)
     data_bytes = 0
-    for name, shape_ in modelgen._tensor_specs(dims, tokenizer.vocab_size):
+    for name, shape_ in dims.tensor_specs(tokenizer.vocab_size):
         dtype = np.dtype(np.float32 if len(shape_) == 1 else np.float16)
         nbytes = int(np.prod(shape_)) * dtype.itemsize
         writer.add_tensor_info(name, shape_, dtype, nbytes)

@@ -11,7 +11,6 @@ a refused removal raises instead of decoding from the wrong state."""
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 from array import array
 from pathlib import Path
@@ -23,16 +22,15 @@ import pytest
 from conftest import ROOT
 from ggbatch.runner.model.make import modelgen as mg
 from ggbatch.runner.questions.prepare import common_prefix
-from ggbatch.runner.questions.prompts import PromptBuilder
 from ggbatch.workers.engine.memory_kind import KvRefused, MemoryKind
 from ggbatch.workers.engine.prefix_cache import Start
 from ggbatch.workers.engine.scheduler import Scheduler
 from ggbatch.workers.engine.sequence import Sequence
-from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
-from helpers import answers_of, ggbatch_command
+from ggbatch.workers.protocol import Question
+from helpers import STORY_WORDS, alone, chat_questions, engine_answers, ggbatch_command, passage_texts
 
 ARCHS = {"mamba2-tiny": ("mamba2", MemoryKind.RECURRENT), "lfm2-tiny": ("lfm2", MemoryKind.HYBRID)}
-WORDS = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()
+WORDS = STORY_WORDS
 SYSTEM = "You answer questions about small stories in a few words, and you never say more than you know."
 MAX_TOKENS = 10
 
@@ -87,21 +85,8 @@ def tokenizers(models):
         tok.close()
 
 
-def alone(model: str, tokens: array, max_tokens: int = MAX_TOKENS, flash_attn: bool = True) -> str:
-    """The greedy answer of one prompt decoded alone in a fresh llama.cpp context. flash_attn as
-    the engine has it: with random weights a near-tie between two tokens can go either way
-    between flash attention and the plain kernels (1 of 6 prompts on lfm2-tiny)."""
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=model, n_ctx=1024, n_batch=512, flash_attn=flash_attn, verbose=False)
-    try:
-        return llm.create_completion(list(tokens), max_tokens=max_tokens, temperature=0)["choices"][0]["text"]
-    finally:
-        llm.close()
-
-
 def references(model: str, qs: list[Question], flash_attn: bool = True) -> dict[str, str]:
-    return {q.qid: alone(model, q.tokens, flash_attn=flash_attn) for q in qs}
+    return {q.qid: alone(model, q.tokens, MAX_TOKENS, flash_attn=flash_attn) for q in qs}
 
 
 @pytest.mark.model
@@ -148,67 +133,33 @@ def test_arch_shapes_tensor_lists_follow_llama_cpp():
 # -- the engine on them -------------------------------------------------------------------------
 
 
-def make_questions(tokenizer, texts: list[str], system: str | None = None) -> list[Question]:
-    b = PromptBuilder(tokenizer.chat_template, system=system, bos_token=tokenizer.bos_text,
-                      eos_token=tokenizer.eos_text)
-    out = []
-    for i, text in enumerate(texts):
-        prompt = b.render(text)
-        out.append(Question(f"q{i}", tokenizer.tokenize(prompt, add_bos=b.needs_bos(prompt)), i))
-    return out
-
-
-def passage_texts(n_passages: int, per_passage: int, seed: int = 1, words: int = 60) -> list[str]:
-    rng = random.Random(seed)
-    passages = [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n_passages)]
-    texts = [f"Story: {p}\nQuestion {j}: what did the {rng.choice(WORDS)} do?" for p in passages
-             for j in range(per_passage)]
-    rng.shuffle(texts)
-    return texts
-
-
-def run_engine(model: str, qs: list[Question], slots: int, prefix: array, stats: dict | None = None,
-               **config) -> dict[str, str]:
-    from ggbatch.workers.llama.engine import LlamaEngine
-
-    engine = LlamaEngine(EngineConfig(model, 1, slots, 512, 256, prefix, GenerationParams(max_tokens=MAX_TOKENS),
-                                      **config), worker_id=0)
-    try:
-        answers = answers_of(engine, qs)
-        assert all(a.error is None for a in answers.values()), answers
-        if stats is not None:
-            stats.update(engine.stats(), memory=engine.memory_kind)
-        return {qid: a.text for qid, a in answers.items()}
-    finally:
-        engine.close()
-
-
 @pytest.mark.model
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", list(ARCHS))
 def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(models, tokenizers, name):
     model, tok = models[name], tokenizers[name]
-    plain = make_questions(tok, [f"Question {i}: what did the {w} do?" for i, w in enumerate(WORDS[:6])])
-    with_system = make_questions(tok, [f"What did the {w} do next?" for w in WORDS[6:11]], system=SYSTEM)
+    plain = chat_questions(tok, [f"Question {i}: what did the {w} do?" for i, w in enumerate(WORDS[:6])])
+    with_system = chat_questions(tok, [f"What did the {w} do next?" for w in WORDS[6:11]], system=SYSTEM)
     system_prompt = with_system[0].tokens[:len(common_prefix([q.tokens for q in with_system]))]
     # The system prompt decoded once as the shared prefix; besides the prompts that hold all of
     # it, one that shares only part of it and one that is exactly it.
     partial = Question("partial", array("i", [*system_prompt[:len(system_prompt) // 2], *plain[0].tokens[1:]]), 90)
     exact = Question("exact", array("i", system_prompt), 91)
     shared = [*with_system, partial, exact]
-    passages = make_questions(tok, passage_texts(4, 3))
+    passages = chat_questions(tok, passage_texts(4, 3))
     passage_prefix = array("i", common_prefix([q.tokens for q in passages]))  # as the coordinator finds it
     want = {"plain": references(model, plain), "shared": references(model, shared),
             "passages": references(model, passages)}
     for slots in (1, 4):
-        assert run_engine(model, plain, slots, array("i")) == want["plain"]
+        assert engine_answers(model, plain, slots, array("i"), MAX_TOKENS) == want["plain"]
         stats: dict = {}
-        assert run_engine(model, shared, slots, system_prompt, stats) == want["shared"]
+        assert engine_answers(model, shared, slots, system_prompt, MAX_TOKENS, stats) == want["shared"]
         # Copied whole into the prompts that go on past it; the other two computed from the start.
         assert stats["prompt_reused"] == len(system_prompt) * len(with_system)
         # Passages: the prefix cache as the coordinator asks for it (one stream per sequence).
         stats = {}
-        got = run_engine(model, passages, slots, passage_prefix, stats, kv_unified=False, prefix_cache=True)
+        got = engine_answers(model, passages, slots, passage_prefix, MAX_TOKENS, stats, kv_unified=False,
+                             prefix_cache=True)
         assert got == want["passages"]
         assert stats["memory"] is ARCHS[name][1] and stats["prefix_hits"] == 0 and stats["kept_tokens_peak"] == 0
 
@@ -218,11 +169,11 @@ def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(models, tok
 @pytest.mark.parametrize("name", list(ARCHS))
 def test_batch_invariant_mode_on_recurrent_memory_answers_as_alone(models, tokenizers, name):
     model, tok = models[name], tokenizers[name]
-    qs = make_questions(tok, passage_texts(2, 3, seed=5), system=SYSTEM)
+    qs = chat_questions(tok, passage_texts(2, 3, seed=5), system=SYSTEM)
     prefix = array("i", common_prefix([q.tokens for q in qs]))
     want = references(model, qs, flash_attn=False)
     for slots in (1, 3):
-        assert run_engine(model, qs, slots, prefix, kv_unified=False, flash_attn=False, repack=False,
+        assert engine_answers(model, qs, slots, prefix, MAX_TOKENS, kv_unified=False, flash_attn=False, repack=False,
                           batch_invariant=True, prefix_cache=True) == want
 
 
@@ -257,8 +208,8 @@ def test_a_refused_removal_raises_and_is_never_passed_over(models):
 
 def ggbatch_run(model: str, questions: Path, out: Path, *extra: str) -> tuple[dict, str]:
     args = ggbatch_command("run", "--model", model, "--input", str(questions),
-                           "--output", str(out), "--report", f"{out}.report.json", "--workers", "1",
-                           "--max-tokens", str(MAX_TOKENS), "--progress", "off", *extra)
+            "--output", str(out), "--report", f"{out}.report.json", "--workers", "1",
+            "--max-tokens", str(MAX_TOKENS), "--progress", "off", *extra)
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr
     return json.loads(Path(f"{out}.report.json").read_text()), done.stderr
@@ -274,8 +225,8 @@ def test_a_passage_job_with_a_system_prompt_answers_as_alone_with_no_restart(mod
     rows = [{"questionID": f"r{i}", "question": t} for i, t in enumerate(texts)]
     questions = tmp_path / "q.jsonl"
     questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    qs = make_questions(tok, texts, system=SYSTEM)
-    want = {f"r{i}": alone(model, q.tokens).strip() for i, q in enumerate(qs)}  # answers files strip
+    qs = chat_questions(tok, texts, system=SYSTEM)
+    want = {f"r{i}": alone(model, q.tokens, MAX_TOKENS).strip() for i, q in enumerate(qs)}  # answers files strip
     for slots in ("1", "4"):
         out = tmp_path / f"a{slots}.json"
         report, stderr = ggbatch_run(model, questions, out, "--slots", slots, "--system", SYSTEM)

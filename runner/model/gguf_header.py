@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Union
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -23,6 +23,10 @@ STRING, ARRAY = 8, 9  # gguf_type values with a length of their own
 # gguf_type -> size in bytes of one scalar value
 SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 UINT_FORMAT = {0: "<B", 2: "<H", 4: "<I", 10: "<Q"}  # the types general.alignment may have
+# gguf_type -> struct format of one scalar (uint8, int8, uint16, int16, uint32, int32, float32,
+# bool, uint64, int64, float64)
+SCALAR_FORMAT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+HParam = Union[int, float, bool, str, list]
 
 
 class GGUFFormatError(ValueError):
@@ -138,3 +142,40 @@ def _parse(cur: _Cursor) -> GGUFLayout:
     header_end = cur.pos
     data_start = -(-header_end // alignment) * alignment
     return GGUFLayout(version, header_end, data_start, tuple(data_start + o for o in relative), cur.size)
+
+
+def read_hparams(path: str) -> dict[str, HParam]:
+    """The metadata of the GGUF file at `path` other than the tokenizer's: scalars as Python
+    values, arrays of numbers or booleans as lists (per-layer values, such as head_count_kv of a
+    hybrid, whose layers without attention have 0 KV heads, which llama.cpp's metadata text
+    leaves out). Arrays of strings are skipped."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        cur = _Cursor(f, size)
+        if size < 24 or cur.take(4) != MAGIC or cur.u32() < 2:
+            raise GGUFFormatError(f"{path}: not a GGUF v2+ file")
+        _, n_kv = cur.u64(), cur.u64()
+        out: dict[str, HParam] = {}
+        for _ in range(n_kv):
+            key, kind = cur.string().decode("utf-8", "replace"), cur.u32()
+            if key.startswith("tokenizer."):
+                cur.skip_value(kind)
+            elif (value := _value(cur, kind)) is not None:
+                out[key] = value
+        return out
+
+
+def _value(cur: _Cursor, kind: int) -> HParam | None:
+    """The value at the cursor (consumed either way); None for what read_hparams skips."""
+    if kind in SCALAR_FORMAT:
+        return struct.unpack("<" + SCALAR_FORMAT[kind], cur.take(SCALAR_SIZE[kind]))[0]
+    if kind == STRING:
+        return cur.string().decode("utf-8", "replace")
+    if kind == ARRAY:
+        item, count = cur.u32(), cur.u64()
+        if item in SCALAR_FORMAT:
+            return list(struct.unpack(f"<{count}{SCALAR_FORMAT[item]}", cur.take(count * SCALAR_SIZE[item])))
+        cur.pos -= 12  # back to the array's header, skipped whole
+    cur.skip_value(kind)
+    return None

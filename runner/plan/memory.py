@@ -7,7 +7,9 @@ What a worker holds, as llama.cpp reports it and as PSS measures it (28 × 1024 
   the repacked kernels take (llama.cpp's CPU_REPACK buffer: 161 MiB of that 405 MiB model,
   about 40%), so every worker pays it again;
 - its KV cache: layers × KV heads × head size × 2 (K and V) × 2 bytes (f16) per cell, with the
-  cell count rounded up to a multiple of 256 as llama.cpp does;
+  cell count rounded up to a multiple of 256 as llama.cpp does; only the attention layers count,
+  and a recurrent layer's state counts once per sequence (runner/plan/layers.py reads both from
+  the GGUF header);
 - the logits of one step and the part of the compute buffer a step touches (llama.cpp reserves
   300 MiB for it, but only about n_batch × n_embd × 80 bytes is ever written), and the
   interpreter and libraries (~45 MiB).
@@ -20,7 +22,10 @@ fails the load when the layers do not fit there; the plan says so (`vram`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
+
+from ..model.gguf_header import HParam
+from .layers import LayerMemory, layer_memory
 
 MIB = 1 << 20
 OVERHEAD_PER_PROCESS = 45 * MIB  # Python, numpy, llama.cpp's code
@@ -38,10 +43,18 @@ class ModelDims:
     head_dim: int
     n_vocab: int
     n_ff: int = 0
+    layers: Optional[LayerMemory] = None  # per layer, from the GGUF header; None: every layer attention
 
     @property
     def kv_bytes_per_cell(self) -> int:
+        if self.layers is not None:
+            return self.layers.kv_bytes_per_cell
         return self.n_layer * self.n_head_kv * self.head_dim * 2 * 2  # K and V, f16
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        """The recurrent layers' state of one sequence (0 for attention only)."""
+        return self.layers.state_bytes_per_seq if self.layers is not None else 0
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,8 @@ def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callabl
     Without repacking, a worker's weights are the shared file pages alone. `cpu_share`: of the
     layers, those kept in RAM (the others' weights and KV cache are in VRAM)."""
     cells = _round_up(kv_cells_for(slots))
-    kv = int(cells * dims.kv_bytes_per_cell * cpu_share)
+    # llama.cpp keeps a recurrent state for each sequence: every slot and the shared prefix's.
+    kv = int((cells * dims.kv_bytes_per_cell + (slots + 1) * dims.state_bytes_per_seq) * cpu_share)
     compute = compute_bytes(dims, n_batch, slots)
     weights = int(dims.file_bytes * REPACKED_SHARE * cpu_share) if repacked else 0
     file_pages = int(dims.file_bytes * cpu_share)
@@ -138,8 +152,11 @@ def describe(plan: MemoryPlan) -> str:
             f"{plan.available / MIB:.0f} MiB available" + (f"; {plan.vram}" if plan.vram else ""))
 
 
-def dims_from_metadata(meta: Callable[[str], Optional[str]], file_bytes: int, n_vocab: int) -> ModelDims:
-    """ModelDims from GGUF metadata (`meta(key)` returns the value as text or None)."""
+def dims_from_metadata(meta: Callable[[str], Optional[str]], file_bytes: int, n_vocab: int,
+                       hparams: Optional[Mapping[str, HParam]] = None) -> ModelDims:
+    """ModelDims from GGUF metadata (`meta(key)` returns the value as text or None), and the
+    per-layer memory from the header's values (`hparams`: runner/model/gguf_header.py
+    read_hparams), which the text lacks: a hybrid's KV heads per layer."""
     arch = meta("general.architecture") or "llama"
 
     def num(key: str, default: int = 0) -> int:
@@ -154,4 +171,4 @@ def dims_from_metadata(meta: Callable[[str], Optional[str]], file_bytes: int, n_
     head_dim = num("attention.key_length", n_embd // n_head)
     return ModelDims(file_bytes, num("block_count", 1), n_embd, n_head,
                      num("attention.head_count_kv", n_head) or n_head, head_dim, n_vocab,
-                     num("feed_forward_length", 4 * n_embd))
+                     num("feed_forward_length", 4 * n_embd), layer_memory(hparams) if hparams else None)

@@ -31,6 +31,7 @@ from ..config.schema import JobConfig
 from ..errors import ConfigError
 from ..files.inputs import Record
 from ..journal.journal import Journal
+from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
 from ..plan.layout import PromptFacts
 from ..plan.memory import ModelDims, dims_from_metadata
 from .maker import QuestionMaker, QuestionSet
@@ -75,7 +76,8 @@ class Preparer:
         max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
         self.generation = GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
         self.template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
-        self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)
+        self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab,
+                                                  _hparams(model_path))
         self.info: VocabInfo = info
         self.model_name = info.metadata.get("general.name") or Path(model_path).stem
         self._maker: Optional[QuestionMaker] = None
@@ -196,3 +198,13 @@ def common_prefix(prompts: Sequence[array]) -> array:
         if n == 0:
             break
     return prompts[0][:n]
+
+
+def _hparams(model_path: str) -> Optional[dict[str, HParam]]:
+    """The header's hyper-parameters for the memory plan; None (every layer counted as attention,
+    said in the log) where the header cannot be read as llama.cpp did."""
+    try:
+        return read_hparams(model_path)
+    except (OSError, GGUFFormatError) as e:
+        log.warning("%s: the memory plan counts every layer as attention (%s)", model_path, e)
+        return None

@@ -34,8 +34,9 @@ def _add_make_model(sub: Any) -> None:
                                     "tests without downloading a model.")
     mm.add_argument("out", help="GGUF file to write")
     mm.add_argument("--shape", default="bench-28x1024",
-                    help="llama: demo, bench-28x1024, qwen3-0.6b-like, qwen3-1.7b-like; recurrent and "
-                         "hybrid memory: mamba2-tiny, lfm2-tiny")
+                    help="llama: demo, bench-28x1024, qwen3-0.6b-like, qwen3-1.7b-like; tiny models of other "
+                         "architectures: qwen3-tiny (QK-norm), qwen3moe-tiny (experts), gemma3-tiny "
+                         "(sliding window), mamba2-tiny (recurrent), lfm2-tiny, qwen35-tiny (hybrid)")
     mm.add_argument("--vocab", help="vocab-only GGUF whose tokenizer and chat template to copy "
                                     "(default: the project's own small tokenizer)")
     mm.add_argument("--quant", help="q4_k_m, q8_0, q4_0, ... (default: unquantized f16)")

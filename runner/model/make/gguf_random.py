@@ -1,7 +1,7 @@
 """Write a random-weight GGUF of any architecture: the part every generated model shares.
 
-An architecture's module (modelgen.py for llama, mamba2_gen.py, lfm2_gen.py) gives its tensor
-names and shapes, its hyper-parameters and the tensors that must not be random; this writes the
+An architecture's shape (shape.py and a module per architecture: llama_gen.py, qwen3_gen.py, ...)
+gives its tensor names and shapes, its hyper-parameters and the tensors that must not be random; this writes the
 file, byte-for-byte deterministic for a seed, one tensor at a time so a big model never sits in RAM.
 """
 

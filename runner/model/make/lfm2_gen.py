@@ -9,83 +9,49 @@ src/llama-arch.cpp, and its converter conversion/lfm2.py, in the llama.cpp that 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import gguf
-import numpy as np
 
 from .gguf_random import TensorSpec
+from .shape import AttentionShape
 
 ARCH = "lfm2"
 
 
-@dataclass(frozen=True)
-class Lfm2Shape:
+@dataclass(frozen=True, kw_only=True)
+class Lfm2Shape(AttentionShape):
     """attention_layers: the indices of the attention layers; the others are convolutions of
     l_cache taps. Tied embeddings by default, as the released LFM2 models."""
 
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    n_ff: int
-    n_ctx: int
+    arch = ARCH
     attention_layers: tuple[int, ...]
     l_cache: int = 3
     rope_freq_base: float = 1e6
-    rms_eps: float = 1e-5
     tied_embeddings: bool = True
-    arch: str = ARCH
-
-    @property
-    def weight_std(self) -> float:
-        """1/sqrt(n_embd): large enough that what a sequence's state holds changes its next
-        token (tests compare answers that depend on the whole prompt), small enough to stay finite."""
-        return self.n_embd ** -0.5
+    std_by_width: bool = True
 
     def __post_init__(self) -> None:
-        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
-            raise ValueError(f"n_embd must divide by n_head and n_head by n_head_kv: {self}")
+        super().__post_init__()
         if not set(self.attention_layers) <= set(range(self.n_layer)):
             raise ValueError(f"attention_layers must be layer indices below n_layer: {self}")
 
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    def tensor_specs(self, n_vocab: int) -> list[TensorSpec]:
+    def layer_specs(self, i: int) -> list[TensorSpec]:
         """Numpy shapes: llama.cpp's ne reversed (llama_model_lfm2::load_arch_tensors)."""
-        e, kv, ff = self.n_embd, self.n_head_kv * self.head_dim, self.n_ff
-        specs: list[TensorSpec] = [("token_embd.weight", (n_vocab, e))]
-        for i in range(self.n_layer):
-            specs += [(f"blk.{i}.attn_norm.weight", (e,)), (f"blk.{i}.ffn_norm.weight", (e,)),
-                      (f"blk.{i}.ffn_gate.weight", (ff, e)), (f"blk.{i}.ffn_up.weight", (ff, e)),
-                      (f"blk.{i}.ffn_down.weight", (e, ff))]
-            if i in self.attention_layers:
-                specs += [(f"blk.{i}.attn_q_norm.weight", (self.head_dim,)),
-                          (f"blk.{i}.attn_k_norm.weight", (self.head_dim,)),
-                          (f"blk.{i}.attn_q.weight", (e, e)), (f"blk.{i}.attn_k.weight", (kv, e)),
-                          (f"blk.{i}.attn_v.weight", (kv, e)), (f"blk.{i}.attn_output.weight", (e, e))]
-            else:
-                specs += [(f"blk.{i}.shortconv.conv.weight", (e, self.l_cache)),
-                          (f"blk.{i}.shortconv.in_proj.weight", (3 * e, e)),
-                          (f"blk.{i}.shortconv.out_proj.weight", (e, e))]
-        specs.append(("token_embd_norm.weight", (e,)))  # llama.cpp's name for LFM2's output norm
-        if not self.tied_embeddings:
-            specs.append(("output.weight", (n_vocab, e)))
-        return specs
+        e = self.n_embd
+        specs: list[TensorSpec] = [(f"blk.{i}.attn_norm.weight", (e,)), (f"blk.{i}.ffn_norm.weight", (e,)),
+                                   *self.ffn_specs(i)]
+        if i in self.attention_layers:
+            return specs + self.attention_specs(i, qk_norm=True)
+        return specs + [(f"blk.{i}.shortconv.conv.weight", (e, self.l_cache)),
+                        (f"blk.{i}.shortconv.in_proj.weight", (3 * e, e)),
+                        (f"blk.{i}.shortconv.out_proj.weight", (e, e))]
+
+    def output_specs(self, n_vocab: int, norm: str = "token_embd_norm.weight") -> list[TensorSpec]:
+        return super().output_specs(n_vocab, norm)  # llama.cpp's name for LFM2's output norm
+
+    def head_count_kv(self) -> int | list[int]:
+        return [self.n_head_kv if i in self.attention_layers else 0 for i in range(self.n_layer)]
 
     def add_hyperparameters(self, writer: gguf.GGUFWriter) -> None:
-        writer.add_context_length(self.n_ctx)
-        writer.add_embedding_length(self.n_embd)
-        writer.add_block_count(self.n_layer)
-        writer.add_feed_forward_length(self.n_ff)
-        writer.add_head_count(self.n_head)
-        writer.add_head_count_kv([self.n_head_kv if i in self.attention_layers else 0
-                                  for i in range(self.n_layer)])
-        writer.add_rope_freq_base(self.rope_freq_base)
-        writer.add_layer_norm_rms_eps(self.rms_eps)
+        super().add_hyperparameters(writer)
         writer.add_shortconv_l_cache(self.l_cache)
-
-    def fill(self, name: str, shape: tuple[int, ...]) -> Optional[np.ndarray]:
-        return None  # every tensor as gguf_random writes it: norms at 1, the rest random

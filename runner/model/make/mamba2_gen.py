@@ -15,30 +15,21 @@ import gguf
 import numpy as np
 
 from .gguf_random import TensorSpec
+from .shape import Shape
 
 ARCH = "mamba2"
 
 
-@dataclass(frozen=True)
-class Mamba2Shape:
+@dataclass(frozen=True, kw_only=True)
+class Mamba2Shape(Shape):
     """d_inner = 2 × n_embd (as the converter requires); heads of head_dim over d_inner."""
 
-    n_layer: int
-    n_embd: int
+    arch = ARCH
     d_state: int
     head_dim: int
-    n_ctx: int
     d_conv: int = 4
     n_group: int = 1
-    rms_eps: float = 1e-5
-    tied_embeddings: bool = False
-    arch: str = ARCH
-
-    @property
-    def weight_std(self) -> float:
-        """1/sqrt(n_embd): large enough that what a sequence's state holds changes its next
-        token (tests compare answers that depend on the whole prompt), small enough to stay finite."""
-        return self.n_embd ** -0.5
+    std_by_width: bool = True
 
     def __post_init__(self) -> None:
         if self.d_inner % self.head_dim or self.d_inner % self.n_group:
@@ -52,34 +43,26 @@ class Mamba2Shape:
     def n_head(self) -> int:  # llama.cpp's ssm_dt_rank
         return self.d_inner // self.head_dim
 
-    def tensor_specs(self, n_vocab: int) -> list[TensorSpec]:
+    def layer_specs(self, i: int) -> list[TensorSpec]:
         """Numpy shapes: llama.cpp's ne reversed (llama_model_mamba2::load_arch_tensors)."""
         e, inner, heads = self.n_embd, self.d_inner, self.n_head
         conv_dim = inner + 2 * self.n_group * self.d_state
-        specs: list[TensorSpec] = [("token_embd.weight", (n_vocab, e))]
-        for i in range(self.n_layer):
-            specs += [
-                (f"blk.{i}.attn_norm.weight", (e,)),
-                (f"blk.{i}.ssm_in.weight", (inner + conv_dim + heads, e)),
-                (f"blk.{i}.ssm_conv1d.weight", (conv_dim, self.d_conv)),
-                (f"blk.{i}.ssm_conv1d.bias", (conv_dim,)),
-                (f"blk.{i}.ssm_dt.bias", (heads,)),
-                (f"blk.{i}.ssm_a", (heads, 1)),
-                (f"blk.{i}.ssm_d", (heads, 1)),
-                (f"blk.{i}.ssm_norm.weight", (self.n_group, inner // self.n_group)),
-                (f"blk.{i}.ssm_out.weight", (e, inner)),
-            ]
-        specs.append(("output_norm.weight", (e,)))
-        if not self.tied_embeddings:
-            specs.append(("output.weight", (n_vocab, e)))
-        return specs
+        return [
+            (f"blk.{i}.attn_norm.weight", (e,)),
+            (f"blk.{i}.ssm_in.weight", (inner + conv_dim + heads, e)),
+            (f"blk.{i}.ssm_conv1d.weight", (conv_dim, self.d_conv)),
+            (f"blk.{i}.ssm_conv1d.bias", (conv_dim,)),
+            (f"blk.{i}.ssm_dt.bias", (heads,)),
+            (f"blk.{i}.ssm_a", (heads, 1)),
+            (f"blk.{i}.ssm_d", (heads, 1)),
+            (f"blk.{i}.ssm_norm.weight", (self.n_group, inner // self.n_group)),
+            (f"blk.{i}.ssm_out.weight", (e, inner)),
+        ]
 
     def add_hyperparameters(self, writer: gguf.GGUFWriter) -> None:
-        writer.add_context_length(self.n_ctx)
-        writer.add_embedding_length(self.n_embd)
+        super().add_hyperparameters(writer)
         writer.add_feed_forward_length(0)  # unused, but llama.cpp reads it (as the converter writes it)
         writer.add_head_count(0)
-        writer.add_block_count(self.n_layer)
         writer.add_ssm_conv_kernel(self.d_conv)
         writer.add_ssm_inner_size(self.d_inner)
         writer.add_ssm_state_size(self.d_state)
