@@ -82,8 +82,7 @@ def _run(config: JobConfig, engine_factory: Optional[EngineFactory], progress: s
     config = replace(config, output=paths.output, report=paths.report, errors_output=paths.errors_output)
     model = identify(model_path)
     answer = job_answer(config)  # a bad schema or grammar: exit 2 before any worker starts
-    adapt = config.threads_adapt == "auto"
-    since_start = SinceStart() if adapt else None  # the cores before any worker: the thread controller's evidence
+    since_start = SinceStart() if config.threads_adapt == "auto" else None  # the cores before any worker starts
     with OutputLock(config.output):
         reading = None if fresh else start_reading(paths.journal)  # while the input is read, the tokenizer starts
         first_records, rest, stream = _read(config, window)
@@ -100,9 +99,9 @@ def _run(config: JobConfig, engine_factory: Optional[EngineFactory], progress: s
                 with Prompting(config, model_path, answer) as prompting:
                     journal = _open_journal(paths, config, model, prompting, fresh, reading)
                     preparer = Preparer(config, prompting, journal)
-                    with RunWatch(progress, clock["start"], adapt, journal, _held_to_grammar(preparer),
-                                  since_start) as watch:
-                        if config.choices != CHOICES_AUTO:  # the lines answered before need not be parsed
+                    with RunWatch(progress, clock["start"], since_start is not None, journal,
+                                  _held_to_grammar(preparer), since_start) as watch:
+                        if config.choices != CHOICES_AUTO:  # lines answered before need not be parsed
                             stream.known.qids_of = journal.records_known
                         first = preparer.window(first_records, last=rest is None)
                         del first_records  # the records' fields were for rendering: a big file's largest part
