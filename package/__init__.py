@@ -29,6 +29,8 @@ _API = {
     "run": "ggbatch.runner.api",
     "answer": "ggbatch.runner.api",
     "Answered": "ggbatch.runner.api",
+    "Pool": "ggbatch.runner.warm.pool",
+    "PoolClosed": "ggbatch.runner.warm.pool",
     "job_config": "ggbatch.runner.api",
     "RunReport": "ggbatch.runner.report.report",
     "GgbatchError": "ggbatch.runner.errors",

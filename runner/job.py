@@ -25,14 +25,10 @@ import math
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
-import psutil
-
-from ..workers.engine.interface import EngineFactory
 from ..workers.llama.factory import LLAMA_ENGINE
 from ..workers.protocol import EngineConfig
-from ..workers.spec import WorkerSpec
 from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, JobConfig
 from .errors import Interrupted, WorkerFailure
@@ -46,24 +42,24 @@ from .files.paths import JobPaths, job_paths
 from .files.shards import in_shard
 from .journal.index import Earlier, start_reading
 from .journal.journal import Journal, fingerprint
+from .launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
 from .model.identity import ModelIdentity, identify, resolve_model
-from .plan import gpu, tuned
 from .plan import layout as layouts
-from .plan.growth import ContextGrowth, PlanInputs
-from .plan.nodes import Node, NodePlan, node_report, share
-from .pool.backend import Backend
-from .pool.local import LocalBackend
+from .plan.growth import ContextGrowth
+from .plan.nodes import NodePlan, node_report
 from .pool.pool import WorkerPool
 from .pool.signals import STOP
 from .questions.feed import QuestionFeed
 from .questions.prepare import WINDOW, Preparer, Window, check_requests, facts, max_tokens
+from .questions.prompting import Prompting
 from .report.report import JobSetup, RunOutcome, RunReport
+from .watch.startup_load import SinceStart
 from .watch.tally import RecordCounts
 from .watch.watch import RunWatch
 
 log = logging.getLogger("ggbatch")
 
-STREAMED = 1 << 20  # questions a streamed file is planned for: more than any layout gives slots to
+__all__ = ["STREAMED", "EngineFactory", "open_backend", "run_job"]
 
 
 def run_job(config: JobConfig, engine_factory: EngineFactory = LLAMA_ENGINE,
@@ -87,39 +83,44 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
     config = replace(config, output=paths.output, report=paths.report, errors_output=paths.errors_output)
     model = identify(model_path)
     answer = job_answer(config)  # a bad schema or grammar: exit 2 before any worker starts
+    since_start = SinceStart() if config.threads_adapt == "auto" else None  # the cores before any worker starts
     with OutputLock(config.output):
         reading = None if fresh else start_reading(paths.journal)  # while the input is read, the tokenizer starts
         first_records, rest, stream = _read(config, window)
         formats = (stream.format, output_format(config.output, config.output_format, stream.format))
         check_requests(config, first_records)
         with open_backend(config) as backend:
-            started = _start_layout(config, model, first_records, rest is not None, use_tuned, backend.nodes())
-            with RunWatch(progress, clock["start"], config.threads_adapt == "auto") as watch, WorkerPool(
-                    _specs(started, model_path, engine_factory), watch.on_answers, watch.tick, backend=backend,
-                    on_threads=watch.on_threads, on_ready=watch.on_ready, keep_answers=False) as pool:
+            started = start_layout(config, model, first_records, STREAMED if rest is not None else len(first_records),
+                                   use_tuned, backend.nodes())
+            with WorkerPool(worker_specs(started, model_path, engine_factory), backend=backend,
+                            keep_answers=False) as pool:
                 STOP.attach(pool)
                 if first_records and not pool.stopping:
                     pool.start()  # the workers load the model while the questions are prepared
-                with Preparer(config, model_path, answer) as preparer:
-                    journal = _open_journal(watch, paths, config, model, preparer, stream, fresh, reading)
-                    first = preparer.window(first_records, last=rest is None)
-                    del first_records  # the records' fields were for rendering: a big file's largest part
-                    if rest is None:
-                        preparer.close()  # every question is made: the vocabulary's memory goes back
-                    setup, growth = _settle(config, model, started, preparer, first, stream.longest_line, formats,
-                                            model_path)
-                    pool.keep(growth.plan.node_of())
-                    clock["prepared"] = time.perf_counter()
-                    watch.start_run(len(first.questions), max_tokens(first.questions, preparer.generation),
-                                    sum(lay.workers * lay.slots for lay in growth.plan.layouts), pool)
-                    ended = _answer(pool, first, growth.engines(), _feed(preparer, rest, window, watch, pool, growth),
-                                    window)
-                    preparer.say()
-                    counts = _write_answers(config, preparer, journal, ended,
-                                            _output_spec(config, preparer, formats[1], clock["started_at"]))
-                    setup = _made(setup, preparer, growth)
-                    watch.tally.add(preparer.made.rejected.values(), made=False)
-                _say_cut(watch)
+                with Prompting(config, model_path, answer) as prompting:
+                    journal = _open_journal(paths, config, model, prompting, fresh, reading)
+                    preparer = Preparer(config, prompting, journal)
+                    with RunWatch(progress, clock["start"], since_start is not None, journal,
+                                  _held_to_grammar(preparer), since_start) as watch:
+                        if config.choices != CHOICES_AUTO:  # lines answered before need not be parsed
+                            stream.known.qids_of = journal.records_known
+                        first = preparer.window(first_records, last=rest is None)
+                        del first_records  # the records' fields were for rendering: a big file's largest part
+                        if rest is None:
+                            prompting.close()  # every question is made: the vocabulary's memory goes back
+                        growth = _settle(config, started, preparer, first, stream.longest_line, model_path)
+                        pool.keep(growth.plan.node_of())
+                        clock["prepared"] = time.perf_counter()
+                        watch.start_run(len(first.questions), max_tokens(first.questions, prompting.generation),
+                                        sum(lay.workers * lay.slots for lay in growth.plan.layouts), pool)
+                        ended = _answer(pool, first, growth.engines(), _feed(preparer, rest, window, watch, pool,
+                                                                             growth), window, watch)
+                        preparer.say()
+                        counts = _write_answers(config, preparer, journal, ended,
+                                                _output_spec(config, preparer, formats[1], clock["started_at"]))
+                        setup = _setup(config, model, preparer, growth, formats)
+                        watch.tally.add(preparer.made.rejected.values(), made=False)
+                    _say_cut(watch)
     report = _report(setup, counts, pool, watch, clock)
     if ended is not None:
         raise ended
@@ -163,108 +164,55 @@ def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterat
     return first, rest, stream
 
 
-def open_backend(config: JobConfig) -> Backend[Any]:
-    """Where the workers live: local processes, or Ray actors (connecting here: a bad address is
-    one line and exit 2 before any work)."""
-    if config.backend == "ray":
-        from .pool.ray import RayBackend
-
-        return RayBackend(config.ray_address)
-    return LocalBackend()
-
-
-def _start_layout(config: JobConfig, model: ModelIdentity, records: list[Record], streamed: bool,
-                  use_tuned: bool, nodes: list[Node]) -> NodePlan:
-    """The workers to start before the questions are tokenized (runner/plan/layout.py, phase 1), on
-    each node from its own cores."""
-    n_gpu_layers = gpu.gpu_layers_for(config.n_gpu_layers, config.devices)
-    # `ggbatch tune` measured CPU layouts of this machine: a job putting layers on a GPU, or
-    # running on a Ray cluster's nodes, plans its own.
-    local = len(nodes) == 1 and nodes[0].node_id is None
-    choice = tuned.for_job(config, model, records) if use_tuned and local and not n_gpu_layers else None
-    n_records = STREAMED if streamed else len(records)
-    layouts_ = [layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
-                              share(n_records, node, nodes), layouts.cpu_flags(), choice, config.devices,
-                              n_gpu_layers, config.batch_invariant) for node in nodes]
-    if not local:
-        log.info("backend ray: %s", "; ".join(f"{node.describe()}: {lay.workers} × {lay.threads} threads"
-                                              for node, lay in zip(nodes, layouts_)))
-    return NodePlan.of(nodes, layouts_)
-
-
-def _specs(plan: NodePlan, model_path: str, engine_factory: EngineFactory) -> list[WorkerSpec]:
-    return [WorkerSpec(first + i, cores, model_path, engine_factory, lay.repack, n_gpu_layers=lay.n_gpu_layers,
-                       device=lay.devices[i] if lay.devices else None, node_id=node.node_id, node_ip=node.ip or None)
-            for node, lay, first in zip(plan.nodes, plan.layouts, plan.first_ids)
-            for i, cores in enumerate(lay.cores)]
-
-
-def _open_journal(watch: RunWatch, paths: JobPaths, config: JobConfig, model: ModelIdentity, preparer: Preparer,
-                  stream: QuestionStream, fresh: bool, reading: "Optional[Future[Optional[Earlier]]]") -> Journal:
-    """The journal, with those who need it: the preparer (answers to reuse), the reader (lines
-    known by their hash, when a reused record's fields are not needed) and the watch (which
-    answers are held to a grammar)."""
-    journal = watch.journal = Journal(paths.journal, fingerprint(config, model, preparer.generation,
-                                                                 preparer.template_sha), fresh, reading)
+def _open_journal(paths: JobPaths, config: JobConfig, model: ModelIdentity, prompting: Prompting, fresh: bool,
+                  reading: "Optional[Future[Optional[Earlier]]]") -> Journal:
+    """The journal, whose fingerprint needs the generation settings and the chat template."""
+    journal = Journal(paths.journal, fingerprint(config, model, prompting.generation, prompting.template_sha), fresh,
+                      reading)
     if journal.kept:
         log.info("resuming: %d answers in %s from an earlier run of this job", journal.kept, journal.path)
-    preparer.start(journal)
-    if config.choices != CHOICES_AUTO:
-        stream.known.qids_of = journal.records_known
-    watch.with_grammar = lambda qid: has_grammar(preparer.generation) or qid in preparer.made.with_grammar
     return journal
 
 
-def _settle(config: JobConfig, model: ModelIdentity, started: NodePlan, preparer: Preparer, first: Window,
-            longest_line: int, formats: tuple[str, str], model_path: str) -> tuple[JobSetup, ContextGrowth]:
+def _held_to_grammar(preparer: Preparer) -> Callable[[str], bool]:
+    """Which answers are held to a grammar: every one under the job's, or a question's own (the
+    question maker notes those as it makes them)."""
+    job, made = has_grammar(preparer.generation), preparer.made
+    return lambda qid: job or qid in made.with_grammar
+
+
+def _settle(config: JobConfig, started: NodePlan, preparer: Preparer, first: Window, longest_line: int,
+            model_path: str) -> ContextGrowth:
     """The layout of the started workers, now that the first window's prompts are known (phase
-    2), node by node on each node's memory, and with it everything the run was planned with. The
-    context fits the largest max_tokens of any question. A streamed file's context also fits the
-    longest line of the file, guessed from its bytes, and grows if a later window needs more
-    (runner/plan/growth.py)."""
-    gen = preparer.generation
-    if started.layouts[0].n_gpu_layers and not preparer.info.gpu_offload:
-        log.warning("%s", gpu.offload_warning(started.layouts[0].n_gpu_layers))
+    2, runner/launch.py settle). A streamed file's context also fits the longest line of the
+    file, guessed from its bytes, and grows if a later window needs more (runner/plan/growth.py)."""
     n_todo = len(first.questions) if first.last else STREAMED
     guess = 0 if first.last else math.ceil(longest_line / layouts.CHARS_PER_TOKEN) + layouts.CHAT_TEMPLATE_TOKENS
     job_facts, prefix = facts(first, preparer, n_todo, guess)
-    most = max_tokens(first.questions, gen)
-    inputs = PlanInputs(started, tuple(replace(job_facts, n_questions=share(n_todo, node, started.nodes))
-                                       for node in started.nodes),
-                        tuple(psutil.virtual_memory().available if node.memory is None else node.memory
-                              for node in started.nodes),
-                        config.slots, config.n_batch, config.n_ctx, preparer.info.gpu_offload)
-    settled = [layouts.settle(lay, facts_, config.slots, config.n_ctx, most, config.n_batch, available,
-                              offload=inputs.offload, cores=node.cores)
-               for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
-    plan = replace(started, layouts=tuple(lay for lay, _ in settled))
-    nodes = [] if started.nodes[0].node_id is None else node_report(plan, [memory for _, memory in settled])
-    setup = JobSetup(config, model, plan.whole(), settled[0][1], gen, preparer.chat_template, len(prefix), 0, 0,
-                     formats, {}, preparer.info.gpu_offload, sharing=first.sharing,
-                     kv_bytes_per_cell=preparer.dims.kv_bytes_per_cell, nodes=nodes)
-    return setup, ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, gen)
+    return settle(config, started, preparer.prompting, job_facts, prefix,
+                  max_tokens(first.questions, preparer.generation), model_path)
 
 
-def _made(setup: JobSetup, preparer: Preparer, growth: ContextGrowth) -> JobSetup:
-    """The setup with what only the whole file tells: how many records and unique prompts, and
-    the layout the context grew to."""
-    made = preparer.made
-    setup = replace(setup, records=len(preparer.maker.ids), unique_prompts=made.unique + len(made.refused),
-                    own_settings=dict(made.own_settings), sharing=preparer.sharing if setup.sharing else None)
-    if not growth.grown:
-        return setup
-    plan = growth.plan
-    return replace(setup, layout=plan.whole(), memory=growth.memory[0],
-                   nodes=node_report(plan, growth.memory) if setup.nodes else ())
+def _setup(config: JobConfig, model: ModelIdentity, preparer: Preparer, growth: ContextGrowth,
+           formats: tuple[str, str]) -> JobSetup:
+    """What the run was planned with, once the whole file is made: the layout the context grew
+    to, how many records and unique prompts, and their settings."""
+    made, prompting, plan = preparer.made, preparer.prompting, growth.plan
+    nodes = [] if plan.nodes[0].node_id is None else node_report(plan, growth.memory)
+    return JobSetup(config, model, plan.whole(), growth.memory[0], prompting.generation, prompting.chat_template,
+                    len(growth.prefix), len(preparer.maker.ids), made.unique + len(made.refused), formats,
+                    dict(made.own_settings), prompting.info.gpu_offload,
+                    sharing=preparer.sharing if config.prefix_cache == "auto" else None,
+                    kv_bytes_per_cell=prompting.dims.kv_bytes_per_cell, nodes=nodes)
 
 
 def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], feed: Optional[QuestionFeed],
-            window: int) -> Optional[Exception]:
+            window: int, watch: RunWatch) -> Optional[Exception]:
     """What ended the run early, if anything (the answers so far are in the journal). A stop asked
     when nothing was left to answer ends the run as any stop does."""
     try:
         if first.questions or feed is not None:
-            pool.run(first.questions, engine, feed, feed_below=window // 2)
+            pool.run(first.questions, engine, feed, feed_below=window // 2, events=watch)
         return Interrupted(STOP.signum) if STOP.signum else None
     except (WorkerFailure, Interrupted) as exc:
         if feed is not None:
@@ -288,7 +236,7 @@ def _say_cut(watch: RunWatch) -> None:
 
 def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: float) -> OutputSpec:
     made = preparer.made
-    return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.model_name, made.completions,
+    return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.prompting.model_name, made.completions,
                       made.refused, started_at, choice_logprobs=config.choice_logprobs)
 
 

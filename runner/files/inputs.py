@@ -24,8 +24,8 @@ from .formats.openai_input import openai_record, say_models
 from .formats.record import Record, checked_id
 from .formats.textfile import decoded, open_bytes, read_text, split_lone_cr
 
-__all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "read_question_file", "read_records",
-           "read_text", "detect_format", "json_array", "json_lines"]
+__all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "record_at", "read_question_file",
+           "read_records", "read_text", "detect_format", "json_array", "json_lines"]
 
 HEAD_BYTES = 1 << 20  # what format detection reads of a file
 UNIQUE_CHUNK = 4096  # records whose ids are checked together
@@ -228,7 +228,13 @@ def _longest_line(path: str, csv: bool = False) -> int:
 
 def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0,
             hint: str = "") -> Record:
-    where = f"{path}:{line}"
+    return record_at(f"{path}:{line}", line, obj, id_field, question_field, digest, hint)
+
+
+def record_at(where: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0,
+              hint: str = "") -> Record:
+    """A question file's record (or a Python caller's: runner/warm/records.py), checked; every
+    problem an InputError starting with `where`."""
     if not isinstance(obj, dict):
         raise InputError(f"{where}: each question must be a JSON object, got {type(obj).__name__}")
     if id_field not in obj:

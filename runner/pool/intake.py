@@ -22,7 +22,9 @@ FEED_WAIT_S = 0.02  # how often an idle pool looks for the next window of a stre
 class Feed(Protocol):
     """The windows of a streamed file after the first (runner/questions/feed.py QuestionFeed)."""
 
-    done: bool  # the last window has been taken
+    @property
+    def done(self) -> bool:
+        """The last window has been taken."""
 
     def poll(self) -> Optional[Sequence[Question]]:
         """The next window if it is made (or what stopped its making, raised), else None at once."""

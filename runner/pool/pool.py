@@ -43,7 +43,7 @@ import tempfile
 import time
 from collections import deque
 from dataclasses import replace
-from typing import Any, Callable, Collection, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Collection, Mapping, Optional, Protocol, Sequence, Union
 
 from ...workers.engine.memory_kind import MemoryKind
 from ...workers.protocol import (
@@ -77,8 +77,21 @@ TICK_S = 1.0
 GRACE_S = 2.0  # in-flight questions may finish this long after a stop request
 
 
+class RunEvents(Protocol):
+    """Who hears of a run (runner/watch/watch.py RunWatch): its answers, a tick about once a
+    second, the workers' thread changes and their Ready."""
+
+    def on_answers(self, answers: list[Answer]) -> None: ...
+
+    def tick(self, pool: "WorkerPool") -> None: ...
+
+    def on_threads(self, msg: ThreadsSet) -> None: ...
+
+    def on_ready(self, pool: "WorkerPool", msg: Ready) -> None: ...
+
+
 class WorkerPool:
-    def __init__(self, specs: Sequence[WorkerSpec], on_answers: Callable[[list[Answer]], None],
+    def __init__(self, specs: Sequence[WorkerSpec], on_answers: Callable[[list[Answer]], None] = lambda a: None,
                  on_tick: Optional[Callable[["WorkerPool"], None]] = None,
                  max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None,
                  backend: Optional[Backend[Any]] = None,
@@ -88,7 +101,8 @@ class WorkerPool:
         (default: local processes, runner/pool/local.py). on_threads: called with a worker's
         answer to set_threads; on_ready: with each Ready (a worker has loaded and built its
         engine). keep_answers: keep every answer in `answers` (the job keeps them in
-        its journal instead, through on_answers)."""
+        its journal instead, through on_answers). The callbacks may instead come with run()'s
+        `events`, when who hears of the run is made after the workers start."""
         self._backend: Backend[Any] = backend or LocalBackend()
         self._on_threads = on_threads
         self._on_ready = on_ready
@@ -153,11 +167,15 @@ class WorkerPool:
         return out
 
     def run(self, questions: Sequence[Question], engine: Union[EngineConfig, Mapping[int, EngineConfig]],
-            feed: Optional[Feed] = None, feed_below: int = 0) -> dict[str, Answer]:
+            feed: Optional[Feed] = None, feed_below: int = 0, events: Optional[RunEvents] = None) -> dict[str, Answer]:
         """Answer every question (or record why not), and those of every window `feed` gives
         (taken when fewer than feed_below questions are pending). Questions should come longest
-        first. engine: every worker's, or each worker's by id (nodes of different sizes). Returns
-        the answers if kept."""
+        first. engine: every worker's, or each worker's by id (nodes of different sizes).
+        events: who hears of this run (default: the constructor's callbacks). Returns the
+        answers if kept."""
+        if events is not None:
+            self._on_answers, self._on_tick = events.on_answers, events.tick
+            self._on_threads, self._on_ready = events.on_threads, events.on_ready
         windows = WindowIntake(feed, feed_below)
         self._add(questions)
         self._engines = engine

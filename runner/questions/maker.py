@@ -18,7 +18,7 @@ import zlib
 from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, Optional, Protocol, Sequence, Union
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
 from ..config.answer import format_grammar, record_choices, with_choices
@@ -36,12 +36,24 @@ from ..files.formats.own_settings import (
     vocabulary_problem,
 )
 from ..files.formats.record import Record
-from ..journal.journal import Expected, Journal, prompt_hash, prompt_key, record_hash
+from ..journal.journal import Expected, prompt_hash, prompt_key, record_hash
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
 from .tokenizing import Rejected, TokenizerProcess, tokenize_all
 
 CHECK_MASK = (1 << 31) - 1
 INDEX_MASK = (1 << 32) - 1
+
+
+class Reuse(Protocol):
+    """What the maker asks of a job's journal (runner/journal/journal.py Journal): answers held
+    from an earlier run, and which questions are expected now. A warm pool holds none
+    (runner/warm/calls.py NO_REUSE)."""
+
+    def reuse_records(self, keys: Sequence[int], records: Sequence[int]) -> list[Optional[int]]: ...
+
+    def reuse_prompt(self, qid: str, prompt: str) -> bool: ...
+
+    def expect(self, qid: str, expected: Expected) -> None: ...
 
 
 @dataclass
@@ -69,7 +81,7 @@ class QuestionMaker:
     remembered across windows (which prompts were seen, the journal) is kept compact."""
 
     def __init__(self, builder: PromptBuilder, tokenizers: list[TokenizerProcess], config: JobConfig,
-                 job: GenerationParams, n_vocab: int, journal: Journal) -> None:
+                 job: GenerationParams, n_vocab: int, journal: Reuse) -> None:
         self.builder, self.tokenizers, self.config, self.job, self.n_vocab = builder, tokenizers, config, job, n_vocab
         self.journal = journal
         # Identical prompts: the prompt hash's first 64 bits -> (31 more bits << 32) | index in

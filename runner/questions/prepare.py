@@ -16,28 +16,21 @@ comes within seconds of the start.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 from array import array
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from ...workers.engine.sequence import common_prefix_len
-from ...workers.protocol import AnswerSpec, GenerationParams, Question, VocabInfo
-from ..config.answer import check_spellable, choice_tokens
+from ...workers.protocol import GenerationParams, Question
 from ..config.schema import JobConfig
 from ..errors import ConfigError
 from ..files.inputs import Record
 from ..journal.journal import Journal
-from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
 from ..plan.layout import PromptFacts
-from ..plan.memory import ModelDims, dims_from_metadata
 from .maker import QuestionMaker, QuestionSet
 from .prefix_groups import Sharing, grouped_order
-from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
-from .tokenizing import TokenizerProcess
+from .prompting import Prompting
 
 log = logging.getLogger("ggbatch")
 
@@ -53,56 +46,20 @@ class Window:
 
 
 class Preparer:
-    """The tokenizer process and what a job's questions have in common, for the whole run.
-    `answer`: what every answer must be (runner/config/answer.py job_answer), checked already."""
+    """A job's questions, a window of records at a time, made with `prompting`'s tokenizer and
+    settings; answers `journal` holds are reused."""
 
-    def __init__(self, config: JobConfig, model_path: str, answer: Optional[AnswerSpec] = None) -> None:
+    def __init__(self, config: JobConfig, prompting: Prompting, journal: Journal) -> None:
         self.config = config
-        self.tokenizer = TokenizerProcess(model_path)
-        try:
-            self._set_up(config, model_path, answer)
-        except BaseException:
-            self.tokenizer.close()  # a job refused here leaves no process behind
-            raise
-
-    def _set_up(self, config: JobConfig, model_path: str, answer: Optional[AnswerSpec]) -> None:
-        info = self.tokenizer.info
-        if answer is not None and answer.choices:
-            check_spellable(self.tokenizer, answer.choices, info.metadata.get("tokenizer.ggml.unknown_token_id"))
-        template, self.chat_template = chat_template(config, info.chat_template)
-        self.builder = PromptBuilder(template, config.system, config.prompt_template, config.question_field,
-                                     info.bos_text, info.eos_text, config.template_kwargs)
-        stop = config.stop or (PLAIN_STOP if self.builder.is_plain else ())
-        max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
-        self.generation = GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
-        self.template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
-        self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab,
-                                                  _hparams(model_path))
-        self.info: VocabInfo = info
-        self.model_name = info.metadata.get("general.name") or Path(model_path).stem
-        self._maker: Optional[QuestionMaker] = None
+        self.prompting = prompting
+        self.maker = QuestionMaker(prompting.builder, [prompting.tokenizer], config, prompting.generation,
+                                   prompting.info.n_vocab, journal)
         self.groups = 0  # groups numbered so far: each window's numbers follow the last's
         self.sharing = Sharing(0, 0, 0)  # summed over the windows
 
-    def close(self) -> None:
-        self.tokenizer.close()
-
-    def __enter__(self) -> "Preparer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def start(self, journal: Journal) -> None:
-        """The journal is open (its fingerprint needs self.generation): questions can be made."""
-        self._maker = QuestionMaker(self.builder, [self.tokenizer], self.config, self.generation, self.info.n_vocab,
-                                    journal)
-
     @property
-    def maker(self) -> QuestionMaker:
-        if self._maker is None:
-            raise RuntimeError("questions made before the journal was opened (Preparer.start)")
-        return self._maker
+    def generation(self) -> GenerationParams:
+        return self.prompting.generation
 
     @property
     def made(self) -> QuestionSet:
@@ -148,8 +105,8 @@ def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: in
     prompts = [q.tokens for q in first.questions]
     prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
     longest = max(max((len(p) for p in prompts), default=0), longest_guess)
-    return PromptFacts(n_questions, longest, len(prefix), preparer.info.n_ctx_train, preparer.dims,
-                       first.sharing.groups if first.sharing else 0), prefix
+    return PromptFacts(n_questions, longest, len(prefix), preparer.prompting.info.n_ctx_train,
+                       preparer.prompting.dims, first.sharing.groups if first.sharing else 0), prefix
 
 
 def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> int:
@@ -178,15 +135,6 @@ def check_requests(config: JobConfig, first: Sequence[Record]) -> None:
                           "messages; remove prompt.template")
 
 
-def chat_template(config: JobConfig, model_template: Optional[str]) -> tuple[Optional[str], str]:
-    """(template text or None for the plain one, which: "model", "plain" or "job")."""
-    if config.chat_template == "auto":
-        return (model_template, "model") if model_template else (None, "plain")
-    if config.chat_template == "plain":
-        return None, "plain"
-    return config.chat_template, "job"
-
-
 def common_prefix(prompts: Sequence[array]) -> array:
     """The tokens every prompt starts with (system prompt, few-shot examples): decoded once per
     worker and shared by every sequence."""
@@ -198,13 +146,3 @@ def common_prefix(prompts: Sequence[array]) -> array:
         if n == 0:
             break
     return prompts[0][:n]
-
-
-def _hparams(model_path: str) -> Optional[dict[str, HParam]]:
-    """The header's hyper-parameters for the memory plan; None (every layer counted as attention,
-    said in the log) where the header cannot be read as llama.cpp did."""
-    try:
-        return read_hparams(model_path)
-    except (OSError, GGUFFormatError) as e:
-        log.warning("%s: the memory plan counts every layer as attention (%s)", model_path, e)
-        return None

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import psutil
 
 from ...workers.protocol import Answer, EngineStats, FinishReason, Ready, ThreadsSet
-from ..journal.journal import Journal
 from ..pool.worker_threads import WorkerThreads
 from .memory_guard import LowMemoryPause
 from .monitor import Monitor
@@ -28,10 +27,27 @@ from .timeline import Sample, Timeline, WorkerPoint
 log = logging.getLogger("ggbatch")
 
 
+class AnswerSink(Protocol):
+    """Where the answers go as they come (a job's journal, runner/journal/journal.py; a warm
+    pool's calls, runner/warm/calls.py)."""
+
+    def append(self, answers: list[Answer]) -> None: ...
+
+    def sync(self) -> None:
+        """Once a tick: what was appended is made durable, if it can be."""
+
+    def close(self) -> None: ...
+
+
 class RunWatch:
-    def __init__(self, progress: str, started: Optional[float] = None, adapt_threads: bool = True) -> None:
+    def __init__(self, progress: str, started: Optional[float] = None, adapt_threads: bool = True,
+                 answers: Optional[AnswerSink] = None, with_grammar: Callable[[str], bool] = lambda qid: False,
+                 since_start: Optional[SinceStart] = None) -> None:
         """started: time.perf_counter() when the job started (the timeline's zero); adapt_threads:
-        change llama.cpp's thread count under contention (the job's threads_adapt)."""
+        change llama.cpp's thread count under contention (the job's threads_adapt); answers:
+        where they go (None: counted only); with_grammar: which answers are held to a grammar
+        (those max_tokens cut are said); since_start: the cores' times taken before any worker
+        started (runner/watch/startup_load.py; None: now)."""
         self.progress = Progress(0, mode=progress)
         self.monitor = Monitor()
         self.memory_pause = LowMemoryPause(psutil.virtual_memory().total)
@@ -39,16 +55,16 @@ class RunWatch:
         self.timeline = Timeline()
         self.threads = ThreadController() if adapt_threads else None
         # Before any worker exists: what the cores do while they load is the controller's first evidence.
-        self._since_start = SinceStart() if adapt_threads else None
+        self._since_start = (since_start or SinceStart()) if adapt_threads else None
         self._judged_ready: set[int] = set()  # workers whose load since the start was judged
         self.thread_changes: list[dict[str, Any]] = []  # as the workers made them, for the report
         self._asked: dict[int, ThreadChange] = {}  # changes asked of the workers, not answered yet
         self._other: dict[int, float] = {}  # worker id -> other load on its cores, last interval
-        self.journal: Optional[Journal] = None  # opened once the tokenizer has said what the prompts are made of
+        self.answers = answers
         self.tally = AnswerTally()  # the answers are in the journal; the report needs their numbers
-        self.with_grammar: Callable[[str], bool] = lambda qid: False  # answers held to a grammar
+        self.with_grammar = with_grammar
         self.cut: list[str] = []  # ids of those that max_tokens cut (finish_reason length)
-        self._started = time.perf_counter() if started is None else started
+        self.started = time.perf_counter() if started is None else started
 
     def start_run(self, total: int, max_tokens: int, slots: int, pool: Any = None) -> None:
         """The questions left to answer are known: the progress line and the timeline start.
@@ -56,14 +72,13 @@ class RunWatch:
         workers now makes the first tick's a whole interval: contention is seen a second sooner."""
         self.progress.total = total
         self.progress.max_tokens, self.progress.slots = max_tokens, slots
-        self.timeline.add(Sample(time.perf_counter() - self._started, 0, 0))
+        self.timeline.add(Sample(time.perf_counter() - self.started, 0, 0))
         if pool is not None:
             self.monitor.sample(pool.live_pids)
 
     def on_answers(self, answers: list[Answer]) -> None:
-        if self.journal is None:
-            raise RuntimeError("answers before the journal was opened")
-        self.journal.append(answers)
+        if self.answers is not None:
+            self.answers.append(answers)
         self.tally.add(answers)
         self.progress.answered(answers)
         self.cut += [a.qid for a in answers if a.finish_reason is FinishReason.LENGTH and self.with_grammar(a.qid)]
@@ -79,12 +94,12 @@ class RunWatch:
             if said:
                 log.warning("%s", said)
         self._watch_threads(pool, now)
-        if self.journal is not None:
-            self.journal.sync()
+        if self.answers is not None:
+            self.answers.sync()
         counters = pool.engine_counters()
         self.progress.tokens(sum(c.generated_tokens for c in counters.values()),
                              sum(c.prompt_tokens for c in counters.values()))
-        t = time.perf_counter() - self._started
+        t = time.perf_counter() - self.started
         if self.timeline.due(t) or pool.finished:
             self.timeline.add(self._sample(t, counters, pool.llama_threads()))
         self.progress.tick()
@@ -95,7 +110,7 @@ class RunWatch:
         if msg.n_threads == msg.before:
             return
         why = asked.reason if asked is not None else "no reason recorded"
-        self.thread_changes.append({"t_s": round(time.perf_counter() - self._started, 2), "worker": msg.worker_id,
+        self.thread_changes.append({"t_s": round(time.perf_counter() - self.started, 2), "worker": msg.worker_id,
                                     "from": msg.before, "to": msg.n_threads, "reason": why,
                                     "after_steps": msg.steps})
         log.info("worker %d: %d → %d llama.cpp threads: %s%s", msg.worker_id, msg.before, msg.n_threads, why,
@@ -155,8 +170,8 @@ class RunWatch:
 
     def close(self) -> None:
         self.progress.close()
-        if self.journal is not None:
-            self.journal.close()
+        if self.answers is not None:
+            self.answers.close()
 
     def __enter__(self) -> "RunWatch":
         return self

@@ -1,0 +1,76 @@
+"""A warm pool against ggbatch.answer (issue 27's numbers), on GSM8K questions, greedy, EOS ignored:
+
+  sequential: N one-question calls of T tokens, one after another, on a warm ggbatch.Pool, against N
+              ggbatch.answer calls (each starts its workers and loads the model);
+  threads:    N threads each pool.submit of one question at once, against one pool.answer of the N.
+
+    python bench/pool_bench.py                       # the benchmark model, 16 calls of 16 tokens; 32 × 64
+    python bench/pool_bench.py --model demo --calls 4 --threads 8 --tokens 8 --thread-tokens 8   # a quick check
+
+The model defaults to the benchmark model (~/.cache/ggbatch/bench-28x1024-q4_k_m.gguf, built from
+../shared's qwen2 vocabulary on first use, as bench/engine_bench.py does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ggbatch  # noqa: E402
+from engine_bench import GSM8K, bench_model  # noqa: E402
+
+
+def questions(n: int) -> list[str]:
+    with open(GSM8K, encoding="utf-8") as f:
+        return [json.loads(line)["question"] for _, line in zip(range(n), f)]
+
+
+def sequential(model: str, qs: list[str], tokens: int) -> dict[str, float]:
+    settings = {"model": model, "max_tokens": tokens, "ignore_eos": True}
+    t0 = time.perf_counter()
+    for q in qs:
+        ggbatch.answer([q], **settings)
+    cold = time.perf_counter() - t0
+    with ggbatch.Pool(**settings) as pool:
+        pool.answer([qs[0]])  # warm: the first call's prompt steps are not the pool's start-up
+        t0 = time.perf_counter()
+        for q in qs:
+            pool.answer([q])
+        warm = time.perf_counter() - t0
+    return {"answer_calls_s": round(cold, 3), "warm_pool_s": round(warm, 3), "speedup": round(cold / warm, 2)}
+
+
+def threaded(model: str, qs: list[str], tokens: int) -> dict[str, float]:
+    with ggbatch.Pool(model=model, max_tokens=tokens, ignore_eos=True) as pool:
+        pool.answer([qs[0]])
+        t0 = time.perf_counter()
+        pool.answer(qs)
+        one_call = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(qs)) as ex:
+            list(ex.map(lambda q: pool.submit(q).result(), qs))
+        threads = time.perf_counter() - t0
+    return {"one_call_s": round(one_call, 3), "threads_s": round(threads, 3), "ratio": round(threads / one_call, 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="a GGUF or demo (default: the benchmark model)")
+    ap.add_argument("--calls", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=32)
+    ap.add_argument("--thread-tokens", type=int, default=64)
+    args = ap.parse_args()
+    model = args.model or bench_model()
+    print(json.dumps({"sequential": sequential(model, questions(args.calls), args.tokens),
+                      "threads": threaded(model, questions(args.threads), args.thread_tokens)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

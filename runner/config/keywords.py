@@ -1,0 +1,63 @@
+"""The job's keys as keyword arguments of the Python API (ggbatch.run, ggbatch.answer,
+ggbatch.Pool): nested (sampling={"temperature": 0.7}) or with dots spelled as double underscores
+(sampling__temperature=0.7), checked as a job file's are, each error naming the function called."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Mapping, Optional
+
+from ..errors import ConfigError
+from .schema import SCHEMA, SECTIONS, JobConfig, build_config, flatten, load_job_file
+
+
+def job_config(job_file: Optional[str] = None, **settings: Any) -> JobConfig:
+    """A checked job configuration: the job file's keys (if any), overridden by `settings`, which
+    take the job file's keys as keyword arguments, nested (sampling={"temperature": 0.7}) or
+    with dots spelled as double underscores (sampling__temperature=0.7)."""
+    check_keywords("ggbatch.run()", settings, also=("fresh", "progress"))
+    return settings_config(job_file, settings, "ggbatch.run()")
+
+
+def settings_config(job_file: Optional[str], settings: Mapping[str, Any], source: str) -> JobConfig:
+    """job_config, its errors said of `source` (the function the caller called)."""
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if job_file is not None:
+        layers.append((job_file, load_job_file(job_file)))
+    layers.append((source, settings_layer(settings, source)))
+    return build_config(layers)
+
+
+def settings_layer(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Keyword arguments as a layer of dotted keys (build_config's), unknown keys refused."""
+    nested: dict[str, Any] = {}
+    for key, value in settings.items():
+        *sections, name = key.split("__")
+        target = nested
+        for section in sections:
+            target = target.setdefault(section, {})
+        target[name] = value
+    return flatten(nested, source)
+
+
+def keywords() -> list[str]:
+    """The keyword arguments run() and answer() take as settings: the job file's top-level keys."""
+    return sorted({key.split(".")[0] for key in SCHEMA} | SECTIONS)
+
+
+def check_keywords(source: str, settings: Mapping[str, Any], own: tuple[str, ...] = (),
+                    also: tuple[str, ...] = ()) -> None:
+    """A keyword argument that is no job key (or one of the function's `own`) is a GgbatchError
+    naming it, with the valid ones (`also`: the function's other keyword arguments): Python's
+    TypeError would point inside ggbatch."""
+    valid = [k for k in keywords() if k not in own]
+    for name in settings:
+        top = name.split("__")[0]
+        if top in own:
+            raise ConfigError(f"{source}: {name}= is not taken here: {source[:-2]} makes its own files "
+                              "and returns the answers (use ggbatch.run() to write files)")
+        if top not in valid:
+            hint = difflib.get_close_matches(top, valid, n=1)
+            raise ConfigError(f"{source}: unknown key '{name}'"
+                              + (f" (did you mean '{hint[0]}'?)" if hint else "")
+                              + f"; the keyword arguments: {', '.join(sorted([*valid, *also]))}")

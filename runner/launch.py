@@ -1,0 +1,90 @@
+"""What a job (runner/job.py) and a warm pool (runner/warm/pool.py) start alike: where the workers
+live (the backend), how many and on which cores before the prompts are known (phase 1 of
+runner/plan/layout.py), what each worker is started with, and the plan settled on the prompts
+(phase 2), kept to grow the context when later questions need more (runner/plan/growth.py).
+
+    config ─▶ open_backend ─▶ start_layout (nodes' cores, tuned layouts) ─▶ worker_specs ─▶ WorkerPool
+    prompt facts (from the tokenizer) ─▶ settle ─▶ ContextGrowth: the engines, each worker's
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from dataclasses import replace
+from typing import Any
+
+import psutil
+
+from ..workers.engine.interface import EngineFactory
+from ..workers.spec import WorkerSpec
+from .config.schema import JobConfig
+from .files.inputs import Record
+from .model.identity import ModelIdentity
+from .plan import gpu, tuned
+from .plan import layout as layouts
+from .plan.growth import ContextGrowth, PlanInputs
+from .plan.layout import PromptFacts
+from .plan.nodes import Node, NodePlan, share
+from .pool.backend import Backend
+from .pool.local import LocalBackend
+from .questions.prompting import Prompting
+
+log = logging.getLogger("ggbatch")
+
+STREAMED = 1 << 20  # questions a streamed file (or a warm pool) is planned for: more than any layout gives slots to
+
+
+def open_backend(config: JobConfig) -> Backend[Any]:
+    """Where the workers live: local processes, or Ray actors (connecting here: a bad address is
+    one line and exit 2 before any work)."""
+    if config.backend == "ray":
+        from .pool.ray import RayBackend
+
+        return RayBackend(config.ray_address)
+    return LocalBackend()
+
+
+def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record], n_records: int,
+                 use_tuned: bool, nodes: list[Node]) -> NodePlan:
+    """The workers to start before the questions are tokenized (runner/plan/layout.py, phase 1), on
+    each node from its own cores, for n_records questions (STREAMED: many, not known yet)."""
+    n_gpu_layers = gpu.gpu_layers_for(config.n_gpu_layers, config.devices)
+    # `ggbatch tune` measured CPU layouts of this machine: a job putting layers on a GPU, or
+    # running on a Ray cluster's nodes, plans its own.
+    local = len(nodes) == 1 and nodes[0].node_id is None
+    choice = tuned.for_job(config, model, records) if use_tuned and local and not n_gpu_layers else None
+    layouts_ = [layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
+                              share(n_records, node, nodes), layouts.cpu_flags(), choice, config.devices,
+                              n_gpu_layers, config.batch_invariant) for node in nodes]
+    if not local:
+        log.info("backend ray: %s", "; ".join(f"{node.describe()}: {lay.workers} × {lay.threads} threads"
+                                              for node, lay in zip(nodes, layouts_)))
+    return NodePlan.of(nodes, layouts_)
+
+
+def worker_specs(plan: NodePlan, model_path: str, engine_factory: EngineFactory) -> list[WorkerSpec]:
+    """What each planned worker is started with (engine_factory: llama.cpp's, or the tests' fake engine)."""
+    return [WorkerSpec(first + i, cores, model_path, engine_factory, lay.repack, n_gpu_layers=lay.n_gpu_layers,
+                       device=lay.devices[i] if lay.devices else None, node_id=node.node_id, node_ip=node.ip or None)
+            for node, lay, first in zip(plan.nodes, plan.layouts, plan.first_ids)
+            for i, cores in enumerate(lay.cores)]
+
+
+def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: PromptFacts, prefix: array,
+           most_tokens: int, model_path: str) -> ContextGrowth:
+    """The layout of the started workers, now that the prompts are known (phase 2), node by node
+    on each node's memory. The context fits the largest max_tokens of any question (most_tokens)
+    and facts.longest; it grows later if questions need more (runner/plan/growth.py)."""
+    if started.layouts[0].n_gpu_layers and not prompting.info.gpu_offload:
+        log.warning("%s", gpu.offload_warning(started.layouts[0].n_gpu_layers))
+    inputs = PlanInputs(started, tuple(replace(facts, n_questions=share(facts.n_questions, node, started.nodes))
+                                       for node in started.nodes),
+                        tuple(psutil.virtual_memory().available if node.memory is None else node.memory
+                              for node in started.nodes),
+                        config.slots, config.n_batch, config.n_ctx, prompting.info.gpu_offload)
+    settled = [layouts.settle(lay, facts_, config.slots, config.n_ctx, most_tokens, config.n_batch, available,
+                              offload=inputs.offload, cores=node.cores)
+               for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
+    plan = replace(started, layouts=tuple(lay for lay, _ in settled))
+    return ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, prompting.generation)

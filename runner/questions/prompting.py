@@ -1,0 +1,93 @@
+"""What every prompt of a job or a pool is made with: the tokenizer process (the model's
+vocabulary), the prompt builder (chat template, system prompt, prompt.template) and the
+generation settings every answer is asked with. Built once the model's vocabulary is loaded;
+a journal's fingerprint (runner/journal/journal.py) and the layout's memory plan read it.
+
+A pool's call may change the system prompt, the sampling, max_tokens or what the answer must be
+(runner/warm/overrides.py): `builder_for` and `generation_for` make the call's own from the
+same pieces, so a call is made exactly as a job with those settings would be.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+from ...workers.protocol import AnswerSpec, GenerationParams, VocabInfo
+from ..config.answer import check_spellable, choice_tokens
+from ..config.schema import JobConfig
+from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
+from ..plan.memory import ModelDims, dims_from_metadata
+from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
+from .tokenizing import TokenizerProcess
+
+log = logging.getLogger("ggbatch")
+
+
+class Prompting:
+    """The tokenizer process and what a job's prompts have in common. `answer`: what every answer
+    must be (runner/config/answer.py job_answer), checked already."""
+
+    def __init__(self, config: JobConfig, model_path: str, answer: Optional[AnswerSpec] = None) -> None:
+        self.tokenizer = TokenizerProcess(model_path)
+        try:
+            info = self.tokenizer.info
+            self.info: VocabInfo = info
+            template, self.chat_template = chat_template(config, info.chat_template)
+            self.template = template
+            self.builder = self.builder_for(config)
+            self.generation = self.generation_for(config, answer)
+            self.template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
+            self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab,
+                                                      _hparams(model_path))
+            self.model_name = info.metadata.get("general.name") or Path(model_path).stem
+        except BaseException:
+            self.tokenizer.close()  # a job refused here leaves no process behind
+            raise
+
+    def builder_for(self, config: JobConfig) -> PromptBuilder:
+        """The prompt builder of these settings (system prompt, prompt.template, template kwargs)."""
+        info = self.info
+        return PromptBuilder(self.template, config.system, config.prompt_template, config.question_field,
+                             info.bos_text, info.eos_text, config.template_kwargs)
+
+    def generation_for(self, config: JobConfig, answer: Optional[AnswerSpec]) -> GenerationParams:
+        """Every answer's settings under this config; fixed choices are checked against the
+        vocabulary (ConfigError naming the first it cannot spell)."""
+        if answer is not None and answer.choices:
+            check_spellable(self.tokenizer, answer.choices, self.info.metadata.get("tokenizer.ggml.unknown_token_id"))
+        stop = config.stop or (PLAIN_STOP if self.template is None else ())
+        max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
+        return GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
+
+    def close(self) -> None:
+        """The vocabulary's memory goes back; idempotent."""
+        self.tokenizer.close()
+
+    def __enter__(self) -> "Prompting":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def chat_template(config: JobConfig, model_template: Optional[str]) -> tuple[Optional[str], str]:
+    """(template text or None for the plain one, which: "model", "plain" or "job")."""
+    if config.chat_template == "auto":
+        return (model_template, "model") if model_template else (None, "plain")
+    if config.chat_template == "plain":
+        return None, "plain"
+    return config.chat_template, "job"
+
+
+def _hparams(model_path: str) -> Optional[dict[str, HParam]]:
+    """The header's hyper-parameters for the memory plan; None (every layer counted as attention,
+    said in the log) where the header cannot be read as llama.cpp did."""
+    try:
+        return read_hparams(model_path)
+    except (OSError, GGUFFormatError) as e:
+        log.warning("%s: the memory plan counts every layer as attention (%s)", model_path, e)
+        return None

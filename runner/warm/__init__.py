@@ -1,0 +1,1 @@
+"""A warm pool: the workers and the model loaded once, answering calls from many threads (ggbatch.Pool)."""

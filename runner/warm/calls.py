@@ -1,0 +1,131 @@
+"""A warm pool's open calls: each call's questions go to the workers under ids of the pool's own
+(two calls from two threads may both name a question "0"), and its Future is resolved when the
+last of them is answered. This is the pool's answer sink (runner/watch/watch.py AnswerSink), fed
+from the pool's loop thread; calls are opened from the callers' threads.
+
+    call (caller's ids) ─▶ questions as "<call>/<id>" ─▶ workers ─▶ append(answers) ─▶ Future
+    an identical prompt in the call: takes its first's answer; a prompt the tokenizer refused: its error
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Optional, Sequence
+
+from ...workers.protocol import Answer, Question
+from ..files.formats.rows import Row, row_fields
+from ..journal.journal import Expected
+
+
+@dataclass(frozen=True)
+class Answered:
+    """One question's answer, in the order the questions were given."""
+
+    id: str
+    text: Optional[str]  # None when the question could not be answered
+    error: Optional[str] = None
+    thinking: Optional[str] = None  # a reasoning model's <think> block, with keep_thinking=True
+    choice_logprobs: Optional[dict[str, float]] = None  # with answer={"choices": ..., "logprobs": True}
+
+
+class NoReuse:
+    """A warm pool keeps no journal: nothing is reused from an earlier run (runner/questions/maker.py Reuse)."""
+
+    def reuse_records(self, keys: Sequence[int], records: Sequence[int]) -> list[Optional[int]]:
+        return [None] * len(keys)
+
+    def reuse_prompt(self, qid: str, prompt: str) -> bool:
+        return False
+
+    def expect(self, qid: str, expected: Expected) -> None:
+        pass
+
+
+@dataclass
+class Call:
+    """One call: its caller's ids in order, and what each takes (its own answer, an identical
+    prompt's, or an error made before any worker saw it)."""
+
+    ids: list[str]
+    takes: list[str]  # the caller's id of the question whose answer each takes
+    future: "Future[list[Answered]]"
+    got: dict[str, Answer] = field(default_factory=dict)
+    waiting: int = 0
+
+
+class Calls:
+    """The open calls, by the pool's question ids."""
+
+    def __init__(self, id_field: str, keep_thinking: bool) -> None:
+        self._id_field, self._keep_thinking = id_field, keep_thinking
+        self._lock = threading.Lock()
+        self._numbers = itertools.count()
+        self._open: dict[str, tuple[Call, str]] = {}  # pool's qid -> (call, the caller's id)
+        self._ended: Optional[BaseException] = None
+
+    def open(self, answered_as: Sequence[tuple[str, str]], questions: Sequence[Question],
+             rejected: dict[str, Answer]) -> tuple["Future[list[Answered]]", list[Question]]:
+        """A call of these (id, id whose answer it takes) pairs, of which `questions` go to the
+        workers: its Future, and the questions under the pool's ids."""
+        future: Future[list[Answered]] = Future()
+        call = Call([qid for qid, _ in answered_as], [first for _, first in answered_as], future,
+                    dict(rejected), len(questions))
+        prefix = f"{next(self._numbers)}/"
+        with self._lock:
+            if self._ended is not None:
+                raise self._ended
+            for q in questions:
+                self._open[prefix + q.qid] = (call, q.qid)
+        if not questions:
+            self._resolve(call)
+        return future, [replace(q, qid=prefix + q.qid) for q in questions]
+
+    def append(self, answers: list[Answer]) -> None:
+        done = []
+        with self._lock:
+            for a in answers:
+                entry = self._open.pop(a.qid, None)
+                if entry is None:
+                    continue
+                call, qid = entry
+                call.got[qid] = a
+                call.waiting -= 1
+                if call.waiting == 0:
+                    done.append(call)
+        for call in done:
+            self._resolve(call)
+
+    def _resolve(self, call: Call) -> None:
+        rows = []
+        for qid, first in zip(call.ids, call.takes):
+            answer = call.got.get(first)
+            fields = row_fields(Row(qid, answer, "no answer came back" if answer is None else answer.error),
+                                self._id_field, self._keep_thinking)
+            rows.append(Answered(qid, fields.get("answer"), fields.get("error"), fields.get("thinking"),
+                                 fields.get("choice_logprobs")))
+        if not call.future.done():
+            call.future.set_result(rows)
+
+    def end(self, why: BaseException) -> None:
+        """No answer will come any more: every open call fails with `why`, and so does every new one."""
+        with self._lock:
+            self._ended = self._ended or why
+            calls = {id(call): call for call, _ in self._open.values()}
+            self._open.clear()
+        for call in calls.values():
+            if not call.future.done():
+                call.future.set_exception(why)
+
+    @property
+    def n_open(self) -> int:
+        return len(self._open)
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+

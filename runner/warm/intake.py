@@ -1,0 +1,54 @@
+"""The calls' questions as the feed of the pool's one long run (runner/pool/intake.py Feed):
+callers put questions from their threads, the pool's loop thread polls them. Questions that
+need a larger context than the workers have make them start again with one first
+(runner/plan/growth.py), as a streamed file's later window does."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Mapping, Optional, Sequence
+
+from ...workers.protocol import EngineConfig, Question
+from ..plan.growth import ContextGrowth
+
+
+class Submissions:
+    def __init__(self, growth: ContextGrowth, reconfigure: Callable[[Mapping[int, EngineConfig]], None]) -> None:
+        self._growth, self._reconfigure = growth, reconfigure
+        self._lock = threading.Lock()
+        self._waiting: list[Question] = []
+        self._finishing = False
+        self._cancelled: Optional[BaseException] = None
+
+    @property
+    def done(self) -> bool:
+        """Closing, with nothing left to hand out: the run ends once the workers have answered."""
+        with self._lock:
+            return self._finishing and not self._waiting and self._cancelled is None
+
+    def put(self, questions: Sequence[Question]) -> None:
+        with self._lock:
+            self._waiting.extend(questions)
+
+    def poll(self) -> Optional[Sequence[Question]]:
+        """(The loop thread) what was put since the last poll; raises what cancelled the pool."""
+        with self._lock:
+            if self._cancelled is not None:
+                raise self._cancelled
+            taken, self._waiting = self._waiting, []
+        if not taken:
+            return None
+        engines = self._growth.engines_for(taken)
+        if engines is not None:
+            self._reconfigure(engines)
+        return taken
+
+    def finish(self) -> None:
+        """No more calls: what was put is answered, then the run ends."""
+        with self._lock:
+            self._finishing = True
+
+    def cancel(self, why: BaseException) -> None:
+        """End the run at the next poll: the workers are killed, the open calls fail with `why`."""
+        with self._lock:
+            self._cancelled = why

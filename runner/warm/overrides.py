@@ -1,0 +1,81 @@
+"""A call's own settings on a warm pool: max_tokens, sampling, choices, a JSON schema or a
+grammar, the system prompt. Each call's settings are the pool's with the call's overrides laid
+over them, checked as a job's keys are (runner/config/schema.py build_config); a call that
+changes what the answer must be replaces the pool's choices, schema or grammar. The workers'
+engines keep the pool's settings: a call's questions carry theirs (Question.generation), and
+a changed system prompt changes the prompts only, so the shared prefix the workers hold is still
+reused as far as a prompt agrees with it (workers/slot_kv.py).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ...workers.protocol import GenerationParams
+from ..config.answer import job_answer
+from ..config.keywords import settings_layer
+from ..config.schema import JobConfig, build_config
+from ..errors import ConfigError
+from ..questions.prompting import Prompting
+from ..questions.prompts import PromptBuilder
+
+# keyword -> the job key it sets
+OVERRIDES = {"max_tokens": "max_tokens", "sampling": "sampling", "choices": "answer__choices",
+             "schema": "answer__json_schema", "json_schema": "answer__json_schema", "grammar": "answer__grammar",
+             "system": "system"}
+ANSWER_KEYS = ("answer.choices", "answer.json_schema", "answer.grammar")
+CACHED = 64  # distinct override sets whose builder and settings are kept
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a call's questions are made with."""
+
+    config: JobConfig
+    builder: PromptBuilder
+    generation: GenerationParams
+    own: bool  # its generation differs from the pool's: each question carries it
+
+
+class Variants:
+    """The pool's settings and each call's variant of them, made once per distinct overrides."""
+
+    def __init__(self, layer: Mapping[str, Any], source: str, config: JobConfig, prompting: Prompting) -> None:
+        self._layer, self._source, self._prompting = dict(layer), source, prompting
+        self.default = Variant(config, prompting.builder, prompting.generation, False)
+        self._made: dict[str, Variant] = {}
+        self._lock = threading.Lock()  # the tokenizer process checks choices: one call at a time
+
+    def of(self, overrides: Mapping[str, Any], where: str) -> Variant:
+        """The variant of these overrides (none: the pool's); ConfigError naming the keyword."""
+        if not overrides:
+            return self.default
+        for name in overrides:
+            if name not in OVERRIDES:
+                raise ConfigError(f"{where}: {name}= cannot change per call; a call may change "
+                                  f"{', '.join(sorted(OVERRIDES))}")
+        key = json.dumps(overrides, sort_keys=True, default=repr)
+        with self._lock:
+            made = self._made.get(key)
+            if made is None:
+                made = self._make(overrides, where)
+                if len(self._made) >= CACHED:
+                    self._made.pop(next(iter(self._made)))
+                self._made[key] = made
+        return made
+
+    def _make(self, overrides: Mapping[str, Any], where: str) -> Variant:
+        call = settings_layer({OVERRIDES[k]: v for k, v in overrides.items()}, where)
+        base = self._layer
+        if any(k in call for k in ANSWER_KEYS):
+            base = {k: v for k, v in base.items() if k not in ANSWER_KEYS}
+        config = build_config([(self._source, base), (where, call)])
+        answer = job_answer(config)
+        generation = self._prompting.generation_for(config, answer)
+        builder = (self._prompting.builder if config.system == self.default.config.system
+                   else self._prompting.builder_for(config))
+        return Variant(config, builder, generation, generation != self.default.generation)
+

@@ -1,0 +1,249 @@
+"""ggbatch.Pool: the workers started and the model loaded once, then answering calls from any
+number of threads, whose questions share the workers' batches. The same pieces as a job
+(runner/job.py): the layout and the workers' specs (runner/launch.py), the worker pool with its
+dispatch and crash handling (runner/pool/), the watch (memory, stalls, threads: runner/watch/);
+the pool's run is one long WorkerPool.run whose feed is the calls (runner/warm/intake.py).
+
+    caller threads: answer / submit ─▶ records ─▶ questions (tokenizer, under a lock) ─▶ Calls.open
+                                                                      └▶ Submissions.put
+    loop thread:    WorkerPool.run(feed=Submissions) ─▶ workers ─▶ RunWatch ─▶ Calls.append ─▶ Future
+
+close() (or leaving `with`): the calls still open are answered, then every worker stops; leaving
+on an exception (Ctrl-C included) cancels them instead and kills the workers at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from concurrent.futures import Future
+from contextlib import ExitStack
+from dataclasses import replace
+from typing import Any, Iterable, Mapping, Optional, Union
+
+from ...workers.llama.factory import LLAMA_ENGINE
+from ...workers.protocol import Answer, Question, Ready, ThreadsSet
+from ..config.answer import job_answer
+from ..config.keywords import check_keywords, settings_layer
+from ..config.schema import JobConfig, build_config
+from ..errors import GgbatchError
+from ..files.inputs import Record
+from ..launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
+from ..model.identity import identify, resolve_model
+from ..plan.growth import ContextGrowth
+from ..plan.layout import PromptFacts
+from ..pool.pool import WorkerPool
+from ..questions.maker import QuestionMaker
+from ..questions.prepare import common_prefix, max_tokens
+from ..questions.prompting import Prompting
+from ..watch.startup_load import SinceStart
+from ..watch.watch import RunWatch
+from .calls import Answered, Calls, NoReuse
+from .intake import Submissions
+from .overrides import Variant, Variants
+from .records import caller_records, caller_rows
+from .stats import pool_stats
+
+# the job's keys that name files: a pool takes questions and gives answers
+POOL_OWN = ("input", "output", "input_format", "output_format", "errors_output", "shard", "report")
+PROBES = ("a", "b")  # two questions whose prompts' common start is the shared prefix of every default prompt
+GUESS_PROMPT = 512  # tokens of prompt a warm pool's context is first planned for; it grows if a call needs more
+
+
+class PoolClosed(GgbatchError):
+    """The pool was closed (or its workers could not go on) before the call was answered."""
+
+
+class Pool:
+    """Workers and a model held across calls. `with ggbatch.Pool(model="m.gguf", max_tokens=64) as
+    pool: pool.answer(["2+2?"])`. Settings are the job's keys that name no file."""
+
+    def __init__(self, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE, **settings: Any) -> None:
+        check_keywords("ggbatch.Pool()", settings, POOL_OWN)
+        # input and output are placeholders: a pool has no files
+        layer = settings_layer({"model": model, "input": "-", "output": "-", **settings}, "ggbatch.Pool()")
+        config = build_config([("ggbatch.Pool()", layer)])
+        self._start(config, layer, "ggbatch.Pool()", [], engine_factory)
+
+    @classmethod
+    def for_call(cls, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
+                 engine_factory: EngineFactory = LLAMA_ENGINE) -> "Pool":
+        """A pool planned for these records (ggbatch.answer: one call), as a job is for its file."""
+        pool = cls.__new__(cls)
+        pool._start(config, layer, source, records, engine_factory)
+        return pool
+
+    # -- start -----------------------------------------------------------------------------------
+
+    def _start(self, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
+               engine_factory: EngineFactory) -> None:
+        self._source, self._config, self._closed = source, config, False
+        self._make_lock = threading.Lock()  # one tokenizer process: calls are made one at a time
+        self._ready = threading.Event()
+        self._ended: Optional[BaseException] = None
+        self._resources = ExitStack()
+        try:
+            self._open(config, layer, records, engine_factory)
+        except BaseException:
+            self._resources.close()
+            raise
+
+    def _open(self, config: JobConfig, layer: Mapping[str, Any], records: list[Record],
+              engine_factory: EngineFactory) -> None:
+        since_start = SinceStart() if config.threads_adapt == "auto" else None
+        model_path = resolve_model(config.model)
+        model, answer = identify(model_path), job_answer(config)
+        backend = self._resources.enter_context(open_backend(config))
+        started = start_layout(config, model, records, len(records) or STREAMED, True, backend.nodes())
+        self._workers = self._resources.enter_context(
+            WorkerPool(worker_specs(started, model_path, engine_factory), backend=backend, keep_answers=False))
+        self._workers.start()  # the model loads while the tokenizer starts
+        self._prompting = self._resources.enter_context(Prompting(config, model_path, answer))
+        self._variants = Variants(layer, self._source, config, self._prompting)
+        self._calls = Calls(config.id_field, config.keep_thinking)
+        facts, prefix, most = self._facts(records)
+        growth = settle(config, started, self._prompting, facts, prefix, most, model_path)
+        self._workers.keep(growth.plan.node_of())
+        self._watch = self._resources.enter_context(
+            RunWatch("off", adapt_threads=since_start is not None, answers=self._calls, since_start=since_start))
+        self._watch.start_run(0, self._prompting.generation.max_tokens,
+                              sum(lay.workers * lay.slots for lay in growth.plan.layouts), self._workers)
+        self._intake = Submissions(growth, self._workers.reconfigure)
+        self._n_workers = len(self._workers.workers)
+        self._thread = threading.Thread(target=self._loop, args=(growth,), name="ggbatch-pool", daemon=True)
+        self._thread.start()
+        self._resources.callback(self._stop, cancel=True)
+        self._ready.wait()
+        if self._ended is not None:
+            raise self._ended
+
+    def _facts(self, records: list[Record]) -> tuple[PromptFacts, array, int]:
+        """What the layout is planned on (the facts, the shared prefix, the most tokens an answer
+        may take): a call's records (ggbatch.answer), as a job's; for a warm pool a prompt of
+        GUESS_PROMPT tokens and the prefix every default prompt shares (the context grows if a
+        call needs more)."""
+        p, default = self._prompting, self._variants.default
+        if records:
+            questions = self._make(records, default)[2]
+            prompts = [q.tokens for q in questions]
+            prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
+            longest, most = max((len(t) for t in prompts), default=1), max_tokens(questions, p.generation)
+        else:
+            probes = [Record(q, {self._config.question_field: q}, 0) for q in PROBES]
+            prefix = common_prefix([q.tokens for q in self._make(probes, default)[2]])
+            longest, most = GUESS_PROMPT, p.generation.max_tokens
+        facts = PromptFacts(len(records) or STREAMED, longest, len(prefix), p.info.n_ctx_train, p.dims)
+        return facts, prefix, most
+
+    # -- the loop thread -------------------------------------------------------------------------
+
+    def _loop(self, growth: ContextGrowth) -> None:
+        try:
+            self._workers.run([], growth.engines(), self._intake, feed_below=STREAMED, events=_Events(self))
+        except BaseException as exc:  # the workers are gone: every call waiting is told why
+            self._ended = exc
+        finally:
+            self._calls.end(self._ended or PoolClosed(f"{self._source}: the pool was closed"))
+            self._ready.set()
+
+    def _on_ready(self) -> None:
+        if sum(w.ready is not None for w in self._workers.workers) >= len(self._workers.workers):
+            self._ready.set()
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def submit_many(self, questions: Union[str, Iterable[Any]], **overrides: Any) -> "Future[list[Answered]]":
+        """answer(), without waiting: a Future of the list."""
+        where = f"{self._source[:-2]}.answer()" if self._source == "ggbatch.Pool()" else self._source
+        rows = caller_rows(questions, self._config.id_field, self._config.question_field, where)
+        records = caller_records(rows, self._config.id_field, self._config.question_field, where)
+        variant = self._variants.of(overrides, where)
+        if self._closed:
+            raise PoolClosed(f"{where}: the pool is closed")
+        maker, rejected, made = self._make(records, variant)
+        future, sent = self._calls.open(list(maker.ids.answered_as()), made, rejected)
+        self._intake.put(sent)
+        return future
+
+    def answer(self, questions: Union[str, Iterable[Any]], **overrides: Any) -> list[Answered]:
+        """Answer these questions (strings, or records with the question field), in their order,
+        as ggbatch.answer does. Overrides for this call: max_tokens, sampling, choices, schema
+        or grammar, system."""
+        return self.submit_many(questions, **overrides).result()
+
+    def submit(self, question: Union[str, Mapping[str, Any]], **overrides: Any) -> "Future[Answered]":
+        """One question's answer, as a Future; the calls of many threads share the workers' batches."""
+        many = self.submit_many([question], **overrides)
+        one: Future[Answered] = Future()
+
+        def done(f: "Future[list[Answered]]") -> None:
+            exc = f.exception()
+            if exc is not None:
+                one.set_exception(exc)
+            else:
+                one.set_result(f.result()[0])
+
+        many.add_done_callback(done)
+        return one
+
+    def _make(self, records: list[Record], variant: Variant) -> tuple[QuestionMaker, dict[str, Answer], list[Question]]:
+        with self._make_lock:
+            maker = QuestionMaker(variant.builder, [self._prompting.tokenizer], variant.config, variant.generation,
+                                  self._prompting.info.n_vocab, NoReuse())
+            questions = maker.make(records)
+        if variant.own:
+            questions = [q if q.generation is not None else replace(q, generation=variant.generation)
+                         for q in questions]
+        return maker, dict(maker.made.rejected), questions
+
+    # -- the rest --------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The report's counters so far: answers, tokens, rates, each worker's memory and restarts."""
+        return pool_stats(self._workers, self._watch, self._watch.started)
+
+    def close(self) -> None:
+        """Answer the calls still open, then stop every worker; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._resources.close()
+
+    def _stop(self, cancel: bool) -> None:
+        try:
+            self._intake.finish()
+            self._thread.join()
+        finally:  # a second Ctrl-C while joining: the workers are killed all the same
+            if self._thread.is_alive():
+                self._intake.cancel(PoolClosed(f"{self._source}: the pool was closed"))
+                self._thread.join()
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None and not self._closed:
+            self._intake.cancel(PoolClosed(f"{self._source}: the pool was left on an error"))
+        self.close()
+
+
+class _Events:
+    """The pool's watch hears of the run; the pool hears when every worker is Ready."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool, self._watch = pool, pool._watch
+
+    def on_answers(self, answers: list[Answer]) -> None:
+        self._watch.on_answers(answers)
+
+    def tick(self, workers: WorkerPool) -> None:
+        self._watch.tick(workers)
+
+    def on_threads(self, msg: ThreadsSet) -> None:
+        self._watch.on_threads(msg)
+
+    def on_ready(self, workers: WorkerPool, msg: Ready) -> None:
+        self._watch.on_ready(workers, msg)
+        self._pool._on_ready()
+
+
+__all__ = ["Answered", "Pool", "PoolClosed"]

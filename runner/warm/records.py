@@ -1,0 +1,52 @@
+"""A Python caller's questions as records, checked as a question file's are: strings (one string
+is one question) or mappings with the question field and any fields prompt.template uses; every
+problem one line naming the item by its index in the caller's list."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping, Union
+
+from ..errors import ConfigError, InputError
+from ..files.inputs import Record, record_at
+
+Question = Union[str, Mapping[str, Any]]
+
+
+def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, question_field: str,
+                source: str) -> list[dict[str, Any]]:
+    """The caller's questions as rows (strings numbered by their index); a mapping, bytes or
+    anything not iterable is refused: iterating them would ask their keys, bytes or nothing."""
+    if isinstance(questions, str):
+        questions = [questions]
+    if isinstance(questions, (Mapping, bytes, bytearray)) or not isinstance(questions, Iterable):
+        raise ConfigError(f"{source}: questions must be a string or a list of strings and records "
+                          f"(mappings), got {type(questions).__name__}"
+                          + (" (for one record, pass [record])" if isinstance(questions, Mapping) else ""))
+    rows = []
+    for i, q in enumerate(questions):
+        if isinstance(q, str):
+            rows.append({id_field: str(i), question_field: q})
+        elif isinstance(q, Mapping):
+            rows.append({id_field: str(i), **q})
+        else:
+            raise ConfigError(f"{source}: questions[{i}] must be a string or a mapping, got {type(q).__name__}")
+    for i, row in enumerate(rows):
+        try:  # what a question file could not hold is refused here too (a set, a date)
+            json.dumps(row)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: questions[{i}]: {exc}") from None
+    return rows
+
+
+def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: str, source: str) -> list[Record]:
+    """The rows as checked records, ids unique."""
+    records: list[Record] = []
+    seen: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        rec = record_at(f"{source}: questions[{i}]", i + 1, row, id_field, question_field)
+        if rec.qid in seen:
+            raise InputError(f"{source}: duplicate {id_field}: '{rec.qid}' (questions[{seen[rec.qid]}] and [{i}])")
+        seen[rec.qid] = i
+        records.append(rec)
+    return records

@@ -1,0 +1,31 @@
+"""pool.stats(): the counters a job's report has, for a warm pool so far: answers, tokens and
+rates from the engines' counters (runner/pool/pool.py engine_counters), each worker's memory
+(PSS, runner/watch/monitor.py) and restarts."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..pool.pool import WorkerPool
+from ..watch.watch import RunWatch
+
+
+def pool_stats(workers: WorkerPool, watch: RunWatch, started: float) -> dict[str, Any]:
+    elapsed = max(time.perf_counter() - started, 1e-9)
+    counters = workers.engine_counters()
+    generated = sum(c.generated_tokens for c in counters.values())
+    prompt = sum(c.prompt_tokens for c in counters.values())
+    usage = watch.monitor.workers
+    return {
+        "answered": watch.progress.done, "failed": watch.progress.failed,
+        "generated_tokens": generated, "prompt_tokens": prompt,
+        "steps": sum(c.steps for c in counters.values()),
+        "busy_slots": sum(c.busy_slots for c in counters.values()),
+        "elapsed_s": round(elapsed, 3), "generated_tokens_per_s": round(generated / elapsed, 2),
+        "workers": {run.worker_id: {"restarts": run.restarts, "pss_mib": round(usage[run.worker_id].pss / 2**20, 1)
+                                    if run.worker_id in usage else None,
+                                    "peak_pss_mib": round(usage[run.worker_id].peak_pss / 2**20, 1)
+                                    if run.worker_id in usage else None}
+                    for run in workers.worker_runs()},
+    }

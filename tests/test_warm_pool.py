@@ -1,0 +1,116 @@
+"""ggbatch.Pool across real processes: the real engine on the demo model, the fake engine where
+the model does not matter. Every test has a hard timeout: a hang is a failure."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+
+import ggbatch
+from fake_engine import Fake
+from helpers import wait_for
+
+pytestmark = pytest.mark.model
+
+
+def children() -> set[int]:
+    """This process's children, but multiprocessing's resource tracker, which lives as long as we do."""
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())}
+
+
+@pytest.mark.timeout(120)
+def test_a_warm_pool_answers_calls_as_answer_does_and_leaves_no_process(demo_model):
+    before = children()
+    with ggbatch.Pool(model=demo_model, max_tokens=8) as pool:
+        assert children() - before  # its workers and tokenizer
+        first = pool.answer(["Once upon a time", "The little dog"])
+        again = pool.answer(["Once upon a time"])
+        one = pool.submit("The little dog").result(timeout=60)
+    assert children() <= before
+    assert [a.id for a in first] == ["0", "1"] and all(a.text and a.error is None for a in first)
+    assert again[0].text == first[0].text and one.text == first[1].text
+    assert [a.text for a in ggbatch.answer(["Once upon a time"], model=demo_model, max_tokens=8)] == [first[0].text]
+
+
+@pytest.mark.timeout(120)
+def test_overrides_change_one_call_only(demo_model):
+    with ggbatch.Pool(model=demo_model, max_tokens=8) as pool:
+        short = pool.answer(["Once upon a time"], max_tokens=2)
+        chosen = pool.answer(["Once upon a time"], choices=["yes", "no"])
+        plain = pool.answer(["Once upon a time"])
+        with pytest.raises(ggbatch.GgbatchError, match=r"workers= cannot change per call"):
+            pool.answer(["Hi"], workers=3)
+    assert plain[0].text.startswith(short[0].text) and len(short[0].text) < len(plain[0].text)
+    assert chosen[0].text in ("yes", "no")
+
+
+@pytest.mark.timeout(120)
+def test_32_threads_submitting_at_once_share_the_batches(demo_model):
+    with ggbatch.Pool(model=demo_model, max_tokens=16, ignore_eos=True, slots=32, workers=1) as pool:
+        barrier = threading.Barrier(32)
+
+        def ask(i):
+            barrier.wait()
+            return pool.submit(f"Question {i}: once upon a time").result(timeout=60)
+
+        with ThreadPoolExecutor(32) as ex:
+            answers = list(ex.map(ask, range(32)))
+        stats = pool.stats()
+    assert all(a.text is not None for a in answers) and stats["answered"] == 32
+    assert stats["generated_tokens"] == 32 * 16
+    # Decoded one after another, 32 questions of 16 tokens take 512 steps; together about 16.
+    assert stats["steps"] < 4 * 16, stats
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_during_a_call_is_restarted_and_the_call_answered(demo_model, tmp_path):
+    fake = Fake(slow=0.05, exit_after=3, marker=str(tmp_path / "died"))
+    with ggbatch.Pool(model=demo_model, workers=1, slots=2, engine_factory=fake) as pool:
+        answers = pool.answer([f"q{i}" for i in range(12)])
+        stats = pool.stats()
+    assert (tmp_path / "died").exists()
+    assert all(a.text and a.error is None for a in answers)
+    assert stats["workers"][0]["restarts"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_question_that_kills_workers_fails_alone(demo_model):
+    fake = Fake(segv_on="0/3")
+    with ggbatch.Pool(model=demo_model, workers=1, slots=4, engine_factory=fake) as pool:
+        answers = pool.answer([f"q{i}" for i in range(8)])
+        after = pool.answer(["still here"])
+    assert answers[3].text is None and "a worker died 2 times" in answers[3].error
+    assert all(a.text for i, a in enumerate(answers) if i != 3)
+    assert after[0].text
+
+
+CALLER = textwrap.dedent("""
+    import sys, psutil, ggbatch
+    if __name__ == "__main__":
+        with ggbatch.Pool(model=sys.argv[1], max_tokens=4000, ignore_eos=True, workers=1) as pool:
+            future = pool.submit("Once upon a time")
+            print(" ".join(str(p.pid) for p in psutil.Process().children(recursive=True)), flush=True)
+            future.result()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_in_the_caller_ends_every_worker_and_leaks_nothing(demo_model, tmp_path):
+    script = tmp_path / "caller.py"
+    script.write_text(CALLER)
+    proc = subprocess.Popen([sys.executable, str(script), demo_model], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert pids
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err and "leaked" not in err, err
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                             for p in pids), 10, "the pool's processes to end")
