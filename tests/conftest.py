@@ -54,6 +54,39 @@ def demo_model(tmp_path_factory) -> str:
     return str(mg.make_model(tmp_path_factory.mktemp("demo") / "demo.gguf", "demo", seed=0, ftype="f32"))
 
 
+
+@pytest.fixture(scope="session")
+def arch_models(tmp_path_factory) -> "_Made":
+    """The tiny models of other architectures (`ggbatch make-model --shape qwen3-tiny`, ...), each
+    built the first time a test asks for it, once a session: arch_models["mamba2-tiny"]."""
+    from ggbatch.runner.model.make import modelgen as mg
+
+    folder = tmp_path_factory.mktemp("archs")
+    return _Made(lambda name: str(mg.make_model(folder / f"{name}.gguf", name)))
+
+
+@pytest.fixture(scope="session")
+def arch_tokenizers(arch_models):
+    """Each architecture model's llama.cpp tokenizer, loaded once a session."""
+    from ggbatch.workers.llama.model_runner import Tokenizer
+
+    made = _Made(lambda name: Tokenizer(arch_models[name]))
+    yield made
+    for tok in made.values():
+        tok.close()
+
+
+class _Made(dict):
+    """A dict that makes a missing entry with `make(key)` the first time it is asked for."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key: str):
+        self[key] = self.make(key)
+        return self[key]
+
 def gsm8k_records(n: int) -> list[dict]:
     with open(require(GSM8K, "GSM8K's real questions and gold answers"), encoding="utf-8") as f:
         return [json.loads(line) for _, line in zip(range(n), f)]

@@ -134,6 +134,27 @@ def alone(model: str, tokens: Iterable[int], max_tokens: int, flash_attn: bool =
         llm.close()
 
 
+
+def loaded_memory(model: str) -> tuple[Any, int]:
+    """(MemoryKind, sliding window) of a model as llama.cpp loads it."""
+    import llama_cpp
+
+    from ggbatch.workers.engine.memory_kind import MemoryKind
+
+    llm = llama_cpp.Llama(model_path=model, n_ctx=256, verbose=False)
+    try:
+        kind = MemoryKind.of(llama_cpp.llama_model_is_recurrent(llm.model), llama_cpp.llama_model_is_hybrid(llm.model))
+        return kind, llama_cpp.llama_model_n_swa(llm.model)
+    finally:
+        llm.close()
+
+
+def answers_after_starts(model: str, tokenizer: Any, end: str, n_tokens: int = 8) -> set[str]:
+    """The greedy answers, each decoded alone, of three prompts that differ only in their first
+    words: three different answers show that a model's answer reads the whole prompt."""
+    return {alone(model, tokenizer.tokenize(start + end), n_tokens) for start in ("Once a cat", "A small boy",
+                                                                                "The blue tree")}
+
 def chat_questions(tokenizer: Any, texts: list[str], system: Optional[str] = None) -> list[Any]:
     """Questions as the coordinator makes them: each text in the model's chat template, tokenized."""
     from array import array

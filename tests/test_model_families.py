@@ -30,9 +30,11 @@ from ggbatch.workers.protocol import Question
 from helpers import (
     STORY_WORDS,
     alone,
+    answers_after_starts,
     chat_questions,
     engine_answers,
     ggbatch_command,
+    loaded_memory,
     passage_texts,
     wait_for,
     write_jsonl,
@@ -77,44 +79,20 @@ def test_each_family_has_its_own_tensors():
                          n_expert_used=3, n_ff_exp=16)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, str]:
-    folder = tmp_path_factory.mktemp("families")
-    return {name: str(mg.make_model(folder / f"{name}.gguf", name)) for name in FAMILIES}
-
-
-@pytest.fixture(scope="module")
-def tokenizers(models):
-    from ggbatch.workers.llama.model_runner import Tokenizer
-
-    toks = {name: Tokenizer(path) for name, path in models.items()}
-    yield toks
-    for tok in toks.values():
-        tok.close()
-
-
 @pytest.mark.model
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", NEW)
-def test_llama_cpp_loads_each_family_and_its_answer_reads_the_whole_prompt(models, tokenizers, name):
-    import llama_cpp
+def test_llama_cpp_loads_each_family_and_its_answer_reads_the_whole_prompt(arch_models, arch_tokenizers, name):
 
     arch, memory, window = FAMILIES[name]
-    meta = header(models[name])
+    meta = header(arch_models[name])
     assert meta["general.architecture"] == arch
     if window:
         assert meta[f"{arch}.attention.sliding_window"] == window
-    llm = llama_cpp.Llama(model_path=models[name], n_ctx=256, verbose=False)
-    try:
-        assert MemoryKind.of(llama_cpp.llama_model_is_recurrent(llm.model),
-                             llama_cpp.llama_model_is_hybrid(llm.model)) is memory
-        assert llama_cpp.llama_model_n_swa(llm.model) == window
-    finally:
-        llm.close()
+    assert loaded_memory(arch_models[name]) == (memory, window)
     # The start of the prompt changes the answer, past the window too (the global layer sees it).
     end = " the girl ran to the big red house and the dog sat by the tree in the little blue garden"
-    texts = {alone(models[name], tokenizers[name].tokenize(start + end), 8)
-             for start in ("Once a cat", "A small boy", "The blue tree")}
+    texts = answers_after_starts(arch_models[name], arch_tokenizers[name], end)
     assert len(texts) == 3, texts
 
 
@@ -128,8 +106,8 @@ def references(model: str, qs: list[Question], flash_attn: bool = True) -> dict[
 @pytest.mark.model
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", NEW)
-def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(models, tokenizers, name):
-    model, tok, memory = models[name], tokenizers[name], FAMILIES[name][1]
+def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(arch_models, arch_tokenizers, name):
+    model, tok, memory = arch_models[name], arch_tokenizers[name], FAMILIES[name][1]
     plain = chat_questions(tok, [f"Question {i}: what did the {w} do?" for i, w in enumerate(STORY_WORDS[:5])])
     with_system = chat_questions(tok, [f"What did the {w} do next?" for w in STORY_WORDS[6:10]], system=SYSTEM)
     system_prompt = array("i", common_prefix([q.tokens for q in with_system]))
@@ -160,8 +138,8 @@ def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(models, tok
 @pytest.mark.model
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_batch_invariant_answers_are_one_whatever_the_slots_prefix_and_cache(models, tokenizers, name):
-    model, tok = models[name], tokenizers[name]
+def test_batch_invariant_answers_are_one_whatever_the_slots_prefix_and_cache(arch_models, arch_tokenizers, name):
+    model, tok = arch_models[name], arch_tokenizers[name]
     qs = chat_questions(tok, passage_texts(2, 3, seed=5), system=SYSTEM)
     prefix = array("i", common_prefix([q.tokens for q in qs]))
     invariant = dict(kv_unified=False, flash_attn=False, repack=False, batch_invariant=True)
@@ -212,15 +190,15 @@ def kill_when(proc: subprocess.Popen, out: Path, answers: int, pid_of) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_a_job_with_worker_kills_and_a_resume_answers_as_a_quiet_one_slot_run(models, name, tmp_path):
+def test_a_job_with_worker_kills_and_a_resume_answers_as_a_quiet_one_slot_run(arch_models, name, tmp_path):
     rows = [{"questionID": f"r{i:02d}", "question": t} for i, t in enumerate(passage_texts(8, 6, seed=9))]
     questions = write_jsonl(tmp_path / "q.jsonl", rows)
     quiet = tmp_path / "quiet.json"
-    done = subprocess.run(run_command(models[name], questions, quiet, "--slots", "1", "--prefix-cache", "off"),
+    done = subprocess.run(run_command(arch_models[name], questions, quiet, "--slots", "1", "--prefix-cache", "off"),
                           cwd=ROOT, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr
     out = tmp_path / "disturbed.json"
-    command = run_command(models[name], questions, out, "--slots", "4")
+    command = run_command(arch_models[name], questions, out, "--slots", "4")
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: worker_pids(proc) or proc.poll() is not None, what="a live worker")

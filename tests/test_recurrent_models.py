@@ -27,7 +27,16 @@ from ggbatch.workers.engine.prefix_cache import Start
 from ggbatch.workers.engine.scheduler import Scheduler
 from ggbatch.workers.engine.sequence import Sequence
 from ggbatch.workers.protocol import Question
-from helpers import STORY_WORDS, alone, chat_questions, engine_answers, ggbatch_command, passage_texts
+from helpers import (
+    STORY_WORDS,
+    alone,
+    answers_after_starts,
+    chat_questions,
+    engine_answers,
+    ggbatch_command,
+    loaded_memory,
+    passage_texts,
+)
 
 ARCHS = {"mamba2-tiny": ("mamba2", MemoryKind.RECURRENT), "lfm2-tiny": ("lfm2", MemoryKind.HYBRID)}
 WORDS = STORY_WORDS
@@ -69,53 +78,31 @@ def test_on_recurrent_memory_a_prompt_takes_the_shared_prefix_whole_or_not_at_al
 # -- the models ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, str]:
-    folder = tmp_path_factory.mktemp("recurrent")
-    return {name: str(mg.make_model(folder / f"{name}.gguf", name)) for name in ARCHS}
-
-
-@pytest.fixture(scope="module")
-def tokenizers(models):
-    from ggbatch.workers.llama.model_runner import Tokenizer
-
-    toks = {name: Tokenizer(path) for name, path in models.items()}
-    yield toks
-    for tok in toks.values():
-        tok.close()
-
-
 def references(model: str, qs: list[Question], flash_attn: bool = True) -> dict[str, str]:
     return {q.qid: alone(model, q.tokens, MAX_TOKENS, flash_attn=flash_attn) for q in qs}
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("name", list(ARCHS))
-def test_make_model_writes_an_architecture_llama_cpp_loads_as_recurrent_memory(models, tokenizers, name, tmp_path):
-    import llama_cpp
+def test_make_model_writes_an_architecture_llama_cpp_loads_as_recurrent_memory(arch_models, arch_tokenizers, name,
+                                                                              tmp_path):
 
     from ggbatch.runner.cli import build_parser
     from ggbatch.runner.tools.commands import cmd_make_model
 
     arch, kind = ARCHS[name]
-    reader = gguf.GGUFReader(models[name])
+    reader = gguf.GGUFReader(arch_models[name])
     field = reader.fields["general.architecture"]
     assert bytes(field.parts[field.data[0]]).decode() == arch
-    llm = llama_cpp.Llama(model_path=models[name], n_ctx=256, verbose=False)
-    try:
-        assert MemoryKind.of(llama_cpp.llama_model_is_recurrent(llm.model),
-                             llama_cpp.llama_model_is_hybrid(llm.model)) is kind
-    finally:
-        llm.close()
+    assert loaded_memory(arch_models[name])[0] is kind
     # The answer depends on the start of the prompt: the state carries it (a test then sees a
     # wrong state in the text).
-    end = " the girl ran to the big red house and the dog sat by the tree"
-    texts = {alone(models[name], tokenizers[name].tokenize(start + end), 8)
-             for start in ("Once a cat", "A small boy", "The blue tree")}
+    texts = answers_after_starts(arch_models[name], arch_tokenizers[name],
+                                 " the girl ran to the big red house and the dog sat by the tree")
     assert len(texts) == 3, texts
     out = tmp_path / "cli.gguf"
     assert cmd_make_model(build_parser().parse_args(["make-model", "--shape", name, str(out)])) == 0
-    assert out.read_bytes() == Path(models[name]).read_bytes()  # the same seed, the same bytes
+    assert out.read_bytes() == Path(arch_models[name]).read_bytes()  # the same seed, the same bytes
 
 
 def test_arch_shapes_tensor_lists_follow_llama_cpp():
@@ -136,8 +123,8 @@ def test_arch_shapes_tensor_lists_follow_llama_cpp():
 @pytest.mark.model
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", list(ARCHS))
-def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(models, tokenizers, name):
-    model, tok = models[name], tokenizers[name]
+def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(arch_models, arch_tokenizers, name):
+    model, tok = arch_models[name], arch_tokenizers[name]
     plain = chat_questions(tok, [f"Question {i}: what did the {w} do?" for i, w in enumerate(WORDS[:6])])
     with_system = chat_questions(tok, [f"What did the {w} do next?" for w in WORDS[6:11]], system=SYSTEM)
     system_prompt = with_system[0].tokens[:len(common_prefix([q.tokens for q in with_system]))]
@@ -167,8 +154,8 @@ def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(models, tok
 @pytest.mark.model
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", list(ARCHS))
-def test_batch_invariant_mode_on_recurrent_memory_answers_as_alone(models, tokenizers, name):
-    model, tok = models[name], tokenizers[name]
+def test_batch_invariant_mode_on_recurrent_memory_answers_as_alone(arch_models, arch_tokenizers, name):
+    model, tok = arch_models[name], arch_tokenizers[name]
     qs = chat_questions(tok, passage_texts(2, 3, seed=5), system=SYSTEM)
     prefix = array("i", common_prefix([q.tokens for q in qs]))
     want = references(model, qs, flash_attn=False)
@@ -179,12 +166,12 @@ def test_batch_invariant_mode_on_recurrent_memory_answers_as_alone(models, token
 
 @pytest.mark.model
 @pytest.mark.timeout(60)
-def test_a_refused_removal_raises_and_is_never_passed_over(models):
+def test_a_refused_removal_raises_and_is_never_passed_over(arch_models):
     from ggbatch.workers.engine.step_counters import StepCounters
     from ggbatch.workers.llama.model_runner import ModelRunner
     from ggbatch.workers.llama.slot_kv import SlotKv
 
-    runner = ModelRunner(models["mamba2-tiny"], 1, n_ctx=256, n_seq_max=2, n_batch=64, kv_unified=False)
+    runner = ModelRunner(arch_models["mamba2-tiny"], 1, n_ctx=256, n_seq_max=2, n_batch=64, kv_unified=False)
     try:
         n = 12
         assert runner.decode(np.arange(3, 3 + n, dtype=np.int32), np.arange(n, dtype=np.int32),
@@ -219,8 +206,9 @@ def ggbatch_run(model: str, questions: Path, out: Path, *extra: str) -> tuple[di
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("name", list(ARCHS))
-def test_a_passage_job_with_a_system_prompt_answers_as_alone_with_no_restart(models, tokenizers, name, tmp_path):
-    model, tok = models[name], tokenizers[name]
+def test_a_passage_job_with_a_system_prompt_answers_as_alone_with_no_restart(arch_models, arch_tokenizers, name,
+                                                                             tmp_path):
+    model, tok = arch_models[name], arch_tokenizers[name]
     texts = passage_texts(3, 4, seed=4, words=80)
     rows = [{"questionID": f"r{i}", "question": t} for i, t in enumerate(texts)]
     questions = tmp_path / "q.jsonl"
