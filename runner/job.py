@@ -289,7 +289,8 @@ def _say_cut(watch: RunWatch) -> None:
 def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: float) -> OutputSpec:
     made = preparer.made
     return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.model_name, made.completions,
-                      made.refused, started_at, choice_logprobs=config.choice_logprobs)
+                      made.refused, started_at, choice_logprobs=config.choice_logprobs,
+                      token_logprobs=config.token_logprobs is not None)
 
 
 def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ended: Optional[Exception],

@@ -37,7 +37,8 @@ def test_a_chat_line_with_every_honoured_field():
     assert req.messages == (("user", "hi"),)
     schema = '{"properties":{"n":{"type":"integer"}},"type":"object"}'
     assert req.settings == QuestionSettings(16, 0.7, 0.9, -3, ("\n",), ((7, 2.5), (42, -100.0)),
-                                            ResponseFormat("json_schema", schema, "answer", True))
+                                            ResponseFormat("json_schema", schema, "answer", True),
+                                            token_logprobs=-1)  # logprobs false: none, whatever the job says
 
 
 def test_a_completion_line_and_message_shapes():

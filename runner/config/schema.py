@@ -65,6 +65,7 @@ class JobConfig:
     choices: Union[tuple[str, ...], str] = ()
     choice_logprobs: bool = False  # write each choice's log-probability
     choice_logits: bool = True  # false: single-token choices generated under the grammar too
+    token_logprobs: Optional[int] = None  # K: each answer token's log-probability and the K most likely
     json_schema: Optional[str] = None
     grammar: Optional[str] = None
     backend: str = "local"  # where workers live: local processes, or Ray actors (runner/pool/ray.py)
@@ -115,6 +116,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "answer.choices": check.choices,
     "answer.logprobs": check.boolean,
     "answer.choice_logits": check.boolean,
+    "answer.token_logprobs": check.integer(0, hi=20, why_hi=" (at most 20 alternatives per token, as OpenAI)"),
     "answer.json_schema": check.json_schema,
     "answer.grammar": check.grammar,
     "backend": check.backend,
@@ -129,7 +131,8 @@ _TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "model.repack": "repac
            "prompt.chat_template": "chat_template", "prompt.template_kwargs": "template_kwargs",
            "fields.id": "id_field",
            "fields.question": "question_field", "answer.choices": "choices", "answer.logprobs": "choice_logprobs",
-           "answer.choice_logits": "choice_logits", "answer.json_schema": "json_schema",
+           "answer.choice_logits": "choice_logits", "answer.token_logprobs": "token_logprobs",
+           "answer.json_schema": "json_schema",
            "answer.grammar": "grammar"}
 
 

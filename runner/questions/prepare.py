@@ -73,7 +73,8 @@ class Preparer:
                                      info.bos_text, info.eos_text, config.template_kwargs)
         stop = config.stop or (PLAIN_STOP if self.builder.is_plain else ())
         max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
-        self.generation = GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
+        self.generation = GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer,
+                                           token_logprobs=config.token_logprobs)
         self.template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
         self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab)
         self.info: VocabInfo = info

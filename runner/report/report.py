@@ -304,6 +304,12 @@ def format_summary(report: RunReport) -> str:
 
 def _answer_shape(config: JobConfig) -> Optional[dict[str, Any]]:
     """What the job held every answer to (answer.*), or None: free text."""
+    if config.token_logprobs is not None:
+        return {"token_logprobs": config.token_logprobs, **(_held_to(config) or {})}
+    return _held_to(config)
+
+
+def _held_to(config: JobConfig) -> Optional[dict[str, Any]]:
     if config.choices:
         return {"choices": config.choices if isinstance(config.choices, str) else list(config.choices),
                 "logprobs": config.choice_logprobs, "choice_logits": config.choice_logits}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 from typing import Sequence as Seq
 
-from ..protocol import FinishReason, GenerationParams, Question
+from ..protocol import FinishReason, GenerationParams, Question, TokenLogprob
 
 
 class Phase(enum.Enum):
@@ -35,6 +35,9 @@ class Sequence:
     choice_tokens: Optional[tuple[tuple[int, ...], ...]] = None
     choice_scores: Optional[list[float]] = None  # their log-probabilities, once computed
     error: Optional[str] = None  # why it could not be answered
+    # Each picked token's log-probability, when its settings ask (GenerationParams.token_logprobs):
+    # one per token of `output` and, last, the end-of-generation token's
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     t_admit: float = 0.0
     t_first: float = 0.0
     finish: Optional[FinishReason] = None
@@ -100,6 +103,7 @@ class Sequence:
         self.n_cached = 0
         self.output.clear()
         self.text_bytes.clear()
+        self.logprobs.clear()
         self.choice_scores = None
 
 

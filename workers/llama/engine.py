@@ -48,10 +48,20 @@ import numpy as np
 from ..engine import invariant
 from ..engine.batch import Batch, batch_arrays, logit_index
 from ..engine.constraints import best_choice, choice_grammar, choice_logprobs, choice_text
+from ..engine.logprobs import answer_tokens
 from ..engine.scheduler import Scheduler, Span
 from ..engine.sequence import Phase, Sequence
 from ..engine.step_counters import StepCounters
-from ..protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
+from ..protocol import (
+    Answer,
+    AnswerSpec,
+    EngineConfig,
+    FinishReason,
+    GenerationParams,
+    Question,
+    TokenLogprob,
+    kv_cells,
+)
 from .model_runner import ModelRunner
 from .sampling import Sampling
 from .slot_kv import SlotKv, slot_contents
@@ -164,6 +174,7 @@ class LlamaEngine:
     def close(self) -> None:
         for seq in self.sched.running:
             self._free_sampler(seq)
+        self.sampling.close()
         self.runner.close()
 
     # -- internals ------------------------------------------------------------------------------
@@ -235,8 +246,26 @@ class LlamaEngine:
         for i, (span, index, _) in enumerate(rows):
             tokens[i] = self._pick(span.seq, index, tokens[i])
         out = [(span.seq, token) for (span, _, _), token in zip(rows, tokens)]
+        self._record_logprobs(rows, tokens)
         self.counters.sample_s += time.perf_counter() - t0
         return out
+
+    def _record_logprobs(self, rows: list[tuple[Span, int, int]], tokens: list[int]) -> None:
+        """The picked token's log-probability (and the K most likely) for every sequence whose
+        settings ask, all rows in one pass; nothing at all when none asks."""
+        asking = [(span.seq, index, token, k) for (span, index, _), token in zip(rows, tokens)
+                  if token >= 0 and (k := self._gen(span.seq).token_logprobs) is not None]
+        if not asking:
+            return
+        t0 = time.perf_counter()
+        got = self.sampling.token_logprobs([a[1] for a in asking], [a[2] for a in asking],
+                                           max(a[3] for a in asking))
+        piece = self.runner.vocab.piece
+        for (seq, _, token, k), (logprob, top) in zip(asking, got):
+            seq.logprobs.append(TokenLogprob(token, piece(token), logprob,
+                                             tuple((t, piece(t), lp) for t, lp in top[:k])))
+        self.counters.logprob_tokens += len(asking)
+        self.counters.logprob_s += time.perf_counter() - t0
 
     def _pick(self, seq: Sequence, index: int, greedy_token: int) -> int:
         """The token of one sequence at batch position `index`, given its greedy argmax: fixed
@@ -333,7 +362,17 @@ class LlamaEngine:
         return Answer(seq.question.qid, text, finish, seq.n_prompt, n_out, self.worker_id,
                       max(0.0, seq.t_first - seq.t_admit), now - seq.t_admit, error=seq.error,
                       created=time.time(), choice_logprobs=logprobs,
-                      prompt_decoded=seq.n_cached >= seq.n_prompt)
+                      prompt_decoded=seq.n_cached >= seq.n_prompt, token_logprobs=self._answer_logprobs(seq))
+
+    def _answer_logprobs(self, seq: Sequence) -> Optional[tuple[TokenLogprob, ...]]:
+        """The log-probabilities of the tokens the answer holds: not the end-of-generation token,
+        nor those wholly inside a stop string (the answer's text is cut where it begins)."""
+        if self._gen(seq).token_logprobs is None or seq.error:
+            return None
+        kept = seq.logprobs[:max(len(seq.output), 1 if seq.choice_scores is not None else 0)]
+        if seq.stop_cut is not None:
+            kept = kept[:answer_tokens([t.piece for t in kept], seq.stop_cut)]
+        return tuple(kept)
 
     def _answer_text(self, seq: Sequence) -> tuple[str, int, Optional[dict[str, float]]]:
         """(text, completion tokens, choice log-probabilities) of a finished sequence."""

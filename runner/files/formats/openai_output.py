@@ -22,6 +22,7 @@ from typing import Any
 
 from ....workers.protocol import Answer, FinishReason
 from .rows import OutputSpec, Row, split_thinking
+from .token_logprobs import chat_content, completion_logprobs
 
 
 def batch_line(row: Row, spec: OutputSpec) -> dict[str, Any]:
@@ -46,14 +47,17 @@ def _body(answer: Answer, qid: str, spec: OutputSpec, key: str, when: float) -> 
     finish = "length" if answer.finish_reason is FinishReason.LENGTH else "stop"
     usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
              "total_tokens": answer.prompt_tokens + answer.completion_tokens}
+    tokens = answer.token_logprobs
     if qid in spec.completions:
-        choice = {"index": 0, "text": answer.text, "logprobs": None, "finish_reason": finish}
+        logprobs = completion_logprobs(tokens) if tokens is not None else None
+        choice = {"index": 0, "text": answer.text, "logprobs": logprobs, "finish_reason": finish}
         return {"id": f"cmpl-{key}", "object": "text_completion", "created": int(when), "model": spec.model_name,
                 "choices": [choice], "usage": usage}
     thinking, text = split_thinking(answer.text)
     message: dict[str, Any] = {"role": "assistant", "content": text.strip(), "refusal": None}
     if spec.keep_thinking and thinking is not None:
         message["reasoning_content"] = thinking  # where vLLM and DeepSeek's API put it
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+    logprobs = {"content": chat_content(tokens), "refusal": None} if tokens is not None else None
+    choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
     return {"id": f"chatcmpl-{key}", "object": "chat.completion", "created": int(when), "model": spec.model_name,
             "choices": [choice], "usage": usage}

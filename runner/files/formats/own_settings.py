@@ -1,6 +1,6 @@
 """A question's own generation settings: what its line of the question file asks for (an OpenAI
-Batch line's max_tokens, temperature, top_p, seed, stop, logit_bias, response_format), laid over
-the job's. Pure.
+Batch line's max_tokens, temperature, top_p, seed, stop, logit_bias, response_format, logprobs),
+laid over the job's. Pure.
 
 A question with settings of its own carries them to the worker (Question.generation); one whose
 settings come out equal to the job's carries None, like every question of a plain question file.
@@ -28,6 +28,11 @@ class QuestionSettings:
     stop: Optional[tuple[str, ...]] = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), by token id
     response_format: Optional[ResponseFormat] = None
+    # alternatives per token with each token's log-probability; NO_LOGPROBS: none, whatever the job says
+    token_logprobs: Optional[int] = None
+
+
+NO_LOGPROBS = -1  # a line that says `logprobs: false`
 
 
 def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str, ...],
@@ -40,9 +45,12 @@ def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str
     sampling = replace(base, temperature=base.temperature if own.temperature is None else own.temperature,
                        top_p=base.top_p if own.top_p is None else own.top_p,
                        seed=base.seed if own.seed is None else own.seed)
+    logprobs = job.token_logprobs if own.token_logprobs is None else \
+        None if own.token_logprobs == NO_LOGPROBS else own.token_logprobs
     gen = replace(job, max_tokens=own.max_tokens or job.max_tokens, stop=own.stop or stop, sampling=sampling,
                   logit_bias=own.logit_bias, response_format=own.response_format,
-                  answer=AnswerSpec(grammar=grammar) if grammar is not None else job.answer)
+                  answer=AnswerSpec(grammar=grammar) if grammar is not None else job.answer,
+                  token_logprobs=logprobs)
     return None if gen == job else gen
 
 

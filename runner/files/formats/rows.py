@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Container, Optional
 
 from ....workers.protocol import Answer
+from .token_logprobs import chat_content
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class OutputSpec:
     refused: Container[str] = frozenset()  # ids of requests refused as asked (answered with a 400)
     started: float = 0.0  # Unix time the run started: "created" of a line that has no answer
     choice_logprobs: bool = False  # answers carry choice_logprobs (answer.logprobs): CSV gives them a column
+    token_logprobs: bool = False  # answers carry token_logprobs (answer.token_logprobs): CSV gives them a column
 
 
 def split_thinking(text: str) -> tuple[Optional[str], str]:
@@ -55,4 +57,6 @@ def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
         out["thinking"] = thinking
     if row.answer.choice_logprobs is not None:
         out["choice_logprobs"] = row.answer.choice_logprobs
+    if row.answer.token_logprobs is not None:
+        out["token_logprobs"] = chat_content(row.answer.token_logprobs)
     return out
