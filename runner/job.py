@@ -56,7 +56,16 @@ from .pool.local import LocalBackend
 from .pool.pool import WorkerPool
 from .pool.signals import STOP
 from .questions.feed import QuestionFeed
-from .questions.prepare import WINDOW, Preparer, Window, check_requests, facts, max_tokens
+from .questions.prepare import (
+    WINDOW,
+    Preparer,
+    Window,
+    check_requests,
+    check_sample_slots,
+    facts,
+    max_samples,
+    max_tokens,
+)
 from .report.report import JobSetup, RunOutcome, RunReport
 from .watch.tally import RecordCounts
 from .watch.watch import RunWatch
@@ -225,7 +234,8 @@ def _settle(config: JobConfig, model: ModelIdentity, started: NodePlan, preparer
     gen = preparer.generation
     if started.layouts[0].n_gpu_layers and not preparer.info.gpu_offload:
         log.warning("%s", gpu.offload_warning(started.layouts[0].n_gpu_layers))
-    n_todo = len(first.questions) if first.last else STREAMED
+    samples = max_samples(first.questions, gen)  # each a sequence of its own once the prompt is in
+    n_todo = (len(first.questions) if first.last else STREAMED) * samples
     guess = 0 if first.last else math.ceil(longest_line / layouts.CHARS_PER_TOKEN) + layouts.CHAT_TEMPLATE_TOKENS
     job_facts, prefix = facts(first, preparer, n_todo, guess)
     most = max_tokens(first.questions, gen)
@@ -238,6 +248,8 @@ def _settle(config: JobConfig, model: ModelIdentity, started: NodePlan, preparer
                               offload=inputs.offload, cores=node.cores)
                for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
     plan = replace(started, layouts=tuple(lay for lay, _ in settled))
+    if first.questions:  # a rerun that the journal answers whole has no sample to lay out
+        check_sample_slots([lay.slots for lay in plan.layouts], samples, config)
     nodes = [] if started.nodes[0].node_id is None else node_report(plan, [memory for _, memory in settled])
     setup = JobSetup(config, model, plan.whole(), settled[0][1], gen, preparer.chat_template, len(prefix), 0, 0,
                      formats, {}, preparer.info.gpu_offload, sharing=first.sharing,
@@ -290,7 +302,8 @@ def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: fl
     made = preparer.made
     return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.model_name, made.completions,
                       made.refused, started_at, choice_logprobs=config.choice_logprobs,
-                      token_logprobs=config.token_logprobs is not None)
+                      token_logprobs=config.token_logprobs is not None,
+                      samples=config.sampling.n > 1 or bool(made.own_settings.get("n")))
 
 
 def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ended: Optional[Exception],

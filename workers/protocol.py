@@ -78,6 +78,16 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class Sample:
+    """One of a question's answers when it asks for several (SamplingParams.n)."""
+
+    text: str
+    finish_reason: FinishReason
+    completion_tokens: int
+    token_logprobs: Optional[tuple[TokenLogprob, ...]] = None
+
+
+@dataclass(frozen=True)
 class Answer:
     qid: str
     text: str
@@ -98,6 +108,9 @@ class Answer:
     prompt_decoded: bool = True
     # Each generated token's log-probability, when asked (GenerationParams.token_logprobs)
     token_logprobs: Optional[tuple[TokenLogprob, ...]] = None
+    # Every sample of a question that asks for several (SamplingParams.n), in sample order; then
+    # text, finish_reason and token_logprobs are the first sample's, completion_tokens all of theirs.
+    samples: Optional[tuple[Sample, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +124,9 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int = 0
+    # Answers per question, all from one computation of its prompt; sample i is drawn with seed
+    # workers/engine/samples.py sample_seed(question seed, i).
+    n: int = 1
 
 
 # A response format is enforced by a grammar (AnswerSpec.grammar, made by the coordinator from

@@ -113,6 +113,8 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "sampling.repeat_penalty": check.number(0.0, lo_open=True),
     "sampling.repeat_last_n": check.integer(0),
     "sampling.seed": check.integer(0, hi=2**64 - 1),  # only hashed into per-question seeds
+    "sampling.n": check.integer(1, hi=MAX_SLOTS, why_hi=f" (a question's samples decode together, in at most "
+                                                           f"{MAX_SLOTS} slots)"),
     "answer.choices": check.choices,
     "answer.logprobs": check.boolean,
     "answer.choice_logits": check.boolean,
@@ -256,7 +258,19 @@ def _check_answer(config: JobConfig) -> None:
         raise ConfigError(f"{' and '.join(given)}: give one of them (an answer is one choice, JSON or a grammar's)")
     if config.choice_logprobs and not config.choices:
         raise ConfigError("answer.logprobs: needs answer.choices (log-probabilities are the choices')")
+    _check_samples(config)
     _check_backend(config)
+
+
+def _check_samples(config: JobConfig) -> None:
+    """n samples that could only be n copies of one answer are refused rather than computed."""
+    n = config.sampling.n
+    if n > 1 and config.sampling.temperature <= 0:
+        raise ConfigError(f"sampling.n: {n} samples need sampling.temperature > 0 (--temperature); greedy "
+                          f"decoding would give {n} identical answers")
+    if n > 1 and config.choices and config.choice_logits:
+        raise ConfigError(f"sampling.n: {n} samples of answer.choices answered from the logits would be "
+                          "the same most likely choice: set answer.choice_logits: false to sample the choices")
 
 
 def _check_backend(config: JobConfig) -> None:

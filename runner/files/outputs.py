@@ -46,7 +46,7 @@ class RowText:
         self.spec = spec
         self.columns = [spec.id_field, "answer", "error"] + (["thinking"] if spec.keep_thinking else [])
         # CSV: as JSON text in one column each
-        self.columns += [key for key in ("choice_logprobs", "token_logprobs") if getattr(spec, key)]
+        self.columns += [key for key in ("choice_logprobs", "token_logprobs", "samples") if getattr(spec, key)]
         self.rows = 0
 
     def head(self) -> str:
@@ -58,8 +58,10 @@ class RowText:
             return json.dumps(batch_line(row, self.spec), ensure_ascii=False) + "\n"
         fields = row_fields(row, self.spec.id_field, self.spec.keep_thinking)
         if self.spec.format == "csv":
-            for key in ("choice_logprobs", "token_logprobs"):
-                if key in fields:
+            for key in ("choice_logprobs", "token_logprobs", "answer", "thinking"):
+                if isinstance(fields.get(key), (dict, list)):
+                    if key == "answer":
+                        fields["samples"] = len(fields[key])
                     fields[key] = json.dumps(fields[key], ensure_ascii=False)
             return csv_line(["" if fields.get(c) is None else fields[c] for c in self.columns])
         if self.spec.format == "jsonl":

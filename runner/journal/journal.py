@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
+from ...workers.protocol import Answer, FinishReason, GenerationParams, Question, Sample
 from ..config.schema import JobConfig
 from ..errors import ConfigError, OutputError, quote
 from ..files.compact import HashIndex, text_key
@@ -70,7 +70,8 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             # answers without token log-probabilities are not reused when they are asked (only set:
             # journals of jobs that never asked stay valid)
             **({"answer.token_logprobs": generation.token_logprobs} if generation.token_logprobs is not None else {}),
-            **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items()}}
+            # one sample (the default) is left out: journals written before n existed stay valid
+            **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items() if k != "n" or v != 1}}
 
 
 def as_written(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
@@ -95,8 +96,13 @@ def _entry(answer: Answer, prompt: str, record: str) -> dict[str, Any]:
                              "ttft_s": round(answer.ttft_s, 4), "latency_s": round(answer.latency_s, 4),
                              "error": answer.error, "created": answer.created,
                              "choice_logprobs": answer.choice_logprobs}
-    if answer.token_logprobs is not None:  # after "error": runner/journal/index.py finds that key by a regex
+    # after "error": runner/journal/index.py finds that key by a regex
+    if answer.token_logprobs is not None:
         entry["token_logprobs"] = to_journal(answer.token_logprobs)
+    if answer.samples is not None:
+        entry["samples"] = [[s.text, s.finish_reason.value, s.completion_tokens,
+                             to_journal(s.token_logprobs) if s.token_logprobs is not None else None]
+                            for s in answer.samples]
     return entry
 
 
@@ -104,7 +110,14 @@ def _answer(e: Mapping[str, Any]) -> Answer:
     return Answer(e["qid"], e["text"], FinishReason(e["finish_reason"]), e["prompt_tokens"],
                   e["completion_tokens"], e["worker_id"], e["ttft_s"], e["latency_s"], e["error"],
                   e.get("created", 0.0), e.get("choice_logprobs"),
-                  token_logprobs=from_journal(e.get("token_logprobs")))
+                  token_logprobs=from_journal(e.get("token_logprobs")), samples=_samples(e.get("samples")))
+
+
+def _samples(data: Optional[list[list[Any]]]) -> Optional[tuple[Sample, ...]]:
+    if data is None:
+        return None
+    return tuple(Sample(text, FinishReason(finish), tokens, from_journal(logprobs))
+                 for text, finish, tokens, logprobs in data)
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,8 @@ class RunReport:
                 "prompt_tokens": in_questions, "prompt_tokens_computed": computed,
                 "computed_share": round(computed / in_questions, 3) if in_questions else None,
                 "hits": total("prefix_hits"), "stream_copies": total("stream_copies"),
+                # samples (sampling.n) started from a copy of their question's prompt KV
+                "sample_forks": total("sample_forks"),
                 "kept_tokens_peak": kept, "kept_mib_peak": round(kept * self.setup.kv_bytes_per_cell / 2**20, 1)}
 
     def _model_memory(self) -> MemoryKind:

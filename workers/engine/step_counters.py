@@ -44,6 +44,8 @@ class StepCounters:
     prefix_hits: float = 0.0
     stream_copies: float = 0.0
     kept_tokens_peak: float = 0.0
+    # Samples (SamplingParams.n) started from a copy of their question's prompt KV, not computing it
+    sample_forks: float = 0.0
 
     def step(self, spans: list[Span], busy: int, seconds: float) -> None:
         n_tokens = sum(s.n for s in spans)

@@ -49,6 +49,7 @@ from ..engine import invariant
 from ..engine.batch import Batch, batch_arrays, logit_index
 from ..engine.constraints import best_choice, choice_grammar, choice_logprobs, choice_text
 from ..engine.logprobs import answer_tokens
+from ..engine.samples import SampleSet
 from ..engine.scheduler import Scheduler, Span
 from ..engine.sequence import Phase, Sequence
 from ..engine.step_counters import StepCounters
@@ -131,7 +132,13 @@ class LlamaEngine:
             self._rejected.append(Answer(question.qid, "", FinishReason.ERROR, n, 0, self.worker_id,
                                          0.0, 0.0, error=why, prompt_decoded=False))
             return
-        self.sched.add(Sequence(question))
+        samples = (question.generation or self.gen).sampling.n
+        if samples > self.slots:  # the coordinator lays out slots for n: only a hand-made config gets here
+            self._rejected.append(Answer(question.qid, "", FinishReason.ERROR, n, 0, self.worker_id, 0.0, 0.0,
+                                         error=f"{samples} samples need {samples} slots, the worker has "
+                                               f"{self.slots}", prompt_decoded=False))
+            return
+        self.sched.add(Sequence(question, samples=SampleSet(samples) if samples > 1 else None))
 
     def step(self) -> list[Answer]:
         """schedule (admit, lay out the slots) → decode → sample → finish."""
@@ -141,14 +148,15 @@ class LlamaEngine:
         busy = len(self.sched.running)
         batch = self._decode_with_room()
         vocab = self.runner.vocab
-        for seq, token in self._sample(batch):
+        picked = self._sample(batch)
+        for seq, token in picked:
             if seq.choice_scores is not None or token < 0:
                 if token < 0:
                     seq.error = "the answer's grammar allows no token of this model's vocabulary here"
-                done.append(self._finish(seq))  # a choice is answered in one position, no decode step
+                done += self._finish(seq)  # a choice is answered in one position, no decode step
             elif seq.accept(token, vocab.piece(token), vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
-                done.append(self._finish(seq))
-        self.counters.generated_tokens += len(batch.rows)
+                done += self._finish(seq)
+        self.counters.generated_tokens += len(picked)
         self.counters.step(batch.spans, busy, time.perf_counter() - t0)
         return done
 
@@ -200,16 +208,38 @@ class LlamaEngine:
         failed = []
         for seq in self.sched.admit():
             self.kv.start(seq)
-            gen = self._gen(seq)
-            if needs_sampler(gen):
-                seq.sampler = self.sampling.new_sampler(gen, seq.question.seed)
-            if gen.answer is not None:
-                self._constrain(seq, gen.answer)
+            self._prepare(seq)
             if seq.error is not None:
-                failed.append(self._finish(seq))
+                failed += self._finish(seq)
         for seq, old_id in self.sched.compact():
             self.kv.move(seq, old_id)
         return failed
+
+    def _prepare(self, seq: Sequence) -> None:
+        """Its sampler chain (seeded with its own seed: its sample's) and its grammar, if it needs them."""
+        gen = self._gen(seq)
+        if needs_sampler(gen):
+            seq.sampler = self.sampling.new_sampler(gen, seq.seed)
+        if gen.answer is not None:
+            self._constrain(seq, gen.answer)
+
+    def _fork(self, rows: list[tuple[Span, int, int]]) -> list[tuple[Span, int, int]]:
+        """The rows with one more per sample forked now: a question of several samples whose
+        prompt just went in has its KV copied into the slots it held, and each sample draws its
+        first token from the same logits row (workers/engine/samples.py)."""
+        out = list(rows)
+        for span, index, row in rows:
+            parent = span.seq
+            if not parent.forks_now() or parent.samples is None:
+                continue
+            parent.samples.forked = True
+            for i, slot in enumerate(list(parent.fork_ids), start=1):
+                child = Sequence(parent.question, sample=i, samples=parent.samples)
+                self.sched.fork(parent, child, slot)
+                self.kv.fork(parent.seq_id, slot)
+                self._prepare(child)
+                out.append((Span(child, span.start_pos, span.n, True), index, row))
+        return out
 
     def _constrain(self, seq: Sequence, spec: AnswerSpec) -> None:
         """Fixed choices that are each one token: answered from the logits; other choices and
@@ -235,7 +265,7 @@ class LlamaEngine:
         """The next token of every sequence that got logits: the greedy ones (no sampler) in one
         argmax over their rows, the others by their own llama.cpp sampler chain on their row."""
         t0 = time.perf_counter()
-        rows = batch.rows
+        rows = self._fork(batch.rows)
         tokens = [0] * len(rows)
         greedy = [i for i, (span, _, _) in enumerate(rows)
                   if span.seq.sampler is None and span.seq.choice_tokens is None]
@@ -349,13 +379,19 @@ class LlamaEngine:
             self.sampling.free_sampler(seq.grammar)
             seq.grammar = None
 
-    def _finish(self, seq: Sequence) -> Answer:
-        """The finished sequence's answer; its slot and sampler given back, and its KV too, or
-        with the prefix cache its prompt's cells kept for the questions that share them."""
+    def _finish(self, seq: Sequence) -> list[Answer]:
+        """The finished sequence's answer (none yet for a sample whose question waits for its
+        other samples); its slot and sampler given back, and its KV too, or with the prefix cache
+        its prompt's cells kept for the questions that share them."""
         self._free_sampler(seq)
         self.sched.release(seq)
         self.kv.finished(seq)
         seq.phase = Phase.FINISHED
+        answer = self._answer(seq)
+        whole = answer if seq.samples is None else seq.samples.finished(seq.sample, answer)
+        return [whole] if whole is not None else []
+
+    def _answer(self, seq: Sequence) -> Answer:
         now = time.perf_counter()
         text, n_out, logprobs = self._answer_text(seq)
         finish = FinishReason.ERROR if seq.error else seq.finish or FinishReason.STOP

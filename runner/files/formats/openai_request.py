@@ -6,8 +6,8 @@ cannot answer it as asked, why. Pure: no model needed.
      "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 64}}
 
 A body field is honoured (max_tokens or max_completion_tokens, temperature, top_p, seed, stop,
-response_format, logit_bias, logprobs and top_logprobs), ignored (model: the job's model answers
-every line), accepted at its neutral value only (n 1, stream false, presence_penalty and
+response_format, logit_bias, logprobs and top_logprobs, n), ignored (model: the job's model
+answers every line), accepted at its neutral value only (stream false, presence_penalty and
 frequency_penalty 0), or refused. A refused line is answered with the reason, which names the field, and the
 rest of the file is answered, as OpenAI answers a bad line of a batch with a 400. A setting the
 line leaves out is the job's, not OpenAI's default (the job is greedy by default, where OpenAI
@@ -29,9 +29,10 @@ CHAT, COMPLETION = "chat", "completion"
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
 LINE_KEYS = ("custom_id", "method", "url", "body")
 HONOURED = {CHAT: ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-                   "stop", "response_format", "logit_bias", "logprobs", "top_logprobs"),
+                   "stop", "response_format", "logit_bias", "logprobs", "top_logprobs", "n"),
             COMPLETION: ("prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias",
-                         "logprobs")}
+                         "logprobs", "n")}
+MAX_N = 128  # samples per line (OpenAI's own limit)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_TOP_LOGPROBS = {CHAT: 20, COMPLETION: 5}  # alternatives per token, as OpenAI allows
@@ -44,7 +45,7 @@ def _zero(v: Any) -> bool:
 
 # field -> (its neutral value as said in an error, the test)
 NEUTRAL: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "n": ("1", lambda v: v == 1 and not isinstance(v, bool)), "stream": ("false", lambda v: v is False),
+    "stream": ("false", lambda v: v is False),
     "presence_penalty": ("0", _zero), "frequency_penalty": ("0", _zero),
 }
 
@@ -126,7 +127,8 @@ def _settings(body: Mapping[str, Any], endpoint: str) -> QuestionSettings:
         stop=_field(body, "stop", _stop),
         logit_bias=_field(body, "logit_bias", _logit_bias) or (),
         response_format=_field(body, "response_format", _response_format),
-        token_logprobs=_token_logprobs(body, endpoint))
+        token_logprobs=_token_logprobs(body, endpoint),
+        n=_field(body, "n", _integer(1, MAX_N)))
 
 
 def _token_logprobs(body: Mapping[str, Any], endpoint: str) -> Optional[int]:
