@@ -20,7 +20,7 @@ from .config.schema import JobConfig, build_config
 from .errors import ConfigError, InputError
 from .job import run_job
 from .report.report import RunReport
-from .warm.calls import Answered
+from .warm.calls import Answered, answered
 from .warm.pool import Pool
 from .warm.records import Question, caller_records, caller_rows
 
@@ -71,9 +71,8 @@ def _answer_resumable(config: JobConfig, rows: list[dict[str, Any]], folder: Pat
             raise
         said = in_callers_terms(str(exc), str(questions_path))
         raise (InputError(said) if isinstance(exc, InputError) else ConfigError(said)) from None
-    return [Answered(str(r[config.id_field]), r.get("answer"), r.get("error"), r.get("thinking"),
-                     r.get("choice_logprobs"))
-            for r in map(json.loads, output.read_text(encoding="utf-8").splitlines())]
+    rows = map(json.loads, output.read_text(encoding="utf-8").splitlines())
+    return [answered(str(r[config.id_field]), r) for r in rows]
 
 
 def in_callers_terms(message: str, questions_path: str) -> str:

@@ -42,7 +42,9 @@ FLAG_KEYS = {
     "id_field": "fields.id", "question_field": "fields.question",
     "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
     "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
+    "n": "sampling.n",
     "choices": "answer.choices", "choice_logprobs": "answer.logprobs", "json_schema": "answer.json_schema",
+    "token_logprobs": "answer.token_logprobs",
     "grammar": "answer.grammar",
     "backend": "backend", "ray_address": "ray_address",
 }
@@ -69,9 +71,14 @@ def _add_answer_flags(a: Callable[..., Any]) -> None:
     a("--min-p", dest="min_p")
     a("--repeat-penalty", dest="repeat_penalty")
     a("--seed", help="job seed; each question's seed derives from it and the question id")
+    a("--n", metavar="N", help="answers per question (samples: needs --temperature > 0), all from one "
+                               "computation of its prompt; written as a list")
     a("--choices", help="the answer is exactly one of these: A,B,C,D, or auto (each record's 'choices')")
     a("--choice-logprobs", dest="choice_logprobs", action="store_true", default=None,
       help="with --choices: write each choice's log-probability (choice_logprobs)")
+    a("--token-logprobs", dest="token_logprobs", metavar="K",
+      help="write each answer token's log-probability and the K most likely tokens there (0-20; 0: the "
+           "token's alone) as token_logprobs")
     a("--json-schema", dest="json_schema", help="the answer is JSON valid under this schema (a .json file, or inline)")
     a("--grammar", help="the answer matches this GBNF grammar (llama.cpp's; root rule 'root')")
 

@@ -50,7 +50,16 @@ from .plan.nodes import NodePlan, node_report
 from .pool.pool import WorkerPool
 from .pool.signals import STOP
 from .questions.feed import QuestionFeed
-from .questions.prepare import WINDOW, Preparer, Window, check_requests, facts, max_tokens
+from .questions.prepare import (
+    WINDOW,
+    Preparer,
+    Window,
+    check_requests,
+    check_sample_slots,
+    facts,
+    max_samples,
+    max_tokens,
+)
 from .questions.prompting import Prompting
 from .report.report import JobSetup, RunOutcome, RunReport
 from .watch.startup_load import SinceStart
@@ -186,11 +195,16 @@ def _settle(config: JobConfig, started: NodePlan, preparer: Preparer, first: Win
     """The layout of the started workers, now that the first window's prompts are known (phase
     2, runner/launch.py settle). A streamed file's context also fits the longest line of the
     file, guessed from its bytes, and grows if a later window needs more (runner/plan/growth.py)."""
-    n_todo = len(first.questions) if first.last else STREAMED
+    gen = preparer.generation
+    samples = max_samples(first.questions, gen)  # each a sequence of its own once the prompt is in
+    n_todo = (len(first.questions) if first.last else STREAMED) * samples
     guess = 0 if first.last else math.ceil(longest_line / layouts.CHARS_PER_TOKEN) + layouts.CHAT_TEMPLATE_TOKENS
     job_facts, prefix = facts(first, preparer, n_todo, guess)
-    return settle(config, started, preparer.prompting, job_facts, prefix,
-                  max_tokens(first.questions, preparer.generation), model_path)
+    growth = settle(config, started, preparer.prompting, job_facts, prefix, max_tokens(first.questions, gen),
+                    model_path)
+    if first.questions:  # a rerun that the journal answers whole has no sample to lay out
+        check_sample_slots([lay.slots for lay in growth.plan.layouts], samples, config)
+    return growth
 
 
 def _setup(config: JobConfig, model: ModelIdentity, preparer: Preparer, growth: ContextGrowth,
@@ -237,7 +251,9 @@ def _say_cut(watch: RunWatch) -> None:
 def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: float) -> OutputSpec:
     made = preparer.made
     return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.prompting.model_name, made.completions,
-                      made.refused, started_at, choice_logprobs=config.choice_logprobs)
+                      made.refused, started_at, choice_logprobs=config.choice_logprobs,
+                      token_logprobs=config.token_logprobs is not None,
+                      samples=config.sampling.n > 1 or bool(made.own_settings.get("n")))
 
 
 def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ended: Optional[Exception],

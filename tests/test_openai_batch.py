@@ -37,7 +37,8 @@ def test_a_chat_line_with_every_honoured_field():
     assert req.messages == (("user", "hi"),)
     schema = '{"properties":{"n":{"type":"integer"}},"type":"object"}'
     assert req.settings == QuestionSettings(16, 0.7, 0.9, -3, ("\n",), ((7, 2.5), (42, -100.0)),
-                                            ResponseFormat("json_schema", schema, "answer", True))
+                                            ResponseFormat("json_schema", schema, "answer", True),
+                                            token_logprobs=-1, n=1)  # logprobs false: none, whatever the job says
 
 
 def test_a_completion_line_and_message_shapes():
@@ -75,7 +76,7 @@ def test_a_completion_line_and_message_shapes():
      "body.response_format: json_schema: needs a name"),
     (line({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": []}}}),
      "body.response_format: json_schema.schema: must be a JSON Schema object"),
-    (line({"n": 2}), "body.n: only 1 is supported, got 2"),
+    (line({"n": 0}), "body.n: must be from 1 to 128, got 0"),
     (line({"messages": []}), "body.messages: must be a non-empty list"),
     (line({"messages": [{"role": "tool", "content": "x"}]}), "body.messages[0].role: must be one of"),
     (line({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),

@@ -193,7 +193,8 @@ def test_csv_and_json_array_answers(tmp_path):
      "duplicate answer for 'a' (lines 1 and 2)"),
     ('{"questionID": "a", "answer": "1"}\n{"questionID": "b", "answer": \n', ":2: malformed JSON"),
     ('{"id": "a", "answer": "1"}\n', ":1: no 'questionID' field (it has: id, answer)"),
-    ('{"questionID": "a", "answer": ["x"]}\n', ":1: 'answer' must be a string or a number"),
+    ('{"questionID": "a", "answer": {"x": 1}}\n', ":1: 'answer' must be a string or a number"),
+    ('{"questionID": "a", "answer": ["x", 1]}\n', ":1: 'answer' must be a text or a list of sample texts"),
 ])
 def test_unreadable_answers_name_file_and_line(tmp_path, content, message):
     path = tmp_path / "a.jsonl"

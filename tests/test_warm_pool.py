@@ -51,6 +51,21 @@ def test_overrides_change_one_call_only(demo_model):
     assert chosen[0].text in ("yes", "no")
 
 
+
+@pytest.mark.timeout(120)
+def test_samples_and_token_logprobs_come_back_as_python_objects(demo_model):
+    settings = dict(model=demo_model, max_tokens=6, sampling={"temperature": 0.8, "n": 3},
+                    answer={"token_logprobs": 2})
+    with ggbatch.Pool(**settings) as pool:
+        (warm,) = pool.answer(["Once upon a time"])
+    (cold,) = ggbatch.answer(["Once upon a time"], **settings)
+    for a in (warm, cold):
+        assert a.samples is not None and len(a.samples) == 3 and a.text == a.samples[0].text
+        assert len({s.text for s in a.samples}) > 1  # seeds differ by sample
+        for s in a.samples:
+            assert s.token_logprobs and all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in s.token_logprobs)
+    assert [s.text for s in warm.samples] == [s.text for s in cold.samples]  # a pool answers as answer() does
+
 @pytest.mark.timeout(120)
 def test_32_threads_submitting_at_once_share_the_batches(demo_model):
     with ggbatch.Pool(model=demo_model, max_tokens=16, ignore_eos=True, slots=32, workers=1) as pool:

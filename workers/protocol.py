@@ -66,6 +66,28 @@ class Question:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability: the model's own log-softmax over the whole vocabulary
+    of the raw logits at its position (before temperature, top-k/top-p, penalties, logit_bias and a
+    grammar's mask, as OpenAI and llama-server report), and the most likely tokens there."""
+
+    token: int
+    piece: bytes  # its text as the vocabulary spells it (part of a character, for some tokens)
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()  # (token, piece, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One of a question's answers when it asks for several (SamplingParams.n)."""
+
+    text: str
+    finish_reason: FinishReason
+    completion_tokens: int
+    token_logprobs: Optional[tuple[TokenLogprob, ...]] = None
+
+
+@dataclass(frozen=True)
 class Answer:
     qid: str
     text: str
@@ -84,6 +106,11 @@ class Answer:
     # grammar that could not be built) or with the worker that died on it; its prompt_tokens
     # are then no work done, and the report counts them apart.
     prompt_decoded: bool = True
+    # Each generated token's log-probability, when asked (GenerationParams.token_logprobs)
+    token_logprobs: Optional[tuple[TokenLogprob, ...]] = None
+    # Every sample of a question that asks for several (SamplingParams.n), in sample order; then
+    # text, finish_reason and token_logprobs are the first sample's, completion_tokens all of theirs.
+    samples: Optional[tuple[Sample, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +124,9 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int = 0
+    # Answers per question, all from one computation of its prompt; sample i is drawn with seed
+    # workers/engine/samples.py sample_seed(question seed, i).
+    n: int = 1
 
 
 # A response format is enforced by a grammar (AnswerSpec.grammar, made by the coordinator from
@@ -141,6 +171,9 @@ class GenerationParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), by token id
     response_format: Optional[ResponseFormat] = None  # as asked; enforced through `answer`
     answer: Optional[AnswerSpec] = None  # what the answer must be: fixed choices or a grammar
+    # Each generated token's log-probability and the K most likely tokens at its position (0: the
+    # token's alone); None: none, and no cost (answer.token_logprobs, an OpenAI line's logprobs).
+    token_logprobs: Optional[int] = None
 
 
 def kv_cells(slots: int, n_ctx_seq: int, n_prefix: int, unified: bool, batch_invariant: bool = False) -> int:

@@ -65,6 +65,7 @@ class JobConfig:
     choices: Union[tuple[str, ...], str] = ()
     choice_logprobs: bool = False  # write each choice's log-probability
     choice_logits: bool = True  # false: single-token choices generated under the grammar too
+    token_logprobs: Optional[int] = None  # K: each answer token's log-probability and the K most likely
     json_schema: Optional[str] = None
     grammar: Optional[str] = None
     backend: str = "local"  # where workers live: local processes, or Ray actors (runner/pool/ray.py)
@@ -112,9 +113,12 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "sampling.repeat_penalty": check.number(0.0, lo_open=True),
     "sampling.repeat_last_n": check.integer(0),
     "sampling.seed": check.integer(0, hi=2**64 - 1),  # only hashed into per-question seeds
+    "sampling.n": check.integer(1, hi=MAX_SLOTS, why_hi=f" (a question's samples decode together, in at most "
+                                                           f"{MAX_SLOTS} slots)"),
     "answer.choices": check.choices,
     "answer.logprobs": check.boolean,
     "answer.choice_logits": check.boolean,
+    "answer.token_logprobs": check.integer(0, hi=20, why_hi=" (at most 20 alternatives per token, as OpenAI)"),
     "answer.json_schema": check.json_schema,
     "answer.grammar": check.grammar,
     "backend": check.backend,
@@ -129,7 +133,8 @@ _TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "model.repack": "repac
            "prompt.chat_template": "chat_template", "prompt.template_kwargs": "template_kwargs",
            "fields.id": "id_field",
            "fields.question": "question_field", "answer.choices": "choices", "answer.logprobs": "choice_logprobs",
-           "answer.choice_logits": "choice_logits", "answer.json_schema": "json_schema",
+           "answer.choice_logits": "choice_logits", "answer.token_logprobs": "token_logprobs",
+           "answer.json_schema": "json_schema",
            "answer.grammar": "grammar"}
 
 
@@ -253,7 +258,19 @@ def _check_answer(config: JobConfig) -> None:
         raise ConfigError(f"{' and '.join(given)}: give one of them (an answer is one choice, JSON or a grammar's)")
     if config.choice_logprobs and not config.choices:
         raise ConfigError("answer.logprobs: needs answer.choices (log-probabilities are the choices')")
+    _check_samples(config)
     _check_backend(config)
+
+
+def _check_samples(config: JobConfig) -> None:
+    """n samples that could only be n copies of one answer are refused rather than computed."""
+    n = config.sampling.n
+    if n > 1 and config.sampling.temperature <= 0:
+        raise ConfigError(f"sampling.n: {n} samples need sampling.temperature > 0 (--temperature); greedy "
+                          f"decoding would give {n} identical answers")
+    if n > 1 and config.choices and config.choice_logits:
+        raise ConfigError(f"sampling.n: {n} samples of answer.choices answered from the logits would be "
+                          "the same most likely choice: set answer.choice_logits: false to sample the choices")
 
 
 def _check_backend(config: JobConfig) -> None:

@@ -45,8 +45,8 @@ class RowText:
     def __init__(self, spec: OutputSpec) -> None:
         self.spec = spec
         self.columns = [spec.id_field, "answer", "error"] + (["thinking"] if spec.keep_thinking else [])
-        if spec.choice_logprobs:  # CSV: as JSON text in one column
-            self.columns.append("choice_logprobs")
+        # CSV: as JSON text in one column each
+        self.columns += [key for key in ("choice_logprobs", "token_logprobs", "samples") if getattr(spec, key)]
         self.rows = 0
 
     def head(self) -> str:
@@ -58,8 +58,11 @@ class RowText:
             return json.dumps(batch_line(row, self.spec), ensure_ascii=False) + "\n"
         fields = row_fields(row, self.spec.id_field, self.spec.keep_thinking)
         if self.spec.format == "csv":
-            if "choice_logprobs" in fields:
-                fields["choice_logprobs"] = json.dumps(fields["choice_logprobs"])
+            for key in ("choice_logprobs", "token_logprobs", "answer", "thinking"):
+                if isinstance(fields.get(key), (dict, list)):
+                    if key == "answer":
+                        fields["samples"] = len(fields[key])
+                    fields[key] = json.dumps(fields[key], ensure_ascii=False)
             return csv_line(["" if fields.get(c) is None else fields[c] for c in self.columns])
         if self.spec.format == "jsonl":
             return json.dumps(fields, ensure_ascii=False) + "\n"

@@ -29,11 +29,12 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
+from ...workers.protocol import Answer, FinishReason, GenerationParams, Question, Sample
 from ..config.schema import JobConfig
 from ..errors import ConfigError, OutputError, quote
 from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
+from ..files.formats.token_logprobs import from_journal, to_journal
 from ..model.identity import ModelIdentity
 from ..model.versions import package_version
 from .index import Earlier, prompt_key, read_earlier
@@ -66,7 +67,11 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             "answer": asdict(generation.answer) if generation.answer is not None else None,
             # another shard's output holds other questions: refused rather than silently mixed
             "shard": str(config.shard) if config.shard is not None else None,
-            **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items()}}
+            # answers without token log-probabilities are not reused when they are asked (only set:
+            # journals of jobs that never asked stay valid)
+            **({"answer.token_logprobs": generation.token_logprobs} if generation.token_logprobs is not None else {}),
+            # one sample (the default) is left out: journals written before n existed stay valid
+            **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items() if k != "n" or v != 1}}
 
 
 def as_written(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,17 +90,34 @@ def changed_setting(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[
 
 
 def _entry(answer: Answer, prompt: str, record: str) -> dict[str, Any]:
-    return {"qid": answer.qid, "prompt": prompt, "record": record, "text": answer.text,
-            "finish_reason": answer.finish_reason.value, "prompt_tokens": answer.prompt_tokens,
-            "completion_tokens": answer.completion_tokens, "worker_id": answer.worker_id,
-            "ttft_s": round(answer.ttft_s, 4), "latency_s": round(answer.latency_s, 4),
-            "error": answer.error, "created": answer.created, "choice_logprobs": answer.choice_logprobs}
+    entry: dict[str, Any] = {"qid": answer.qid, "prompt": prompt, "record": record, "text": answer.text,
+                             "finish_reason": answer.finish_reason.value, "prompt_tokens": answer.prompt_tokens,
+                             "completion_tokens": answer.completion_tokens, "worker_id": answer.worker_id,
+                             "ttft_s": round(answer.ttft_s, 4), "latency_s": round(answer.latency_s, 4),
+                             "error": answer.error, "created": answer.created,
+                             "choice_logprobs": answer.choice_logprobs}
+    # after "error": runner/journal/index.py finds that key by a regex
+    if answer.token_logprobs is not None:
+        entry["token_logprobs"] = to_journal(answer.token_logprobs)
+    if answer.samples is not None:
+        entry["samples"] = [[s.text, s.finish_reason.value, s.completion_tokens,
+                             to_journal(s.token_logprobs) if s.token_logprobs is not None else None]
+                            for s in answer.samples]
+    return entry
 
 
 def _answer(e: Mapping[str, Any]) -> Answer:
     return Answer(e["qid"], e["text"], FinishReason(e["finish_reason"]), e["prompt_tokens"],
                   e["completion_tokens"], e["worker_id"], e["ttft_s"], e["latency_s"], e["error"],
-                  e.get("created", 0.0), e.get("choice_logprobs"))
+                  e.get("created", 0.0), e.get("choice_logprobs"),
+                  token_logprobs=from_journal(e.get("token_logprobs")), samples=_samples(e.get("samples")))
+
+
+def _samples(data: Optional[list[list[Any]]]) -> Optional[tuple[Sample, ...]]:
+    if data is None:
+        return None
+    return tuple(Sample(text, FinishReason(finish), tokens, from_journal(logprobs))
+                 for text, finish, tokens, logprobs in data)
 
 
 @dataclass(frozen=True)

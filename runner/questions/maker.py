@@ -32,6 +32,7 @@ from ..files.formats.own_settings import (
     has_grammar,
     is_greedy,
     own_generation,
+    samples_problem,
     settings_key,
     vocabulary_problem,
 )
@@ -148,7 +149,8 @@ class QuestionMaker:
         req = rec.request
         if req is None:
             return self.builder.render(_user_message(self.builder, rec, self.config.input))
-        why = req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
+        why = req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings) \
+            or samples_problem(req.settings, self.job)
         if why is None and req.prompt is not None:
             return req.prompt
         if why is None:

@@ -115,6 +115,24 @@ def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> i
                default=generation.max_tokens)
 
 
+def max_samples(questions: Sequence[Question], generation: GenerationParams) -> int:
+    """The most samples any question draws (sampling.n, an OpenAI line's n)."""
+    return max((q.generation.sampling.n if q.generation else generation.sampling.n for q in questions),
+               default=generation.sampling.n)
+
+
+def check_sample_slots(slots: Sequence[int], samples: int, config: JobConfig) -> None:
+    """ConfigError when a worker has fewer slots than a question's samples: they decode together,
+    each in a slot of its own, from one computation of the prompt."""
+    fewest = min(slots, default=samples)
+    if fewest >= samples:
+        return
+    why = (f"--slots is {config.slots}" if config.slots is not None
+           else f"the memory plan leaves a worker {fewest} slots")
+    raise ConfigError(f"sampling.n: {samples} samples of a question decode together in {samples} slots, but {why}: "
+                      "give more slots, or fewer samples")
+
+
 def order(questions: list[Question], grouped: bool) -> tuple[list[Question], Optional[Sharing]]:
     """Longest prompts first, so that the long ones start early and the tail of the run stays
     short; `grouped`: the same by groups of questions sharing a prefix, kept together."""

@@ -61,7 +61,8 @@ class Prompting:
             check_spellable(self.tokenizer, answer.choices, self.info.metadata.get("tokenizer.ggml.unknown_token_id"))
         stop = config.stop or (PLAIN_STOP if self.template is None else ())
         max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
-        return GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer)
+        return GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer,
+                                token_logprobs=config.token_logprobs)
 
     def close(self) -> None:
         """The vocabulary's memory goes back; idempotent."""

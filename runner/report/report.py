@@ -195,6 +195,8 @@ class RunReport:
                 "prompt_tokens": in_questions, "prompt_tokens_computed": computed,
                 "computed_share": round(computed / in_questions, 3) if in_questions else None,
                 "hits": total("prefix_hits"), "stream_copies": total("stream_copies"),
+                # samples (sampling.n) started from a copy of their question's prompt KV
+                "sample_forks": total("sample_forks"),
                 "kept_tokens_peak": kept, "kept_mib_peak": round(kept * self.setup.kv_bytes_per_cell / 2**20, 1)}
 
     def _model_memory(self) -> MemoryKind:
@@ -288,6 +290,12 @@ def format_summary(report: RunReport) -> str:
 
 def _answer_shape(config: JobConfig) -> Optional[dict[str, Any]]:
     """What the job held every answer to (answer.*), or None: free text."""
+    if config.token_logprobs is not None:
+        return {"token_logprobs": config.token_logprobs, **(_held_to(config) or {})}
+    return _held_to(config)
+
+
+def _held_to(config: JobConfig) -> Optional[dict[str, Any]]:
     if config.choices:
         return {"choices": config.choices if isinstance(config.choices, str) else list(config.choices),
                 "logprobs": config.choice_logprobs, "choice_logits": config.choice_logits}

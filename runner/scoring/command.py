@@ -15,6 +15,7 @@ from ..errors import ConfigError, GgbatchError
 from ..files.outputs import write_atomic
 from ..files.paths import check_writable
 from .files import read_answers, read_gold
+from .samples import score_samples
 from .table import ScoreResult, details, format_table, parse_by, parse_extract, score, summary
 
 
@@ -50,7 +51,8 @@ def score_files(answers_path: str, gold_path: str, extract: str = "auto", by: Op
         raise ConfigError(f"{gold_path}: no record has a gold '{gold_field}' (name it with --gold-field)")
     answers = read_answers(answers_path, id_field, answer_field)
     scored, unknown, without_gold = score(gold, answers, rule, pattern, groups, without)
-    return ScoreResult(scored, unknown, len(without), answers_path, gold_path, extract, by, without_gold)
+    return ScoreResult(scored, unknown, len(without), answers_path, gold_path, extract, by, without_gold,
+                       score_samples(gold, answers, rule, pattern))
 
 
 def cmd_score(args: argparse.Namespace) -> int:

@@ -14,7 +14,8 @@ records without it (null, or an empty string) are counted, not scored.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Optional
+import json
+from typing import Any, Iterator, Mapping, Optional, Union
 
 from ..errors import InputError, quote
 
@@ -36,9 +37,14 @@ def read_rows(path: str) -> Iterator[tuple[int, Any]]:
     return json_array(path, text) if fmt == "json" else json_lines(path, text)
 
 
-def read_answers(path: str, id_field: str = "questionID", answer_field: str = "answer") -> dict[str, Optional[str]]:
-    """id -> answer text (None: the row has no answer: null, an error, a failed request)."""
-    answers: dict[str, Optional[str]] = {}
+# An answer's text, or the texts of its samples (sampling.n), in sample order
+Answered = Union[str, list[str], None]
+
+
+def read_answers(path: str, id_field: str = "questionID", answer_field: str = "answer") -> dict[str, Answered]:
+    """id -> answer text, or the list of a question's samples (None: the row has no answer: null,
+    an error, a failed request)."""
+    answers: dict[str, Answered] = {}
     lines: dict[str, int] = {}
     for line, row in read_rows(path):
         where = f"{path}:{line}"
@@ -47,15 +53,16 @@ def read_answers(path: str, id_field: str = "questionID", answer_field: str = "a
         if id_field not in row and "custom_id" in row:
             qid, text = row_id(where, row, "custom_id"), openai_text(row)
         else:
-            qid, text = row_id(where, row, id_field), _text(where, row, answer_field)
+            qid, text = row_id(where, row, id_field), _answer(where, row, answer_field)
         if qid in lines:
             raise InputError(f"{path}: duplicate answer for {quote(qid)} (lines {lines[qid]} and {line})")
         lines[qid], answers[qid] = line, text
     return answers
 
 
-def openai_text(row: Mapping[str, Any]) -> Optional[str]:
-    """The answer text of one OpenAI Batch output line, or None for an error or an odd shape."""
+def openai_text(row: Mapping[str, Any]) -> Answered:
+    """The answer text of one OpenAI Batch output line (the texts of its choices, by index, when
+    it has several), or None for an error or an odd shape."""
     response = row.get("response")
     if row.get("error") or not isinstance(response, dict) or response.get("status_code", 200) != 200:
         return None
@@ -63,10 +70,11 @@ def openai_text(row: Mapping[str, Any]) -> Optional[str]:
     if not isinstance(body, dict):
         return None
     choices = body.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        message = choices[0].get("message")
-        text = message.get("content") if isinstance(message, dict) else choices[0].get("text")
-        return text if isinstance(text, str) else None
+    if isinstance(choices, list) and choices and all(isinstance(c, dict) for c in choices):
+        texts = [_choice_text(c) for c in sorted(choices, key=lambda c: c.get("index") or 0)]
+        if None in texts:
+            return None
+        return texts[0] if len(texts) == 1 else [t for t in texts if t is not None]
     parts = [c.get("text") for item in body.get("output") or [] if isinstance(item, dict)
              for c in item.get("content") or [] if isinstance(c, dict) and c.get("type") == "output_text"]
     return "".join(p for p in parts if isinstance(p, str)) if parts else None
@@ -103,6 +111,28 @@ def row_id(where: str, row: Mapping[str, Any], field: str) -> str:
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise InputError(f"{where}: '{field}' must be a string or an integer, got {type(qid).__name__}")
     return checked_id(where, str(qid), field)
+
+
+def _choice_text(choice: Mapping[str, Any]) -> Optional[str]:
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _answer(where: str, row: Mapping[str, Any], field: str) -> Answered:
+    """An answers file's answer: a text, or a list of sample texts (JSON; in CSV, JSON text in the
+    cell of a row whose `samples` column is set)."""
+    value = row.get(field)
+    if isinstance(value, str) and str(row.get("samples") or "").strip():
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InputError(f"{where}: '{field}' of a row with samples must be a JSON list of texts") from None
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, str) for v in value):
+            raise InputError(f"{where}: '{field}' must be a text or a list of sample texts, got {quote(value)}")
+        return value
+    return _text(where, row, field)
 
 
 def _text(where: str, row: Mapping[str, Any], field: str) -> Optional[str]:

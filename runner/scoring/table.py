@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import AbstractSet, Any, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
+from .files import Answered
 from .rules import RULES, Gold, Scored, Tally, by_group, group_of, score_one, tally
+from .samples import SampleScores
 
 STDERR_FORMULA = "sqrt(p*(1-p)/(n-1)), the sample standard error of the mean (lm-evaluation-harness mean_stderr)"
 
@@ -25,6 +27,7 @@ class ScoreResult:
     extract: str  # the --extract value as given
     by: Optional[str] = None  # the --by pattern as given
     answers_without_gold_answer: int = 0  # answers to those gold records: counted apart, not scored
+    samples: Optional[SampleScores] = None  # maj@k and pass@k, when answers have several samples
 
 
 def parse_extract(value: str) -> tuple[str, Optional[re.Pattern[str]]]:
@@ -45,17 +48,21 @@ def _compile(pattern: str, flag: str) -> re.Pattern[str]:
         raise ConfigError(f"{flag}: not a valid regular expression: {exc} in {pattern!r}") from None
 
 
-def score(gold: Sequence[Gold], answers: Mapping[str, Optional[str]], rule: str,
+def score(gold: Sequence[Gold], answers: Mapping[str, Answered], rule: str,
           pattern: Optional[re.Pattern[str]] = None, by: Optional[re.Pattern[str]] = None,
           no_gold: AbstractSet[str] = frozenset()) -> tuple[list[Scored], int, int]:
     """(each gold question scored, answers whose id is not in the gold file, answers to the gold
     file's records without a gold answer: `no_gold`, their ids). A gold id without an answer is
-    missing: scored as wrong, and counted."""
-    scored = [score_one(g, answers.get(g.qid), rule, group_of(g.qid, by), pattern) for g in gold]
+    missing: scored as wrong, and counted. An answer of several samples is scored by its first."""
+    scored = [score_one(g, first_sample(answers.get(g.qid)), rule, group_of(g.qid, by), pattern) for g in gold]
     known = {g.qid for g in gold}
     unscored = [qid for qid in answers if qid not in known]
     without_gold = sum(1 for qid in unscored if qid in no_gold)
     return scored, len(unscored) - without_gold, without_gold
+
+
+def first_sample(answer: Answered) -> Optional[str]:
+    return answer[0] if isinstance(answer, list) else answer
 
 
 def _percent(value: Optional[float]) -> str:
@@ -78,7 +85,12 @@ def format_table(result: ScoreResult) -> str:
     lines += [_row(name, t, width) for name, t in groups.items()]
     lines.append(_row("all", overall, width))
     lines.append(f"accuracy {_percent(overall.accuracy)} ± {_percent(overall.stderr)} over {overall.n} questions "
-                 "(standard error sqrt(p(1-p)/(n-1)))")
+                 "(standard error sqrt(p(1-p)/(n-1)))" + (" of each question's first sample" if result.samples else ""))
+    if result.samples:
+        s = result.samples
+        passes = ", ".join(f"pass@{k} {_percent(v)}" for k, v in s.pass_at.items())
+        lines.append(f"samples    {s.questions} questions with {s.k} samples: maj@{s.k} {_percent(s.maj)} "
+                     f"({s.maj_correct} correct by majority vote), {passes}")
     if result.answers_not_in_gold:
         lines.append(f"answers whose id is not in the gold file: {result.answers_not_in_gold} (not scored)")
     if result.gold_without_answer:
@@ -102,6 +114,10 @@ def summary(result: ScoreResult) -> dict[str, Any]:
         "answers_not_in_gold": result.answers_not_in_gold, "gold_without_answer": result.gold_without_answer,
         "answers_without_gold_answer": result.answers_without_gold_answer,
     }
+    if result.samples:
+        s = result.samples
+        out["samples"] = {"questions": s.questions, "k": s.k, f"maj@{s.k}": s.maj, "maj_correct": s.maj_correct,
+                          **{f"pass@{k}": v for k, v in s.pass_at.items()}}
     if result.by:
         out["by"] = result.by
         out["groups"] = {name: _tally_json(t) for name, t in by_group(result.scored).items()}

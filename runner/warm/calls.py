@@ -13,7 +13,7 @@ import itertools
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer, Question
 from ..files.formats.rows import Row, row_fields
@@ -25,10 +25,27 @@ class Answered:
     """One question's answer, in the order the questions were given."""
 
     id: str
-    text: Optional[str]  # None when the question could not be answered
+    text: Optional[str]  # None when the question could not be answered; with samples, the first's
     error: Optional[str] = None
     thinking: Optional[str] = None  # a reasoning model's <think> block, with keep_thinking=True
     choice_logprobs: Optional[dict[str, float]] = None  # with answer={"choices": ..., "logprobs": True}
+    # with answer={"token_logprobs": K}: per token {token, logprob, bytes, top_logprobs}, as OpenAI's
+    token_logprobs: Optional[list[dict[str, Any]]] = None
+    samples: Optional[list["Answered"]] = None  # with sampling={"n": N > 1}: each sample, in order
+
+
+def answered(qid: str, fields: Mapping[str, Any]) -> Answered:
+    """An Answered from an answers file's fields (runner/files/formats/rows.py row_fields): a
+    question's n samples come as lists there, one Answered each here."""
+    text = fields.get("answer")
+    if not isinstance(text, list):
+        return Answered(qid, text, fields.get("error"), fields.get("thinking"), fields.get("choice_logprobs"),
+                        fields.get("token_logprobs"))
+    n = len(text)
+    thinking, logprobs = fields.get("thinking") or [None] * n, fields.get("token_logprobs") or [None] * n
+    samples = [Answered(qid, t, None, th, None, lp) for t, th, lp in zip(text, thinking, logprobs)]
+    first = samples[0] if samples else Answered(qid, None)
+    return replace(first, samples=samples)
 
 
 class NoReuse:
@@ -104,8 +121,7 @@ class Calls:
             answer = call.got.get(first)
             fields = row_fields(Row(qid, answer, "no answer came back" if answer is None else answer.error),
                                 self._id_field, self._keep_thinking)
-            rows.append(Answered(qid, fields.get("answer"), fields.get("error"), fields.get("thinking"),
-                                 fields.get("choice_logprobs")))
+            rows.append(answered(qid, fields))
         if not call.future.done():
             call.future.set_result(rows)
 

@@ -34,7 +34,7 @@ from ..plan.growth import ContextGrowth
 from ..plan.layout import PromptFacts
 from ..pool.pool import WorkerPool
 from ..questions.maker import QuestionMaker
-from ..questions.prepare import common_prefix, max_tokens
+from ..questions.prepare import common_prefix, max_samples, max_tokens
 from ..questions.prompting import Prompting
 from ..watch.startup_load import SinceStart
 from ..watch.watch import RunWatch
@@ -128,11 +128,12 @@ class Pool:
             prompts = [q.tokens for q in questions]
             prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
             longest, most = max((len(t) for t in prompts), default=1), max_tokens(questions, p.generation)
+            samples = max_samples(questions, p.generation)  # each a sequence of its own once the prompt is in
         else:
             probes = [Record(q, {self._config.question_field: q}, 0) for q in PROBES]
             prefix = common_prefix([q.tokens for q in self._make(probes, default)[2]])
-            longest, most = GUESS_PROMPT, p.generation.max_tokens
-        facts = PromptFacts(len(records) or STREAMED, longest, len(prefix), p.info.n_ctx_train, p.dims)
+            longest, most, samples = GUESS_PROMPT, p.generation.max_tokens, p.generation.sampling.n
+        facts = PromptFacts((len(records) or STREAMED) * samples, longest, len(prefix), p.info.n_ctx_train, p.dims)
         return facts, prefix, most
 
     # -- the loop thread -------------------------------------------------------------------------

@@ -101,19 +101,38 @@ class Scheduler:
             if self.contents and self.contents.wanted_soon(seq.prompt, self.running) >= start.n + MIN_WAIT_GAIN:
                 i += 1
                 continue
-            own = seq.question.generation  # a question's own max_tokens, else the job's
-            need = seq.n_prompt - start.n + (own.max_tokens if own else self.max_new_tokens)
+            wanted = seq.slots_wanted
+            if len(self.free_ids) < wanted:
+                break  # a question of several samples waits for a slot for each (kept in order)
+            need = seq.n_prompt - start.n + wanted * self._max_new(seq)
             if self.kv_budget is not None and self.running and self.kv_reserved + need > self.kv_budget:
                 break  # wait for a running sequence to finish and give its cells back
             del self.waiting[i]
             seq.admit(heapq.heappop(self.free_ids), start.n, start.source)
+            seq.fork_ids = [heapq.heappop(self.free_ids) for _ in range(wanted - 1)]
             if self.contents:
-                self.contents.forget(seq.seq_id)
+                for slot in (seq.seq_id, *seq.fork_ids):
+                    self.contents.forget(slot)
             seq.kv_reserved = need
             self.kv_reserved += need
             self.running.append(seq)
             admitted.append(seq)
         return admitted
+
+    def _max_new(self, seq: Sequence) -> int:
+        own = seq.question.generation  # a question's own max_tokens, else the job's
+        return own.max_tokens if own else self.max_new_tokens
+
+    def fork(self, parent: Sequence, child: Sequence, slot: int) -> None:
+        """A sample's sequence takes a slot its parent held, with the parent's whole prompt in it
+        (the caller copies the KV), and its share of the parent's KV reservation."""
+        parent.fork_ids.remove(slot)
+        child.admit(slot, parent.n_prompt)
+        child.t_admit = parent.t_admit
+        share = self._max_new(parent)
+        parent.kv_reserved -= share
+        child.kv_reserved = share
+        self.running.append(child)
 
     def _start(self, seq: Sequence, slot: int) -> Start:
         if self.contents:
@@ -191,7 +210,9 @@ class Scheduler:
     def release(self, seq: Sequence) -> None:
         """Give the slot back (finished or preempted)."""
         self.running.remove(seq)
-        heapq.heappush(self.free_ids, seq.seq_id)
+        for slot in (seq.seq_id, *seq.fork_ids):  # slots held for samples that never forked go back too
+            heapq.heappush(self.free_ids, slot)
+        seq.fork_ids = []
         self.kv_reserved -= seq.kv_reserved
         seq.kv_reserved = 0
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 from typing import Sequence as Seq
 
-from ..protocol import FinishReason, GenerationParams, Question
+from ..protocol import FinishReason, GenerationParams, Question, TokenLogprob
+from .samples import SampleSet, sample_seed
 
 
 class Phase(enum.Enum):
@@ -35,6 +36,14 @@ class Sequence:
     choice_tokens: Optional[tuple[tuple[int, ...], ...]] = None
     choice_scores: Optional[list[float]] = None  # their log-probabilities, once computed
     error: Optional[str] = None  # why it could not be answered
+    # Each picked token's log-probability, when its settings ask (GenerationParams.token_logprobs):
+    # one per token of `output` and, last, the end-of-generation token's
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    # A question asking for several samples (workers/engine/samples.py): which one this sequence
+    # draws, the set they finish into, and the slots held for the others until its prompt is in.
+    sample: int = 0
+    samples: Optional[SampleSet] = None
+    fork_ids: list[int] = field(default_factory=list)
     t_admit: float = 0.0
     t_first: float = 0.0
     finish: Optional[FinishReason] = None
@@ -47,6 +56,21 @@ class Sequence:
     @property
     def n_prompt(self) -> int:
         return len(self.question.tokens)
+
+    @property
+    def seed(self) -> int:
+        """Its sampler's seed: the question's, or its sample's."""
+        return sample_seed(self.question.seed, self.sample)
+
+    @property
+    def slots_wanted(self) -> int:
+        """Slots it takes at admission: its own, and one for each other sample still to fork."""
+        forking = self.samples is not None and self.sample == 0 and not self.samples.forked
+        return self.samples.n if forking and self.samples is not None else 1
+
+    def forks_now(self) -> bool:
+        """Its prompt is in and it holds slots for the other samples: they fork from its KV now."""
+        return bool(self.fork_ids) and self.phase is Phase.PREFILL and self.n_cached >= self.n_prompt
 
     @property
     def next_pos(self) -> int:
@@ -100,6 +124,7 @@ class Sequence:
         self.n_cached = 0
         self.output.clear()
         self.text_bytes.clear()
+        self.logprobs.clear()
         self.choice_scores = None
 
 

@@ -34,6 +34,8 @@ class StepCounters:
     grammar_tokens: float = 0.0  # tokens picked under a grammar (AnswerSpec)
     grammar_resamples: float = 0.0  # of those, picked again because the grammar refused the first pick
     choice_answers: float = 0.0  # fixed choices answered from the first position's logits
+    logprob_tokens: float = 0.0  # tokens whose log-probabilities were asked (GenerationParams.token_logprobs)
+    logprob_s: float = 0.0  # spent computing them (part of sample_s)
     # The prefix cache (workers/engine/prefix_cache.py): prompt tokens decoded (the shared prefix's
     # included) and taken from KV already held; admissions that started from another question's
     # prompt; whole-stream copies; the most prompt tokens free slots kept at once.
@@ -42,6 +44,8 @@ class StepCounters:
     prefix_hits: float = 0.0
     stream_copies: float = 0.0
     kept_tokens_peak: float = 0.0
+    # Samples (SamplingParams.n) started from a copy of their question's prompt KV, not computing it
+    sample_forks: float = 0.0
 
     def step(self, spans: list[Span], busy: int, seconds: float) -> None:
         n_tokens = sum(s.n for s in spans)

@@ -48,10 +48,21 @@ import numpy as np
 from ..engine import invariant
 from ..engine.batch import Batch, batch_arrays, logit_index
 from ..engine.constraints import best_choice, choice_grammar, choice_logprobs, choice_text
+from ..engine.logprobs import answer_tokens
+from ..engine.samples import SampleSet
 from ..engine.scheduler import Scheduler, Span
 from ..engine.sequence import Phase, Sequence
 from ..engine.step_counters import StepCounters
-from ..protocol import Answer, AnswerSpec, EngineConfig, FinishReason, GenerationParams, Question, kv_cells
+from ..protocol import (
+    Answer,
+    AnswerSpec,
+    EngineConfig,
+    FinishReason,
+    GenerationParams,
+    Question,
+    TokenLogprob,
+    kv_cells,
+)
 from .model_runner import ModelRunner
 from .sampling import Sampling
 from .slot_kv import SlotKv, slot_contents
@@ -121,7 +132,13 @@ class LlamaEngine:
             self._rejected.append(Answer(question.qid, "", FinishReason.ERROR, n, 0, self.worker_id,
                                          0.0, 0.0, error=why, prompt_decoded=False))
             return
-        self.sched.add(Sequence(question))
+        samples = (question.generation or self.gen).sampling.n
+        if samples > self.slots:  # the coordinator lays out slots for n: only a hand-made config gets here
+            self._rejected.append(Answer(question.qid, "", FinishReason.ERROR, n, 0, self.worker_id, 0.0, 0.0,
+                                         error=f"{samples} samples need {samples} slots, the worker has "
+                                               f"{self.slots}", prompt_decoded=False))
+            return
+        self.sched.add(Sequence(question, samples=SampleSet(samples) if samples > 1 else None))
 
     def step(self) -> list[Answer]:
         """schedule (admit, lay out the slots) → decode → sample → finish."""
@@ -131,14 +148,15 @@ class LlamaEngine:
         busy = len(self.sched.running)
         batch = self._decode_with_room()
         vocab = self.runner.vocab
-        for seq, token in self._sample(batch):
+        picked = self._sample(batch)
+        for seq, token in picked:
             if seq.choice_scores is not None or token < 0:
                 if token < 0:
                     seq.error = "the answer's grammar allows no token of this model's vocabulary here"
-                done.append(self._finish(seq))  # a choice is answered in one position, no decode step
+                done += self._finish(seq)  # a choice is answered in one position, no decode step
             elif seq.accept(token, vocab.piece(token), vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
-                done.append(self._finish(seq))
-        self.counters.generated_tokens += len(batch.rows)
+                done += self._finish(seq)
+        self.counters.generated_tokens += len(picked)
         self.counters.step(batch.spans, busy, time.perf_counter() - t0)
         return done
 
@@ -164,6 +182,7 @@ class LlamaEngine:
     def close(self) -> None:
         for seq in self.sched.running:
             self._free_sampler(seq)
+        self.sampling.close()
         self.runner.close()
 
     # -- internals ------------------------------------------------------------------------------
@@ -189,16 +208,38 @@ class LlamaEngine:
         failed = []
         for seq in self.sched.admit():
             self.kv.start(seq)
-            gen = self._gen(seq)
-            if needs_sampler(gen):
-                seq.sampler = self.sampling.new_sampler(gen, seq.question.seed)
-            if gen.answer is not None:
-                self._constrain(seq, gen.answer)
+            self._prepare(seq)
             if seq.error is not None:
-                failed.append(self._finish(seq))
+                failed += self._finish(seq)
         for seq, old_id in self.sched.compact():
             self.kv.move(seq, old_id)
         return failed
+
+    def _prepare(self, seq: Sequence) -> None:
+        """Its sampler chain (seeded with its own seed: its sample's) and its grammar, if it needs them."""
+        gen = self._gen(seq)
+        if needs_sampler(gen):
+            seq.sampler = self.sampling.new_sampler(gen, seq.seed)
+        if gen.answer is not None:
+            self._constrain(seq, gen.answer)
+
+    def _fork(self, rows: list[tuple[Span, int, int]]) -> list[tuple[Span, int, int]]:
+        """The rows with one more per sample forked now: a question of several samples whose
+        prompt just went in has its KV copied into the slots it held, and each sample draws its
+        first token from the same logits row (workers/engine/samples.py)."""
+        out = list(rows)
+        for span, index, row in rows:
+            parent = span.seq
+            if not parent.forks_now() or parent.samples is None:
+                continue
+            parent.samples.forked = True
+            for i, slot in enumerate(list(parent.fork_ids), start=1):
+                child = Sequence(parent.question, sample=i, samples=parent.samples)
+                self.sched.fork(parent, child, slot)
+                self.kv.fork(parent.seq_id, slot)
+                self._prepare(child)
+                out.append((Span(child, span.start_pos, span.n, True), index, row))
+        return out
 
     def _constrain(self, seq: Sequence, spec: AnswerSpec) -> None:
         """Fixed choices that are each one token: answered from the logits; other choices and
@@ -224,7 +265,7 @@ class LlamaEngine:
         """The next token of every sequence that got logits: the greedy ones (no sampler) in one
         argmax over their rows, the others by their own llama.cpp sampler chain on their row."""
         t0 = time.perf_counter()
-        rows = batch.rows
+        rows = self._fork(batch.rows)
         tokens = [0] * len(rows)
         greedy = [i for i, (span, _, _) in enumerate(rows)
                   if span.seq.sampler is None and span.seq.choice_tokens is None]
@@ -235,8 +276,26 @@ class LlamaEngine:
         for i, (span, index, _) in enumerate(rows):
             tokens[i] = self._pick(span.seq, index, tokens[i])
         out = [(span.seq, token) for (span, _, _), token in zip(rows, tokens)]
+        self._record_logprobs(rows, tokens)
         self.counters.sample_s += time.perf_counter() - t0
         return out
+
+    def _record_logprobs(self, rows: list[tuple[Span, int, int]], tokens: list[int]) -> None:
+        """The picked token's log-probability (and the K most likely) for every sequence whose
+        settings ask, all rows in one pass; nothing at all when none asks."""
+        asking = [(span.seq, index, token, k) for (span, index, _), token in zip(rows, tokens)
+                  if token >= 0 and (k := self._gen(span.seq).token_logprobs) is not None]
+        if not asking:
+            return
+        t0 = time.perf_counter()
+        got = self.sampling.token_logprobs([a[1] for a in asking], [a[2] for a in asking],
+                                           max(a[3] for a in asking))
+        piece = self.runner.vocab.piece
+        for (seq, _, token, k), (logprob, top) in zip(asking, got):
+            seq.logprobs.append(TokenLogprob(token, piece(token), logprob,
+                                             tuple((t, piece(t), lp) for t, lp in top[:k])))
+        self.counters.logprob_tokens += len(asking)
+        self.counters.logprob_s += time.perf_counter() - t0
 
     def _pick(self, seq: Sequence, index: int, greedy_token: int) -> int:
         """The token of one sequence at batch position `index`, given its greedy argmax: fixed
@@ -320,20 +379,36 @@ class LlamaEngine:
             self.sampling.free_sampler(seq.grammar)
             seq.grammar = None
 
-    def _finish(self, seq: Sequence) -> Answer:
-        """The finished sequence's answer; its slot and sampler given back, and its KV too, or
-        with the prefix cache its prompt's cells kept for the questions that share them."""
+    def _finish(self, seq: Sequence) -> list[Answer]:
+        """The finished sequence's answer (none yet for a sample whose question waits for its
+        other samples); its slot and sampler given back, and its KV too, or with the prefix cache
+        its prompt's cells kept for the questions that share them."""
         self._free_sampler(seq)
         self.sched.release(seq)
         self.kv.finished(seq)
         seq.phase = Phase.FINISHED
+        answer = self._answer(seq)
+        whole = answer if seq.samples is None else seq.samples.finished(seq.sample, answer)
+        return [whole] if whole is not None else []
+
+    def _answer(self, seq: Sequence) -> Answer:
         now = time.perf_counter()
         text, n_out, logprobs = self._answer_text(seq)
         finish = FinishReason.ERROR if seq.error else seq.finish or FinishReason.STOP
         return Answer(seq.question.qid, text, finish, seq.n_prompt, n_out, self.worker_id,
                       max(0.0, seq.t_first - seq.t_admit), now - seq.t_admit, error=seq.error,
                       created=time.time(), choice_logprobs=logprobs,
-                      prompt_decoded=seq.n_cached >= seq.n_prompt)
+                      prompt_decoded=seq.n_cached >= seq.n_prompt, token_logprobs=self._answer_logprobs(seq))
+
+    def _answer_logprobs(self, seq: Sequence) -> Optional[tuple[TokenLogprob, ...]]:
+        """The log-probabilities of the tokens the answer holds: not the end-of-generation token,
+        nor those wholly inside a stop string (the answer's text is cut where it begins)."""
+        if self._gen(seq).token_logprobs is None or seq.error:
+            return None
+        kept = seq.logprobs[:max(len(seq.output), 1 if seq.choice_scores is not None else 0)]
+        if seq.stop_cut is not None:
+            kept = kept[:answer_tokens([t.piece for t in kept], seq.stop_cut)]
+        return tuple(kept)
 
     def _answer_text(self, seq: Sequence) -> tuple[str, int, Optional[dict[str, float]]]:
         """(text, completion tokens, choice log-probabilities) of a finished sequence."""

@@ -4,8 +4,9 @@
 (workers/llama/model_runner.py, the model, context and decode): one argmax over the greedy rows,
 a sampler chain of the sequence's own for the others, a grammar asked first about the token
 picked without it and masking the whole vocabulary only when it refuses that token (as
-llama.cpp's common/sampling.cpp does), and the log-probability of each of a question's fixed
-choices. `grammar_problem` checks a grammar for the coordinator before any worker starts.
+llama.cpp's common/sampling.cpp does), the log-probability of each of a question's fixed
+choices, and of each generated token when asked. `grammar_problem` checks a grammar for the
+coordinator before any worker starts.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import ctypes
 import os
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Optional, Sequence
 
 import llama_cpp
 import numpy as np
 
 from ..engine.constraints import ROOT, choice_spellings
+from ..engine.logprobs import row_logprobs
 from ..protocol import GenerationParams
 
 # The backend and its log's ring of error lines belong to model_runner, which sets them up once.
@@ -112,6 +116,10 @@ class Sampling:
         self.runner = runner
         self.vocab = runner.vocab
         self._candidates: Optional[_Candidates] = None  # made on the first grammar's first use
+        # Token log-probabilities: threads made on first use, a row buffer each
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool_size = 0
+        self._scratch = threading.local()
 
     # -- sampling -------------------------------------------------------------------------------
 
@@ -194,6 +202,31 @@ class Sampling:
         top = row.max()
         log_z = top + np.log(np.exp(row - top).sum())
         return [float(row[list(tokens)].max() - log_z) for tokens in variants]
+
+    def token_logprobs(self, batch_indices: Sequence[int], tokens: Sequence[int],
+                       k: int) -> list[tuple[float, list[tuple[int, float]]]]:
+        """Each picked token's log-probability and the k most likely tokens, from the raw logits
+        rows of these batch positions (workers/engine/logprobs.py): read before any sampler, which
+        works on a copy, so the distribution is the model's own. Rows are spread over the worker's
+        threads: llama.cpp's own sit idle between two decodes, and numpy lets go of the GIL."""
+        work = list(zip(batch_indices, tokens))
+        if len(work) == 1 or self.runner.n_threads == 1:
+            return [self._token_logprobs(i, t, k) for i, t in work]
+        if self._pool is None or self._pool_size != self.runner.n_threads:
+            self._pool_size = self.runner.n_threads
+            self._pool = ThreadPoolExecutor(self._pool_size, thread_name_prefix="logprobs")
+        return list(self._pool.map(lambda it: self._token_logprobs(it[0], it[1], k), work))
+
+    def _token_logprobs(self, batch_index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+        scratch = getattr(self._scratch, "row", None)
+        if scratch is None:
+            scratch = self._scratch.row = np.empty(self.vocab.n_tokens, np.float32)
+        return row_logprobs(self._row(batch_index), token, k, scratch)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def _candidates_for(self) -> _Candidates:
         if self._candidates is None:

@@ -63,6 +63,17 @@ class SlotKv:
         if seq.source not in (-1, self.prefix_id):
             self.counters.prefix_hits += 1
 
+    def fork(self, parent: int, slot: int) -> None:
+        """A slot a question's parent sequence held gets a copy of its KV, the whole prompt (a
+        sample forking, workers/engine/samples.py): whatever the slot held goes first (a copy into
+        a unified pool adds cells to what the sequence has), then the whole sequence is copied, as
+        _copy_prefix (a partial range aborts between streams; on recurrent memory only the whole
+        state can be copied)."""
+        self.remove(slot)
+        self.runner.seq_cp(parent, slot, -1, -1)
+        self._forget(slot)
+        self.counters.sample_forks += 1
+
     def move(self, seq: Sequence, old_id: int) -> None:
         """A busy sequence moved down to a lower slot (Scheduler.compact): a whole-stream copy (a
         few MiB, done at the next decode) instead of a second pass over the weights in every step

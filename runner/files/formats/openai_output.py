@@ -20,8 +20,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ....workers.protocol import Answer, FinishReason
+from ....workers.protocol import Answer, FinishReason, Sample
 from .rows import OutputSpec, Row, split_thinking
+from .token_logprobs import chat_content, completion_logprobs
 
 
 def batch_line(row: Row, spec: OutputSpec) -> dict[str, Any]:
@@ -42,18 +43,36 @@ def batch_line(row: Row, spec: OutputSpec) -> dict[str, Any]:
 
 
 def _body(answer: Answer, qid: str, spec: OutputSpec, key: str, when: float) -> dict[str, Any]:
-    """A chat.completion, or a text_completion whose text is the continuation exactly as made."""
-    finish = "length" if answer.finish_reason is FinishReason.LENGTH else "stop"
+    """A chat.completion, or a text_completion whose text is the continuation exactly as made;
+    one choice per sample (`index` in sample order) when the line asked for several."""
     usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
              "total_tokens": answer.prompt_tokens + answer.completion_tokens}
-    if qid in spec.completions:
-        choice = {"index": 0, "text": answer.text, "logprobs": None, "finish_reason": finish}
+    samples = answer.samples or (Sample(answer.text, answer.finish_reason, answer.completion_tokens,
+                                        answer.token_logprobs),)
+    completion = qid in spec.completions
+    choices = [(_completion_choice if completion else _chat_choice)(i, s, spec) for i, s in enumerate(samples)]
+    if completion:
         return {"id": f"cmpl-{key}", "object": "text_completion", "created": int(when), "model": spec.model_name,
-                "choices": [choice], "usage": usage}
-    thinking, text = split_thinking(answer.text)
+                "choices": choices, "usage": usage}
+    return {"id": f"chatcmpl-{key}", "object": "chat.completion", "created": int(when), "model": spec.model_name,
+            "choices": choices, "usage": usage}
+
+
+def _finish(sample: Sample) -> str:
+    return "length" if sample.finish_reason is FinishReason.LENGTH else "stop"
+
+
+def _completion_choice(index: int, sample: Sample, spec: OutputSpec) -> dict[str, Any]:
+    tokens = sample.token_logprobs
+    return {"index": index, "text": sample.text, "finish_reason": _finish(sample),
+            "logprobs": completion_logprobs(tokens) if tokens is not None else None}
+
+
+def _chat_choice(index: int, sample: Sample, spec: OutputSpec) -> dict[str, Any]:
+    thinking, text = split_thinking(sample.text)
     message: dict[str, Any] = {"role": "assistant", "content": text.strip(), "refusal": None}
     if spec.keep_thinking and thinking is not None:
         message["reasoning_content"] = thinking  # where vLLM and DeepSeek's API put it
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-    return {"id": f"chatcmpl-{key}", "object": "chat.completion", "created": int(when), "model": spec.model_name,
-            "choices": [choice], "usage": usage}
+    tokens = sample.token_logprobs
+    logprobs = {"content": chat_content(tokens), "refusal": None} if tokens is not None else None
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": _finish(sample)}

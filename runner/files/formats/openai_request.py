@@ -6,9 +6,9 @@ cannot answer it as asked, why. Pure: no model needed.
      "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 64}}
 
 A body field is honoured (max_tokens or max_completion_tokens, temperature, top_p, seed, stop,
-response_format, logit_bias), ignored (model: the job's model answers every line), accepted at
-its neutral value only (n 1, stream false, presence_penalty and frequency_penalty 0, logprobs
-false), or refused. A refused line is answered with the reason, which names the field, and the
+response_format, logit_bias, logprobs and top_logprobs, n), ignored (model: the job's model
+answers every line), accepted at its neutral value only (stream false, presence_penalty and
+frequency_penalty 0), or refused. A refused line is answered with the reason, which names the field, and the
 rest of the file is answered, as OpenAI answers a bad line of a batch with a 400. A setting the
 line leaves out is the job's, not OpenAI's default (the job is greedy by default, where OpenAI
 samples at temperature 1).
@@ -23,16 +23,19 @@ from typing import Any, Callable, Mapping, Optional
 
 from ....workers.protocol import ResponseFormat
 from ...errors import quote
-from .own_settings import QuestionSettings
+from .own_settings import NO_LOGPROBS, QuestionSettings
 
 CHAT, COMPLETION = "chat", "completion"
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
 LINE_KEYS = ("custom_id", "method", "url", "body")
 HONOURED = {CHAT: ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-                   "stop", "response_format", "logit_bias"),
-            COMPLETION: ("prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias")}
+                   "stop", "response_format", "logit_bias", "logprobs", "top_logprobs", "n"),
+            COMPLETION: ("prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias",
+                         "logprobs", "n")}
+MAX_N = 128  # samples per line (OpenAI's own limit)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
+MAX_TOP_LOGPROBS = {CHAT: 20, COMPLETION: 5}  # alternatives per token, as OpenAI allows
 INT32_MAX = 2**31 - 1
 
 
@@ -42,8 +45,8 @@ def _zero(v: Any) -> bool:
 
 # field -> (its neutral value as said in an error, the test)
 NEUTRAL: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "n": ("1", lambda v: v == 1 and not isinstance(v, bool)), "stream": ("false", lambda v: v is False),
-    "presence_penalty": ("0", _zero), "frequency_penalty": ("0", _zero), "logprobs": ("false", lambda v: v is False),
+    "stream": ("false", lambda v: v is False),
+    "presence_penalty": ("0", _zero), "frequency_penalty": ("0", _zero),
 }
 
 
@@ -90,7 +93,7 @@ def _request(line: Mapping[str, Any]) -> Request:
     endpoint = ENDPOINTS[url]
     _check_fields(endpoint, body)
     model = body.get("model")
-    settings = _settings(body)
+    settings = _settings(body, endpoint)
     if endpoint == CHAT:
         return Request(CHAT, messages=_messages(body.get("messages")), settings=settings, model=model)
     return Request(COMPLETION, prompt=_prompt(body.get("prompt")), settings=settings, model=model)
@@ -115,7 +118,7 @@ def _url(endpoint: str) -> str:
     return next(url for url, e in ENDPOINTS.items() if e == endpoint)
 
 
-def _settings(body: Mapping[str, Any]) -> QuestionSettings:
+def _settings(body: Mapping[str, Any], endpoint: str) -> QuestionSettings:
     return QuestionSettings(
         max_tokens=_max_tokens(body),
         temperature=_field(body, "temperature", _number(0.0, 2.0)),
@@ -123,7 +126,31 @@ def _settings(body: Mapping[str, Any]) -> QuestionSettings:
         seed=_field(body, "seed", _integer(-2**63, 2**63 - 1)),
         stop=_field(body, "stop", _stop),
         logit_bias=_field(body, "logit_bias", _logit_bias) or (),
-        response_format=_field(body, "response_format", _response_format))
+        response_format=_field(body, "response_format", _response_format),
+        token_logprobs=_token_logprobs(body, endpoint),
+        n=_field(body, "n", _integer(1, MAX_N)))
+
+
+def _token_logprobs(body: Mapping[str, Any], endpoint: str) -> Optional[int]:
+    """How many alternatives per token a line asks for with its log-probabilities: chat's
+    `logprobs: true` with `top_logprobs` (0 when absent), a completion's `logprobs: k`; NO_LOGPROBS
+    for an explicit `logprobs: false`; None when the line does not say (the job's setting)."""
+    top = _integer(0, MAX_TOP_LOGPROBS[endpoint])
+    if endpoint == COMPLETION:
+        return _field(body, "logprobs", top)
+    asked = _field(body, "logprobs", _boolean)
+    k = _field(body, "top_logprobs", top)
+    if k is not None and asked is not True:
+        raise Refused(f"body.top_logprobs: needs body.logprobs true, got {quote(body.get('logprobs'))}")
+    if asked is None:
+        return None
+    return (k or 0) if asked else NO_LOGPROBS
+
+
+def _boolean(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+    return v
 
 
 def _field(body: Mapping[str, Any], key: str, check: Callable[[Any], Any]) -> Any:

@@ -1,6 +1,6 @@
 """A question's own generation settings: what its line of the question file asks for (an OpenAI
-Batch line's max_tokens, temperature, top_p, seed, stop, logit_bias, response_format), laid over
-the job's. Pure.
+Batch line's max_tokens, temperature, top_p, seed, stop, logit_bias, response_format, logprobs),
+laid over the job's. Pure.
 
 A question with settings of its own carries them to the worker (Question.generation); one whose
 settings come out equal to the job's carries None, like every question of a plain question file.
@@ -28,6 +28,12 @@ class QuestionSettings:
     stop: Optional[tuple[str, ...]] = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), by token id
     response_format: Optional[ResponseFormat] = None
+    # alternatives per token with each token's log-probability; NO_LOGPROBS: none, whatever the job says
+    token_logprobs: Optional[int] = None
+    n: Optional[int] = None  # answers (samples) to draw
+
+
+NO_LOGPROBS = -1  # a line that says `logprobs: false`
 
 
 def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str, ...],
@@ -39,11 +45,25 @@ def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str
     base = job.sampling
     sampling = replace(base, temperature=base.temperature if own.temperature is None else own.temperature,
                        top_p=base.top_p if own.top_p is None else own.top_p,
-                       seed=base.seed if own.seed is None else own.seed)
+                       seed=base.seed if own.seed is None else own.seed, n=base.n if own.n is None else own.n)
+    logprobs = job.token_logprobs if own.token_logprobs is None else \
+        None if own.token_logprobs == NO_LOGPROBS else own.token_logprobs
     gen = replace(job, max_tokens=own.max_tokens or job.max_tokens, stop=own.stop or stop, sampling=sampling,
                   logit_bias=own.logit_bias, response_format=own.response_format,
-                  answer=AnswerSpec(grammar=grammar) if grammar is not None else job.answer)
+                  answer=AnswerSpec(grammar=grammar) if grammar is not None else job.answer,
+                  token_logprobs=logprobs)
     return None if gen == job else gen
+
+
+def samples_problem(own: QuestionSettings, job: GenerationParams) -> Optional[str]:
+    """Why a line's n samples cannot be drawn: greedy decoding (the line's temperature, else the
+    job's) would give n identical answers."""
+    n = job.sampling.n if own.n is None else own.n
+    temperature = job.sampling.temperature if own.temperature is None else own.temperature
+    if n > 1 and temperature <= 0:
+        return (f"body.n: {n} samples need a temperature > 0 (give body.temperature; the job is greedy), "
+                f"else they are {n} identical answers")
+    return None
 
 
 def vocabulary_problem(own: QuestionSettings, n_vocab: int) -> Optional[str]:
@@ -65,8 +85,14 @@ def is_greedy(gen: GenerationParams) -> bool:
 
 def settings_key(gen: GenerationParams) -> bytes:
     """A question's own settings as bytes for the journal's prompt hash. A response format also
-    records whether it was enforced, so answers made before the grammar are not reused after."""
+    records whether it was enforced, so answers made before the grammar are not reused after.
+    Settings at their default that older journals never had (one sample, no token
+    log-probabilities) are left out, so those journals' hashes still match."""
     data = asdict(gen)
+    if data["sampling"]["n"] == 1:
+        del data["sampling"]["n"]
+    if data["token_logprobs"] is None:
+        del data["token_logprobs"]
     if gen.response_format is not None:
         data["response_format_enforced"] = RESPONSE_FORMAT_ENFORCED
     return json.dumps(data, sort_keys=True).encode()
@@ -84,4 +110,6 @@ def describe_own(generations: list[GenerationParams]) -> dict[str, int]:
             counts["logit_bias"] = counts.get("logit_bias", 0) + 1
         if gen.answer is not None and gen.answer.choices:
             counts["answer.choices"] = counts.get("answer.choices", 0) + 1
+        if gen.sampling.n > 1:
+            counts["n"] = counts.get("n", 0) + 1
     return counts

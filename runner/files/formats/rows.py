@@ -4,9 +4,10 @@ and the OutputSpec that says how to write them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Container, Optional
+from typing import Any, Container, Optional, Sequence
 
-from ....workers.protocol import Answer
+from ....workers.protocol import Answer, Sample
+from .token_logprobs import chat_content
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class OutputSpec:
     refused: Container[str] = frozenset()  # ids of requests refused as asked (answered with a 400)
     started: float = 0.0  # Unix time the run started: "created" of a line that has no answer
     choice_logprobs: bool = False  # answers carry choice_logprobs (answer.logprobs): CSV gives them a column
+    token_logprobs: bool = False  # answers carry token_logprobs (answer.token_logprobs): CSV gives them a column
+    samples: bool = False  # some questions draw several samples: CSV writes their list as JSON, and a samples column
 
 
 def split_thinking(text: str) -> tuple[Optional[str], str]:
@@ -49,10 +52,25 @@ def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
     if row.error is not None or row.answer is None:
         out.update(answer=None, error=row.error)
         return out
+    if row.answer.samples is not None:
+        return _sample_fields(out, row.answer.samples, keep_thinking)
     thinking, text = split_thinking(row.answer.text)
     out["answer"] = text.strip()
     if keep_thinking and thinking is not None:
         out["thinking"] = thinking
     if row.answer.choice_logprobs is not None:
         out["choice_logprobs"] = row.answer.choice_logprobs
+    if row.answer.token_logprobs is not None:
+        out["token_logprobs"] = chat_content(row.answer.token_logprobs)
+    return out
+
+
+def _sample_fields(out: dict[str, Any], samples: Sequence[Sample], keep_thinking: bool) -> dict[str, Any]:
+    """A question's n samples: "answer" (and "thinking", "token_logprobs") as lists in sample order."""
+    split = [split_thinking(s.text) for s in samples]
+    out["answer"] = [text.strip() for _, text in split]
+    if keep_thinking and any(thinking is not None for thinking, _ in split):
+        out["thinking"] = [thinking for thinking, _ in split]
+    if any(s.token_logprobs is not None for s in samples):
+        out["token_logprobs"] = [chat_content(s.token_logprobs or ()) for s in samples]
     return out

@@ -1,0 +1,72 @@
+"""n samples per question from one computation of its prompt: the same W1 job (32 GSM8K questions,
+64 tokens each, temperature 0.8) at n = 1 and n = 8, each timed as a whole command, with the prompt
+tokens each computed (the report's prefix_cache.prompt_tokens_computed: n = 8 must compute no more
+than n = 1) and the tokens generated.
+
+    python bench/samples_bench.py [--model M.gguf] [--workload W1] [--n 8] [--repeat 1]
+
+The model defaults to the benchmark model (~/.cache/ggbatch/bench-28x1024-q4_k_m.gguf, built when
+absent, as bench/engine_bench.py builds it). Exit 1 when n samples computed more prompt tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from compare_server import Workload, workload  # noqa: E402
+from engine_bench import bench_model  # noqa: E402
+
+
+def run(model: str, work: Workload, n: int) -> tuple[float, dict]:
+    """One whole `ggbatch run` of the workload with n samples a question: (wall seconds, report)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        q = Path(tmp) / "q.jsonl"
+        q.write_text("".join(json.dumps({"questionID": r["questionID"], "question": r["question"]}) + "\n"
+                             for r in work.records))
+        cmd = [sys.executable, "-m", "ggbatch", "run", "--model", model, "--input", str(q),
+               "--output", str(Path(tmp) / "a.jsonl"), "--system", work.system, "--max-tokens", str(work.tokens),
+               "--ignore-eos", "--temperature", "0.8", "--n", str(n), "--report", str(Path(tmp) / "r.json"),
+               "--progress", "off"]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        wall = time.perf_counter() - t0
+        report = json.loads((Path(tmp) / "r.json").read_text())
+    assert report["tokens"]["generated"] == n * work.tokens * len(work.records), report["tokens"]
+    return wall, report
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--workload", default="W1")
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    model = args.model or bench_model()
+    work = workload(args.workload)
+    computed: dict[int, int] = {}
+    for round_ in range(args.repeat):
+        for n in (1, args.n):
+            wall, report = run(model, work, n)
+            cache, lay = report["prefix_cache"], report["layout"]
+            computed[n] = cache["prompt_tokens_computed"]
+            print(f"round {round_ + 1} n={n:<3d} {wall:7.2f} s, prompt tokens computed {computed[n]}, generated "
+                  f"{report['tokens']['generated']}, samples forked {cache['sample_forks']}, "
+                  f"{lay['workers']}w x {lay['threads_per_worker']}t x {lay['slots_per_worker']} slots", flush=True)
+    same = computed[args.n] <= computed[1]
+    print(f"prompt tokens computed: {computed[1]} at n=1, {computed[args.n]} at n={args.n} "
+          f"({'no more' if same else 'MORE'})")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

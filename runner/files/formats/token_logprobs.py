@@ -1,0 +1,60 @@
+"""Token log-probabilities (workers/protocol.py TokenLogprob) as the journal keeps them and as the
+answers files write them:
+
+    journal            [[token, "piece as hex", logprob, [[token, "hex", logprob], ...]], ...]
+    JSON, JSON Lines,  [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]
+    CSV (as JSON text), an OpenAI chat line's choices[i].logprobs.content
+    /v1/completions    {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
+
+A token's text is its bytes decoded as UTF-8; a token holding part of a character reads as
+U+FFFD there, and its `bytes` are exact (as OpenAI writes them). The journal keeps the bytes as
+hex, so a resumed answer carries the very same entries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ....workers.protocol import TokenLogprob
+
+
+def to_journal(entries: Sequence[TokenLogprob]) -> list[list[Any]]:
+    return [[e.token, e.piece.hex(), e.logprob, [[t, p.hex(), lp] for t, p, lp in e.top]] for e in entries]
+
+
+def from_journal(data: Optional[Sequence[Sequence[Any]]]) -> Optional[tuple[TokenLogprob, ...]]:
+    if data is None:
+        return None
+    return tuple(TokenLogprob(int(token), bytes.fromhex(piece), float(lp),
+                              tuple((int(t), bytes.fromhex(p), float(x)) for t, p, x in top))
+                 for token, piece, lp, top in data)
+
+
+def _text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def chat_content(entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """OpenAI's ChatCompletionTokenLogprob items: what JSON, JSON Lines and CSV answers write too."""
+    return [{"token": _text(e.piece), "logprob": e.logprob, "bytes": list(e.piece),
+             "top_logprobs": [{"token": _text(p), "logprob": lp, "bytes": list(p)} for _, p, lp in e.top]}
+            for e in entries]
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """The legacy /v1/completions shape. Each position's top_logprobs maps the text of the most
+    likely tokens to their log-probability, and holds the picked token too where it is not among
+    them (OpenAI: "up to logprobs+1 elements"); text_offset: where each token's text starts in
+    the completion, in characters."""
+    tokens = [_text(e.piece) for e in entries]
+    offsets, at = [], 0
+    for text in tokens:
+        offsets.append(at)
+        at += len(text)
+    tops = []
+    for e, text in zip(entries, tokens):
+        top = {_text(p): lp for _, p, lp in e.top}
+        top.setdefault(text, e.logprob)
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+            "text_offset": offsets}

@@ -1,0 +1,239 @@
+"""n samples per question (sampling.n, an OpenAI line's n): the prompt is computed once and its KV
+serves every sample; sample i draws with the seed sample_seed(question seed, i), so it is the
+answer the question gets alone with that seed, on attention memory and on recurrent and hybrid
+memory alike; the scheduler holds a slot for each sample."""
+
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import replace
+
+import pytest
+
+from ggbatch.runner.model.make import modelgen as mg
+from ggbatch.workers.engine.samples import SampleSet, sample_seed
+from ggbatch.workers.engine.scheduler import Scheduler
+from ggbatch.workers.engine.sequence import Sequence
+from ggbatch.workers.protocol import Answer, EngineConfig, FinishReason, GenerationParams, Question, SamplingParams
+from helpers import answers_of
+
+SAMPLED = SamplingParams(temperature=0.9, top_k=40)
+
+
+# -- pure -----------------------------------------------------------------------------------------
+
+
+def test_sample_seeds_start_from_the_questions_own():
+    assert sample_seed(77, 0) == 77 and sample_seed(77, 3) == 80
+    assert sample_seed(2**64 - 1, 1) == 0  # stays a 64-bit seed
+
+
+def test_the_scheduler_holds_a_slot_for_each_sample_and_gives_unforked_ones_back():
+    sched = Scheduler(4, 64)
+    first = Sequence(Question("a", array("i", [1, 2, 3]), 0), samples=SampleSet(3))
+    second = Sequence(Question("b", array("i", [1, 2, 4]), 0), samples=SampleSet(2))
+    sched.add(first)
+    sched.add(second)
+    assert sched.admit() == [first]  # b waits: one slot is free, it needs two
+    assert (first.seq_id, first.fork_ids, sched.free_ids) == (0, [1, 2], [3])
+    sched.release(first)  # failed before its prompt was in
+    assert sorted(sched.free_ids) == [0, 1, 2, 3] and first.fork_ids == []
+    assert sched.admit() == [second]
+
+
+def test_the_answer_comes_with_the_last_sample_in_sample_order():
+    samples = SampleSet(3, forked=True)
+
+    def answer(text: str, tokens: int) -> Answer:
+        return Answer("q", text, FinishReason.STOP, 5, tokens, 0, 0.1, 0.2 * tokens)
+
+    assert samples.finished(2, answer("c", 3)) is None
+    assert samples.finished(0, answer("a", 1)) is None
+    whole = samples.finished(1, answer("b", 2))
+    assert whole is not None and [s.text for s in whole.samples] == ["a", "b", "c"]
+    assert (whole.text, whole.completion_tokens, whole.prompt_tokens) == ("a", 6, 5)
+    assert whole.latency_s == pytest.approx(0.6)  # the last sample's
+
+
+# -- on a model -------------------------------------------------------------------------------------
+
+
+def run(model: str, questions: list[Question], slots: int, stats: dict | None = None, **gen) -> dict[str, Answer]:
+    from ggbatch.workers.llama.engine import LlamaEngine
+
+    config = EngineConfig(model, 1, slots, 64, 128, array("i"), GenerationParams(**gen), kv_unified=False)
+    engine = LlamaEngine(config, worker_id=0)
+    try:
+        got = answers_of(engine, questions)
+        if stats is not None:
+            stats.update(engine.stats())
+        return got
+    finally:
+        engine.close()
+
+
+def prompts() -> list[Question]:
+    return [Question(f"q{i}", array("i", [1, 30 + i, 50 + 2 * i, 9, 70 + i, 11]), 1000 + i) for i in range(3)]
+
+
+def check_samples_are_answers_alone(model: str, n: int, slots: int) -> None:
+    many_stats: dict = {}
+    many = run(model, prompts(), slots, many_stats, max_tokens=8, ignore_eos=True,
+               sampling=replace(SAMPLED, n=n), token_logprobs=1)
+    one_stats: dict = {}
+    alone = [Question(f"{q.qid}/{i}", q.tokens, sample_seed(q.seed, i)) for q in prompts() for i in range(n)]
+    ones = run(model, alone, slots, one_stats, max_tokens=8, ignore_eos=True, sampling=SAMPLED, token_logprobs=1)
+    for q in prompts():
+        got = many[q.qid]
+        assert got.samples is not None and len(got.samples) == n and got.completion_tokens == 8 * n
+        assert got.text == got.samples[0].text
+        for i, sample in enumerate(got.samples):
+            assert sample.text == ones[f"{q.qid}/{i}"].text, (q.qid, i)
+            assert sample.token_logprobs is not None and len(sample.token_logprobs) == 8
+        assert len({s.text for s in got.samples}) > 1  # sampled: not n copies of one answer
+    # each prompt computed once, not once per sample
+    assert many_stats["prompt_computed"] == sum(len(q.tokens) for q in prompts())
+    assert many_stats["sample_forks"] == (n - 1) * len(prompts())
+
+
+@pytest.mark.model
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("slots", [4, 9])
+def test_each_sample_is_the_answer_alone_with_its_seed_and_the_prompt_is_computed_once(demo_model, slots):
+    check_samples_are_answers_alone(demo_model, 4, slots)
+
+
+@pytest.fixture(scope="module")
+def recurrent_models(tmp_path_factory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("recurrent")
+    return {name: str(mg.make_model(folder / f"{name}.gguf", name)) for name in ("mamba2-tiny", "lfm2-tiny")}
+
+
+@pytest.mark.model
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["mamba2-tiny", "lfm2-tiny"])
+def test_on_recurrent_and_hybrid_memory_samples_fork_from_the_whole_state(recurrent_models, name):
+    check_samples_are_answers_alone(recurrent_models[name], 3, 4)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_more_samples_than_slots_is_that_questions_error(demo_model):
+    got = run(demo_model, prompts()[:1], 2, max_tokens=4, sampling=replace(SAMPLED, n=3))
+    assert got["q0"].error == "3 samples need 3 slots, the worker has 2"
+
+
+# -- scoring ----------------------------------------------------------------------------------------
+
+
+def test_pass_at_k_is_chen_et_als_unbiased_estimator():
+    from math import comb
+
+    from ggbatch.runner.scoring.samples import majority, pass_at_k
+
+    for n, c, k in [(8, 0, 1), (8, 3, 1), (8, 3, 4), (8, 7, 2), (10, 5, 8), (5, 5, 5)]:
+        assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
+    assert majority(["7", "[invalid]", "5", "5", "7"]) == "7"  # a tie goes to the first seen, as lm-eval's vote
+
+
+def test_score_reports_maj_and_pass_at_k_from_every_answers_format(tmp_path):
+    import csv
+
+    from ggbatch.runner.scoring.command import score_files
+    from ggbatch.runner.scoring.table import format_table, summary
+    from helpers import write_jsonl
+
+    gold = write_jsonl(tmp_path / "gold.jsonl", [{"questionID": "a", "answer": "5"},
+                                                {"questionID": "b", "answer": "7"}])
+    rows = [{"questionID": "a", "answer": ["It is 5.", "It is 6.", "5", "no idea"]},
+            {"questionID": "b", "answer": ["8", "7", "9", "8"]}]
+    jsonl = write_jsonl(tmp_path / "answers.jsonl", rows)
+    with open(tmp_path / "answers.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["questionID", "answer", "error", "samples"])
+        w.writerows([[r["questionID"], json.dumps(r["answer"]), "", 4] for r in rows])
+    for path in (jsonl, tmp_path / "answers.csv"):
+        result = score_files(str(path), str(gold))
+        got = summary(result)
+        assert got["overall"]["correct"] == 1  # the first samples: 5 right, 8 wrong
+        assert got["samples"]["maj@4"] == 0.5 and got["samples"]["k"] == 4  # a: 5 wins; b: 8 wins
+        assert got["samples"]["pass@1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+        assert got["samples"]["pass@4"] == 1.0
+        assert "maj@4 50.00%" in format_table(result)
+
+
+# -- a whole run ------------------------------------------------------------------------------------
+
+
+def run_job(model, questions, out, *extra):
+    from helpers import ggbatch
+
+    return ggbatch("run", "--model", model, "--input", questions, "--output", out, "--max-tokens", 6, "--ignore-eos",
+                   "--progress", "off", "--workers", 1, "--threads", 1, *extra)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_n_samples_compute_the_prompts_once_and_resume_and_rerun_the_same(demo_model, questions_file, tmp_path):
+    questions = questions_file(4)
+    reports = {}
+    for n in (1, 8):
+        out, report = tmp_path / f"n{n}.jsonl", tmp_path / f"n{n}.report.json"
+        done = run_job(demo_model, questions, out, "--temperature", "0.8", "--n", n, "--report", report)
+        assert done.returncode == 0, done.stderr
+        reports[n] = json.loads(report.read_text())
+    cache = {n: r["prefix_cache"] for n, r in reports.items()}
+    assert cache[8]["prompt_tokens_computed"] <= cache[1]["prompt_tokens_computed"]
+    assert cache[8]["sample_forks"] == 7 * 4 and reports[8]["layout"]["slots_per_worker"] >= 8
+    rows = [json.loads(line) for line in (tmp_path / "n8.jsonl").read_text().splitlines()]
+    assert all(isinstance(r["answer"], list) and len(r["answer"]) == 8 for r in rows)
+    one = [json.loads(line) for line in (tmp_path / "n1.jsonl").read_text().splitlines()]
+    assert [r["answer"][0] for r in rows] == [r["answer"] for r in one]  # sample 0 is the n = 1 answer
+
+    resumed = run_job(demo_model, questions, tmp_path / "n8.jsonl", "--temperature", "0.8", "--n", 8)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [json.loads(line) for line in (tmp_path / "n8.jsonl").read_text().splitlines()] == rows
+    again = tmp_path / "again.csv"  # a fresh run, another layout, CSV
+    assert run_job(demo_model, questions, again, "--temperature", "0.8", "--n", 8, "--slots", 12).returncode == 0
+    import csv
+    cells = list(csv.DictReader(again.open(newline="")))
+    assert [json.loads(c["answer"]) for c in cells] == [r["answer"] for r in rows]
+    assert {c["samples"] for c in cells} == {"8"}
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_greedy_samples_are_refused_naming_the_key(demo_model, questions_file, tmp_path):
+    done = run_job(demo_model, questions_file(2), tmp_path / "a.jsonl", "--n", 3)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "ggbatch: error: sampling.n: 3 samples need sampling.temperature > 0 (--temperature)")
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_openai_lines_with_n_get_indexed_choices(demo_model, tmp_path):
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    from helpers import write_jsonl
+
+    def chat(qid, **body):
+        return {"custom_id": qid, "method": "POST", "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": "Tell a story"}], "max_tokens": 5, **body}}
+
+    lines = [chat("three", n=3, temperature=0.7, logprobs=True),
+             chat("greedy", n=2),
+             {"custom_id": "cmpl", "method": "POST", "url": "/v1/completions",
+              "body": {"prompt": "Once upon a time", "max_tokens": 5, "n": 2, "temperature": 1.0}}]
+    out = tmp_path / "out.jsonl"
+    done = run_job(demo_model, write_jsonl(tmp_path / "batch.jsonl", lines), out)
+    assert done.returncode == 1, done.stderr  # the greedy line is refused
+    got = {row["custom_id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    three = ChatCompletion.model_validate(got["three"]["response"]["body"])
+    assert [c.index for c in three.choices] == [0, 1, 2] and all(c.logprobs.content for c in three.choices)
+    assert three.usage.completion_tokens == 15
+    assert got["greedy"]["error"]["message"].startswith("body.n: 2 samples need a temperature > 0")
+    cmpl = Completion.model_validate(got["cmpl"]["response"]["body"])
+    assert [c.index for c in cmpl.choices] == [0, 1]

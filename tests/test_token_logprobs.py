@@ -1,0 +1,224 @@
+"""Token log-probabilities (answer.token_logprobs, an OpenAI line's logprobs): the numbers are the
+model's own log-softmax, as a plain llama-cpp-python Llama(logits_all=True) computes it over the
+same tokens; they go through the journal unchanged; the output shapes are the ones the openai
+package's types read."""
+
+from __future__ import annotations
+
+import json
+from array import array
+
+import numpy as np
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from ggbatch.runner.files.formats.openai_output import batch_line
+from ggbatch.runner.files.formats.openai_request import parse_request
+from ggbatch.runner.files.formats.rows import OutputSpec, Row
+from ggbatch.runner.files.formats.token_logprobs import from_journal, to_journal
+from ggbatch.workers.engine.logprobs import answer_tokens, row_logprobs
+from ggbatch.workers.protocol import (
+    Answer,
+    EngineConfig,
+    FinishReason,
+    GenerationParams,
+    Question,
+    SamplingParams,
+    TokenLogprob,
+)
+from helpers import answers_of, ggbatch, write_jsonl
+
+TOL = 1e-3
+
+
+def reference_log_softmax(model: str, tokens: list[int]) -> np.ndarray:
+    """log-softmax of every position's logits, by llama-cpp-python's own Llama(logits_all=True)."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=model, n_ctx=len(tokens) + 8, logits_all=True, verbose=False)
+    try:
+        llm.eval(tokens)
+        scores = np.array(llm.scores[:len(tokens)], dtype=np.float64)
+    finally:
+        llm.close()
+    top = scores.max(axis=1, keepdims=True)
+    return scores - top - np.log(np.exp(scores - top).sum(axis=1, keepdims=True))
+
+
+# -- pure -----------------------------------------------------------------------------------------
+
+
+def test_row_logprobs_match_a_float64_reference_and_order_ties_by_id():
+    rows = np.array([[1.0, 3.0, 3.0, -2.0], [0.5, 0.25, 4.0, 4.0]], dtype=np.float32)
+    ref = rows.astype(np.float64) - np.log(np.exp(rows.astype(np.float64)).sum(axis=1, keepdims=True))
+    scratch = np.empty(4, np.float32)
+    (pick0, top0), (pick1, top1) = row_logprobs(rows[0], 0, 3, scratch), row_logprobs(rows[1], 3, 3, scratch)
+    assert (pick0, pick1) == pytest.approx((ref[0, 0], ref[1, 3]), abs=1e-6)
+    assert [t for t, _ in top0] == [1, 2, 0] and [t for t, _ in top1] == [2, 3, 0]
+    assert top0[0][1] == pytest.approx(ref[0, 1], abs=1e-6)
+    assert row_logprobs(rows[0], 1, 0, scratch)[1] == []
+    # the k most likely, however far below the highest they are
+    spread = np.array([0.0, -30.0, -60.0, 5.0], dtype=np.float32)
+    assert [t for t, _ in row_logprobs(spread, 0, 4, scratch)[1]] == [3, 0, 1, 2]
+
+
+def test_answer_tokens_drops_the_tokens_inside_a_stop_string():
+    pieces = [b"The", b" end", b"\n\n", b"Q", b":"]
+    assert answer_tokens(pieces, len("The end")) == 2
+    assert answer_tokens(pieces, len("The end\n")) == 3  # the stop string starts inside a token
+    assert answer_tokens(pieces, 100) == 5
+
+
+def entries() -> tuple[TokenLogprob, ...]:
+    return (TokenLogprob(5, b" caf", -0.25, ((5, b" caf", -0.25), (9, b"\xc3", -1.5))),
+            TokenLogprob(9, b"\xc3", -3.125, ((7, b"\xa9", -0.5), (9, b"\xc3", -3.125))),
+            TokenLogprob(7, b"\xa9", -0.0001, ()))
+
+
+def test_the_journal_form_reads_back_the_same_entries():
+    back = from_journal(json.loads(json.dumps(to_journal(entries()))))
+    assert back == entries()
+
+
+def answered(text: str) -> Answer:
+    return Answer("q", text, FinishReason.STOP, 4, 3, 0, 0.1, 0.2, token_logprobs=entries())
+
+
+def test_openai_chat_logprobs_parse_as_the_openai_types_read_them():
+    line = batch_line(Row("q", answered(" café")), OutputSpec("openai", model_name="m"))
+    body = ChatCompletion.model_validate(line["response"]["body"])
+    content = body.choices[0].logprobs.content
+    assert [c.logprob for c in content] == [-0.25, -3.125, -0.0001]
+    assert content[0].token == " caf" and content[0].bytes == list(b" caf")
+    assert content[1].bytes == [0xc3] and content[1].top_logprobs[0].bytes == [0xa9]
+    assert [t.logprob for t in content[0].top_logprobs] == [-0.25, -1.5]
+
+
+def test_openai_completion_logprobs_parse_as_the_openai_types_read_them():
+    line = batch_line(Row("q", answered(" café")), OutputSpec("openai", model_name="m", completions={"q"}))
+    body = Completion.model_validate(line["response"]["body"])
+    lp = body.choices[0].logprobs
+    assert lp.tokens == [" caf", "\ufffd", "\ufffd"] and lp.token_logprobs == [-0.25, -3.125, -0.0001]
+    assert lp.text_offset == [0, 4, 5]
+    # the top alternatives, and the picked token too where it is not among them
+    assert lp.top_logprobs[0] == {" caf": -0.25, "\ufffd": -1.5} and lp.top_logprobs[2] == {"\ufffd": -0.0001}
+
+
+def test_openai_request_logprobs_fields():
+    chat = {"custom_id": "q", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 3}}
+    assert parse_request(chat).settings.token_logprobs == 3
+    chat["body"]["top_logprobs"] = 21
+    assert "body.top_logprobs: must be from 0 to 20" in parse_request(chat).error
+    chat["body"]["logprobs"] = False
+    chat["body"]["top_logprobs"] = 2
+    assert "body.top_logprobs: needs body.logprobs true" in parse_request(chat).error
+    completion = {"custom_id": "c", "url": "/v1/completions", "body": {"prompt": "a", "logprobs": 5}}
+    assert parse_request(completion).settings.token_logprobs == 5
+    completion["body"]["logprobs"] = 6
+    assert "body.logprobs: must be from 0 to 5" in parse_request(completion).error
+
+
+# -- on a model -------------------------------------------------------------------------------------
+
+
+def engine_answers(model: str, questions: list[Question], slots: int, threads: int = 1,
+                   **gen) -> dict[str, Answer]:
+    from ggbatch.workers.llama.engine import LlamaEngine
+
+    config = EngineConfig(model, threads, slots, 96, 128, array("i"), GenerationParams(**gen))
+    engine = LlamaEngine(config, worker_id=0)
+    try:
+        return answers_of(engine, questions)
+    finally:
+        engine.close()
+
+
+@pytest.mark.model
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_engine_logprobs_equal_llama_cpp_pythons_log_softmax(demo_model, temperature):
+    """Several sequences in one batch (their rows spread over 2 threads), greedy and sampled: each
+    token's log-probability and its top 5 are those of a plain Llama(logits_all=True) evaluating
+    the same tokens, one sequence alone."""
+    prompts = [array("i", [1, 20 + i, 40 + 3 * i, 7, 90 + i]) for i in range(3)]
+    questions = [Question(f"q{i}", p, 11 + i) for i, p in enumerate(prompts)]
+    got = engine_answers(demo_model, questions, slots=3, threads=2, max_tokens=12, ignore_eos=True, token_logprobs=5,
+                         sampling=SamplingParams(temperature=temperature, top_k=20))
+    for q in questions:
+        entries = got[q.qid].token_logprobs
+        assert entries is not None and len(entries) == 12
+        tokens = list(q.tokens) + [e.token for e in entries]
+        ref = reference_log_softmax(demo_model, tokens)
+        n = len(q.tokens)
+        for j, e in enumerate(entries):
+            row = ref[n - 1 + j]
+            assert abs(e.logprob - row[e.token]) < TOL
+            best = np.argsort(-row, kind="stable")[:5]
+            assert [t for t, _, _ in e.top] == [int(t) for t in best] or \
+                np.allclose([lp for _, _, lp in e.top], row[best], atol=TOL)  # a near-tie may swap two
+            assert all(abs(lp - row[t]) < TOL for t, _, lp in e.top)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_a_question_that_does_not_ask_gets_none(demo_model):
+    qs = [Question("plain", array("i", [1, 5, 6]), 0),
+          Question("asks", array("i", [1, 5, 7]), 0, GenerationParams(max_tokens=4, ignore_eos=True,
+                                                                     token_logprobs=0))]
+    got = engine_answers(demo_model, qs, slots=2, max_tokens=4, ignore_eos=True)
+    assert got["plain"].token_logprobs is None
+    asks = got["asks"].token_logprobs
+    assert asks is not None and len(asks) == 4 and all(e.top == () for e in asks)
+
+
+# -- a whole run ------------------------------------------------------------------------------------
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_a_run_writes_them_in_every_format_and_a_resume_keeps_them(demo_model, tmp_path, questions_file):
+    questions = questions_file(3)
+    out = tmp_path / "a.jsonl"
+    args = ["run", "--model", demo_model, "--input", questions, "--max-tokens", "6", "--ignore-eos",
+            "--token-logprobs", "2", "--progress", "off"]
+    done = ggbatch(*args, "--output", out)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    for row in rows:
+        items = row["token_logprobs"]
+        assert 1 <= len(items) <= 6 and all(len(i["top_logprobs"]) == 2 for i in items)
+        assert "".join(i["token"] for i in items).strip().startswith(row["answer"])
+    again = ggbatch(*args, "--output", out, "--output-format", "jsonl")  # all from the journal
+    assert again.returncode == 0, again.stderr
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    csv_out = tmp_path / "a.csv"
+    assert ggbatch(*args, "--output", csv_out).returncode == 0
+    import csv
+    cells = list(csv.DictReader(csv_out.open(newline="")))
+    assert [json.loads(c["token_logprobs"]) for c in cells] == [r["token_logprobs"] for r in rows]
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_openai_batch_lines_get_both_shapes(demo_model, tmp_path):
+    lines = [{"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"messages": [{"role": "user", "content": "Tell a story"}], "max_tokens": 5,
+                       "logprobs": True, "top_logprobs": 4}},
+             {"custom_id": "cmpl", "method": "POST", "url": "/v1/completions",
+              "body": {"prompt": "Once upon a time", "max_tokens": 5, "logprobs": 2}},
+             {"custom_id": "none", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}}]
+    src = write_jsonl(tmp_path / "batch.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    done = ggbatch("run", "--model", demo_model, "--input", src, "--output", out, "--ignore-eos",
+                   "--progress", "off")
+    assert done.returncode == 0, done.stderr
+    got = {row["custom_id"]: row["response"]["body"] for row in map(json.loads, out.read_text().splitlines())}
+    chat = ChatCompletion.model_validate(got["chat"]).choices[0]
+    assert len(chat.logprobs.content) == 5 and all(len(c.top_logprobs) == 4 for c in chat.logprobs.content)
+    cmpl = Completion.model_validate(got["cmpl"]).choices[0]
+    assert "".join(cmpl.logprobs.tokens) == cmpl.text and len(cmpl.logprobs.token_logprobs) == 5
+    assert all(1 <= len(top) <= 3 for top in cmpl.logprobs.top_logprobs)
+    assert ChatCompletion.model_validate(got["none"]).choices[0].logprobs is None

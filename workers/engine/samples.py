@@ -1,0 +1,57 @@
+"""Several answers to one question (SamplingParams.n) from one computation of its prompt. Pure
+bookkeeping: the engine (workers/llama/engine.py) carries it out on the model.
+
+    admit     the question's first sequence (sample 0) takes a slot and holds n-1 more
+    prefill   its prompt goes into its slot's KV, as any question's
+    fork      at the prompt's last token: its KV copied into the held slots (llama_memory_seq_cp,
+              as llama-server's `n` does: tagged cells in a unified pool, a stream copy otherwise,
+              the whole state on recurrent memory), one sequence per sample, each drawing its
+              first token from that same logits row with a sampler of its own seed
+    decode    the samples go on as independent sequences
+    answer    one Answer when the last of them finishes, the samples in order
+
+Sample i's seed is sample_seed(question seed, i): a rerun, a crash retry or another layout draws
+the same n answers, and sample 0 is the answer the question gets with n = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from ..protocol import Answer, FinishReason, Sample
+
+SEED_MASK = (1 << 64) - 1
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of a question's sample `index`: the question's own for sample 0, then the next
+    ones (as vLLM and llama-cpp-python's server seed their n samples)."""
+    return (seed + index) & SEED_MASK if index else seed
+
+
+@dataclass(eq=False)
+class SampleSet:
+    """A question's samples as they finish (shared by its sequences)."""
+
+    n: int
+    forked: bool = False  # the other samples' sequences exist (the prompt is in)
+    done: dict[int, Answer] = field(default_factory=dict)
+
+    def finished(self, index: int, answer: Answer) -> Optional[Answer]:
+        """Record a finished sample's answer; the question's answer once the last is in (None
+        before). A first sample that fails before its prompt is in (no other sample started) is
+        the question's answer at once."""
+        if not self.forked:
+            return answer
+        self.done[index] = answer
+        if len(self.done) < self.n:
+            return None
+        answers = [self.done[i] for i in range(self.n)]
+        first = answers[0]
+        error = next((a.error for a in answers if a.error), None)
+        return replace(first, finish_reason=FinishReason.ERROR if error else first.finish_reason, error=error,
+                       completion_tokens=sum(a.completion_tokens for a in answers),
+                       latency_s=max(a.latency_s for a in answers), created=max(a.created for a in answers),
+                       samples=tuple(Sample(a.text, a.finish_reason, a.completion_tokens, a.token_logprobs)
+                                     for a in answers))
