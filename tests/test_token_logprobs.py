@@ -63,6 +63,19 @@ def test_row_logprobs_match_a_float64_reference_and_order_ties_by_id():
     assert [t for t, _ in row_logprobs(spread, 0, 4, scratch)[1]] == [3, 0, 1, 2]
 
 
+
+def test_row_logprobs_of_a_flat_row_take_the_k_highest_ties_by_id():
+    # A random or very unsure model puts most of a large vocabulary within a few nats of the top:
+    # the top k then come from a partition of the row, still in order, ties to the lower id.
+    rng = np.random.default_rng(0)
+    row = (rng.normal(size=20_000) * 0.1).astype(np.float32)
+    row[[7, 11, 19_000]] = row.max() + 1.0  # a three-way tie at the top
+    ref = sorted(range(len(row)), key=lambda i: (-row[i], i))[:5]
+    _, top = row_logprobs(row, 7, 5, np.empty_like(row))
+    assert [t for t, _ in top] == ref and ref[:3] == [7, 11, 19_000]
+    flat = np.zeros(5_000, np.float32)
+    assert [t for t, _ in row_logprobs(flat, 0, 3, np.empty_like(flat))[1]] == [0, 1, 2]
+
 def test_answer_tokens_drops_the_tokens_inside_a_stop_string():
     pieces = [b"The", b" end", b"\n\n", b"Q", b":"]
     assert answer_tokens(pieces, len("The end")) == 2

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 # Digits kept of each log-probability: far below any difference a reader acts on, and the
 # journal and the answers file stay short.
 DIGITS = 6
+# Logits within NEAR nats of the highest are the first candidates for the top k; more than
+# MAX_CANDIDATES of them and sorting them costs more than a partition of the whole row.
+NEAR = 4.0
+MAX_CANDIDATES = 1024
 
 
 def row_logprobs(row: "np.ndarray", token: int, k: int,
@@ -25,18 +29,21 @@ def row_logprobs(row: "np.ndarray", token: int, k: int,
     log-probability), most likely first, a tie to the lower id. `scratch`: a float32 buffer of the
     row's length, overwritten (no allocation per row: a row of a 150k vocabulary is 600 KB).
 
-    The exp over the whole vocabulary is the cost (the normaliser needs every term); the top k are
-    found among the few logits near the highest, not by partitioning the whole row."""
+    The exp over the whole vocabulary is the cost (the normaliser needs every term). The top k
+    are looked for among the logits near the highest; where those are too many (a flat row: a
+    random or very unsure model puts most of the vocabulary within a few nats of the top) or
+    too few, a partition of the whole row finds the k-th largest, and every logit at least as
+    large is a candidate, so that ties still go to the lower id."""
     import numpy as np
 
     top = row.max()
     shifted = np.subtract(row, top, out=scratch)
     best: list[tuple[int, float]] = []
     if k > 0:
-        near, ids = 4.0, np.flatnonzero(shifted >= -4.0)
-        while len(ids) < min(k, len(row)):
-            near *= 4
-            ids = np.flatnonzero(shifted >= -near)
+        ids = np.flatnonzero(shifted >= -NEAR)
+        if not min(k, len(row)) <= len(ids) <= MAX_CANDIDATES:
+            n = len(row) - min(k, len(row))
+            ids = np.flatnonzero(shifted >= np.partition(shifted, n)[n])
         values = shifted[ids]
         best = [(int(ids[j]), float(values[j])) for j in np.lexsort((ids, -values))[:k]]
     chosen = float(shifted[token])
