@@ -34,6 +34,7 @@ class Sequence:
     # AnswerSpec.choices answered from the logits: each choice's single-token variants
     choice_tokens: Optional[tuple[tuple[int, ...], ...]] = None
     choice_scores: Optional[list[float]] = None  # their log-probabilities, once computed
+    think: Any = None  # a reasoning model's place in its thinking block (engine/thinking.py ThinkState)
     error: Optional[str] = None  # why it could not be answered
     t_admit: float = 0.0
     t_first: float = 0.0

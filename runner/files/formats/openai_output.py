@@ -52,7 +52,7 @@ def _body(answer: Answer, qid: str, spec: OutputSpec, key: str, when: float) -> 
                 "choices": [choice], "usage": usage}
     thinking, text = split_thinking(answer.text)
     message: dict[str, Any] = {"role": "assistant", "content": text.strip(), "refusal": None}
-    if spec.keep_thinking and thinking is not None:
+    if thinking is not None:  # always, as vLLM's and llama-server's reasoning parsers give it
         message["reasoning_content"] = thinking  # where vLLM and DeepSeek's API put it
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
     return {"id": f"chatcmpl-{key}", "object": "chat.completion", "created": int(when), "model": spec.model_name,

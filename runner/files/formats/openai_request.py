@@ -6,12 +6,12 @@ cannot answer it as asked, why. Pure: no model needed.
      "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 64}}
 
 A body field is honoured (max_tokens or max_completion_tokens, temperature, top_p, seed, stop,
-response_format, logit_bias), ignored (model: the job's model answers every line), accepted at
-its neutral value only (n 1, stream false, presence_penalty and frequency_penalty 0, logprobs
-false), or refused. A refused line is answered with the reason, which names the field, and the
-rest of the file is answered, as OpenAI answers a bad line of a batch with a 400. A setting the
-line leaves out is the job's, not OpenAI's default (the job is greedy by default, where OpenAI
-samples at temperature 1).
+response_format, logit_bias, reasoning_effort as a thinking budget), ignored (model: the job's
+model answers every line), accepted at its neutral value only (n 1, stream false,
+presence_penalty and frequency_penalty 0, logprobs false), or refused. A refused line is
+answered with the reason, which names the field, and the rest of the file is answered, as OpenAI
+answers a bad line of a batch with a 400. A setting the line leaves out is the job's, not
+OpenAI's default (the job is greedy by default, where OpenAI samples at temperature 1).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ CHAT, COMPLETION = "chat", "completion"
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
 LINE_KEYS = ("custom_id", "method", "url", "body")
 HONOURED = {CHAT: ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-                   "stop", "response_format", "logit_bias"),
+                   "stop", "response_format", "logit_bias", "reasoning_effort"),
             COMPLETION: ("prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias")}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+EFFORTS = ("none", "minimal", "low", "medium", "high")  # budgets: runner/config/reasoning.py
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 INT32_MAX = 2**31 - 1
 
@@ -123,7 +124,8 @@ def _settings(body: Mapping[str, Any]) -> QuestionSettings:
         seed=_field(body, "seed", _integer(-2**63, 2**63 - 1)),
         stop=_field(body, "stop", _stop),
         logit_bias=_field(body, "logit_bias", _logit_bias) or (),
-        response_format=_field(body, "response_format", _response_format))
+        response_format=_field(body, "response_format", _response_format),
+        reasoning_effort=_field(body, "reasoning_effort", _effort))
 
 
 def _field(body: Mapping[str, Any], key: str, check: Callable[[Any], Any]) -> Any:
@@ -163,6 +165,12 @@ def _integer(lo: int, hi: int) -> Callable[[Any], int]:
             raise ValueError(f"must be from {lo} to {hi}")
         return v
     return check
+
+
+def _effort(v: Any) -> str:
+    if v not in EFFORTS:
+        raise ValueError(f"must be one of {', '.join(EFFORTS)}")
+    return str(v)
 
 
 def _stop(v: Any) -> tuple[str, ...]:

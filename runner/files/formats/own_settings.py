@@ -28,6 +28,7 @@ class QuestionSettings:
     stop: Optional[tuple[str, ...]] = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), by token id
     response_format: Optional[ResponseFormat] = None
+    reasoning_effort: Optional[str] = None  # none, minimal, low, medium, high (runner/config/reasoning.py)
 
 
 def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str, ...],
@@ -67,6 +68,8 @@ def settings_key(gen: GenerationParams) -> bytes:
     """A question's own settings as bytes for the journal's prompt hash. A response format also
     records whether it was enforced, so answers made before the grammar are not reused after."""
     data = asdict(gen)
+    if gen.thinking is None:
+        del data["thinking"]  # a model that does not think: the hash its journals were written with
     if gen.response_format is not None:
         data["response_format_enforced"] = RESPONSE_FORMAT_ENFORCED
     return json.dumps(data, sort_keys=True).encode()
