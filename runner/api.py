@@ -71,8 +71,8 @@ def _answer_resumable(config: JobConfig, rows: list[dict[str, Any]], folder: Pat
             raise
         said = in_callers_terms(str(exc), str(questions_path))
         raise (InputError(said) if isinstance(exc, InputError) else ConfigError(said)) from None
-    rows = map(json.loads, output.read_text(encoding="utf-8").splitlines())
-    return [answered(str(r[config.id_field]), r) for r in rows]
+    written = map(json.loads, output.read_text(encoding="utf-8").splitlines())
+    return [answered(str(r[config.id_field]), r) for r in written]
 
 
 def in_callers_terms(message: str, questions_path: str) -> str:

@@ -38,6 +38,7 @@ FLAG_KEYS = {
     "n_batch": "n_batch", "max_tokens": "max_tokens", "system": "system",
     "template": "prompt.template", "chat_template": "prompt.chat_template", "stop": "stop",
     "ignore_eos": "ignore_eos", "batch_invariant": "batch_invariant", "keep_thinking": "keep_thinking",
+    "thinking_budget": "reasoning.max_tokens",
     "prefix_cache": "prefix_cache",
     "id_field": "fields.id", "question_field": "fields.question",
     "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
@@ -81,6 +82,9 @@ def _add_answer_flags(a: Callable[..., Any]) -> None:
            "token's alone) as token_logprobs")
     a("--json-schema", dest="json_schema", help="the answer is JSON valid under this schema (a .json file, or inline)")
     a("--grammar", help="the answer matches this GBNF grammar (llama.cpp's; root rule 'root')")
+    a("--thinking-budget", dest="thinking_budget", metavar="N",
+      help="a reasoning model thinks N tokens at most, then its </think> (gpt-oss: the final channel) is "
+           "written for it and it answers (reasoning.max_tokens); choices and grammars hold the answer after it")
 
 
 def _add_run(sub: Any) -> None:

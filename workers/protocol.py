@@ -163,6 +163,21 @@ class AnswerSpec:
 
 
 @dataclass(frozen=True)
+class Thinking:
+    """A reasoning model's thinking block, in its vocabulary's tokens (workers/engine/thinking.py
+    follows it): `<think>`…`</think>`, or gpt-oss harmony's analysis channel before the final one."""
+
+    start: tuple[int, ...]  # opens the block: <think>; harmony: <|channel|>analysis<|message|>
+    end: tuple[int, ...]  # after these the answer begins: </think>; harmony: <|channel|>final<|message|>
+    forced: tuple[int, ...]  # written for the model when the budget is spent (ends with `end`)
+    budget: Optional[int] = None  # thinking tokens at most; None: only max_tokens bounds them
+    # harmony: what comes before a channel header is no answer yet (the model names its channel)
+    header: bool = False
+    # whitespace tokens a chat template may write after opening the block (`<think>\n`)
+    blank: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
@@ -174,6 +189,7 @@ class GenerationParams:
     # Each generated token's log-probability and the K most likely tokens at its position (0: the
     # token's alone); None: none, and no cost (answer.token_logprobs, an OpenAI line's logprobs).
     token_logprobs: Optional[int] = None
+    thinking: Optional[Thinking] = None  # the model's thinking block, and its budget
 
 
 def kv_cells(slots: int, n_ctx_seq: int, n_prefix: int, unified: bool, batch_invariant: bool = False) -> int:

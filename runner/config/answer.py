@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional
 
 from ...workers.protocol import AnswerSpec, GenerationParams, ResponseFormat
 from ..errors import ConfigError, InputError, quote
+from .reasoning import thinking_room
 from .schema import CHOICES_AUTO, JobConfig
 
 
@@ -158,7 +159,9 @@ def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str
 def with_choices(gen: GenerationParams, choices: tuple[str, ...]) -> GenerationParams:
     """The job's settings for a question of its own choices (answer.choices: auto)."""
     assert gen.answer is not None
-    return replace(gen, answer=replace(gen.answer, choices=choices), max_tokens=choice_tokens(gen.max_tokens, choices))
+    room = thinking_room(gen.thinking, gen.max_tokens)
+    return replace(gen, answer=replace(gen.answer, choices=choices),
+                   max_tokens=min(gen.max_tokens, room + choice_tokens(gen.max_tokens, choices)))
 
 
 def choice_tokens(max_tokens: int, choices: tuple[str, ...]) -> int:

@@ -53,6 +53,7 @@ class JobConfig:
     chat_template: str = "auto"  # "auto" (the model's own), "plain", or a Jinja chat template
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"enable_thinking": False}
     keep_thinking: bool = False  # also write a reasoning model's <think> block, as "thinking"
+    thinking_budget: Optional[int] = None  # reasoning.max_tokens: thinking tokens before the end is forced
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     batch_invariant: bool = False  # answers independent of batch-mates (per-sequence KV, slower)
@@ -100,6 +101,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "prompt.chat_template": check.string(),
     "prompt.template_kwargs": check.mapping,
     "keep_thinking": check.boolean,
+    "reasoning.max_tokens": check.integer(0),
     "stop": check.stop,
     "ignore_eos": check.boolean,
     "batch_invariant": check.boolean,
@@ -124,7 +126,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "backend": check.backend,
     "ray_address": check.ray_address,
 }
-SECTIONS = {"model", "prompt", "fields", "sampling", "answer"}  # keys that may hold a mapping
+SECTIONS = {"model", "prompt", "fields", "sampling", "answer", "reasoning"}  # keys that may hold a mapping
 LEAF_MAPPINGS = {"answer.json_schema"}  # keys whose value is itself a mapping
 PATH_KEYS = ("model", "model.path", "input", "output", "report", "errors_output", "answer.json_schema",
              "answer.grammar")
@@ -135,7 +137,7 @@ _TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "model.repack": "repac
            "fields.question": "question_field", "answer.choices": "choices", "answer.logprobs": "choice_logprobs",
            "answer.choice_logits": "choice_logits", "answer.token_logprobs": "token_logprobs",
            "answer.json_schema": "json_schema",
-           "answer.grammar": "grammar"}
+           "answer.grammar": "grammar", "reasoning.max_tokens": "thinking_budget"}
 
 
 def flatten(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[str, Any]:

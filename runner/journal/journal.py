@@ -65,6 +65,9 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             "ignore_eos": generation.ignore_eos, "batch_invariant": config.batch_invariant,
             # fixed choices, a schema's or a job's grammar: an answer made under others is not reused
             "answer": asdict(generation.answer) if generation.answer is not None else None,
+            # a reasoning model's block and budget: a forced end makes other answers (left out
+            # for a model that does not think, whose journals it does not concern)
+            **({"reasoning": asdict(generation.thinking)} if generation.thinking is not None else {}),
             # another shard's output holds other questions: refused rather than silently mixed
             "shard": str(config.shard) if config.shard is not None else None,
             # answers without token log-probabilities are not reused when they are asked (only set:

@@ -22,6 +22,7 @@ from typing import Iterator, Optional, Protocol, Sequence, Union
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
 from ..config.answer import format_grammar, record_choices, with_choices
+from ..config.reasoning import effort_problem, with_effort
 from ..config.schema import CHOICES_AUTO, JobConfig
 from ..errors import ConfigError, quote
 from ..files.compact import HashIndex, IdColumn, IdSet, key64, text_key
@@ -149,8 +150,8 @@ class QuestionMaker:
         req = rec.request
         if req is None:
             return self.builder.render(_user_message(self.builder, rec, self.config.input))
-        why = req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings) \
-            or samples_problem(req.settings, self.job)
+        why = (req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
+               or samples_problem(req.settings, self.job) or effort_problem(req.settings.reasoning_effort, self.job))
         if why is None and req.prompt is not None:
             return req.prompt
         if why is None:
@@ -228,8 +229,9 @@ class QuestionMaker:
         # completion prompt has no template to stop at.
         template_stop = PLAIN_STOP if self.builder.is_plain and rec.request.prompt is None else ()
         fmt = rec.request.settings.response_format
-        return own_generation(self.job, rec.request.settings, self.config.stop or template_stop,
-                              format_grammar(fmt) if fmt is not None else None)
+        own = own_generation(self.job, rec.request.settings, self.config.stop or template_stop,
+                             format_grammar(fmt) if fmt is not None else None)
+        return with_effort(own, self.job, rec.request.settings.reasoning_effort)
 
     def _fail(self, qid: str, why: str) -> None:
         self.made.rejected[qid] = Answer(qid, "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error=why)

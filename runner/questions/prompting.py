@@ -16,9 +16,11 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from ...workers.protocol import AnswerSpec, GenerationParams, VocabInfo
+from ...workers.protocol import AnswerSpec, GenerationParams, Thinking, VocabInfo
 from ..config.answer import check_spellable, choice_tokens
+from ..config.reasoning import model_thinking, thinking_room, with_budget
 from ..config.schema import JobConfig
+from ..errors import ConfigError
 from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
 from ..plan.memory import ModelDims, dims_from_metadata
 from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
@@ -39,6 +41,7 @@ class Prompting:
             template, self.chat_template = chat_template(config, info.chat_template)
             self.template = template
             self.builder = self.builder_for(config)
+            self.thinking: Optional[Thinking] = model_thinking(self.tokenizer)
             self.generation = self.generation_for(config, answer)
             self.template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
             self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab,
@@ -60,9 +63,16 @@ class Prompting:
         if answer is not None and answer.choices:
             check_spellable(self.tokenizer, answer.choices, self.info.metadata.get("tokenizer.ggml.unknown_token_id"))
         stop = config.stop or (PLAIN_STOP if self.template is None else ())
-        max_tokens = choice_tokens(config.max_tokens, answer.choices) if answer is not None else config.max_tokens
+        try:
+            thinking = with_budget(self.thinking, config.thinking_budget, "reasoning.max_tokens")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        max_tokens = config.max_tokens
+        if answer is not None and answer.choices:  # room for the thinking, then the longest choice
+            room = thinking_room(thinking, max_tokens)
+            max_tokens = min(max_tokens, room + choice_tokens(max_tokens, answer.choices))
         return GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer,
-                                token_logprobs=config.token_logprobs)
+                                thinking=thinking, token_logprobs=config.token_logprobs)
 
     def close(self) -> None:
         """The vocabulary's memory goes back; idempotent."""

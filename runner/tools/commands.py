@@ -45,6 +45,9 @@ def _add_make_model(sub: Any) -> None:
                     help="no output.weight: the logits use the token embeddings, as in Qwen3-0.6B/1.7B "
                          "(always so for the qwen3-*-like shapes)")
     mm.add_argument("--seed", type=int, default=0)
+    mm.add_argument("--reasoning", choices=["think", "harmony"],
+                    help="a reasoning model's vocabulary and chat template, opening its thinking block: "
+                         "<think>...</think>, or gpt-oss's harmony channels")
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
@@ -54,7 +57,7 @@ def cmd_make_model(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.vocab}: vocab file not found")
     try:
         path = modelgen.make_model(args.out, args.shape, vocab=args.vocab, quant=args.quant, seed=args.seed,
-                                   tie_embeddings=args.tie_embeddings)
+                                   tie_embeddings=args.tie_embeddings, reasoning=args.reasoning)
     except (ValueError, FileNotFoundError) as exc:
         raise ConfigError(str(exc)) from None
     print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB)")

@@ -35,6 +35,7 @@ class Sequence:
     # AnswerSpec.choices answered from the logits: each choice's single-token variants
     choice_tokens: Optional[tuple[tuple[int, ...], ...]] = None
     choice_scores: Optional[list[float]] = None  # their log-probabilities, once computed
+    think: Any = None  # a reasoning model's place in its thinking block (engine/thinking.py ThinkState)
     error: Optional[str] = None  # why it could not be answered
     # Each picked token's log-probability, when its settings ask (GenerationParams.token_logprobs):
     # one per token of `output` and, last, the end-of-generation token's

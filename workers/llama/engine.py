@@ -53,6 +53,7 @@ from ..engine.samples import SampleSet
 from ..engine.scheduler import Scheduler, Span
 from ..engine.sequence import Phase, Sequence
 from ..engine.step_counters import StepCounters
+from ..engine.thinking import ThinkState
 from ..protocol import (
     Answer,
     AnswerSpec,
@@ -154,7 +155,8 @@ class LlamaEngine:
                 if token < 0:
                     seq.error = "the answer's grammar allows no token of this model's vocabulary here"
                 done += self._finish(seq)  # a choice is answered in one position, no decode step
-            elif seq.accept(token, vocab.piece(token), vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
+            elif seq.accept(token, vocab.piece(token, special=seq.think is not None and token in seq.think.marks),
+                            vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
                 done += self._finish(seq)
         self.counters.generated_tokens += len(picked)
         self.counters.step(batch.spans, busy, time.perf_counter() - t0)
@@ -220,6 +222,8 @@ class LlamaEngine:
         gen = self._gen(seq)
         if needs_sampler(gen):
             seq.sampler = self.sampling.new_sampler(gen, seq.seed)
+        if gen.thinking is not None:
+            seq.think = ThinkState(gen.thinking, seq.prompt)
         if gen.answer is not None:
             self._constrain(seq, gen.answer)
 
@@ -268,7 +272,7 @@ class LlamaEngine:
         rows = self._fork(batch.rows)
         tokens = [0] * len(rows)
         greedy = [i for i, (span, _, _) in enumerate(rows)
-                  if span.seq.sampler is None and span.seq.choice_tokens is None]
+                  if span.seq.sampler is None and not from_logits(span.seq)]
         if greedy:
             n_outputs = int(np.count_nonzero(batch.arrays[3]))
             for i, token in zip(greedy, self.sampling.greedy([rows[i][2] for i in greedy], n_outputs).tolist()):
@@ -301,6 +305,10 @@ class LlamaEngine:
         """The token of one sequence at batch position `index`, given its greedy argmax: fixed
         choices are scored; a grammar is asked only about the token picked without it, and masks
         the whole vocabulary only when it refuses that token."""
+        if seq.think is not None and not seq.think.answering:
+            token = self._think_pick(seq, index, greedy_token)
+            if token is not None:
+                return token
         if seq.choice_tokens is not None:
             seq.choice_scores = self.sampling.choice_scores(index, seq.choice_tokens)
             seq.t_first = time.perf_counter()
@@ -315,6 +323,21 @@ class LlamaEngine:
         self.counters.grammar_tokens += 1
         self.counters.grammar_resamples += again
         return token
+
+    def _think_pick(self, seq: Sequence, index: int, greedy_token: int) -> Optional[int]:
+        """A token before the answer: the model's own, unconstrained, or the end of its thinking
+        written for it when the budget is spent (workers/engine/thinking.py). None: the model
+        answers from this position without thinking, under its grammar or choices."""
+        think = seq.think
+        token = think.next_forced()
+        if token is None:
+            token = greedy_token if seq.sampler is None else self.sampling.peek(seq.sampler, index)
+            if think.answers_with(token):
+                return None
+        if seq.sampler is not None:
+            self.sampling.accept(seq.sampler, token)
+        think.see(token)
+        return int(token)
 
     def _layout(self, spans: list[Span]) -> Batch:
         """The arrays of one llama_decode for these spans; in batch-invariant mode with ballast
@@ -417,9 +440,15 @@ class LlamaEngine:
             return "", len(seq.output), None
         if spec is not None and seq.choice_scores is not None:
             logprobs = choice_logprobs(spec.choices, seq.choice_scores) if spec.logprobs else None
-            return spec.choices[best_choice(seq.choice_scores)], 1, logprobs
+            # the thinking before it stays in the text, cut from the answer as a generated one's
+            return seq.text() + spec.choices[best_choice(seq.choice_scores)], len(seq.output) + 1, logprobs
         text = seq.text()
         return (choice_text(text, spec.choices) if spec is not None and spec.choices else text), len(seq.output), None
+
+
+def from_logits(seq: Sequence) -> bool:
+    """Its next position is answered from the logits (fixed choices, after any thinking)."""
+    return seq.choice_tokens is not None and (seq.think is None or seq.think.answering)
 
 
 def needs_sampler(gen: GenerationParams) -> bool:

@@ -169,6 +169,18 @@ class Sampling:
         """Sample from the logits row of batch position `batch_index` (also accepts the token)."""
         return int(llama_cpp.llama_sampler_sample(sampler, self.runner.ctx, batch_index))
 
+    def peek(self, chain: llama_cpp.llama_sampler_p, batch_index: int) -> int:
+        """The token the chain picks on this row, not yet accepted into its history (sample() is
+        peek() then accept())."""
+        cands = self._candidates_for()
+        llama_cpp.llama_sampler_apply(chain, ctypes.byref(cands.fill(self._row(batch_index))))
+        return cands.selected()
+
+    @staticmethod
+    def accept(sampler: llama_cpp.llama_sampler_p, token: int) -> None:
+        """A token chosen without the chain (a forced end of thinking) joins its history."""
+        llama_cpp.llama_sampler_accept(sampler, token)
+
     @staticmethod
     def free_sampler(sampler: llama_cpp.llama_sampler_p) -> None:
         llama_cpp.llama_sampler_free(sampler)

@@ -71,7 +71,7 @@ def _completion_choice(index: int, sample: Sample, spec: OutputSpec) -> dict[str
 def _chat_choice(index: int, sample: Sample, spec: OutputSpec) -> dict[str, Any]:
     thinking, text = split_thinking(sample.text)
     message: dict[str, Any] = {"role": "assistant", "content": text.strip(), "refusal": None}
-    if spec.keep_thinking and thinking is not None:
+    if thinking is not None:  # always, as vLLM's and llama-server's reasoning parsers give it
         message["reasoning_content"] = thinking  # where vLLM and DeepSeek's API put it
     tokens = sample.token_logprobs
     logprobs = {"content": chat_content(tokens), "refusal": None} if tokens is not None else None

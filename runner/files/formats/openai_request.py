@@ -6,12 +6,12 @@ cannot answer it as asked, why. Pure: no model needed.
      "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 64}}
 
 A body field is honoured (max_tokens or max_completion_tokens, temperature, top_p, seed, stop,
-response_format, logit_bias, logprobs and top_logprobs, n), ignored (model: the job's model
-answers every line), accepted at its neutral value only (stream false, presence_penalty and
-frequency_penalty 0), or refused. A refused line is answered with the reason, which names the field, and the
-rest of the file is answered, as OpenAI answers a bad line of a batch with a 400. A setting the
-line leaves out is the job's, not OpenAI's default (the job is greedy by default, where OpenAI
-samples at temperature 1).
+response_format, logit_bias, logprobs and top_logprobs, n, reasoning_effort as a thinking
+budget), ignored (model: the job's model answers every line), accepted at its neutral value only
+(stream false, presence_penalty and frequency_penalty 0), or refused. A refused line is answered
+with the reason, which names the field, and the rest of the file is answered, as OpenAI answers a
+bad line of a batch with a 400. A setting the line leaves out is the job's, not OpenAI's default
+(the job is greedy by default, where OpenAI samples at temperature 1).
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ CHAT, COMPLETION = "chat", "completion"
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
 LINE_KEYS = ("custom_id", "method", "url", "body")
 HONOURED = {CHAT: ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-                   "stop", "response_format", "logit_bias", "logprobs", "top_logprobs", "n"),
+                   "stop", "response_format", "logit_bias", "logprobs", "top_logprobs", "n", "reasoning_effort"),
             COMPLETION: ("prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias",
                          "logprobs", "n")}
 MAX_N = 128  # samples per line (OpenAI's own limit)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+EFFORTS = ("none", "minimal", "low", "medium", "high")  # budgets: runner/config/reasoning.py
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_TOP_LOGPROBS = {CHAT: 20, COMPLETION: 5}  # alternatives per token, as OpenAI allows
 INT32_MAX = 2**31 - 1
@@ -128,7 +129,8 @@ def _settings(body: Mapping[str, Any], endpoint: str) -> QuestionSettings:
         logit_bias=_field(body, "logit_bias", _logit_bias) or (),
         response_format=_field(body, "response_format", _response_format),
         token_logprobs=_token_logprobs(body, endpoint),
-        n=_field(body, "n", _integer(1, MAX_N)))
+        n=_field(body, "n", _integer(1, MAX_N)),
+        reasoning_effort=_field(body, "reasoning_effort", _effort))
 
 
 def _token_logprobs(body: Mapping[str, Any], endpoint: str) -> Optional[int]:
@@ -190,6 +192,12 @@ def _integer(lo: int, hi: int) -> Callable[[Any], int]:
             raise ValueError(f"must be from {lo} to {hi}")
         return v
     return check
+
+
+def _effort(v: Any) -> str:
+    if v not in EFFORTS:
+        raise ValueError(f"must be one of {', '.join(EFFORTS)}")
+    return str(v)
 
 
 def _stop(v: Any) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ class QuestionSettings:
     # alternatives per token with each token's log-probability; NO_LOGPROBS: none, whatever the job says
     token_logprobs: Optional[int] = None
     n: Optional[int] = None  # answers (samples) to draw
+    reasoning_effort: Optional[str] = None  # none, minimal, low, medium, high (runner/config/reasoning.py)
 
 
 NO_LOGPROBS = -1  # a line that says `logprobs: false`
@@ -93,6 +94,8 @@ def settings_key(gen: GenerationParams) -> bytes:
         del data["sampling"]["n"]
     if data["token_logprobs"] is None:
         del data["token_logprobs"]
+    if gen.thinking is None:
+        del data["thinking"]  # a model that does not think: the hash its journals were written with
     if gen.response_format is not None:
         data["response_format_enforced"] = RESPONSE_FORMAT_ENFORCED
     return json.dumps(data, sort_keys=True).encode()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Container, Optional, Sequence
 
 from ....workers.protocol import Answer, Sample
+from .harmony import split_harmony
 from .token_logprobs import chat_content
 
 
@@ -34,7 +35,11 @@ class OutputSpec:
 
 def split_thinking(text: str) -> tuple[Optional[str], str]:
     """(reasoning, answer) of a reasoning model's output: `<think>…</think>` at the start, or
-    everything before `</think>` when the chat template itself opened the block."""
+    everything before `</think>` when the chat template itself opened the block; gpt-oss's
+    analysis and final channels (harmony.py)."""
+    harmony = split_harmony(text)
+    if harmony is not None:
+        return harmony
     end = text.find("</think>")
     if end == -1:
         return None, text

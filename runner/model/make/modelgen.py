@@ -28,6 +28,7 @@ from .llama_gen import LlamaShape
 from .mamba2_gen import Mamba2Shape
 from .qwen3_gen import Qwen3MoeShape, Qwen3Shape
 from .qwen35_gen import Qwen35Shape
+from .reasoning_vocab import with_reasoning
 from .shape import Shape
 
 __all__ = [
@@ -152,13 +153,19 @@ def _named_shape(shape_name: str, tie_embeddings: bool | None) -> tuple[Shape, s
 def make_model(
     out: str | os.PathLike[str], shape_name: str, vocab: str | os.PathLike[str] | None = None,
     quant: str | None = None, seed: int = 0, ftype: str = "f16", tie_embeddings: bool | None = None,
+    reasoning: str | None = None,
 ) -> Path:
     """Build a random model of a named shape; ``vocab``: GGUF to take the tokenizer from (None: demo);
-    ``tie_embeddings``: override the shape's own tying (None keeps it)."""
+    ``tie_embeddings``: override the shape's own tying (None keeps it); ``reasoning``: think or
+    harmony, the demo vocabulary of a reasoning model (reasoning_vocab.py)."""
     shape, name = _named_shape(shape_name, tie_embeddings)
     if quant is not None and quant.lower() not in _QTYPES:
         raise ValueError(f"unknown quantization type {quant!r}; known: {', '.join(_QTYPES)}")
     gguf_vocab = build_demo_vocab() if vocab is None else vocab_from_gguf(vocab)
+    if reasoning is not None:
+        if vocab is not None:
+            raise ValueError("--reasoning builds on the demo vocabulary: give it without --vocab")
+        gguf_vocab, name = with_reasoning(gguf_vocab, reasoning), f"{name}-{reasoning}"
     out = Path(out)
 
     def write(path: Path) -> Path:

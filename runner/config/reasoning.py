@@ -1,0 +1,88 @@
+"""A reasoning model's thinking block as its vocabulary spells it, and the budgets that bound it.
+
+The model thinks in `<think>`…`</think>` when its vocabulary holds each of them as one token
+(Qwen3, QwQ, DeepSeek-R1 and its distills); in gpt-oss's harmony format when it holds the
+channel tokens (`<|channel|>`, `<|message|>`, `<|start|>`, `<|end|>`): the analysis channel is the
+thinking, the final channel the answer. The token ids go to the workers in GenerationParams.thinking
+(workers/engine/thinking.py follows the block).
+
+A budget (`reasoning.max_tokens`, `--thinking-budget`, an OpenAI line's `reasoning_effort`) on a
+model with neither is refused with one line: there is no thinking to bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Optional
+
+from ...workers.protocol import GenerationParams, Thinking
+
+THINK = ("<think>", "</think>")
+HARMONY = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>")
+HARMONY_START = "<|channel|>analysis<|message|>"
+HARMONY_END = "<|channel|>final<|message|>"
+HARMONY_FORCED = "<|end|><|start|>assistant<|channel|>final<|message|>"
+BLANKS = ("\n", "\n\n", " ", "\n\n\n")  # what templates write after opening the block
+
+# OpenAI's reasoning_effort -> thinking tokens at most. max_tokens still bounds the whole answer,
+# so a high effort needs a max_tokens above its budget to leave room for the answer.
+EFFORT_BUDGETS = {"none": 0, "minimal": 128, "low": 512, "medium": 2048, "high": 8192}
+
+
+def model_thinking(tokenizer: Any) -> Optional[Thinking]:
+    """The model's thinking block (no budget yet), or None when its vocabulary has none.
+    `tokenizer`: the job's tokenizer process (runner/questions/tokenizing.py)."""
+    texts = THINK + HARMONY + (HARMONY_START, HARMONY_END, HARMONY_FORCED) + BLANKS
+    tokenizer.submit(texts, [False] * len(texts))
+    got = tokenizer.receive()
+    spelled, start = [], 0
+    for count in got.counts:
+        spelled.append(tuple(got.tokens[start:start + max(count, 0)]))
+        start += max(count, 0)
+    one = [len(tokens) == 1 for tokens in spelled]
+    blank = tuple(sorted({t for tokens in spelled[9:] for t in tokens}))
+    if all(one[:2]):
+        return Thinking(spelled[0], spelled[1], spelled[1], blank=blank)
+    if all(one[2:6]):
+        return Thinking(spelled[6], spelled[7], spelled[8], header=True, blank=blank)
+    return None
+
+
+def with_budget(thinking: Optional[Thinking], budget: Optional[int], where: str) -> Optional[Thinking]:
+    """The block with this budget; ValueError naming `where` when the model has no block."""
+    if budget is None:
+        return thinking
+    if thinking is None:
+        raise ValueError(f"{where}: {budget}: the model's vocabulary has no thinking block (<think> and </think>, "
+                         "or gpt-oss's harmony channels), so there is no thinking to bound")
+    return replace(thinking, budget=budget)
+
+
+def with_effort(own: Optional[GenerationParams], job: GenerationParams,
+                effort: Optional[str]) -> Optional[GenerationParams]:
+    """A question's own settings (None: the job's) with its line's reasoning_effort as the budget
+    (checked already: effort_problem); None when they come out as the job's."""
+    gen = own or job
+    if effort is None or gen.thinking is None:
+        return own
+    gen = replace(gen, thinking=replace(gen.thinking, budget=EFFORT_BUDGETS[effort]))
+    return None if gen == job else gen
+
+
+def effort_problem(effort: Optional[str], job: GenerationParams) -> Optional[str]:
+    """Why a line's reasoning_effort cannot apply to this model, as OpenAI refuses it on a model
+    that does not reason."""
+    if effort is None or job.thinking is not None:
+        return None
+    return (f"body.reasoning_effort: {effort!r}: the model's vocabulary has no thinking block (<think> and "
+            "</think>, or gpt-oss's harmony channels), so there is no reasoning to set")
+
+
+def thinking_room(thinking: Optional[Thinking], max_tokens: int) -> int:
+    """The tokens a thinking block may take before the answer: its budget and the forced end, or
+    all of max_tokens when it has no budget; 0 for a model that does not think."""
+    if thinking is None:
+        return 0
+    if thinking.budget is None:
+        return max_tokens
+    return min(max_tokens, len(thinking.start) + thinking.budget + len(thinking.forced))
