@@ -39,6 +39,8 @@ class Sequence:
     t_first: float = 0.0
     finish: Optional[FinishReason] = None
     stop_cut: Optional[int] = None  # character index where a stop string begins
+    # workers/engine/loglik.py Scoring: its prompt's last tokens are scored, nothing is generated
+    scoring: Any = None
 
     @property
     def prompt(self) -> array:
@@ -47,6 +49,12 @@ class Sequence:
     @property
     def n_prompt(self) -> int:
         return len(self.question.tokens)
+
+    @property
+    def context(self) -> array:
+        """The prompt tokens its KV may start from (workers/engine/prefix_cache.py): all of them but the
+        scored ones, whose rows must be computed (a start leaves the last of these to compute too)."""
+        return self.question.tokens if self.scoring is None else self.question.tokens[:self.n_prompt - self.scoring.n]
 
     @property
     def next_pos(self) -> int:
