@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
-from ...workers.protocol import Answer, Question
+from ...workers.protocol import Answer, Question, Scored
 from ..files.formats.rows import Row, row_fields
 from ..journal.journal import Expected
 
@@ -29,6 +29,7 @@ class Answered:
     error: Optional[str] = None
     thinking: Optional[str] = None  # a reasoning model's <think> block, with keep_thinking=True
     choice_logprobs: Optional[dict[str, float]] = None  # with answer={"choices": ..., "logprobs": True}
+    scored: Optional[tuple[Scored, ...]] = None  # a scored question's continuations (Pool.submit_questions)
 
 
 class NoReuse:
@@ -105,7 +106,7 @@ class Calls:
             fields = row_fields(Row(qid, answer, "no answer came back" if answer is None else answer.error),
                                 self._id_field, self._keep_thinking)
             rows.append(Answered(qid, fields.get("answer"), fields.get("error"), fields.get("thinking"),
-                                 fields.get("choice_logprobs")))
+                                 fields.get("choice_logprobs"), answer.scored if answer is not None else None))
         if not call.future.done():
             call.future.set_result(rows)
 
