@@ -23,6 +23,7 @@ from .pool.crashes import address_space_limit
 from .pool.signals import STOP
 from .scoring.command import add_score_parser, cmd_score, print_run_score
 from .tools.commands import TOOL_COMMANDS, add_tool_commands
+from .tools.eval_command import add_eval_parser, cmd_eval
 from .watch.progress import setup_logging
 
 log = logging.getLogger("ggbatch")
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tool_commands(sub)
     add_score_parser(sub)
     add_merge_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 
@@ -209,7 +211,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "eval":  # eval hands the options it does not know to lm-eval
+        parser.parse_args(argv)
+    args.lm_eval_args = extra
     setup_logging(getattr(args, "verbose", False), getattr(args, "quiet", False))
     try:
         return _command(args)
@@ -233,6 +239,8 @@ def _command(args: argparse.Namespace) -> int:
     if args.command != "run":
         STOP.uninstall()
     try:
+        if args.command == "eval":
+            return cmd_eval(args, args.lm_eval_args)
         return {"run": cmd_run, "score": cmd_score, "merge": cmd_merge, **TOOL_COMMANDS}[args.command](args)
     finally:
         STOP.uninstall()

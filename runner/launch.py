@@ -54,9 +54,10 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
     # running on a Ray cluster's nodes, plans its own.
     local = len(nodes) == 1 and nodes[0].node_id is None
     choice = tuned.for_job(config, model, records) if use_tuned and local and not n_gpu_layers else None
-    layouts_ = [layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
-                              share(n_records, node, nodes), layouts.cpu_flags(), choice, config.devices,
-                              n_gpu_layers, config.batch_invariant) for node in nodes]
+    layouts_ = [replace(layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
+                                      share(n_records, node, nodes), layouts.cpu_flags(), choice, config.devices,
+                                      n_gpu_layers, config.batch_invariant), flash_attn=config.flash_attn is not False)
+                for node in nodes]
     if not local:
         log.info("backend ray: %s", "; ".join(f"{node.describe()}: {lay.workers} × {lay.threads} threads"
                                               for node, lay in zip(nodes, layouts_)))

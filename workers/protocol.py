@@ -63,6 +63,19 @@ class Question:
     # Questions of one group share a prefix worth computing once (runner/questions/prefix_groups.py): the
     # coordinator keeps them in one chunk where it can. 0: in no group.
     group: int = 0
+    # Log-likelihood scoring: nothing is generated; each continuation's tokens are scored as they
+    # follow `tokens` (workers/engine/loglik.py), and the answer carries their Scored.
+    continuations: tuple[array, ...] = ()
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A continuation's log-likelihood given its context: the model's own log-softmax over the
+    whole vocabulary (no temperature, top-k or grammar), as lm-eval's (logprob, is_greedy)."""
+
+    logprob: float  # the sum of token_logprobs
+    token_logprobs: tuple[float, ...]
+    is_greedy: bool  # every continuation token is its position's argmax
 
 
 @dataclass(frozen=True)
@@ -111,6 +124,8 @@ class Answer:
     # Every sample of a question that asks for several (SamplingParams.n), in sample order; then
     # text, finish_reason and token_logprobs are the first sample's, completion_tokens all of theirs.
     samples: Optional[tuple[Sample, ...]] = None
+    # A question's continuations (Question.continuations) scored, in their order
+    scored: Optional[tuple[Scored, ...]] = None
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,7 @@ class Layout:
     devices: tuple[int, ...] = ()  # devices[i] = the GPU of worker i (none: every GPU llama.cpp finds)
     threads_auto: bool = True  # the job left threads on auto (settle may pick GPU threads)
     prefix_cache: bool = False  # workers keep and share prompts' KV (workers/engine/prefix_cache.py)
+    flash_attn: bool = True  # the job's flash_attn (batch-invariant mode turns it off whatever it says)
 
 
 @dataclass(frozen=True)
@@ -284,5 +285,5 @@ def engine_config(model_path: str, layout: Layout, prefix: array, generation: Ge
     return EngineConfig(model_path, layout.threads, layout.slots, layout.n_ctx_seq, layout.n_batch, prefix,
                         generation, kv_unified=layout.kv_unified,
                         kv_cells=kv_cells(layout.slots, layout.n_ctx_seq, len(prefix), layout.kv_unified, invariant),
-                        flash_attn=not invariant, repack=layout.repack, batch_invariant=invariant,
+                        flash_attn=layout.flash_attn and not invariant, repack=layout.repack, batch_invariant=invariant,
                         prefix_cache=layout.prefix_cache)

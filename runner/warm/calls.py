@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
-from ...workers.protocol import Answer, Question
+from ...workers.protocol import Answer, Question, Scored
 from ..files.formats.rows import Row, row_fields
 from ..journal.journal import Expected
 
@@ -29,6 +29,7 @@ class Answered:
     error: Optional[str] = None
     thinking: Optional[str] = None  # a reasoning model's <think> block, with keep_thinking=True
     choice_logprobs: Optional[dict[str, float]] = None  # with answer={"choices": ..., "logprobs": True}
+    scored: Optional[tuple[Scored, ...]] = None  # a scored question's continuations (Pool.submit_questions)
     # with answer={"token_logprobs": K}: per token {token, logprob, bytes, top_logprobs}, as OpenAI's
     token_logprobs: Optional[list[dict[str, Any]]] = None
     samples: Optional[list["Answered"]] = None  # with sampling={"n": N > 1}: each sample, in order
@@ -40,10 +41,10 @@ def answered(qid: str, fields: Mapping[str, Any]) -> Answered:
     text = fields.get("answer")
     if not isinstance(text, list):
         return Answered(qid, text, fields.get("error"), fields.get("thinking"), fields.get("choice_logprobs"),
-                        fields.get("token_logprobs"))
+                        token_logprobs=fields.get("token_logprobs"))
     n = len(text)
     thinking, logprobs = fields.get("thinking") or [None] * n, fields.get("token_logprobs") or [None] * n
-    samples = [Answered(qid, t, None, th, None, lp) for t, th, lp in zip(text, thinking, logprobs)]
+    samples = [Answered(qid, t, thinking=th, token_logprobs=lp) for t, th, lp in zip(text, thinking, logprobs)]
     first = samples[0] if samples else Answered(qid, None)
     return replace(first, samples=samples)
 
@@ -121,7 +122,7 @@ class Calls:
             answer = call.got.get(first)
             fields = row_fields(Row(qid, answer, "no answer came back" if answer is None else answer.error),
                                 self._id_field, self._keep_thinking)
-            rows.append(answered(qid, fields))
+            rows.append(replace(answered(qid, fields), scored=answer.scored if answer is not None else None))
         if not call.future.done():
             call.future.set_result(rows)
 

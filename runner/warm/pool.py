@@ -19,7 +19,7 @@ from array import array
 from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import Any, Iterable, Mapping, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from ...workers.llama.factory import LLAMA_ENGINE
 from ...workers.protocol import Answer, Question, Ready, ThreadsSet
@@ -34,8 +34,9 @@ from ..plan.growth import ContextGrowth
 from ..plan.layout import PromptFacts
 from ..pool.pool import WorkerPool
 from ..questions.maker import QuestionMaker
-from ..questions.prepare import common_prefix, max_samples, max_tokens
+from ..questions.prepare import common_prefix, max_samples, max_tokens, order
 from ..questions.prompting import Prompting
+from ..questions.tokenizing import tokenize_all
 from ..watch.startup_load import SinceStart
 from ..watch.watch import RunWatch
 from .calls import Answered, Calls, NoReuse
@@ -78,6 +79,7 @@ class Pool:
     def _start(self, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
                engine_factory: EngineFactory) -> None:
         self._source, self._config, self._closed = source, config, False
+        self._groups = 0  # prefix groups numbered so far (submit_questions)
         self._make_lock = threading.Lock()  # one tokenizer process: calls are made one at a time
         self._ready = threading.Event()
         self._ended: Optional[BaseException] = None
@@ -133,7 +135,11 @@ class Pool:
             probes = [Record(q, {self._config.question_field: q}, 0) for q in PROBES]
             prefix = common_prefix([q.tokens for q in self._make(probes, default)[2]])
             longest, most, samples = GUESS_PROMPT, p.generation.max_tokens, p.generation.sampling.n
-        facts = PromptFacts((len(records) or STREAMED) * samples, longest, len(prefix), p.info.n_ctx_train, p.dims)
+        # A warm pool cannot know whether its calls' prompts will share prefixes (an lm-eval task's
+        # few-shot examples and contexts do): with prefix_cache auto its workers keep the cache.
+        groups = int(not records and self._config.prefix_cache == "auto")
+        facts = PromptFacts((len(records) or STREAMED) * samples, longest, len(prefix), p.info.n_ctx_train, p.dims,
+                            groups)
         return facts, prefix, most
 
     # -- the loop thread -------------------------------------------------------------------------
@@ -186,6 +192,38 @@ class Pool:
 
         many.add_done_callback(done)
         return one
+
+    def submit_questions(self, questions: Sequence[Question]) -> "Future[list[Answered]]":
+        """Questions already tokenized (distinct ids; ggbatch.lm_eval's), as they are: their own
+        generation settings or the pool's, continuations scored. Those sharing a prefix go out
+        together (runner/questions/prefix_groups.py), for the workers' prefix cache."""
+        if self._closed:
+            raise PoolClosed(f"{self._source}: the pool is closed")
+        ordered, _ = order(list(questions), self._config.prefix_cache == "auto")
+        with self._make_lock:
+            ordered = [replace(q, group=q.group + self._groups) if q.group else q for q in ordered]
+            self._groups += max((q.group for q in ordered), default=0)
+        future, sent = self._calls.open([(q.qid, q.qid) for q in questions], ordered, {})
+        self._intake.put(sent)
+        return future
+
+    def tokenize(self, texts: Sequence[str], add_bos: bool = True) -> list[array]:
+        """Each text's tokens by the model's tokenizer (special tokens written in it parsed as such)."""
+        with self._make_lock:
+            out = list(tokenize_all([self._prompting.tokenizer], ((t, add_bos) for t in texts)))
+        bad = next((t for t in out if not isinstance(t, array)), None)
+        if bad is not None:
+            raise GgbatchError(f"{self._source}: the model's tokenizer cannot take a text: {bad.reason}")
+        return [t for t in out if isinstance(t, array)]
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self._prompting.info.n_ctx_train
+
+    @property
+    def special_texts(self) -> tuple[str, str]:
+        """The model's BOS and EOS tokens as text."""
+        return self._prompting.info.bos_text, self._prompting.info.eos_text
 
     def _make(self, records: list[Record], variant: Variant) -> tuple[QuestionMaker, dict[str, Answer], list[Question]]:
         with self._make_lock:

@@ -82,6 +82,17 @@ class SlotContents:
                 best = Start(source, n)
         return best
 
+    def wanted_kept(self, waiting: Iterable[Sequence], running: list[Sequence]) -> dict[int, int]:
+        """Free slot -> how many waiting questions start best from the prompt it keeps: a slot a
+        question takes is emptied, so a question goes to a slot no other one wants when it can
+        (several continuations of one context, or questions on one passage, each start from it)."""
+        wanted: dict[int, int] = {}
+        for seq in waiting:
+            start = self.start(seq.context, -1, running)
+            if start.source in self.kept:
+                wanted[start.source] = wanted.get(start.source, 0) + 1
+        return wanted
+
     def wanted_soon(self, prompt: array, running: Iterable[Sequence]) -> int:
         """Tokens of `prompt` that a running sequence's prompt, still going in, will offer."""
         best = 0

@@ -25,6 +25,7 @@ never shrinks a batch, and leaves every sequence at least MIN_ROWS prompt tokens
 from __future__ import annotations
 
 import heapq
+import itertools
 from array import array
 from collections import deque
 from dataclasses import dataclass
@@ -95,21 +96,30 @@ class Scheduler:
         lets the next ones go first (prefix_cache.MIN_WAIT_GAIN)."""
         admitted: list[Sequence] = []
         i = 0
+        wanted = self._wanted()
         while self.free_ids and i < len(self.waiting):
             seq = self.waiting[i]
-            start = self._start(seq, self.free_ids[0])
-            if self.contents and self.contents.wanted_soon(seq.prompt, self.running) >= start.n + MIN_WAIT_GAIN:
+            slot = self._slot_for(seq, wanted)
+            if slot < 0:  # every free slot keeps a prompt that a question behind it starts from
                 i += 1
                 continue
-            wanted = seq.slots_wanted
-            if len(self.free_ids) < wanted:
+            start = self._start(seq, slot)
+            if self.contents and self.contents.wanted_soon(seq.context, self.running) >= start.n + MIN_WAIT_GAIN:
+                i += 1
+                continue
+            n_slots = seq.slots_wanted
+            if len(self.free_ids) < n_slots:
                 break  # a question of several samples waits for a slot for each (kept in order)
-            need = seq.n_prompt - start.n + wanted * self._max_new(seq)
+            need = seq.n_prompt - start.n + n_slots * self._max_new(seq)
             if self.kv_budget is not None and self.running and self.kv_reserved + need > self.kv_budget:
                 break  # wait for a running sequence to finish and give its cells back
             del self.waiting[i]
-            seq.admit(heapq.heappop(self.free_ids), start.n, start.source)
-            seq.fork_ids = [heapq.heappop(self.free_ids) for _ in range(wanted - 1)]
+            self.free_ids.remove(slot)
+            heapq.heapify(self.free_ids)
+            if start.source in wanted:
+                wanted[start.source] -= 1
+            seq.admit(slot, start.n, start.source)
+            seq.fork_ids = [heapq.heappop(self.free_ids) for _ in range(n_slots - 1)]
             if self.contents:
                 for slot in (seq.seq_id, *seq.fork_ids):
                     self.contents.forget(slot)
@@ -134,10 +144,31 @@ class Scheduler:
         child.kv_reserved = share
         self.running.append(child)
 
+    def _wanted(self) -> dict[int, int]:
+        """With the prefix cache: free slot -> waiting questions that start best from what it keeps
+        (the first few: those admitted soon)."""
+        if not self.contents:
+            return {}
+        return self.contents.wanted_kept(itertools.islice(self.waiting, 2 * len(self.free_ids)), self.running)
+
+    def _slot_for(self, seq: Sequence, wanted: dict[int, int]) -> int:
+        """The lowest free slot; with the prefix cache the one whose kept prompt this question
+        starts from (its cells used in place), else the lowest whose kept prompt no waiting question
+        wants, else -1: the question lets the ones that start from those slots go first."""
+        if not wanted:
+            return self.free_ids[0]
+        assert self.contents is not None
+        own = self.contents.start(seq.context, -1, self.running).source
+        if own in self.free_ids:
+            return own
+        return next((slot for slot in sorted(self.free_ids) if not wanted.get(slot)), -1)
+
     def _start(self, seq: Sequence, slot: int) -> Start:
+        # A scored prompt's context only: the rows of its scored tokens must be computed.
+        context = seq.context
         if self.contents:
-            return self.contents.start(seq.prompt, slot, self.running)
-        n = start_len(common_prefix_len(seq.prompt, self.prefix), seq.n_prompt, len(self.prefix),
+            return self.contents.start(context, slot, self.running)
+        n = start_len(common_prefix_len(context, self.prefix), len(context), len(self.prefix),
                       self.batch_invariant)
         n = self.memory.start_len(n, len(self.prefix))
         return Start(self.prefix_id if n else -1, n)
@@ -150,10 +181,11 @@ class Scheduler:
         moves: list[tuple[Sequence, int]] = []
         if not self.stream_per_sequence:
             return moves
+        wanted = self._wanted()
         while self.free_ids and self.running:
             top = max(self.running, key=_seq_id)
-            if self.free_ids[0] > top.seq_id:
-                break
+            if self.free_ids[0] > top.seq_id or wanted.get(self.free_ids[0]):
+                break  # in order, or the free slot keeps a prompt a waiting question starts from
             old = top.seq_id
             top.seq_id = heapq.heapreplace(self.free_ids, old)
             moves.append((top, old))

@@ -49,6 +49,8 @@ class Sequence:
     t_first: float = 0.0
     finish: Optional[FinishReason] = None
     stop_cut: Optional[int] = None  # character index where a stop string begins
+    # workers/engine/loglik.py Scoring: its prompt's last tokens are scored, nothing is generated
+    scoring: Any = None
 
     @property
     def prompt(self) -> array:
@@ -72,6 +74,12 @@ class Sequence:
     def forks_now(self) -> bool:
         """Its prompt is in and it holds slots for the other samples: they fork from its KV now."""
         return bool(self.fork_ids) and self.phase is Phase.PREFILL and self.n_cached >= self.n_prompt
+
+    @property
+    def context(self) -> array:
+        """The prompt tokens its KV may start from (workers/engine/prefix_cache.py): all of them but the
+        scored ones, whose rows must be computed (a start leaves the last of these to compute too)."""
+        return self.question.tokens if self.scoring is None else self.question.tokens[:self.n_prompt - self.scoring.n]
 
     @property
     def next_pos(self) -> int:

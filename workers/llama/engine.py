@@ -45,8 +45,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..engine import invariant
-from ..engine.batch import Batch, batch_arrays, logit_index
+from ..engine import invariant, loglik
+from ..engine.batch import Batch, batch_arrays, logit_index, scored_rows
 from ..engine.constraints import best_choice, choice_grammar, choice_logprobs, choice_text
 from ..engine.logprobs import answer_tokens
 from ..engine.samples import SampleSet
@@ -126,6 +126,9 @@ class LlamaEngine:
         return self.sched.n_unfinished + len(self._rejected)
 
     def add(self, question: Question) -> None:
+        if question.continuations:  # scored, not generated (workers/engine/loglik.py)
+            self._add_scored(question)
+            return
         n = len(question.tokens)
         if n == 0 or n >= self.n_ctx_seq:
             why = ("prompt is empty" if n == 0 else
@@ -148,6 +151,7 @@ class LlamaEngine:
         done += self._admit()
         busy = len(self.sched.running)
         batch = self._decode_with_room()
+        done += self._score(batch)
         vocab = self.runner.vocab
         picked = self._sample(batch)
         for seq, token in picked:
@@ -261,6 +265,44 @@ class LlamaEngine:
             except ValueError as exc:  # the coordinator checked it: only a broken install gets here
                 seq.error = str(exc)
 
+    def _add_scored(self, question: Question) -> None:
+        why = loglik.problem(question, self.n_ctx_seq)
+        if why is not None:
+            self._rejected.append(loglik.rejected(question, self.worker_id, why))
+            return
+        parent, seqs = loglik.sequences(question)
+        for seq in seqs:
+            self.sched.add(seq)
+        if not seqs:  # every continuation empty: scored without the model
+            spec = (question.generation or self.gen).answer
+            self._rejected.append(loglik.answer(parent, self.worker_id, spec.choices if spec else ()))
+
+    def _score(self, batch: Batch) -> list[Answer]:
+        """Read the rows the scored prompts of this batch asked for; the answers of the questions
+        whose last continuation is now in (its sequence leaves at once: nothing is generated)."""
+        spans = scored_rows(batch.spans)
+        if not spans:
+            return []
+        t0 = time.perf_counter()
+        flags = batch.arrays[3]
+        logits = self.runner.logits(int(np.count_nonzero(flags)))
+        done = []
+        for span, index, pos, count in spans:
+            row = invariant.output_rows(flags, [index])[0]
+            loglik.read_rows(span.seq, pos, logits[row:row + count])
+        for span in batch.spans:
+            seq = span.seq
+            if seq.scoring is not None and seq.n_cached >= seq.n_prompt:
+                self.sched.release(seq)
+                self.kv.finished(seq)
+                seq.phase = Phase.FINISHED
+                spec = (seq.scoring.parent.question.generation or self.gen).answer
+                answer = loglik.finished(seq, self.worker_id, spec.choices if spec else ())
+                if answer is not None:
+                    done.append(answer)
+        self.counters.sample_s += time.perf_counter() - t0
+        return done
+
     def _gen(self, seq: Sequence) -> GenerationParams:
         """The question's own generation settings, or the job's."""
         return seq.question.generation or self.gen
@@ -347,9 +389,8 @@ class LlamaEngine:
         index = logit_index(spans)
         if self.invariant:
             arrays, ballast = invariant.lay_out(arrays, self.prefix_id)
-            rows = invariant.output_rows(arrays[3], [i for _, i in index])
-        else:
-            rows = list(range(len(index)))  # exactly the spans' last tokens ask for logits
+        # Scored prompts ask for rows of their own besides the spans' last tokens.
+        rows = invariant.output_rows(arrays[3], [i for _, i in index])
         return Batch(spans, arrays, ballast, [(span, i, row) for (span, i), row in zip(index, rows)])
 
     def _decode_with_room(self) -> Batch:

@@ -321,6 +321,12 @@ class ModelRunner:
         b.struct.n_tokens = n
         return int(llama_cpp.llama_decode(self.ctx, b.struct))
 
+    def logits(self, n_outputs: int) -> np.ndarray:
+        """The last decode's logits rows, one per token that asked for them, in batch order (a view
+        of llama.cpp's buffer: read it before the next decode)."""
+        ptr = llama_cpp.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.vocab.n_tokens))
+
     def set_threads(self, n: int) -> int:
         """Run the next decodes with n threads, prompt and generation alike; returns the count
         llama.cpp reports. llama_set_n_threads changes a live context: the CPU backend reads the

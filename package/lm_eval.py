@@ -1,0 +1,158 @@
+"""ggbatch as lm-evaluation-harness's model: `GgbatchLM`, registered as `ggbatch`.
+
+    lm_eval --model ggbatch --model_args model=M.gguf --tasks T      (or `ggbatch eval --model M.gguf --tasks T`)
+    lm_eval.simple_evaluate(model=ggbatch.lm_eval.GgbatchLM(model="M.gguf"), tasks=[...])
+
+One ggbatch.Pool (runner/warm/pool.py) holds the workers and the model for the object's lifetime,
+so the model loads once for every task; each lm-eval call sends its whole request list to it at once:
+the workers' batches, the dispatch of prompts that share a prefix together, and the prefix cache,
+so an MMLU context is computed once for its four continuations and a few-shot prefix once per worker.
+
+    loglikelihood: lm-eval's tokenization (TemplateLM._encode_pair: context and continuation
+        encoded together, split at the context's length), a context's continuations one question
+        (workers/engine/loglik.py), each (sum of log-probabilities, is_greedy)
+    loglikelihood_rolling: lm-eval's rolling windows of the text, each window's tokens scored
+    generate_until: each context greedy or sampled as its gen_kwargs say, up to max_gen_toks
+        tokens, cut at the first `until` string
+
+Scores are the model's own log-softmax, with llama.cpp's flash attention off (its CPU kernel rounds
+K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, Optional
+
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError as exc:  # lm-eval is the optional extra ggbatch[eval]
+    raise ImportError("ggbatch.lm_eval needs lm-eval: pip install 'ggbatch[eval]'") from exc
+
+from ggbatch.runner.warm.pool import Pool
+from ggbatch.workers.protocol import GenerationParams, Question, SamplingParams
+
+DEFAULT_MAX_LENGTH = 2048  # tokens of a rolling window when the model does not say its context
+
+
+@register_model("ggbatch")
+class GgbatchLM(TemplateLM):
+    """lm-eval's model over one ggbatch.Pool. `model`: a GGUF path (or a Hugging Face name, as
+    ggbatch takes it); other keyword arguments are ggbatch's job keys (workers, threads, slots, ...)."""
+
+    def __init__(self, model: str, max_length: Optional[int] = None, batch_size: Any = None,
+                 max_batch_size: Any = None, device: Any = None, **settings: Any) -> None:
+        super().__init__()
+        settings.setdefault("flash_attn", False)
+        self.pool = Pool(model=model, **settings)
+        bos, eos = self.pool.special_texts
+        specials = self.pool.tokenize([bos or eos, eos or bos], add_bos=False)
+        self._bos, self._eos = (int(t[0]) if len(t) else 0 for t in specials)
+        self.max_length = int(max_length or min(self.pool.n_ctx_train or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH))
+
+    # -- TemplateLM's tokenizer ------------------------------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return self._eos
+
+    @property
+    def prefix_token_id(self) -> int:
+        return self._bos
+
+    def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
+        return list(self.pool.tokenize([string], add_bos=add_special_tokens is not False)[0])
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        raise NotImplementedError("ggbatch.lm_eval answers with text; it never decodes tokens")
+
+    # -- the three request types -----------------------------------------------------------------
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """TemplateLM.loglikelihood with every text tokenized in one pass through the pool."""
+        pairs = [req.args for req in requests]
+        texts: list[str] = []
+        plans: list[tuple[str, int]] = []
+        for context, continuation in pairs:
+            if context == "":
+                plans.append(("empty", len(texts)))
+                texts.append(continuation)
+                continue
+            n_spaces = len(context) - len(context.rstrip())
+            if n_spaces:
+                context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+            plans.append(("pair", len(texts)))
+            texts += [context + continuation, context]
+        encoded = self._encode_all(texts, plans)
+        return self._loglikelihood_tokens([(pair, ctx, cont) for pair, (ctx, cont) in zip(pairs, encoded)])
+
+    def _encode_all(self, texts: list[str], plans: list[tuple[str, int]]) -> list[tuple[list[int], list[int]]]:
+        """lm-eval's (context_enc, continuation_enc) for each request planned by loglikelihood."""
+        with_bos = self.pool.tokenize(texts, add_bos=True)
+        bare = self.pool.tokenize([texts[i] for kind, i in plans if kind == "empty"], add_bos=False)
+        out, k = [], 0
+        for kind, i in plans:
+            if kind == "empty":  # BOS as the context, as TemplateLM does for an empty one
+                cont = list(bare[k])
+                k += 1
+                out.append(([self.prefix_token_id], cont) if not cont or cont[0] != self.prefix_token_id
+                           else (cont[:1], cont[1:]))
+            else:
+                whole, ctx = list(with_bos[i]), list(with_bos[i + 1])
+                out.append((ctx, whole[len(ctx):]))
+        return out
+
+    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,
+                              **kwargs: Any) -> list[tuple[float, bool]]:
+        """(sum of log-probabilities, is_greedy) of each (pair, context tokens, continuation tokens):
+        one question per distinct context, its continuations scored together."""
+        contexts: dict[tuple[int, ...], list[int]] = {}
+        for i, (_, ctx, _) in enumerate(requests):
+            contexts.setdefault(tuple(ctx[-self.max_length:]), []).append(i)
+        questions = [Question(f"c{k}", array("i", ctx), 0,
+                              continuations=tuple(array("i", requests[i][2]) for i in members))
+                     for k, (ctx, members) in enumerate(contexts.items())]
+        answers = self.pool.submit_questions(questions).result()
+        out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+        for answered, members in zip(answers, contexts.values()):
+            if answered.scored is None:
+                raise RuntimeError(f"ggbatch could not score a request: {answered.error}")
+            for i, scored in zip(members, answered.scored):
+                out[i] = (scored.logprob, scored.is_greedy)
+        return out
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """Each text's log-likelihood over lm-eval's rolling windows of max_length tokens."""
+        texts = [req.args[0] for req in requests]
+        windows, owner = [], []
+        for i, tokens in enumerate(self.pool.tokenize(texts, add_bos=False)):
+            for window in map(make_disjoint_window, get_rolling_token_windows(
+                    token_list=list(tokens), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
+                    context_len=1)):
+                windows.append((None, *window))
+                owner.append(i)
+        totals = [0.0] * len(texts)
+        for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows)):
+            totals[i] += logprob
+        return totals
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Each context's continuation, up to its max_gen_toks tokens and cut at its first `until`."""
+        contexts = [req.args[0] for req in requests]
+        tokens = self.pool.tokenize(contexts, add_bos=True)
+        questions = [Question(f"g{i}", toks[-self.max_length:], i, generation_of(req.args[1]))
+                     for i, (req, toks) in enumerate(zip(requests, tokens))]
+        answers = self.pool.submit_questions(questions).result()
+        return [a.text if a.text is not None else "" for a in answers]
+
+
+def generation_of(gen_kwargs: dict[str, Any]) -> GenerationParams:
+    """lm-eval's gen_kwargs as ggbatch's settings: until (a string or a list), max_gen_toks,
+    do_sample and temperature (greedy unless both ask for sampling)."""
+    until = gen_kwargs.get("until") or ()
+    stop = (until,) if isinstance(until, str) else tuple(until)
+    temperature = float(gen_kwargs.get("temperature", 0.0) or 0.0) if gen_kwargs.get("do_sample") else 0.0
+    return GenerationParams(max_tokens=int(gen_kwargs.get("max_gen_toks", 256)), stop=stop,
+                            sampling=SamplingParams(temperature=temperature))

@@ -1,0 +1,93 @@
+"""ggbatch as lm-eval's model (package/lm_eval.py, `ggbatch eval`): tasks defined over local files
+(tests/data/lm_eval, never a download); log-likelihoods as llama-cpp-python computes lm-eval's own
+requests one at a time; generate_until honours max_gen_toks and `until`."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from helpers import ggbatch_command
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.model, pytest.mark.slow]
+
+TASKS = ["ggb_mc", "ggb_gen", "ggb_roll"]
+
+
+@pytest.fixture(scope="module")
+def lm(request):
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
+    from conftest import STORIES, require
+    from ggbatch.lm_eval import GgbatchLM
+
+    model = GgbatchLM(model=str(require(STORIES, "stories260K")), workers=1, threads=1)
+    yield model
+    model.pool.close()
+
+
+@pytest.fixture
+def task_dir(tmp_path, monkeypatch):
+    from conftest import ROOT
+
+    for f in (ROOT / "tests" / "data" / "lm_eval").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    monkeypatch.chdir(tmp_path)  # the task YAMLs name their data files relative to here
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    return tmp_path
+
+
+def test_simple_evaluate_matches_llama_cpp_python(lm, task_dir):
+    import lm_eval
+    from lm_eval.api.instance import Instance
+    from lm_eval.tasks import TaskManager
+
+    from test_loglik import TOLERANCE, reference
+
+    out = lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=TaskManager(include_path=str(task_dir)))
+    assert set(TASKS) <= set(out["results"])
+    assert 0.0 <= out["results"]["ggb_mc"]["acc,none"] <= 1.0
+    # The same requests, compared one by one with llama-cpp-python's own evaluation.
+    pairs = [("Once upon a time there was a little", c) for c in (" girl", " dog ran", " big red tree")]
+    pairs.append(("", "Once upon a time"))
+    requests = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
+    got = lm.loglikelihood(requests)
+    encoded = lm._encode_all(*_plans(lm, pairs))
+    want = reference(lm.pool._config.model, encoded)
+    for (logprob, greedy), (token_logprobs, want_greedy) in zip(got, want):
+        assert abs(logprob - sum(token_logprobs)) < TOLERANCE
+        assert greedy == want_greedy
+
+
+def _plans(lm, pairs):
+    texts, plans = [], []
+    for context, continuation in pairs:
+        if not context:
+            plans.append(("empty", len(texts)))
+            texts.append(continuation)
+        else:
+            plans.append(("pair", len(texts)))
+            texts += [context + continuation, context]
+    return texts, plans
+
+
+def test_generate_until_honours_max_gen_toks_and_until(lm):
+    from lm_eval.api.instance import Instance
+
+    ctx = "Once upon a time there was a little girl"
+    long, cut = lm.generate_until([Instance("generate_until", {}, (ctx, {"until": [], "max_gen_toks": 40}), 0),
+                                   Instance("generate_until", {}, (ctx, {"until": ["."], "max_gen_toks": 40}), 1)])
+    short = lm.generate_until([Instance("generate_until", {}, (ctx, {"until": [], "max_gen_toks": 3}), 0)])[0]
+    assert len(lm.tok_encode(long, add_special_tokens=False)) > 10
+    assert "." not in cut and long.startswith(cut.strip()[:5])
+    assert len(lm.tok_encode(short, add_special_tokens=False)) <= 4
+
+
+@pytest.mark.timeout(60)
+def test_eval_without_lm_eval_says_how_to_install(tmp_path):
+    hide = tmp_path / "sitecustomize.py"
+    hide.write_text("import sys\nsys.modules['lm_eval'] = None\n")
+    cmd = ggbatch_command("eval", "--model", "m.gguf", "--tasks", "x")
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=50)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'ggbatch[eval]'" in done.stderr

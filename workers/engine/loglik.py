@@ -1,0 +1,156 @@
+"""Log-likelihood scoring: a question whose continuations are scored, not answered by generating.
+
+    Question(tokens = context, continuations = (c0, c1, ...))
+      ─▶ one Sequence per continuation, its prompt context + ci, its last len(ci) tokens scored
+      ─▶ prefill only: the batch asks llama.cpp for the logits of exactly the rows that predict a
+         scored token (the context's last token and every continuation token but the last)
+      ─▶ each row's log-softmax at the next token, and whether that token is the row's argmax
+      ─▶ when every continuation is in: one Answer with a Scored per continuation
+
+The continuations of one context share its KV as any prompts that share a start do: the
+scheduler starts a prompt from the longest prefix a stream holds (workers/engine/prefix_cache.py),
+stopping before the context's last token (its logits score the first continuation token), so a
+context goes through the model once per worker and each continuation costs its own tokens and one.
+
+Pure bookkeeping and numpy: the engine (workers/llama/engine.py) hands the logits rows in.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import numpy as np
+
+from ..protocol import Answer, FinishReason, GenerationParams, Question, Scored
+from .sequence import Sequence
+
+# A scored prompt generates nothing: it reserves no KV beyond its prompt.
+NO_GENERATION = GenerationParams(max_tokens=0)
+
+
+@dataclass(eq=False)
+class Scoring:
+    """One continuation being scored: which question it belongs to, how many of the sequence's
+    prompt tokens it is, and each one's log-probability and greedy flag once its row is read (by
+    position, so a preempted sequence computed again writes over them)."""
+
+    parent: "Parent"
+    index: int
+    n: int
+    logprobs: list[float] = field(default_factory=list)
+    greedy: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.logprobs = [0.0] * self.n
+        self.greedy = [False] * self.n
+
+
+@dataclass(eq=False)
+class Parent:
+    """A question whose continuations are being scored."""
+
+    question: Question
+    left: int
+    results: list[Optional[Scored]]
+    t_admit: float = 0.0
+
+
+def sequences(question: Question) -> tuple[Parent, list[Sequence]]:
+    """One sequence per continuation but an empty one: its prompt the context and the continuation,
+    its scoring attached."""
+    parent = Parent(question, len(question.continuations), [None] * len(question.continuations))
+    out = []
+    for i, cont in enumerate(question.continuations):
+        if not cont:  # the context's tokens took it in (lm-eval scores it so too: nothing, greedy)
+            parent.results[i] = Scored(0.0, (), True)
+            parent.left -= 1
+            continue
+        sub = replace(question, tokens=question.tokens + cont, continuations=(), generation=NO_GENERATION)
+        out.append(Sequence(sub, scoring=Scoring(parent, i, len(cont))))
+    return parent, out
+
+
+def problem(question: Question, n_ctx_seq: int) -> Optional[str]:
+    """Why a scored question cannot be answered (None: it can)."""
+    if not question.tokens:
+        return "a scored continuation needs a context of one token or more (lm-eval gives BOS to an empty one)"
+    longest = len(question.tokens) + max(len(c) for c in question.continuations)
+    if longest >= n_ctx_seq:
+        return f"context and continuation have {longest} tokens, context per sequence is {n_ctx_seq}"
+    return None
+
+
+def first_scored_pos(seq: Sequence) -> int:
+    """Position of the first row whose logits are needed: the context's last token."""
+    assert seq.scoring is not None
+    return seq.n_prompt - seq.scoring.n - 1
+
+
+def logit_range(seq: Sequence, start_pos: int, n: int) -> tuple[int, int]:
+    """[lo, hi) offsets within a prompt chunk of n tokens from start_pos whose logits a scored
+    sequence needs: the rows from its context's last token to its last token but one."""
+    lo = max(first_scored_pos(seq), start_pos)
+    hi = min(seq.n_prompt - 1, start_pos + n)
+    return (lo - start_pos, hi - start_pos) if hi > lo else (0, 0)
+
+
+def read_rows(seq: Sequence, start_pos: int, logits: np.ndarray) -> None:
+    """Score the tokens predicted by `logits`, the rows of positions start_pos, start_pos + 1, ...
+    (each row predicts the token at the next position)."""
+    scoring = seq.scoring
+    assert scoring is not None
+    first = seq.n_prompt - scoring.n  # position of the first continuation token
+    targets = np.frombuffer(seq.prompt, dtype=np.int32)[start_pos + 1:start_pos + 1 + len(logits)]
+    logprobs, greedy = token_scores(logits, targets)
+    for k, (lp, g) in enumerate(zip(logprobs.tolist(), greedy.tolist())):
+        scoring.logprobs[start_pos + 1 + k - first] = lp
+        scoring.greedy[start_pos + 1 + k - first] = g
+
+
+def token_scores(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the log-softmax at its target token, and whether the target is the row's argmax
+    (float64 log-sum-exp: a 150k vocabulary summed in float32 loses the last digits)."""
+    rows = logits.astype(np.float64)
+    top = rows.max(axis=1)
+    log_z = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
+    picked = rows[np.arange(len(targets)), targets]
+    return picked - log_z, picked >= top
+
+
+def finished(seq: Sequence, worker_id: int, choices: tuple[str, ...]) -> Optional[Answer]:
+    """A scored sequence whose prompt is all in: its continuation's result recorded; the question's
+    Answer when it was the last (`choices`: the answer's fixed choices, one per continuation)."""
+    scoring = seq.scoring
+    assert scoring is not None
+    parent = scoring.parent
+    parent.results[scoring.index] = Scored(float(sum(scoring.logprobs)), tuple(scoring.logprobs), all(scoring.greedy))
+    parent.t_admit = min(parent.t_admit or seq.t_admit, seq.t_admit)
+    parent.left -= 1
+    if parent.left:
+        return None
+    return answer(parent, worker_id, choices)
+
+
+def answer(parent: Parent, worker_id: int, choices: tuple[str, ...]) -> Answer:
+    q = parent.question
+    n_prompt = len(q.tokens) + sum(len(c) for c in q.continuations)
+    took = max(0.0, time.perf_counter() - parent.t_admit) if parent.t_admit else 0.0
+    scored = tuple(r for r in parent.results if r is not None)
+    return Answer(q.qid, pick_text(choices, scored), FinishReason.STOP, n_prompt, 0, worker_id, took, took,
+                  created=time.time(), scored=scored)
+
+
+def rejected(question: Question, worker_id: int, why: str) -> Answer:
+    n_prompt = len(question.tokens) + sum(len(c) for c in question.continuations)
+    return Answer(question.qid, "", FinishReason.ERROR, n_prompt, 0, worker_id, 0.0, 0.0, error=why,
+                  prompt_decoded=False)
+
+
+def pick_text(choices: tuple[str, ...], scored: tuple[Scored, ...]) -> str:
+    """The answer's text: with fixed choices (one continuation each) the one of the highest
+    log-likelihood (lm-eval's acc pick; a tie goes to the first); else empty."""
+    if len(choices) != len(scored) or not scored:
+        return ""
+    return choices[max(range(len(scored)), key=lambda i: (scored[i].logprob, -i))]
