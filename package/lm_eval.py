@@ -9,7 +9,8 @@ the workers' batches, the dispatch of prompts that share a prefix together, and 
 so an MMLU context is computed once for its four continuations and a few-shot prefix once per worker.
 
     loglikelihood: lm-eval's tokenization (TemplateLM._encode_pair: context and continuation
-        encoded together, split at the context's length), a context's continuations one question
+        encoded together, split at the context's length: runner/questions/continuations.py), a
+        context's continuations one question
         (workers/engine/loglik.py), each (sum of log-probabilities, is_greedy)
     loglikelihood_rolling: lm-eval's rolling windows of the text, each window's tokens scored
     generate_until: each context greedy or sampled as its gen_kwargs say, up to max_gen_toks
@@ -31,6 +32,7 @@ try:
 except ImportError as exc:  # lm-eval is the optional extra ggbatch[eval]
     raise ImportError("ggbatch.lm_eval needs lm-eval: pip install 'ggbatch[eval]'") from exc
 
+from ggbatch.runner.questions.continuations import pair_texts, split_pair
 from ggbatch.runner.warm.pool import Pool
 from ggbatch.workers.protocol import GenerationParams, Question, SamplingParams
 
@@ -80,11 +82,9 @@ class GgbatchLM(TemplateLM):
                 plans.append(("empty", len(texts)))
                 texts.append(continuation)
                 continue
-            n_spaces = len(context) - len(context.rstrip())
-            if n_spaces:
-                context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+            context, whole = pair_texts(context, continuation)
             plans.append(("pair", len(texts)))
-            texts += [context + continuation, context]
+            texts += [whole, context]
         encoded = self._encode_all(texts, plans)
         return self._loglikelihood_tokens([(pair, ctx, cont) for pair, (ctx, cont) in zip(pairs, encoded)])
 
@@ -100,8 +100,7 @@ class GgbatchLM(TemplateLM):
                 out.append(([self.prefix_token_id], cont) if not cont or cont[0] != self.prefix_token_id
                            else (cont[:1], cont[1:]))
             else:
-                whole, ctx = list(with_bos[i]), list(with_bos[i + 1])
-                out.append((ctx, whole[len(ctx):]))
+                out.append(split_pair(list(with_bos[i]), list(with_bos[i + 1])))
         return out
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,

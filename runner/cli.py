@@ -45,7 +45,8 @@ FLAG_KEYS = {
     "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
     "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
     "n": "sampling.n",
-    "choices": "answer.choices", "choice_logprobs": "answer.logprobs", "json_schema": "answer.json_schema",
+    "choices": "answer.choices", "choice_logprobs": "answer.logprobs",
+    "choice_scoring": "answer.choice_scoring", "json_schema": "answer.json_schema",
     "token_logprobs": "answer.token_logprobs",
     "grammar": "answer.grammar",
     "backend": "backend", "ray_address": "ray_address",
@@ -78,7 +79,11 @@ def _add_answer_flags(a: Callable[..., Any]) -> None:
                                "computation of its prompt; written as a list")
     a("--choices", help="the answer is exactly one of these: A,B,C,D, or auto (each record's 'choices')")
     a("--choice-logprobs", dest="choice_logprobs", action="store_true", default=None,
-      help="with --choices: write each choice's log-probability (choice_logprobs)")
+      help="with --choices: write each choice's log-probability (choice_logprobs; with --choice-scoring "
+           "loglikelihood, the sum over its tokens)")
+    a("--choice-scoring", dest="choice_scoring", choices=["first_token", "loglikelihood"],
+      help="with --choices: first_token (default: the choice the model writes), or loglikelihood: each "
+           "choice scored as a continuation of the prompt; the answer is lm-eval's acc pick, answer_norm its acc_norm")
     a("--token-logprobs", dest="token_logprobs", metavar="K",
       help="write each answer token's log-probability and the K most likely tokens there (0-20; 0: the "
            "token's alone) as token_logprobs")

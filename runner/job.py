@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Optional
 from ..workers.llama.factory import LLAMA_ENGINE
 from ..workers.protocol import EngineConfig
 from .config.answer import job_answer
-from .config.schema import CHOICES_AUTO, JobConfig
+from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from .errors import Interrupted, WorkerFailure
 from .files.formats.detect import output_format
 from .files.formats.own_settings import has_grammar
@@ -253,6 +253,7 @@ def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: fl
     return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.prompting.model_name, made.completions,
                       made.refused, started_at, choice_logprobs=config.choice_logprobs,
                       token_logprobs=config.token_logprobs is not None,
+                      answer_norm=config.choice_scoring == LOGLIKELIHOOD,
                       samples=config.sampling.n > 1 or bool(made.own_settings.get("n")))
 
 

@@ -126,6 +126,9 @@ class Answer:
     samples: Optional[tuple[Sample, ...]] = None
     # A question's continuations (Question.continuations) scored, in their order
     scored: Optional[tuple[Scored, ...]] = None
+    # Fixed choices scored as continuations: the one of the highest log-likelihood per character
+    # (lm-eval's acc_norm pick; `text` is its acc pick)
+    answer_norm: Optional[str] = None
 
 
 @dataclass(frozen=True)

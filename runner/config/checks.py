@@ -17,6 +17,9 @@ from ..files.shards import Shard, parse_shard
 
 AUTO = None  # "auto" in a job file or on the command line is stored as None
 CHOICES_AUTO = "auto"  # answer.choices: auto, each record's own `choices`
+# answer.choice_scoring: the choice the model is most likely to write first (from the logits, or
+# generated under the choices' grammar), or each choice's log-likelihood as a continuation (lm-eval's)
+FIRST_TOKEN, LOGLIKELIHOOD = "first_token", "loglikelihood"
 INT32_MAX = 2**31 - 1  # llama.cpp's counts and sizes are 32-bit ints
 
 GPU_ALL = -1  # llama.h: a negative n_gpu_layers stores every layer (and the output layer) in VRAM
@@ -174,6 +177,12 @@ def choices(v: Any) -> Union[tuple[str, ...], str]:
     if len(set(items)) != len(items):
         raise ValueError("must name each choice once")
     return tuple(items)
+
+
+def choice_scoring(v: Any) -> str:
+    if v not in (FIRST_TOKEN, LOGLIKELIHOOD):
+        raise ValueError(f"must be {FIRST_TOKEN} or {LOGLIKELIHOOD}")
+    return str(v)
 
 
 SCHEMA_FORMS = "a JSON Schema object ({\"type\": ...}), or the path of a .json file holding one"

@@ -19,11 +19,12 @@ from ..files.formats import FORMATS
 from ..files.shards import Shard, shard_path
 from ..model.hub import is_hub_name
 from . import checks as check
-from .checks import AUTO, CHOICES_AUTO
+from .checks import AUTO, CHOICES_AUTO, FIRST_TOKEN, LOGLIKELIHOOD
 
 # What the rest of the runner takes from here; AUTO and CHOICES_AUTO (the values a JobConfig
 # holds for `auto`) are the value checks', which produce them.
-__all__ = ["AUTO", "CHOICES_AUTO", "MAX_SLOTS", "SCHEMA", "JobConfig", "build_config", "flatten", "load_job_file"]
+__all__ = ["AUTO", "CHOICES_AUTO", "FIRST_TOKEN", "LOGLIKELIHOOD", "MAX_SLOTS", "SCHEMA", "JobConfig", "build_config",
+           "flatten", "load_job_file"]
 
 MAX_SLOTS = 255  # llama.cpp LLAMA_MAX_SEQ (256) sequences per context, less the shared prefix one
 
@@ -58,7 +59,8 @@ class JobConfig:
     ignore_eos: bool = False
     batch_invariant: bool = False  # answers independent of batch-mates (per-sequence KV, slower)
     # llama.cpp's flash attention; auto: on. Off, log-likelihoods agree with llama-cpp-python's own
-    # to 1e-6 nats (on: to about 0.01 a token, its CPU kernel rounds K and V to F16); ggbatch.lm_eval turns it off.
+    # to 1e-6 nats (on: to about 0.01 a token, its CPU kernel rounds K and V to F16); ggbatch.lm_eval turns it off,
+    # and so does answer.choice_scoring: loglikelihood unless the job sets it.
     flash_attn: Optional[bool] = AUTO
     prefix_cache: str = "auto"  # "auto": prompts sharing a prefix are sent together and reuse its KV; "off"
     id_field: str = "questionID"
@@ -69,6 +71,9 @@ class JobConfig:
     choices: Union[tuple[str, ...], str] = ()
     choice_logprobs: bool = False  # write each choice's log-probability
     choice_logits: bool = True  # false: single-token choices generated under the grammar too
+    # first_token, or loglikelihood: each choice scored as a continuation of the prompt (lm-eval's acc
+    # and acc_norm picks, runner/questions/continuations.py)
+    choice_scoring: str = FIRST_TOKEN
     token_logprobs: Optional[int] = None  # K: each answer token's log-probability and the K most likely
     json_schema: Optional[str] = None
     grammar: Optional[str] = None
@@ -124,6 +129,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "answer.choices": check.choices,
     "answer.logprobs": check.boolean,
     "answer.choice_logits": check.boolean,
+    "answer.choice_scoring": check.choice_scoring,
     "answer.token_logprobs": check.integer(0, hi=20, why_hi=" (at most 20 alternatives per token, as OpenAI)"),
     "answer.json_schema": check.json_schema,
     "answer.grammar": check.grammar,
@@ -139,7 +145,8 @@ _TARGET = {"model.path": "model", "model.n_ctx": "n_ctx", "model.repack": "repac
            "prompt.chat_template": "chat_template", "prompt.template_kwargs": "template_kwargs",
            "fields.id": "id_field",
            "fields.question": "question_field", "answer.choices": "choices", "answer.logprobs": "choice_logprobs",
-           "answer.choice_logits": "choice_logits", "answer.token_logprobs": "token_logprobs",
+           "answer.choice_logits": "choice_logits", "answer.choice_scoring": "choice_scoring",
+           "answer.token_logprobs": "token_logprobs",
            "answer.json_schema": "json_schema",
            "answer.grammar": "grammar", "reasoning.max_tokens": "thinking_budget"}
 
@@ -245,7 +252,7 @@ def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
         if not getattr(config, key):
             raise ConfigError(f"missing required setting '{key}' (give it in the job file or as --{key})")
     _check_answer(config)
-    return _shard_files(config)
+    return _shard_files(_scoring_defaults(config))
 
 
 def _yaml_hint(source: str, raw: Any) -> str:
@@ -265,7 +272,28 @@ def _check_answer(config: JobConfig) -> None:
     if config.choice_logprobs and not config.choices:
         raise ConfigError("answer.logprobs: needs answer.choices (log-probabilities are the choices')")
     _check_samples(config)
+    _check_scoring(config)
     _check_backend(config)
+
+
+def _check_scoring(config: JobConfig) -> None:
+    """Log-likelihood scoring needs the choices it scores, and gives one answer per question."""
+    if config.choice_scoring != LOGLIKELIHOOD:
+        return
+    if not config.choices:
+        raise ConfigError(f"answer.choice_scoring: {LOGLIKELIHOOD} scores each of answer.choices as a continuation "
+                          "of the prompt: give answer.choices (--choices A,B,C,D or auto)")
+    if config.sampling.n > 1:
+        raise ConfigError(f"sampling.n: {config.sampling.n} samples with answer.choice_scoring: {LOGLIKELIHOOD} "
+                          "would be the same scores: log-likelihoods are not sampled")
+
+
+def _scoring_defaults(config: JobConfig) -> JobConfig:
+    """Log-likelihoods with llama.cpp's CPU flash attention differ from the model's own by up to about
+    0.01 nats a token (it rounds K and V to F16): off for scoring unless the job says."""
+    if config.choice_scoring == LOGLIKELIHOOD and config.flash_attn is AUTO:
+        return replace(config, flash_attn=False)
+    return config
 
 
 def _check_samples(config: JobConfig) -> None:

@@ -44,7 +44,8 @@ class RowText:
 
     def __init__(self, spec: OutputSpec) -> None:
         self.spec = spec
-        self.columns = [spec.id_field, "answer", "error"] + (["thinking"] if spec.keep_thinking else [])
+        self.columns = [spec.id_field, "answer"] + (["answer_norm"] if spec.answer_norm else []) + ["error"]
+        self.columns += ["thinking"] if spec.keep_thinking else []
         # CSV: as JSON text in one column each
         self.columns += [key for key in ("choice_logprobs", "token_logprobs", "samples") if getattr(spec, key)]
         self.rows = 0

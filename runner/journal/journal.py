@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question, Sample
-from ..config.schema import JobConfig
+from ..config.schema import FIRST_TOKEN, JobConfig
 from ..errors import ConfigError, OutputError, quote
 from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
@@ -73,6 +73,9 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             # answers without token log-probabilities are not reused when they are asked (only set:
             # journals of jobs that never asked stay valid)
             **({"answer.token_logprobs": generation.token_logprobs} if generation.token_logprobs is not None else {}),
+            # choices scored by log-likelihood (the default, first_token, left out: journals written
+            # before it existed stay valid)
+            **({"answer.choice_scoring": config.choice_scoring} if config.choice_scoring != FIRST_TOKEN else {}),
             # one sample (the default) is left out: journals written before n existed stay valid
             **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items() if k != "n" or v != 1}}
 
@@ -102,6 +105,8 @@ def _entry(answer: Answer, prompt: str, record: str) -> dict[str, Any]:
     # after "error": runner/journal/index.py finds that key by a regex
     if answer.token_logprobs is not None:
         entry["token_logprobs"] = to_journal(answer.token_logprobs)
+    if answer.answer_norm is not None:
+        entry["answer_norm"] = answer.answer_norm
     if answer.samples is not None:
         entry["samples"] = [[s.text, s.finish_reason.value, s.completion_tokens,
                              to_journal(s.token_logprobs) if s.token_logprobs is not None else None]
@@ -113,7 +118,8 @@ def _answer(e: Mapping[str, Any]) -> Answer:
     return Answer(e["qid"], e["text"], FinishReason(e["finish_reason"]), e["prompt_tokens"],
                   e["completion_tokens"], e["worker_id"], e["ttft_s"], e["latency_s"], e["error"],
                   e.get("created", 0.0), e.get("choice_logprobs"),
-                  token_logprobs=from_journal(e.get("token_logprobs")), samples=_samples(e.get("samples")))
+                  token_logprobs=from_journal(e.get("token_logprobs")), samples=_samples(e.get("samples")),
+                  answer_norm=e.get("answer_norm"))
 
 
 def _samples(data: Optional[list[list[Any]]]) -> Optional[tuple[Sample, ...]]:

@@ -114,8 +114,8 @@ class ContextGrowth:
 
 def context_needed(questions: Sequence[Question], max_tokens: int, n_ctx_train: int) -> int:
     """The context per sequence these questions need: each its prompt and its own max_tokens
-    (else the job's), as runner/plan/layout.py context_per_sequence sizes it, capped by the
-    model's training context (0: unknown)."""
-    need = max((len(q.tokens) + (q.generation.max_tokens if q.generation else max_tokens) + 1 for q in questions),
-               default=0)
+    (else the job's), and its longest continuation when scored, as runner/plan/layout.py
+    context_per_sequence sizes it, capped by the model's training context (0: unknown)."""
+    need = max((len(q.tokens) + max(map(len, q.continuations), default=0)
+                + (q.generation.max_tokens if q.generation else max_tokens) + 1 for q in questions), default=0)
     return min(need, n_ctx_train) if n_ctx_train > 0 else need

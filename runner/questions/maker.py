@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Protocol, Sequence, Union
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
 from ..config.answer import format_grammar, record_choices, with_choices
 from ..config.reasoning import effort_problem, with_effort
-from ..config.schema import CHOICES_AUTO, JobConfig
+from ..config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError, quote
 from ..files.compact import HashIndex, IdColumn, IdSet, key64, text_key
 from ..files.formats.openai_request import COMPLETION
@@ -39,6 +39,7 @@ from ..files.formats.own_settings import (
 )
 from ..files.formats.record import Record
 from ..journal.journal import Expected, prompt_hash, prompt_key, record_hash
+from .continuations import continuation_text, pair_texts, split_pair
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
 from .tokenizing import Rejected, TokenizerProcess, tokenize_all
 
@@ -97,7 +98,8 @@ class QuestionMaker:
         """The questions of these records still to answer, in file order; the rest are answers
         the journal holds, aliases of identical prompts, or errors (self.made)."""
         questions: list[Question] = []
-        waiting: deque[tuple[Record, int, str]] = deque()  # rendered, waiting for their tokens
+        # rendered, waiting for their tokens (and their choices, scored as continuations)
+        waiting: deque[tuple[Record, int, str, tuple[str, ...]]] = deque()
         journaled = self.journal.reuse_records([rec.key or text_key(rec.qid) for rec in records],
                                                [rec.digest for rec in records])
         first = len(self.ids)
@@ -111,19 +113,33 @@ class QuestionMaker:
                 if prompt is not None:
                     continue
                 text = self.prompt(rec, index)
-                if text is not None:
-                    waiting.append((rec, index, text))
-                    yield text, self.builder.needs_bos(text)
+                if text is None:
+                    continue
+                choices = self._scored_choices(rec)
+                waiting.append((rec, index, text, choices))
+                bos = self.builder.needs_bos(text)
+                for piece in pair_texts_of(text, choices):
+                    yield piece, bos
 
         # The prompts are rendered as the tokenizer process takes them (rendering overlaps tokenizing).
-        for tokens in tokenize_all(self.tokenizers, prompts()):
-            rec, index, text = waiting.popleft()
+        tokenized = tokenize_all(self.tokenizers, prompts())
+        for tokens in tokenized:
+            rec, index, text, choices = waiting.popleft()
+            tokens, continuations = split_tokens(tokens, [next(tokenized) for _ in choices])
             if isinstance(tokens, Rejected):
                 self._count_failed(rec, text)
-            question = self.add(rec, index, tokens)
+            question = self.add(rec, index, tokens, continuations)
             if question is not None:
                 questions.append(question)
         return questions
+
+    def _scored_choices(self, rec: Record) -> tuple[str, ...]:
+        """The choices scored as continuations of this record's prompt (answer.choice_scoring:
+        loglikelihood), or none: its answer is generated."""
+        if self.config.choice_scoring != LOGLIKELIHOOD:
+            return ()
+        answer = (self._own_generation(rec) or self.job).answer
+        return answer.choices if answer is not None else ()
 
     def _kinds(self, records: Sequence[Record], first: int) -> None:
         """Which lines are /v1/completions requests, from the lines themselves: an answer the
@@ -164,14 +180,15 @@ class QuestionMaker:
         self.made.first_refused = self.made.first_refused or f"{self.config.input}:{rec.line}: {why}"
         return None
 
-    def add(self, rec: Record, index: int, tokens: Union[array, Rejected]) -> Optional[Question]:
+    def add(self, rec: Record, index: int, tokens: Union[array, Rejected],
+            continuations: tuple[array, ...] = ()) -> Optional[Question]:
         """The question to answer, or None: it failed, takes an identical prompt's answer, or the
         journal holds its answer."""
         if isinstance(tokens, Rejected):
             self._fail(rec.qid, tokens.reason)
             return None
         own = self._own_generation(rec)
-        h = prompt_hash(tokens, own)
+        h = prompt_hash(scored_tokens(tokens, continuations), own)
         # Identical prompts are answered once, but only when greedy and asked with equal settings
         # (in the hash): with sampling each question has its own seed, so duplicates are meant to differ.
         if is_greedy(own or self.job):
@@ -188,7 +205,7 @@ class QuestionMaker:
         self.journal.expect(rec.qid, Expected(h, record_hash(rec.digest) if rec.digest else ""))
         seed = rec.request.settings.seed if rec.request and rec.request.settings.seed is not None else None
         return Question(rec.qid, tokens, question_seed(self.config.sampling.seed, rec.qid) if seed is None else seed,
-                        own)
+                        own, continuations=continuations)
 
     def _first_of(self, h: str) -> Optional[int]:
         """The index of the first question with this prompt hash, if one was seen."""
@@ -235,6 +252,38 @@ class QuestionMaker:
 
     def _fail(self, qid: str, why: str) -> None:
         self.made.rejected[qid] = Answer(qid, "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error=why)
+
+
+def pair_texts_of(prompt: str, choices: tuple[str, ...]) -> list[str]:
+    """What a prompt sends the tokenizer: the prompt alone, or with choices scored as its
+    continuations the context and each context + continuation, as lm-eval encodes them."""
+    if not choices:
+        return [prompt]
+    pairs = [pair_texts(prompt, continuation_text(choice)) for choice in choices]
+    return [pairs[0][0]] + [whole for _, whole in pairs]
+
+
+def split_tokens(context: Union[array, Rejected], wholes: list[Union[array, Rejected]]
+                 ) -> tuple[Union[array, Rejected], tuple[array, ...]]:
+    """(the context's tokens, each continuation's) from what the tokenizer gave pair_texts_of's
+    texts, or the first Rejected among them."""
+    for tokens in (context, *wholes):
+        if isinstance(tokens, Rejected):
+            return tokens, ()
+    assert isinstance(context, array)
+    return context, tuple(split_pair(whole, context)[1] for whole in wholes if isinstance(whole, array))
+
+
+def scored_tokens(context: array, continuations: tuple[array, ...]) -> array:
+    """What identifies a question's prompt in its hash: its tokens, and each continuation after a
+    separator no vocabulary holds (equal contexts with other continuations are other questions)."""
+    if not continuations:
+        return context
+    out = array("i", context)
+    for cont in continuations:
+        out.append(-1)
+        out.extend(cont)
+    return out
 
 
 def _format_problem(settings: QuestionSettings) -> Optional[str]:

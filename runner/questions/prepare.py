@@ -104,9 +104,13 @@ def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: in
     the longest prompt to come), and the prefix every prompt of the first window shares."""
     prompts = [q.tokens for q in first.questions]
     prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
-    longest = max(max((len(p) for p in prompts), default=0), longest_guess)
+    longest = max(max((len(q.tokens) + max(map(len, q.continuations), default=0) for q in first.questions),
+                      default=0), longest_guess)
+    # a question whose choices are scored as continuations shares its context among them: the
+    # workers keep the prefix cache for it, as for a group of questions
+    scored = sum(len(q.continuations) > 1 for q in first.questions) if first.sharing is not None else 0
     return PromptFacts(n_questions, longest, len(prefix), preparer.prompting.info.n_ctx_train,
-                       preparer.prompting.dims, first.sharing.groups if first.sharing else 0), prefix
+                       preparer.prompting.dims, (first.sharing.groups if first.sharing else 0) + scored), prefix
 
 
 def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> int:

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.engine.memory_kind import MemoryKind
 from ...workers.protocol import RESPONSE_FORMAT_ENFORCED, GenerationParams
-from ..config.schema import JobConfig
+from ..config.schema import FIRST_TOKEN, JobConfig
 from ..model.identity import ModelIdentity
 from ..model.versions import package_version
 from ..plan.gpu import gpu_layers_text
@@ -298,7 +298,8 @@ def _answer_shape(config: JobConfig) -> Optional[dict[str, Any]]:
 def _held_to(config: JobConfig) -> Optional[dict[str, Any]]:
     if config.choices:
         return {"choices": config.choices if isinstance(config.choices, str) else list(config.choices),
-                "logprobs": config.choice_logprobs, "choice_logits": config.choice_logits}
+                "logprobs": config.choice_logprobs, "choice_logits": config.choice_logits,
+                **({"choice_scoring": config.choice_scoring} if config.choice_scoring != FIRST_TOKEN else {})}
     if config.json_schema is not None:
         return {"json_schema": json.loads(config.json_schema)}
     return {"grammar": config.grammar} if config.grammar is not None else None

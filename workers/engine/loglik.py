@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..protocol import Answer, FinishReason, GenerationParams, Question, Scored
+from ..protocol import Answer, AnswerSpec, FinishReason, GenerationParams, Question, Scored
 from .sequence import Sequence
 
 # A scored prompt generates nothing: it reserves no KV beyond its prompt.
@@ -119,9 +119,9 @@ def token_scores(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, n
     return picked - log_z, picked >= top
 
 
-def finished(seq: Sequence, worker_id: int, choices: tuple[str, ...]) -> Optional[Answer]:
+def finished(seq: Sequence, worker_id: int, spec: Optional[AnswerSpec]) -> Optional[Answer]:
     """A scored sequence whose prompt is all in: its continuation's result recorded; the question's
-    Answer when it was the last (`choices`: the answer's fixed choices, one per continuation)."""
+    Answer when it was the last (`spec`: the answer's fixed choices, one per continuation)."""
     scoring = seq.scoring
     assert scoring is not None
     parent = scoring.parent
@@ -130,16 +130,22 @@ def finished(seq: Sequence, worker_id: int, choices: tuple[str, ...]) -> Optiona
     parent.left -= 1
     if parent.left:
         return None
-    return answer(parent, worker_id, choices)
+    return answer(parent, worker_id, spec)
 
 
-def answer(parent: Parent, worker_id: int, choices: tuple[str, ...]) -> Answer:
+def answer(parent: Parent, worker_id: int, spec: Optional[AnswerSpec]) -> Answer:
+    """The question's Answer; with fixed choices, its acc and acc_norm picks, and each choice's
+    log-likelihood when asked (AnswerSpec.logprobs)."""
     q = parent.question
     n_prompt = len(q.tokens) + sum(len(c) for c in q.continuations)
     took = max(0.0, time.perf_counter() - parent.t_admit) if parent.t_admit else 0.0
     scored = tuple(r for r in parent.results if r is not None)
+    choices = spec.choices if spec is not None else ()
+    sums = ({c: s.logprob for c, s in zip(choices, scored)} if spec is not None and spec.logprobs
+            and len(choices) == len(scored) else None)
     return Answer(q.qid, pick_text(choices, scored), FinishReason.STOP, n_prompt, 0, worker_id, took, took,
-                  created=time.time(), scored=scored)
+                  created=time.time(), choice_logprobs=sums, scored=scored,
+                  answer_norm=pick_text(choices, scored, per_char=True) if choices else None)
 
 
 def rejected(question: Question, worker_id: int, why: str) -> Answer:
@@ -148,9 +154,12 @@ def rejected(question: Question, worker_id: int, why: str) -> Answer:
                   prompt_decoded=False)
 
 
-def pick_text(choices: tuple[str, ...], scored: tuple[Scored, ...]) -> str:
+def pick_text(choices: tuple[str, ...], scored: tuple[Scored, ...], per_char: bool = False) -> str:
     """The answer's text: with fixed choices (one continuation each) the one of the highest
-    log-likelihood (lm-eval's acc pick; a tie goes to the first); else empty."""
+    log-likelihood (lm-eval's acc pick; a tie goes to the first, as numpy's argmax), or per_char
+    of the highest log-likelihood divided by the choice's length in characters (acc_norm: lm-eval
+    divides by len() of the choice as its task lists it, without the target delimiter); else empty."""
     if len(choices) != len(scored) or not scored:
         return ""
-    return choices[max(range(len(scored)), key=lambda i: (scored[i].logprob, -i))]
+    scores = [s.logprob / len(c) if per_char else s.logprob for c, s in zip(choices, scored)]
+    return choices[max(range(len(scores)), key=lambda i: (scores[i], -i))]

@@ -275,7 +275,7 @@ class LlamaEngine:
             self.sched.add(seq)
         if not seqs:  # every continuation empty: scored without the model
             spec = (question.generation or self.gen).answer
-            self._rejected.append(loglik.answer(parent, self.worker_id, spec.choices if spec else ()))
+            self._rejected.append(loglik.answer(parent, self.worker_id, spec))
 
     def _score(self, batch: Batch) -> list[Answer]:
         """Read the rows the scored prompts of this batch asked for; the answers of the questions
@@ -297,7 +297,7 @@ class LlamaEngine:
                 self.kv.finished(seq)
                 seq.phase = Phase.FINISHED
                 spec = (seq.scoring.parent.question.generation or self.gen).answer
-                answer = loglik.finished(seq, self.worker_id, spec.choices if spec else ())
+                answer = loglik.finished(seq, self.worker_id, spec)
                 if answer is not None:
                     done.append(answer)
         self.counters.sample_s += time.perf_counter() - t0

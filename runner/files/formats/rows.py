@@ -30,6 +30,7 @@ class OutputSpec:
     started: float = 0.0  # Unix time the run started: "created" of a line that has no answer
     choice_logprobs: bool = False  # answers carry choice_logprobs (answer.logprobs): CSV gives them a column
     token_logprobs: bool = False  # answers carry token_logprobs (answer.token_logprobs): CSV gives them a column
+    answer_norm: bool = False  # answers carry answer_norm (choices scored by log-likelihood): CSV gives it a column
     samples: bool = False  # some questions draw several samples: CSV writes their list as JSON, and a samples column
 
 
@@ -61,6 +62,8 @@ def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
         return _sample_fields(out, row.answer.samples, keep_thinking)
     thinking, text = split_thinking(row.answer.text)
     out["answer"] = text.strip()
+    if row.answer.answer_norm is not None:
+        out["answer_norm"] = row.answer.answer_norm
     if keep_thinking and thinking is not None:
         out["thinking"] = thinking
     if row.answer.choice_logprobs is not None:

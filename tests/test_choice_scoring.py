@@ -1,0 +1,134 @@
+"""answer.choice_scoring: loglikelihood end to end on a real model: each choice's text a
+continuation of the rendered prompt, tokenized by lm-eval's rule; every choice's sum within 0.01
+nats of llama-cpp-python's own (`Llama(logits_all=True)` over context + continuation); the answer
+lm-eval's acc pick and answer_norm its acc_norm pick in JSON Lines and CSV; choices: auto; a
+resumed job writing the same file; the prompt computed once for all its choices; the error
+without choices."""
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from helpers import STORY_WORDS, ggbatch, write_jsonl
+from test_loglik import TOLERANCE, reference
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
+
+CHOICES = ["cat", "big red dog", "a"]
+
+
+def story_records(n: int, auto: bool = False, seed: int = 5) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        row = {"questionID": f"s{i}", "question": "Once upon a time " + " ".join(rng.choice(STORY_WORDS)
+                                                                               for _ in range(rng.randint(20, 40)))}
+        if auto:  # each record its own choices, of unequal lengths
+            row["choices"] = rng.sample(["the girl", "happy", "sat in the house", "tree", "blue boy ran"],
+                                        rng.randint(2, 4))
+        rows.append(row)
+    return rows
+
+
+def run(model, questions, out, *extra, timeout=240):
+    return ggbatch("run", "--model", model, "--input", questions, "--output", out, "--chat-template", "plain",
+                   "--workers", 1, "--threads", 1, *extra, timeout=timeout)
+
+
+def expected(model: str, records: list[dict], fixed: list[str] | None) -> dict[str, dict[str, float]]:
+    """Each record's choice sums by llama-cpp-python: the plain template's prompt as the context,
+    " " + choice as the continuation, encoded together and split at the context's length."""
+    from llama_cpp import Llama
+
+    vocab = Llama(model_path=model, vocab_only=True, verbose=False)
+    pairs, owners = [], []
+    for rec in records:
+        context = f"Question: {rec['question']}\nAnswer:"
+        ctx = vocab.tokenize(context.encode(), add_bos=True)
+        for choice in fixed or rec["choices"]:
+            whole = vocab.tokenize(f"{context} {choice}".encode(), add_bos=True)
+            pairs.append((ctx, whole[len(ctx):]))
+            owners.append((rec["questionID"], choice))
+    out: dict[str, dict[str, float]] = {}
+    for (qid, choice), (logprobs, _) in zip(owners, reference(model, pairs)):
+        out.setdefault(qid, {})[choice] = sum(logprobs)
+    return out
+
+
+def rows_of(path: Path) -> dict[str, dict]:
+    return {r["questionID"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def check_picks(rows: dict[str, dict], sums: dict[str, dict[str, float]]) -> None:
+    """The answer is the highest sum's choice, answer_norm the highest sum per character's."""
+    for qid, want in sums.items():
+        row = rows[qid]
+        assert row["answer"] == max(want, key=want.get)
+        assert row["answer_norm"] == max(want, key=lambda c: want[c] / len(c))
+
+
+def test_sums_match_llama_cpp_python_and_the_picks_are_acc_and_acc_norm(tmp_path, stories):
+    records = story_records(10)
+    q = write_jsonl(tmp_path / "q.jsonl", records)
+    out = tmp_path / "a.jsonl"
+    r = run(stories, q, out, "--choices", ",".join(CHOICES), "--choice-scoring", "loglikelihood",
+            "--choice-logprobs", "--report", tmp_path / "rep.json")
+    assert r.returncode == 0, r.stderr
+    rows, sums = rows_of(out), expected(stories, records, CHOICES)
+    worst = max(abs(rows[qid]["choice_logprobs"][c] - v) for qid, want in sums.items() for c, v in want.items())
+    assert worst < TOLERANCE
+    assert all(list(rows[qid]["choice_logprobs"]) == CHOICES for qid in sums)
+    check_picks(rows, sums)
+    # the picks differ somewhere, or the test could not tell answer from answer_norm
+    assert any(row["answer"] != row["answer_norm"] for row in rows.values())
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    cache = rep["prefix_cache"]
+    # prompt_tokens counts each context once and every choice's tokens: computed, the context's
+    # last token comes again for each choice (its logits score the choice's first token), and no
+    # more: the context is computed once for its three choices, not three times
+    assert cache["prompt_tokens_computed"] <= cache["prompt_tokens"] + len(CHOICES) * len(records)
+    assert rep["generation"]["answer"]["choice_scoring"] == "loglikelihood"
+
+
+def test_choices_auto_in_csv_and_a_resumed_job_writes_the_same_file(tmp_path, stories):
+    records = story_records(12, auto=True)
+    q = write_jsonl(tmp_path / "q.jsonl", records)
+    out = tmp_path / "a.csv"
+    flags = ("--choices", "auto", "--choice-scoring", "loglikelihood")
+    r = run(stories, q, out, *flags)
+    assert r.returncode == 0, r.stderr
+    whole = out.read_bytes()
+    with out.open(newline="") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == ["questionID", "answer", "answer_norm", "error"]
+    check_picks({row["questionID"]: row for row in table}, expected(stories, records, None))
+    # stopped halfway: the journal holds the first answers only, the answers file is not written yet
+    journal = Path(f"{out}.journal.jsonl")
+    lines = journal.read_text().splitlines(keepends=True)
+    assert len(lines) == 1 + len(records)
+    journal.write_text("".join(lines[:1 + len(records) // 2]))
+    out.unlink()
+    r = run(stories, q, out, *flags, "--report", tmp_path / "rep.json")
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == whole
+    assert json.loads((tmp_path / "rep.json").read_text())["questions"]["from_journal"] == len(records) // 2
+
+
+def test_the_journal_is_not_reused_across_scorings(tmp_path, stories):
+    q = write_jsonl(tmp_path / "q.jsonl", story_records(2))
+    out = tmp_path / "a.jsonl"
+    assert run(stories, q, out, "--choices", "cat,dog").returncode == 0
+    r = run(stories, q, out, "--choices", "cat,dog", "--choice-scoring", "loglikelihood")
+    assert r.returncode != 0 and "answer.choice_scoring" in r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_loglikelihood_without_choices_names_the_key(tmp_path, stories):
+    q = write_jsonl(tmp_path / "q.jsonl", story_records(1))
+    r = run(stories, q, tmp_path / "a.jsonl", "--choice-scoring", "loglikelihood", timeout=50)
+    assert r.returncode == 2
+    assert "answer.choice_scoring" in r.stderr and "answer.choices" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
