@@ -24,6 +24,7 @@ from typing import Optional
 import numpy as np
 
 from ..protocol import Answer, AnswerSpec, FinishReason, GenerationParams, Question, Scored
+from .constraints import choice_logprobs
 from .sequence import Sequence
 
 # A scored prompt generates nothing: it reserves no KV beyond its prompt.
@@ -141,7 +142,7 @@ def answer(parent: Parent, worker_id: int, spec: Optional[AnswerSpec]) -> Answer
     took = max(0.0, time.perf_counter() - parent.t_admit) if parent.t_admit else 0.0
     scored = tuple(r for r in parent.results if r is not None)
     choices = spec.choices if spec is not None else ()
-    sums = ({c: s.logprob for c, s in zip(choices, scored)} if spec is not None and spec.logprobs
+    sums = (choice_logprobs(choices, [s.logprob for s in scored]) if spec is not None and spec.logprobs
             and len(choices) == len(scored) else None)
     return Answer(q.qid, pick_text(choices, scored), FinishReason.STOP, n_prompt, 0, worker_id, took, took,
                   created=time.time(), choice_logprobs=sums, scored=scored,
