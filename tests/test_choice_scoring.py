@@ -132,3 +132,13 @@ def test_loglikelihood_without_choices_names_the_key(tmp_path, stories):
     assert r.returncode == 2
     assert "answer.choice_scoring" in r.stderr and "answer.choices" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_flash_attention_is_off_for_scoring_unless_the_job_sets_it():
+    from ggbatch.runner.config.schema import build_config
+
+    base = {"model": "m.gguf", "input": "q.jsonl", "output": "a.jsonl", "answer.choices": "A,B"}
+    scored = {**base, "answer.choice_scoring": "loglikelihood"}
+    assert build_config([("job", base)]).flash_attn is None  # auto: on
+    assert build_config([("job", scored)]).flash_attn is False
+    assert build_config([("job", {**scored, "flash_attn": True})]).flash_attn is True
