@@ -116,10 +116,14 @@ def run_ggbatch(model: str, work: Workload, extra: list[str]) -> float:
     return run.wall
 
 
-def run_server(server: str, model: str, work: Workload, extra: list[str], port: int = 18080) -> float:
+def run_server(server: str, model: str, work: Workload, extra: list[str], port: int = 18080, parallel: int = 16,
+               n: int = 1, temperature: float = 0.0) -> float:
+    """Seconds from the first request to the last answer, `parallel` slots and as many clients, each
+    request asking for n completions (llama-server's n_cmpl: one prompt, n sequences)."""
     system, records, tokens = work.system, work.records, work.tokens
     threads = str(len(os.sched_getaffinity(0)))
-    proc = subprocess.Popen([server, "-m", model, "-np", "16", "-c", str(16 * work.ctx_per_slot), "-t", threads,
+    proc = subprocess.Popen([server, "-m", model, "-np", str(parallel), "-c", str(parallel * work.ctx_per_slot),
+                             "-t", threads,
                              "-tb", threads, "--host", "127.0.0.1", "--port", str(port), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
@@ -138,17 +142,18 @@ def run_server(server: str, model: str, work: Workload, extra: list[str], port: 
 
         def ask(r: dict) -> int:
             body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": r["question"]}],
-                    "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": True}
+                    "max_tokens": tokens, "temperature": temperature, "ignore_eos": True, "cache_prompt": True,
+                    "n": n}
             req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=600) as resp:
                 return json.load(resp)["usage"]["completion_tokens"]
 
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(16) as pool:
+        with ThreadPoolExecutor(parallel) as pool:
             generated = sum(pool.map(ask, records))
         wall = time.perf_counter() - t0
-        assert generated == tokens * len(records), generated
+        assert generated == n * tokens * len(records), generated
         return wall
     finally:
         proc.terminate()

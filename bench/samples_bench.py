@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from compare_server import Workload, workload  # noqa: E402
+from compare_server import Workload, run_server, workload  # noqa: E402
 from engine_bench import bench_model  # noqa: E402
 
 
@@ -50,6 +51,8 @@ def main() -> int:
     ap.add_argument("--workload", default="W1")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--server", help="also llama-server (its path) asked for n completions a request, -np 32 and "
+                                     "32 clients, alternated with ggbatch's n run (see bench/compare_server.py)")
     args = ap.parse_args()
     model = args.model or bench_model()
     work = workload(args.workload)
@@ -62,10 +65,24 @@ def main() -> int:
             print(f"round {round_ + 1} n={n:<3d} {wall:7.2f} s, prompt tokens computed {computed[n]}, generated "
                   f"{report['tokens']['generated']}, samples forked {cache['sample_forks']}, "
                   f"{lay['workers']}w x {lay['threads_per_worker']}t x {lay['slots_per_worker']} slots", flush=True)
+    if args.server:
+        compare_server_n(args.server, model, work, args.n, args.repeat)
     same = computed[args.n] <= computed[1]
     print(f"prompt tokens computed: {computed[1]} at n=1, {computed[args.n]} at n={args.n} "
           f"({'no more' if same else 'MORE'})")
     return 0 if same else 1
+
+
+def compare_server_n(server: str, model: str, work: Workload, n: int, repeat: int) -> None:
+    """ggbatch's whole command against llama-server's answering alone (loaded first: the
+    comparison favours the server), alternated; medians."""
+    ours, theirs = [], []
+    for _ in range(repeat):
+        ours.append(run(model, work, n)[0])
+        theirs.append(run_server(server, model, work, [], parallel=32, n=n, temperature=0.8))
+        print(f"n={n}: ggbatch {ours[-1]:.2f} s, llama-server {theirs[-1]:.2f} s", flush=True)
+    a, b = statistics.median(ours), statistics.median(theirs)
+    print(f"median n={n}: ggbatch {a:.2f} s, llama-server {b:.2f} s: ggbatch {b / a:.2f}x as fast")
 
 
 if __name__ == "__main__":
