@@ -147,7 +147,10 @@ def run_server(server: str, model: str, work: Workload, extra: list[str], port: 
             req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=600) as resp:
-                return json.load(resp)["usage"]["completion_tokens"]
+                answer = json.load(resp)
+            # llama-server's usage counts one completion's tokens whatever n is: each of the n
+            # choices holds exactly `tokens` (EOS ignored)
+            return answer["usage"]["completion_tokens"] * len(answer["choices"])
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(parallel) as pool:
