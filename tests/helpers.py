@@ -181,21 +181,29 @@ def passage_texts(n_passages: int, per_passage: int, seed: int = 1, words: int =
     return texts
 
 
+def engine_run(config: Any, questions: Iterable[Any], stats: Optional[dict] = None) -> dict[str, Answer]:
+    """qid -> Answer from a LlamaEngine built on `config` (an EngineConfig) and stepped until every
+    question is answered, then closed; `stats` gets the engine's counters and its memory kind."""
+    from ggbatch.workers.llama.engine import LlamaEngine
+
+    engine = LlamaEngine(config, worker_id=0)
+    try:
+        answers = answers_of(engine, questions)
+        if stats is not None:
+            stats.update(engine.stats(), memory=engine.memory_kind)
+        return answers
+    finally:
+        engine.close()
+
+
 def engine_answers(model: str, questions: list[Any], slots: int, prefix: Any, max_tokens: int,
                    stats: Optional[dict] = None, **config: Any) -> dict[str, str]:
     """qid -> text from a LlamaEngine of `slots` slots (n_ctx_seq 512, n_batch 256) with the shared
     prefix `prefix` and the EngineConfig fields in `config`; every answer must be without error.
     `stats` gets the engine's counters and its memory kind."""
-    from ggbatch.workers.llama.engine import LlamaEngine
     from ggbatch.workers.protocol import EngineConfig, GenerationParams
 
-    engine = LlamaEngine(EngineConfig(model, 1, slots, 512, 256, prefix, GenerationParams(max_tokens=max_tokens),
-                                      **config), worker_id=0)
-    try:
-        answers = answers_of(engine, questions)
-        assert all(a.error is None for a in answers.values()), answers
-        if stats is not None:
-            stats.update(engine.stats(), memory=engine.memory_kind)
-        return {qid: a.text for qid, a in answers.items()}
-    finally:
-        engine.close()
+    answers = engine_run(EngineConfig(model, 1, slots, 512, 256, prefix, GenerationParams(max_tokens=max_tokens),
+                                      **config), questions, stats)
+    assert all(a.error is None for a in answers.values()), answers
+    return {qid: a.text for qid, a in answers.items()}

@@ -9,7 +9,7 @@ from conftest import gsm8k_records
 from ggbatch.runner.questions.prepare import common_prefix
 from ggbatch.runner.questions.prompts import PromptBuilder
 from ggbatch.workers.protocol import EngineConfig, FinishReason, GenerationParams, Question, SamplingParams
-from helpers import answers_of
+from helpers import engine_run
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
 
@@ -33,20 +33,11 @@ def answer_all(model, qs, slots, prefix=None, n_ctx_seq=512, n_batch=256, unifie
                kv=0, stats=None, prefix_cache=False, **gen):
     """invariant: the batch_invariant mode (per-sequence KV streams, no flash attention, no
     repacked weights, batches laid out by workers/engine/invariant.py)."""
-    from ggbatch.workers.llama.engine import LlamaEngine
-
     config = EngineConfig(model, 1, slots, n_ctx_seq, n_batch, prefix if prefix is not None else array("i"),
                           GenerationParams(**gen), kv_unified=unified and not invariant,
                           flash_attn=not invariant, kv_cells=kv, repack=not invariant,
                           batch_invariant=invariant, prefix_cache=prefix_cache)
-    engine = LlamaEngine(config, worker_id=0)
-    try:
-        out = answers_of(engine, qs)
-        if stats is not None:
-            stats.update(engine.stats())
-        return out
-    finally:
-        engine.close()
+    return engine_run(config, qs, stats)
 
 
 # GSM8K questions whose greedy stories260K answer alone differed from their answer in a batch

@@ -16,7 +16,7 @@ from ggbatch.workers.engine.samples import SampleSet, sample_seed
 from ggbatch.workers.engine.scheduler import Scheduler
 from ggbatch.workers.engine.sequence import Sequence
 from ggbatch.workers.protocol import Answer, EngineConfig, FinishReason, GenerationParams, Question, SamplingParams
-from helpers import answers_of
+from helpers import engine_run
 
 SAMPLED = SamplingParams(temperature=0.9, top_k=40)
 
@@ -60,17 +60,8 @@ def test_the_answer_comes_with_the_last_sample_in_sample_order():
 
 
 def run(model: str, questions: list[Question], slots: int, stats: dict | None = None, **gen) -> dict[str, Answer]:
-    from ggbatch.workers.llama.engine import LlamaEngine
-
     config = EngineConfig(model, 1, slots, 64, 128, array("i"), GenerationParams(**gen), kv_unified=False)
-    engine = LlamaEngine(config, worker_id=0)
-    try:
-        got = answers_of(engine, questions)
-        if stats is not None:
-            stats.update(engine.stats())
-        return got
-    finally:
-        engine.close()
+    return engine_run(config, questions, stats)
 
 
 def prompts() -> list[Question]:
