@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -22,6 +23,14 @@ def test_the_installed_wheel_runs_from_the_repository_root(tmp_path):
                             "-w", str(tmp_path / "wheel"), str(source)], capture_output=True, text=True, timeout=240)
     assert wheel.returncode == 0, wheel.stderr[-2000:]
     (built,) = (tmp_path / "wheel").glob("ggbatch-*.whl")
+    # Every package folder is in the wheel (pyproject.toml lists them one by one): an import from
+    # the checkout's editable install would hide a missing one from the imports below.
+    with zipfile.ZipFile(built) as whl:
+        inside = set(whl.namelist())
+    folders = [init.parent for root in ("runner", "workers") for init in (ROOT / root).rglob("__init__.py")]
+    missing = [str(f.relative_to(ROOT)) for f in folders
+               if f"ggbatch/{f.relative_to(ROOT).as_posix()}/__init__.py" not in inside]
+    assert not missing, f"packages missing from the wheel (add them to pyproject.toml): {missing}"
     target = tmp_path / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                               str(built)], capture_output=True, text=True, timeout=120)
