@@ -14,7 +14,7 @@ so an MMLU context is computed once for its four continuations and a few-shot pr
         (workers/engine/loglik.py), each (sum of log-probabilities, is_greedy)
     loglikelihood_rolling: lm-eval's rolling windows of the text, each window's tokens scored
     generate_until: each context greedy or sampled as its gen_kwargs say, up to max_gen_toks
-        tokens, cut at the first `until` string
+        tokens, cut at the first `until` string, not stripped (as lm-eval's other models return it)
 
 Scores are the model's own log-softmax, with llama.cpp's flash attention off (its CPU kernel rounds
 K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
@@ -144,7 +144,7 @@ class GgbatchLM(TemplateLM):
         questions = [Question(f"g{i}", toks[-self.max_length:], i, generation_of(req.args[1]))
                      for i, (req, toks) in enumerate(zip(requests, tokens))]
         answers = self.pool.submit_questions(questions).result()
-        return [a.text if a.text is not None else "" for a in answers]
+        return [a.completion if a.completion is not None else "" for a in answers]
 
 
 def generation_of(gen_kwargs: dict[str, Any]) -> GenerationParams:

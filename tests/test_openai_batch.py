@@ -232,3 +232,16 @@ def test_the_layout_guess_before_tokenizing_counts_a_lines_own_text_and_max_toke
     assert largest_max_tokens(records, config) == 900
     assert largest_max_tokens(records[1:], config) == 100  # the job's, for a line without its own
     assert longest_prompt_chars(records, config) == 3 + 50
+
+
+def test_a_choices_answer_carries_its_choice_logprobs_and_acc_norm_pick():
+    from dataclasses import replace
+
+    scored = replace(Answer("mc", "B", FinishReason.STOP, 12, 1, 0, 0.1, 0.2), answer_norm="C",
+                     choice_logprobs={"B": -0.5, "C": -0.9})
+    plain = Answer("gen", "4", FinishReason.STOP, 12, 1, 0, 0.1, 0.2)
+    parsed = parse_output(render([Row("mc", scored), Row("gen", plain)], OutputSpec("openai", model_name="m")))
+    extra = parsed["mc"][1].choices[0].model_extra
+    assert parsed["mc"][1].choices[0].message.content == "B"
+    assert extra == {"answer_norm": "C", "choice_logprobs": {"B": -0.5, "C": -0.9}}
+    assert parsed["gen"][1].choices[0].model_extra == {}

@@ -31,7 +31,10 @@ def test_a_warm_pool_answers_calls_as_answer_does_and_leaves_no_process(demo_mod
     with ggbatch.Pool(model=demo_model, max_tokens=8) as pool:
         assert children() - before  # its workers and tokenizer
         first = pool.answer(["Once upon a time", "The little dog"])
+        computed = pool.stats()["prompt_tokens_computed"]
         again = pool.answer(["Once upon a time"])
+        # the prompt again: its slot still holds it, only its last token is computed anew
+        assert pool.stats()["prompt_tokens_computed"] - computed == 1 < computed
         one = pool.submit("The little dog").result(timeout=60)
     assert children() <= before
     assert [a.id for a in first] == ["0", "1"] and all(a.text and a.error is None for a in first)

@@ -33,6 +33,9 @@ class Answered:
     # with answer={"token_logprobs": K}: per token {token, logprob, bytes, top_logprobs}, as OpenAI's
     token_logprobs: Optional[list[dict[str, Any]]] = None
     samples: Optional[list["Answered"]] = None  # with sampling={"n": N > 1}: each sample, in order
+    # the text exactly as generated: not stripped, a thinking block kept (Pool.submit_questions;
+    # lm-eval's generate_until returns it so, as its other backends do)
+    completion: Optional[str] = None
 
 
 def answered(qid: str, fields: Mapping[str, Any]) -> Answered:
@@ -122,7 +125,9 @@ class Calls:
             answer = call.got.get(first)
             fields = row_fields(Row(qid, answer, "no answer came back" if answer is None else answer.error),
                                 self._id_field, self._keep_thinking)
-            rows.append(replace(answered(qid, fields), scored=answer.scored if answer is not None else None))
+            made = answer is not None and answer.error is None
+            rows.append(replace(answered(qid, fields), scored=answer.scored if answer is not None else None,
+                                completion=answer.text if made else None))
         if not call.future.done():
             call.future.set_result(rows)
 

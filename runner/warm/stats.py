@@ -19,7 +19,8 @@ def pool_stats(workers: WorkerPool, watch: RunWatch, started: float) -> dict[str
     usage = watch.monitor.workers
     return {
         "answered": watch.progress.done, "failed": watch.progress.failed,
-        "generated_tokens": generated, "prompt_tokens": prompt,
+        # what the engines decoded: a prefix the cache held, or a sample's copied prompt, is not counted
+        "generated_tokens": generated, "prompt_tokens_computed": prompt,
         "steps": sum(c.steps for c in counters.values()),
         "busy_slots": sum(c.busy_slots for c in counters.values()),
         "elapsed_s": round(elapsed, 3), "generated_tokens_per_s": round(generated / elapsed, 2),

@@ -51,11 +51,24 @@ def _body(answer: Answer, qid: str, spec: OutputSpec, key: str, when: float) -> 
                                         answer.token_logprobs),)
     completion = qid in spec.completions
     choices = [(_completion_choice if completion else _chat_choice)(i, s, spec) for i, s in enumerate(samples)]
+    choices[0].update(_weighed(answer))
     if completion:
         return {"id": f"cmpl-{key}", "object": "text_completion", "created": int(when), "model": spec.model_name,
                 "choices": choices, "usage": usage}
     return {"id": f"chatcmpl-{key}", "object": "chat.completion", "created": int(when), "model": spec.model_name,
             "choices": choices, "usage": usage}
+
+
+def _weighed(answer: Answer) -> dict[str, Any]:
+    """A choices answer's extra keys beside its choice (the openai package's types keep unknown
+    keys): each choice's log-probability (answer.logprobs) and, scored by log-likelihood,
+    lm-eval's acc_norm pick (`answer_norm`; the content is the acc pick)."""
+    out: dict[str, Any] = {}
+    if answer.choice_logprobs is not None:
+        out["choice_logprobs"] = answer.choice_logprobs
+    if answer.answer_norm is not None:
+        out["answer_norm"] = answer.answer_norm
+    return out
 
 
 def _finish(sample: Sample) -> str:

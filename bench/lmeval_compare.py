@@ -1,0 +1,258 @@
+"""lm-eval through ggbatch's backend against the issue's peers, on the same local tasks, in one
+sitting, the two sides alternated; medians.
+
+    HF_DATASETS_OFFLINE=1 python bench/lmeval_compare.py [--model M.gguf] [--task mmlu|gsm8k|both]
+        [--mmlu 100] [--gsm8k 32] [--repeat 2]
+
+- mmlu: 5-shot MMLU validation questions (../shared/data/mmlu), lm-eval's `multiple_choice` with
+  the letters as continuations, the five shots drawn in lm-eval's own order for each question
+  from five fixed records (as lm-eval's MMLU draws from a subject's dev split). Peer: llama-cpp-python
+  computing each of lm-eval's contexts once (bench/llamacpp_lm.py). Compared: wall time (model
+  load included on both sides), the picks, the largest log-likelihood difference, and the prompt
+  tokens computed against the tokens in the contexts and in their prefix tree.
+- gsm8k: 5-shot GSM8K (../shared/data/gsm8k), greedy `generate_until`, 128 tokens. Peer: lm-eval's
+  `local-completions` on llama-cpp-python's server (`pip install 'llama-cpp-python[server]'
+  tenacity aiohttp`), started and loaded before its clock starts. Compared: wall time, the score,
+  and how many answers are the same text.
+
+The model defaults to the benchmark model (bench/engine_bench.py builds it when absent). Threads:
+every core on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+DATA = ROOT.parent / "shared" / "data"
+SHOTS = 5
+
+MMLU_TASK = """task: mmlu_val_local
+dataset_path: json
+dataset_kwargs:
+  data_files: {{test: "{test}", fewshot: "{fewshot}"}}
+test_split: test
+fewshot_split: fewshot
+output_type: multiple_choice
+description: "The following are multiple choice questions (with answers).\\n\\n"
+doc_to_text: "{{{{question.strip()}}}}\\nAnswer:"
+doc_to_choice: ["A", "B", "C", "D"]
+doc_to_target: "{{{{['A', 'B', 'C', 'D'].index(answer)}}}}"
+metric_list:
+  - metric: acc
+"""
+
+GSM8K_TASK = """task: gsm8k_local
+dataset_path: json
+dataset_kwargs:
+  data_files: {{test: "{test}", fewshot: "{fewshot}"}}
+test_split: test
+fewshot_split: fewshot
+output_type: generate_until
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["Question:", "\\n\\n"]
+  max_gen_toks: 128
+  do_sample: false
+metric_list:
+  - metric: exact_match
+"""
+
+
+def write_task(folder: Path, name: str, template: str, source: Path, n: int) -> None:
+    """The task YAML over the source's first n records, its shots the source's last five."""
+    lines = source.read_text(encoding="utf-8").splitlines()
+    (folder / f"{name}-test.jsonl").write_text("\n".join(lines[:n]) + "\n", encoding="utf-8")
+    (folder / f"{name}-fewshot.jsonl").write_text("\n".join(lines[-SHOTS:]) + "\n", encoding="utf-8")
+    (folder / f"{name}.yaml").write_text(template.format(test=folder / f"{name}-test.jsonl",
+                                                         fewshot=folder / f"{name}-fewshot.jsonl"))
+
+
+def evaluate(lm: Any, task: str, folder: Path, **kwargs: Any) -> dict[str, Any]:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    return lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=SHOTS, log_samples=True,
+                                   task_manager=TaskManager(include_path=str(folder)), **kwargs)
+
+
+def ggbatch_side(model: str, task: str, folder: Path) -> tuple[float, dict[str, Any], dict[str, Any]]:
+    """(seconds from the pool's start to its close, lm-eval's output, the pool's counters)."""
+    from ggbatch.lm_eval import GgbatchLM
+
+    t0 = time.perf_counter()
+    lm = GgbatchLM(model=model)
+    try:
+        out = evaluate(lm, task, folder)
+        stats = lm.pool.stats()
+    finally:
+        lm.pool.close()
+    return time.perf_counter() - t0, out, stats
+
+
+def llamacpp_side(model: str, folder: Path) -> tuple[float, dict[str, Any], int]:
+    """(seconds from the model's load, lm-eval's output, prompt tokens computed)."""
+    from llamacpp_lm import LlamaCppOnceLM
+
+    t0 = time.perf_counter()
+    lm = LlamaCppOnceLM(model, n_threads=os.cpu_count())
+    out = evaluate(lm, "mmlu_val_local", folder)
+    return time.perf_counter() - t0, out, lm.tokens_computed
+
+
+def server_side(model: str, folder: Path, port: int = 18111) -> tuple[float, dict[str, Any]]:
+    """(seconds of lm-eval's local-completions run against the loaded server, lm-eval's output)."""
+    server = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_ctx", "2048",
+                               "--n_threads", str(os.cpu_count()), "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/v1/models", server)
+        args = {"model": "bench", "base_url": f"http://127.0.0.1:{port}/v1/completions", "num_concurrent": 1,
+                "tokenized_requests": False, "tokenizer_backend": None, "max_retries": 1, "timeout": 3600}
+        t0 = time.perf_counter()
+        out = evaluate("local-completions", "gsm8k_local", folder, model_args=args)
+        return time.perf_counter() - t0, out
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def wait_for(url: str, process: subprocess.Popen, limit_s: float = 300) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"llama-cpp-python's server exited with {process.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"llama-cpp-python's server did not answer {url} in {limit_s:.0f} s")
+
+
+def samples(out: dict[str, Any], task: str) -> dict[int, Any]:
+    return {s["doc_id"]: s for s in out["samples"][task]}
+
+
+def compare_mmlu(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    a, b = samples(ours, "mmlu_val_local"), samples(theirs, "mmlu_val_local")
+    same, worst = 0, 0.0
+    for doc, s in a.items():
+        mine = [float(r[0][0]) for r in s["resps"]]
+        peer = [float(r[0][0]) for r in b[doc]["resps"]]
+        same += mine.index(max(mine)) == peer.index(max(peer))
+        worst = max(worst, max(abs(x - y) for x, y in zip(mine, peer)))
+    acc = ours["results"]["mmlu_val_local"]["acc,none"], theirs["results"]["mmlu_val_local"]["acc,none"]
+    return (f"same pick on {same} of {len(a)} questions; acc {acc[0]:.3f} / {acc[1]:.3f}; "
+            f"largest log-likelihood difference {worst:.2e} nats")
+
+
+def compare_gsm8k(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    a, b = samples(ours, "gsm8k_local"), samples(theirs, "gsm8k_local")
+    same = sum(a[d]["resps"][0][0] == b[d]["resps"][0][0] for d in a)
+    em = ours["results"]["gsm8k_local"]["exact_match,none"], theirs["results"]["gsm8k_local"]["exact_match,none"]
+    return f"same text on {same} of {len(a)} answers; exact_match {em[0]:.3f} / {em[1]:.3f}"
+
+
+def prefix_tree_tokens(contexts: list[list[int]]) -> int:
+    """Tokens a computation that shares every common prefix would compute: the nodes of the
+    contexts' prefix tree (sorted, each context costs what it does not share with the one before)."""
+    ordered = sorted(map(tuple, contexts))
+    total, before = 0, ()
+    for ctx in ordered:
+        common = next((i for i, (x, y) in enumerate(zip(ctx, before)) if x != y), min(len(ctx), len(before)))
+        total += len(ctx) - common
+        before = ctx
+    return total
+
+
+def mmlu_contexts(model: str, out: dict[str, Any]) -> list[list[int]]:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
+    texts = [s["arguments"][0][0] for s in out["samples"]["mmlu_val_local"]]
+    return [llm.tokenize(t.rstrip().encode(), add_bos=True, special=True) for t in texts]
+
+
+def alternate(rounds: int, ours: Callable[[], float], theirs: Callable[[], float], label: str) -> None:
+    mine, peer = [], []
+    for r in range(rounds):
+        mine.append(ours())
+        peer.append(theirs())
+        print(f"{label} round {r + 1}: ggbatch {mine[-1]:.1f} s, peer {peer[-1]:.1f} s", flush=True)
+    a, b = statistics.median(mine), statistics.median(peer)
+    print(f"{label} median: ggbatch {a:.1f} s, peer {b:.1f} s: ggbatch {b / a:.2f}x as fast", flush=True)
+
+
+def run_mmlu(model: str, folder: Path, rounds: int) -> None:
+    kept: dict[str, Any] = {}
+
+    def ours() -> float:
+        took, kept["ours"], stats = ggbatch_side(model, "mmlu_val_local", folder)
+        kept["computed"] = stats["prompt_tokens_computed"]
+        print("mmlu ggbatch workers:", json.dumps(stats["workers"]), flush=True)
+        return took
+
+    def theirs() -> float:
+        took, kept["theirs"], kept["peer_computed"] = llamacpp_side(model, folder)
+        return took
+
+    alternate(rounds, ours, theirs, "mmlu")
+    print("mmlu:", compare_mmlu(kept["ours"], kept["theirs"]))
+    contexts = mmlu_contexts(model, kept["ours"])
+    print(f"mmlu prompt tokens: {sum(map(len, contexts))} in the contexts, {prefix_tree_tokens(contexts)} in their "
+          f"prefix tree; computed: ggbatch {kept['computed']}, peer {kept['peer_computed']}")
+
+
+def run_gsm8k(model: str, folder: Path, rounds: int) -> None:
+    kept: dict[str, Any] = {}
+
+    def ours() -> float:
+        took, kept["ours"], kept["stats"] = ggbatch_side(model, "gsm8k_local", folder)
+        return took
+
+    def theirs() -> float:
+        took, kept["theirs"] = server_side(model, folder)
+        return took
+
+    alternate(rounds, ours, theirs, "gsm8k")
+    print("gsm8k:", compare_gsm8k(kept["ours"], kept["theirs"]))
+    print("gsm8k ggbatch counters:", json.dumps({k: v for k, v in kept["stats"].items() if "token" in k}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--task", choices=("mmlu", "gsm8k", "both"), default="both")
+    ap.add_argument("--mmlu", type=int, default=100, help="MMLU questions (default 100)")
+    ap.add_argument("--gsm8k", type=int, default=32, help="GSM8K questions (default 32)")
+    ap.add_argument("--repeat", type=int, default=2, help="rounds, each side once a round")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    from engine_bench import bench_model
+
+    model = args.model or bench_model()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        write_task(folder, "mmlu", MMLU_TASK, DATA / "mmlu" / "questions.jsonl", args.mmlu)
+        write_task(folder, "gsm8k", GSM8K_TASK, DATA / "gsm8k" / "questions.jsonl", args.gsm8k)
+        if args.task in ("mmlu", "both"):
+            run_mmlu(model, folder, args.repeat)
+        if args.task in ("gsm8k", "both"):
+            run_gsm8k(model, folder, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
