@@ -33,6 +33,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 DATA = ROOT.parent / "shared" / "data"
@@ -88,12 +90,13 @@ def evaluate(lm: Any, task: str, folder: Path, **kwargs: Any) -> dict[str, Any]:
                                    task_manager=TaskManager(include_path=str(folder)), **kwargs)
 
 
-def ggbatch_side(model: str, task: str, folder: Path) -> tuple[float, dict[str, Any], dict[str, Any]]:
+def ggbatch_side(model: str, task: str, folder: Path,
+                 settings: dict[str, Any]) -> tuple[float, dict[str, Any], dict[str, Any]]:
     """(seconds from the pool's start to its close, lm-eval's output, the pool's counters)."""
     from ggbatch.lm_eval import GgbatchLM
 
     t0 = time.perf_counter()
-    lm = GgbatchLM(model=model)
+    lm = GgbatchLM(model=model, **settings)
     try:
         out = evaluate(lm, task, folder)
         stats = lm.pool.stats()
@@ -114,6 +117,8 @@ def llamacpp_side(model: str, folder: Path) -> tuple[float, dict[str, Any], int]
 
 def server_side(model: str, folder: Path, port: int = 18111) -> tuple[float, dict[str, Any]]:
     """(seconds of lm-eval's local-completions run against the loaded server, lm-eval's output)."""
+    import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
+
     server = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_ctx", "2048",
                                "--n_threads", str(os.cpu_count()), "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -162,6 +167,8 @@ def compare_mmlu(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
 def compare_gsm8k(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
     a, b = samples(ours, "gsm8k_local"), samples(theirs, "gsm8k_local")
     same = sum(a[d]["resps"][0][0] == b[d]["resps"][0][0] for d in a)
+    for d in sorted(a)[:2]:
+        print(f"gsm8k doc {d}: ggbatch {a[d]['resps'][0][0][:80]!r}\n{'':>13}peer {b[d]['resps'][0][0][:80]!r}")
     em = ours["results"]["gsm8k_local"]["exact_match,none"], theirs["results"]["gsm8k_local"]["exact_match,none"]
     return f"same text on {same} of {len(a)} answers; exact_match {em[0]:.3f} / {em[1]:.3f}"
 
@@ -196,19 +203,24 @@ def alternate(rounds: int, ours: Callable[[], float], theirs: Callable[[], float
     print(f"{label} median: ggbatch {a:.1f} s, peer {b:.1f} s: ggbatch {b / a:.2f}x as fast", flush=True)
 
 
-def run_mmlu(model: str, folder: Path, rounds: int) -> None:
+def run_mmlu(model: str, folder: Path, rounds: int, settings: dict[str, Any], peer: bool) -> None:
     kept: dict[str, Any] = {}
 
     def ours() -> float:
-        took, kept["ours"], stats = ggbatch_side(model, "mmlu_val_local", folder)
+        took, kept["ours"], stats = ggbatch_side(model, "mmlu_val_local", folder, settings)
         kept["computed"] = stats["prompt_tokens_computed"]
-        print("mmlu ggbatch workers:", json.dumps(stats["workers"]), flush=True)
+        print("mmlu ggbatch workers:", json.dumps(stats["workers"]), "thread changes:",
+              json.dumps(stats["thread_changes"]), flush=True)
         return took
 
     def theirs() -> float:
         took, kept["theirs"], kept["peer_computed"] = llamacpp_side(model, folder)
         return took
 
+    if not peer:
+        print(f"mmlu ggbatch alone: {statistics.median(ours() for _ in range(rounds)):.1f} s, prompt tokens "
+              f"computed {kept['computed']}", flush=True)
+        return
     alternate(rounds, ours, theirs, "mmlu")
     print("mmlu:", compare_mmlu(kept["ours"], kept["theirs"]))
     contexts = mmlu_contexts(model, kept["ours"])
@@ -216,17 +228,20 @@ def run_mmlu(model: str, folder: Path, rounds: int) -> None:
           f"prefix tree; computed: ggbatch {kept['computed']}, peer {kept['peer_computed']}")
 
 
-def run_gsm8k(model: str, folder: Path, rounds: int) -> None:
+def run_gsm8k(model: str, folder: Path, rounds: int, settings: dict[str, Any], peer: bool) -> None:
     kept: dict[str, Any] = {}
 
     def ours() -> float:
-        took, kept["ours"], kept["stats"] = ggbatch_side(model, "gsm8k_local", folder)
+        took, kept["ours"], kept["stats"] = ggbatch_side(model, "gsm8k_local", folder, settings)
         return took
 
     def theirs() -> float:
         took, kept["theirs"] = server_side(model, folder)
         return took
 
+    if not peer:
+        print(f"gsm8k ggbatch alone: {statistics.median(ours() for _ in range(rounds)):.1f} s", flush=True)
+        return
     alternate(rounds, ours, theirs, "gsm8k")
     print("gsm8k:", compare_gsm8k(kept["ours"], kept["theirs"]))
     print("gsm8k ggbatch counters:", json.dumps({k: v for k, v in kept["stats"].items() if "token" in k}))
@@ -239,7 +254,11 @@ def main() -> None:
     ap.add_argument("--mmlu", type=int, default=100, help="MMLU questions (default 100)")
     ap.add_argument("--gsm8k", type=int, default=32, help="GSM8K questions (default 32)")
     ap.add_argument("--repeat", type=int, default=2, help="rounds, each side once a round")
+    ap.add_argument("--ggbatch", default="", metavar="KEY=VALUE,...",
+                    help="ggbatch's job keys for its side (as lm-eval's --model_args: workers=2,slots=16)")
+    ap.add_argument("--no-peer", action="store_true", help="time ggbatch's side alone")
     args = ap.parse_args()
+    settings = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.ggbatch.split(",") if kv)}
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from engine_bench import bench_model
 
@@ -249,9 +268,9 @@ def main() -> None:
         write_task(folder, "mmlu", MMLU_TASK, DATA / "mmlu" / "questions.jsonl", args.mmlu)
         write_task(folder, "gsm8k", GSM8K_TASK, DATA / "gsm8k" / "questions.jsonl", args.gsm8k)
         if args.task in ("mmlu", "both"):
-            run_mmlu(model, folder, args.repeat)
+            run_mmlu(model, folder, args.repeat, settings, not args.no_peer)
         if args.task in ("gsm8k", "both"):
-            run_gsm8k(model, folder, args.repeat)
+            run_gsm8k(model, folder, args.repeat, settings, not args.no_peer)
 
 
 if __name__ == "__main__":

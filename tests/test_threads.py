@@ -313,3 +313,11 @@ def test_recorded_loop_from_the_start_is_decided_at_ready():
     assert [(i, c.threads, c.to) for i, c in replay_recorded(samples)] == [(0, 2, 1)]
     assert data["changes"][0]["after_steps"] == 0
     assert all(s["threads"] == 1 for s in samples[1:])
+
+
+def test_an_idle_worker_keeps_its_threads_until_it_works_beside_the_load():
+    # A warm pool's caller preparing its next call takes a core while the worker waits for it:
+    # no change; the same load once the worker works: one thread given up after two seconds.
+    assert replay([load(0.9, own=0.0)] * 10) == []
+    changes = replay([load(0.9, own=0.0)] * 10 + [load(0.67)] * 3)
+    assert changes == [(12.0, ThreadChange(0, 2, 1, "about 0.7 cores of other load on its 2 cores for 2 s"))]

@@ -24,6 +24,8 @@ def pool_stats(workers: WorkerPool, watch: RunWatch, started: float) -> dict[str
         "steps": sum(c.steps for c in counters.values()),
         "busy_slots": sum(c.busy_slots for c in counters.values()),
         "elapsed_s": round(elapsed, 3), "generated_tokens_per_s": round(generated / elapsed, 2),
+        # each change of a worker's llama.cpp threads (threads_adapt), as a job's report lists them
+        "thread_changes": list(watch.thread_changes),
         "workers": {run.worker_id: {"restarts": run.restarts, "pss_mib": round(usage[run.worker_id].pss / 2**20, 1)
                                     if run.worker_id in usage else None,
                                     "peak_pss_mib": round(usage[run.worker_id].peak_pss / 2**20, 1)

@@ -45,6 +45,11 @@ READY_LOWER_AFTER_S = 1.0
 RAISE_AFTER_S = 5.0  # seconds of free cores before one is taken back
 LOWER_TOLERANCE = 0.4  # cores of other load tolerated before giving up a thread
 RAISE_TOLERANCE = 0.25  # cores of other load still allowing a thread back
+# A worker using less than this share of a core did no work in the interval (it waited for
+# questions): other load then, often a warm pool's caller preparing the next call, slowed nothing,
+# and a thread given up for it would cost the next step (the prompts, seconds long) at half speed.
+# Its contention is judged once it works: LOWER_AFTER_S later, or at Ready before its first step.
+IDLE_OWN = 0.1
 MIN_INTERVAL_S = 0.25  # shorter intervals (a final sample right after a tick) say too little
 SLACK_S = 0.1  # ticks come about every second, a little early or late
 
@@ -137,6 +142,9 @@ class ThreadController:
         more = wanted_threads(load, ceiling, RAISE_TOLERANCE)
         if fewer < threads:
             track.higher = None
+            if load.own_s < IDLE_OWN * load.interval_s and not at_ready:
+                track.lower = None  # idle, it lost nothing to the other load: no evidence yet
+                return None
             track.lower = _grow(track.lower, now, load, fewer, lowering=True)
             after_s = min(self.lower_after_s, READY_LOWER_AFTER_S) if at_ready else self.lower_after_s
             return self._decide(worker_id, track, track.lower, after_s, now, load.cores)
