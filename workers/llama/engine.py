@@ -231,14 +231,15 @@ class LlamaEngine:
     def _score(self, batch: Batch) -> list[Answer]:
         """Read the rows the scored prompts of this batch asked for; the answers of the questions
         whose last continuation is now in (its sequence leaves at once: nothing is generated)."""
-        scored = scored_rows(batch.spans)
-        if not scored:
+        scored, finishing = scored_rows(batch.spans), loglik.all_in(batch.spans)
+        if not scored and not finishing:
             return []
         t0 = time.perf_counter()
-        flags = batch.arrays[3]
-        loglik.read_batch(scored, flags, self.runner.logits(int(np.count_nonzero(flags))))
+        if scored:  # a step holding only a continuation's last token reads no row, yet finishes it
+            flags = batch.arrays[3]
+            loglik.read_batch(scored, flags, self.runner.logits(int(np.count_nonzero(flags))))
         done = []
-        for seq in loglik.all_in(batch.spans):
+        for seq in finishing:
             self._release(seq)
             answer = loglik.finished(seq, self.worker_id, (seq.scoring.parent.question.generation or self.gen).answer)
             done += [answer] if answer is not None else []
