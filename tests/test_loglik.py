@@ -179,3 +179,19 @@ def test_a_continuation_too_long_fails_alone(stories):
     assert "context per sequence is 64" in got["long"].error
     assert "context of one token or more" in got["empty"].error
     assert got["ok"].error is None and len(got["ok"].scored[0].token_logprobs) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_continuation_whose_last_token_is_a_step_of_its_own_is_answered():
+    """With a step budget of 256 tokens, 254 of context and 3 of continuation leave the last token
+    alone in the second step: that step reads no row, yet the question is done there."""
+    model = str(require(STORIES, "stories260K"))
+    tok = tokenizer_of(model)
+    try:
+        story = list(tok.tokenize("Once upon a time " + " ".join(STORY_WORDS * 40)))
+        cont = list(tok.tokenize(" the little dog", add_bos=False))[:3]
+    finally:
+        tok.close()
+    pairs = [(story[:254], cont)]
+    assert len(pairs[0][0]) + len(cont) == 257
+    assert_close(engine_scores(model, pairs, slots=1), reference(model, pairs))

@@ -13,8 +13,8 @@ notice deaths and give a dead worker's questions to the others.
 
 Where workers live is the backend's business, behind three calls (start, wait, close): local
 processes (runner/pool/local.py: a task queue and a results pipe each, deaths seen on the
-process sentinels) or Ray actors on a cluster's nodes (runner/pool/ray.py). Everything here,
-dispatch, deaths, restarts and the crash budget, is the same for both.
+process sentinels) or Ray actors on a cluster's nodes (runner/pool/ray.py). Dispatch, deaths,
+restarts and the crash budget are the same for both.
 
 A streamed file's questions come in windows (runner/questions/prepare.py): the pool takes the next one
 from its feed when fewer than `feed_below` questions are pending, and the run ends when the
@@ -27,19 +27,14 @@ Stopping (SIGINT/SIGTERM through `request_stop`): no new questions go out, every
 to Stop (finish what is decoding, drop what has not started), and after GRACE_S or when all have
 exited, Interrupted is raised; a second request kills at once.
 
-When a worker dies, every question it held is a suspect. Suspects are retried one at a time, each
-alone on a worker, so the next death names its culprit exactly; its innocent batch-mates are
-answered. A dead worker is restarted; what deaths may cost before the run gives up is
-runner/pool/crashes.py's decision. Each local worker's stderr goes to a log file of its own, whose last
-line is quoted when it dies (llama.cpp writes its asserts there).
+The workers' lives (starting, restarting after a death or a reconfigure, letting go, what a death
+costs) are runner/pool/lives.py's: the pool tells it of each death and requeues the dead worker's
+questions as it says.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 import time
 from collections import deque
 from dataclasses import replace
@@ -63,13 +58,13 @@ from ...workers.protocol import (
 from ...workers.spec import WorkerSpec
 from ..errors import Interrupted, ModelError
 from .backend import Backend
-from .crashes import CrashBudget, Death
 from .dispatch import next_chunk
 from .intake import Feed, WindowIntake
+from .lives import WorkerLives
 from .local import LocalBackend
 from .worker_run import WorkerRun
-from .worker_state import WorkerState, added, on_node, worker_run
-from .worker_threads import ThreadCount, WorkerThreads
+from .worker_state import WorkerState, added, worker_run
+from .worker_threads import WorkerThreads
 
 log = logging.getLogger("ggbatch")
 
@@ -106,12 +101,10 @@ class WorkerPool:
         self._backend: Backend[Any] = backend or LocalBackend()
         self._on_threads = on_threads
         self._on_ready = on_ready
-        self._log_dir = tempfile.mkdtemp(prefix="ggbatch-workers-")
-        self.workers = [WorkerState(replace(spec, log_path=os.path.join(self._log_dir, f"worker-{spec.worker_id}.log")))
-                        for spec in specs]
+        self._lives = WorkerLives(self._backend, len(specs), max_solo_deaths, max_barren_deaths or 0)
+        self.workers = [WorkerState(replace(spec, log_path=self._lives.log_path(spec))) for spec in specs]
         self._on_answers = on_answers  # called with each batch of new answers
         self._on_tick = on_tick
-        self._crashes = CrashBudget(len(specs), max_solo_deaths, max_barren_deaths or 0)
         self._pending: deque[Question] = deque()
         self._suspects: deque[tuple[Question, ...]] = deque()  # groups, from workers that died
         self.answers: dict[str, Answer] = {}  # when keep_answers
@@ -122,8 +115,6 @@ class WorkerPool:
         self.finished = False  # every question answered; the workers are still alive
         self._stop_signal = 0
         self._stop_deadline = 0.0
-        self._engines: Union[EngineConfig, Mapping[int, EngineConfig], None] = None
-        self._leaving: set[int] = set()  # workers a reconfigure lets go once they have finished
         self.first_ready_at: Optional[float] = None
         self._memory_noted = False  # what recurrent or hybrid memory changes is said once a run
 
@@ -133,18 +124,18 @@ class WorkerPool:
         """Spawn the workers: they pin themselves and load the model, then wait for run()."""
         for w in self.workers:
             if w.link is None:
-                self._start(w)
+                self._lives.start(w)
 
     def keep(self, worker_ids: Collection[int]) -> None:
         """Let go of the workers not named (the memory plan wants fewer)."""
         for w in self.workers:
             if w.spec.worker_id not in worker_ids:
-                self._stop_process(w, graceful=True)
+                self._lives.stop(w, graceful=True)
         self.workers = [w for w in self.workers if w.spec.worker_id in worker_ids]
 
     def close(self) -> None:
         """Kill every worker (an error before run(), or nothing left to answer); idempotent."""
-        self._shutdown(graceful=False)
+        self._lives.shutdown(self.workers, graceful=False)
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -178,11 +169,11 @@ class WorkerPool:
             self._on_threads, self._on_ready = events.on_threads, events.on_ready
         windows = WindowIntake(feed, feed_below)
         self._add(questions)
-        self._engines = engine
+        self._lives.engines = engine
         if not self._stop_signal:  # stopped before the run: no worker gets work, none starts
             for w in self.workers:
                 if w.link is not None:  # started early, waiting for its configuration
-                    w.link.send(Configure(self._engine_of(w)))
+                    w.link.send(Configure(self._lives.engine_of(w)))
             self.start()  # the others get their configuration as they start
         next_tick = time.perf_counter() + TICK_S
         graceful = False
@@ -205,7 +196,7 @@ class WorkerPool:
                 self._on_tick(self)
             graceful = True
         finally:
-            self._shutdown(graceful)
+            self._lives.shutdown(self.workers, graceful)
         return self.answers
 
     def reconfigure(self, engines: Mapping[int, EngineConfig]) -> None:
@@ -213,15 +204,7 @@ class WorkerPool:
         larger context: runner/plan/growth.py): each finishes the questions it holds and gets no new
         ones meanwhile, then restarts with it; a worker without one is let go once it has
         finished."""
-        old = self._engines
-        ids = [w.spec.worker_id for w in self.workers]
-        self._leaving = {wid for wid in ids if wid not in engines}
-        # A worker let go keeps its engine until it has finished (the thread monitor reads it).
-        earlier: Mapping[int, EngineConfig] = (old if isinstance(old, Mapping)
-                                               else {} if old is None else dict.fromkeys(ids, old))
-        self._engines = {**earlier, **engines}
-        for w in self.workers:
-            w.outdated = w.link is not None
+        self._lives.reconfigure(self.workers, engines)
         self._dispatch()
 
     def _add(self, questions: Sequence[Question]) -> None:
@@ -272,9 +255,9 @@ class WorkerPool:
     def llama_threads(self) -> dict[int, WorkerThreads]:
         """worker id -> its llama.cpp threads (runner/pool/worker_threads.py), for each live worker
         once run() has configured it."""
-        if self._engines is None:
+        if self._lives.engines is None:
             return {}
-        return {w.spec.worker_id: w.threads.view(self._engine_of(w).n_threads)
+        return {w.spec.worker_id: w.threads.view(self._lives.engine_of(w).n_threads)
                 for w in self.workers if w.link is not None}
 
     def set_threads(self, worker_id: int, n: int) -> None:
@@ -347,13 +330,13 @@ class WorkerPool:
                 self.answers[a.qid] = a
         self.n_answered += len(new)
         if new:
-            self._crashes.progress()
+            self._lives.crashes.progress()
             self._on_answers(new)
 
     def _dispatch(self) -> None:
         if self.paused:
             return
-        self._restart_outdated()
+        self._lives.restart_outdated(self.workers, self.stopping)
         live = [w for w in self.workers if w.link is not None]
         for w in live:
             if w.link is None or w.wants <= 0 or w.solo or w.outdated:
@@ -367,91 +350,13 @@ class WorkerPool:
             w.link.send(Chunk(chunk))
             w.wants = 0
 
-    # -- worker lifecycle -----------------------------------------------------------------------
-
-    def _restart_outdated(self) -> None:
-        """The outdated workers that hold nothing now start again with their new engine (a stopping
-        pool starts none: the journal keeps what they answered)."""
-        for w in self.workers:
-            if not w.outdated or w.in_flight or w.link is None or self._stop_signal:
-                continue
-            # It holds nothing, and its counters came before its last answers: nothing is lost by
-            # ending it at once, and the loop never waits for a worker still loading the model.
-            self._stop_process(w, graceful=False)
-            w.earlier, w.live = added(w.earlier, w.live), None
-            w.outdated = False
-            if w.spec.worker_id not in self._leaving:
-                self._start(w)
-
-    def _engine_of(self, w: WorkerState) -> EngineConfig:
-        engines = self._engines
-        if engines is None:
-            raise RuntimeError(f"worker {w.spec.worker_id} started before the run gave the engine's settings")
-        return engines if isinstance(engines, EngineConfig) else engines[w.spec.worker_id]
-
-    def _start(self, w: WorkerState) -> None:
-        if w.spec.log_path:
-            open(w.spec.log_path, "w").close()  # last words are this life's only
-        w.link = self._backend.start(w.spec)
-        w.ready, w.wants, w.outdated = None, 0, False
-        w.threads = ThreadCount()
-        if self._engines is not None:  # a restart during the run: configure it at once
-            w.link.send(Configure(self._engine_of(w)))
-
-    def _stop_process(self, w: WorkerState, graceful: bool, timeout: float = 5.0) -> None:
-        if w.link is not None:
-            if graceful:
-                w.link.send(Stop())
-                w.link.join(timeout)
-            w.link.kill()
-            w.link = None
+    # -- deaths ---------------------------------------------------------------------------------
 
     def _on_death(self, w: WorkerState) -> None:
-        if w.link is None:  # already let go of
-            return
-        how, words = w.link.how_it_died()
-        w.link.kill()  # let go of what is left of it (a pipe, a queue, a Ray actor)
-        w.link = None
-        if self._stop_signal:  # it exited as told: nothing to redo now, the journal has the rest
-            return
-        death = Death(w.spec.worker_id, how, w.last_error or words, before_ready=w.ready is None)
-        lost = list(w.in_flight.values())
-        w.in_flight.clear()
-        w.earlier, w.live = added(w.earlier, w.live), None
-        w.solo, w.last_error = False, ""
-        failed, suspects = self._crashes.death(death, lost)
+        if self._lives.on_death(w, self.workers, self.stopping, self.first_ready_at is not None, self._requeue):
+            self._dispatch()
+
+    def _requeue(self, failed: list[Answer], suspects: list[tuple[Question, ...]]) -> None:
+        """A dead worker's questions: those that reached their limit failed, the others suspects."""
         self._suspects.extend(suspects)
         self._record(failed)
-        n_live = sum(x.link is not None for x in self.workers)
-        verdict = self._crashes.give_up(death, self.first_ready_at is not None, n_live)
-        if verdict is not None:
-            raise verdict  # it says which worker died and how
-        log.warning("worker %d%s died (%s); %d questions go back to the queue", death.worker_id,
-                    on_node(w.spec), death, len(lost))
-        if not self._crashes.may_restart(w.spec.worker_id):
-            log.warning("worker %d cannot start (%s): going on without it", death.worker_id, death)
-            return
-        if w.spec.worker_id in self._leaving:  # a larger context's plan let it go
-            self._dispatch()
-            return
-        w.restarts += 1
-        self._start(w)
-        self._dispatch()
-
-    def _shutdown(self, graceful: bool) -> None:
-        """Graceful: every worker is idle and exits on Stop (told all at once, then joined).
-        Otherwise (interrupted, error, nothing to do) they are killed: waiting for them would
-        mean waiting for work nobody will collect."""
-        try:
-            if graceful:
-                for w in self.workers:
-                    if w.link is not None:
-                        w.link.send(Stop())
-                deadline = time.monotonic() + 5.0
-                for w in self.workers:
-                    if w.link is not None:
-                        w.link.join(max(0.0, deadline - time.monotonic()))
-            for w in self.workers:
-                self._stop_process(w, graceful=False)  # kills whatever is still alive
-        finally:
-            shutil.rmtree(self._log_dir, ignore_errors=True)

@@ -17,8 +17,8 @@ from .worker_threads import ThreadCount
 
 @dataclass
 class WorkerState:
-    """One worker as the pool sees it; WorkerPool._start begins a new life (link, ready, wants,
-    threads)."""
+    """One worker as the pool sees it; WorkerLives.start (runner/pool/lives.py) begins a new life
+    (link, ready, wants, threads)."""
 
     spec: WorkerSpec
     link: Optional[Link] = None  # this life of the worker, as its backend gives it (None: not running)

@@ -24,7 +24,10 @@ from typing import Optional
 import numpy as np
 
 from ..protocol import Answer, AnswerSpec, FinishReason, GenerationParams, Question, Scored
+from . import invariant
+from .answers import rejected
 from .constraints import choice_logprobs
+from .scheduler import Span
 from .sequence import Sequence
 
 # A scored prompt generates nothing: it reserves no KV beyond its prompt.
@@ -73,6 +76,17 @@ def sequences(question: Question) -> tuple[Parent, list[Sequence]]:
     return parent, out
 
 
+def admit(question: Question, n_ctx_seq: int, worker_id: int,
+          spec: Optional[AnswerSpec]) -> tuple[list[Sequence], Optional[Answer]]:
+    """The sequences that score a question's continuations, or its Answer at once: an error when
+    it cannot be scored, its scores when every continuation is empty (scored without the model)."""
+    why = problem(question, n_ctx_seq)
+    if why is not None:
+        return [], rejected(question, worker_id, why)
+    parent, seqs = sequences(question)
+    return seqs, (answer(parent, worker_id, spec) if not seqs else None)
+
+
 def problem(question: Question, n_ctx_seq: int) -> Optional[str]:
     """Why a scored question cannot be answered (None: it can)."""
     if not question.tokens:
@@ -108,6 +122,19 @@ def read_rows(seq: Sequence, start_pos: int, logits: np.ndarray) -> None:
     for k, (lp, g) in enumerate(zip(logprobs.tolist(), greedy.tolist())):
         scoring.logprobs[start_pos + 1 + k - first] = lp
         scoring.greedy[start_pos + 1 + k - first] = g
+
+
+def read_batch(scored: list[tuple[Span, int, int, int]], flags: np.ndarray, logits: np.ndarray) -> None:
+    """Score the rows the scored prompts of one batch asked for (`scored`: workers/engine/batch.py
+    scored_rows; `flags`: the batch's logits flags; `logits`: its output rows, in batch order)."""
+    for span, index, pos, count in scored:
+        row = invariant.output_rows(flags, [index])[0]
+        read_rows(span.seq, pos, logits[row:row + count])
+
+
+def all_in(spans: list[Span]) -> list[Sequence]:
+    """The scored sequences among these spans whose prompt is all in: they leave at once."""
+    return [span.seq for span in spans if span.seq.scoring is not None and span.seq.n_cached >= span.seq.n_prompt]
 
 
 def token_scores(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -147,12 +174,6 @@ def answer(parent: Parent, worker_id: int, spec: Optional[AnswerSpec]) -> Answer
     return Answer(q.qid, pick_text(choices, scored), FinishReason.STOP, n_prompt, 0, worker_id, took, took,
                   created=time.time(), choice_logprobs=sums, scored=scored,
                   answer_norm=pick_text(choices, scored, per_char=True) if choices else None)
-
-
-def rejected(question: Question, worker_id: int, why: str) -> Answer:
-    n_prompt = len(question.tokens) + sum(len(c) for c in question.continuations)
-    return Answer(question.qid, "", FinishReason.ERROR, n_prompt, 0, worker_id, 0.0, 0.0, error=why,
-                  prompt_decoded=False)
 
 
 def pick_text(choices: tuple[str, ...], scored: tuple[Scored, ...], per_char: bool = False) -> str:

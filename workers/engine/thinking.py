@@ -1,6 +1,6 @@
 """Where a reasoning model's output is: opening, inside its thinking block, or answering; and the
 end of the block written for it when its thinking budget is spent. Pure: token ids in, token ids
-out (the engine, workers/llama/engine.py, asks it before each pick).
+out (the engine's picker, workers/llama/picking.py, asks it before each pick).
 
     prompt ends in `start` ──▶ THINKING      (the chat template opened the block; `<think>\n` too)
     otherwise              ──▶ OPENING ──first token `start`──▶ THINKING

@@ -4,8 +4,9 @@
     step():  admit    waiting → free slots, KV of the prompt's start copied in (workers/llama/slot_kv.py)
              schedule one token per decoding sequence + prompt chunks, within n_batch
              decode   one llama_decode (status 1 = no KV room: shrink the batch, then preempt)
-             sample   each sequence's own sampler chain on its own logits row
-             finish   EOG / stop string / max_tokens / context full → Answer, KV removed, slot freed
+             sample   each sequence's own sampler chain on its own logits row (workers/llama/picking.py)
+             finish   EOG / stop string / max_tokens / context full → Answer (workers/engine/answers.py),
+                      KV removed, slot freed
     ──▶ list[Answer] for the questions that finished in this step
 
 The shared prefix (system prompt, few-shot examples: whatever every prompt starts with) is
@@ -41,30 +42,19 @@ from __future__ import annotations
 import time
 from array import array
 from dataclasses import asdict
-from typing import Optional
 
 import numpy as np
 
-from ..engine import invariant, loglik
+from ..engine import answers, invariant, loglik
+from ..engine.answers import from_logits
 from ..engine.batch import Batch, batch_arrays, logit_index, scored_rows
-from ..engine.constraints import best_choice, choice_grammar, choice_logprobs, choice_text
-from ..engine.logprobs import answer_tokens
 from ..engine.samples import SampleSet
 from ..engine.scheduler import Scheduler, Span
 from ..engine.sequence import Phase, Sequence
 from ..engine.step_counters import StepCounters
-from ..engine.thinking import ThinkState
-from ..protocol import (
-    Answer,
-    AnswerSpec,
-    EngineConfig,
-    FinishReason,
-    GenerationParams,
-    Question,
-    TokenLogprob,
-    kv_cells,
-)
+from ..protocol import Answer, EngineConfig, GenerationParams, Question, kv_cells
 from .model_runner import ModelRunner
+from .picking import Picker
 from .sampling import Sampling
 from .slot_kv import SlotKv, slot_contents
 
@@ -107,9 +97,8 @@ class LlamaEngine:
         self.sched = Scheduler(config.slots, self.n_batch, prefix, budget, self.gen.max_tokens,
                                stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant,
                                contents=self.kv.contents, memory=self.memory_kind)
+        self.picker = Picker(self.sampling, self.gen, self.counters)
         self._rejected: list[Answer] = []
-        # choices -> each one's single-token variants (None: some choice needs more than one token)
-        self._choice_tokens: dict[tuple[str, ...], Optional[tuple[tuple[int, ...], ...]]] = {}
         self._decode_prefix(prefix)
 
     # -- public interface -----------------------------------------------------------------------
@@ -126,23 +115,23 @@ class LlamaEngine:
         return self.sched.n_unfinished + len(self._rejected)
 
     def add(self, question: Question) -> None:
+        gen = question.generation or self.gen
         if question.continuations:  # scored, not generated (workers/engine/loglik.py)
-            self._add_scored(question)
+            seqs, ready = loglik.admit(question, self.n_ctx_seq, self.worker_id, gen.answer)
+            for seq in seqs:
+                self.sched.add(seq)
+            self._rejected += [ready] if ready is not None else []
             return
-        n = len(question.tokens)
+        n, samples = len(question.tokens), gen.sampling.n
         if n == 0 or n >= self.n_ctx_seq:
             why = ("prompt is empty" if n == 0 else
                    f"prompt has {n} tokens, context per sequence is {self.n_ctx_seq}")
-            self._rejected.append(Answer(question.qid, "", FinishReason.ERROR, n, 0, self.worker_id,
-                                         0.0, 0.0, error=why, prompt_decoded=False))
-            return
-        samples = (question.generation or self.gen).sampling.n
-        if samples > self.slots:  # the coordinator lays out slots for n: only a hand-made config gets here
-            self._rejected.append(Answer(question.qid, "", FinishReason.ERROR, n, 0, self.worker_id, 0.0, 0.0,
-                                         error=f"{samples} samples need {samples} slots, the worker has "
-                                               f"{self.slots}", prompt_decoded=False))
-            return
-        self.sched.add(Sequence(question, samples=SampleSet(samples) if samples > 1 else None))
+            self._rejected.append(answers.rejected(question, self.worker_id, why))
+        elif samples > self.slots:  # the coordinator lays out slots for n: only a hand-made config gets here
+            self._rejected.append(answers.rejected(
+                question, self.worker_id, f"{samples} samples need {samples} slots, the worker has {self.slots}"))
+        else:
+            self.sched.add(Sequence(question, samples=SampleSet(samples) if samples > 1 else None))
 
     def step(self) -> list[Answer]:
         """schedule (admit, lay out the slots) → decode → sample → finish."""
@@ -187,7 +176,7 @@ class LlamaEngine:
 
     def close(self) -> None:
         for seq in self.sched.running:
-            self._free_sampler(seq)
+            self.picker.free(seq)
         self.sampling.close()
         self.runner.close()
 
@@ -214,22 +203,12 @@ class LlamaEngine:
         failed = []
         for seq in self.sched.admit():
             self.kv.start(seq)
-            self._prepare(seq)
+            self.picker.prepare(seq)
             if seq.error is not None:
                 failed += self._finish(seq)
         for seq, old_id in self.sched.compact():
             self.kv.move(seq, old_id)
         return failed
-
-    def _prepare(self, seq: Sequence) -> None:
-        """Its sampler chain (seeded with its own seed: its sample's) and its grammar, if it needs them."""
-        gen = self._gen(seq)
-        if needs_sampler(gen):
-            seq.sampler = self.sampling.new_sampler(gen, seq.seed)
-        if gen.thinking is not None:
-            seq.think = ThinkState(gen.thinking, seq.prompt)
-        if gen.answer is not None:
-            self._constrain(seq, gen.answer)
 
     def _fork(self, rows: list[tuple[Span, int, int]]) -> list[tuple[Span, int, int]]:
         """The rows with one more per sample forked now: a question of several samples whose
@@ -245,61 +224,25 @@ class LlamaEngine:
                 child = Sequence(parent.question, sample=i, samples=parent.samples)
                 self.sched.fork(parent, child, slot)
                 self.kv.fork(parent.seq_id, slot)
-                self._prepare(child)
+                self.picker.prepare(child)
                 out.append((Span(child, span.start_pos, span.n, True), index, row))
         return out
-
-    def _constrain(self, seq: Sequence, spec: AnswerSpec) -> None:
-        """Fixed choices that are each one token: answered from the logits; other choices and
-        grammars: a grammar sampler of the sequence's own."""
-        if spec.choices and spec.choice_logits:
-            if spec.choices not in self._choice_tokens:
-                self._choice_tokens[spec.choices] = self.sampling.choice_tokens(spec.choices)
-            seq.choice_tokens = self._choice_tokens[spec.choices]
-            if seq.choice_tokens is not None:
-                return
-        gbnf = choice_grammar(spec.choices) if spec.choices else spec.grammar
-        if gbnf is not None:
-            try:
-                seq.grammar = self.sampling.new_grammar(gbnf)
-            except ValueError as exc:  # the coordinator checked it: only a broken install gets here
-                seq.error = str(exc)
-
-    def _add_scored(self, question: Question) -> None:
-        why = loglik.problem(question, self.n_ctx_seq)
-        if why is not None:
-            self._rejected.append(loglik.rejected(question, self.worker_id, why))
-            return
-        parent, seqs = loglik.sequences(question)
-        for seq in seqs:
-            self.sched.add(seq)
-        if not seqs:  # every continuation empty: scored without the model
-            spec = (question.generation or self.gen).answer
-            self._rejected.append(loglik.answer(parent, self.worker_id, spec))
 
     def _score(self, batch: Batch) -> list[Answer]:
         """Read the rows the scored prompts of this batch asked for; the answers of the questions
         whose last continuation is now in (its sequence leaves at once: nothing is generated)."""
-        spans = scored_rows(batch.spans)
-        if not spans:
+        scored, finishing = scored_rows(batch.spans), loglik.all_in(batch.spans)
+        if not scored and not finishing:
             return []
         t0 = time.perf_counter()
-        flags = batch.arrays[3]
-        logits = self.runner.logits(int(np.count_nonzero(flags)))
+        if scored:  # a step holding only a continuation's last token reads no row, yet finishes it
+            flags = batch.arrays[3]
+            loglik.read_batch(scored, flags, self.runner.logits(int(np.count_nonzero(flags))))
         done = []
-        for span, index, pos, count in spans:
-            row = invariant.output_rows(flags, [index])[0]
-            loglik.read_rows(span.seq, pos, logits[row:row + count])
-        for span in batch.spans:
-            seq = span.seq
-            if seq.scoring is not None and seq.n_cached >= seq.n_prompt:
-                self.sched.release(seq)
-                self.kv.finished(seq)
-                seq.phase = Phase.FINISHED
-                spec = (seq.scoring.parent.question.generation or self.gen).answer
-                answer = loglik.finished(seq, self.worker_id, spec)
-                if answer is not None:
-                    done.append(answer)
+        for seq in finishing:
+            self._release(seq)
+            answer = loglik.finished(seq, self.worker_id, (seq.scoring.parent.question.generation or self.gen).answer)
+            done += [answer] if answer is not None else []
         self.counters.sample_s += time.perf_counter() - t0
         return done
 
@@ -320,66 +263,11 @@ class LlamaEngine:
             for i, token in zip(greedy, self.sampling.greedy([rows[i][2] for i in greedy], n_outputs).tolist()):
                 tokens[i] = token
         for i, (span, index, _) in enumerate(rows):
-            tokens[i] = self._pick(span.seq, index, tokens[i])
+            tokens[i] = self.picker.pick(span.seq, index, tokens[i])
         out = [(span.seq, token) for (span, _, _), token in zip(rows, tokens)]
-        self._record_logprobs(rows, tokens)
+        self.picker.record_logprobs(rows, tokens)
         self.counters.sample_s += time.perf_counter() - t0
         return out
-
-    def _record_logprobs(self, rows: list[tuple[Span, int, int]], tokens: list[int]) -> None:
-        """The picked token's log-probability (and the K most likely) for every sequence whose
-        settings ask, all rows in one pass; nothing at all when none asks."""
-        asking = [(span.seq, index, token, k) for (span, index, _), token in zip(rows, tokens)
-                  if token >= 0 and (k := self._gen(span.seq).token_logprobs) is not None]
-        if not asking:
-            return
-        t0 = time.perf_counter()
-        got = self.sampling.token_logprobs([a[1] for a in asking], [a[2] for a in asking],
-                                           max(a[3] for a in asking))
-        piece = self.runner.vocab.piece
-        for (seq, _, token, k), (logprob, top) in zip(asking, got):
-            seq.logprobs.append(TokenLogprob(token, piece(token), logprob,
-                                             tuple((t, piece(t), lp) for t, lp in top[:k])))
-        self.counters.logprob_tokens += len(asking)
-        self.counters.logprob_s += time.perf_counter() - t0
-
-    def _pick(self, seq: Sequence, index: int, greedy_token: int) -> int:
-        """The token of one sequence at batch position `index`, given its greedy argmax: fixed
-        choices are scored; a grammar is asked only about the token picked without it, and masks
-        the whole vocabulary only when it refuses that token."""
-        if seq.think is not None and not seq.think.answering:
-            token = self._think_pick(seq, index, greedy_token)
-            if token is not None:
-                return token
-        if seq.choice_tokens is not None:
-            seq.choice_scores = self.sampling.choice_scores(index, seq.choice_tokens)
-            seq.t_first = time.perf_counter()
-            self.counters.choice_answers += 1
-            return seq.choice_tokens[best_choice(seq.choice_scores)][0]
-        if seq.grammar is None:
-            return greedy_token if seq.sampler is None else self.sampling.sample(seq.sampler, index)
-        if seq.sampler is None:
-            token, again = self.sampling.constrain_greedy(seq.grammar, index, greedy_token)
-        else:
-            token, again = self.sampling.sample_constrained(seq.sampler, seq.grammar, index)
-        self.counters.grammar_tokens += 1
-        self.counters.grammar_resamples += again
-        return token
-
-    def _think_pick(self, seq: Sequence, index: int, greedy_token: int) -> Optional[int]:
-        """A token before the answer: the model's own, unconstrained, or the end of its thinking
-        written for it when the budget is spent (workers/engine/thinking.py). None: the model
-        answers from this position without thinking, under its grammar or choices."""
-        think = seq.think
-        token = think.next_forced()
-        if token is None:
-            token = greedy_token if seq.sampler is None else self.sampling.peek(seq.sampler, index)
-            if think.answers_with(token):
-                return None
-        if seq.sampler is not None:
-            self.sampling.accept(seq.sampler, token)
-        think.see(token)
-        return int(token)
 
     def _layout(self, spans: list[Span]) -> Batch:
         """The arrays of one llama_decode for these spans; in batch-invariant mode with ballast
@@ -430,70 +318,22 @@ class LlamaEngine:
     def _preempt_newest(self) -> None:
         victim, slot = self.sched.preempt_newest()
         self.kv.drop(slot)
-        self._free_sampler(victim)
+        self.picker.free(victim)
         self.counters.preemptions += 1
-
-    def _free_sampler(self, seq: Sequence) -> None:
-        """Its sampler chain and grammar given back (finished or preempted: a preempted sequence
-        starts over, with a new grammar in its initial state)."""
-        if seq.sampler is not None:
-            self.sampling.free_sampler(seq.sampler)
-            seq.sampler = None
-        if seq.grammar is not None:
-            self.sampling.free_sampler(seq.grammar)
-            seq.grammar = None
 
     def _finish(self, seq: Sequence) -> list[Answer]:
         """The finished sequence's answer (none yet for a sample whose question waits for its
         other samples); its slot and sampler given back, and its KV too, or with the prefix cache
         its prompt's cells kept for the questions that share them."""
-        self._free_sampler(seq)
-        self.sched.release(seq)
-        self.kv.finished(seq)
-        seq.phase = Phase.FINISHED
-        answer = self._answer(seq)
+        self.picker.free(seq)
+        self._release(seq)
+        answer = answers.answer(seq, self._gen(seq), self.worker_id)
         whole = answer if seq.samples is None else seq.samples.finished(seq.sample, answer)
         return [whole] if whole is not None else []
 
-    def _answer(self, seq: Sequence) -> Answer:
-        now = time.perf_counter()
-        text, n_out, logprobs = self._answer_text(seq)
-        finish = FinishReason.ERROR if seq.error else seq.finish or FinishReason.STOP
-        return Answer(seq.question.qid, text, finish, seq.n_prompt, n_out, self.worker_id,
-                      max(0.0, seq.t_first - seq.t_admit), now - seq.t_admit, error=seq.error,
-                      created=time.time(), choice_logprobs=logprobs,
-                      prompt_decoded=seq.n_cached >= seq.n_prompt, token_logprobs=self._answer_logprobs(seq))
-
-    def _answer_logprobs(self, seq: Sequence) -> Optional[tuple[TokenLogprob, ...]]:
-        """The log-probabilities of the tokens the answer holds: not the end-of-generation token,
-        nor those wholly inside a stop string (the answer's text is cut where it begins)."""
-        if self._gen(seq).token_logprobs is None or seq.error:
-            return None
-        kept = seq.logprobs[:max(len(seq.output), 1 if seq.choice_scores is not None else 0)]
-        if seq.stop_cut is not None:
-            kept = kept[:answer_tokens([t.piece for t in kept], seq.stop_cut)]
-        return tuple(kept)
-
-    def _answer_text(self, seq: Sequence) -> tuple[str, int, Optional[dict[str, float]]]:
-        """(text, completion tokens, choice log-probabilities) of a finished sequence."""
-        spec = self._gen(seq).answer
-        if seq.error:
-            return "", len(seq.output), None
-        if spec is not None and seq.choice_scores is not None:
-            logprobs = choice_logprobs(spec.choices, seq.choice_scores) if spec.logprobs else None
-            # the thinking before it stays in the text, cut from the answer as a generated one's
-            return seq.text() + spec.choices[best_choice(seq.choice_scores)], len(seq.output) + 1, logprobs
-        text = seq.text()
-        return (choice_text(text, spec.choices) if spec is not None and spec.choices else text), len(seq.output), None
-
-
-def from_logits(seq: Sequence) -> bool:
-    """Its next position is answered from the logits (fixed choices, after any thinking)."""
-    return seq.choice_tokens is not None and (seq.think is None or seq.think.answering)
-
-
-def needs_sampler(gen: GenerationParams) -> bool:
-    """Plain greedy needs no sampler state: one argmax per row does it (see _sample), a grammar
-    included (it is asked about the argmax). Sampling, a repetition penalty or a logit bias need
-    llama.cpp's chain."""
-    return gen.sampling.temperature > 0 or gen.sampling.repeat_penalty != 1.0 or bool(gen.logit_bias)
+    def _release(self, seq: Sequence) -> None:
+        """A finished sequence's slot given back, and its KV, or with the prefix cache its prompt's
+        cells kept (workers/llama/slot_kv.py)."""
+        self.sched.release(seq)
+        self.kv.finished(seq)
+        seq.phase = Phase.FINISHED

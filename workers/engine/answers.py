@@ -1,0 +1,68 @@
+"""A finished sequence's Answer, and what its generation settings say about how its tokens are
+picked. Pure: the sequence, its generation settings and the worker's id in, an Answer out (the
+engine, workers/llama/engine.py, calls these when a sequence finishes or is turned away).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from ..protocol import Answer, FinishReason, GenerationParams, Question, TokenLogprob
+from .constraints import best_choice, choice_logprobs, choice_text
+from .logprobs import answer_tokens
+from .sequence import Sequence
+
+
+def answer(seq: Sequence, gen: GenerationParams, worker_id: int) -> Answer:
+    """The Answer of a finished sequence (`gen`: its question's generation settings, or the job's)."""
+    now = time.perf_counter()
+    text, n_out, logprobs = answer_text(seq, gen)
+    finish = FinishReason.ERROR if seq.error else seq.finish or FinishReason.STOP
+    return Answer(seq.question.qid, text, finish, seq.n_prompt, n_out, worker_id,
+                  max(0.0, seq.t_first - seq.t_admit), now - seq.t_admit, error=seq.error,
+                  created=time.time(), choice_logprobs=logprobs,
+                  prompt_decoded=seq.n_cached >= seq.n_prompt, token_logprobs=answer_logprobs(seq, gen))
+
+
+def answer_logprobs(seq: Sequence, gen: GenerationParams) -> Optional[tuple[TokenLogprob, ...]]:
+    """The log-probabilities of the tokens the answer holds: not the end-of-generation token,
+    nor those wholly inside a stop string (the answer's text is cut where it begins)."""
+    if gen.token_logprobs is None or seq.error:
+        return None
+    kept = seq.logprobs[:max(len(seq.output), 1 if seq.choice_scores is not None else 0)]
+    if seq.stop_cut is not None:
+        kept = kept[:answer_tokens([t.piece for t in kept], seq.stop_cut)]
+    return tuple(kept)
+
+
+def answer_text(seq: Sequence, gen: GenerationParams) -> tuple[str, int, Optional[dict[str, float]]]:
+    """(text, completion tokens, choice log-probabilities) of a finished sequence."""
+    spec = gen.answer
+    if seq.error:
+        return "", len(seq.output), None
+    if spec is not None and seq.choice_scores is not None:
+        logprobs = choice_logprobs(spec.choices, seq.choice_scores) if spec.logprobs else None
+        # the thinking before it stays in the text, cut from the answer as a generated one's
+        return seq.text() + spec.choices[best_choice(seq.choice_scores)], len(seq.output) + 1, logprobs
+    text = seq.text()
+    return (choice_text(text, spec.choices) if spec is not None and spec.choices else text), len(seq.output), None
+
+
+def rejected(question: Question, worker_id: int, why: str) -> Answer:
+    """The Answer of a question turned away before any of it went into the model."""
+    n_prompt = len(question.tokens) + sum(len(c) for c in question.continuations)
+    return Answer(question.qid, "", FinishReason.ERROR, n_prompt, 0, worker_id, 0.0, 0.0, error=why,
+                  prompt_decoded=False)
+
+
+def from_logits(seq: Sequence) -> bool:
+    """Its next position is answered from the logits (fixed choices, after any thinking)."""
+    return seq.choice_tokens is not None and (seq.think is None or seq.think.answering)
+
+
+def needs_sampler(gen: GenerationParams) -> bool:
+    """Plain greedy needs no sampler state: one argmax per row does it (the engine's _sample), a
+    grammar included (it is asked about the argmax). Sampling, a repetition penalty or a logit
+    bias need llama.cpp's chain."""
+    return gen.sampling.temperature > 0 or gen.sampling.repeat_penalty != 1.0 or bool(gen.logit_bias)

@@ -1,0 +1,124 @@
+"""Each sequence's own way to its next token on its logits row, as its generation settings ask:
+its sampler chain (none for plain greedy: the engine takes the argmax of all greedy rows at once),
+its grammar, its fixed choices answered from the logits, its thinking budget, and the picked
+tokens' log-probabilities. `Picker` owns the llama.cpp sampler state a sequence holds from its
+admission until it finishes or is preempted; `Sampling` (workers/llama/sampling.py) does the
+llama.cpp calls, workers/engine/ the pure rules.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from ..engine.answers import needs_sampler
+from ..engine.constraints import best_choice, choice_grammar
+from ..engine.scheduler import Span
+from ..engine.sequence import Sequence
+from ..engine.step_counters import StepCounters
+from ..engine.thinking import ThinkState
+from ..protocol import AnswerSpec, GenerationParams, TokenLogprob
+from .sampling import Sampling
+
+
+class Picker:
+    def __init__(self, sampling: Sampling, gen: GenerationParams, counters: StepCounters) -> None:
+        self.sampling = sampling
+        self.gen = gen  # the job's generation settings, for the questions without their own
+        self.counters = counters
+        # choices -> each one's single-token variants (None: some choice needs more than one token)
+        self._choice_tokens: dict[tuple[str, ...], Optional[tuple[tuple[int, ...], ...]]] = {}
+
+    def prepare(self, seq: Sequence) -> None:
+        """Its sampler chain (seeded with its own seed: its sample's) and its grammar, if it needs them."""
+        gen = self._gen(seq)
+        if needs_sampler(gen):
+            seq.sampler = self.sampling.new_sampler(gen, seq.seed)
+        if gen.thinking is not None:
+            seq.think = ThinkState(gen.thinking, seq.prompt)
+        if gen.answer is not None:
+            self._constrain(seq, gen.answer)
+
+    def free(self, seq: Sequence) -> None:
+        """Its sampler chain and grammar given back (finished or preempted: a preempted sequence
+        starts over, with a new grammar in its initial state)."""
+        if seq.sampler is not None:
+            self.sampling.free_sampler(seq.sampler)
+            seq.sampler = None
+        if seq.grammar is not None:
+            self.sampling.free_sampler(seq.grammar)
+            seq.grammar = None
+
+    def pick(self, seq: Sequence, index: int, greedy_token: int) -> int:
+        """The token of one sequence at batch position `index`, given its greedy argmax: fixed
+        choices are scored; a grammar is asked only about the token picked without it, and masks
+        the whole vocabulary only when it refuses that token."""
+        if seq.think is not None and not seq.think.answering:
+            token = self._think_pick(seq, index, greedy_token)
+            if token is not None:
+                return token
+        if seq.choice_tokens is not None:
+            seq.choice_scores = self.sampling.choice_scores(index, seq.choice_tokens)
+            seq.t_first = time.perf_counter()
+            self.counters.choice_answers += 1
+            return seq.choice_tokens[best_choice(seq.choice_scores)][0]
+        if seq.grammar is None:
+            return greedy_token if seq.sampler is None else self.sampling.sample(seq.sampler, index)
+        if seq.sampler is None:
+            token, again = self.sampling.constrain_greedy(seq.grammar, index, greedy_token)
+        else:
+            token, again = self.sampling.sample_constrained(seq.sampler, seq.grammar, index)
+        self.counters.grammar_tokens += 1
+        self.counters.grammar_resamples += again
+        return token
+
+    def record_logprobs(self, rows: list[tuple[Span, int, int]], tokens: list[int]) -> None:
+        """The picked token's log-probability (and the K most likely) for every sequence whose
+        settings ask, all rows in one pass; nothing at all when none asks."""
+        asking = [(span.seq, index, token, k) for (span, index, _), token in zip(rows, tokens)
+                  if token >= 0 and (k := self._gen(span.seq).token_logprobs) is not None]
+        if not asking:
+            return
+        t0 = time.perf_counter()
+        got = self.sampling.token_logprobs([a[1] for a in asking], [a[2] for a in asking],
+                                           max(a[3] for a in asking))
+        piece = self.sampling.runner.vocab.piece
+        for (seq, _, token, k), (logprob, top) in zip(asking, got):
+            seq.logprobs.append(TokenLogprob(token, piece(token), logprob,
+                                             tuple((t, piece(t), lp) for t, lp in top[:k])))
+        self.counters.logprob_tokens += len(asking)
+        self.counters.logprob_s += time.perf_counter() - t0
+
+    def _gen(self, seq: Sequence) -> GenerationParams:
+        return seq.question.generation or self.gen
+
+    def _constrain(self, seq: Sequence, spec: AnswerSpec) -> None:
+        """Fixed choices that are each one token: answered from the logits; other choices and
+        grammars: a grammar sampler of the sequence's own."""
+        if spec.choices and spec.choice_logits:
+            if spec.choices not in self._choice_tokens:
+                self._choice_tokens[spec.choices] = self.sampling.choice_tokens(spec.choices)
+            seq.choice_tokens = self._choice_tokens[spec.choices]
+            if seq.choice_tokens is not None:
+                return
+        gbnf = choice_grammar(spec.choices) if spec.choices else spec.grammar
+        if gbnf is not None:
+            try:
+                seq.grammar = self.sampling.new_grammar(gbnf)
+            except ValueError as exc:  # the coordinator checked it: only a broken install gets here
+                seq.error = str(exc)
+
+    def _think_pick(self, seq: Sequence, index: int, greedy_token: int) -> Optional[int]:
+        """A token before the answer: the model's own, unconstrained, or the end of its thinking
+        written for it when the budget is spent (workers/engine/thinking.py). None: the model
+        answers from this position without thinking, under its grammar or choices."""
+        think = seq.think
+        token = think.next_forced()
+        if token is None:
+            token = greedy_token if seq.sampler is None else self.sampling.peek(seq.sampler, index)
+            if think.answers_with(token):
+                return None
+        if seq.sampler is not None:
+            self.sampling.accept(seq.sampler, token)
+        think.see(token)
+        return int(token)
