@@ -125,9 +125,9 @@ class Calls:
             answer = call.got.get(first)
             fields = row_fields(Row(qid, answer, "no answer came back" if answer is None else answer.error),
                                 self._id_field, self._keep_thinking)
-            made = answer is not None and answer.error is None
+            made = answer if answer is not None and answer.error is None else None
             rows.append(replace(answered(qid, fields), scored=answer.scored if answer is not None else None,
-                                completion=answer.text if made else None))
+                                completion=made.text if made is not None else None))
         if not call.future.done():
             call.future.set_result(rows)
 
