@@ -40,13 +40,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 DATA = ROOT.parent / "shared" / "data"
 SHOTS = 5
 
-MMLU_TASK = """task: mmlu_val_local
-dataset_path: json
+# Both tasks read the records write_task puts beside them: the test split, and the shots' split.
+LOCAL_SPLITS = """dataset_path: json
 dataset_kwargs:
   data_files: {{test: "{test}", fewshot: "{fewshot}"}}
 test_split: test
 fewshot_split: fewshot
-output_type: multiple_choice
+"""
+
+MMLU_TASK = "task: mmlu_val_local\n" + LOCAL_SPLITS + """output_type: multiple_choice
 description: "The following are multiple choice questions (with answers).\\n\\n"
 doc_to_text: "{{{{question.strip()}}}}\\nAnswer:"
 doc_to_choice: ["A", "B", "C", "D"]
@@ -55,13 +57,7 @@ metric_list:
   - metric: acc
 """
 
-GSM8K_TASK = """task: gsm8k_local
-dataset_path: json
-dataset_kwargs:
-  data_files: {{test: "{test}", fewshot: "{fewshot}"}}
-test_split: test
-fewshot_split: fewshot
-output_type: generate_until
+GSM8K_TASK = "task: gsm8k_local\n" + LOCAL_SPLITS + """output_type: generate_until
 doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
 doc_to_target: "{{{{answer}}}}"
 generation_kwargs:

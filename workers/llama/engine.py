@@ -241,7 +241,7 @@ class LlamaEngine:
         done = []
         for seq in finishing:
             self._release(seq)
-            answer = loglik.finished(seq, self.worker_id, (seq.scoring.parent.question.generation or self.gen).answer)
+            answer = loglik.finished(seq, self.worker_id, self._gen(seq.scoring.parent).answer)
             done += [answer] if answer is not None else []
         self.counters.sample_s += time.perf_counter() - t0
         return done
