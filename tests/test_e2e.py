@@ -192,6 +192,20 @@ def test_bench_prints_the_batched_bench_table_and_the_runner_overhead(tmp_path, 
     assert bad.returncode == 2 and "--npl: expected integers >= 1" in bad.stderr
 
 
+def test_bench_with_gpu_layers_and_where_its_steps_went(tmp_path, stories):
+    # This machine's llama.cpp cannot offload: the layers stay on the CPU, the table is the same.
+    r = cli("bench", "--model", stories, "--npp", "16", "--ntg", "4", "--npl", "2", "--gpu-layers", "all",
+            "--no-runner", "--json", str(tmp_path / "b.json"), timeout=120)
+    assert r.returncode == 0, r.stderr
+    row = json.loads((tmp_path / "b.json").read_text())["raw"][0]
+    split = row["decode s"] + row["pick s"] + row["python s"]
+    assert row["decode s"] > 0 and 0 < split <= row["T s"] * 1.05
+    bad = cli("bench", "--model", stories, "--npl", "256", timeout=60)
+    assert bad.returncode == 2 and "--npl: at most 255 sequences per decode" in bad.stderr
+    bad = cli("bench", "--model", stories, "--gpu-layers", "lots", timeout=60)
+    assert bad.returncode == 2 and "--gpu-layers: must be an integer >= 0, all or auto" in bad.stderr
+
+
 def test_bench_runner_row_with_several_workers(tmp_path, demo_model):
     n_cores = len(os.sched_getaffinity(0))
     r = cli("bench", "--model", demo_model, "--npp", "16", "--ntg", "4",

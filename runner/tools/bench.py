@@ -53,11 +53,16 @@ def batched_bench_config(model: str, threads: int, pp: int, tg: int, b: int, rep
     return engine_config(model, threads, b, pp + tg + 2, array("i"), tg + 1, repack)
 
 
-def run_engine(config: EngineConfig, questions: Sequence[Question], warm_up: bool) -> tuple[float, dict[str, float]]:
-    """The engine alone, in this process: (seconds from first step to last answer, its stats)."""
-    from ...workers.llama.engine import LlamaEngine
+def run_engine(config: EngineConfig, questions: Sequence[Question], warm_up: bool,
+               gpu_layers: int = 0) -> tuple[float, dict[str, float]]:
+    """The engine alone, in this process: (seconds from first step to last answer, its stats).
+    gpu_layers: layers stored in VRAM (GPU_ALL: every one), on the first GPU, as a worker with
+    `devices: [0]` loads them."""
+    from ...workers.llama.factory import LLAMA_ENGINE
 
-    engine = LlamaEngine(config, worker_id=0)
+    if gpu_layers:
+        LLAMA_ENGINE.preload(config.model_path, config.repack, gpu_layers, one_device=True)
+    engine = LLAMA_ENGINE.build(config, worker_id=0)
     try:
         if warm_up:
             engine.warm_up()
@@ -72,22 +77,34 @@ def run_engine(config: EngineConfig, questions: Sequence[Question], warm_up: boo
 
 
 def raw_row(model: str, threads: int, pp: int, tg: int, b: int, n_vocab: int,
-            repeat: int = 1, repack: bool = True) -> dict[str, Any]:
+            repeat: int = 1, repack: bool = True, gpu_layers: int = 0) -> dict[str, Any]:
     """One line of the table: B sequences in one context, one wave, after a warm-up decode, like
     llama-batched-bench. With repeat > 1 each time is the median of that many fresh runs."""
     config = batched_bench_config(model, threads, pp, tg, b, repack)
-    runs = [run_engine(config, synthetic_questions(b, pp, n_vocab), warm_up=True) for _ in range(repeat)]
+    runs = [run_engine(config, synthetic_questions(b, pp, n_vocab), warm_up=True, gpu_layers=gpu_layers)
+            for _ in range(repeat)]
     total = statistics.median(t for t, _ in runs)
     t_tg = statistics.median(st["tg_steps_s"] for _, st in runs)
     tg_tokens = runs[0][1]["tg_tokens"]
     t_pp = total - t_tg
     return {"PP": pp, "TG": tg, "B": b, "N_KV": b * (pp + tg), "T_PP s": t_pp, "S_PP t/s": b * pp / t_pp,
             "T_TG s": t_tg, "S_TG t/s": tg_tokens / t_tg if t_tg else 0.0, "T s": total,
-            "S t/s": b * (pp + tg) / total}
+            "S t/s": b * (pp + tg) / total, **step_split(runs)}
+
+
+def step_split(runs: Sequence[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Where the steps' time went (medians over the runs): llama_decode's call, reading the logits
+    rows and picking tokens, and the engine's own Python around them. On a GPU llama_decode may
+    return before the device is done; the first read of the logits then waits for it, so the wait
+    lands in "pick s"."""
+    decode = statistics.median(st["decode_s"] for _, st in runs)
+    pick = statistics.median(st["sample_s"] for _, st in runs)
+    step = statistics.median(st["step_s"] for _, st in runs)
+    return {"decode s": decode, "pick s": pick, "python s": max(0.0, step - decode - pick)}
 
 
 def overhead_row(model: str, workers: int, threads: int, pp: int, tg: int, b: int,
-                 n_vocab: int, repack: bool = True) -> dict[str, Any]:
+                 n_vocab: int, repack: bool = True, gpu_layers: int = 0) -> dict[str, Any]:
     """The same work per worker (3 × B questions, so slots are refilled) by the engine alone and
     by the whole runner: `workers` pinned worker processes of `threads` threads and B slots,
     dispatch, answers, timed from the first worker ready to the last answer. The raw rate is the
@@ -97,9 +114,10 @@ def overhead_row(model: str, workers: int, threads: int, pp: int, tg: int, b: in
     questions = synthetic_questions(3 * b * workers, pp, n_vocab, seed=1)
     # No warm-up here: the runner's worker pays for the first use of its buffers too.
     config = batched_bench_config(model, threads, pp, tg, b, repack)
-    raw_s, _ = run_engine(config, questions[:3 * b], warm_up=False)
+    raw_s, _ = run_engine(config, questions[:3 * b], warm_up=False, gpu_layers=gpu_layers)
     last: list[float] = []
-    pool = WorkerPool([WorkerSpec(i, cores, model, repack=repack) for i, cores in enumerate(layout.cores)],
+    gpu = {"n_gpu_layers": gpu_layers, "device": 0} if gpu_layers else {}
+    pool = WorkerPool([WorkerSpec(i, cores, model, repack=repack, **gpu) for i, cores in enumerate(layout.cores)],
                       on_answers=lambda answers: last.append(time.perf_counter()))
     pool.run(questions, config)
     runner_s = last[-1] - (pool.first_ready_at or last[-1])

@@ -11,7 +11,8 @@ import os
 from typing import Any, Callable
 
 from ..config.checks import bool_or_auto
-from ..config.schema import load_job_file
+from ..config.checks import gpu_layers as parse_gpu_layers
+from ..config.schema import MAX_SLOTS, load_job_file
 from ..errors import ConfigError, ModelError
 from ..files.outputs import write_atomic
 from ..files.paths import check_writable
@@ -84,6 +85,8 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--csv", help="also write the rows here as CSV")
     b.add_argument("--no-runner", dest="runner", action="store_false",
                    help="skip the runner-overhead measurement")
+    b.add_argument("--gpu-layers", default="0",
+                   help="layers stored in VRAM on the first GPU (N or all; default 0: the CPU alone)")
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -109,21 +112,38 @@ def _n_vocab(model: str) -> int:
     return n_vocab
 
 
+def _gpu_layers(text: str) -> int:
+    try:
+        value = parse_gpu_layers(text)
+    except ValueError as exc:
+        raise ConfigError(f"--gpu-layers: {exc}, got {text!r}") from None
+    return value or 0  # auto: the CPU alone, as for a job without devices
+
+
+def _bench_sizes(args: argparse.Namespace) -> tuple[list[int], list[int], list[int]]:
+    """--npp, --ntg and --npl, checked."""
+    npp, ntg, npl = _ints(args.npp, "--npp"), _ints(args.ntg, "--ntg"), _ints(args.npl, "--npl")
+    if max(npl) > MAX_SLOTS:
+        raise ConfigError(f"--npl: at most {MAX_SLOTS} sequences per decode (llama.cpp's 256 sequences per "
+                          f"context, less the one of the shared prefix), got {max(npl)}")
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat: expected an integer >= 1, got {args.repeat}")
+    return npp, ntg, npl
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
     model = resolve_model(args.model)
-    npp, ntg, npl = _ints(args.npp, "--npp"), _ints(args.ntg, "--ntg"), _ints(args.npl, "--npl")
-    layout = plan_layout(usable_cores(), args.workers, args.threads, 1, 1)  # checks the cores
-    threads = layout.threads
-    if args.repeat < 1:
-        raise ConfigError(f"--repeat: expected an integer >= 1, got {args.repeat}")
+    npp, ntg, npl = _bench_sizes(args)
+    threads = plan_layout(usable_cores(), args.workers, args.threads, 1, 1).threads  # checks the cores
     if args.plot:
         try:
             bench.require_matplotlib()
         except ImportError as exc:
             raise ConfigError(str(exc)) from None
         check_writable(args.plot)
+    gpu_layers = _gpu_layers(args.gpu_layers)
     n_vocab = _n_vocab(model)
     requested = bool_or_auto(args.repack)
     flags = cpu_flags()
@@ -136,7 +156,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for tg in ntg:
             for b in npl:
                 repack = repack_weights(requested, None, flags, b)[0]
-                rows.append({**bench.raw_row(model, threads, pp, tg, b, n_vocab, args.repeat, repack),
+                rows.append({**bench.raw_row(model, threads, pp, tg, b, n_vocab, args.repeat, repack,
+                                                  gpu_layers),
                              "repacked": int(repack)})
                 print(bench.row_line(rows[-1], columns), flush=True)
     overhead = []
@@ -147,7 +168,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             for tg in ntg:
                 repack = repack_weights(requested, None, flags, max(npl))[0]
                 overhead.append(bench.overhead_row(model, args.workers, threads, pp, tg, max(npl), n_vocab,
-                                                   repack))
+                                                   repack, gpu_layers))
         print(bench.format_table(overhead))
     if args.json:
         write_atomic(args.json, json.dumps({"raw": rows, "runner": overhead}, indent=1) + "\n")

@@ -104,6 +104,29 @@ class _Candidates:
         return bool(np.isfinite(self.one["logit"][0]))
 
 
+def row_argmax(logits: np.ndarray, rows: list[int], pool: Optional[ThreadPoolExecutor] = None,
+               threads: int = 1, floats_per_thread: int = 1) -> np.ndarray:
+    """The argmax of each of these rows (ties: the lowest index); with a pool of `threads`, the
+    rows are cut into at most that many runs of at least floats_per_thread values each."""
+    first = rows[0]
+    contiguous = rows == list(range(first, first + len(rows)))  # the usual case: views, no copy
+    if pool is None or len(rows) < 2:
+        return logits[first:first + len(rows)].argmax(axis=1) if contiguous else logits[rows].argmax(axis=1)
+    n_threads = max(1, min(threads, len(rows) * logits.shape[1] // max(1, floats_per_thread)))
+    bounds = np.linspace(0, len(rows), n_threads + 1).astype(int)
+    runs = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    if contiguous:
+        parts = pool.map(lambda r: logits[first + r[0]:first + r[1]].argmax(axis=1), runs)
+    else:
+        parts = pool.map(lambda r: logits[rows[r[0]:r[1]]].argmax(axis=1), runs)
+    return np.concatenate(list(parts))
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (a worker is pinned to its share)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 class Sampling:
     """The token choice of every sequence on one ModelRunner's context. Samplers and grammars
     are made per sequence (they keep its state) and given back with free_sampler."""
@@ -111,6 +134,13 @@ class Sampling:
     # Ask a grammar about the token picked without it first (False: mask the whole vocabulary at
     # every step, as llama.cpp's plain grammar sampler does; bench/grammar_bench.py compares).
     grammar_check_first = True
+    # The greedy argmax runs on the host over every greedy row's n_vocab floats, after the decode,
+    # while llama.cpp's threads wait. It is bound by memory bandwidth, which one core does not
+    # fill: on a GPU host (H200, docs/performance/gpu.md) 255 rows of a 151,936-token vocabulary
+    # (155 MB) took 10-12 ms on one core, two thirds of llama-batched-bench's whole step at that
+    # batch. numpy's argmax lets go of the GIL, so threads of the worker's own cores share the
+    # rows, each at least this many floats (4 MB: well above a thread hand-off's cost).
+    argmax_floats_per_thread = 1 << 20
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
@@ -120,6 +150,8 @@ class Sampling:
         self._pool: Optional[ThreadPoolExecutor] = None
         self._pool_size = 0
         self._scratch = threading.local()
+        self._argmax_pool: Optional[ThreadPoolExecutor] = None  # made on the first wide greedy step
+        self._argmax_threads = 1
 
     # -- sampling -------------------------------------------------------------------------------
 
@@ -156,14 +188,17 @@ class Sampling:
 
     def greedy(self, rows: list[int], n_outputs: int) -> np.ndarray:
         """Argmax of the given rows of the last decode's n_outputs logits rows (stored in batch
-        order), in one numpy pass: a llama.cpp greedy sampler would copy the whole vocabulary into
-        a candidate array per sequence first. Ties go to the lowest token id, as in llama.cpp."""
+        order), by numpy: a llama.cpp greedy sampler would copy the whole vocabulary into a
+        candidate array per sequence first. Ties go to the lowest token id, as in llama.cpp.
+        Many rows are split among the worker's cores (row_argmax)."""
         ptr = llama_cpp.llama_get_logits(self.runner.ctx)
         logits = np.ctypeslib.as_array(ptr, shape=(n_outputs, self.vocab.n_tokens))
-        first = rows[0]
-        if rows == list(range(first, first + len(rows))):  # the usual case: a view, no copy
-            return logits[first:first + len(rows)].argmax(axis=1)
-        return logits[rows].argmax(axis=1)
+        if len(rows) * self.vocab.n_tokens < 2 * self.argmax_floats_per_thread:
+            return row_argmax(logits, rows)
+        if self._argmax_pool is None:
+            self._argmax_threads = _usable_cores()
+            self._argmax_pool = ThreadPoolExecutor(self._argmax_threads, thread_name_prefix="argmax")
+        return row_argmax(logits, rows, self._argmax_pool, self._argmax_threads, self.argmax_floats_per_thread)
 
     def sample(self, sampler: llama_cpp.llama_sampler_p, batch_index: int) -> int:
         """Sample from the logits row of batch position `batch_index` (also accepts the token)."""
@@ -239,6 +274,9 @@ class Sampling:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self._argmax_pool is not None:
+            self._argmax_pool.shutdown()
+            self._argmax_pool = None
 
     def _candidates_for(self) -> _Candidates:
         if self._candidates is None:

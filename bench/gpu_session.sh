@@ -1,0 +1,77 @@
+#!/bin/bash
+# One lent GPU machine, one call: build llama.cpp with CUDA from the pinned llama-cpp-python's
+# sources, point llama-cpp-python at it, then measure ggbatch against llama-batched-bench and run
+# whole jobs with every layer on the GPU. Steps already done on a still-warm machine are skipped.
+#
+# Prepared on the developer's machine (nothing of it is committed; .git/info/exclude ignores it):
+#   .gpu/src.tar.xz   llama.cpp from llama_cpp_python-0.3.36.tar.gz's vendor/, without its test
+#                     models, docs, web UI and the GPU backends other than CUDA
+#   .gpu/py/llama_cpp llama-cpp-python's Python files (its CPU libraries left out)
+#   .gpu/shared/      the ../shared files the benchmarks read (the qwen2 vocabulary, GSM8K, LSAT-RC)
+#   .whl/             multiprocess, dill and gguf wheels for Python 3.12
+# Usage there: bash bench/gpu_session.sh [SECONDS]   (stops starting new steps after SECONDS)
+set -u
+START=$(date +%s)
+BUDGET=${1:-520}
+ROOT=$(pwd)
+WORK=$ROOT/.gpubuild          # ignored: kept between calls on a warm machine
+RES=$WORK/results
+OUTDIR=${OUT:-/tmp/gpu-out}
+mkdir -p "$RES" "$OUTDIR"
+export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=$WORK/cache
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+pack() { tail -c 200000 "$RES/build.log" >"$RES/build.tail" 2>/dev/null; tar czf "$OUTDIR/results.tgz" --exclude=build.log -C "$WORK" results; }
+trap pack EXIT
+
+{ nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nproc; free -g;
+  python3 --version; nvcc --version | tail -2; } >"$RES/env.txt" 2>&1
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 3
+# ggbatch as its import name, over this working tree (pyproject maps package/, runner/, workers/)
+mkdir -p /tmp/gg/ggbatch && cp -rsf "$ROOT/package/." /tmp/gg/ggbatch/ \
+  && ln -sfn "$ROOT/runner" /tmp/gg/ggbatch/runner && ln -sfn "$ROOT/workers" /tmp/gg/ggbatch/workers
+export PYTHONPATH=/tmp/gg:/tmp/site:$ROOT/.gpu/py${PYTHONPATH:+:$PYTHONPATH}
+# the ../shared the benchmarks expect beside the checkout
+[ -e ../shared ] || ln -s "$ROOT/.gpu/shared" ../shared
+
+B=$WORK/build
+if [ ! -x "$B/bin/llama-batched-bench" ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+  rm -rf "$WORK/src" && mkdir -p "$WORK/src" && tar xJf .gpu/src.tar.xz -C "$WORK/src"
+  t0=$(date +%s)
+  { cmake -S "$WORK/src" -B "$B" -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=ON \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+      -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release \
+    && ninja -C "$B" llama llama-batched-bench; } >"$RES/build.log" 2>&1
+  status=$?
+  echo "build: exit $status in $(( $(date +%s) - t0 )) s" | tee -a "$RES/steps.txt"
+  [ $status -eq 0 ] || { tail -40 "$RES/build.log"; exit 4; }
+fi
+export LLAMA_CPP_LIB_PATH=$B/bin LD_LIBRARY_PATH=$B/bin:${LD_LIBRARY_PATH:-}
+python3 -m ggbatch --version >"$RES/version.txt" 2>&1; cat "$RES/version.txt"
+
+step() {  # step NAME SECONDS COMMAND...: run once (a file marks it done), within the budget
+  local name=$1 limit=$2; shift 2
+  [ -e "$RES/$name.done" ] && return 0
+  local l; l=$(left)
+  [ "$l" -gt 30 ] || { echo "$name: skipped, $l s left" | tee -a "$RES/steps.txt"; return 1; }
+  [ "$limit" -lt "$l" ] || limit=$l
+  local t0; t0=$(date +%s)
+  timeout "$limit" "$@" >"$RES/$name.txt" 2>"$RES/$name.err"
+  local status=$?
+  echo "$name: exit $status in $(( $(date +%s) - t0 )) s" | tee -a "$RES/steps.txt"
+  [ $status -eq 0 ] && touch "$RES/$name.done"
+  tail -25 "$RES/$name.txt"
+  return $status
+}
+
+MODEL=$XDG_CACHE_HOME/ggbatch/bench-28x1024-q4_k_m.gguf
+step model 150 python3 -c "import sys; sys.path.insert(0, 'bench'); from engine_bench import bench_model; print(bench_model())"
+step vs_bb 200 python3 bench/vs_batched_bench.py --batched-bench "$B/bin/llama-batched-bench" --model "$MODEL" \
+  --gpu-layers all --npl "${NPL:-1,8,32,64,128,256}" --rounds 1 --threads 1 --json "$RES/vs_bb.json"
+step jobs 150 python3 bench/gpu_jobs.py --model "$MODEL" --json "$RES/jobs.json" \
+  --runs "${JOBS:-W4;W4:--slots=256;W4:--slots=256,--n-batch=2048;LSAT;LSAT:--slots=256,--n-batch=2048}"
+step bench_split 90 python3 -m ggbatch bench --model "$MODEL" --gpu-layers all --npl "${SPLIT_NPL:-64,256}" --threads 1 \
+  --no-runner --json "$RES/bench_split.json"
+cat "$RES/steps.txt"
