@@ -83,9 +83,12 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
                                        for node in started.nodes),
                         tuple(psutil.virtual_memory().available if node.memory is None else node.memory
                               for node in started.nodes),
-                        config.slots, config.n_batch, config.n_ctx, prompting.info.gpu_offload)
+                        config.slots, config.n_batch, config.n_ctx, prompting.info.gpu_offload,
+                        prompting.info.gpus)
+    # The GPUs are this machine's, as the tokenizer process saw them: a Ray node's are not planned.
     settled = [layouts.settle(lay, facts_, config.slots, config.n_ctx, most_tokens, config.n_batch, available,
-                              offload=inputs.offload, cores=node.cores)
+                              offload=inputs.offload, cores=node.cores,
+                              gpus=inputs.gpus if node.node_id is None else ())
                for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
     plan = replace(started, layouts=tuple(lay for lay, _ in settled))
     return ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, prompting.generation)

@@ -9,7 +9,9 @@ from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.plan.gpu import GPU_ALL, cpu_layer_share, gpu_layers_for, worker_threads
 from ggbatch.runner.plan.layout import PromptFacts, settle, start, usable_cores
 from ggbatch.runner.plan.memory import MIB, ModelDims, plan_memory
+from ggbatch.runner.plan.vram import CUDA_CONTEXT, free_for, needed
 from ggbatch.workers.devices import visible_device_env
+from ggbatch.workers.protocol import GpuMemory
 
 DIMS = ModelDims(file_bytes=400 * MIB, n_layer=28, n_embd=1024, n_head=8, n_head_kv=8, head_dim=128,
                  n_vocab=151936, n_ff=3072)
@@ -100,3 +102,62 @@ def test_a_worker_sees_only_its_gpu_in_every_backend():
                    "GGML_VK_VISIBLE_DEVICES": "1"}
     # A scheduler already gave the job GPUs 2 and 3: device 1 is the second of them.
     assert visible_device_env(1, {"CUDA_VISIBLE_DEVICES": "2,3"})["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+GIB = 1 << 30
+H200 = GpuMemory("CUDA0", 140 * GIB, 141 * GIB)
+
+
+def settle_on(gpus, devices=(0,), n_gpu_layers=GPU_ALL, questions=1000, longest=100, slots=None):
+    started = start(usable_cores(), None, None, None, None, questions, frozenset(), devices=devices,
+                    n_gpu_layers=n_gpu_layers)
+    return settle(started, PromptFacts(questions, longest, 0, 0, DIMS), slots, None, 64, None, 64 * GIB,
+                  offload=True, gpus=gpus)
+
+
+def test_with_the_gpus_memory_known_auto_slots_go_to_what_a_context_holds_and_fit_vram():
+    layout, plan = settle_on([H200])
+    assert layout.slots == 255 and plan.fits and not plan.note
+    # 256 streams of 256 cells (164 tokens a sequence, padded) of 112 KiB, the weights, the
+    # compute buffer of a 512-token step and the process's CUDA context
+    kv = 256 * 256 * DIMS.kv_bytes_per_cell
+    assert plan.vram_per_worker == DIMS.file_bytes + kv + 512 * (DIMS.n_vocab * 4 + DIMS.n_embd * 80) + CUDA_CONTEXT
+    assert plan.as_report()["vram_per_worker_mib"] == round(plan.vram_per_worker / MIB, 1)
+    assert plan.vram == "VRAM planned on GPU 0 (CUDA0: 143,360 MiB free)"
+    assert settle_on([H200], questions=40)[0].slots == 40  # never more slots than questions
+
+
+def test_a_small_gpu_gets_fewer_slots_and_says_so():
+    layout, plan = settle_on([GpuMemory("CUDA0", 4 * GIB, 8 * GIB)])
+    assert layout.slots == 63 and plan.fits  # 255 -> 127 -> 63: halved until the KV cache fits
+    assert plan.vram_per_worker <= 4 * GIB * 0.9 < needed(DIMS, 128 * 256, 127, 512, 1.0)
+    assert "shrunk from 1 workers × 255 slots to fit" in plan.note and "CUDA0: 4,096 MiB free" in plan.note
+
+
+def test_a_model_larger_than_the_free_vram_is_refused_with_the_numbers():
+    with pytest.raises(ConfigError, match=r"not enough memory for one worker with one slot: .*VRAM 1,\d{3} MiB "
+                                          r"a worker; VRAM planned on GPU 0 \(CUDA0: 512 MiB free\)"):
+        settle_on([GpuMemory("CUDA0", 512 * MIB, 8 * GIB)])
+
+
+def test_one_worker_per_device_plans_for_the_fullest_one_and_a_split_for_them_all():
+    small, big = GpuMemory("CUDA0", 2 * GIB, 8 * GIB), GpuMemory("CUDA1", 80 * GIB, 80 * GIB)
+    assert free_for([small, big], (0, 1)) == (int(2 * GIB * 0.9), "GPU 0 (CUDA0: 2,048 MiB free)")
+    assert free_for([small, big], ())[0] == int(82 * GIB * 0.9)  # one worker's layers split over both
+    assert free_for([small], (1,)) is None  # a device llama.cpp does not see: not planned
+    assert free_for([], (0,)) is None
+
+
+def test_unknown_gpus_or_layers_left_on_the_cpu_keep_the_cpu_slot_cap():
+    layout, plan = settle_on([])  # a build that cannot say: llama.cpp fits VRAM or fails the load
+    assert layout.slots == 64 and "VRAM not planned" in plan.vram and plan.vram_per_worker == 0
+    layout, plan = settle_on([H200], n_gpu_layers=15)  # half the layers in RAM: the CPU sets the pace
+    assert layout.slots == 64 and 0 < plan.vram_per_worker < settle_on([H200], slots=64)[1].vram_per_worker
+
+
+def test_llama_cpps_devices_are_read_and_this_cpu_build_offers_no_gpu():
+    from ggbatch.workers.llama import gpu_memory
+
+    name, kind, free, total = gpu_memory.devices()[0]
+    assert (name, kind) == ("CPU", 0) and 0 < free <= total  # ggml's CPU device: this machine's RAM
+    assert gpu_memory.gpus() == ()

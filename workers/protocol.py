@@ -355,6 +355,15 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class GpuMemory:
+    """One GPU as llama.cpp sees it from the tokenizer process (numbered as `devices` numbers them)."""
+
+    name: str
+    free: int  # bytes of its memory free now
+    total: int
+
+
+@dataclass(frozen=True)
 class VocabInfo:
     """What the coordinator needs of the model without its weights: for the chat template, the
     context size and the memory plan (runner/plan/memory.py dims_from_metadata)."""
@@ -366,6 +375,7 @@ class VocabInfo:
     n_vocab: int
     metadata: dict[str, str]  # GGUF key -> scalar value as text
     gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
+    gpus: tuple[GpuMemory, ...] = ()  # the GPUs it can offload to, with their free memory
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.engine.invariant import kv_streams
-from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
+from ...workers.protocol import EngineConfig, GenerationParams, GpuMemory, kv_cells
 from ..errors import ConfigError
-from . import gpu
-from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
+from . import gpu, vram
+from .memory import MemoryPlan, ModelDims, VramFit, allocated_kv_cells, describe, fit_layout
 
 log = logging.getLogger("ggbatch")
 
@@ -206,14 +206,15 @@ def estimate_context(prompt_chars: int, max_tokens: int, n_ctx: Optional[int]) -
 
 def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Optional[int],
            max_tokens: int, n_batch: Optional[int], available: int, offload: bool = False,
-           cores: Optional[Sequence[int]] = None) -> tuple[Layout, MemoryPlan]:
+           cores: Optional[Sequence[int]] = None, gpus: Sequence[GpuMemory] = ()) -> tuple[Layout, MemoryPlan]:
     """The layout of the workers already started, now that the prompts are known: context, KV
     layout and slots, shrunk (slots first, then workers) to the memory available. `offload`:
-    this llama.cpp build can offload, so the layers the job puts on a GPU leave RAM (VRAM is
-    llama.cpp's to fit) and a worker with every layer there needs few threads. `cores`, `available`:
-    the machine's (default: this one's usable cores; runner/plan/nodes.py gives a Ray node's)."""
+    this llama.cpp build can offload, so the layers the job puts on a GPU leave RAM, a worker with
+    every layer there needs few threads, and with the GPUs' free memory known (`gpus`) the plan
+    fits them in VRAM too. `cores`, `available`: the machine's (default: this one's usable cores;
+    runner/plan/nodes.py gives a Ray node's)."""
     n_ctx_seq = context_per_sequence(facts.longest, max_tokens, facts.n_ctx_train, n_ctx)
-    layout, memory = settled(started, facts, n_ctx_seq, slots, n_batch, available, offload, cores)
+    layout, memory = settled(started, facts, n_ctx_seq, slots, n_batch, available, offload, cores, gpus)
     if not memory.fits:
         raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}")
     if memory.note:
@@ -222,7 +223,8 @@ def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Opt
 
 
 def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional[int], n_batch: Optional[int],
-            available: int, offload: bool = False, cores: Optional[Sequence[int]] = None) -> tuple[Layout, MemoryPlan]:
+            available: int, offload: bool = False, cores: Optional[Sequence[int]] = None,
+            gpus: Sequence[GpuMemory] = ()) -> tuple[Layout, MemoryPlan]:
     """settle's layout for a given context per sequence, without a word: memory.fits says
     whether one worker with one slot fits (a streamed file's context grows through here,
     runner/plan/growth.py)."""
@@ -231,17 +233,26 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     unified = kv_unified_for(facts.n_prefix, n_ctx_seq, invariant, cache)
     n_batch = batch_budget(n_batch, cache, invariant)
     pool_cells = n_ctx_seq - facts.n_prefix if unified else 0
+    cpu_share = gpu.cpu_layer_share(started.n_gpu_layers, facts.dims.n_layer, offload)
+    vram_free = vram.free_for(gpus, started.devices) if offload and started.n_gpu_layers else None
     wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots,
-                         facts.n_questions, pool_cells, started.slot_cap).slots
+                         facts.n_questions, pool_cells, gpu.auto_slot_cap(started.slot_cap, cpu_share, vram_free)).slots
     layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
                      n_batch=step_budget(n_batch, wanted),
                      threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))
-    memory = fit_layout(facts.dims, layout.workers, layout.slots,
-                        lambda s: allocated_kv_cells(kv_cells(s, n_ctx_seq, facts.n_prefix, unified, invariant),
-                                                     kv_streams(s, invariant), unified),
-                        layout.n_batch, available, layout.repack,
-                        gpu.cpu_layer_share(layout.n_gpu_layers, facts.dims.n_layer, offload),
-                        gpu.vram_note(layout.n_gpu_layers, offload))
+
+    def cells(s: int) -> int:
+        return allocated_kv_cells(kv_cells(s, n_ctx_seq, facts.n_prefix, unified, invariant),
+                                  kv_streams(s, invariant), unified)
+
+    if vram_free is not None:
+        fit: Optional[VramFit] = vram.vram_fit(facts.dims, cells, lambda s: step_budget(n_batch, s), 1 - cpu_share,
+                                               vram_free[0])
+        note = f"VRAM planned on {vram_free[1]}"
+    else:
+        fit, note = None, gpu.vram_note(layout.n_gpu_layers, offload)
+    memory = fit_layout(facts.dims, layout.workers, layout.slots, cells, layout.n_batch, available, layout.repack,
+                        cpu_share, note, fit)
     if memory.fits and memory.note:
         layout = replace(layout, workers=memory.workers, slots=memory.slots, cores=layout.cores[:memory.workers],
                          devices=layout.devices[:memory.workers], n_batch=step_budget(n_batch, memory.slots))

@@ -15,8 +15,10 @@ What a worker holds, as llama.cpp reports it and as PSS measures it (28 × 1024 
   interpreter and libraries (~45 MiB).
 
 Layers offloaded to a GPU take their weights and KV cache to VRAM: the plan counts the share of
-the layers left on the CPU (runner/plan/gpu.py cpu_layer_share) and leaves VRAM to llama.cpp, which
-fails the load when the layers do not fit there; the plan says so (`vram`).
+the layers left on the CPU (runner/plan/gpu.py cpu_layer_share), and where the GPUs' free memory
+is known, what the layers need there (runner/plan/vram.py, `vram_fit`): a layout fits when both
+do. Unknown, VRAM is llama.cpp's, which fails the load when the layers do not fit; the plan says
+which (`vram`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class MemoryPlan:
     note: str = ""
     cpu_share: float = 1.0  # of the layers (weights, KV cache) kept in RAM; the rest is in VRAM
     vram: str = ""  # what the plan says of VRAM, when the job offloads layers
+    vram_per_worker: int = 0  # planned VRAM of a worker (0: not planned)
 
     def as_report(self) -> dict[str, Any]:
         def mib(b: float) -> float:
@@ -81,7 +84,8 @@ class MemoryPlan:
                 "compute_per_worker_mib": mib(self.compute_per_worker),
                 "shared_file_pages_mib": mib(self.shared_file_pages), "total_mib": mib(self.total),
                 "available_mib": mib(self.available), "fits": self.fits, "note": self.note,
-                "cpu_layer_share": round(self.cpu_share, 3), "vram": self.vram}
+                "cpu_layer_share": round(self.cpu_share, 3), "vram": self.vram,
+                "vram_per_worker_mib": mib(self.vram_per_worker) if self.vram_per_worker else None}
 
 
 def compute_bytes(dims: ModelDims, n_batch: int, slots: int) -> int:
@@ -106,12 +110,16 @@ def _round_up(cells: int) -> int:
     return -(-cells // KV_CELL_ROUNDING) * KV_CELL_ROUNDING
 
 
+VramFit = Callable[[int], tuple[int, bool]]  # slots -> (VRAM a worker needs, whether it fits)
+
+
 def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
                 n_batch: int, available: int, repacked: bool = True, safety: float = 0.9,
-                cpu_share: float = 1.0, vram: str = "") -> MemoryPlan:
+                cpu_share: float = 1.0, vram: str = "", vram_fit: Optional[VramFit] = None) -> MemoryPlan:
     """The memory a layout needs, with `kv_cells_for(slots)` the KV pool a worker allocates.
     Without repacking, a worker's weights are the shared file pages alone. `cpu_share`: of the
-    layers, those kept in RAM (the others' weights and KV cache are in VRAM)."""
+    layers, those kept in RAM (the others' weights and KV cache are in VRAM, planned by
+    `vram_fit` when the GPUs' memory is known)."""
     cells = _round_up(kv_cells_for(slots))
     # llama.cpp keeps a recurrent state for each sequence: every slot and the shared prefix's.
     kv = int((cells * dims.kv_bytes_per_cell + (slots + 1) * dims.state_bytes_per_seq) * cpu_share)
@@ -120,28 +128,34 @@ def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callabl
     file_pages = int(dims.file_bytes * cpu_share)
     total = workers * (weights + kv + compute) + file_pages
     budget = int(available * safety)
+    vram_need, vram_fits = vram_fit(slots) if vram_fit is not None else (0, True)
     return MemoryPlan(workers, slots, cells, weights, kv, compute, file_pages, total,
-                      available, total <= budget, cpu_share=cpu_share, vram=vram)
+                      available, total <= budget and vram_fits, cpu_share=cpu_share, vram=vram,
+                      vram_per_worker=vram_need)
 
 
 def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
                n_batch: int, available: int, repacked: bool = True, cpu_share: float = 1.0,
-               vram: str = "") -> MemoryPlan:
+               vram: str = "", vram_fit: Optional[VramFit] = None) -> MemoryPlan:
     """The plan for the requested layout, shrunk to fit: slots first (halving), then workers.
-    The returned plan has fits=False only if one worker with one slot does not fit."""
-    plan = plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked, cpu_share=cpu_share,
-                       vram=vram)
+    The returned plan has fits=False only if one worker with one slot does not fit. VRAM is
+    per worker (each has its own GPU, or one worker has them all): fewer workers do not help it."""
+    def plan_for(workers: int, slots: int) -> MemoryPlan:
+        return plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked, cpu_share=cpu_share,
+                           vram=vram, vram_fit=vram_fit)
+
+    plan = plan_for(workers, slots)
     asked = (workers, slots)
     while not plan.fits and (plan.slots > 1 or plan.workers > 1):
         if plan.slots > 1:
             slots = max(1, plan.slots // 2)
         else:
             workers -= 1
-        plan = plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked, cpu_share=cpu_share,
-                           vram=vram)
+        plan = plan_for(workers, slots)
     if (plan.workers, plan.slots) != asked:
+        where = f"{available / MIB:.0f} MiB available" + (f" and {vram}" if vram_fit is not None else "")
         plan = MemoryPlan(**{**asdict(plan), "note": f"shrunk from {asked[0]} workers × {asked[1]} "
-                             f"slots to fit {available / MIB:.0f} MiB available"})
+                             f"slots to fit {where}"})
     return plan
 
 
@@ -149,7 +163,9 @@ def describe(plan: MemoryPlan) -> str:
     return (f"{plan.workers} workers × ({plan.weights_per_worker / MIB:.0f} MiB repacked weights + "
             f"{plan.kv_per_worker / MIB:.0f} MiB KV + {plan.compute_per_worker / MIB:.0f} MiB compute) "
             f"+ {plan.shared_file_pages / MIB:.0f} MiB shared file pages = {plan.total / MIB:.0f} MiB, "
-            f"{plan.available / MIB:.0f} MiB available" + (f"; {plan.vram}" if plan.vram else ""))
+            f"{plan.available / MIB:.0f} MiB available"
+            + (f"; VRAM {plan.vram_per_worker / MIB:,.0f} MiB a worker" if plan.vram_per_worker else "")
+            + (f"; {plan.vram}" if plan.vram else ""))
 
 
 def dims_from_metadata(meta: Callable[[str], Optional[str]], file_bytes: int, n_vocab: int,

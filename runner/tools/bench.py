@@ -116,8 +116,8 @@ def overhead_row(model: str, workers: int, threads: int, pp: int, tg: int, b: in
     config = batched_bench_config(model, threads, pp, tg, b, repack)
     raw_s, _ = run_engine(config, questions[:3 * b], warm_up=False, gpu_layers=gpu_layers)
     last: list[float] = []
-    gpu = {"n_gpu_layers": gpu_layers, "device": 0} if gpu_layers else {}
-    pool = WorkerPool([WorkerSpec(i, cores, model, repack=repack, **gpu) for i, cores in enumerate(layout.cores)],
+    pool = WorkerPool([WorkerSpec(i, cores, model, repack=repack, n_gpu_layers=gpu_layers,
+                                  device=0 if gpu_layers else None) for i, cores in enumerate(layout.cores)],
                       on_answers=lambda answers: last.append(time.perf_counter()))
     pool.run(questions, config)
     runner_s = last[-1] - (pool.first_ready_at or last[-1])
