@@ -1,10 +1,10 @@
 """Whole jobs with every layer on one GPU: bench/compare_server.py's W4 and LSAT workloads,
 run by `ggbatch run --gpu-layers all --devices 0`, in the layouts given.
 
-    python bench/gpu_jobs.py [--model M.gguf] [--runs "W4;W4:--slots=256;LSAT"] [--json F]
+    python bench/gpu_jobs.py [--model M.gguf] [--runs "W4;W4:--slots=255;LSAT"] [--json F]
 
 Runs are separated by `;`; each is a workload name, optionally followed by `:` and extra
-`ggbatch run` flags separated by commas (`W4:--slots=256,--n-batch=2048`). For each it prints the wall time of the whole
+`ggbatch run` flags separated by commas (`W4:--slots=255,--n-batch=2048`). For each it prints the wall time of the whole
 command, the layout the job chose, generated tokens per second over the workers' busy time, and
 where the worker's steps went: llama_decode's call, reading logits and picking tokens (on a GPU
 this also waits for the device, since llama_decode returns before the device is done), and the
@@ -52,7 +52,7 @@ def summary(name: str, extra: list[str], wall: float, report: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
-    ap.add_argument("--runs", default="W4;W4:--slots=256;LSAT")
+    ap.add_argument("--runs", default="W4;W4:--slots=255;LSAT")
     ap.add_argument("--json", help="also write each run's summary and whole report here")
     args = ap.parse_args()
     model = args.model or bench_model()

@@ -69,9 +69,9 @@ step() {  # step NAME SECONDS COMMAND...: run once (a file marks it done), withi
 MODEL=$XDG_CACHE_HOME/ggbatch/bench-28x1024-q4_k_m.gguf
 step model 150 python3 -c "import sys; sys.path.insert(0, 'bench'); from engine_bench import bench_model; print(bench_model())"
 step vs_bb 200 python3 bench/vs_batched_bench.py --batched-bench "$B/bin/llama-batched-bench" --model "$MODEL" \
-  --gpu-layers all --npl "${NPL:-1,8,32,64,128,256}" --rounds 1 --threads 1 --json "$RES/vs_bb.json"
+  --gpu-layers all --npl "${NPL:-1,8,32,64,128,255}" --rounds 1 --threads 1 --json "$RES/vs_bb.json"
 step jobs 150 python3 bench/gpu_jobs.py --model "$MODEL" --json "$RES/jobs.json" \
-  --runs "${JOBS:-W4;W4:--slots=256;W4:--slots=256,--n-batch=2048;LSAT;LSAT:--slots=256,--n-batch=2048}"
-step bench_split 90 python3 -m ggbatch bench --model "$MODEL" --gpu-layers all --npl "${SPLIT_NPL:-64,256}" --threads 1 \
+  --runs "${JOBS:-W4;W4:--slots=255;W4:--slots=255,--n-batch=2048;LSAT;LSAT:--slots=255,--n-batch=2048}"
+step bench_split 90 python3 -m ggbatch bench --model "$MODEL" --gpu-layers all --npl "${SPLIT_NPL:-64,255}" --threads 1 \
   --no-runner --json "$RES/bench_split.json"
 cat "$RES/steps.txt"

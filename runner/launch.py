@@ -27,6 +27,7 @@ from .plan.growth import ContextGrowth, PlanInputs
 from .plan.layout import PromptFacts
 from .plan.nodes import Node, NodePlan, share
 from .pool.backend import Backend
+from .pool.gpu_probe import free_gpu_memory
 from .pool.local import LocalBackend
 from .questions.prompting import Prompting
 
@@ -53,6 +54,8 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
     # `ggbatch tune` measured CPU layouts of this machine: a job putting layers on a GPU, or
     # running on a Ray cluster's nodes, plans its own.
     local = len(nodes) == 1 and nodes[0].node_id is None
+    if local and n_gpu_layers:  # the VRAM the GPUs have free, before the workers take theirs
+        nodes = [replace(nodes[0], gpus=free_gpu_memory())]
     choice = tuned.for_job(config, model, records) if use_tuned and local and not n_gpu_layers else None
     layouts_ = [replace(layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
                                       share(n_records, node, nodes), layouts.cpu_flags(), choice, config.devices,
@@ -83,12 +86,9 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
                                        for node in started.nodes),
                         tuple(psutil.virtual_memory().available if node.memory is None else node.memory
                               for node in started.nodes),
-                        config.slots, config.n_batch, config.n_ctx, prompting.info.gpu_offload,
-                        prompting.info.gpus)
-    # The GPUs are this machine's, as the tokenizer process saw them: a Ray node's are not planned.
+                        config.slots, config.n_batch, config.n_ctx, prompting.info.gpu_offload)
     settled = [layouts.settle(lay, facts_, config.slots, config.n_ctx, most_tokens, config.n_batch, available,
-                              offload=inputs.offload, cores=node.cores,
-                              gpus=inputs.gpus if node.node_id is None else ())
+                              offload=inputs.offload, cores=node.cores, gpus=node.gpus)
                for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
     plan = replace(started, layouts=tuple(lay for lay, _ in settled))
     return ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, prompting.generation)

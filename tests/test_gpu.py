@@ -9,7 +9,7 @@ from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.plan.gpu import GPU_ALL, cpu_layer_share, gpu_layers_for, worker_threads
 from ggbatch.runner.plan.layout import PromptFacts, settle, start, usable_cores
 from ggbatch.runner.plan.memory import MIB, ModelDims, plan_memory
-from ggbatch.runner.plan.vram import CUDA_CONTEXT, free_for, needed
+from ggbatch.runner.plan.vram import CUDA_CONTEXT, VRAM_SAFETY, budget, needed
 from ggbatch.workers.devices import visible_device_env
 from ggbatch.workers.protocol import GpuMemory
 
@@ -108,11 +108,12 @@ GIB = 1 << 30
 H200 = GpuMemory("CUDA0", 140 * GIB, 141 * GIB)
 
 
-def settle_on(gpus, devices=(0,), n_gpu_layers=GPU_ALL, questions=1000, longest=100, slots=None):
-    started = start(usable_cores(), None, None, None, None, questions, frozenset(), devices=devices,
+def settle_on(gpus, devices=(0,), n_gpu_layers=GPU_ALL, questions=1000, longest=100, slots=None, workers=None,
+              cores=None):
+    started = start(cores or usable_cores(), workers, None, None, None, questions, frozenset(), devices=devices,
                     n_gpu_layers=n_gpu_layers)
     return settle(started, PromptFacts(questions, longest, 0, 0, DIMS), slots, None, 64, None, 64 * GIB,
-                  offload=True, gpus=gpus)
+                  offload=True, cores=cores, gpus=gpus)
 
 
 def test_with_the_gpus_memory_known_auto_slots_go_to_what_a_context_holds_and_fit_vram():
@@ -130,7 +131,7 @@ def test_with_the_gpus_memory_known_auto_slots_go_to_what_a_context_holds_and_fi
 def test_a_small_gpu_gets_fewer_slots_and_says_so():
     layout, plan = settle_on([GpuMemory("CUDA0", 4 * GIB, 8 * GIB)])
     assert layout.slots == 63 and plan.fits  # 255 -> 127 -> 63: halved until the KV cache fits
-    assert plan.vram_per_worker <= 4 * GIB * 0.9 < needed(DIMS, 128 * 256, 127, 512, 1.0)
+    assert plan.vram_per_worker <= 4 * GIB * VRAM_SAFETY < needed(DIMS, 128 * 256, 127, 512, 1.0)
     assert "shrunk from 1 workers × 255 slots to fit" in plan.note and "CUDA0: 4,096 MiB free" in plan.note
 
 
@@ -140,12 +141,27 @@ def test_a_model_larger_than_the_free_vram_is_refused_with_the_numbers():
         settle_on([GpuMemory("CUDA0", 512 * MIB, 8 * GIB)])
 
 
-def test_one_worker_per_device_plans_for_the_fullest_one_and_a_split_for_them_all():
+def test_one_worker_per_device_each_fitting_its_own_gpu():
     small, big = GpuMemory("CUDA0", 2 * GIB, 8 * GIB), GpuMemory("CUDA1", 80 * GIB, 80 * GIB)
-    assert free_for([small, big], (0, 1)) == (int(2 * GIB * 0.9), "GPU 0 (CUDA0: 2,048 MiB free)")
-    assert free_for([small, big], ())[0] == int(82 * GIB * 0.9)  # one worker's layers split over both
-    assert free_for([small], (1,)) is None  # a device llama.cpp does not see: not planned
-    assert free_for([], (0,)) is None
+    assert budget([small, big], (1, 0), 2) == budget([small, big], (0,), 1)  # the fuller one decides
+    assert budget([small, big], (1, 0), 1).where == "GPU 1 (CUDA1: 81,920 MiB free)"
+    assert budget([small], (1,), 1) is None and budget([], (0,), 1) is None  # not planned
+    # GPU 0 cannot hold a worker with 1 slot (1.3 GiB at least): the worker on it goes, and the
+    # other keeps GPU 1 and its slots.
+    layout, plan = settle_on([GpuMemory("CUDA0", 600 * MIB, 8 * GIB), big], devices=(1, 0), cores=[0, 1])
+    assert (layout.workers, layout.devices, layout.slots) == (1, (1,), 255) and plan.fits
+    assert "shrunk from 2 workers" in plan.note and "GPU 1 (CUDA1" in plan.vram
+
+
+def test_workers_splitting_their_layers_over_the_gpus_share_them():
+    two = [GpuMemory("CUDA0", 2 * GIB, 8 * GIB), GpuMemory("CUDA1", 2 * GIB, 8 * GIB)]
+    one, both = budget(two, (), 1), budget(two, (), 2)
+    assert one.per_worker == int(4 * GIB * VRAM_SAFETY) and both.per_worker == one.per_worker // 2
+    assert one.gpus_per_worker == 2 and "shared by 2 workers" in both.where
+    # a CUDA context on each GPU a worker uses
+    assert needed(DIMS, 256, 1, 512, 1.0, gpus=2) - needed(DIMS, 256, 1, 512, 1.0) == CUDA_CONTEXT
+    layout, plan = settle_on(two, devices=(), workers=2, cores=[0, 1])
+    assert plan.fits and plan.vram_per_worker <= both.per_worker < needed(DIMS, 2 * 256 * 256, 255, 512, 1.0, 2)
 
 
 def test_unknown_gpus_or_layers_left_on_the_cpu_keep_the_cpu_slot_cap():
@@ -153,11 +169,30 @@ def test_unknown_gpus_or_layers_left_on_the_cpu_keep_the_cpu_slot_cap():
     assert layout.slots == 64 and "VRAM not planned" in plan.vram and plan.vram_per_worker == 0
     layout, plan = settle_on([H200], n_gpu_layers=15)  # half the layers in RAM: the CPU sets the pace
     assert layout.slots == 64 and 0 < plan.vram_per_worker < settle_on([H200], slots=64)[1].vram_per_worker
+    # the output layer is offloaded first: with half the repeating layers, more than half the weights
+    assert needed(DIMS, 0, 1, 1, 0.5) - needed(DIMS, 0, 1, 1, 0.0) > DIMS.file_bytes // 2
+
+
+def test_the_gpus_llama_cpp_would_offload_to():
+    from ggbatch.workers.llama.gpu_memory import Device, offload_targets
+
+    found = [Device("CPU", 0, "CPU", "", 64 * GIB, 64 * GIB), Device("CUDA0", 1, "CUDA", "0000:01:00.0", 70, 80),
+             Device("Vulkan0", 1, "Vulkan", "0000:01:00.0", 71, 80),  # the same card under another backend
+             Device("RPC0", 1, "RPC", "", 50, 60),  # another machine's
+             Device("iGPU", 2, "Vulkan", "", 9, 10),  # its memory is RAM
+             Device("CUDA1", 1, "CUDA", "0000:02:00.0", 0, 0),  # could not say its memory
+             Device("CUDA2", 1, "CUDA", "", 30, 40)]
+    assert offload_targets(found) == (GpuMemory("CUDA0", 70, 80), GpuMemory("CUDA2", 30, 40))
 
 
 def test_llama_cpps_devices_are_read_and_this_cpu_build_offers_no_gpu():
+    import llama_cpp
+
+    from ggbatch.runner.pool.gpu_probe import free_gpu_memory
     from ggbatch.workers.llama import gpu_memory
 
-    name, kind, free, total = gpu_memory.devices()[0]
-    assert (name, kind) == ("CPU", 0) and 0 < free <= total  # ggml's CPU device: this machine's RAM
-    assert gpu_memory.gpus() == ()
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("a GPU build: its first device is a GPU")
+    cpu = gpu_memory.devices()[0]
+    assert (cpu.name, cpu.kind, cpu.backend) == ("CPU", 0, "CPU") and 0 < cpu.free <= cpu.total
+    assert gpu_memory.gpus() == () and free_gpu_memory() == ()  # the probe process says the same

@@ -356,7 +356,8 @@ class Stop:
 
 @dataclass(frozen=True)
 class GpuMemory:
-    """One GPU as llama.cpp sees it from the tokenizer process (numbered as `devices` numbers them)."""
+    """One GPU as llama.cpp sees it (numbered as `devices` numbers them), read before any worker
+    loads (runner/pool/gpu_probe.py)."""
 
     name: str
     free: int  # bytes of its memory free now
@@ -375,7 +376,6 @@ class VocabInfo:
     n_vocab: int
     metadata: dict[str, str]  # GGUF key -> scalar value as text
     gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
-    gpus: tuple[GpuMemory, ...] = ()  # the GPUs it can offload to, with their free memory
 
 
 @dataclass(frozen=True)

@@ -66,10 +66,10 @@ def worker_threads(threads: int, threads_auto: bool, n_gpu_layers: int, offload:
 GPU_MAX_AUTO_SLOTS = 255
 
 
-def auto_slot_cap(cap: int, cpu_share: float, vram_free: Optional[tuple[int, str]]) -> int:
+def auto_slot_cap(cap: int, cpu_share: float, vram_planned: bool) -> int:
     """The most auto slots: the CPU's cap, or GPU_MAX_AUTO_SLOTS with every layer on GPUs whose
-    free memory is known (vram_free not None)."""
-    return GPU_MAX_AUTO_SLOTS if cpu_share == 0.0 and vram_free is not None else cap
+    free memory the plan counts."""
+    return GPU_MAX_AUTO_SLOTS if cpu_share == 0.0 and vram_planned else cap
 
 
 def cpu_layer_share(n_gpu_layers: int, n_layer: int, offload: bool) -> float:

@@ -25,7 +25,7 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
-from ...workers.protocol import EngineConfig, GenerationParams, GpuMemory, Question
+from ...workers.protocol import EngineConfig, GenerationParams, Question
 from . import layout as layouts
 from .layout import Layout, PromptFacts
 from .memory import MemoryPlan, describe
@@ -45,7 +45,6 @@ class PlanInputs:
     n_batch: Optional[int]
     n_ctx: Optional[int]  # the job's model.n_ctx (None: auto); a context asked for never grows
     offload: bool
-    gpus: tuple[GpuMemory, ...] = ()  # this machine's, with their free memory when the job started
 
 
 class ContextGrowth:
@@ -98,7 +97,7 @@ class ContextGrowth:
         """Each node's layout and memory plan at this context per sequence."""
         i = self.inputs
         return [layouts.settled(lay, facts, n_ctx_seq, i.slots, i.n_batch, available, i.offload, node.cores,
-                                i.gpus if node.node_id is None else ())
+                                node.gpus)
                 for node, lay, facts, available in zip(i.started.nodes, i.started.layouts, i.facts, i.available)]
 
     def _largest_fitting(self, want: int) -> int:

@@ -30,7 +30,7 @@ from ...workers.engine.invariant import kv_streams
 from ...workers.protocol import EngineConfig, GenerationParams, GpuMemory, kv_cells
 from ..errors import ConfigError
 from . import gpu, vram
-from .memory import MemoryPlan, ModelDims, VramFit, allocated_kv_cells, describe, fit_layout
+from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
 
 log = logging.getLogger("ggbatch")
 
@@ -234,25 +234,21 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     n_batch = batch_budget(n_batch, cache, invariant)
     pool_cells = n_ctx_seq - facts.n_prefix if unified else 0
     cpu_share = gpu.cpu_layer_share(started.n_gpu_layers, facts.dims.n_layer, offload)
-    vram_free = vram.free_for(gpus, started.devices) if offload and started.n_gpu_layers else None
-    wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots,
-                         facts.n_questions, pool_cells, gpu.auto_slot_cap(started.slot_cap, cpu_share, vram_free)).slots
-    layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
-                     n_batch=step_budget(n_batch, wanted),
-                     threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))
 
     def cells(s: int) -> int:
         return allocated_kv_cells(kv_cells(s, n_ctx_seq, facts.n_prefix, unified, invariant),
                                   kv_streams(s, invariant), unified)
 
-    if vram_free is not None:
-        fit: Optional[VramFit] = vram.vram_fit(facts.dims, cells, lambda s: step_budget(n_batch, s), 1 - cpu_share,
-                                               vram_free[0])
-        note = f"VRAM planned on {vram_free[1]}"
-    else:
-        fit, note = None, gpu.vram_note(layout.n_gpu_layers, offload)
+    fit = (vram.vram_fit(facts.dims, cells, lambda s: step_budget(n_batch, s), 1 - cpu_share, gpus, started.devices)
+           if offload and started.n_gpu_layers else None)
+    cap = gpu.auto_slot_cap(started.slot_cap, cpu_share, fit is not None)
+    wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots,
+                         facts.n_questions, pool_cells, cap).slots
+    layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
+                     n_batch=step_budget(n_batch, wanted),
+                     threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))
     memory = fit_layout(facts.dims, layout.workers, layout.slots, cells, layout.n_batch, available, layout.repack,
-                        cpu_share, note, fit)
+                        cpu_share, gpu.vram_note(layout.n_gpu_layers, offload), fit)
     if memory.fits and memory.note:
         layout = replace(layout, workers=memory.workers, slots=memory.slots, cores=layout.cores[:memory.workers],
                          devices=layout.devices[:memory.workers], n_batch=step_budget(n_batch, memory.slots))

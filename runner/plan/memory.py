@@ -31,6 +31,7 @@ from .layers import LayerMemory, layer_memory
 
 MIB = 1 << 20
 OVERHEAD_PER_PROCESS = 45 * MIB  # Python, numpy, llama.cpp's code
+ACTIVATION_BYTES = 80  # of the compute buffer a step writes, per token and embedding value
 REPACKED_SHARE = 0.4  # of the file: weights llama.cpp copies into its CPU_REPACK buffer
 KV_CELL_ROUNDING = 256
 
@@ -90,7 +91,7 @@ class MemoryPlan:
 
 def compute_bytes(dims: ModelDims, n_batch: int, slots: int) -> int:
     """The compute buffer a step actually touches, the logits of every slot, the interpreter."""
-    activations = n_batch * dims.n_embd * 80
+    activations = n_batch * dims.n_embd * ACTIVATION_BYTES
     logits = max(slots, 1) * dims.n_vocab * 4
     return activations + logits + OVERHEAD_PER_PROCESS
 
@@ -110,7 +111,8 @@ def _round_up(cells: int) -> int:
     return -(-cells // KV_CELL_ROUNDING) * KV_CELL_ROUNDING
 
 
-VramFit = Callable[[int], tuple[int, bool]]  # slots -> (VRAM a worker needs, whether it fits)
+# (workers, slots) -> (VRAM a worker needs, whether it fits, which GPUs): runner/plan/vram.py vram_fit
+VramFit = Callable[[int, int], tuple[int, bool, str]]
 
 
 def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
@@ -128,32 +130,34 @@ def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callabl
     file_pages = int(dims.file_bytes * cpu_share)
     total = workers * (weights + kv + compute) + file_pages
     budget = int(available * safety)
-    vram_need, vram_fits = vram_fit(slots) if vram_fit is not None else (0, True)
+    vram_need, vram_fits, where = vram_fit(workers, slots) if vram_fit is not None else (0, True, "")
     return MemoryPlan(workers, slots, cells, weights, kv, compute, file_pages, total,
-                      available, total <= budget and vram_fits, cpu_share=cpu_share, vram=vram,
-                      vram_per_worker=vram_need)
+                      available, total <= budget and vram_fits, cpu_share=cpu_share,
+                      vram=f"VRAM planned on {where}" if vram_fit is not None else vram, vram_per_worker=vram_need)
 
 
 def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
                n_batch: int, available: int, repacked: bool = True, cpu_share: float = 1.0,
                vram: str = "", vram_fit: Optional[VramFit] = None) -> MemoryPlan:
-    """The plan for the requested layout, shrunk to fit: slots first (halving), then workers.
-    The returned plan has fits=False only if one worker with one slot does not fit. VRAM is
-    per worker (each has its own GPU, or one worker has them all): fewer workers do not help it."""
+    """The plan for the requested layout, shrunk to fit RAM and VRAM: slots first (halving), and
+    where not even one slot fits, a worker fewer (the last one: with devices, its GPU goes too)
+    with the slots asked, halving again. The returned plan has fits=False only if one worker
+    with one slot does not fit."""
     def plan_for(workers: int, slots: int) -> MemoryPlan:
         return plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked, cpu_share=cpu_share,
                            vram=vram, vram_fit=vram_fit)
 
-    plan = plan_for(workers, slots)
     asked = (workers, slots)
-    while not plan.fits and (plan.slots > 1 or plan.workers > 1):
-        if plan.slots > 1:
-            slots = max(1, plan.slots // 2)
-        else:
-            workers -= 1
-        plan = plan_for(workers, slots)
+    for w in range(workers, 0, -1):  # each worker count from its full slots down, halving
+        s = slots
+        plan = plan_for(w, s)
+        while not plan.fits and s > 1:
+            s = max(1, s // 2)
+            plan = plan_for(w, s)
+        if plan.fits:
+            break
     if (plan.workers, plan.slots) != asked:
-        where = f"{available / MIB:.0f} MiB available" + (f" and {vram}" if vram_fit is not None else "")
+        where = f"{available / MIB:.0f} MiB available" + (f" and {plan.vram}" if vram_fit is not None else "")
         plan = MemoryPlan(**{**asdict(plan), "note": f"shrunk from {asked[0]} workers × {asked[1]} "
                              f"slots to fit {where}"})
     return plan

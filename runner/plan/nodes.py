@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
+from ...workers.protocol import GpuMemory
 from .layout import Layout, usable_cores
 from .memory import MemoryPlan
 
@@ -20,6 +21,9 @@ class Node:
     ip: str
     cores: tuple[int, ...]  # local: the usable core ids; Ray: positions 0..CPUs-1 (workers/ray_actor.py)
     memory: Optional[int] = None  # bytes the memory plan may use; None: measure (psutil) when settling
+    # Its GPUs with their free memory, read before its workers load (runner/pool/gpu_probe.py: this
+    # machine's, for a job with GPU layers); none: VRAM is not planned.
+    gpus: tuple[GpuMemory, ...] = ()
 
     def describe(self) -> str:
         return "this machine" if self.node_id is None else f"node {self.ip} ({self.node_id[:12]})"

@@ -86,7 +86,8 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--no-runner", dest="runner", action="store_false",
                    help="skip the runner-overhead measurement")
     b.add_argument("--gpu-layers", default="0",
-                   help="layers stored in VRAM on the first GPU (N or all; default 0: the CPU alone)")
+                   help="layers stored in VRAM on the first GPU: N, all, or auto (no GPU, as a job without "
+                        "--devices; default 0: the CPU alone)")
 
 
 def _ints(text: str, flag: str) -> list[int]:

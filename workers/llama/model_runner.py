@@ -223,10 +223,8 @@ class Tokenizer:
         return out
 
     def info(self) -> VocabInfo:
-        from .gpu_memory import gpus
-
         return VocabInfo(self.chat_template, self.bos_text, self.eos_text, self.n_ctx_train, self.n_vocab,
-                         self.all_metadata(), gpu_offload_supported(), gpus())
+                         self.all_metadata(), gpu_offload_supported())
 
     def tokenize(self, text: str, add_bos: bool = True) -> array:
         """Prompt tokens; special tokens written in the text (<|im_start|>) are parsed as such."""

@@ -151,7 +151,7 @@ class Sampling:
         self._pool_size = 0
         self._scratch = threading.local()
         self._argmax_pool: Optional[ThreadPoolExecutor] = None  # made on the first wide greedy step
-        self._argmax_threads = 1
+        self._argmax_threads = _usable_cores()  # the worker's own: it is pinned before its engine is made
 
     # -- sampling -------------------------------------------------------------------------------
 
@@ -193,10 +193,9 @@ class Sampling:
         Many rows are split among the worker's cores (row_argmax)."""
         ptr = llama_cpp.llama_get_logits(self.runner.ctx)
         logits = np.ctypeslib.as_array(ptr, shape=(n_outputs, self.vocab.n_tokens))
-        if len(rows) * self.vocab.n_tokens < 2 * self.argmax_floats_per_thread:
+        if len(rows) * self.vocab.n_tokens < 2 * self.argmax_floats_per_thread or self._argmax_threads == 1:
             return row_argmax(logits, rows)
         if self._argmax_pool is None:
-            self._argmax_threads = _usable_cores()
             self._argmax_pool = ThreadPoolExecutor(self._argmax_threads, thread_name_prefix="argmax")
         return row_argmax(logits, rows, self._argmax_pool, self._argmax_threads, self.argmax_floats_per_thread)
 
