@@ -8,7 +8,7 @@
 #                     models, docs, web UI and the GPU backends other than CUDA
 #   .gpu/py/llama_cpp llama-cpp-python's Python files (its CPU libraries left out)
 #   .gpu/shared/      the ../shared files the benchmarks read (the qwen2 vocabulary, GSM8K, LSAT-RC)
-#   .whl/             multiprocess, dill and gguf wheels for Python 3.12
+#   .whl/             multiprocess, dill, gguf and diskcache (llama_cpp imports it) wheels for Python 3.12
 # Usage there: bash bench/gpu_session.sh [SECONDS]   (stops starting new steps after SECONDS)
 set -u
 START=$(date +%s)
