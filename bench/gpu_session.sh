@@ -3,12 +3,9 @@
 # sources, point llama-cpp-python at it, then measure ggbatch against llama-batched-bench and run
 # whole jobs with every layer on the GPU. Steps already done on a still-warm machine are skipped.
 #
-# Prepared on the developer's machine (nothing of it is committed; .git/info/exclude ignores it):
-#   .gpu/src.tar.xz   llama.cpp from llama_cpp_python-0.3.36.tar.gz's vendor/, without its test
-#                     models, docs, web UI and the GPU backends other than CUDA
-#   .gpu/py/llama_cpp llama-cpp-python's Python files (its CPU libraries left out)
-#   .gpu/shared/      the ../shared files the benchmarks read (the qwen2 vocabulary, GSM8K, LSAT-RC)
-#   .whl/             multiprocess, dill, gguf and diskcache (llama_cpp imports it) wheels for Python 3.12
+# Prepared on the developer's machine by `bash bench/gpu_prepare.sh` (nothing of it is committed):
+# .gpu/ (trimmed llama.cpp sources, llama-cpp-python's Python files, the ../shared files read) and
+# .whl/ (wheels the machine's Python lacks); carry both.
 # Usage there: bash bench/gpu_session.sh [SECONDS]   (stops starting new steps after SECONDS)
 set -u
 START=$(date +%s)
@@ -74,4 +71,12 @@ step jobs 150 python3 bench/gpu_jobs.py --model "$MODEL" --json "$RES/jobs.json"
   --runs "${JOBS:-W4;W4:--slots=255;W4:--slots=255,--n-batch=2048;LSAT;LSAT:--slots=255,--n-batch=2048}"
 step bench_split 90 python3 -m ggbatch bench --model "$MODEL" --gpu-layers all --npl "${SPLIT_NPL:-64,255}" --threads 1 \
   --no-runner --json "$RES/bench_split.json"
+# The memory plan's VRAM figure against what the card says is used while a job runs.
+step vram 90 bash -c "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 \
+  >'$RES/vram_used_mib.txt' & sampler=\$!; python3 bench/gpu_jobs.py --model '$MODEL' --runs W4 \
+  --json '$RES/vram_job.json'; status=\$?; kill \$sampler; exit \$status"
+[ -e "$RES/vram.done" ] && python3 -c "
+import json; r = json.load(open('$RES/vram_job.json'))[0]['report']['memory']['plan']
+used = [int(x) for x in open('$RES/vram_used_mib.txt').read().split() if x.isdigit()]
+print('VRAM planned', r.get('vram_per_worker_mib'), 'MiB a worker; card peak used', max(used, default=0), 'MiB')"
 cat "$RES/steps.txt"
