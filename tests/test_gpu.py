@@ -11,7 +11,7 @@ from ggbatch.runner.plan.layout import PromptFacts, settle, start, usable_cores
 from ggbatch.runner.plan.memory import MIB, ModelDims, plan_memory
 from ggbatch.runner.plan.vram import CUDA_CONTEXT, VRAM_SAFETY, budget, needed
 from ggbatch.workers.devices import visible_device_env
-from ggbatch.workers.protocol import GpuMemory
+from ggbatch.workers.helper_messages import GpuMemory
 
 DIMS = ModelDims(file_bytes=400 * MIB, n_layer=28, n_embd=1024, n_head=8, n_head_kv=8, head_dim=128,
                  n_vocab=151936, n_ff=3072)

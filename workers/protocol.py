@@ -18,15 +18,8 @@ One small frozen dataclass per message, so a reader sees the whole conversation 
 Questions travel as token ids: the coordinator tokenizes once (it needs the counts to size the
 context and order the work), so a worker never renders or tokenizes a prompt.
 
-The coordinator tokenizes through a tokenizer process (runner/questions/tokenizing.py,
-workers/tokenizer/process.py), because llama.cpp's tokenizer can abort the process on text its
-vocabulary cannot represent:
-
-    coordinator                         tokenizer process
-        │ ── start(model path) ──────────▶ │  loads the vocabulary only
-        │ ◀─────── VocabInfo | TokenizerLoadError
-        │ ── TokenizeBatch ──────────────▶ │  hundreds of prompts per message
-        │ ◀─────────────── TokenizedBatch ── │  tokens, or why not, for each
+The coordinator's two helper processes, the tokenizer and the GPU probe, have their messages in
+workers/helper_messages.py.
 
 Messages cross the queues as bytes from the standard pickle (`encode`/`decode`): multiprocess
 pickles queue items with dill, which costs 28-30 µs per question or answer against 2 µs for
@@ -349,53 +342,6 @@ class SetThreads:
 @dataclass(frozen=True)
 class Stop:
     """Finish the questions already decoding, drop the ones not started, then exit."""
-
-
-# coordinator <-> tokenizer process
-
-
-@dataclass(frozen=True)
-class GpuMemory:
-    """One GPU as llama.cpp sees it (numbered as `devices` numbers them), read before any worker
-    loads (runner/pool/gpu_probe.py)."""
-
-    name: str
-    free: int  # bytes of its memory free now
-    total: int
-
-
-@dataclass(frozen=True)
-class VocabInfo:
-    """What the coordinator needs of the model without its weights: for the chat template, the
-    context size and the memory plan (runner/plan/memory.py dims_from_metadata)."""
-
-    chat_template: Optional[str]
-    bos_text: str
-    eos_text: str
-    n_ctx_train: int
-    n_vocab: int
-    metadata: dict[str, str]  # GGUF key -> scalar value as text
-    gpu_offload: bool = False  # this llama.cpp build can offload layers to a GPU
-
-
-@dataclass(frozen=True)
-class TokenizerLoadError:
-    message: str  # ModelLoadError's one line
-
-
-@dataclass(frozen=True)
-class TokenizeBatch:
-    texts: tuple[str, ...]
-    add_bos: tuple[bool, ...]  # per text: False when the chat template wrote BOS itself
-
-
-@dataclass(frozen=True)
-class TokenizedBatch:
-    """One result per text of a TokenizeBatch, as flat arrays (one pickled object, not hundreds)."""
-
-    tokens: array  # array('i'): every text's tokens, one text after the other
-    counts: array  # array('i'): each text's token count; -1 where it could not be tokenized
-    errors: dict[int, str] = field(default_factory=dict)  # index in the batch -> why not
 
 
 def encode(msg: Any) -> bytes:

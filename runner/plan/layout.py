@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.engine.invariant import kv_streams
-from ...workers.protocol import EngineConfig, GenerationParams, GpuMemory, kv_cells
+from ...workers.helper_messages import GpuMemory
+from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
 from ..errors import ConfigError
 from . import gpu, vram
 from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
-from ...workers.protocol import GpuMemory
+from ...workers.helper_messages import GpuMemory
 from .layout import Layout, usable_cores
 from .memory import MemoryPlan
 

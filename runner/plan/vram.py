@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, Sequence
 
-from ...workers.protocol import GpuMemory
+from ...workers.helper_messages import GpuMemory
 from .memory import ACTIVATION_BYTES, MIB, ModelDims
 
 CUDA_CONTEXT = 512 * MIB  # a process's CUDA context, cuBLAS and flash-attention workspaces, per GPU

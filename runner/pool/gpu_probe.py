@@ -14,8 +14,9 @@ import logging
 
 import multiprocess as mp
 
+from ...workers.helper_messages import GpuMemory
 from ...workers.llama.gpu_memory import report_gpus
-from ...workers.protocol import GpuMemory, decode
+from ...workers.protocol import decode
 
 log = logging.getLogger("ggbatch")
 

@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from ...workers.protocol import AnswerSpec, GenerationParams, Thinking, VocabInfo
+from ...workers.helper_messages import VocabInfo
+from ...workers.protocol import AnswerSpec, GenerationParams, Thinking
 from ..config.answer import check_spellable, choice_tokens
 from ..config.reasoning import model_thinking, thinking_room, with_budget
 from ..config.schema import JobConfig

@@ -28,8 +28,9 @@ from typing import Any, Iterable, Iterator, Sequence, Union
 import multiprocess as mp
 from multiprocess.connection import wait
 
+from ...workers.helper_messages import TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo
 from ...workers.llama.load_errors import says_memory
-from ...workers.protocol import TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo, decode, encode
+from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
 from ..errors import ModelError, WorkerFailure
 

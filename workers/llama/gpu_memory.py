@@ -15,7 +15,8 @@ import ctypes
 import os
 from typing import Any, NamedTuple
 
-from ..protocol import GpuMemory, encode
+from ..helper_messages import GpuMemory
+from ..protocol import encode
 
 GGML_BACKEND_DEVICE_TYPE_GPU = 1  # ggml-backend.h: a device with memory of its own (an integrated GPU's is RAM)
 

@@ -25,7 +25,7 @@ import llama_cpp
 import numpy as np
 
 from ..engine.memory_kind import MemoryKind
-from ..protocol import VocabInfo
+from ..helper_messages import VocabInfo
 from .load_errors import ModelLoadError, describe_context_failure, describe_load_failure
 from .vocab_gaps import SpmGaps
 

@@ -25,8 +25,9 @@ import signal
 from array import array
 from typing import Any, Optional, Sequence
 
+from ..helper_messages import TokenizeBatch, TokenizedBatch, TokenizerLoadError
 from ..main import die_with_parent
-from ..protocol import TokenizeBatch, TokenizedBatch, TokenizerLoadError, decode, encode
+from ..protocol import decode, encode
 from .fork import Round, TokenizingFork
 
 PR_SET_NAME = 15  # from <linux/prctl.h>
