@@ -110,21 +110,15 @@ def row_argmax(logits: np.ndarray, rows: list[int], pool: Optional[ThreadPoolExe
     rows are cut into at most that many runs of at least floats_per_thread values each."""
     first = rows[0]
     contiguous = rows == list(range(first, first + len(rows)))  # the usual case: views, no copy
-    if pool is None or len(rows) < 2:
-        return logits[first:first + len(rows)].argmax(axis=1) if contiguous else logits[rows].argmax(axis=1)
-    n_threads = max(1, min(threads, len(rows) * logits.shape[1] // max(1, floats_per_thread)))
-    bounds = np.linspace(0, len(rows), n_threads + 1).astype(int)
-    runs = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-    if contiguous:
-        parts = pool.map(lambda r: logits[first + r[0]:first + r[1]].argmax(axis=1), runs)
-    else:
-        parts = pool.map(lambda r: logits[rows[r[0]:r[1]]].argmax(axis=1), runs)
-    return np.concatenate(list(parts))
 
+    def argmax(a: int, b: int) -> np.ndarray:
+        return (logits[first + a:first + b] if contiguous else logits[rows[a:b]]).argmax(axis=1)
 
-def _usable_cores() -> int:
-    """The cores this process may run on (a worker is pinned to its share)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n_threads = min(threads, len(rows), len(rows) * logits.shape[1] // max(1, floats_per_thread))
+    if pool is None or n_threads < 2:
+        return argmax(0, len(rows))
+    bounds = np.linspace(0, len(rows), n_threads + 1).astype(int).tolist()
+    return np.concatenate(list(pool.map(argmax, bounds[:-1], bounds[1:])))
 
 
 class Sampling:
@@ -151,7 +145,7 @@ class Sampling:
         self._pool_size = 0
         self._scratch = threading.local()
         self._argmax_pool: Optional[ThreadPoolExecutor] = None  # made on the first wide greedy step
-        self._argmax_threads = _usable_cores()  # the worker's own: it is pinned before its engine is made
+        self._argmax_threads = len(os.sched_getaffinity(0))  # the worker is pinned before its engine is made
 
     # -- sampling -------------------------------------------------------------------------------
 
