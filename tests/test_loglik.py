@@ -165,6 +165,63 @@ def test_a_shared_context_is_computed_once(stories):
     assert stats["prompt_computed"] < every / 2
 
 
+def letter_pairs(model: str, n_contexts: int = 5) -> list[tuple[list, list]]:
+    """MMLU's shape: contexts each with four one-token continuations, the first of them the
+    context's greedy next token (so is_greedy is seen true as well as false)."""
+    tok = tokenizer_of(model)
+    try:
+        contexts = [c for c, _ in story_pairs(tok.tokenize, n_contexts=n_contexts, per_context=1)]
+    finally:
+        tok.close()
+    greedy = [scores[0] for scores in reference_next(model, contexts)]
+    return [(ctx, [token]) for ctx, g in zip(contexts, greedy) for token in (g, 11, 29, 97)]
+
+
+def reference_next(model: str, contexts: list[list[int]]) -> list[list[int]]:
+    """Each context's greedy next token (in a list), by llama-cpp-python."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=model, n_ctx=512, logits_all=True, verbose=False)
+    try:
+        out = []
+        for ctx in contexts:
+            llm.reset()
+            llm.eval(ctx)
+            out.append([int(np.argmax(llm.scores[len(ctx) - 1]))])
+        return out
+    finally:
+        llm.close()
+
+
+def test_one_token_continuations_are_read_from_the_context_row(stories):
+    """Four one-token continuations of a context cost no token beyond the context: one sequence
+    reads them all from its last row, and they score as llama-cpp-python scores each alone."""
+    pairs = letter_pairs(stories)
+    stats: dict = {}
+    got = engine_scores(stories, pairs, stats=stats, grouped=True, prefix_cache=True, kv_unified=False)
+    assert_close(got, reference(stories, pairs))
+    assert [s.is_greedy for s in got[:4]] == [True, False, False, False]
+    assert stats["prompt_computed"] <= sum(len(ctx) for ctx, _ in pairs[::4]), stats["prompt_computed"]
+
+
+def test_one_token_and_longer_continuations_of_one_context(stories):
+    """A context whose continuations are of one token and of several: the one-token ones ride on
+    the first longer one's sequence, every score as llama-cpp-python's."""
+    tok = tokenizer_of(stories)
+    try:
+        long_pairs = story_pairs(tok.tokenize, n_contexts=3, per_context=2, seed=5)
+    finally:
+        tok.close()
+    pairs = []
+    for k in range(0, len(long_pairs), 2):
+        ctx = long_pairs[k][0]
+        pairs += [(ctx, [7]), long_pairs[k], (ctx, [42]), long_pairs[k + 1]]
+    assert all(len(cont) > 1 for _, cont in long_pairs)
+    want = reference(stories, pairs)
+    for config in ({"slots": 1}, {"slots": 4, "prefix_cache": True, "kv_unified": False}):
+        assert_close(engine_scores(stories, pairs, grouped=True, **config), want)
+
+
 def test_a_continuation_too_long_fails_alone(stories):
     from ggbatch.workers.llama.engine import LlamaEngine
 

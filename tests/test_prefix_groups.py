@@ -78,9 +78,27 @@ def test_order_is_groups_by_work_longest_first_and_lists_every_prompt_once():
     assert numbers == [0, 1, 1, 2, 2, 3, 3]  # the single question is in no group
     assert order[0] == len(prompts) - 1  # the long single question is the most work
     assert sharing.groups == 3 and sharing.grouped == 6 and sharing.shareable == 3 * 60
-    # within a group, the longest question first
+    # within a group, in token order
     first_group = order[1:3]
-    assert len(prompts[first_group[0]]) >= len(prompts[first_group[1]])
+    assert prompts[first_group[0]] < prompts[first_group[1]]
+
+
+def test_a_group_sharing_as_a_tree_is_walked_depth_first():
+    """Few-shot examples in a different order for each question (as lm-eval draws them): one
+    group, whose questions come out so that those sharing the longest prefix are neighbours."""
+    shots = [list(range(1000 * (k + 1), 1000 * (k + 1) + 40)) for k in range(3)]
+    rng = random.Random(7)
+    prompts = []
+    for j in range(12):
+        order = rng.sample(range(3), 3)
+        prompts.append(prompt(SYSTEM, shots[0], *(shots[k] for k in order), [9000 + j] * (1 + j % 4)))
+    placed, sharing = grouped_order(prompts, 10)
+    sent = [prompts[i] for i, _ in placed]
+    assert sharing.groups == 1
+    assert sent == sorted(prompts)
+    # each order of the shots (the tree's deepest shared prefixes) is one run of neighbours
+    keys = [tuple(p[50:130]) for p in sent]
+    assert len([k for n, k in enumerate(keys) if n == 0 or k != keys[n - 1]]) == len(set(keys))
 
 
 def test_an_empty_or_single_question_file():

@@ -9,8 +9,10 @@ inside their parent, and each worker's prefix cache (workers/engine/prefix_cache
 prefix it holds by itself, so the order is all the coordinator has to get right.
 
 The order is groups by their work (longest first, as single questions were before), each
-group's questions longest first: a worker asking for questions gets a group's questions together
-and computes its prefix once.
+group's questions in token order: a worker asking for questions gets a group's questions together
+and computes its prefix once, and a group that shares as a tree (lm-eval's few-shot examples,
+drawn in a different order for each question) is walked depth first, so a question's deepest
+shared prefix is in a slot the worker has just filled rather than one long since reused.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ MIN_SHARED = 32
 
 @dataclass(frozen=True)
 class Group:
-    members: tuple[int, ...]  # indices of the prompts, longest first
+    members: tuple[int, ...]  # indices of the prompts, in token order
     shared: int  # tokens every member starts with
     work: int  # prompt tokens the group costs with its shared tokens computed once
 
@@ -64,9 +66,8 @@ def find_groups(prompts: Sequence[array], n_prefix: int, min_shared: int = MIN_S
 
 
 def _group(run: list[int], shared: int, prompts: Sequence[array]) -> Group:
-    members = tuple(sorted(run, key=lambda i: len(prompts[i]), reverse=True))
     work = sum(len(prompts[i]) for i in run) - (len(run) - 1) * shared
-    return Group(members, shared, work)
+    return Group(tuple(run), shared, work)
 
 
 def grouped_order(prompts: Sequence[array], n_prefix: int) -> tuple[list[tuple[int, int]], Sharing]:

@@ -1,7 +1,9 @@
 """Log-likelihood scoring: a question whose continuations are scored, not answered by generating.
 
     Question(tokens = context, continuations = (c0, c1, ...))
-      ─▶ one Sequence per continuation, its prompt context + ci, its last len(ci) tokens scored
+      ─▶ one Sequence per continuation of two tokens or more, its prompt context + ci, its last
+         len(ci) tokens scored; the one-token continuations ride on the first of these (or on one
+         sequence whose prompt is the context alone): they are read from the context's last row
       ─▶ prefill only: the batch asks llama.cpp for the logits of exactly the rows that predict a
          scored token (the context's last token and every continuation token but the last)
       ─▶ each row's log-softmax at the next token, and whether that token is the row's argmax
@@ -10,7 +12,9 @@
 The continuations of one context share its KV as any prompts that share a start do: the
 scheduler starts a prompt from the longest prefix a stream holds (workers/engine/prefix_cache.py),
 stopping before the context's last token (its logits score the first continuation token), so a
-context goes through the model once per worker and each continuation costs its own tokens and one.
+context goes through the model once per worker and each longer continuation costs its own tokens
+and one. A multiple-choice question on letters (MMLU as lm-eval asks it) is one sequence: no copy
+of the context's KV, no step of its own for any choice.
 
 Pure bookkeeping and numpy: the engine (workers/llama/engine.py) hands the logits rows in.
 """
@@ -36,19 +40,29 @@ NO_GENERATION = GenerationParams(max_tokens=0)
 
 @dataclass(eq=False)
 class Scoring:
-    """One continuation being scored: which question it belongs to, how many of the sequence's
-    prompt tokens it is, and each one's log-probability and greedy flag once its row is read (by
-    position, so a preempted sequence computed again writes over them)."""
+    """What one sequence scores of a question: its own continuation, the last n of its prompt
+    tokens (n = 0: none, its prompt is the context), each token's log-probability and greedy flag
+    once its row is read (by position, so a preempted sequence computed again writes over them);
+    and `alternatives`, the question's one-token continuations as (index, token), all read from
+    the row of the context's last token."""
 
     parent: "Parent"
     index: int
     n: int
+    alternatives: tuple[tuple[int, int], ...] = ()
     logprobs: list[float] = field(default_factory=list)
     greedy: list[bool] = field(default_factory=list)
+    alternative_scores: dict[int, Scored] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.logprobs = [0.0] * self.n
         self.greedy = [False] * self.n
+
+    @property
+    def rows_unread_at_end(self) -> int:
+        """How many of its prompt's last rows it does not read: the last (its last token predicts
+        nothing scored), or none when its prompt is the context alone (n = 0)."""
+        return 1 if self.n else 0
 
 
 @dataclass(eq=False)
@@ -62,18 +76,27 @@ class Parent:
 
 
 def sequences(question: Question) -> tuple[Parent, list[Sequence]]:
-    """One sequence per continuation but an empty one: its prompt the context and the continuation,
-    its scoring attached."""
-    parent = Parent(question, len(question.continuations), [None] * len(question.continuations))
-    out = []
-    for i, cont in enumerate(question.continuations):
+    """The sequences that score a question's continuations: one per continuation of two tokens or
+    more (its prompt the context and the continuation), the one-token ones read on the first of
+    these or on a sequence of the context alone; an empty continuation is scored without the model."""
+    conts = question.continuations
+    parent = Parent(question, len(conts), [None] * len(conts))
+    for i, cont in enumerate(conts):
         if not cont:  # the context's tokens took it in (lm-eval scores it so too: nothing, greedy)
             parent.results[i] = Scored(0.0, (), True)
             parent.left -= 1
-            continue
-        sub = replace(question, tokens=question.tokens + cont, continuations=(), generation=NO_GENERATION)
-        out.append(Sequence(sub, scoring=Scoring(parent, i, len(cont))))
-    return parent, out
+    one_token = tuple((i, cont[0]) for i, cont in enumerate(conts) if len(cont) == 1)
+    longer = [i for i, cont in enumerate(conts) if len(cont) > 1]
+    if one_token and not longer:
+        return parent, [scoring_sequence(question, Scoring(parent, -1, 0, one_token))]
+    return parent, [scoring_sequence(question, Scoring(parent, i, len(conts[i]), one_token if k == 0 else ()))
+                    for k, i in enumerate(longer)]
+
+
+def scoring_sequence(question: Question, scoring: Scoring) -> Sequence:
+    """A sequence whose prompt is the context and the scored continuation (if any)."""
+    tokens = question.tokens + question.continuations[scoring.index] if scoring.n else question.tokens
+    return Sequence(replace(question, tokens=tokens, continuations=(), generation=NO_GENERATION), scoring=scoring)
 
 
 def admit(question: Question, n_ctx_seq: int, worker_id: int,
@@ -105,23 +128,33 @@ def first_scored_pos(seq: Sequence) -> int:
 
 def logit_range(seq: Sequence, start_pos: int, n: int) -> tuple[int, int]:
     """[lo, hi) offsets within a prompt chunk of n tokens from start_pos whose logits a scored
-    sequence needs: the rows from its context's last token to its last token but one."""
+    sequence needs: the rows from its context's last token to its last token but one (to its
+    last token when it has no continuation of its own)."""
+    assert seq.scoring is not None
     lo = max(first_scored_pos(seq), start_pos)
-    hi = min(seq.n_prompt - 1, start_pos + n)
+    hi = min(seq.n_prompt - seq.scoring.rows_unread_at_end, start_pos + n)
     return (lo - start_pos, hi - start_pos) if hi > lo else (0, 0)
 
 
 def read_rows(seq: Sequence, start_pos: int, logits: np.ndarray) -> None:
     """Score the tokens predicted by `logits`, the rows of positions start_pos, start_pos + 1, ...
-    (each row predicts the token at the next position)."""
+    (each row predicts the token at the next position; the context's last row also the one-token
+    continuations)."""
     scoring = seq.scoring
     assert scoring is not None
-    first = seq.n_prompt - scoring.n  # position of the first continuation token
-    targets = np.frombuffer(seq.prompt, dtype=np.int32)[start_pos + 1:start_pos + 1 + len(logits)]
-    logprobs, greedy = token_scores(logits, targets)
+    first = seq.n_prompt - scoring.n  # position of the first token of its own continuation
+    own = max(0, min(len(logits), seq.n_prompt - 1 - start_pos))  # rows predicting a prompt token
+    targets = np.frombuffer(seq.prompt, dtype=np.int32)[start_pos + 1:start_pos + 1 + own]
+    logprobs, greedy = token_scores(logits[:own], targets)
     for k, (lp, g) in enumerate(zip(logprobs.tolist(), greedy.tolist())):
         scoring.logprobs[start_pos + 1 + k - first] = lp
         scoring.greedy[start_pos + 1 + k - first] = g
+    k = first - 1 - start_pos  # the context's last row, within these
+    if scoring.alternatives and 0 <= k < len(logits):
+        indices, tokens = zip(*scoring.alternatives)
+        logprobs, greedy = row_scores(logits[k], np.array(tokens))
+        for i, lp, g in zip(indices, logprobs.tolist(), greedy.tolist()):
+            scoring.alternative_scores[i] = Scored(lp, (lp,), g)
 
 
 def read_batch(scored: list[tuple[Span, int, int, int]], flags: np.ndarray, logits: np.ndarray) -> None:
@@ -138,13 +171,25 @@ def all_in(spans: list[Span]) -> list[Sequence]:
 
 
 def token_scores(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the log-softmax at its target token, and whether the target is the row's argmax
-    (float64 log-sum-exp: a 150k vocabulary summed in float32 loses the last digits)."""
+    """Per row, the log-softmax at its target token, and whether the target is the row's argmax."""
+    top, log_z = normalizers(logits)
+    picked = logits[np.arange(len(targets)), targets].astype(np.float64)
+    return picked - log_z, picked >= top
+
+
+def row_scores(row: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One row's log-softmax at each of several tokens, and whether each is the row's argmax."""
+    top, log_z = normalizers(row[None, :])
+    picked = row[tokens].astype(np.float64)
+    return picked - log_z[0], picked >= top[0]
+
+
+def normalizers(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's highest logit and log-sum-exp (float64: a 150k vocabulary summed in float32
+    loses the last digits)."""
     rows = logits.astype(np.float64)
     top = rows.max(axis=1)
-    log_z = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
-    picked = rows[np.arange(len(targets)), targets]
-    return picked - log_z, picked >= top
+    return top, top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
 
 
 def finished(seq: Sequence, worker_id: int, spec: Optional[AnswerSpec]) -> Optional[Answer]:
@@ -153,9 +198,14 @@ def finished(seq: Sequence, worker_id: int, spec: Optional[AnswerSpec]) -> Optio
     scoring = seq.scoring
     assert scoring is not None
     parent = scoring.parent
-    parent.results[scoring.index] = Scored(float(sum(scoring.logprobs)), tuple(scoring.logprobs), all(scoring.greedy))
+    if scoring.n:
+        parent.results[scoring.index] = Scored(float(sum(scoring.logprobs)), tuple(scoring.logprobs),
+                                               all(scoring.greedy))
+        parent.left -= 1
+    for i, scored in scoring.alternative_scores.items():
+        parent.results[i] = scored
+    parent.left -= len(scoring.alternative_scores)
     parent.t_admit = min(parent.t_admit or seq.t_admit, seq.t_admit)
-    parent.left -= 1
     if parent.left:
         return None
     return answer(parent, worker_id, spec)
