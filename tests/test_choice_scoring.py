@@ -142,3 +142,24 @@ def test_flash_attention_is_off_for_scoring_unless_the_job_sets_it():
     assert build_config([("job", base)]).flash_attn is None  # auto: on
     assert build_config([("job", scored)]).flash_attn is False
     assert build_config([("job", {**scored, "flash_attn": True})]).flash_attn is True
+
+
+def test_scoring_under_a_long_shared_prefix_keeps_a_kv_stream_per_sequence(tmp_path, stories):
+    """Without the prefix cache a long shared prefix would get one unified KV pool, where scores
+    move with the rest of the batch: a scoring job keeps a stream per sequence, and its sums are
+    those of a job with the prefix cache."""
+    system = "Once upon a time " + " ".join(random.Random(9).choice(STORY_WORDS) for _ in range(150))
+    q = write_jsonl(tmp_path / "q.jsonl", story_records(6))
+    sums = {}
+    for cache in ("off", "auto"):
+        out = tmp_path / f"a-{cache}.jsonl"
+        r = run(stories, q, out, "--choices", ",".join(CHOICES), "--choice-scoring", "loglikelihood",
+                "--choice-logprobs", "--system", system, "--prefix-cache", cache, "--slots", 4,
+                "--report", tmp_path / f"rep-{cache}.json")
+        assert r.returncode == 0, r.stderr
+        rep = json.loads((tmp_path / f"rep-{cache}.json").read_text())
+        assert rep["layout"]["kv"] == "per-sequence"
+        assert rep["layout"]["shared_prefix_tokens"] > 150
+        sums[cache] = {qid: row["choice_logprobs"] for qid, row in rows_of(out).items()}
+    worst = max(abs(sums["off"][qid][c] - v) for qid, want in sums["auto"].items() for c, v in want.items())
+    assert worst < TOLERANCE

@@ -81,6 +81,8 @@ def test_unified_kv_only_for_a_long_shared_prefix():
     assert kv_unified_for(545, 735, batch_invariant=False)  # W2: 545 shared of 735
     assert not kv_unified_for(15, 181, batch_invariant=False)  # W1: short system prompt
     assert not kv_unified_for(545, 735, batch_invariant=True)
+    # scored continuations keep a stream each: in one pool their log-probabilities move with the batch
+    assert not kv_unified_for(545, 735, batch_invariant=False, scored=True)
 
 
 @pytest.mark.parametrize("longest,prefix,unified,slots", [(163, 10, False, 64), (1743, 1100, True, 8192 // 900)])
@@ -99,6 +101,18 @@ def test_long_sequences_keep_every_slot_with_one_stream_per_sequence(longest, pr
     assert layout.n_ctx_seq == longest + 256 + 1
     assert layout.slots == memory.slots == slots
     assert layout.n_batch == 512
+
+
+def test_scored_questions_keep_a_stream_each_under_a_long_shared_prefix():
+    from ggbatch.runner.plan.layout import PromptFacts, settle
+    from ggbatch.runner.plan.memory import ModelDims
+
+    dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
+    started = plan_layout([0, 1], None, None, 1, 1)
+    for scored, unified in [(False, True), (True, False)]:
+        layout, _ = settle(started, PromptFacts(100, 1743, 1100, 0, dims, scored=scored), None, None, 8, 512,
+                           available=64 << 30)
+        assert layout.kv_unified is unified
 
 
 def test_auto_n_batch_is_larger_for_the_prefix_cache_and_an_asked_one_is_kept():

@@ -110,7 +110,8 @@ def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: in
     # workers keep the prefix cache for it, as for a group of questions
     scored = sum(len(q.continuations) > 1 for q in first.questions) if first.sharing is not None else 0
     return PromptFacts(n_questions, longest, len(prefix), preparer.prompting.info.n_ctx_train,
-                       preparer.prompting.dims, (first.sharing.groups if first.sharing else 0) + scored), prefix
+                       preparer.prompting.dims, (first.sharing.groups if first.sharing else 0) + scored,
+                       scored=any(q.continuations for q in first.questions)), prefix
 
 
 def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> int:

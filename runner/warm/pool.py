@@ -131,15 +131,17 @@ class Pool:
             prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
             longest, most = max((len(t) for t in prompts), default=1), max_tokens(questions, p.generation)
             samples = max_samples(questions, p.generation)  # each a sequence of its own once the prompt is in
+            scored = any(q.continuations for q in questions)
         else:
             probes = [Record(q, {self._config.question_field: q}, 0) for q in PROBES]
             prefix = common_prefix([q.tokens for q in self._make(probes, default)[2]])
             longest, most, samples = GUESS_PROMPT, p.generation.max_tokens, p.generation.sampling.n
+            scored = True  # submit_questions may bring continuations to score (ggbatch.lm_eval's)
         # A warm pool cannot know whether its calls' prompts will share prefixes (an lm-eval task's
         # few-shot examples and contexts do): with prefix_cache auto its workers keep the cache.
         groups = int(not records and self._config.prefix_cache == "auto")
         facts = PromptFacts((len(records) or STREAMED) * samples, longest, len(prefix), p.info.n_ctx_train, p.dims,
-                            groups)
+                            groups, scored)
         return facts, prefix, most
 
     # -- the loop thread -------------------------------------------------------------------------
