@@ -174,7 +174,8 @@ def letter_pairs(model: str, n_contexts: int = 5) -> list[tuple[list, list]]:
     finally:
         tok.close()
     greedy = [scores[0] for scores in reference_next(model, contexts)]
-    return [(ctx, [token]) for ctx, g in zip(contexts, greedy) for token in (g, 11, 29, 97)]
+    others = [[t for t in (11, 29, 97, 131) if t != g][:3] for g in greedy]
+    return [(ctx, [token]) for ctx, g, rest in zip(contexts, greedy, others) for token in [g] + rest]
 
 
 def reference_next(model: str, contexts: list[list[int]]) -> list[list[int]]:
@@ -194,14 +195,20 @@ def reference_next(model: str, contexts: list[list[int]]) -> list[list[int]]:
 
 
 def test_one_token_continuations_are_read_from_the_context_row(stories):
-    """Four one-token continuations of a context cost no token beyond the context: one sequence
-    reads them all from its last row, and they score as llama-cpp-python scores each alone."""
+    """Four one-token continuations of a context cost one token beyond the context: one sequence,
+    the context and the first letter, reads them all from the context's last row, and they score
+    as llama-cpp-python scores each alone; a context of one token (lm-eval's BOS for an empty one)
+    too, batch-invariant mode included."""
     pairs = letter_pairs(stories)
+    pairs += [(pairs[0][0][:1], [t]) for t in (5, 9, 13, 17)]
+    want = reference(stories, pairs)
     stats: dict = {}
     got = engine_scores(stories, pairs, stats=stats, grouped=True, prefix_cache=True, kv_unified=False)
-    assert_close(got, reference(stories, pairs))
+    assert_close(got, want)
     assert [s.is_greedy for s in got[:4]] == [True, False, False, False]
-    assert stats["prompt_computed"] <= sum(len(ctx) for ctx, _ in pairs[::4]), stats["prompt_computed"]
+    assert stats["prompt_computed"] <= sum(len(ctx) + 1 for ctx, _ in pairs[::4]), stats["prompt_computed"]
+    invariant = {"batch_invariant": True, "kv_unified": False, "repack": False, "prefix_cache": True}
+    assert_close(engine_scores(stories, pairs, grouped=True, **invariant), want)
 
 
 def test_one_token_and_longer_continuations_of_one_context(stories):
@@ -252,3 +259,30 @@ def test_a_continuation_whose_last_token_is_a_step_of_its_own_is_answered():
     pairs = [(story[:254], cont)]
     assert len(pairs[0][0]) + len(cont) == 257
     assert_close(engine_scores(model, pairs, slots=1), reference(model, pairs))
+
+
+@pytest.mark.timeout(120)
+def test_a_one_token_context_with_one_token_continuations_in_batch_invariant_mode(stories):
+    """lm-eval's empty context is BOS alone: with one-token continuations its prompt must not be
+    a single token, which batch-invariant mode lays out as a decode step (ballast sequences in
+    the slots of the prompts beside it). Scored beside questions on a shared prefix, it scores
+    as without the mode."""
+    from ggbatch.workers.llama.engine import LlamaEngine
+
+    prefix = array("i", [1] + list(range(100, 120)))
+    qs = [Question("bos", array("i", [1]), 0, continuations=(array("i", [7]), array("i", [9])))]
+    qs += [Question(f"q{k}", prefix + array("i", range(200 + k, 230 + k)), 0, continuations=(array("i", [5, 6]),))
+           for k in range(3)]
+    scores = {}
+    for invariant in (False, True):
+        engine = LlamaEngine(EngineConfig(stories, 1, 4, 512, 256, prefix, GenerationParams(max_tokens=1),
+                                          flash_attn=False, batch_invariant=invariant, kv_unified=False,
+                                          repack=not invariant), worker_id=0)
+        try:
+            got = answers_of(engine, qs)
+        finally:
+            engine.close()
+        assert all(a.error is None for a in got.values()), got
+        scores[invariant] = {qid: [s.logprob for s in a.scored] for qid, a in got.items()}
+    for qid, want in scores[False].items():
+        assert scores[True][qid] == pytest.approx(want, abs=1e-3)

@@ -95,10 +95,7 @@ def test_a_group_sharing_as_a_tree_is_walked_depth_first():
     placed, sharing = grouped_order(prompts, 10)
     sent = [prompts[i] for i, _ in placed]
     assert sharing.groups == 1
-    assert sent == sorted(prompts)
-    # each order of the shots (the tree's deepest shared prefixes) is one run of neighbours
-    keys = [tuple(p[50:130]) for p in sent]
-    assert len([k for n, k in enumerate(keys) if n == 0 or k != keys[n - 1]]) == len(set(keys))
+    assert sent == sorted(prompts)  # so each order of the shots is one run of neighbours
 
 
 def test_an_empty_or_single_question_file():

@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Sequence
 
 from ...workers.engine.sequence import common_prefix_len
 from ...workers.protocol import GenerationParams, Question
-from ..config.schema import JobConfig
+from ..config.schema import LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
 from ..files.inputs import Record
 from ..journal.journal import Journal
@@ -111,7 +111,8 @@ def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: in
     scored = sum(len(q.continuations) > 1 for q in first.questions) if first.sharing is not None else 0
     return PromptFacts(n_questions, longest, len(prefix), preparer.prompting.info.n_ctx_train,
                        preparer.prompting.dims, (first.sharing.groups if first.sharing else 0) + scored,
-                       scored=any(q.continuations for q in first.questions)), prefix
+                       scored=preparer.config.choice_scoring == LOGLIKELIHOOD
+                       or any(q.continuations for q in first.questions)), prefix
 
 
 def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> int:

@@ -2,8 +2,8 @@
 
     Question(tokens = context, continuations = (c0, c1, ...))
       ─▶ one Sequence per continuation of two tokens or more, its prompt context + ci, its last
-         len(ci) tokens scored; the one-token continuations ride on the first of these (or on one
-         sequence whose prompt is the context alone): they are read from the context's last row
+         len(ci) tokens scored; the one-token continuations ride on the first sequence (with none
+         longer, the first one-token continuation's): they are read from the context's last row
       ─▶ prefill only: the batch asks llama.cpp for the logits of exactly the rows that predict a
          scored token (the context's last token and every continuation token but the last)
       ─▶ each row's log-softmax at the next token, and whether that token is the row's argmax
@@ -13,8 +13,8 @@ The continuations of one context share its KV as any prompts that share a start 
 scheduler starts a prompt from the longest prefix a stream holds (workers/engine/prefix_cache.py),
 stopping before the context's last token (its logits score the first continuation token), so a
 context goes through the model once per worker and each longer continuation costs its own tokens
-and one. A multiple-choice question on letters (MMLU as lm-eval asks it) is one sequence: no copy
-of the context's KV, no step of its own for any choice.
+and one. A multiple-choice question on letters (MMLU as lm-eval asks it) is one sequence, the
+context and one letter: no copy of the context's KV, no step of its own for any other choice.
 
 Pure bookkeeping and numpy: the engine (workers/llama/engine.py) hands the logits rows in.
 """
@@ -41,10 +41,10 @@ NO_GENERATION = GenerationParams(max_tokens=0)
 @dataclass(eq=False)
 class Scoring:
     """What one sequence scores of a question: its own continuation, the last n of its prompt
-    tokens (n = 0: none, its prompt is the context), each token's log-probability and greedy flag
-    once its row is read (by position, so a preempted sequence computed again writes over them);
-    and `alternatives`, the question's one-token continuations as (index, token), all read from
-    the row of the context's last token."""
+    tokens, each one's log-probability and greedy flag once its row is read (by position, so a
+    preempted sequence computed again writes over them); and `alternatives`, other one-token
+    continuations of the question as (index, token), read from the same row as its first token:
+    the context's last."""
 
     parent: "Parent"
     index: int
@@ -58,12 +58,6 @@ class Scoring:
         self.logprobs = [0.0] * self.n
         self.greedy = [False] * self.n
 
-    @property
-    def rows_unread_at_end(self) -> int:
-        """How many of its prompt's last rows it does not read: the last (its last token predicts
-        nothing scored), or none when its prompt is the context alone (n = 0)."""
-        return 1 if self.n else 0
-
 
 @dataclass(eq=False)
 class Parent:
@@ -76,27 +70,25 @@ class Parent:
 
 
 def sequences(question: Question) -> tuple[Parent, list[Sequence]]:
-    """The sequences that score a question's continuations: one per continuation of two tokens or
-    more (its prompt the context and the continuation), the one-token ones read on the first of
-    these or on a sequence of the context alone; an empty continuation is scored without the model."""
+    """The sequences that score a question's continuations: one per continuation of one token
+    or more, its prompt the context and the continuation, but the one-token continuations after
+    the first sequence's are read on that sequence's row of the context's last token (a prompt
+    of the context alone could be a single token, which batch-invariant mode would take for a
+    decode step); an empty continuation is scored without the model."""
     conts = question.continuations
     parent = Parent(question, len(conts), [None] * len(conts))
     for i, cont in enumerate(conts):
         if not cont:  # the context's tokens took it in (lm-eval scores it so too: nothing, greedy)
             parent.results[i] = Scored(0.0, (), True)
             parent.left -= 1
-    one_token = tuple((i, cont[0]) for i, cont in enumerate(conts) if len(cont) == 1)
     longer = [i for i, cont in enumerate(conts) if len(cont) > 1]
-    if one_token and not longer:
-        return parent, [scoring_sequence(question, Scoring(parent, -1, 0, one_token))]
-    return parent, [scoring_sequence(question, Scoring(parent, i, len(conts[i]), one_token if k == 0 else ()))
-                    for k, i in enumerate(longer)]
-
-
-def scoring_sequence(question: Question, scoring: Scoring) -> Sequence:
-    """A sequence whose prompt is the context and the scored continuation (if any)."""
-    tokens = question.tokens + question.continuations[scoring.index] if scoring.n else question.tokens
-    return Sequence(replace(question, tokens=tokens, continuations=(), generation=NO_GENERATION), scoring=scoring)
+    one_token = [i for i, cont in enumerate(conts) if len(cont) == 1]
+    carriers = longer or one_token[:1]
+    riders = tuple((i, conts[i][0]) for i in one_token if i not in carriers)
+    return parent, [Sequence(replace(question, tokens=question.tokens + conts[i], continuations=(),
+                                     generation=NO_GENERATION),
+                             scoring=Scoring(parent, i, len(conts[i]), riders if k == 0 else ()))
+                    for k, i in enumerate(carriers)]
 
 
 def admit(question: Question, n_ctx_seq: int, worker_id: int,
@@ -128,11 +120,9 @@ def first_scored_pos(seq: Sequence) -> int:
 
 def logit_range(seq: Sequence, start_pos: int, n: int) -> tuple[int, int]:
     """[lo, hi) offsets within a prompt chunk of n tokens from start_pos whose logits a scored
-    sequence needs: the rows from its context's last token to its last token but one (to its
-    last token when it has no continuation of its own)."""
-    assert seq.scoring is not None
+    sequence needs: the rows from its context's last token to its last token but one."""
     lo = max(first_scored_pos(seq), start_pos)
-    hi = min(seq.n_prompt - seq.scoring.rows_unread_at_end, start_pos + n)
+    hi = min(seq.n_prompt - 1, start_pos + n)
     return (lo - start_pos, hi - start_pos) if hi > lo else (0, 0)
 
 
@@ -142,10 +132,9 @@ def read_rows(seq: Sequence, start_pos: int, logits: np.ndarray) -> None:
     continuations)."""
     scoring = seq.scoring
     assert scoring is not None
-    first = seq.n_prompt - scoring.n  # position of the first token of its own continuation
-    own = max(0, min(len(logits), seq.n_prompt - 1 - start_pos))  # rows predicting a prompt token
-    targets = np.frombuffer(seq.prompt, dtype=np.int32)[start_pos + 1:start_pos + 1 + own]
-    logprobs, greedy = token_scores(logits[:own], targets)
+    first = seq.n_prompt - scoring.n  # position of the first continuation token
+    targets = np.frombuffer(seq.prompt, dtype=np.int32)[start_pos + 1:start_pos + 1 + len(logits)]
+    logprobs, greedy = token_scores(logits, targets)
     for k, (lp, g) in enumerate(zip(logprobs.tolist(), greedy.tolist())):
         scoring.logprobs[start_pos + 1 + k - first] = lp
         scoring.greedy[start_pos + 1 + k - first] = g
@@ -198,13 +187,10 @@ def finished(seq: Sequence, worker_id: int, spec: Optional[AnswerSpec]) -> Optio
     scoring = seq.scoring
     assert scoring is not None
     parent = scoring.parent
-    if scoring.n:
-        parent.results[scoring.index] = Scored(float(sum(scoring.logprobs)), tuple(scoring.logprobs),
-                                               all(scoring.greedy))
-        parent.left -= 1
+    parent.results[scoring.index] = Scored(float(sum(scoring.logprobs)), tuple(scoring.logprobs), all(scoring.greedy))
     for i, scored in scoring.alternative_scores.items():
         parent.results[i] = scored
-    parent.left -= len(scoring.alternative_scores)
+    parent.left -= 1 + len(scoring.alternative_scores)
     parent.t_admit = min(parent.t_admit or seq.t_admit, seq.t_admit)
     if parent.left:
         return None

@@ -1,0 +1,73 @@
+"""Log-likelihood bookkeeping without a model (workers/engine/loglik.py): which sequences score a
+question's continuations, which logits rows they read, and the scores put back under each
+continuation's index, on synthetic logits."""
+
+from array import array
+
+import numpy as np
+import pytest
+
+from ggbatch.workers.engine import loglik
+from ggbatch.workers.protocol import Question
+
+VOCAB = 12
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    row = row.astype(np.float64)
+    return row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+
+
+def question(*continuations: list[int]) -> Question:
+    return Question("q", array("i", [1, 2, 3]), 0, continuations=tuple(array("i", c) for c in continuations))
+
+
+def score(q: Question, rows: np.ndarray):
+    """Each sequence's needed rows read from `rows` (row p: the logits after position p), then
+    finished: the question's Answer."""
+    _, seqs = loglik.sequences(q)
+    answer = None
+    for seq in seqs:
+        lo, hi = loglik.logit_range(seq, 0, seq.n_prompt)
+        loglik.read_rows(seq, lo, rows[lo:hi])
+        answer = loglik.finished(seq, 0, None) or answer
+    return seqs, answer
+
+
+def test_one_token_continuations_ride_on_the_first_longer_one():
+    q = question([5], [6, 7], [], [8], [9, 10])
+    seqs, _ = score(q, np.random.default_rng(0).normal(size=(8, VOCAB)).astype(np.float32))
+    assert [list(s.prompt) for s in seqs] == [[1, 2, 3, 6, 7], [1, 2, 3, 9, 10]]
+    assert seqs[0].scoring.alternatives == ((0, 5), (3, 8)) and seqs[1].scoring.alternatives == ()
+
+
+def test_every_continuation_scored_under_its_own_index():
+    rows = np.random.default_rng(1).normal(size=(8, VOCAB)).astype(np.float32)
+    rows[2, 8] = 9.0  # the context's last row: token 8 is its argmax
+    _, answer = score(question([5], [6, 7], [], [8]), rows)
+    ctx_row = log_softmax(rows[2])
+    want = [ctx_row[5], ctx_row[6] + log_softmax(rows[3])[7], 0.0, ctx_row[8]]
+    assert [s.logprob for s in answer.scored] == pytest.approx(want)
+    assert [s.is_greedy for s in answer.scored] == [False, False, True, True]
+    assert [len(s.token_logprobs) for s in answer.scored] == [1, 2, 0, 1]
+
+
+def test_all_one_token_continuations_are_one_sequence_of_the_context_and_the_first():
+    rows = np.random.default_rng(2).normal(size=(4, VOCAB)).astype(np.float32)
+    seqs, answer = score(question([4], [5], [4], [11]), rows)
+    assert len(seqs) == 1 and list(seqs[0].prompt) == [1, 2, 3, 4]
+    assert loglik.logit_range(seqs[0], 0, 4) == (2, 3)  # the context's last row only
+    ctx_row = log_softmax(rows[2])
+    assert [s.logprob for s in answer.scored] == pytest.approx([ctx_row[4], ctx_row[5], ctx_row[4], ctx_row[11]])
+
+
+def test_a_row_read_again_after_a_preemption_writes_over_the_first_reading():
+    q = question([5], [6])
+    _, seqs = loglik.sequences(q)
+    first = np.zeros((1, VOCAB), np.float32)
+    again = np.random.default_rng(3).normal(size=(1, VOCAB)).astype(np.float32)
+    loglik.read_rows(seqs[0], 2, first)
+    loglik.read_rows(seqs[0], 2, again)
+    answer = loglik.finished(seqs[0], 0, None)
+    assert answer is not None
+    assert [s.logprob for s in answer.scored] == pytest.approx([log_softmax(again[0])[5], log_softmax(again[0])[6]])
