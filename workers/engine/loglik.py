@@ -31,6 +31,7 @@ from ..protocol import Answer, AnswerSpec, FinishReason, GenerationParams, Quest
 from . import invariant
 from .answers import rejected
 from .constraints import choice_logprobs
+from .logprobs import log_normalizers
 from .scheduler import Span
 from .sequence import Sequence
 
@@ -161,24 +162,16 @@ def all_in(spans: list[Span]) -> list[Sequence]:
 
 def token_scores(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the log-softmax at its target token, and whether the target is the row's argmax."""
-    top, log_z = normalizers(logits)
+    top, log_z = log_normalizers(logits)
     picked = logits[np.arange(len(targets)), targets].astype(np.float64)
     return picked - log_z, picked >= top
 
 
 def row_scores(row: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One row's log-softmax at each of several tokens, and whether each is the row's argmax."""
-    top, log_z = normalizers(row[None, :])
+    top, log_z = log_normalizers(row[None, :])
     picked = row[tokens].astype(np.float64)
     return picked - log_z[0], picked >= top[0]
-
-
-def normalizers(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's highest logit and log-sum-exp (float64: a 150k vocabulary summed in float32
-    loses the last digits)."""
-    rows = logits.astype(np.float64)
-    top = rows.max(axis=1)
-    return top, top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
 
 
 def finished(seq: Sequence, worker_id: int, spec: Optional[AnswerSpec]) -> Optional[Answer]:

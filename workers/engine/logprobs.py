@@ -52,6 +52,16 @@ def row_logprobs(row: "np.ndarray", token: int, k: int,
             [(t, round(v - log_z, DIGITS)) for t, v in best])
 
 
+def log_normalizers(logits: "np.ndarray") -> tuple["np.ndarray", "np.ndarray"]:
+    """Each row's highest logit and log-sum-exp, the log-softmax's normaliser (float64: a 150k
+    vocabulary summed in float32 loses the last digits)."""
+    import numpy as np
+
+    rows = logits.astype(np.float64)
+    top = rows.max(axis=1)
+    return top, top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
+
+
 def answer_tokens(pieces: Sequence[bytes], n_chars: int) -> int:
     """How many of the generated tokens (their pieces, in order) the answer holds when its text
     was cut to n_chars characters (a stop string begins there): the tokens that start before the

@@ -24,7 +24,7 @@ import llama_cpp
 import numpy as np
 
 from ..engine.constraints import ROOT, choice_spellings
-from ..engine.logprobs import row_logprobs
+from ..engine.logprobs import log_normalizers, row_logprobs
 from ..protocol import GenerationParams
 
 # The backend and its log's ring of error lines belong to model_runner, which sets them up once.
@@ -238,10 +238,9 @@ class Sampling:
     def choice_scores(self, batch_index: int, variants: Sequence[Sequence[int]]) -> list[float]:
         """Each choice's log-probability at this position (log-softmax over the whole
         vocabulary), its best token variant's."""
-        row = self._row(batch_index).astype(np.float64)
-        top = row.max()
-        log_z = top + np.log(np.exp(row - top).sum())
-        return [float(row[list(tokens)].max() - log_z) for tokens in variants]
+        row = self._row(batch_index)
+        log_z = float(log_normalizers(row[None, :])[1][0])
+        return [float(row[list(tokens)].max()) - log_z for tokens in variants]
 
     def token_logprobs(self, batch_indices: Sequence[int], tokens: Sequence[int],
                        k: int) -> list[tuple[float, list[tuple[int, float]]]]:
