@@ -108,9 +108,9 @@ def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: in
                       default=0), longest_guess)
     # a question whose choices are scored as continuations shares its context among them: the
     # workers keep the prefix cache for it, as for a group of questions
-    scored = sum(len(q.continuations) > 1 for q in first.questions) if first.sharing is not None else 0
+    shared_contexts = sum(len(q.continuations) > 1 for q in first.questions) if first.sharing is not None else 0
     return PromptFacts(n_questions, longest, len(prefix), preparer.prompting.info.n_ctx_train,
-                       preparer.prompting.dims, (first.sharing.groups if first.sharing else 0) + scored,
+                       preparer.prompting.dims, (first.sharing.groups if first.sharing else 0) + shared_contexts,
                        scored=preparer.config.choice_scoring == LOGLIKELIHOOD
                        or any(q.continuations for q in first.questions)), prefix
 
