@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
@@ -14,6 +15,7 @@ import pytest
 
 import ggbatch
 from fake_engine import Fake
+from ggbatch.workers.protocol import Question
 from helpers import wait_for
 
 pytestmark = pytest.mark.model
@@ -68,6 +70,20 @@ def test_samples_and_token_logprobs_come_back_as_python_objects(demo_model):
         for s in a.samples:
             assert s.token_logprobs and all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in s.token_logprobs)
     assert [s.text for s in warm.samples] == [s.text for s in cold.samples]  # a pool answers as answer() does
+
+@pytest.mark.timeout(120)
+def test_hand_made_tokens_outside_the_vocabulary_are_refused_by_name(demo_model):
+    with ggbatch.Pool(model=demo_model, max_tokens=4) as pool:
+        (context,) = pool.tokenize(["Once upon a time"])
+        good = Question("good", context, 0, continuations=(array("i", [5]),))
+        for bad, part in ((Question("q7", context, 0, continuations=(array("i", [5]), array("i", [-1]))),
+                           "continuation 1 has token -1"),
+                          (Question("q8", array("i", [*context, 10**7]), 0), "prompt has token 10000000")):
+            with pytest.raises(ggbatch.GgbatchError, match=rf"question '{bad.qid}': its {part}, outside"):
+                pool.submit_questions([good, bad])
+        (scored,) = pool.submit_questions([good]).result(timeout=60)  # nothing of the refused calls was sent
+    assert scored.id == "good" and scored.error is None and scored.scored is not None
+
 
 @pytest.mark.timeout(120)
 def test_32_threads_submitting_at_once_share_the_batches(demo_model):

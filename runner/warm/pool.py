@@ -201,6 +201,8 @@ class Pool:
         together (runner/questions/prefix_groups.py), for the workers' prefix cache."""
         if self._closed:
             raise PoolClosed(f"{self._source}: the pool is closed")
+        for question in questions:
+            _check_vocabulary(question, self._prompting.info.n_vocab, f"{self._source}.submit_questions()")
         ordered, _ = order(list(questions), self._config.prefix_cache == "auto")
         with self._make_lock:
             ordered = [replace(q, group=q.group + self._groups) if q.group else q for q in ordered]
@@ -265,6 +267,18 @@ class Pool:
         if exc_type is not None and not self._closed:
             self._intake.cancel(PoolClosed(f"{self._source}: the pool was left on an error"))
         self.close()
+
+
+def _check_vocabulary(question: Question, n_vocab: int, where: str) -> None:
+    """Hand-made tokens are the model's: a token id outside its vocabulary would stop llama_decode
+    for the whole batch, or, in a one-token continuation read straight from a logits row, score
+    another token (a negative id indexes from the row's end)."""
+    parts = [("prompt", question.tokens)] + [(f"continuation {i}", c) for i, c in enumerate(question.continuations)]
+    for part, tokens in parts:
+        if len(tokens) and not (0 <= min(tokens) and max(tokens) < n_vocab):
+            bad = next(t for t in tokens if not 0 <= t < n_vocab)
+            raise GgbatchError(f"{where}: question {question.qid!r}: its {part} has token {bad}, outside the "
+                               f"model's vocabulary (0 to {n_vocab - 1})")
 
 
 class _Events:
