@@ -7,9 +7,13 @@
   plain weights. Tokens per second for each split (median of --repeat).
 - decode: one token for each of 32 sequences whose KV holds 200 and 1,000 tokens (a decode step
   reads every sequence's cells). Milliseconds per step.
+- decode widths: one token for each of 32, 64, 128 and 256 sequences of 100 tokens, every row's
+  logits computed (as sampling needs them). Tokens per second: whether a wider step computes a
+  token faster (samples_bench.py's n = 8 decodes 64 sequences a step, llama-server 32).
 
 Where a lm-eval MMLU run (prefill in uneven chunks) and GSM8K (decode over long few-shot
-contexts) spend their time: docs/performance/pools-and-weighing.md, fourth sitting.
+contexts) spend their time, and whether a wider decode step computes a token faster:
+docs/performance/pools-and-weighing.md, fourth and fifth sittings.
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ SPLITS = {"1 x 512": [512], "2 x 256": [256] * 2, "4 x 128": [128] * 4, "16 x 32
 START = 100  # prefill chunks go in after this many tokens of each sequence
 
 
-def decode(runner: ModelRunner, chunks: list[tuple[int, int, int]], rng: np.random.Generator) -> float:
-    """Seconds of one llama_decode of `chunks` (sequence, first position, tokens), last row's logits."""
+def decode(runner: ModelRunner, chunks: list[tuple[int, int, int]], rng: np.random.Generator,
+           every_row: bool = False) -> float:
+    """Seconds of one llama_decode of `chunks` (sequence, first position, tokens), the last row's
+    logits (every row's with every_row)."""
     tokens = np.concatenate([rng.integers(100, 5000, n) for _, _, n in chunks]).astype(np.int32)
     pos = np.concatenate([np.arange(p, p + n) for _, p, n in chunks]).astype(np.int32)
     seqs = np.concatenate([np.full(n, s) for s, _, n in chunks]).astype(np.int32)
-    logits = np.zeros(len(tokens), np.int8)
+    logits = np.full(len(tokens), int(every_row), np.int8)
     logits[-1] = 1
     t0 = time.perf_counter()
     if runner.decode(tokens, pos, seqs, logits) != 0:
@@ -85,6 +91,19 @@ def decode_ms(model: str, threads: int, repeat: int, flash_attn: bool, context: 
         runner.close()
 
 
+def width_rate(model: str, threads: int, repeat: int, flash_attn: bool, n_seqs: int, context: int = 100) -> float:
+    runner = ModelRunner(model, threads, n_ctx=n_seqs * (context + 64), n_seq_max=n_seqs, n_batch=max(512, n_seqs),
+                         kv_unified=False, flash_attn=flash_attn, repack=False)
+    rng = np.random.default_rng(0)
+    try:
+        fill(runner, n_seqs, context, rng)
+        took = [decode(runner, [(s, context + k, 1) for s in range(n_seqs)], rng, every_row=True)
+                for k in range(repeat + 1)]
+        return n_seqs / statistics.median(took[1:])
+    finally:
+        runner.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model")
@@ -98,6 +117,9 @@ def main() -> None:
     for context in (200, 1000):
         ms = decode_ms(model, args.threads, args.repeat, fa, context)
         print(f"decode 32 sequences at {context} tokens: {ms:.0f} ms", flush=True)
+    for n_seqs in (32, 64, 128, 256):
+        rate = width_rate(model, args.threads, args.repeat, fa, n_seqs)
+        print(f"decode {n_seqs:>3} sequences, every row's logits: {rate:6.1f} tokens/s", flush=True)
 
 
 if __name__ == "__main__":
