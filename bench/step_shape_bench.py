@@ -92,7 +92,7 @@ def decode_ms(model: str, threads: int, repeat: int, flash_attn: bool, context: 
 
 
 def width_rate(model: str, threads: int, repeat: int, flash_attn: bool, n_seqs: int, context: int = 100) -> float:
-    runner = ModelRunner(model, threads, n_ctx=n_seqs * (context + 64), n_seq_max=n_seqs, n_batch=max(512, n_seqs),
+    runner = ModelRunner(model, threads, n_ctx=n_seqs * (context + 64), n_seq_max=n_seqs, n_batch=512,
                          kv_unified=False, flash_attn=flash_attn, repack=False)
     rng = np.random.default_rng(0)
     try:

@@ -15,7 +15,7 @@ import pytest
 
 import ggbatch
 from fake_engine import Fake
-from ggbatch.workers.protocol import Question
+from ggbatch.workers.protocol import GenerationParams, Question
 from helpers import wait_for
 
 pytestmark = pytest.mark.model
@@ -76,13 +76,17 @@ def test_hand_made_tokens_outside_the_vocabulary_are_refused_by_name(demo_model)
     with ggbatch.Pool(model=demo_model, max_tokens=4) as pool:
         (context,) = pool.tokenize(["Once upon a time"])
         good = Question("good", context, 0, continuations=(array("i", [5]),))
+        biased = GenerationParams(max_tokens=2, logit_bias=((3, 1.0), (10**6, 5.0)))
         for bad, part in ((Question("q7", context, 0, continuations=(array("i", [5]), array("i", [-1]))),
                            "continuation 1 has token -1"),
-                          (Question("q8", array("i", [*context, 10**7]), 0), "prompt has token 10000000")):
-            with pytest.raises(ggbatch.GgbatchError, match=rf"question '{bad.qid}': its {part}, outside"):
+                          (Question("q8", array("i", [*context, 10**7]), 0), "prompt has token 10000000"),
+                          (Question("q9", context, 0, biased), "logit_bias has token 1000000")):
+            with pytest.raises(ggbatch.GgbatchError, match=rf"question '{bad.qid}': its {part}, which is not in"):
                 pool.submit_questions([good, bad])
-        (scored,) = pool.submit_questions([good]).result(timeout=60)  # nothing of the refused calls was sent
+        (scored,) = pool.submit_questions([good]).result(timeout=60)
+        answered = pool.stats()["answered"]
     assert scored.id == "good" and scored.error is None and scored.scored is not None
+    assert answered == 1  # nothing of the refused calls was sent
 
 
 @pytest.mark.timeout(120)

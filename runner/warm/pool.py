@@ -26,7 +26,7 @@ from ...workers.protocol import Answer, Question, Ready, ThreadsSet
 from ..config.answer import job_answer
 from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
-from ..errors import GgbatchError
+from ..errors import GgbatchError, InputError, quote
 from ..files.inputs import Record
 from ..launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
 from ..model.identity import identify, resolve_model
@@ -271,14 +271,17 @@ class Pool:
 
 def _check_vocabulary(question: Question, n_vocab: int, where: str) -> None:
     """Hand-made tokens are the model's: a token id outside its vocabulary would stop llama_decode
-    for the whole batch, or, in a one-token continuation read straight from a logits row, score
-    another token (a negative id indexes from the row's end)."""
-    parts = [("prompt", question.tokens)] + [(f"continuation {i}", c) for i, c in enumerate(question.continuations)]
+    for the whole batch, or score another token where a one-token continuation is read straight
+    from a logits row (a negative id indexes from the row's end), or reach past the candidates
+    in llama.cpp's logit_bias sampler."""
+    bias = array("i", [t for t, _ in question.generation.logit_bias] if question.generation else [])
+    parts = [("prompt", question.tokens), *((f"continuation {i}", c) for i, c in enumerate(question.continuations)),
+             ("logit_bias", bias)]
     for part, tokens in parts:
         if len(tokens) and not (0 <= min(tokens) and max(tokens) < n_vocab):
             bad = next(t for t in tokens if not 0 <= t < n_vocab)
-            raise GgbatchError(f"{where}: question {question.qid!r}: its {part} has token {bad}, outside the "
-                               f"model's vocabulary (0 to {n_vocab - 1})")
+            raise InputError(f"{where}: question {quote(question.qid)}: its {part} has token {bad}, which is not "
+                             f"in the model's vocabulary (ids 0-{n_vocab - 1})")
 
 
 class _Events:
