@@ -71,6 +71,7 @@ def test_samples_and_token_logprobs_come_back_as_python_objects(demo_model):
             assert s.token_logprobs and all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in s.token_logprobs)
     assert [s.text for s in warm.samples] == [s.text for s in cold.samples]  # a pool answers as answer() does
 
+
 @pytest.mark.timeout(120)
 def test_hand_made_tokens_outside_the_vocabulary_are_refused_by_name(demo_model):
     with ggbatch.Pool(model=demo_model, max_tokens=4) as pool:
