@@ -79,27 +79,18 @@ def prefill_rates(model: str, threads: int, repeat: int, flash_attn: bool) -> di
         runner.close()
 
 
-def decode_ms(model: str, threads: int, repeat: int, flash_attn: bool, context: int, n_seqs: int = 32) -> float:
+def decode_step_s(model: str, threads: int, repeat: int, flash_attn: bool, context: int, n_seqs: int,
+                  every_row: bool = False) -> float:
+    """Median seconds of a decode step of one token for each of n_seqs sequences holding `context`
+    tokens (the first step, which also pays for the deferred stream copies, left out)."""
     runner = ModelRunner(model, threads, n_ctx=n_seqs * (context + 64), n_seq_max=n_seqs, n_batch=512,
                          kv_unified=False, flash_attn=flash_attn, repack=False)
     rng = np.random.default_rng(0)
     try:
         fill(runner, n_seqs, context, rng)
-        took = [decode(runner, [(s, context + k, 1) for s in range(n_seqs)], rng) for k in range(repeat + 1)]
-        return 1000 * statistics.median(took[1:])
-    finally:
-        runner.close()
-
-
-def width_rate(model: str, threads: int, repeat: int, flash_attn: bool, n_seqs: int, context: int = 100) -> float:
-    runner = ModelRunner(model, threads, n_ctx=n_seqs * (context + 64), n_seq_max=n_seqs, n_batch=512,
-                         kv_unified=False, flash_attn=flash_attn, repack=False)
-    rng = np.random.default_rng(0)
-    try:
-        fill(runner, n_seqs, context, rng)
-        took = [decode(runner, [(s, context + k, 1) for s in range(n_seqs)], rng, every_row=True)
+        took = [decode(runner, [(s, context + k, 1) for s in range(n_seqs)], rng, every_row)
                 for k in range(repeat + 1)]
-        return n_seqs / statistics.median(took[1:])
+        return statistics.median(took[1:])
     finally:
         runner.close()
 
@@ -108,17 +99,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each shape (at least 1)")
     parser.add_argument("--flash-attn", choices=["on", "off"], default="off")
     args = parser.parse_args()
     model, fa = args.model or bench_model(), args.flash_attn == "on"
     for name, rate in prefill_rates(model, args.threads, args.repeat, fa).items():
         print(f"prefill {name:>9}: {rate:6.1f} tokens/s", flush=True)
     for context in (200, 1000):
-        ms = decode_ms(model, args.threads, args.repeat, fa, context)
+        ms = 1000 * decode_step_s(model, args.threads, args.repeat, fa, context, 32)
         print(f"decode 32 sequences at {context} tokens: {ms:.0f} ms", flush=True)
     for n_seqs in (32, 64, 128, 256):
-        rate = width_rate(model, args.threads, args.repeat, fa, n_seqs)
+        rate = n_seqs / decode_step_s(model, args.threads, args.repeat, fa, 100, n_seqs, every_row=True)
         print(f"decode {n_seqs:>3} sequences, every row's logits: {rate:6.1f} tokens/s", flush=True)
 
 
