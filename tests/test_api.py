@@ -36,6 +36,20 @@ def test_a_bad_setting_is_a_ggbatch_error_naming_it(demo_model):
     assert err.value.exit_code == 2
 
 
+def test_the_models_own_keys_sit_beside_its_path(demo_model):
+    """model="m.gguf" with model__n_ctx (Python's spelling of model.n_ctx, which lm-eval's
+    --model_args passes as written) is a job file's model: {path: m.gguf, n_ctx: 512}, in either order."""
+    from ggbatch.runner.config.keywords import job_config
+
+    for settings in ({"model": demo_model, "model__n_ctx": 512}, {"model.n_ctx": 512, "model": demo_model}):
+        config = job_config(input="q.jsonl", output="a.json", **settings)
+        assert (config.model, config.n_ctx) == (demo_model, 512)
+    with pytest.raises(ggbatch.GgbatchError, match="unknown key 'n_gpu_layers' .did you mean 'model__n_gpu_layers'"):
+        job_config(model=demo_model, input="q.jsonl", output="a.json", n_gpu_layers="all")
+    with pytest.raises(ggbatch.GgbatchError, match="sampling=0.5 is not a mapping, yet keys inside sampling"):
+        job_config(model=demo_model, input="q.jsonl", output="a.json", sampling=0.5, sampling__seed=1)
+
+
 def test_answer_questions_in_memory_in_their_order(tmp_path, demo_model):
     questions = ["Once upon a time", "The little dog", {"question": "Tom and Sue went", "hint": "park"}]
     answers = ggbatch.answer(questions, model=demo_model, max_tokens=8)

@@ -29,15 +29,36 @@ def settings_config(job_file: Optional[str], settings: Mapping[str, Any], source
 
 
 def settings_layer(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """Keyword arguments as a layer of dotted keys (build_config's), unknown keys refused."""
+    """Keyword arguments as a layer of dotted keys (build_config's), unknown keys refused. A name's
+    double underscores (or dots: lm-eval's --model_args passes them) are the job file's nesting,
+    so model="m.gguf" beside model__n_gpu_layers="all" is a job file's model: {path: m.gguf,
+    n_gpu_layers: all}, in either order."""
     nested: dict[str, Any] = {}
     for key, value in settings.items():
-        *sections, name = key.split("__")
+        *sections, name = key_parts(key)
         target = nested
         for section in sections:
-            target = target.setdefault(section, {})
+            target[section] = _as_section(target.get(section, {}), section, source)
+            target = target[section]
+        if isinstance(target.get(name), dict):  # the section's own keys came first
+            value = {**target[name], **_as_section(value, name, source)}
         target[name] = value
     return flatten(nested, source)
+
+
+def key_parts(name: str) -> list[str]:
+    """A keyword argument's name as the job file's nested keys: sampling__seed, sampling.seed."""
+    return name.replace(".", "__").split("__")
+
+
+def _as_section(value: Any, section: str, source: str) -> Any:
+    """A section's keys as a mapping; a plain value given for a section with a path (model="m.gguf")
+    is that path."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if f"{section}.path" in SCHEMA:
+        return {"path": value}
+    raise ConfigError(f"{source}: {section}={value!r} is not a mapping, yet keys inside {section} are given too")
 
 
 def keywords() -> list[str]:
@@ -52,12 +73,13 @@ def check_keywords(source: str, settings: Mapping[str, Any], own: tuple[str, ...
     TypeError would point inside ggbatch."""
     valid = [k for k in keywords() if k not in own]
     for name in settings:
-        top = name.split("__")[0]
+        top = key_parts(name)[0]
         if top in own:
             raise ConfigError(f"{source}: {name}= is not taken here: {source[:-2]} makes its own files "
                               "and returns the answers (use ggbatch.run() to write files)")
         if top not in valid:
-            hint = difflib.get_close_matches(top, valid, n=1)
+            hint = [k.replace(".", "__") for k in SCHEMA if k.endswith(f".{top}")] or \
+                difflib.get_close_matches(top, valid, n=1)
             raise ConfigError(f"{source}: unknown key '{name}'"
                               + (f" (did you mean '{hint[0]}'?)" if hint else "")
                               + f"; the keyword arguments: {', '.join(sorted([*valid, *also]))}")
