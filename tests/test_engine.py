@@ -150,6 +150,21 @@ def test_sampling_depends_on_question_seed_not_on_slot(stories, tokenizer):
     assert len({v.text for v in a.values()}) > 1  # different seeds, different stories
 
 
+def test_sampled_rows_spread_over_threads_pick_what_one_thread_picks(stories, tokenizer, monkeypatch):
+    """Each step's sampled rows go through their chains on the worker's cores at once
+    (Sampling.sample_many): the same tokens as one chain after another."""
+    from ggbatch.workers.llama.sampling import Sampling
+
+    qs = questions(tokenizer, ["Once upon a time"] * 6, seed=7)
+    sampling = SamplingParams(temperature=1.0, top_k=40, top_p=0.95, seed=0)
+    got = {}
+    for threads in (1, 4):
+        monkeypatch.setattr(Sampling, "host_threads", threads)
+        got[threads] = texts(answer_all(stories, qs, slots=6, max_tokens=24, sampling=sampling))
+    assert got[4] == got[1]
+    assert len(set(got[1].values())) > 1  # six seeds, six stories: every step sampled six rows
+
+
 def test_answer_metadata(stories, tokenizer):
     qs = questions(tokenizer, ["Once upon a time"])
     a = answer_all(stories, qs, slots=1, max_tokens=10)["q0"]

@@ -262,8 +262,7 @@ class LlamaEngine:
             n_outputs = int(np.count_nonzero(batch.arrays[3]))
             for i, token in zip(greedy, self.sampling.greedy([rows[i][2] for i in greedy], n_outputs).tolist()):
                 tokens[i] = token
-        for i, (span, index, _) in enumerate(rows):
-            tokens[i] = self.picker.pick(span.seq, index, tokens[i])
+        tokens = self.picker.pick_all([(span.seq, index) for span, index, _ in rows], tokens)
         out = [(span.seq, token) for (span, _, _), token in zip(rows, tokens)]
         self.picker.record_logprobs(rows, tokens)
         self.counters.sample_s += time.perf_counter() - t0

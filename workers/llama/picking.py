@@ -49,6 +49,28 @@ class Picker:
             self.sampling.free_sampler(seq.grammar)
             seq.grammar = None
 
+    def pick_all(self, rows: list[tuple[Sequence, int]], greedy_tokens: list[int]) -> list[int]:
+        """pick() of every (sequence, batch position), given the greedy argmax of the greedy rows.
+        The rows that only their sampler chain decides (no grammar, choices or thinking) are
+        sampled together, over the worker's cores (Sampling.sample_many)."""
+        tokens = list(greedy_tokens)
+        plain = [i for i, (seq, _) in enumerate(rows) if self._chain_alone(seq)]
+        if len(plain) < 2:
+            plain = []
+        for i, token in zip(plain, self.sampling.sample_many([(rows[i][0].sampler, rows[i][1]) for i in plain])):
+            tokens[i] = token
+        chained = set(plain)
+        for i, (seq, index) in enumerate(rows):
+            if i not in chained:
+                tokens[i] = self.pick(seq, index, tokens[i])
+        return tokens
+
+    @staticmethod
+    def _chain_alone(seq: Sequence) -> bool:
+        """Its sampler chain alone picks its token: pick() would go straight to Sampling.sample."""
+        thinking = seq.think is not None and not seq.think.answering
+        return seq.sampler is not None and seq.grammar is None and seq.choice_tokens is None and not thinking
+
     def pick(self, seq: Sequence, index: int, greedy_token: int) -> int:
         """The token of one sequence at batch position `index`, given its greedy argmax: fixed
         choices are scored; a grammar is asked only about the token picked without it, and masks

@@ -135,17 +135,25 @@ class Sampling:
     # batch. numpy's argmax lets go of the GIL, so threads of the worker's own cores share the
     # rows, each at least this many floats (4 MB: well above a thread hand-off's cost).
     argmax_floats_per_thread = 1 << 20
+    # The host's work between two decodes (that argmax, the sampler chains, the token
+    # log-probabilities) is spread over threads of the worker's own cores, while llama.cpp's
+    # threads wait: with every layer on a GPU the worker holds its cores for one llama.cpp thread,
+    # and a chain's pass over a 151,936-token row is then as long as the GPU's whole step. None:
+    # one thread per core the worker is pinned to (it is pinned before its engine is made).
+    host_threads: Optional[int] = None
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.vocab = runner.vocab
         self._candidates: Optional[_Candidates] = None  # made on the first grammar's first use
-        # Token log-probabilities: threads made on first use, a row buffer each
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._pool_size = 0
-        self._scratch = threading.local()
-        self._argmax_pool: Optional[ThreadPoolExecutor] = None  # made on the first wide greedy step
-        self._argmax_threads = len(os.sched_getaffinity(0))  # the worker is pinned before its engine is made
+        self._threads = self.host_threads or len(os.sched_getaffinity(0))
+        self._pool: Optional[ThreadPoolExecutor] = None  # made on first use
+        self._scratch = threading.local()  # a token log-probability row buffer per thread
+
+    def _host_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="host")
+        return self._pool
 
     # -- sampling -------------------------------------------------------------------------------
 
@@ -187,15 +195,23 @@ class Sampling:
         Many rows are split among the worker's cores (row_argmax)."""
         ptr = llama_cpp.llama_get_logits(self.runner.ctx)
         logits = np.ctypeslib.as_array(ptr, shape=(n_outputs, self.vocab.n_tokens))
-        if len(rows) * self.vocab.n_tokens < 2 * self.argmax_floats_per_thread or self._argmax_threads == 1:
+        if len(rows) * self.vocab.n_tokens < 2 * self.argmax_floats_per_thread or self._threads == 1:
             return row_argmax(logits, rows)
-        if self._argmax_pool is None:
-            self._argmax_pool = ThreadPoolExecutor(self._argmax_threads, thread_name_prefix="argmax")
-        return row_argmax(logits, rows, self._argmax_pool, self._argmax_threads, self.argmax_floats_per_thread)
+        return row_argmax(logits, rows, self._host_pool(), self._threads, self.argmax_floats_per_thread)
 
     def sample(self, sampler: llama_cpp.llama_sampler_p, batch_index: int) -> int:
         """Sample from the logits row of batch position `batch_index` (also accepts the token)."""
         return int(llama_cpp.llama_sampler_sample(sampler, self.runner.ctx, batch_index))
+
+    def sample_many(self, chains: Sequence[tuple[llama_cpp.llama_sampler_p, int]]) -> list[int]:
+        """sample() of several sequences' chains, each on its batch position, spread over the
+        worker's cores: a chain keeps its own state and candidate buffer, and llama.cpp's calls let
+        go of the GIL. One row is read here first: a context's first logits read after a decode
+        puts the rows in batch order (llama_context::output_reorder), not to be run by two threads."""
+        if len(chains) < 2 or self._threads == 1:
+            return [self.sample(chain, index) for chain, index in chains]
+        llama_cpp.llama_get_logits_ith(self.runner.ctx, chains[0][1])
+        return list(self._host_pool().map(lambda c: self.sample(*c), chains))
 
     def peek(self, chain: llama_cpp.llama_sampler_p, batch_index: int) -> int:
         """The token the chain picks on this row, not yet accepted into its history (sample() is
@@ -247,14 +263,11 @@ class Sampling:
         """Each picked token's log-probability and the k most likely tokens, from the raw logits
         rows of these batch positions (workers/engine/logprobs.py): read before any sampler, which
         works on a copy, so the distribution is the model's own. Rows are spread over the worker's
-        threads: llama.cpp's own sit idle between two decodes, and numpy lets go of the GIL."""
+        cores (numpy lets go of the GIL)."""
         work = list(zip(batch_indices, tokens))
-        if len(work) == 1 or self.runner.n_threads == 1:
+        if len(work) == 1 or self._threads == 1:
             return [self._token_logprobs(i, t, k) for i, t in work]
-        if self._pool is None or self._pool_size != self.runner.n_threads:
-            self._pool_size = self.runner.n_threads
-            self._pool = ThreadPoolExecutor(self._pool_size, thread_name_prefix="logprobs")
-        return list(self._pool.map(lambda it: self._token_logprobs(it[0], it[1], k), work))
+        return list(self._host_pool().map(lambda it: self._token_logprobs(it[0], it[1], k), work))
 
     def _token_logprobs(self, batch_index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
         scratch = getattr(self._scratch, "row", None)
@@ -266,9 +279,6 @@ class Sampling:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-        if self._argmax_pool is not None:
-            self._argmax_pool.shutdown()
-            self._argmax_pool = None
 
     def _candidates_for(self) -> _Candidates:
         if self._candidates is None:
