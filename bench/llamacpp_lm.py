@@ -20,10 +20,10 @@ class LlamaCppOnceLM(TemplateLM):
     """loglikelihood only: each distinct context decoded once, its continuations (one token each)
     scored from the last row's log-softmax."""
 
-    def __init__(self, model: str, n_ctx: int = 2048, n_threads: Optional[int] = None) -> None:
+    def __init__(self, model: str, n_ctx: int = 2048, n_threads: Optional[int] = None, n_gpu_layers: int = 0) -> None:
         super().__init__()
         self.llm = llama_cpp.Llama(model_path=model, n_ctx=n_ctx, n_batch=512, logits_all=False,
-                                   n_threads=n_threads, flash_attn=False, verbose=False)
+                                   n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=False, verbose=False)
         self.tokens_computed = 0
 
     @property

@@ -2,7 +2,7 @@
 sitting, the two sides alternated; medians.
 
     HF_DATASETS_OFFLINE=1 python bench/lmeval_compare.py [--model M.gguf] [--task mmlu|gsm8k|both]
-        [--mmlu 100] [--gsm8k 32] [--repeat 2]
+        [--mmlu 100] [--gsm8k 32] [--repeat 2] [--gpu-layers all]
 
 - mmlu: 5-shot MMLU validation questions (../shared/data/mmlu), lm-eval's `multiple_choice` with
   the letters as continuations, the five shots drawn in lm-eval's own order for each question
@@ -16,9 +16,11 @@ sitting, the two sides alternated; medians.
   and how many answers are the same text.
 
 The model defaults to the benchmark model (bench/engine_bench.py builds it when absent). Threads:
-every core on both sides. lm-eval runs the local tasks alone on both sides: its index of the few
-thousand tasks it ships (about 20 s of YAML parsing on this machine, the same for every backend)
-is skipped, so the times are the backends' and lm-eval's work on these tasks.
+every core on both sides. `--gpu-layers N|all` puts that many layers on the GPU on every side
+(ggbatch's `model.n_gpu_layers`, llama-cpp-python's `n_gpu_layers`). lm-eval runs the local
+tasks alone on both sides: its index of the few thousand tasks it ships (about 20 s of YAML
+parsing on this machine, the same for every backend) is skipped, so the times are the backends'
+and lm-eval's work on these tasks.
 """
 
 from __future__ import annotations
@@ -89,6 +91,25 @@ def evaluate(lm: Any, task: str, folder: Path, **kwargs: Any) -> dict[str, Any]:
                                    task_manager=tasks, **kwargs)
 
 
+def warm_up(task: str, folder: Path) -> None:
+    """One untimed run of the task with a model that answers at once, so that lm-eval's own
+    first-run costs in this process (its imports, the task's dataset built from the JSON files)
+    fall on neither side: about 5 s, which on a GPU is the size of a whole side."""
+    from lm_eval.api.model import LM
+
+    class Instant(LM):
+        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+            return [(0.0, False)] * len(requests)
+
+        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+            return [0.0] * len(requests)
+
+        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+            return [""] * len(requests)
+
+    evaluate(Instant(), task, folder)
+
+
 def ggbatch_side(model: str, task: str, folder: Path,
                  settings: dict[str, Any]) -> tuple[float, dict[str, Any], dict[str, Any]]:
     """(seconds from the pool's start to its close, lm-eval's output, the pool's counters)."""
@@ -104,22 +125,23 @@ def ggbatch_side(model: str, task: str, folder: Path,
     return time.perf_counter() - t0, out, stats
 
 
-def llamacpp_side(model: str, folder: Path) -> tuple[float, dict[str, Any], int]:
+def llamacpp_side(model: str, folder: Path, gpu_layers: int) -> tuple[float, dict[str, Any], int]:
     """(seconds from the model's load, lm-eval's output, prompt tokens computed)."""
     from llamacpp_lm import LlamaCppOnceLM
 
     t0 = time.perf_counter()
-    lm = LlamaCppOnceLM(model, n_threads=os.cpu_count())
+    lm = LlamaCppOnceLM(model, n_threads=os.cpu_count(), n_gpu_layers=gpu_layers)
     out = evaluate(lm, "mmlu_val_local", folder)
     return time.perf_counter() - t0, out, lm.tokens_computed
 
 
-def server_side(model: str, folder: Path, port: int = 18111) -> tuple[float, dict[str, Any]]:
+def server_side(model: str, folder: Path, gpu_layers: int, port: int = 18111) -> tuple[float, dict[str, Any]]:
     """(seconds of lm-eval's local-completions run against the loaded server, lm-eval's output)."""
     import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
 
     server = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_ctx", "2048",
-                               "--n_threads", str(os.cpu_count()), "--port", str(port)],
+                               "--n_threads", str(os.cpu_count()), "--n_gpu_layers", str(gpu_layers),
+                               "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(f"http://127.0.0.1:{port}/v1/models", server)
@@ -202,7 +224,7 @@ def alternate(rounds: int, ours: Callable[[], float], theirs: Callable[[], float
     print(f"{label} median: ggbatch {a:.1f} s, peer {b:.1f} s: ggbatch {b / a:.2f}x as fast", flush=True)
 
 
-def run_mmlu(model: str, folder: Path, rounds: int, settings: dict[str, Any], peer: bool) -> None:
+def run_mmlu(model: str, folder: Path, rounds: int, settings: dict[str, Any], peer: bool, gpu_layers: int) -> None:
     kept: dict[str, Any] = {}
 
     def ours() -> float:
@@ -213,9 +235,10 @@ def run_mmlu(model: str, folder: Path, rounds: int, settings: dict[str, Any], pe
         return took
 
     def theirs() -> float:
-        took, kept["theirs"], kept["peer_computed"] = llamacpp_side(model, folder)
+        took, kept["theirs"], kept["peer_computed"] = llamacpp_side(model, folder, gpu_layers)
         return took
 
+    warm_up("mmlu_val_local", folder)
     if not peer:
         print(f"mmlu ggbatch alone: {statistics.median(ours() for _ in range(rounds)):.1f} s, prompt tokens "
               f"computed {kept['computed']}", flush=True)
@@ -227,7 +250,8 @@ def run_mmlu(model: str, folder: Path, rounds: int, settings: dict[str, Any], pe
           f"prefix tree; computed: ggbatch {kept['computed']}, peer {kept['peer_computed']}")
 
 
-def run_gsm8k(model: str, folder: Path, rounds: int, settings: dict[str, Any], peer: bool) -> None:
+def run_gsm8k(model: str, folder: Path, rounds: int, settings: dict[str, Any], peer: bool,
+              gpu_layers: int) -> None:
     kept: dict[str, Any] = {}
 
     def ours() -> float:
@@ -235,9 +259,10 @@ def run_gsm8k(model: str, folder: Path, rounds: int, settings: dict[str, Any], p
         return took
 
     def theirs() -> float:
-        took, kept["theirs"] = server_side(model, folder)
+        took, kept["theirs"] = server_side(model, folder, gpu_layers)
         return took
 
+    warm_up("gsm8k_local", folder)
     if not peer:
         print(f"gsm8k ggbatch alone: {statistics.median(ours() for _ in range(rounds)):.1f} s", flush=True)
         return
@@ -256,8 +281,12 @@ def main() -> None:
     ap.add_argument("--ggbatch", default="", metavar="KEY=VALUE,...",
                     help="ggbatch's job keys for its side (as lm-eval's --model_args: workers=2,slots=16)")
     ap.add_argument("--no-peer", action="store_true", help="time ggbatch's side alone")
+    ap.add_argument("--gpu-layers", default="0", help="layers on the GPU on every side: N or all (default 0)")
     args = ap.parse_args()
     settings = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.ggbatch.split(",") if kv)}
+    gpu_layers = -1 if args.gpu_layers == "all" else int(args.gpu_layers)  # llama.h: negative is every layer
+    if gpu_layers:
+        settings.setdefault("model.n_gpu_layers", args.gpu_layers)
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from engine_bench import bench_model
 
@@ -267,9 +296,9 @@ def main() -> None:
         write_task(folder, "mmlu", MMLU_TASK, DATA / "mmlu" / "questions.jsonl", args.mmlu)
         write_task(folder, "gsm8k", GSM8K_TASK, DATA / "gsm8k" / "questions.jsonl", args.gsm8k)
         if args.task in ("mmlu", "both"):
-            run_mmlu(model, folder, args.repeat, settings, not args.no_peer)
+            run_mmlu(model, folder, args.repeat, settings, not args.no_peer, gpu_layers)
         if args.task in ("gsm8k", "both"):
-            run_gsm8k(model, folder, args.repeat, settings, not args.no_peer)
+            run_gsm8k(model, folder, args.repeat, settings, not args.no_peer, gpu_layers)
 
 
 if __name__ == "__main__":

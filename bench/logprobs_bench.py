@@ -3,6 +3,7 @@ in alternating runs, each timed as the whole command (start-up, model load, toke
 writing), with where the engine spent its steps. The target: at most 1.10× the time without.
 
     python bench/logprobs_bench.py [--model M.gguf] [--workload W1] [--k 5] [--repeat 3] [--json F]
+        [--gpu-layers all]
 
 W1 is bench/compare_server.py's (the first 32 GSM8K questions, 64 generated tokens each). The model
 defaults to the benchmark model (~/.cache/ggbatch/bench-28x1024-q4_k_m.gguf, built from the Qwen2
@@ -38,9 +39,11 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=5, help="alternatives per token")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default=None, help="write the runs here")
+    ap.add_argument("--gpu-layers", default="0", help="layers on the GPU on both sides: N or all (default 0)")
     args = ap.parse_args()
     model = args.model or bench_model()
-    sides = {"without": [], "with": ["--token-logprobs", str(args.k)]}
+    gpu = ["--gpu-layers", args.gpu_layers] if args.gpu_layers != "0" else []
+    sides = {"without": gpu, "with": [*gpu, "--token-logprobs", str(args.k)]}
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for round_ in range(args.repeat):
         order = list(sides) if round_ % 2 == 0 else list(reversed(sides))  # alternate who goes first

@@ -3,7 +3,7 @@
 tokens each computed (the report's prefix_cache.prompt_tokens_computed: n = 8 must compute no more
 than n = 1) and the tokens generated.
 
-    python bench/samples_bench.py [--model M.gguf] [--workload W1] [--n 8] [--repeat 1]
+    python bench/samples_bench.py [--model M.gguf] [--workload W1] [--n 8] [--repeat 1] [--gpu-layers all]
 
 The model defaults to the benchmark model (~/.cache/ggbatch/bench-28x1024-q4_k_m.gguf, built when
 absent, as bench/engine_bench.py builds it). Exit 1 when n samples computed more prompt tokens.
@@ -27,7 +27,7 @@ from compare_server import Workload, run_server, workload  # noqa: E402
 from engine_bench import bench_model  # noqa: E402
 
 
-def run(model: str, work: Workload, n: int) -> tuple[float, dict]:
+def run(model: str, work: Workload, n: int, flags: list[str]) -> tuple[float, dict]:
     """One whole `ggbatch run` of the workload with n samples a question: (wall seconds, report)."""
     with tempfile.TemporaryDirectory() as tmp:
         q = Path(tmp) / "q.jsonl"
@@ -36,7 +36,7 @@ def run(model: str, work: Workload, n: int) -> tuple[float, dict]:
         cmd = [sys.executable, "-m", "ggbatch", "run", "--model", model, "--input", str(q),
                "--output", str(Path(tmp) / "a.jsonl"), "--system", work.system, "--max-tokens", str(work.tokens),
                "--ignore-eos", "--temperature", "0.8", "--n", str(n), "--report", str(Path(tmp) / "r.json"),
-               "--progress", "off"]
+               "--progress", "off", *flags]
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
         wall = time.perf_counter() - t0
@@ -51,35 +51,39 @@ def main() -> int:
     ap.add_argument("--workload", default="W1")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--gpu-layers", default="0", help="layers on the GPU on both sides: N or all (default 0)")
     ap.add_argument("--server", help="also llama-server (its path) asked for n completions a request, -np 32 and "
                                      "32 clients, alternated with ggbatch's n run (see bench/compare_server.py)")
     args = ap.parse_args()
     model = args.model or bench_model()
     work = workload(args.workload)
+    flags = ["--gpu-layers", args.gpu_layers] if args.gpu_layers != "0" else []
     computed: dict[int, int] = {}
     for round_ in range(args.repeat):
         for n in (1, args.n):
-            wall, report = run(model, work, n)
+            wall, report = run(model, work, n, flags)
             cache, lay = report["prefix_cache"], report["layout"]
             computed[n] = cache["prompt_tokens_computed"]
             print(f"round {round_ + 1} n={n:<3d} {wall:7.2f} s, prompt tokens computed {computed[n]}, generated "
                   f"{report['tokens']['generated']}, samples forked {cache['sample_forks']}, "
                   f"{lay['workers']}w x {lay['threads_per_worker']}t x {lay['slots_per_worker']} slots", flush=True)
     if args.server:
-        compare_server_n(args.server, model, work, args.n, args.repeat)
+        compare_server_n(args.server, model, work, args.n, args.repeat, flags)
     same = computed[args.n] <= computed[1]
     print(f"prompt tokens computed: {computed[1]} at n=1, {computed[args.n]} at n={args.n} "
           f"({'no more' if same else 'MORE'})")
     return 0 if same else 1
 
 
-def compare_server_n(server: str, model: str, work: Workload, n: int, repeat: int) -> None:
+def compare_server_n(server: str, model: str, work: Workload, n: int, repeat: int, flags: list[str]) -> None:
     """ggbatch's whole command against llama-server's answering alone (loaded first: the
     comparison favours the server), alternated; medians."""
     ours, theirs = [], []
     for _ in range(repeat):
-        ours.append(run(model, work, n)[0])
-        theirs.append(run_server(server, model, work, [], parallel=32, n=n, temperature=0.8))
+        ours.append(run(model, work, n, flags)[0])
+        # llama-server's -ngl takes a count: more than the model has is every layer
+        gpu = ["-ngl", "999" if flags[1] == "all" else flags[1]] if flags else []
+        theirs.append(run_server(server, model, work, gpu, parallel=32, n=n, temperature=0.8))
         print(f"n={n}: ggbatch {ours[-1]:.2f} s, llama-server {theirs[-1]:.2f} s", flush=True)
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"median n={n}: ggbatch {a:.2f} s, llama-server {b:.2f} s: ggbatch {b / a:.2f}x as fast")

@@ -102,6 +102,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each shape (at least 1)")
     parser.add_argument("--flash-attn", choices=["on", "off"], default="off")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1 (each shape's median needs a timed run)")
     model, fa = args.model or bench_model(), args.flash_attn == "on"
     for name, rate in prefill_rates(model, args.threads, args.repeat, fa).items():
         print(f"prefill {name:>9}: {rate:6.1f} tokens/s", flush=True)
