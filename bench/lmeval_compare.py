@@ -117,11 +117,14 @@ def ggbatch_side(model: str, task: str, folder: Path,
 
     t0 = time.perf_counter()
     lm = GgbatchLM(model=model, **settings)
+    started = time.perf_counter()
     try:
         out = evaluate(lm, task, folder)
         stats = lm.pool.stats()
     finally:
         lm.pool.close()
+    print(f"{task} ggbatch: {started - t0:.2f} s to start the pool, {time.perf_counter() - started:.2f} s "
+          "in lm-eval with it", flush=True)
     return time.perf_counter() - t0, out, stats
 
 

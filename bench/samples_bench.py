@@ -64,9 +64,13 @@ def main() -> int:
             wall, report = run(model, work, n, flags)
             cache, lay = report["prefix_cache"], report["layout"]
             computed[n] = cache["prompt_tokens_computed"]
+            engine = [w["engine"] for w in report["workers"].values() if w.get("engine")]
+            steps = {k: sum(e.get(k, 0.0) for e in engine) for k in ("step_s", "decode_s", "sample_s")}
             print(f"round {round_ + 1} n={n:<3d} {wall:7.2f} s, prompt tokens computed {computed[n]}, generated "
                   f"{report['tokens']['generated']}, samples forked {cache['sample_forks']}, "
-                  f"{lay['workers']}w x {lay['threads_per_worker']}t x {lay['slots_per_worker']} slots", flush=True)
+                  f"{lay['workers']}w x {lay['threads_per_worker']}t x {lay['slots_per_worker']} slots; engine steps "
+                  f"{steps['step_s']:.2f} s (llama_decode {steps['decode_s']:.2f}, picking tokens "
+                  f"{steps['sample_s']:.2f})", flush=True)
     if args.server:
         compare_server_n(args.server, model, work, args.n, args.repeat, flags)
     same = computed[args.n] <= computed[1]
