@@ -39,11 +39,17 @@ def test_a_bad_setting_is_a_ggbatch_error_naming_it(demo_model):
 def test_the_models_own_keys_sit_beside_its_path(demo_model):
     """model="m.gguf" with model__n_ctx (Python's spelling of model.n_ctx, which lm-eval's
     --model_args passes as written) is a job file's model: {path: m.gguf, n_ctx: 512}, in either order."""
-    from ggbatch.runner.config.keywords import job_config
+    from ggbatch.runner.config.keywords import job_config, settings_layer
 
-    for settings in ({"model": demo_model, "model__n_ctx": 512}, {"model.n_ctx": 512, "model": demo_model}):
+    for settings in ({"model": demo_model, "model__n_ctx": 512}, {"model.n_ctx": 512, "model": demo_model},
+                     {"model": demo_model, "model.n_ctx": 512}):
         config = job_config(input="q.jsonl", output="a.json", **settings)
         assert (config.model, config.n_ctx) == (demo_model, 512)
+    # a key whose value is a mapping of its own is replaced, not merged: the later schema is the schema
+    enum = {"type": "string", "enum": ["x", "y"]}
+    layer = settings_layer({"answer": {"json_schema": {"type": "object", "required": ["a"]}},
+                            "answer__json_schema": enum}, "ggbatch.run()")
+    assert layer["answer.json_schema"] == enum
     with pytest.raises(ggbatch.GgbatchError, match="unknown key 'n_gpu_layers' .did you mean 'model__n_gpu_layers'"):
         job_config(model=demo_model, input="q.jsonl", output="a.json", n_gpu_layers="all")
     with pytest.raises(ggbatch.GgbatchError, match="sampling=0.5 is not a mapping, yet keys inside sampling"):

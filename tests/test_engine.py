@@ -151,18 +151,32 @@ def test_sampling_depends_on_question_seed_not_on_slot(stories, tokenizer):
 
 
 def test_sampled_rows_spread_over_threads_pick_what_one_thread_picks(stories, tokenizer, monkeypatch):
-    """Each step's sampled rows go through their chains on the worker's cores at once
-    (Sampling.sample_many): the same tokens as one chain after another."""
-    from ggbatch.workers.llama.sampling import Sampling
+    """Each step's rows that only their sampler chain decides go through their chains on the
+    worker's cores at once (Sampling.sample_many); rows under a grammar go one by one in the
+    same step. The same tokens, on the same rows, as one chain after another."""
+    from dataclasses import replace
 
-    qs = questions(tokenizer, ["Once upon a time"] * 6, seed=7)
+    from ggbatch.workers.llama.sampling import Sampling
+    from ggbatch.workers.protocol import AnswerSpec
+
     sampling = SamplingParams(temperature=1.0, top_k=40, top_p=0.95, seed=0)
-    got = {}
-    for threads in (1, 4):
+    under_grammar = GenerationParams(max_tokens=24, sampling=sampling,
+                                     answer=AnswerSpec(choices=("once upon a time", "the little dog"),
+                                                       choice_logits=False))
+    qs = questions(tokenizer, ["Once upon a time"] * 6, seed=7)
+    qs[1], qs[4] = replace(qs[1], generation=under_grammar), replace(qs[4], generation=under_grammar)
+    monkeypatch.setattr(Sampling, "floats_per_thread", 1)  # the tiny model's rows are worth spreading
+    got, spread = {}, {}
+    for slots, threads in ((1, 1), (6, 1), (6, 4)):  # alone: one row a step, nothing to spread or mix up
         monkeypatch.setattr(Sampling, "host_threads", threads)
-        got[threads] = texts(answer_all(stories, qs, slots=6, max_tokens=24, sampling=sampling))
-    assert got[4] == got[1]
-    assert len(set(got[1].values())) > 1  # six seeds, six stories: every step sampled six rows
+        stats: dict = {}
+        got[slots, threads] = texts(answer_all(stories, qs, slots=slots, max_tokens=24, sampling=sampling,
+                                               invariant=True, stats=stats))
+        spread[slots, threads] = stats["chains_spread"]
+    assert got[6, 4] == got[6, 1] == got[1, 1]
+    assert spread[6, 1] == 0 and spread[6, 4] >= 4 * 20  # the four plain rows side by side, most steps
+    assert {got[1, 1]["q1"], got[1, 1]["q4"]} <= {"once upon a time", "the little dog"}
+    assert len({got[1, 1][q] for q in ("q0", "q2", "q3", "q5")}) > 1  # four seeds, different stories
 
 
 def test_answer_metadata(stories, tokenizer):

@@ -38,5 +38,5 @@ def test_an_engine_splitting_every_greedy_step_answers_the_same(stories, monkeyp
         tok.close()
     config = EngineConfig(stories, 1, 8, 512, 128, array("i"), GenerationParams(max_tokens=32), kv_unified=False)
     one_pass = {k: a.text for k, a in engine_run(config, qs).items()}
-    monkeypatch.setattr(Sampling, "argmax_floats_per_thread", 1)  # every step with 2+ greedy rows splits
+    monkeypatch.setattr(Sampling, "floats_per_thread", 1)  # every step with 2+ greedy rows splits
     assert {k: a.text for k, a in engine_run(config, qs).items()} == one_pass

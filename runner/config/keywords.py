@@ -40,8 +40,8 @@ def settings_layer(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
         for section in sections:
             target[section] = _as_section(target.get(section, {}), section, source)
             target = target[section]
-        if isinstance(target.get(name), dict):  # the section's own keys came first
-            value = {**target[name], **_as_section(value, name, source)}
+        if ".".join([*sections, name]) in SECTIONS and isinstance(target.get(name), dict):
+            value = {**target[name], **_as_section(value, name, source)}  # the section's own keys came first
         target[name] = value
     return flatten(nested, source)
 

@@ -36,6 +36,7 @@ class StepCounters:
     choice_answers: float = 0.0  # fixed choices answered from the first position's logits
     logprob_tokens: float = 0.0  # tokens whose log-probabilities were asked (GenerationParams.token_logprobs)
     logprob_s: float = 0.0  # spent computing them (part of sample_s)
+    chains_spread: float = 0.0  # tokens picked by sampler chains run side by side on the worker's cores
     # The prefix cache (workers/engine/prefix_cache.py): prompt tokens decoded (the shared prefix's
     # included) and taken from KV already held; admissions that started from another question's
     # prompt; whole-stream copies; the most prompt tokens free slots kept at once.

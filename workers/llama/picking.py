@@ -55,10 +55,10 @@ class Picker:
         sampled together, over the worker's cores (Sampling.sample_many)."""
         tokens = list(greedy_tokens)
         plain = [i for i, (seq, _) in enumerate(rows) if self._chain_alone(seq)]
-        if len(plain) < 2:
-            plain = []
-        for i, token in zip(plain, self.sampling.sample_many([(rows[i][0].sampler, rows[i][1]) for i in plain])):
+        picked, spread = self.sampling.sample_many([(rows[i][0].sampler, rows[i][1]) for i in plain])
+        for i, token in zip(plain, picked):
             tokens[i] = token
+        self.counters.chains_spread += len(plain) if spread else 0
         chained = set(plain)
         for i, (seq, index) in enumerate(rows):
             if i not in chained:
@@ -67,7 +67,8 @@ class Picker:
 
     @staticmethod
     def _chain_alone(seq: Sequence) -> bool:
-        """Its sampler chain alone picks its token: pick() would go straight to Sampling.sample."""
+        """Its sampler chain alone picks its token: no thinking before the answer, no fixed
+        choices, no grammar."""
         thinking = seq.think is not None and not seq.think.answering
         return seq.sampler is not None and seq.grammar is None and seq.choice_tokens is None and not thinking
 
@@ -75,6 +76,8 @@ class Picker:
         """The token of one sequence at batch position `index`, given its greedy argmax: fixed
         choices are scored; a grammar is asked only about the token picked without it, and masks
         the whole vocabulary only when it refuses that token."""
+        if self._chain_alone(seq):
+            return self.sampling.sample(seq.sampler, index)
         if seq.think is not None and not seq.think.answering:
             token = self._think_pick(seq, index, greedy_token)
             if token is not None:
@@ -84,7 +87,7 @@ class Picker:
             seq.t_first = time.perf_counter()
             self.counters.choice_answers += 1
             return seq.choice_tokens[best_choice(seq.choice_scores)][0]
-        if seq.grammar is None:
+        if seq.grammar is None:  # greedy, or sampled once thinking has handed over to the answer
             return greedy_token if seq.sampler is None else self.sampling.sample(seq.sampler, index)
         if seq.sampler is None:
             token, again = self.sampling.constrain_greedy(seq.grammar, index, greedy_token)

@@ -128,19 +128,18 @@ class Sampling:
     # Ask a grammar about the token picked without it first (False: mask the whole vocabulary at
     # every step, as llama.cpp's plain grammar sampler does; bench/grammar_bench.py compares).
     grammar_check_first = True
-    # The greedy argmax runs on the host over every greedy row's n_vocab floats, after the decode,
-    # while llama.cpp's threads wait. It is bound by memory bandwidth, which one core does not
-    # fill: on a GPU host (H200, docs/performance/gpu.md) 255 rows of a 151,936-token vocabulary
-    # (155 MB) took 10-12 ms on one core, two thirds of llama-batched-bench's whole step at that
-    # batch. numpy's argmax lets go of the GIL, so threads of the worker's own cores share the
-    # rows, each at least this many floats (4 MB: well above a thread hand-off's cost).
-    argmax_floats_per_thread = 1 << 20
-    # The host's work between two decodes (that argmax, the sampler chains, the token
+    # The host's work between two decodes (the greedy argmax, the sampler chains, the token
     # log-probabilities) is spread over threads of the worker's own cores, while llama.cpp's
-    # threads wait: with every layer on a GPU the worker holds its cores for one llama.cpp thread,
-    # and a chain's pass over a 151,936-token row is then as long as the GPU's whole step. None:
-    # one thread per core the worker is pinned to (it is pinned before its engine is made).
+    # threads wait: with every layer on a GPU the worker holds its cores for one llama.cpp
+    # thread, and the host's passes over 151,936-token rows are then as long as the GPU's step
+    # (on an H200, docs/performance/gpu.md, the argmax of 255 rows took 10-12 ms on one core,
+    # two thirds of llama-batched-bench's whole step). numpy and llama.cpp's calls let go of the
+    # GIL. None: one thread per core the worker is pinned to (it is pinned before its engine is
+    # made), also while threads_adapt has lowered llama.cpp's own threads: those make room for
+    # other processes during the decode, and this work is a few milliseconds between two decodes.
     host_threads: Optional[int] = None
+    # Each thread gets at least this many floats of rows (4 MB: well above a hand-off's cost).
+    floats_per_thread = 1 << 20
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
@@ -195,23 +194,29 @@ class Sampling:
         Many rows are split among the worker's cores (row_argmax)."""
         ptr = llama_cpp.llama_get_logits(self.runner.ctx)
         logits = np.ctypeslib.as_array(ptr, shape=(n_outputs, self.vocab.n_tokens))
-        if len(rows) * self.vocab.n_tokens < 2 * self.argmax_floats_per_thread or self._threads == 1:
+        if not self._spreads(len(rows)):
             return row_argmax(logits, rows)
-        return row_argmax(logits, rows, self._host_pool(), self._threads, self.argmax_floats_per_thread)
+        return row_argmax(logits, rows, self._host_pool(), self._threads, self.floats_per_thread)
+
+    def _spreads(self, n_rows: int) -> bool:
+        """Whether n_rows of host work are worth spreading over the worker's cores."""
+        return self._threads > 1 and n_rows > 1 and n_rows * self.vocab.n_tokens >= 2 * self.floats_per_thread
 
     def sample(self, sampler: llama_cpp.llama_sampler_p, batch_index: int) -> int:
         """Sample from the logits row of batch position `batch_index` (also accepts the token)."""
         return int(llama_cpp.llama_sampler_sample(sampler, self.runner.ctx, batch_index))
 
-    def sample_many(self, chains: Sequence[tuple[llama_cpp.llama_sampler_p, int]]) -> list[int]:
-        """sample() of several sequences' chains, each on its batch position, spread over the
-        worker's cores: a chain keeps its own state and candidate buffer, and llama.cpp's calls let
-        go of the GIL. One row is read here first: a context's first logits read after a decode
-        puts the rows in batch order (llama_context::output_reorder), not to be run by two threads."""
-        if len(chains) < 2 or self._threads == 1:
-            return [self.sample(chain, index) for chain, index in chains]
+    def sample_many(self, chains: Sequence[tuple[llama_cpp.llama_sampler_p, int]]) -> tuple[list[int], bool]:
+        """(sample() of several sequences' chains, each on its batch position; whether they were
+        spread over the worker's cores). A chain keeps its own state (its candidate buffer, its
+        random generator, its penalty history). Each logits read waits for the decode and puts
+        the context's rows in batch order first (llama_context synchronize and output_reorder):
+        the first read is made here, in this thread, so that in the others both find their work
+        done and only read."""
+        if not self._spreads(len(chains)):
+            return [self.sample(chain, index) for chain, index in chains], False
         llama_cpp.llama_get_logits_ith(self.runner.ctx, chains[0][1])
-        return list(self._host_pool().map(lambda c: self.sample(*c), chains))
+        return list(self._host_pool().map(lambda c: self.sample(*c), chains)), True
 
     def peek(self, chain: llama_cpp.llama_sampler_p, batch_index: int) -> int:
         """The token the chain picks on this row, not yet accepted into its history (sample() is
@@ -265,7 +270,7 @@ class Sampling:
         works on a copy, so the distribution is the model's own. Rows are spread over the worker's
         cores (numpy lets go of the GIL)."""
         work = list(zip(batch_indices, tokens))
-        if len(work) == 1 or self._threads == 1:
+        if not self._spreads(len(work)):
             return [self._token_logprobs(i, t, k) for i, t in work]
         return list(self._host_pool().map(lambda it: self._token_logprobs(it[0], it[1], k), work))
 
