@@ -98,13 +98,14 @@ weighing_set() {  # each side once a round
   local gpu="--gpu-layers all"
   step imports 60 python3 -c "import datasets, lm_eval, llama_cpp.server.app, pyarrow, ggbatch.lm_eval
 print('lm_eval', lm_eval.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__)"
-  step mmlu 150 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 1 $gpu
-  step gsm8k 150 python3 bench/lmeval_compare.py --model "$MODEL" --task gsm8k --repeat 1 $gpu
+  step gsm8k 150 python3 bench/lmeval_compare.py --model "$MODEL" --task gsm8k --repeat 2 $gpu
   step samples 150 python3 bench/samples_bench.py --model "$MODEL" --server "$B/bin/llama-server" $gpu
   step logprobs 100 python3 bench/logprobs_bench.py --model "$MODEL" --repeat 2 $gpu
-  # a second round where the lease allows: the spread of one sitting
-  step mmlu_again 120 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 1 $gpu
-  step gsm8k_again 120 python3 bench/lmeval_compare.py --model "$MODEL" --task gsm8k --repeat 1 $gpu
+  step mmlu 90 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 2 --no-peer $gpu
+  step engine32 60 python3 -m ggbatch bench --model "$MODEL" --gpu-layers all --npl 32 --threads 1 --no-runner
+  # Last: the MMLU peer (llama-cpp-python inside lm-eval's process) crashed on the first H100
+  # lease (a segmentation fault, or free(): invalid pointer), also without ggbatch in the process.
+  step mmlu_peer 120 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 1 $gpu
 }
 
 ${SET}_set
