@@ -104,8 +104,9 @@ print('lm_eval', lm_eval.__version__, 'datasets', datasets.__version__, 'pyarrow
   step mmlu 90 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 2 --no-peer $gpu
   step engine32 60 python3 -m ggbatch bench --model "$MODEL" --gpu-layers all --npl 32 --threads 1 --no-runner
   # Last: the MMLU peer (llama-cpp-python inside lm-eval's process) crashed on the first H100
-  # lease (a segmentation fault, or free(): invalid pointer), also without ggbatch in the process.
-  step mmlu_peer 120 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 1 $gpu
+  # lease (a segmentation fault, or free(): invalid pointer), also without ggbatch in the process;
+  # here its model lives in a process of its own.
+  step mmlu_peer 120 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 2 --peer-in-child $gpu
 }
 
 ${SET}_set

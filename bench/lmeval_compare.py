@@ -128,14 +128,17 @@ def ggbatch_side(model: str, task: str, folder: Path,
     return time.perf_counter() - t0, out, stats
 
 
-def llamacpp_side(model: str, folder: Path, gpu_layers: int) -> tuple[float, dict[str, Any], int]:
+def llamacpp_side(model: str, folder: Path, gpu_layers: int, in_child: bool) -> tuple[float, dict[str, Any], int]:
     """(seconds from the model's load, lm-eval's output, prompt tokens computed)."""
     from llamacpp_lm import LlamaCppOnceLM
 
     t0 = time.perf_counter()
-    lm = LlamaCppOnceLM(model, n_threads=os.cpu_count(), n_gpu_layers=gpu_layers)
-    out = evaluate(lm, "mmlu_val_local", folder)
-    return time.perf_counter() - t0, out, lm.tokens_computed
+    lm = LlamaCppOnceLM(model, n_threads=os.cpu_count(), n_gpu_layers=gpu_layers, in_child=in_child)
+    try:
+        out = evaluate(lm, "mmlu_val_local", folder)
+        return time.perf_counter() - t0, out, lm.tokens_computed
+    finally:
+        lm.close()
 
 
 def server_side(model: str, folder: Path, gpu_layers: int, port: int = 18111) -> tuple[float, dict[str, Any]]:
@@ -227,7 +230,8 @@ def alternate(rounds: int, ours: Callable[[], float], theirs: Callable[[], float
     print(f"{label} median: ggbatch {a:.1f} s, peer {b:.1f} s: ggbatch {b / a:.2f}x as fast", flush=True)
 
 
-def run_mmlu(model: str, folder: Path, rounds: int, settings: dict[str, Any], peer: bool, gpu_layers: int) -> None:
+def run_mmlu(model: str, folder: Path, rounds: int, settings: dict[str, Any], peer: bool, gpu_layers: int,
+             peer_in_child: bool) -> None:
     kept: dict[str, Any] = {}
 
     def ours() -> float:
@@ -238,7 +242,7 @@ def run_mmlu(model: str, folder: Path, rounds: int, settings: dict[str, Any], pe
         return took
 
     def theirs() -> float:
-        took, kept["theirs"], kept["peer_computed"] = llamacpp_side(model, folder, gpu_layers)
+        took, kept["theirs"], kept["peer_computed"] = llamacpp_side(model, folder, gpu_layers, peer_in_child)
         return took
 
     warm_up("mmlu_val_local", folder)
@@ -285,6 +289,8 @@ def main() -> None:
                     help="ggbatch's job keys for its side (as lm-eval's --model_args: workers=2,slots=16)")
     ap.add_argument("--no-peer", action="store_true", help="time ggbatch's side alone")
     ap.add_argument("--gpu-layers", default="0", help="layers on the GPU on every side: N or all (default 0)")
+    ap.add_argument("--peer-in-child", action="store_true",
+                    help="MMLU's peer holds its model in a process of its own (lm-eval's sends it tokens)")
     args = ap.parse_args()
     settings = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.ggbatch.split(",") if kv)}
     gpu_layers = -1 if args.gpu_layers == "all" else int(args.gpu_layers)  # llama.h: negative is every layer
@@ -299,7 +305,7 @@ def main() -> None:
         write_task(folder, "mmlu", MMLU_TASK, DATA / "mmlu" / "questions.jsonl", args.mmlu)
         write_task(folder, "gsm8k", GSM8K_TASK, DATA / "gsm8k" / "questions.jsonl", args.gsm8k)
         if args.task in ("mmlu", "both"):
-            run_mmlu(model, folder, args.repeat, settings, not args.no_peer, gpu_layers)
+            run_mmlu(model, folder, args.repeat, settings, not args.no_peer, gpu_layers, args.peer_in_child)
         if args.task in ("gsm8k", "both"):
             run_gsm8k(model, folder, args.repeat, settings, not args.no_peer, gpu_layers)
 
