@@ -54,6 +54,10 @@ def test_the_models_own_keys_sit_beside_its_path(demo_model):
         job_config(model=demo_model, input="q.jsonl", output="a.json", n_gpu_layers="all")
     with pytest.raises(ggbatch.GgbatchError, match="sampling=0.5 is not a mapping, yet keys inside sampling"):
         job_config(model=demo_model, input="q.jsonl", output="a.json", sampling=0.5, sampling__seed=1)
+    with pytest.raises(ggbatch.GgbatchError, match="unknown key 'temprature' .did you mean 'sampling__temperature'"):
+        job_config(model=demo_model, input="q.jsonl", output="a.json", temprature=0.5)
+    with pytest.raises(ggbatch.GgbatchError, match="unknown key 'max_tokens__x': max_tokens holds no keys"):
+        job_config(model=demo_model, input="q.jsonl", output="a.json", max_tokens=5, max_tokens__x=1)
 
 
 def test_answer_questions_in_memory_in_their_order(tmp_path, demo_model):

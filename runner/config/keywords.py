@@ -37,7 +37,9 @@ def settings_layer(settings: Mapping[str, Any], source: str) -> dict[str, Any]:
     for key, value in settings.items():
         *sections, name = key_parts(key)
         target = nested
-        for section in sections:
+        for depth, section in enumerate(sections):
+            if ".".join(sections[:depth + 1]) not in SECTIONS:
+                raise ConfigError(f"{source}: unknown key '{key}': {section} holds no keys")
             target[section] = _as_section(target.get(section, {}), section, source)
             target = target[section]
         if ".".join([*sections, name]) in SECTIONS and isinstance(target.get(name), dict):
@@ -78,8 +80,15 @@ def check_keywords(source: str, settings: Mapping[str, Any], own: tuple[str, ...
             raise ConfigError(f"{source}: {name}= is not taken here: {source[:-2]} makes its own files "
                               "and returns the answers (use ggbatch.run() to write files)")
         if top not in valid:
-            hint = [k.replace(".", "__") for k in SCHEMA if k.endswith(f".{top}")] or \
-                difflib.get_close_matches(top, valid, n=1)
+            hint = _leaf_hint(top, 1.0) or difflib.get_close_matches(top, valid, n=1) or _leaf_hint(top)
             raise ConfigError(f"{source}: unknown key '{name}'"
                               + (f" (did you mean '{hint[0]}'?)" if hint else "")
                               + f"; the keyword arguments: {', '.join(sorted([*valid, *also]))}")
+
+
+def _leaf_hint(name: str, cutoff: float = 0.6) -> list[str]:
+    """A job key inside a section whose own name is `name` or close to it (difflib's cutoff),
+    spelt as a keyword argument: n_gpu_layers -> model__n_gpu_layers, temprature ->
+    sampling__temperature."""
+    inside = {key.split(".")[-1]: key for key in SCHEMA if "." in key}
+    return [inside[leaf].replace(".", "__") for leaf in difflib.get_close_matches(name, inside, n=1, cutoff=cutoff)]
