@@ -209,14 +209,17 @@ class Sampling:
     def sample_many(self, chains: Sequence[tuple[llama_cpp.llama_sampler_p, int]]) -> tuple[list[int], bool]:
         """(sample() of several sequences' chains, each on its batch position; whether they were
         spread over the worker's cores). A chain keeps its own state (its candidate buffer, its
-        random generator, its penalty history). Each logits read waits for the decode and puts
-        the context's rows in batch order first (llama_context synchronize and output_reorder):
-        the first read is made here, in this thread, so that in the others both find their work
-        done and only read."""
+        random generator, its penalty history)."""
         if not self._spreads(len(chains)):
             return [self.sample(chain, index) for chain, index in chains], False
-        llama_cpp.llama_get_logits_ith(self.runner.ctx, chains[0][1])
+        self._read_first(chains[0][1])
         return list(self._host_pool().map(lambda c: self.sample(*c), chains)), True
+
+    def _read_first(self, batch_index: int) -> None:
+        """Each logits read waits for the decode and puts the context's rows in batch order first
+        (llama_context synchronize and output_reorder): the first read after a decode is made in
+        the calling thread, so that in the host threads both find their work done and only read."""
+        llama_cpp.llama_get_logits_ith(self.runner.ctx, batch_index)
 
     def peek(self, chain: llama_cpp.llama_sampler_p, batch_index: int) -> int:
         """The token the chain picks on this row, not yet accepted into its history (sample() is
@@ -272,6 +275,7 @@ class Sampling:
         work = list(zip(batch_indices, tokens))
         if not self._spreads(len(work)):
             return [self._token_logprobs(i, t, k) for i, t in work]
+        self._read_first(work[0][0])
         return list(self._host_pool().map(lambda it: self._token_logprobs(it[0], it[1], k), work))
 
     def _token_logprobs(self, batch_index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
