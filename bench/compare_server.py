@@ -83,6 +83,12 @@ class GgbatchRun:
     stderr: bytes  # its log
 
 
+def gpu_flags(gpu_layers: str, flag: str = "--gpu-layers") -> list[str]:
+    """A bench's --gpu-layers N|all as ggbatch's flag (or llama-server's -ngl, which reads `all`
+    alike); none for 0, the default."""
+    return [flag, gpu_layers] if gpu_layers != "0" else []
+
+
 def time_ggbatch(model: str, work: Workload, extra: list[str]) -> GgbatchRun:
     """One whole `ggbatch run` of the workload (exactly work.tokens generated per question), timed;
     `extra`: more flags. contention_bench.py runs ggbatch through here too."""

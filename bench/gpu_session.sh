@@ -102,7 +102,7 @@ print('lm_eval', lm_eval.__version__, 'datasets', datasets.__version__, 'pyarrow
   step samples 150 python3 bench/samples_bench.py --model "$MODEL" --server "$B/bin/llama-server" $gpu
   step logprobs 100 python3 bench/logprobs_bench.py --model "$MODEL" --repeat 2 $gpu
   step mmlu 90 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 2 --no-peer $gpu
-  step engine32 60 python3 -m ggbatch bench --model "$MODEL" --gpu-layers all --npl 32 --threads 1 --no-runner
+  step engine32 60 python3 -m ggbatch bench --model "$MODEL" $gpu --npl 32 --threads 1 --no-runner
   # Last: the MMLU peer (llama-cpp-python inside lm-eval's process) crashed on the first H100
   # lease (a segmentation fault, or free(): invalid pointer), also without ggbatch in the process;
   # here its model lives in a process of its own.

@@ -62,8 +62,9 @@ class ChildScorer:
     """OnceScorer's calls answered by one in a spawned process."""
 
     def __init__(self, *args: Any) -> None:
-        self._conn, child = multiprocessing.get_context("spawn").Pipe()
-        self._process = multiprocessing.get_context("spawn").Process(target=_serve, args=(child, args), daemon=True)
+        spawn = multiprocessing.get_context("spawn")
+        self._conn, child = spawn.Pipe()
+        self._process = spawn.Process(target=_serve, args=(child, args), daemon=True)
         self._process.start()
         self._specials: tuple[int, int] = self._conn.recv()
         self.tokens_computed = 0

@@ -123,9 +123,10 @@ def ggbatch_side(model: str, task: str, folder: Path,
         stats = lm.pool.stats()
     finally:
         lm.pool.close()
-    print(f"{task} ggbatch: {started - t0:.2f} s to start the pool, {time.perf_counter() - started:.2f} s "
-          "in lm-eval with it", flush=True)
-    return time.perf_counter() - t0, out, stats
+    ended = time.perf_counter()
+    print(f"{task} ggbatch: {started - t0:.2f} s to start the pool, {ended - started:.2f} s in lm-eval with it",
+          flush=True)
+    return ended - t0, out, stats
 
 
 def llamacpp_side(model: str, folder: Path, gpu_layers: int, in_child: bool) -> tuple[float, dict[str, Any], int]:

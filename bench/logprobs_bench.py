@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from compare_server import time_ggbatch, workload  # noqa: E402
+from compare_server import gpu_flags, time_ggbatch, workload  # noqa: E402
 from engine_bench import bench_model  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def main() -> int:
     ap.add_argument("--gpu-layers", default="0", help="layers on the GPU on both sides: N or all (default 0)")
     args = ap.parse_args()
     model = args.model or bench_model()
-    gpu = ["--gpu-layers", args.gpu_layers] if args.gpu_layers != "0" else []
+    gpu = gpu_flags(args.gpu_layers)
     sides = {"without": gpu, "with": [*gpu, "--token-logprobs", str(args.k)]}
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for round_ in range(args.repeat):

@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from compare_server import Workload, run_server, workload  # noqa: E402
+from compare_server import Workload, gpu_flags, run_server, workload  # noqa: E402
 from engine_bench import bench_model  # noqa: E402
 
 
-def run(model: str, work: Workload, n: int, flags: list[str]) -> tuple[float, dict]:
+def run(model: str, work: Workload, n: int, gpu_layers: str) -> tuple[float, dict]:
     """One whole `ggbatch run` of the workload with n samples a question: (wall seconds, report)."""
     with tempfile.TemporaryDirectory() as tmp:
         q = Path(tmp) / "q.jsonl"
@@ -36,7 +36,7 @@ def run(model: str, work: Workload, n: int, flags: list[str]) -> tuple[float, di
         cmd = [sys.executable, "-m", "ggbatch", "run", "--model", model, "--input", str(q),
                "--output", str(Path(tmp) / "a.jsonl"), "--system", work.system, "--max-tokens", str(work.tokens),
                "--ignore-eos", "--temperature", "0.8", "--n", str(n), "--report", str(Path(tmp) / "r.json"),
-               "--progress", "off", *flags]
+               "--progress", "off", *gpu_flags(gpu_layers)]
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
         wall = time.perf_counter() - t0
@@ -57,11 +57,10 @@ def main() -> int:
     args = ap.parse_args()
     model = args.model or bench_model()
     work = workload(args.workload)
-    flags = ["--gpu-layers", args.gpu_layers] if args.gpu_layers != "0" else []
     computed: dict[int, int] = {}
     for round_ in range(args.repeat):
         for n in (1, args.n):
-            wall, report = run(model, work, n, flags)
+            wall, report = run(model, work, n, args.gpu_layers)
             cache, lay = report["prefix_cache"], report["layout"]
             computed[n] = cache["prompt_tokens_computed"]
             engine = [w["engine"] for w in report["workers"].values() if w.get("engine")]
@@ -72,22 +71,21 @@ def main() -> int:
                   f"{steps['step_s']:.2f} s (llama_decode {steps['decode_s']:.2f}, picking tokens "
                   f"{steps['sample_s']:.2f})", flush=True)
     if args.server:
-        compare_server_n(args.server, model, work, args.n, args.repeat, flags)
+        compare_server_n(args.server, model, work, args.n, args.repeat, args.gpu_layers)
     same = computed[args.n] <= computed[1]
     print(f"prompt tokens computed: {computed[1]} at n=1, {computed[args.n]} at n={args.n} "
           f"({'no more' if same else 'MORE'})")
     return 0 if same else 1
 
 
-def compare_server_n(server: str, model: str, work: Workload, n: int, repeat: int, flags: list[str]) -> None:
+def compare_server_n(server: str, model: str, work: Workload, n: int, repeat: int, gpu_layers: str) -> None:
     """ggbatch's whole command against llama-server's answering alone (loaded first: the
     comparison favours the server), alternated; medians."""
     ours, theirs = [], []
     for _ in range(repeat):
-        ours.append(run(model, work, n, flags)[0])
-        # llama-server's -ngl takes a count: more than the model has is every layer
-        gpu = ["-ngl", "999" if flags[1] == "all" else flags[1]] if flags else []
-        theirs.append(run_server(server, model, work, gpu, parallel=32, n=n, temperature=0.8))
+        ours.append(run(model, work, n, gpu_layers)[0])
+        theirs.append(run_server(server, model, work, gpu_flags(gpu_layers, "-ngl"), parallel=32, n=n,
+                                 temperature=0.8))
         print(f"n={n}: ggbatch {ours[-1]:.2f} s, llama-server {theirs[-1]:.2f} s", flush=True)
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"median n={n}: ggbatch {a:.2f} s, llama-server {b:.2f} s: ggbatch {b / a:.2f}x as fast")
