@@ -4,7 +4,8 @@
     lm_eval.simple_evaluate(model=ggbatch.lm_eval.GgbatchLM(model="M.gguf"), tasks=[...])
 
 One ggbatch.Pool (runner/warm/pool.py) holds the workers and the model for the object's lifetime,
-so the model loads once for every task; each lm-eval call sends its whole request list to it at once:
+so the model loads once for every task (it starts loading when the object is made, while lm-eval
+builds its tasks: Pool.starting); each lm-eval call sends its whole request list to it at once:
 the workers' batches, the dispatch of prompts that share a prefix together, and the prefix cache,
 so an MMLU context is computed once for its four continuations and a few-shot prefix once per worker.
 
@@ -23,6 +24,7 @@ K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
 from __future__ import annotations
 
 from array import array
+from functools import cached_property
 from typing import Any, Optional
 
 try:
@@ -48,21 +50,40 @@ class GgbatchLM(TemplateLM):
                  max_batch_size: Any = None, device: Any = None, **settings: Any) -> None:
         super().__init__()
         settings.setdefault("flash_attn", False)
-        self.pool = Pool(model=model, **settings)
-        bos, eos = self.pool.special_texts
-        specials = self.pool.tokenize([bos or eos, eos or bos], add_bos=False)
-        self._bos, self._eos = (int(t[0]) if len(t) else 0 for t in specials)
-        self.max_length = int(max_length or min(self.pool.n_ctx_train or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH))
+        # The model loads while lm-eval builds its tasks (its datasets, the few-shot contexts):
+        # the first call that needs the pool waits for it. A typo in the settings or a missing
+        # model file is refused here.
+        self._starting = Pool.starting(model=model, **settings)
+        self._max_length = max_length
+
+    @property
+    def pool(self) -> Pool:
+        """The started pool (waited for); why it could not start, raised."""
+        return self._starting.result()
+
+    @property
+    def max_length(self) -> int:
+        """Tokens of context a request keeps (its last ones): as given, else the model's training
+        context up to DEFAULT_MAX_LENGTH."""
+        return int(self._max_length or min(self.pool.n_ctx_train or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH))
 
     # -- TemplateLM's tokenizer ------------------------------------------------------------------
 
+    @cached_property
+    def _specials(self) -> tuple[int, int]:
+        """(BOS, EOS) token ids; the one the model lacks stands in for the other."""
+        bos, eos = self.pool.special_texts
+        specials = self.pool.tokenize([bos or eos, eos or bos], add_bos=False)
+        first, second = (int(t[0]) if len(t) else 0 for t in specials)
+        return first, second
+
     @property
     def eot_token_id(self) -> int:
-        return self._eos
+        return self._specials[1]
 
     @property
     def prefix_token_id(self) -> int:
-        return self._bos
+        return self._specials[0]
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
         return list(self.pool.tokenize([string], add_bos=add_special_tokens is not False)[0])
@@ -73,34 +94,34 @@ class GgbatchLM(TemplateLM):
     # -- the three request types -----------------------------------------------------------------
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        """TemplateLM.loglikelihood with every text tokenized in one pass through the pool."""
+        """TemplateLM.loglikelihood with every distinct text tokenized once, in one pass through the
+        pool (a multiple-choice question's continuations share their context)."""
         pairs = [req.args for req in requests]
-        texts: list[str] = []
-        plans: list[tuple[str, int]] = []
+        with_bos: dict[str, int] = {}  # text -> its place among the texts tokenized with BOS
+        bare: dict[str, int] = {}  # an empty context's continuation -> its place among those without
+        plans: list[tuple[int, int]] = []  # (whole, context) in with_bos; (-1, continuation) in bare
         for context, continuation in pairs:
             if context == "":
-                plans.append(("empty", len(texts)))
-                texts.append(continuation)
+                plans.append((-1, bare.setdefault(continuation, len(bare))))
                 continue
             context, whole = pair_texts(context, continuation)
-            plans.append(("pair", len(texts)))
-            texts += [whole, context]
-        encoded = self._encode_all(texts, plans)
+            plans.append((with_bos.setdefault(whole, len(with_bos)), with_bos.setdefault(context, len(with_bos))))
+        encoded = self._encode_all(list(with_bos), list(bare), plans)
         return self._loglikelihood_tokens([(pair, ctx, cont) for pair, (ctx, cont) in zip(pairs, encoded)])
 
-    def _encode_all(self, texts: list[str], plans: list[tuple[str, int]]) -> list[tuple[list[int], list[int]]]:
+    def _encode_all(self, with_bos: list[str], bare: list[str],
+                    plans: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
         """lm-eval's (context_enc, continuation_enc) for each request planned by loglikelihood."""
-        with_bos = self.pool.tokenize(texts, add_bos=True)
-        bare = self.pool.tokenize([texts[i] for kind, i in plans if kind == "empty"], add_bos=False)
-        out, k = [], 0
-        for kind, i in plans:
-            if kind == "empty":  # BOS as the context, as TemplateLM does for an empty one
-                cont = list(bare[k])
-                k += 1
+        whole_tokens = self.pool.tokenize(with_bos, add_bos=True)
+        bare_tokens = self.pool.tokenize(bare, add_bos=False) if bare else []
+        out = []
+        for whole, other in plans:
+            if whole < 0:  # BOS as the context, as TemplateLM does for an empty one
+                cont = list(bare_tokens[other])
                 out.append(([self.prefix_token_id], cont) if not cont or cont[0] != self.prefix_token_id
                            else (cont[:1], cont[1:]))
             else:
-                out.append(split_pair(list(with_bos[i]), list(with_bos[i + 1])))
+                out.append(split_pair(list(whole_tokens[whole]), list(whole_tokens[other])))
         return out
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,

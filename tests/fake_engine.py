@@ -21,6 +21,8 @@ Its behaviour is a `Fake`, a picklable EngineFactory that goes where the real en
                                             worker says so)
     Fake(build_s=S)                         take S seconds to build (as a real engine allocates its KV cache
                                             and decodes the shared prefix before it is Ready)
+    Fake(build_gate=P)                      wait until P exists to finish building (tests hold a worker
+                                            short of Ready)
     Fake(threads=True, first_step_threads_to=P)
                                             write the thread count its first step runs with to P
     Fake(context=True)                      refuse a prompt its context per sequence cannot hold, as the
@@ -59,6 +61,7 @@ class Fake:
     build_s: float = 0.0
     first_step_threads_to: Optional[str] = None
     context: bool = False
+    build_gate: Optional[str] = None
 
     def preload(self, model_path: str, repack: bool, n_gpu_layers: int, one_device: bool) -> tuple[int, int]:
         return n_gpu_layers, 0  # no weights to load
@@ -87,6 +90,8 @@ class FakeEngine:
         self.n_ctx_seq = config.n_ctx_seq
         self.refused: list[Answer] = []
         time.sleep(fake.build_s)
+        while fake.build_gate and not Path(fake.build_gate).exists():
+            time.sleep(0.01)
 
     @property
     def n_threads(self) -> int:

@@ -46,28 +46,27 @@ def test_simple_evaluate_matches_llama_cpp_python(lm, task_dir):
     out = lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=TaskManager(include_path=str(task_dir)))
     assert set(TASKS) <= set(out["results"])
     assert 0.0 <= out["results"]["ggb_mc"]["acc,none"] <= 1.0
-    # The same requests, compared one by one with llama-cpp-python's own evaluation.
+    # The same requests, compared one by one with llama-cpp-python's own evaluation of lm-eval's
+    # own tokenization (TemplateLM's, one text at a time; ggbatch's tokenizes each distinct text
+    # once, in one pass).
+    from lm_eval.api.model import TemplateLM
+
     pairs = [("Once upon a time there was a little", c) for c in (" girl", " dog ran", " big red tree")]
-    pairs.append(("", "Once upon a time"))
+    pairs += [("", "Once upon a time"), ("Once upon a time there was a little ", "girl")]
     requests = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
     got = lm.loglikelihood(requests)
-    encoded = lm._encode_all(*_plans(lm, pairs))
+    assert got == TemplateLM.loglikelihood(lm, requests)
+    encoded = [lm._encode_pair(c, x) if c else _empty_context_pair(lm, x) for c, x in pairs]
     want = reference(lm.pool._config.model, encoded)
     for (logprob, greedy), (token_logprobs, want_greedy) in zip(got, want):
         assert abs(logprob - sum(token_logprobs)) < TOLERANCE
         assert greedy == want_greedy
 
 
-def _plans(lm, pairs):
-    texts, plans = [], []
-    for context, continuation in pairs:
-        if not context:
-            plans.append(("empty", len(texts)))
-            texts.append(continuation)
-        else:
-            plans.append(("pair", len(texts)))
-            texts += [context + continuation, context]
-    return texts, plans
+def _empty_context_pair(lm, continuation):
+    """TemplateLM.loglikelihood's encoding of a request with an empty context."""
+    tokens = lm.tok_encode(continuation, add_special_tokens=False)
+    return ([lm.prefix_token_id], tokens) if lm.prefix_token_id != tokens[0] else (tokens[:1], tokens[1:])
 
 
 def test_generate_until_honours_max_gen_toks_and_until(lm):
@@ -103,3 +102,21 @@ def test_generate_until_returns_the_continuation_as_llama_cpp_python_makes_it(lm
     want = llm.create_completion(ctx, max_tokens=12, temperature=0.0, stop=["."])["choices"][0]["text"]
     assert got == want
     assert got.startswith(" ")  # the word's space, which a stripped answer loses
+
+
+@pytest.mark.timeout(120)
+def test_the_model_loads_while_lm_eval_builds_its_tasks(demo_model, tmp_path):
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
+    from fake_engine import Fake
+    from ggbatch.lm_eval import GgbatchLM
+
+    gate = tmp_path / "gate"
+    # The worker cannot be Ready while the gate is shut: a constructor that waited would hang here.
+    lm = GgbatchLM(model=demo_model, workers=1, engine_factory=Fake(build_gate=str(gate)))
+    assert not lm._starting.done()
+    gate.touch()
+    try:
+        assert lm.tok_encode("Once upon a time")[0] == lm.prefix_token_id
+        assert lm.max_length == 2048  # the demo model's training context
+    finally:
+        lm.pool.close()

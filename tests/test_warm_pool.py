@@ -153,3 +153,42 @@ def test_ctrl_c_in_the_caller_ends_every_worker_and_leaks_nothing(demo_model, tm
     assert "KeyboardInterrupt" in err and "leaked" not in err, err
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                              for p in pids), 10, "the pool's processes to end")
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_started_in_the_background_returns_before_its_workers_are_ready(demo_model, tmp_path):
+    gate, before = tmp_path / "gate", children()
+    starting = ggbatch.Pool.starting(model=demo_model, workers=1, slots=2, engine_factory=Fake(build_gate=str(gate)))
+    # its worker cannot be Ready while the gate is shut: a start that waited would hang here
+    wait_for(lambda: children() - before, what="the pool's processes to start")
+    assert not starting.done()
+    gate.touch()
+    with starting.result(timeout=60) as pool:
+        answers = pool.answer(["q0", "q1", "q2"])
+    assert [a.id for a in answers] == ["0", "1", "2"] and all(a.text and a.error is None for a in answers)
+
+
+@pytest.mark.timeout(120)
+def test_a_background_start_refuses_typos_at_once_and_hands_over_what_failed_later(demo_model, tmp_path):
+    with pytest.raises(ggbatch.GgbatchError, match="max_tokenz"):
+        ggbatch.Pool.starting(model=demo_model, max_tokenz=3)
+    with pytest.raises(ggbatch.GgbatchError, match="model file not found"):
+        ggbatch.Pool.starting(model=str(tmp_path / "absent.gguf"))
+    starting = ggbatch.Pool.starting(model=demo_model, workers=1, engine_factory=Fake(fail_load=True))
+    with pytest.raises(ggbatch.GgbatchError, match="fake engine refused to load"):
+        starting.result(timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_made_in_a_thread_that_has_ended_still_answers(demo_model):
+    # Its worker and tokenizer die with the thread that started them (PR_SET_PDEATHSIG) unless
+    # they are started from one that lives on (runner/child_processes.py).
+    made: list[ggbatch.Pool] = []
+    maker = threading.Thread(target=lambda: made.append(ggbatch.Pool(model=demo_model, workers=1, max_tokens=4)))
+    maker.start()
+    maker.join()
+    with made[0] as pool:
+        answers = pool.answer(["Once upon a time", "The little dog"])
+        stats = pool.stats()
+    assert all(a.text and a.error is None for a in answers)
+    assert stats["workers"][0]["restarts"] == 0

@@ -23,6 +23,7 @@ from multiprocess.connection import wait as wait_any
 from ...workers.main import worker_main
 from ...workers.protocol import decode, encode
 from ...workers.spec import WorkerSpec
+from ..child_processes import start_child
 from ..plan.nodes import Node, local_node
 from .backend import Event
 from .crashes import last_words
@@ -37,7 +38,7 @@ class LocalLink:
         self.results, writer = ctx.Pipe(duplex=False)
         self.process = ctx.Process(target=worker_main, args=(spec, self.tasks, writer),
                                    name=f"ggbatch-worker-{spec.worker_id}", daemon=True)
-        self.process.start()
+        start_child(self.process)
         writer.close()  # the worker holds the only writing end: its death closes the pipe
 
     @property

@@ -32,6 +32,7 @@ from ...workers.helper_messages import TokenizeBatch, TokenizedBatch, TokenizerL
 from ...workers.llama.load_errors import says_memory
 from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
+from ..child_processes import start_child
 from ..errors import ModelError, WorkerFailure
 
 BATCH_TEXTS = 512
@@ -63,7 +64,7 @@ class TokenizerProcess:
         self._process = ctx.Process(target=tokenizer_main, name="ggbatch-tokenizer", daemon=True,
                                     args=(model_path, self._stderr_path, self._requests, child_end))
         try:
-            self._process.start()
+            start_child(self._process)
             child_end.close()  # ours: with the child's copy closed by its death, the pipe says EOF
             self.info = self._handshake()
         except BaseException:

@@ -51,6 +51,18 @@ PROBES = ("a", "b")  # two questions whose prompts' common start is the shared p
 GUESS_PROMPT = 512  # tokens of prompt a warm pool's context is first planned for; it grows if a call needs more
 
 
+SOURCE = "ggbatch.Pool()"  # how errors name a pool made by its constructor
+
+
+def _configured(model: str, settings: dict[str, Any]) -> tuple[JobConfig, dict[str, Any]]:
+    """(the pool's job settings, its settings layer) from Pool()'s keywords: InputError naming a
+    key that is not one."""
+    check_keywords(SOURCE, settings, POOL_OWN)
+    # input and output are placeholders: a pool has no files
+    layer = settings_layer({"model": model, "input": "-", "output": "-", **settings}, SOURCE)
+    return build_config([(SOURCE, layer)]), layer
+
+
 class PoolClosed(GgbatchError):
     """The pool was closed (or its workers could not go on) before the call was answered."""
 
@@ -60,11 +72,30 @@ class Pool:
     pool: pool.answer(["2+2?"])`. Settings are the job's keys that name no file."""
 
     def __init__(self, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE, **settings: Any) -> None:
-        check_keywords("ggbatch.Pool()", settings, POOL_OWN)
-        # input and output are placeholders: a pool has no files
-        layer = settings_layer({"model": model, "input": "-", "output": "-", **settings}, "ggbatch.Pool()")
-        config = build_config([("ggbatch.Pool()", layer)])
-        self._start(config, layer, "ggbatch.Pool()", [], engine_factory)
+        config, layer = _configured(model, settings)
+        self._start(config, layer, SOURCE, [], engine_factory)
+
+    @classmethod
+    def starting(cls, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE,
+                 **settings: Any) -> "Future[Pool]":
+        """Pool(), returning at once: the settings and the model's file are checked here (a typo
+        or a missing file raises now), the workers, the tokenizer and the model start in a thread
+        meanwhile; the Future holds the pool, or why it could not start. For a caller with work of
+        its own first: lm-eval builds its tasks while the model loads (ggbatch.lm_eval)."""
+        config, layer = _configured(model, settings)
+        resolve_model(config.model)
+        future: Future[Pool] = Future()
+
+        def start() -> None:
+            try:
+                future.set_result(cls.for_call(config, layer, SOURCE, [], engine_factory))
+            except BaseException as exc:  # the caller hears it from the Future
+                future.set_exception(exc)
+
+        # A daemon: a caller that exits without taking its pool does not wait for the model to
+        # load (the workers and the tokenizer die with this process: workers/main.py).
+        threading.Thread(target=start, name="ggbatch-pool-start", daemon=True).start()
+        return future
 
     @classmethod
     def for_call(cls, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
@@ -163,7 +194,7 @@ class Pool:
 
     def submit_many(self, questions: Union[str, Iterable[Any]], **overrides: Any) -> "Future[list[Answered]]":
         """answer(), without waiting: a Future of the list."""
-        where = f"{self._source[:-2]}.answer()" if self._source == "ggbatch.Pool()" else self._source
+        where = f"{self._source[:-2]}.answer()" if self._source == SOURCE else self._source
         rows = caller_rows(questions, self._config.id_field, self._config.question_field, where)
         records = caller_records(rows, self._config.id_field, self._config.question_field, where)
         variant = self._variants.of(overrides, where)
