@@ -16,6 +16,8 @@ so an MMLU context is computed once for its four continuations and a few-shot pr
     loglikelihood_rolling: lm-eval's rolling windows of the text, each window's tokens scored
     generate_until: each context greedy or sampled as its gen_kwargs say, up to max_gen_toks
         tokens, cut at the first `until` string, not stripped (as lm-eval's other models return it)
+    apply_chat_template (lm-eval's --apply_chat_template): the pool's chat template, the model's
+        own unless the settings give one, as a job's prompts are written
 
 Scores are the model's own log-softmax, with llama.cpp's flash attention off (its CPU kernel rounds
 K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
@@ -23,9 +25,11 @@ K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from functools import cached_property
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Union
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -35,6 +39,7 @@ except ImportError as exc:  # lm-eval is the optional extra ggbatch[eval]
     raise ImportError("ggbatch.lm_eval needs lm-eval: pip install 'ggbatch[eval]'") from exc
 
 from ggbatch.runner.questions.continuations import pair_texts, split_pair
+from ggbatch.runner.questions.prompts import PLAIN_TEMPLATE
 from ggbatch.runner.warm.pool import Pool
 from ggbatch.workers.protocol import GenerationParams, Question, SamplingParams
 
@@ -54,7 +59,7 @@ class GgbatchLM(TemplateLM):
         # the first call that needs the pool waits for it. A typo in the settings or a missing
         # model file is refused here.
         self._starting = Pool.starting(model=model, **settings)
-        self._max_length = max_length
+        self._model, self._max_length = model, max_length
 
     @property
     def pool(self) -> Pool:
@@ -86,10 +91,34 @@ class GgbatchLM(TemplateLM):
         return self._specials[0]
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
-        return list(self.pool.tokenize([string], add_bos=add_special_tokens is not False)[0])
+        return list(self._tokenize([string], add_special_tokens is not False)[0])
 
     def tok_decode(self, tokens: list[int]) -> str:
         raise NotImplementedError("ggbatch.lm_eval answers with text; it never decodes tokens")
+
+    def _tokenize(self, texts: list[str], add_bos: bool = True) -> list[array]:
+        """The texts' tokens, BOS first if asked, unless a text already starts with the BOS text (a
+        chat template that writes it: apply_chat_template) and would hold it twice."""
+        bos = self.pool.special_texts[0]
+        return self.pool.tokenize(texts, [add_bos and not (bos and t.startswith(bos)) for t in texts])
+
+    # -- lm-eval's --apply_chat_template -----------------------------------------------------------
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The conversation as the model's chat template writes it (or the template the settings
+        give: prompt.chat_template=...; ggbatch's plain one for a model without)."""
+        return self.pool.chat_prompt(chat_history, add_generation_prompt)
+
+    def chat_template(self, chat_template: Union[bool, str] = False) -> Optional[str]:
+        """The template apply_chat_template renders with (lm-eval records it); None when lm-eval
+        applies none."""
+        return (self.pool.chat_template or PLAIN_TEMPLATE) if chat_template else None
+
+    @property
+    def tokenizer_name(self) -> str:
+        """What lm-eval's request cache is keyed by: the model file and the chat template."""
+        template = (self.pool.chat_template or PLAIN_TEMPLATE).encode()
+        return f"ggbatch:{Path(self._model).name}:{hashlib.sha256(template).hexdigest()[:16]}"
 
     # -- the three request types -----------------------------------------------------------------
 
@@ -112,7 +141,7 @@ class GgbatchLM(TemplateLM):
     def _encode_all(self, with_bos: list[str], bare: list[str],
                     plans: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
         """lm-eval's (context_enc, continuation_enc) for each request planned by loglikelihood."""
-        whole_tokens = self.pool.tokenize(with_bos, add_bos=True)
+        whole_tokens = self._tokenize(with_bos)
         bare_tokens = self.pool.tokenize(bare, add_bos=False) if bare else []
         out = []
         for whole, other in plans:
@@ -161,7 +190,7 @@ class GgbatchLM(TemplateLM):
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Each context's continuation, up to its max_gen_toks tokens and cut at its first `until`."""
         contexts = [req.args[0] for req in requests]
-        tokens = self.pool.tokenize(contexts, add_bos=True)
+        tokens = self._tokenize(contexts)
         questions = [Question(f"g{i}", toks[-self.max_length:], i, generation_of(req.args[1]))
                      for i, (req, toks) in enumerate(zip(requests, tokens))]
         answers = self.pool.submit_questions(questions).result()

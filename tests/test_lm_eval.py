@@ -120,3 +120,42 @@ def test_the_model_loads_while_lm_eval_builds_its_tasks(demo_model, tmp_path):
         assert lm.max_length == 2048  # the demo model's training context
     finally:
         lm.pool.close()
+
+
+def test_apply_chat_template_renders_the_models_template_for_lm_eval(demo_model, task_dir):
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from ggbatch.lm_eval import GgbatchLM
+
+    lm = GgbatchLM(model=demo_model, workers=1, threads=1)  # the demo model's template is ChatML
+    try:
+        hi = [{"role": "user", "content": "Hi"}]
+        assert lm.apply_chat_template(hi) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        assert lm.apply_chat_template(hi, add_generation_prompt=False) == "<|im_start|>user\nHi<|im_end|>\n"
+        out = lm_eval.simple_evaluate(model=lm, tasks=["ggb_gen"], task_manager=TaskManager(include_path=str(task_dir)),
+                                      num_fewshot=1, apply_chat_template=True, fewshot_as_multiturn=True,
+                                      log_samples=True)
+    finally:
+        lm.pool.close()
+    context = out["samples"]["ggb_gen"][0]["arguments"][0][0]
+    assert context.startswith("<|im_start|>user\n") and context.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert context.count("<|im_start|>assistant\n") == 2  # the shot's answer, then the question's
+    assert "exact_match,none" in out["results"]["ggb_gen"]
+
+
+def test_a_template_that_writes_bos_gets_no_second_one(demo_model):
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
+    from ggbatch.lm_eval import GgbatchLM
+
+    lm = GgbatchLM(model=demo_model, workers=1, threads=1,
+                   prompt__chat_template="{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    try:
+        text = lm.apply_chat_template([{"role": "user", "content": "Once upon a time"}])
+        assert text == "<s>Once upon a time"
+        tokens = lm.tok_encode(text)
+        assert tokens == lm.tok_encode("Once upon a time") and tokens.count(lm.prefix_token_id) == 1
+        assert lm.tokenizer_name.startswith(f"ggbatch:{demo_model.rsplit('/', 1)[-1]}:")
+    finally:
+        lm.pool.close()

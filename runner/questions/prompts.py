@@ -112,14 +112,15 @@ class PromptBuilder:
         """The prompt for one user message (after the job's system prompt, if any)."""
         return self.render_messages((("user", user_message),))
 
-    def render_messages(self, messages: Sequence[tuple[str, str]]) -> str:
+    def render_messages(self, messages: Sequence[tuple[str, str]], add_generation_prompt: bool = True) -> str:
         """The prompt for a conversation of (role, content) turns, ready for the assistant's
-        answer. The job's system prompt goes first unless the conversation has its own."""
+        answer (add_generation_prompt False: ending with the last turn, as an assistant's message
+        to be continued is). The job's system prompt goes first unless the conversation has its own."""
         turns = [{"role": role, "content": content} for role, content in messages]
         if self.system and not any(role == "system" for role, _ in messages):
             turns.insert(0, {"role": "system", "content": self.system})
         try:
-            return self._chat.render(messages=turns, add_generation_prompt=True,
+            return self._chat.render(messages=turns, add_generation_prompt=add_generation_prompt,
                                      bos_token=self.bos_token, eos_token=self.eos_token,
                                      raise_exception=_raise,
                                      strftime_now=lambda f: datetime.now().strftime(f),

@@ -242,14 +242,30 @@ class Pool:
         self._intake.put(sent)
         return future
 
-    def tokenize(self, texts: Sequence[str], add_bos: bool = True) -> list[array]:
-        """Each text's tokens by the model's tokenizer (special tokens written in it parsed as such)."""
+    def tokenize(self, texts: Sequence[str], add_bos: Union[bool, Sequence[bool]] = True) -> list[array]:
+        """Each text's tokens by the model's tokenizer (special tokens written in it parsed as such);
+        add_bos: for every text, or one flag per text."""
+        flags = [add_bos] * len(texts) if isinstance(add_bos, bool) else list(add_bos)
+        if len(flags) != len(texts):
+            raise ValueError(f"{len(texts)} texts and {len(flags)} add_bos flags")
         with self._make_lock:
-            out = list(tokenize_all([self._prompting.tokenizer], ((t, add_bos) for t in texts)))
+            out = list(tokenize_all([self._prompting.tokenizer], zip(texts, flags)))
         bad = next((t for t in out if not isinstance(t, array)), None)
         if bad is not None:
             raise GgbatchError(f"{self._source}: the model's tokenizer cannot take a text: {bad.reason}")
         return [t for t in out if isinstance(t, array)]
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        """The prompt text of a conversation ({"role", "content"} turns) as the pool's questions
+        are made: its chat template (the model's unless chat_template says otherwise) and system
+        prompt. Tokenize it with add_bos=False where it starts with the BOS text."""
+        turns = [(m["role"], m["content"]) for m in messages]
+        return self._prompting.builder.render_messages(turns, add_generation_prompt)
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        """The chat template's text; None for ggbatch's plain one (a model without a template)."""
+        return self._prompting.template
 
     @property
     def n_ctx_train(self) -> int:
