@@ -209,3 +209,26 @@ def test_when_no_worker_can_start_any_more_the_answers_so_far_are_written(tmp_pa
     assert len(answered) == 2
     assert all(r["error"].startswith("not answered: no worker can start any more") for r in rows
                if r["answer"] is None)
+
+
+@pytest.mark.timeout(30)
+def test_a_wake_ends_the_pools_wait_at_once_and_is_drained():
+    import select
+    import threading
+    import time
+
+    from ggbatch.runner.pool.local import LocalBackend
+    from ggbatch.runner.pool.wake import WakePipe
+
+    pipe = WakePipe()
+    try:
+        waker = threading.Timer(0.2, pipe.wake)
+        waker.start()
+        t0 = time.monotonic()
+        assert LocalBackend().wait([], 20.0, pipe.fd) == []
+        assert time.monotonic() - t0 < 10  # woken by the call, not at the end of its 20 s
+        assert not select.select([pipe.fd], [], [], 0)[0]  # drained: the next wait blocks again
+        for _ in range(100_000):  # a full pipe is no error: it is readable already
+            pipe.wake()
+    finally:
+        pipe.close()

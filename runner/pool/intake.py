@@ -4,9 +4,10 @@ meanwhile.
 
 The pool takes the next window when fewer than `below` questions are pending, so the workers
 never run dry while the file is far from read, and the run ends only when the feed has given its
-last window and every question has its answer. A window is polled, not signalled: while the pool
-has nothing to hand out but a window to come, it looks again every FEED_WAIT_S rather than
-waiting a whole monitor tick for its workers.
+last window and every question has its answer. A feed with a wake file descriptor (a warm pool's
+calls: runner/warm/intake.py) ends the pool's wait for its workers when it has something new; one
+without (a streamed file's windows) is polled: while the pool has nothing to hand out but a window
+to come, it looks again every FEED_WAIT_S rather than waiting a whole monitor tick.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class Feed(Protocol):
     def poll(self) -> Optional[Sequence[Question]]:
         """The next window if it is made (or what stopped its making, raised), else None at once."""
 
+    @property
+    def wake_fd(self) -> Optional[int]:
+        """A file descriptor made readable when poll() has something new or done changes (the
+        pool's wait drains it); None: the feed is polled every FEED_WAIT_S."""
+
 
 @dataclass
 class WindowIntake:
@@ -49,8 +55,12 @@ class WindowIntake:
             return self.feed.poll() or ()
         return ()
 
-    @staticmethod
-    def wait_s(timeout: float, feeding: bool, n_pending: int) -> float:
+    @property
+    def wake_fd(self) -> Optional[int]:
+        return self.feed.wake_fd if self.feed is not None else None
+
+    def wait_s(self, timeout: float, feeding: bool, n_pending: int) -> float:
         """How long the pool may wait for its workers: FEED_WAIT_S at most while it has nothing to
-        hand out but is feeding (a window to come, not stopping)."""
-        return min(timeout, FEED_WAIT_S) if feeding and not n_pending else timeout
+        hand out but is feeding (a window to come, not stopping) from a feed that cannot wake it."""
+        polled = feeding and not n_pending and self.wake_fd is None
+        return min(timeout, FEED_WAIT_S) if polled else timeout

@@ -27,6 +27,7 @@ from ..child_processes import start_child
 from ..plan.nodes import Node, local_node
 from .backend import Event
 from .crashes import last_words
+from .wake import drain
 
 
 class LocalLink:
@@ -102,10 +103,12 @@ class LocalBackend:
     def start(self, spec: WorkerSpec) -> LocalLink:
         return LocalLink(self._ctx, spec)
 
-    def wait(self, links: Sequence[LocalLink], timeout: float) -> list[Event[LocalLink]]:
+    def wait(self, links: Sequence[LocalLink], timeout: float, wake: Optional[int] = None) -> list[Event[LocalLink]]:
         readers = {link.results: link for link in links if link.results is not None}
         sentinels = {link.process.sentinel: link for link in links}
-        ready = wait_any([*readers, *sentinels], timeout)
+        ready = wait_any([*readers, *sentinels, *([] if wake is None else [wake])], timeout)
+        if wake is not None and wake in ready:
+            drain(wake)
         events: dict[int, Event[LocalLink]] = {id(readers[r]): Event(readers[r], readers[r].drain())
                                                for r in ready if r in readers}
         for s in ready:

@@ -186,7 +186,7 @@ class WorkerPool:
                 if feeding:
                     self._add(windows.take(len(self._pending)))
                 timeout = max(0.0, min(next_tick, self._stop_deadline or next_tick) - time.perf_counter())
-                self._wait_once(windows.wait_s(timeout, feeding, len(self._pending)))
+                self._wait_once(windows.wait_s(timeout, feeding, len(self._pending)), windows.wake_fd)
                 if time.perf_counter() >= next_tick:
                     next_tick = time.perf_counter() + TICK_S
                     if self._on_tick:
@@ -268,8 +268,8 @@ class WorkerPool:
 
     # -- event loop -----------------------------------------------------------------------------
 
-    def _wait_once(self, timeout: float) -> None:
-        events = self._backend.wait([w.link for w in self.workers if w.link is not None], timeout)
+    def _wait_once(self, timeout: float, wake: Optional[int] = None) -> None:
+        events = self._backend.wait([w.link for w in self.workers if w.link is not None], timeout, wake)
         by_link = {id(w.link): w for w in self.workers if w.link is not None}
         for event in events:
             for msg in event.messages:

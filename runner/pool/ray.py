@@ -33,6 +33,8 @@ from ..errors import ConfigError
 from ..plan.layout import usable_cores
 from ..plan.nodes import Node, nodes_from_ray
 from .backend import Event
+from .intake import FEED_WAIT_S
+from .wake import drain
 
 log = logging.getLogger("ggbatch")
 
@@ -200,9 +202,12 @@ class RayBackend:
     def start(self, spec: WorkerSpec) -> RayLink:
         return RayLink(self._actor_class, spec)
 
-    def wait(self, links: Sequence[RayLink], timeout: float) -> list[Event[RayLink]]:
+    def wait(self, links: Sequence[RayLink], timeout: float, wake: Optional[int] = None) -> list[Event[RayLink]]:
         import ray
 
+        if wake is not None:  # ray.wait cannot watch a file descriptor: look at it every FEED_WAIT_S
+            drain(wake)
+            timeout = min(timeout, FEED_WAIT_S)
         by_ref = {link.poll: link for link in links if not link.ended}
         if not by_ref:
             time.sleep(timeout)

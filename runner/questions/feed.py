@@ -37,6 +37,7 @@ class QuestionFeed:
         self._queue: queue.Queue[Union[Window, BaseException]] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self.done = False
+        self.wake_fd: Optional[int] = None  # polled: a window is made in a thread of its own
         self._thread = threading.Thread(target=self._make, name="ggbatch-windows", daemon=True)
         self._thread.start()
 

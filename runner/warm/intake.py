@@ -10,6 +10,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from ...workers.protocol import EngineConfig, Question
 from ..plan.growth import ContextGrowth
+from ..pool.wake import WakePipe
 
 
 class Submissions:
@@ -19,6 +20,11 @@ class Submissions:
         self._waiting: list[Question] = []
         self._finishing = False
         self._cancelled: Optional[BaseException] = None
+        self._wake = WakePipe()  # the loop waits for a call, a finish or a cancel, not polls
+
+    @property
+    def wake_fd(self) -> int:
+        return self._wake.fd
 
     @property
     def done(self) -> bool:
@@ -29,6 +35,7 @@ class Submissions:
     def put(self, questions: Sequence[Question]) -> None:
         with self._lock:
             self._waiting.extend(questions)
+        self._wake.wake()
 
     def poll(self) -> Optional[Sequence[Question]]:
         """(The loop thread) what was put since the last poll; raises what cancelled the pool."""
@@ -47,8 +54,14 @@ class Submissions:
         """No more calls: what was put is answered, then the run ends."""
         with self._lock:
             self._finishing = True
+        self._wake.wake()
 
     def cancel(self, why: BaseException) -> None:
         """End the run at the next poll: the workers are killed, the open calls fail with `why`."""
         with self._lock:
             self._cancelled = why
+        self._wake.wake()
+
+    def close(self) -> None:
+        """The wake pipe's descriptors go back (once the loop has ended)."""
+        self._wake.close()
