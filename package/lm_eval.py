@@ -26,10 +26,14 @@ K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
 from __future__ import annotations
 
 import hashlib
+import logging
 from array import array
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional, Union
+
+from tqdm import tqdm
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -38,10 +42,14 @@ try:
 except ImportError as exc:  # lm-eval is the optional extra ggbatch[eval]
     raise ImportError("ggbatch.lm_eval needs lm-eval: pip install 'ggbatch[eval]'") from exc
 
+from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.questions.continuations import pair_texts, split_pair
 from ggbatch.runner.questions.prompts import PLAIN_TEMPLATE
+from ggbatch.runner.warm.calls import Answered
 from ggbatch.runner.warm.pool import Pool
 from ggbatch.workers.protocol import GenerationParams, Question, SamplingParams
+
+log = logging.getLogger("ggbatch")
 
 DEFAULT_MAX_LENGTH = 2048  # tokens of a rolling window when the model does not say its context
 
@@ -51,15 +59,20 @@ class GgbatchLM(TemplateLM):
     """lm-eval's model over one ggbatch.Pool. `model`: a GGUF path (or a Hugging Face name, as
     ggbatch takes it); other keyword arguments are ggbatch's job keys (workers, threads, slots, ...)."""
 
-    def __init__(self, model: str, max_length: Optional[int] = None, batch_size: Any = None,
-                 max_batch_size: Any = None, device: Any = None, **settings: Any) -> None:
+    def __init__(self, model: Optional[str] = None, max_length: Optional[int] = None, batch_size: Any = None,
+                 max_batch_size: Any = None, device: Any = None, pretrained: Optional[str] = None,
+                 **settings: Any) -> None:
         super().__init__()
+        # pretrained: the name lm-eval's Hugging Face and vLLM models take the model by
+        path = model or pretrained
+        if not path or (model and pretrained and model != pretrained):
+            raise ConfigError("ggbatch.lm_eval: give the GGUF model once: model=PATH (or pretrained=PATH)")
         settings.setdefault("flash_attn", False)
         # The model loads while lm-eval builds its tasks (its datasets, the few-shot contexts):
         # the first call that needs the pool waits for it. A typo in the settings or a missing
         # model file is refused here.
-        self._starting = Pool.starting(model=model, **settings)
-        self._model, self._max_length = model, max_length
+        self._starting = Pool.starting(model=path, **settings)
+        self._model, self._max_length = path, max_length
 
     @property
     def pool(self) -> Pool:
@@ -136,7 +149,8 @@ class GgbatchLM(TemplateLM):
             context, whole = pair_texts(context, continuation)
             plans.append((with_bos.setdefault(whole, len(with_bos)), with_bos.setdefault(context, len(with_bos))))
         encoded = self._encode_all(list(with_bos), list(bare), plans)
-        return self._loglikelihood_tokens([(pair, ctx, cont) for pair, (ctx, cont) in zip(pairs, encoded)])
+        return self._loglikelihood_tokens([(pair, ctx, cont) for pair, (ctx, cont) in zip(pairs, encoded)],
+                                          disable_tqdm)
 
     def _encode_all(self, with_bos: list[str], bare: list[str],
                     plans: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
@@ -163,7 +177,7 @@ class GgbatchLM(TemplateLM):
         questions = [Question(f"c{k}", array("i", ctx), 0,
                               continuations=tuple(array("i", requests[i][2]) for i in members))
                      for k, (ctx, members) in enumerate(contexts.items())]
-        answers = self.pool.submit_questions(questions).result()
+        answers = self._answers(questions, [len(m) for m in contexts.values()], "loglikelihood", disable_tqdm)
         out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
         for answered, members in zip(answers, contexts.values()):
             if answered.scored is None:
@@ -183,7 +197,7 @@ class GgbatchLM(TemplateLM):
                 windows.append((None, *window))
                 owner.append(i)
         totals = [0.0] * len(texts)
-        for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows)):
+        for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows, disable_tqdm)):
             totals[i] += logprob
         return totals
 
@@ -193,15 +207,44 @@ class GgbatchLM(TemplateLM):
         tokens = self._tokenize(contexts)
         questions = [Question(f"g{i}", toks[-self.max_length:], i, generation_of(req.args[1]))
                      for i, (req, toks) in enumerate(zip(requests, tokens))]
-        answers = self.pool.submit_questions(questions).result()
+        answers = self._answers(questions, [1] * len(questions), "generate_until", disable_tqdm)
         return [a.completion if a.completion is not None else "" for a in answers]
+
+    def _answers(self, questions: list[Question], requests: list[int], what: str,
+                 disable_tqdm: bool) -> list[Answered]:
+        """The pool's answers, with a progress bar of lm-eval's requests (a question answers
+        `requests[i]` of them) as its answers come back."""
+        weight = {q.qid: n for q, n in zip(questions, requests)}
+        with tqdm(total=sum(requests), desc=f"ggbatch {what}", unit="request", disable=disable_tqdm) as bar:
+            def answered(ids: list[str]) -> None:
+                bar.update(sum(weight[i] for i in ids))
+
+            return self.pool.submit_questions(questions, answered).result()
+
+
+# lm-eval's gen_kwargs that have a ggbatch setting, beside until and max_gen_toks (Hugging Face's
+# names, as task YAMLs write them), and what each becomes when sampling
+SAMPLING_KWARGS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                   "repetition_penalty": "repeat_penalty"}
+KNOWN_KWARGS = {"until", "max_gen_toks", "do_sample", *SAMPLING_KWARGS}
 
 
 def generation_of(gen_kwargs: dict[str, Any]) -> GenerationParams:
-    """lm-eval's gen_kwargs as ggbatch's settings: until (a string or a list), max_gen_toks,
-    do_sample and temperature (greedy unless both ask for sampling)."""
+    """lm-eval's gen_kwargs as ggbatch's settings: until (a string or a list), max_gen_toks, and
+    greedy unless do_sample and a temperature above 0 ask for sampling, then with top_k, top_p,
+    min_p and repetition_penalty where given. Others are said once in the log and not used."""
     until = gen_kwargs.get("until") or ()
     stop = (until,) if isinstance(until, str) else tuple(until)
-    temperature = float(gen_kwargs.get("temperature", 0.0) or 0.0) if gen_kwargs.get("do_sample") else 0.0
-    return GenerationParams(max_tokens=int(gen_kwargs.get("max_gen_toks", 256)), stop=stop,
-                            sampling=SamplingParams(temperature=temperature))
+    unknown = sorted(set(gen_kwargs) - KNOWN_KWARGS - _said)
+    if unknown:
+        _said.update(unknown)
+        log.warning("ggbatch.lm_eval: generation_kwargs %s have no ggbatch setting and are not used", unknown)
+    sampling = SamplingParams()
+    if gen_kwargs.get("do_sample") and float(gen_kwargs.get("temperature") or 0.0) > 0.0:
+        given = {ours: gen_kwargs[theirs] for theirs, ours in SAMPLING_KWARGS.items()
+                 if gen_kwargs.get(theirs) is not None}
+        sampling = replace(sampling, **{k: type(getattr(sampling, k))(v) for k, v in given.items()})
+    return GenerationParams(max_tokens=int(gen_kwargs.get("max_gen_toks", 256)), stop=stop, sampling=sampling)
+
+
+_said: set[str] = set()  # gen_kwargs already said to be unused

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+import ggbatch
 from helpers import ggbatch_command
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model, pytest.mark.slow]
@@ -112,7 +113,7 @@ def test_the_model_loads_while_lm_eval_builds_its_tasks(demo_model, tmp_path):
 
     gate = tmp_path / "gate"
     # The worker cannot be Ready while the gate is shut: a constructor that waited would hang here.
-    lm = GgbatchLM(model=demo_model, workers=1, engine_factory=Fake(build_gate=str(gate)))
+    lm = GgbatchLM(pretrained=demo_model, workers=1, engine_factory=Fake(build_gate=str(gate)))  # vLLM's key
     assert not lm._starting.done()
     gate.touch()
     try:
@@ -120,6 +121,9 @@ def test_the_model_loads_while_lm_eval_builds_its_tasks(demo_model, tmp_path):
         assert lm.max_length == 2048  # the demo model's training context
     finally:
         lm.pool.close()
+    for twice in ({}, {"model": demo_model, "pretrained": "other.gguf"}):
+        with pytest.raises(ggbatch.GgbatchError, match="give the GGUF model once"):
+            GgbatchLM(**twice)
 
 
 def test_apply_chat_template_renders_the_models_template_for_lm_eval(demo_model, task_dir):
@@ -159,3 +163,33 @@ def test_a_template_that_writes_bos_gets_no_second_one(demo_model):
         assert lm.tokenizer_name.startswith(f"ggbatch:{demo_model.rsplit('/', 1)[-1]}:")
     finally:
         lm.pool.close()
+
+
+def test_generation_kwargs_become_ggbatch_settings_and_unknown_ones_are_said(caplog):
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
+    from ggbatch.lm_eval import generation_of
+
+    sampled = generation_of({"until": "\n\n", "max_gen_toks": 7, "do_sample": True, "temperature": 0.7,
+                             "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1})
+    assert sampled.stop == ("\n\n",) and sampled.max_tokens == 7
+    s = sampled.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty) == (0.7, 0.9, 20, 0.05, 1.1)
+    greedy = generation_of({"until": ["."], "do_sample": False, "temperature": 0.7, "top_p": 0.9})
+    assert greedy.sampling.temperature == 0.0 and greedy.sampling.top_p == 1.0
+    with caplog.at_level("WARNING", logger="ggbatch"):
+        generation_of({"num_beams": 4})
+        generation_of({"num_beams": 4})
+    assert [r.getMessage() for r in caplog.records].count(
+        "ggbatch.lm_eval: generation_kwargs ['num_beams'] have no ggbatch setting and are not used") == 1
+
+
+def test_each_call_shows_its_requests_answered(lm, capsys):
+    from lm_eval.api.instance import Instance
+
+    ctx = "Once upon a time there was a little"
+    lm.loglikelihood([Instance("loglikelihood", {}, (ctx, c), i) for i, c in enumerate((" girl", " dog", " cat"))])
+    lm.loglikelihood([Instance("loglikelihood", {}, (ctx, " girl"), 0)], disable_tqdm=True)
+    err = capsys.readouterr().err.replace("\r", "\n")
+    bars = [line for line in err.splitlines() if "ggbatch loglikelihood" in line]
+    # the three requests of one context; the second call shows none
+    assert bars and "100%" in bars[-1] and "3/3" in bars[-1]

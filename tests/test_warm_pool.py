@@ -91,6 +91,24 @@ def test_hand_made_tokens_outside_the_vocabulary_are_refused_by_name(demo_model)
 
 
 @pytest.mark.timeout(120)
+def test_a_call_hears_of_each_question_answered_before_its_future_resolves(demo_model):
+    with ggbatch.Pool(model=demo_model, max_tokens=24, ignore_eos=True, slots=2, workers=1) as pool:
+        prompts = pool.tokenize([f"Question {i}: once upon a time" for i in range(6)])
+        questions = [Question(f"q{i}", p, i) for i, p in enumerate(prompts)]
+        heard: list[list[str]] = []
+        answers = pool.submit_questions(questions, heard.append).result(timeout=60)
+
+        def broken(ids: list[str]) -> None:
+            raise ValueError("a caller's progress bar")
+
+        again = pool.submit_questions(questions[:2], broken).result(timeout=60)
+    assert [a.text for a in again] == [a.text for a in answers[:2]]  # the pool's loop went on
+    assert sorted(q for batch in heard for q in batch) == [f"q{i}" for i in range(6)]
+    assert len(heard) > 1  # two slots: told as they come back, not once at the end
+    assert [a.id for a in answers] == [f"q{i}" for i in range(6)] and all(a.text for a in answers)
+
+
+@pytest.mark.timeout(120)
 def test_32_threads_submitting_at_once_share_the_batches(demo_model):
     with ggbatch.Pool(model=demo_model, max_tokens=16, ignore_eos=True, slots=32, workers=1) as pool:
         barrier = threading.Barrier(32)

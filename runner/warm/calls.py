@@ -10,14 +10,17 @@ from the pool's loop thread; calls are opened from the callers' threads.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer, Question, Scored
 from ..files.formats.rows import Row, row_fields
 from ..journal.journal import Expected
+
+log = logging.getLogger("ggbatch")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class Call:
     future: "Future[list[Answered]]"
     got: dict[str, Answer] = field(default_factory=dict)
     waiting: int = 0
+    # told the caller's ids of each batch of its questions answered (a progress bar), from the
+    # pool's loop thread
+    on_answered: Optional[Callable[[list[str]], None]] = None
 
 
 class Calls:
@@ -88,12 +94,13 @@ class Calls:
         self._ended: Optional[BaseException] = None
 
     def open(self, answered_as: Sequence[tuple[str, str]], questions: Sequence[Question],
-             rejected: dict[str, Answer]) -> tuple["Future[list[Answered]]", list[Question]]:
+             rejected: dict[str, Answer], on_answered: Optional[Callable[[list[str]], None]] = None,
+             ) -> tuple["Future[list[Answered]]", list[Question]]:
         """A call of these (id, id whose answer it takes) pairs, of which `questions` go to the
         workers: its Future, and the questions under the pool's ids."""
         future: Future[list[Answered]] = Future()
         call = Call([qid for qid, _ in answered_as], [first for _, first in answered_as], future,
-                    dict(rejected), len(questions))
+                    dict(rejected), len(questions), on_answered)
         prefix = f"{next(self._numbers)}/"
         with self._lock:
             if self._ended is not None:
@@ -105,7 +112,8 @@ class Calls:
         return future, [replace(q, qid=prefix + q.qid) for q in questions]
 
     def append(self, answers: list[Answer]) -> None:
-        done = []
+        done: list[Call] = []
+        heard: dict[int, tuple[Callable[[list[str]], None], list[str]]] = {}
         with self._lock:
             for a in answers:
                 entry = self._open.pop(a.qid, None)
@@ -114,8 +122,15 @@ class Calls:
                 call, qid = entry
                 call.got[qid] = a
                 call.waiting -= 1
+                if call.on_answered is not None:
+                    heard.setdefault(id(call), (call.on_answered, []))[1].append(qid)
                 if call.waiting == 0:
                     done.append(call)
+        for tell, qids in heard.values():
+            try:
+                tell(qids)
+            except Exception:  # the caller's progress bar must not stop the pool's loop
+                log.exception("a call's on_answered failed; its answers go on")
         for call in done:
             self._resolve(call)
 

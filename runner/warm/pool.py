@@ -19,7 +19,7 @@ from array import array
 from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from ...workers.llama.factory import LLAMA_ENGINE
 from ...workers.protocol import Answer, Question, Ready, ThreadsSet
@@ -226,10 +226,12 @@ class Pool:
         many.add_done_callback(done)
         return one
 
-    def submit_questions(self, questions: Sequence[Question]) -> "Future[list[Answered]]":
+    def submit_questions(self, questions: Sequence[Question],
+                         on_answered: Optional[Callable[[list[str]], None]] = None) -> "Future[list[Answered]]":
         """Questions already tokenized (distinct ids; ggbatch.lm_eval's), as they are: their own
         generation settings or the pool's, continuations scored. Those sharing a prefix go out
-        together (runner/questions/prefix_groups.py), for the workers' prefix cache."""
+        together (runner/questions/prefix_groups.py), for the workers' prefix cache. on_answered
+        hears the ids of each batch answered (from the pool's thread: keep it short)."""
         if self._closed:
             raise PoolClosed(f"{self._source}: the pool is closed")
         for question in questions:
@@ -238,7 +240,7 @@ class Pool:
         with self._make_lock:
             ordered = [replace(q, group=q.group + self._groups) if q.group else q for q in ordered]
             self._groups += max((q.group for q in ordered), default=0)
-        future, sent = self._calls.open([(q.qid, q.qid) for q in questions], ordered, {})
+        future, sent = self._calls.open([(q.qid, q.qid) for q in questions], ordered, {}, on_answered)
         self._intake.put(sent)
         return future
 
@@ -306,6 +308,7 @@ class Pool:
             if self._thread.is_alive():
                 self._intake.cancel(PoolClosed(f"{self._source}: the pool was closed"))
                 self._thread.join()
+            self._intake.close()
 
     def __enter__(self) -> "Pool":
         return self
