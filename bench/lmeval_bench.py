@@ -33,8 +33,7 @@ def main() -> None:
 
     settings = {k: v for k, v in (("workers", args.workers), ("threads", args.threads)) if v is not None}
     t0 = time.perf_counter()
-    lm = GgbatchLM(model=args.model, **settings)
-    loaded = time.perf_counter() - t0
+    lm = GgbatchLM(model=args.model, **settings)  # the pool starts while lm-eval builds the tasks
     try:
         out = lm_eval.simple_evaluate(model=lm, tasks=args.tasks.split(","), num_fewshot=args.num_fewshot,
                                       limit=args.limit, task_manager=TaskManager(include_path=args.include_path))
@@ -44,7 +43,7 @@ def main() -> None:
         lm.pool.close()
     for task, metrics in out["results"].items():
         print(task, json.dumps({k: v for k, v in metrics.items() if isinstance(v, float)}, default=float))
-    print(f"ggbatch backend: {took:.1f} s in all ({loaded:.1f} s to start the pool)")
+    print(f"ggbatch backend: {took:.1f} s in all, the pool's start included")
     print("pool counters:", json.dumps({k: v for k, v in stats.items() if "token" in k}, default=str))
 
 

@@ -112,20 +112,20 @@ def warm_up(task: str, folder: Path) -> None:
 
 def ggbatch_side(model: str, task: str, folder: Path,
                  settings: dict[str, Any]) -> tuple[float, dict[str, Any], dict[str, Any]]:
-    """(seconds from the pool's start to its close, lm-eval's output, the pool's counters)."""
+    """(seconds from the pool's start to its close, lm-eval's output, the pool's counters). The
+    pool starts while lm-eval builds the task (GgbatchLM)."""
     from ggbatch.lm_eval import GgbatchLM
 
     t0 = time.perf_counter()
     lm = GgbatchLM(model=model, **settings)
-    started = time.perf_counter()
     try:
         out = evaluate(lm, task, folder)
         stats = lm.pool.stats()
     finally:
         lm.pool.close()
     ended = time.perf_counter()
-    print(f"{task} ggbatch: {started - t0:.2f} s to start the pool, {ended - started:.2f} s in lm-eval with it",
-          flush=True)
+    print(f"{task} ggbatch: {ended - t0:.2f} s from the pool's start, while lm-eval builds the task, to its "
+          "close", flush=True)
     return ended - t0, out, stats
 
 

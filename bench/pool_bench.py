@@ -2,10 +2,13 @@
 
   sequential: N one-question calls of T tokens, one after another, on a warm ggbatch.Pool, against N
               ggbatch.answer calls (each starts its workers and loads the model);
-  threads:    N threads each pool.submit of one question at once, against one pool.answer of the N.
+  threads:    N threads each pool.submit of one question at once, against one pool.answer of the N;
+  idle:       the coordinator's CPU time while a warm pool waits 10 s for a call, and the median of
+              10 one-question calls of one token on it (what a call pays beyond the model's work).
 
     python bench/pool_bench.py                       # the benchmark model, 16 calls of 16 tokens; 32 × 64
     python bench/pool_bench.py --model demo --calls 4 --threads 8 --tokens 8 --thread-tokens 8   # a quick check
+    python bench/pool_bench.py --model demo --only idle
 
 The model defaults to the benchmark model (~/.cache/ggbatch/bench-28x1024-q4_k_m.gguf, built from
 ../shared's qwen2 vocabulary on first use, as bench/engine_bench.py does).
@@ -73,6 +76,25 @@ def threaded(model: str, qs: list[str], tokens: int, repeat: int = 2) -> dict[st
             "runs": {"one_call_s": [round(x, 2) for x in one_call], "threads_s": [round(x, 2) for x in threads]}}
 
 
+def idle(model: str, seconds: float = 10.0, calls: int = 10) -> dict[str, float]:
+    import psutil
+
+    me = psutil.Process()
+    with ggbatch.Pool(model=model, max_tokens=1) as pool:
+        pool.answer([WARM_UP])
+        before = me.cpu_times()
+        time.sleep(seconds)
+        after = me.cpu_times()
+        took = []
+        for i in range(calls):
+            t0 = time.perf_counter()
+            pool.answer([f"Question {i}?"])
+            took.append(time.perf_counter() - t0)
+    cpu = after.user + after.system - before.user - before.system
+    return {"idle_s": seconds, "coordinator_cpu_s": round(cpu, 3),
+            "one_question_call_ms": round(1000 * statistics.median(took), 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a GGUF or demo (default: the benchmark model)")
@@ -80,10 +102,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=32)
     ap.add_argument("--thread-tokens", type=int, default=64)
+    ap.add_argument("--only", choices=("sequential", "threads", "idle"), help="one measure (default: all three)")
     args = ap.parse_args()
     model = args.model or bench_model()
-    print(json.dumps({"sequential": sequential(model, questions(args.calls), args.tokens),
-                      "threads": threaded(model, questions(args.threads), args.thread_tokens)}, indent=1))
+    measures = {"sequential": lambda: sequential(model, questions(args.calls), args.tokens),
+                "threads": lambda: threaded(model, questions(args.threads), args.thread_tokens),
+                "idle": lambda: idle(model)}
+    print(json.dumps({name: measure() for name, measure in measures.items() if args.only in (None, name)}, indent=1))
 
 
 if __name__ == "__main__":
