@@ -25,7 +25,6 @@ K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from array import array
 from dataclasses import replace
@@ -104,16 +103,10 @@ class GgbatchLM(TemplateLM):
         return self._specials[0]
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
-        return list(self._tokenize([string], add_special_tokens is not False)[0])
+        return list(self.pool.tokenize([string], add_bos=add_special_tokens is not False)[0])
 
     def tok_decode(self, tokens: list[int]) -> str:
         raise NotImplementedError("ggbatch.lm_eval answers with text; it never decodes tokens")
-
-    def _tokenize(self, texts: list[str], add_bos: bool = True) -> list[array]:
-        """The texts' tokens, BOS first if asked, unless a text already starts with the BOS text (a
-        chat template that writes it: apply_chat_template) and would hold it twice."""
-        bos = self.pool.special_texts[0]
-        return self.pool.tokenize(texts, [add_bos and not (bos and t.startswith(bos)) for t in texts])
 
     # -- lm-eval's --apply_chat_template -----------------------------------------------------------
 
@@ -129,9 +122,9 @@ class GgbatchLM(TemplateLM):
 
     @property
     def tokenizer_name(self) -> str:
-        """What lm-eval's request cache is keyed by: the model file and the chat template."""
-        template = (self.pool.chat_template or PLAIN_TEMPLATE).encode()
-        return f"ggbatch:{Path(self._model).name}:{hashlib.sha256(template).hexdigest()[:16]}"
+        """What lm-eval's request cache is keyed by: the model file, and what apply_chat_template
+        writes with (the template, the system prompt, the template's arguments)."""
+        return f"ggbatch:{Path(self._model).name}:{self.pool.prompt_fingerprint}"
 
     # -- the three request types -----------------------------------------------------------------
 
@@ -155,7 +148,7 @@ class GgbatchLM(TemplateLM):
     def _encode_all(self, with_bos: list[str], bare: list[str],
                     plans: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
         """lm-eval's (context_enc, continuation_enc) for each request planned by loglikelihood."""
-        whole_tokens = self._tokenize(with_bos)
+        whole_tokens = self.pool.tokenize(with_bos)
         bare_tokens = self.pool.tokenize(bare, add_bos=False) if bare else []
         out = []
         for whole, other in plans:
@@ -167,17 +160,18 @@ class GgbatchLM(TemplateLM):
                 out.append(split_pair(list(whole_tokens[whole]), list(whole_tokens[other])))
         return out
 
-    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,
+    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, what: str = "loglikelihood",
                               **kwargs: Any) -> list[tuple[float, bool]]:
         """(sum of log-probabilities, is_greedy) of each (pair, context tokens, continuation tokens):
-        one question per distinct context, its continuations scored together."""
+        one question per distinct context, its continuations scored together; `what` names the
+        progress bar."""
         contexts: dict[tuple[int, ...], list[int]] = {}
         for i, (_, ctx, _) in enumerate(requests):
             contexts.setdefault(tuple(ctx[-self.max_length:]), []).append(i)
         questions = [Question(f"c{k}", array("i", ctx), 0,
                               continuations=tuple(array("i", requests[i][2]) for i in members))
                      for k, (ctx, members) in enumerate(contexts.items())]
-        answers = self._answers(questions, [len(m) for m in contexts.values()], "loglikelihood", disable_tqdm)
+        answers = self._answers(questions, [len(m) for m in contexts.values()], what, disable_tqdm)
         out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
         for answered, members in zip(answers, contexts.values()):
             if answered.scored is None:
@@ -197,14 +191,15 @@ class GgbatchLM(TemplateLM):
                 windows.append((None, *window))
                 owner.append(i)
         totals = [0.0] * len(texts)
-        for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows, disable_tqdm)):
+        scored = self._loglikelihood_tokens(windows, disable_tqdm, "loglikelihood_rolling windows")
+        for i, (logprob, _) in zip(owner, scored):
             totals[i] += logprob
         return totals
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Each context's continuation, up to its max_gen_toks tokens and cut at its first `until`."""
         contexts = [req.args[0] for req in requests]
-        tokens = self._tokenize(contexts)
+        tokens = self.pool.tokenize(contexts)
         questions = [Question(f"g{i}", toks[-self.max_length:], i, generation_of(req.args[1]))
                      for i, (req, toks) in enumerate(zip(requests, tokens))]
         answers = self._answers(questions, [1] * len(questions), "generate_until", disable_tqdm)

@@ -11,6 +11,7 @@ children told).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -19,6 +20,16 @@ from typing import Any, Callable, Optional
 _requests: "queue.SimpleQueue[tuple[Callable[[], None], Future[None]]]" = queue.SimpleQueue()
 _starter: Optional[threading.Thread] = None
 _starter_lock = threading.Lock()
+
+
+def _forget_starter() -> None:
+    """In a forked child the starter thread is gone (and the lock may be held by a thread that
+    is): the child makes its own when it needs one."""
+    global _requests, _starter, _starter_lock
+    _requests, _starter, _starter_lock = queue.SimpleQueue(), None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_starter)
 
 
 def start_child(process: Any) -> None:

@@ -56,7 +56,9 @@ def test_simple_evaluate_matches_llama_cpp_python(lm, task_dir):
     pairs += [("", "Once upon a time"), ("Once upon a time there was a little ", "girl")]
     requests = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
     got = lm.loglikelihood(requests)
-    assert got == TemplateLM.loglikelihood(lm, requests)
+    theirs = TemplateLM.loglikelihood(lm, requests)
+    assert [g for _, g in got] == [g for _, g in theirs]
+    assert all(abs(a - b) < TOLERANCE for (a, _), (b, _) in zip(got, theirs))
     encoded = [lm._encode_pair(c, x) if c else _empty_context_pair(lm, x) for c, x in pairs]
     want = reference(lm.pool._config.model, encoded)
     for (logprob, greedy), (token_logprobs, want_greedy) in zip(got, want):
@@ -137,7 +139,8 @@ def test_apply_chat_template_renders_the_models_template_for_lm_eval(demo_model,
     try:
         hi = [{"role": "user", "content": "Hi"}]
         assert lm.apply_chat_template(hi) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-        assert lm.apply_chat_template(hi, add_generation_prompt=False) == "<|im_start|>user\nHi<|im_end|>\n"
+        # lm-eval's add_generation_prompt=False (a task's gen_prefix): the last message left open
+        assert lm.apply_chat_template(hi, add_generation_prompt=False) == "<|im_start|>user\nHi"
         out = lm_eval.simple_evaluate(model=lm, tasks=["ggb_gen"], task_manager=TaskManager(include_path=str(task_dir)),
                                       num_fewshot=1, apply_chat_template=True, fewshot_as_multiturn=True,
                                       log_samples=True)
@@ -160,7 +163,7 @@ def test_a_template_that_writes_bos_gets_no_second_one(demo_model):
         assert text == "<s>Once upon a time"
         tokens = lm.tok_encode(text)
         assert tokens == lm.tok_encode("Once upon a time") and tokens.count(lm.prefix_token_id) == 1
-        assert lm.tokenizer_name.startswith(f"ggbatch:{demo_model.rsplit('/', 1)[-1]}:")
+        assert lm.tokenizer_name == f"ggbatch:{demo_model.rsplit('/', 1)[-1]}:{lm.pool.prompt_fingerprint}"
     finally:
         lm.pool.close()
 

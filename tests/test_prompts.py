@@ -98,3 +98,23 @@ def test_a_template_refusing_a_conversation_is_a_chat_template_error():
               "{{ raise_exception('roles must alternate') }}{% endif %}{{ m.content }}{% endfor %}")
     with pytest.raises(ChatTemplateError, match="chat template: roles must alternate"):
         PromptBuilder(strict).render_messages((("user", "a"), ("user", "b")))
+
+
+def test_a_last_message_left_open_ends_right_after_its_text():
+    from ggbatch.runner.questions.prompts import ChatTemplateError
+
+    b = PromptBuilder(CHATML)
+    turns = (("user", "2+2?"), ("assistant", "The answer is "))
+    # as transformers' continue_final_message: the stripped text is found and what closes it dropped
+    assert b.render_messages(turns, continue_final=True) == (
+        "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\nThe answer is")
+    assert b.render_messages((("user", "hi"), ("assistant", "")), continue_final=True).endswith("<|im_end|>\n")
+    upper = "{% for m in messages %}{{ m.content | upper }}{% endfor %}"
+    with pytest.raises(ChatTemplateError, match="the last message's text does not appear"):
+        PromptBuilder(upper).render_messages((("user", "hi"),), continue_final=True)
+
+
+def test_the_fingerprint_changes_with_what_a_conversation_is_written_with():
+    prints = {PromptBuilder(CHATML).fingerprint(), PromptBuilder(CHATML, system="Be brief.").fingerprint(),
+              PromptBuilder(None).fingerprint(), PromptBuilder(CHATML, template_kwargs={"x": 1}).fingerprint()}
+    assert len(prints) == 4 and PromptBuilder(CHATML).fingerprint() == PromptBuilder(CHATML).fingerprint()

@@ -96,7 +96,10 @@ def test_a_call_hears_of_each_question_answered_before_its_future_resolves(demo_
         prompts = pool.tokenize([f"Question {i}: once upon a time" for i in range(6)])
         questions = [Question(f"q{i}", p, i) for i, p in enumerate(prompts)]
         heard: list[list[str]] = []
-        answers = pool.submit_questions(questions, heard.append).result(timeout=60)
+        call = pool.submit_questions(questions, heard.append)
+        told_by_then: list[int] = []
+        call.add_done_callback(lambda _: told_by_then.append(sum(map(len, heard))))
+        answers = call.result(timeout=60)
 
         def broken(ids: list[str]) -> None:
             raise ValueError("a caller's progress bar")
@@ -104,6 +107,7 @@ def test_a_call_hears_of_each_question_answered_before_its_future_resolves(demo_
         again = pool.submit_questions(questions[:2], broken).result(timeout=60)
     assert [a.text for a in again] == [a.text for a in answers[:2]]  # the pool's loop went on
     assert sorted(q for batch in heard for q in batch) == [f"q{i}" for i in range(6)]
+    assert told_by_then == [6]  # every answer told before the call's Future resolved
     assert len(heard) > 1  # two slots: told as they come back, not once at the end
     assert [a.id for a in answers] == [f"q{i}" for i in range(6)] and all(a.text for a in answers)
 
@@ -180,6 +184,7 @@ def test_a_pool_started_in_the_background_returns_before_its_workers_are_ready(d
     # its worker cannot be Ready while the gate is shut: a start that waited would hang here
     wait_for(lambda: children() - before, what="the pool's processes to start")
     assert not starting.done()
+    assert not starting.cancel()  # running: a pool half started would have no one to close it
     gate.touch()
     with starting.result(timeout=60) as pool:
         answers = pool.answer(["q0", "q1", "q2"])
@@ -210,3 +215,22 @@ def test_a_pool_made_in_a_thread_that_has_ended_still_answers(demo_model):
         stats = pool.stats()
     assert all(a.text and a.error is None for a in answers)
     assert stats["workers"][0]["restarts"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_call_on_an_idle_pool_is_taken_at_once_not_at_the_next_tick(demo_model):
+    import time
+
+    from ggbatch.runner.pool.pool import TICK_S
+
+    # The pool's loop waits on its calls' wake pipe (runner/warm/intake.py); a call it were not
+    # woken for would wait for the loop's next tick, up to TICK_S.
+    with ggbatch.Pool(model=demo_model, max_tokens=1, workers=1) as pool:
+        pool.answer(["warm up"])
+        took = []
+        for i in range(5):
+            time.sleep(0.3)  # the loop is waiting again
+            t0 = time.perf_counter()
+            pool.answer([f"q{i}"])
+            took.append(time.perf_counter() - t0)
+    assert max(took) < TICK_S / 2, took

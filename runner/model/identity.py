@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import ModelError
 from .gguf_header import GGUFFormatError, GGUFLayout, read_layout
-from .hub import resolve_hub_name
+from .hub import is_hub_name, resolve_hub_name
 
 BLOCK = 4096  # bytes sampled at each place
 SPREAD_BLOCKS = 64  # evenly spaced samples over the whole file, besides two per tensor
@@ -59,6 +59,13 @@ def resolve_model(model: str) -> str:
     if magic != b"GGUF":
         raise ModelError(f"{model}: not a GGUF file (no GGUF magic at the start)")
     return str(path)
+
+
+def check_local_model(model: str) -> None:
+    """resolve_model's refusal of a local path (missing, a folder, not GGUF) at once; a Hub name
+    or `demo`, which may take a download or a build, is left to resolve_model."""
+    if model != "demo" and not is_hub_name(model):
+        resolve_model(model)
 
 
 def identify(path: str) -> ModelIdentity:

@@ -7,6 +7,7 @@ with Jinja2 in a sandbox as Hugging Face does; models without one get PLAIN_TEMP
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from typing import Any, Mapping, Optional, Sequence
@@ -78,6 +79,18 @@ def _undefined_name(message: str) -> str:
     return quoted[-2] if len(quoted) >= 3 else message
 
 
+def open_final(rendered: str, final: str) -> str:
+    """The rendered conversation cut right after its last message's text (stripped, as
+    transformers cuts for continue_final_message), dropping what the template closes it with."""
+    if not final.strip():  # nothing to find: transformers keeps the whole text too
+        return rendered
+    at = rendered.rfind(final.strip())
+    if at < 0:
+        raise ChatTemplateError("chat template: the last message's text does not appear in what the template "
+                                "writes, so the message cannot be left open")
+    return rendered[:at + len(final.strip())]
+
+
 class PromptBuilder:
     def __init__(self, chat_template: Optional[str], system: Optional[str] = None,
                  user_template: Optional[str] = None, question_field: str = "question",
@@ -85,6 +98,7 @@ class PromptBuilder:
                  template_kwargs: Optional[Mapping[str, Any]] = None) -> None:
         env = _environment()
         self.is_plain = chat_template is None
+        self._source = chat_template or PLAIN_TEMPLATE
         try:
             self._chat = env.from_string(chat_template or PLAIN_TEMPLATE)
         except jinja2.TemplateSyntaxError as exc:
@@ -112,21 +126,29 @@ class PromptBuilder:
         """The prompt for one user message (after the job's system prompt, if any)."""
         return self.render_messages((("user", user_message),))
 
-    def render_messages(self, messages: Sequence[tuple[str, str]], add_generation_prompt: bool = True) -> str:
+    def render_messages(self, messages: Sequence[tuple[str, str]], continue_final: bool = False) -> str:
         """The prompt for a conversation of (role, content) turns, ready for the assistant's
-        answer (add_generation_prompt False: ending with the last turn, as an assistant's message
-        to be continued is). The job's system prompt goes first unless the conversation has its own."""
+        answer; continue_final: ending right after the last turn's text instead, left open for the
+        model to continue (Hugging Face's continue_final_message). The job's system prompt goes
+        first unless the conversation has its own."""
         turns = [{"role": role, "content": content} for role, content in messages]
         if self.system and not any(role == "system" for role, _ in messages):
             turns.insert(0, {"role": "system", "content": self.system})
         try:
-            return self._chat.render(messages=turns, add_generation_prompt=add_generation_prompt,
+            text = self._chat.render(messages=turns, add_generation_prompt=not continue_final,
                                      bos_token=self.bos_token, eos_token=self.eos_token,
                                      raise_exception=_raise,
                                      strftime_now=lambda f: datetime.now().strftime(f),
                                      **self.template_kwargs)
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template: {exc}") from None
+        return open_final(text, turns[-1]["content"]) if continue_final and turns else text
+
+    def fingerprint(self) -> str:
+        """What a conversation is written with, as a short hash (the template, the system prompt,
+        the template's arguments): prompts kept from a builder of another fingerprint are stale."""
+        key = json.dumps([self._source, self.system, self.template_kwargs], sort_keys=True, default=str)
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def needs_bos(self, prompt: str) -> bool:
         """Whether the tokenizer should add BOS: not when the template already wrote it."""

@@ -26,10 +26,10 @@ from ...workers.protocol import Answer, Question, Ready, ThreadsSet
 from ..config.answer import job_answer
 from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
-from ..errors import GgbatchError, InputError, quote
+from ..errors import GgbatchError
 from ..files.inputs import Record
 from ..launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
-from ..model.identity import identify, resolve_model
+from ..model.identity import check_local_model, identify, resolve_model
 from ..plan.growth import ContextGrowth
 from ..plan.layout import PromptFacts
 from ..pool.pool import WorkerPool
@@ -42,7 +42,7 @@ from ..watch.watch import RunWatch
 from .calls import Answered, Calls, NoReuse
 from .intake import Submissions
 from .overrides import Variant, Variants
-from .records import caller_records, caller_rows
+from .records import caller_records, caller_rows, check_vocabulary
 from .stats import pool_stats
 
 # the job's keys that name files: a pool takes questions and gives answers
@@ -78,13 +78,15 @@ class Pool:
     @classmethod
     def starting(cls, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE,
                  **settings: Any) -> "Future[Pool]":
-        """Pool(), returning at once: the settings and the model's file are checked here (a typo
-        or a missing file raises now), the workers, the tokenizer and the model start in a thread
-        meanwhile; the Future holds the pool, or why it could not start. For a caller with work of
+        """Pool(), returning at once: the settings and a local model file are checked here (a
+        typo or a missing file raises now), the workers, the tokenizer and the model start in a
+        thread meanwhile; the Future holds the pool, or why it could not start. It is running from
+        the start, so it cannot be cancelled: close the pool it gives. For a caller with work of
         its own first: lm-eval builds its tasks while the model loads (ggbatch.lm_eval)."""
         config, layer = _configured(model, settings)
-        resolve_model(config.model)
+        check_local_model(config.model)
         future: Future[Pool] = Future()
+        future.set_running_or_notify_cancel()  # a pool half started has no one else to close it
 
         def start() -> None:
             try:
@@ -235,7 +237,7 @@ class Pool:
         if self._closed:
             raise PoolClosed(f"{self._source}: the pool is closed")
         for question in questions:
-            _check_vocabulary(question, self._prompting.info.n_vocab, f"{self._source}.submit_questions()")
+            check_vocabulary(question, self._prompting.info.n_vocab, f"{self._source}.submit_questions()")
         ordered, _ = order(list(questions), self._config.prefix_cache == "auto")
         with self._make_lock:
             ordered = [replace(q, group=q.group + self._groups) if q.group else q for q in ordered]
@@ -244,14 +246,13 @@ class Pool:
         self._intake.put(sent)
         return future
 
-    def tokenize(self, texts: Sequence[str], add_bos: Union[bool, Sequence[bool]] = True) -> list[array]:
-        """Each text's tokens by the model's tokenizer (special tokens written in it parsed as such);
-        add_bos: for every text, or one flag per text."""
-        flags = [add_bos] * len(texts) if isinstance(add_bos, bool) else list(add_bos)
-        if len(flags) != len(texts):
-            raise ValueError(f"{len(texts)} texts and {len(flags)} add_bos flags")
+    def tokenize(self, texts: Sequence[str], add_bos: bool = True) -> list[array]:
+        """Each text's tokens by the model's tokenizer (special tokens written in it parsed as such),
+        BOS first if asked and the text does not start with the BOS text already (a chat template
+        may write it: chat_prompt), as a job's prompts are tokenized."""
+        asked = [(t, add_bos and self._prompting.builder.needs_bos(t)) for t in texts]
         with self._make_lock:
-            out = list(tokenize_all([self._prompting.tokenizer], zip(texts, flags)))
+            out = list(tokenize_all([self._prompting.tokenizer], asked))
         bad = next((t for t in out if not isinstance(t, array)), None)
         if bad is not None:
             raise GgbatchError(f"{self._source}: the model's tokenizer cannot take a text: {bad.reason}")
@@ -260,9 +261,16 @@ class Pool:
     def chat_prompt(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         """The prompt text of a conversation ({"role", "content"} turns) as the pool's questions
         are made: its chat template (the model's unless chat_template says otherwise) and system
-        prompt. Tokenize it with add_bos=False where it starts with the BOS text."""
+        prompt, ready for the assistant's answer; add_generation_prompt False: ending right after
+        the last message's text, left open for the model to continue (as lm-eval asks for a task's
+        gen_prefix, and Hugging Face's continue_final_message does)."""
         turns = [(m["role"], m["content"]) for m in messages]
-        return self._prompting.builder.render_messages(turns, add_generation_prompt)
+        return self._prompting.builder.render_messages(turns, continue_final=not add_generation_prompt)
+
+    @property
+    def prompt_fingerprint(self) -> str:
+        """A short hash of what chat_prompt writes with (template, system prompt, template arguments)."""
+        return self._prompting.builder.fingerprint()
 
     @property
     def chat_template(self) -> Optional[str]:
@@ -317,21 +325,6 @@ class Pool:
         if exc_type is not None and not self._closed:
             self._intake.cancel(PoolClosed(f"{self._source}: the pool was left on an error"))
         self.close()
-
-
-def _check_vocabulary(question: Question, n_vocab: int, where: str) -> None:
-    """Hand-made tokens are the model's: a token id outside its vocabulary would stop llama_decode
-    for the whole batch, or score another token where a one-token continuation is read straight
-    from a logits row (a negative id indexes from the row's end), or reach past the candidates
-    in llama.cpp's logit_bias sampler."""
-    bias = array("i", [t for t, _ in question.generation.logit_bias] if question.generation else [])
-    parts = [("prompt", question.tokens), *((f"continuation {i}", c) for i, c in enumerate(question.continuations)),
-             ("logit_bias", bias)]
-    for part, tokens in parts:
-        if len(tokens) and not (0 <= min(tokens) and max(tokens) < n_vocab):
-            bad = next(t for t in tokens if not 0 <= t < n_vocab)
-            raise InputError(f"{where}: question {quote(question.qid)}: its {part} has token {bad}, which is not "
-                             f"in the model's vocabulary (ids 0-{n_vocab - 1})")
 
 
 class _Events:

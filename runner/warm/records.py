@@ -1,13 +1,16 @@
 """A Python caller's questions as records, checked as a question file's are: strings (one string
 is one question) or mappings with the question field and any fields prompt.template uses; every
-problem one line naming the item by its index in the caller's list."""
+problem one line naming the item by its index in the caller's list; and questions a caller made
+already tokenized (Pool.submit_questions), whose tokens must be the model's."""
 
 from __future__ import annotations
 
 import json
+from array import array
 from typing import Any, Iterable, Mapping, Union
 
-from ..errors import ConfigError, InputError
+from ...workers.protocol import Question as MadeQuestion
+from ..errors import ConfigError, InputError, quote
 from ..files.inputs import Record, record_at
 
 Question = Union[str, Mapping[str, Any]]
@@ -50,3 +53,18 @@ def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: st
         seen[rec.qid] = i
         records.append(rec)
     return records
+
+
+def check_vocabulary(question: MadeQuestion, n_vocab: int, where: str) -> None:
+    """Hand-made tokens are the model's: a token id outside its vocabulary would stop llama_decode
+    for the whole batch, or score another token where a one-token continuation is read straight
+    from a logits row (a negative id indexes from the row's end), or reach past the candidates
+    in llama.cpp's logit_bias sampler."""
+    bias = array("i", [t for t, _ in question.generation.logit_bias] if question.generation else [])
+    parts = [("prompt", question.tokens), *((f"continuation {i}", c) for i, c in enumerate(question.continuations)),
+             ("logit_bias", bias)]
+    for part, tokens in parts:
+        if len(tokens) and not (0 <= min(tokens) and max(tokens) < n_vocab):
+            bad = next(t for t in tokens if not 0 <= t < n_vocab)
+            raise InputError(f"{where}: question {quote(question.qid)}: its {part} has token {bad}, which is not "
+                             f"in the model's vocabulary (ids 0-{n_vocab - 1})")
