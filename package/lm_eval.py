@@ -26,6 +26,7 @@ K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
 from __future__ import annotations
 
 import logging
+import re
 from array import array
 from dataclasses import replace
 from functools import cached_property
@@ -66,6 +67,7 @@ class GgbatchLM(TemplateLM):
         path = model or pretrained
         if not path or (model and pretrained and model != pretrained):
             raise ConfigError("ggbatch.lm_eval: give the GGUF model once: model=PATH (or pretrained=PATH)")
+        settings = {**device_settings(device, settings), **settings}
         settings.setdefault("flash_attn", False)
         # The model loads while lm-eval builds its tasks (its datasets, the few-shot contexts):
         # the first call that needs the pool waits for it. A typo in the settings or a missing
@@ -215,6 +217,19 @@ class GgbatchLM(TemplateLM):
                 bar.update(sum(weight[i] for i in ids))
 
             return self.pool.submit_questions(questions, answered).result()
+
+
+def device_settings(device: Optional[str], settings: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval's --device as ggbatch's settings, where the settings say nothing of the GPU
+    themselves: `cpu` keeps every layer off the GPU, `cuda:N` puts the worker on GPU N; anything
+    else (`cuda`, `mps`, none) leaves it to ggbatch (every layer the GPU holds, on a GPU build)."""
+    said = any(k.replace(".", "__").endswith("n_gpu_layers") or k == "devices" for k in settings)
+    if said or not device:
+        return {}
+    if device == "cpu":
+        return {"model__n_gpu_layers": 0}
+    gpu = re.fullmatch(r"cuda:(\d+)", device)
+    return {"devices": int(gpu[1])} if gpu else {}
 
 
 # lm-eval's gen_kwargs that have a ggbatch setting, beside until and max_gen_toks (Hugging Face's

@@ -115,12 +115,14 @@ def test_the_model_loads_while_lm_eval_builds_its_tasks(demo_model, tmp_path):
 
     gate = tmp_path / "gate"
     # The worker cannot be Ready while the gate is shut: a constructor that waited would hang here.
-    lm = GgbatchLM(pretrained=demo_model, workers=1, engine_factory=Fake(build_gate=str(gate)))  # vLLM's key
+    lm = GgbatchLM(pretrained=demo_model, workers=1, engine_factory=Fake(build_gate=str(gate)),  # vLLM's key
+                   device="cpu")
     assert not lm._starting.done()
     gate.touch()
     try:
         assert lm.tok_encode("Once upon a time")[0] == lm.prefix_token_id
         assert lm.max_length == 2048  # the demo model's training context
+        assert lm.pool._config.n_gpu_layers == 0  # --device cpu: no layer on a GPU
     finally:
         lm.pool.close()
     for twice in ({}, {"model": demo_model, "pretrained": "other.gguf"}):
@@ -196,3 +198,14 @@ def test_each_call_shows_its_requests_answered(lm, capsys):
     bars = [line for line in err.splitlines() if "ggbatch loglikelihood" in line]
     # the three requests of one context; the second call shows none
     assert bars and "100%" in bars[-1] and "3/3" in bars[-1]
+
+
+def test_lm_evals_device_says_where_the_layers_go_unless_the_settings_do():
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
+    from ggbatch.lm_eval import device_settings
+
+    assert device_settings("cpu", {}) == {"model__n_gpu_layers": 0}
+    assert device_settings("cuda:1", {"workers": 2}) == {"devices": 1}
+    assert device_settings("cuda", {}) == device_settings(None, {}) == device_settings("mps", {}) == {}
+    for own in ({"model.n_gpu_layers": "all"}, {"model__n_gpu_layers": 4}, {"devices": "0"}):
+        assert device_settings("cpu", own) == {}
