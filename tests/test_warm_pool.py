@@ -234,3 +234,33 @@ def test_a_call_on_an_idle_pool_is_taken_at_once_not_at_the_next_tick(demo_model
             pool.answer([f"q{i}"])
             took.append(time.perf_counter() - t0)
     assert max(took) < TICK_S / 2, took
+
+
+UNCLOSED = textwrap.dedent("""
+    import sys
+    import ggbatch
+    from ggbatch.runner.warm.pool import Pool
+    if __name__ == "__main__":
+        settings = dict(model=sys.argv[1], workers=1, max_tokens=4, ignore_eos=True)
+        pool = Pool.starting(**settings).result() if sys.argv[2] == "started" else ggbatch.Pool(**settings)
+        print(pool.answer(["Once upon a time"])[0].text is not None, flush=True)
+        if sys.argv[2] == "open call":  # a call still open as the process exits
+            call = pool.submit_many([f"q{i}" for i in range(64)], max_tokens=400)
+            call.add_done_callback(lambda c: print("call ended:", c.exception(), flush=True))
+""")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["made", "started", "open call"])
+def test_a_pool_left_open_at_exit_is_closed_quietly(demo_model, tmp_path, how):
+    # lm-eval never closes its model: at exit the pool stops its workers itself, before
+    # multiprocess's exit handler terminates them and the pool's loop reports their deaths.
+    script = tmp_path / "unclosed.py"
+    script.write_text(UNCLOSED)
+    done = subprocess.run([sys.executable, str(script), demo_model, how], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=120)
+    said = done.stdout.split("\n")
+    assert done.returncode == 0 and said[0] == "True", done.stderr
+    assert "died" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    if how == "open call":  # cancelled, not waited for (nor left unanswered)
+        assert said[1] == "call ended: ggbatch.Pool(): the process is exiting", done.stdout

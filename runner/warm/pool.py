@@ -14,6 +14,7 @@ on an exception (Ctrl-C included) cancels them instead and kills the workers at 
 
 from __future__ import annotations
 
+import atexit
 import threading
 from array import array
 from concurrent.futures import Future
@@ -148,6 +149,8 @@ class Pool:
         self._thread = threading.Thread(target=self._loop, args=(growth,), name="ggbatch-pool", daemon=True)
         self._thread.start()
         self._resources.callback(self._stop, cancel=True)
+        atexit.register(self._at_exit)
+        self._resources.callback(atexit.unregister, self._at_exit)
         self._ready.wait()
         if self._ended is not None:
             raise self._ended
@@ -307,6 +310,14 @@ class Pool:
         if not self._closed:
             self._closed = True
             self._resources.close()
+
+    def _at_exit(self) -> None:
+        """A pool still open when the interpreter exits (lm-eval never closes its model) is closed
+        before multiprocess's own exit handler terminates its workers, which the pool's loop would
+        report as deaths; its open calls are cancelled, not waited for."""
+        if self._calls.n_open:
+            self._intake.cancel(PoolClosed(f"{self._source}: the process is exiting"))
+        self.close()
 
     def _stop(self, cancel: bool) -> None:
         try:
