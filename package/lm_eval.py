@@ -221,15 +221,15 @@ class GgbatchLM(TemplateLM):
 
 def device_settings(device: Optional[str], settings: dict[str, Any]) -> dict[str, Any]:
     """lm-eval's --device as ggbatch's settings, where the settings say nothing of the GPU
-    themselves: `cpu` keeps every layer off the GPU, `cuda:N` puts the worker on GPU N; anything
-    else (`cuda`, `mps`, none) leaves it to ggbatch (every layer the GPU holds, on a GPU build)."""
+    themselves: `cpu` no layer on a GPU (ggbatch's own default without `devices`), `cuda`,
+    `cuda:N` or `mps` every layer on the GPU llama.cpp picks (which GPU is `devices`' or
+    CUDA_VISIBLE_DEVICES' to say); anything else, or none, nothing."""
     said = any(k.replace(".", "__").endswith("n_gpu_layers") or k == "devices" for k in settings)
     if said or not device:
         return {}
     if device == "cpu":
         return {"model__n_gpu_layers": 0}
-    gpu = re.fullmatch(r"cuda:(\d+)", device)
-    return {"devices": int(gpu[1])} if gpu else {}
+    return {"model__n_gpu_layers": "all"} if re.fullmatch(r"cuda(:\d+)?|mps", device) else {}
 
 
 # lm-eval's gen_kwargs that have a ggbatch setting, beside until and max_gen_toks (Hugging Face's

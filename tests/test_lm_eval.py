@@ -205,7 +205,8 @@ def test_lm_evals_device_says_where_the_layers_go_unless_the_settings_do():
     from ggbatch.lm_eval import device_settings
 
     assert device_settings("cpu", {}) == {"model__n_gpu_layers": 0}
-    assert device_settings("cuda:1", {"workers": 2}) == {"devices": 1}
-    assert device_settings("cuda", {}) == device_settings(None, {}) == device_settings("mps", {}) == {}
+    for gpu in ("cuda", "cuda:1", "mps"):
+        assert device_settings(gpu, {"workers": 2}) == {"model__n_gpu_layers": "all"}
+    assert device_settings(None, {}) == device_settings("tpu", {}) == {}
     for own in ({"model.n_gpu_layers": "all"}, {"model__n_gpu_layers": 4}, {"devices": "0"}):
         assert device_settings("cpu", own) == {}

@@ -105,9 +105,12 @@ def test_a_last_message_left_open_ends_right_after_its_text():
 
     b = PromptBuilder(CHATML)
     turns = (("user", "2+2?"), ("assistant", "The answer is "))
-    # as transformers' continue_final_message: the stripped text is found and what closes it dropped
+    # as transformers' continue_final_message: the text found and what closes it dropped, its
+    # trailing space kept where the template wrote it
     assert b.render_messages(turns, continue_final=True) == (
-        "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\nThe answer is")
+        "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\nThe answer is ")
+    trims = "{% for m in messages %}<{{ m.content | trim }}>{% endfor %}"
+    assert PromptBuilder(trims).render_messages((("user", " a b "),), continue_final=True) == "<a b"
     assert b.render_messages((("user", "hi"), ("assistant", "")), continue_final=True).endswith("<|im_end|>\n")
     upper = "{% for m in messages %}{{ m.content | upper }}{% endfor %}"
     with pytest.raises(ChatTemplateError, match="the last message's text does not appear"):

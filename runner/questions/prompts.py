@@ -80,15 +80,18 @@ def _undefined_name(message: str) -> str:
 
 
 def open_final(rendered: str, final: str) -> str:
-    """The rendered conversation cut right after its last message's text (stripped, as
-    transformers cuts for continue_final_message), dropping what the template closes it with."""
+    """The rendered conversation cut right after its last message's text, dropping what the
+    template closes it with, by transformers' rule for continue_final_message: the message's
+    trailing whitespace kept where the template wrote it, else the text up to its last
+    non-space character."""
     if not final.strip():  # nothing to find: transformers keeps the whole text too
         return rendered
     at = rendered.rfind(final.strip())
     if at < 0:
         raise ChatTemplateError("chat template: the last message's text does not appear in what the template "
                                 "writes, so the message cannot be left open")
-    return rendered[:at + len(final.strip())]
+    kept = rendered[at:at + len(final.lstrip())] == final
+    return rendered[:at + len(final.lstrip() if kept else final.strip())]
 
 
 class PromptBuilder:
@@ -147,7 +150,8 @@ class PromptBuilder:
     def fingerprint(self) -> str:
         """What a conversation is written with, as a short hash (the template, the system prompt,
         the template's arguments): prompts kept from a builder of another fingerprint are stale."""
-        key = json.dumps([self._source, self.system, self.template_kwargs], sort_keys=True, default=str)
+        key = json.dumps([self._source, self.system, self.template_kwargs, self.bos_token, self.eos_token],
+                         sort_keys=True, default=str)
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def needs_bos(self, prompt: str) -> bool:

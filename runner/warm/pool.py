@@ -115,6 +115,7 @@ class Pool:
         self._source, self._config, self._closed = source, config, False
         self._groups = 0  # prefix groups numbered so far (submit_questions)
         self._make_lock = threading.Lock()  # one tokenizer process: calls are made one at a time
+        self._close_lock = threading.Lock()  # a second close() waits for the first to end
         self._ready = threading.Event()
         self._ended: Optional[BaseException] = None
         self._resources = ExitStack()
@@ -306,10 +307,12 @@ class Pool:
         return pool_stats(self._workers, self._watch, self._watch.started)
 
     def close(self) -> None:
-        """Answer the calls still open, then stop every worker; idempotent."""
-        if not self._closed:
-            self._closed = True
-            self._resources.close()
+        """Answer the calls still open, then stop every worker; idempotent, and a close from
+        another thread meanwhile returns when this one has ended."""
+        with self._close_lock:
+            if not self._closed:
+                self._closed = True
+                self._resources.close()
 
     def _at_exit(self) -> None:
         """A pool still open when the interpreter exits (lm-eval never closes its model) is closed
