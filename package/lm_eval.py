@@ -42,6 +42,7 @@ try:
 except ImportError as exc:  # lm-eval is the optional extra ggbatch[eval]
     raise ImportError("ggbatch.lm_eval needs lm-eval: pip install 'ggbatch[eval]'") from exc
 
+from ggbatch.runner.config.keywords import key_parts
 from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.questions.continuations import pair_texts, split_pair
 from ggbatch.runner.questions.prompts import PLAIN_TEMPLATE
@@ -224,7 +225,7 @@ def device_settings(device: Optional[str], settings: dict[str, Any]) -> dict[str
     themselves: `cpu` no layer on a GPU (ggbatch's own default without `devices`), `cuda`,
     `cuda:N` or `mps` every layer on the GPU llama.cpp picks (which GPU is `devices`' or
     CUDA_VISIBLE_DEVICES' to say); anything else, or none, nothing."""
-    said = any(k.replace(".", "__").endswith("n_gpu_layers") or k == "devices" for k in settings)
+    said = any(key_parts(k)[-1] == "n_gpu_layers" or k == "devices" for k in settings)
     if said or not device:
         return {}
     if device == "cpu":

@@ -103,7 +103,7 @@ class PromptBuilder:
         self.is_plain = chat_template is None
         self._source = chat_template or PLAIN_TEMPLATE
         try:
-            self._chat = env.from_string(chat_template or PLAIN_TEMPLATE)
+            self._chat = env.from_string(self._source)
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError(f"chat template: line {exc.lineno}: {exc.message}") from None
         self._user = _user_template(user_template or "{{ %s }}" % question_field)

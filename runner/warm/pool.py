@@ -56,7 +56,7 @@ SOURCE = "ggbatch.Pool()"  # how errors name a pool made by its constructor
 
 
 def _configured(model: str, settings: dict[str, Any]) -> tuple[JobConfig, dict[str, Any]]:
-    """(the pool's job settings, its settings layer) from Pool()'s keywords: InputError naming a
+    """(the pool's job settings, its settings layer) from Pool()'s keywords: ConfigError naming a
     key that is not one."""
     check_keywords(SOURCE, settings, POOL_OWN)
     # input and output are placeholders: a pool has no files
