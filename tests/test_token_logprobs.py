@@ -235,3 +235,18 @@ def test_openai_batch_lines_get_both_shapes(demo_model, tmp_path):
     assert "".join(cmpl.logprobs.tokens) == cmpl.text and len(cmpl.logprobs.token_logprobs) == 5
     assert all(1 <= len(top) <= 3 for top in cmpl.logprobs.top_logprobs)
     assert ChatCompletion.model_validate(got["none"]).choices[0].logprobs is None
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_a_first_token_choice_names_the_variant_its_score_is_read_from(demo_model, tmp_path, questions_file):
+    """A choice is scored by its likeliest token variant (" B" or "B"): its token_logprobs entry is
+    that variant, with the same log-probability as choice_logprobs gives the choice."""
+    out = tmp_path / "c.jsonl"
+    done = ggbatch("run", "--model", demo_model, "--input", questions_file(8), "--output", out,
+                   "--choices", "A,B,C,D", "--choice-logprobs", "--token-logprobs", "3", "--progress", "off")
+    assert done.returncode == 0, done.stderr
+    for row in map(json.loads, out.read_text().splitlines()):
+        (entry,) = row["token_logprobs"]
+        assert entry["token"].strip() == row["answer"]
+        assert entry["logprob"] == pytest.approx(row["choice_logprobs"][row["answer"]], abs=1e-3)

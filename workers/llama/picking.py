@@ -86,7 +86,7 @@ class Picker:
             seq.choice_scores = self.sampling.choice_scores(index, seq.choice_tokens)
             seq.t_first = time.perf_counter()
             self.counters.choice_answers += 1
-            return seq.choice_tokens[best_choice(seq.choice_scores)][0]
+            return self.sampling.likeliest(index, seq.choice_tokens[best_choice(seq.choice_scores)])
         if seq.grammar is None:  # greedy, or sampled once thinking has handed over to the answer
             return greedy_token if seq.sampler is None else self.sampling.sample(seq.sampler, index)
         if seq.sampler is None:

@@ -266,6 +266,12 @@ class Sampling:
         log_z = float(log_normalizers(row[None, :])[1][0])
         return [float(row[list(tokens)].max()) - log_z for tokens in variants]
 
+    def likeliest(self, batch_index: int, tokens: Sequence[int]) -> int:
+        """Of these tokens (one choice's variants), the one the model gives the most weight at
+        this position: the token its score is read from. A tie goes to the earliest."""
+        row = self._row(batch_index)
+        return max(tokens, key=lambda token: float(row[token]))
+
     def token_logprobs(self, batch_indices: Sequence[int], tokens: Sequence[int],
                        k: int) -> list[tuple[float, list[tuple[int, float]]]]:
         """Each picked token's log-probability and the k most likely tokens, from the raw logits
