@@ -163,3 +163,20 @@ def test_scoring_under_a_long_shared_prefix_keeps_a_kv_stream_per_sequence(tmp_p
         sums[cache] = {qid: row["choice_logprobs"] for qid, row in rows_of(out).items()}
     worst = max(abs(sums["off"][qid][c] - v) for qid, want in sums["auto"].items() for c, v in want.items())
     assert worst < TOLERANCE
+
+
+def test_a_picked_choice_keeps_its_spaces_in_every_format(tmp_path, stories):
+    """answer and answer_norm are both one of the choices as the job spelt them: spaces around a
+    choice are part of its continuation, and of its score."""
+    choices = [" barked", "\nran away", "sat "]
+    records = [{**rec, "choices": choices} for rec in story_records(3)]
+    q = write_jsonl(tmp_path / "q.jsonl", records)
+    flags = ("--choices", "auto", "--choice-scoring", "loglikelihood")
+    out = tmp_path / "a.jsonl"
+    assert run(stories, q, out, *flags).returncode == 0
+    for row in rows_of(out).values():
+        assert row["answer"] in choices and row["answer_norm"] in choices
+    csv_out = tmp_path / "b.csv"
+    assert run(stories, q, csv_out, *flags).returncode == 0
+    with csv_out.open(newline="") as f:
+        assert all(row["answer"] in choices for row in csv.DictReader(f))

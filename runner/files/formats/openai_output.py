@@ -21,7 +21,7 @@ import hashlib
 from typing import Any
 
 from ....workers.protocol import Answer, FinishReason, Sample
-from .rows import OutputSpec, Row, split_thinking
+from .rows import OutputSpec, Row, shown_answer
 from .token_logprobs import chat_content, completion_logprobs
 
 
@@ -50,7 +50,8 @@ def _body(answer: Answer, qid: str, spec: OutputSpec, key: str, when: float) -> 
     samples = answer.samples or (Sample(answer.text, answer.finish_reason, answer.completion_tokens,
                                         answer.token_logprobs),)
     completion = qid in spec.completions
-    choices = [(_completion_choice if completion else _chat_choice)(i, s, spec) for i, s in enumerate(samples)]
+    picked = answer.answer_norm is not None
+    choices = [_completion_choice(i, s) if completion else _chat_choice(i, s, picked) for i, s in enumerate(samples)]
     choices[0].update(_weighed(answer))
     if completion:
         return {"id": f"cmpl-{key}", "object": "text_completion", "created": int(when), "model": spec.model_name,
@@ -75,15 +76,15 @@ def _finish(sample: Sample) -> str:
     return "length" if sample.finish_reason is FinishReason.LENGTH else "stop"
 
 
-def _completion_choice(index: int, sample: Sample, spec: OutputSpec) -> dict[str, Any]:
+def _completion_choice(index: int, sample: Sample) -> dict[str, Any]:
     tokens = sample.token_logprobs
     return {"index": index, "text": sample.text, "finish_reason": _finish(sample),
             "logprobs": completion_logprobs(tokens) if tokens is not None else None}
 
 
-def _chat_choice(index: int, sample: Sample, spec: OutputSpec) -> dict[str, Any]:
-    thinking, text = split_thinking(sample.text)
-    message: dict[str, Any] = {"role": "assistant", "content": text.strip(), "refusal": None}
+def _chat_choice(index: int, sample: Sample, picked: bool) -> dict[str, Any]:
+    thinking, text = shown_answer(sample.text, picked)
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     if thinking is not None:  # always, as vLLM's and llama-server's reasoning parsers give it
         message["reasoning_content"] = thinking  # where vLLM and DeepSeek's API put it
     tokens = sample.token_logprobs

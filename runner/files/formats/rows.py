@@ -51,6 +51,16 @@ def split_thinking(text: str) -> tuple[Optional[str], str]:
     return thinking.strip(), text[end + len("</think>"):]
 
 
+def shown_answer(text: str, picked: bool) -> tuple[Optional[str], str]:
+    """(thinking, the answer as written): a generated text without a reasoning model's thinking
+    block and the spaces around it; a choice picked by log-likelihood (`picked`) as the job spelt
+    it, spaces included, as its answer_norm is (the choices " barked" and "barked" differ)."""
+    if picked:
+        return None, text
+    thinking, answer = split_thinking(text)
+    return thinking, answer.strip()
+
+
 def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
     """{id: ..., "answer": ...} (and "thinking" if asked), or {id, "answer": None, "error": why}.
     A reasoning model's `<think>` block is taken out of the answer."""
@@ -60,8 +70,7 @@ def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
         return out
     if row.answer.samples is not None:
         return _sample_fields(out, row.answer.samples, keep_thinking)
-    thinking, text = split_thinking(row.answer.text)
-    out["answer"] = text.strip()
+    thinking, out["answer"] = shown_answer(row.answer.text, row.answer.answer_norm is not None)
     if row.answer.answer_norm is not None:
         out["answer_norm"] = row.answer.answer_norm
     if keep_thinking and thinking is not None:
@@ -75,8 +84,8 @@ def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
 
 def _sample_fields(out: dict[str, Any], samples: Sequence[Sample], keep_thinking: bool) -> dict[str, Any]:
     """A question's n samples: "answer" (and "thinking", "token_logprobs") as lists in sample order."""
-    split = [split_thinking(s.text) for s in samples]
-    out["answer"] = [text.strip() for _, text in split]
+    split = [shown_answer(s.text, False) for s in samples]
+    out["answer"] = [text for _, text in split]
     if keep_thinking and any(thinking is not None for thinking, _ in split):
         out["thinking"] = [thinking for thinking, _ in split]
     if any(s.token_logprobs is not None for s in samples):
