@@ -144,6 +144,20 @@ def test_flash_attention_is_off_for_scoring_unless_the_job_sets_it():
     assert build_config([("job", {**scored, "flash_attn": True})]).flash_attn is True
 
 
+@pytest.mark.parametrize("extra, named", [({"answer.token_logprobs": 2}, "answer.token_logprobs: 2"),
+                                           ({"sampling.n": 2, "sampling.temperature": 0.5}, "not sampled")])
+def test_what_a_scored_choice_cannot_have_is_refused_by_name(extra, named):
+    """No token is generated for a choice scored by log-likelihood: token log-probabilities or
+    samples are refused, not silently dropped."""
+    from ggbatch.runner.config.schema import build_config
+    from ggbatch.runner.errors import ConfigError
+
+    job = {"model": "m.gguf", "input": "q.jsonl", "output": "a.jsonl", "answer.choices": "A,B",
+           "answer.choice_scoring": "loglikelihood", **extra}
+    with pytest.raises(ConfigError, match=named):
+        build_config([("job", job)])
+
+
 def test_scoring_under_a_long_shared_prefix_keeps_a_kv_stream_per_sequence(tmp_path, stories):
     """Without the prefix cache a long shared prefix would get one unified KV pool, where scores
     move with the rest of the batch: a scoring job keeps a stream per sequence, and its sums are

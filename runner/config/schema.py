@@ -271,13 +271,14 @@ def _check_answer(config: JobConfig) -> None:
         raise ConfigError(f"{' and '.join(given)}: give one of them (an answer is one choice, JSON or a grammar's)")
     if config.choice_logprobs and not config.choices:
         raise ConfigError("answer.logprobs: needs answer.choices (log-probabilities are the choices')")
-    _check_samples(config)
     _check_scoring(config)
+    _check_samples(config)
     _check_backend(config)
 
 
 def _check_scoring(config: JobConfig) -> None:
-    """Log-likelihood scoring needs the choices it scores, and gives one answer per question."""
+    """Log-likelihood scoring needs the choices it scores, and gives one answer per question, which
+    no token is generated for."""
     if config.choice_scoring != LOGLIKELIHOOD:
         return
     if not config.choices:
@@ -286,6 +287,10 @@ def _check_scoring(config: JobConfig) -> None:
     if config.sampling.n > 1:
         raise ConfigError(f"sampling.n: {config.sampling.n} samples with answer.choice_scoring: {LOGLIKELIHOOD} "
                           "would be the same scores: log-likelihoods are not sampled")
+    if config.token_logprobs is not None:
+        raise ConfigError(f"answer.token_logprobs: {config.token_logprobs} with answer.choice_scoring: "
+                          f"{LOGLIKELIHOOD}: no token is generated; each choice's log-probability is "
+                          "answer.logprobs (--choice-logprobs)")
 
 
 def _scoring_defaults(config: JobConfig) -> JobConfig:
