@@ -203,7 +203,7 @@ def _settle(config: JobConfig, started: NodePlan, preparer: Preparer, first: Win
     growth = settle(config, started, preparer.prompting, job_facts, prefix, max_tokens(first.questions, gen),
                     model_path)
     if first.questions:  # a rerun that the journal answers whole has no sample to lay out
-        check_sample_slots([lay.slots for lay in growth.plan.layouts], samples, config)
+        check_sample_slots([lay.slots for lay in growth.plan.layouts], config.sampling.n, config)
     return growth
 
 

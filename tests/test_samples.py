@@ -112,7 +112,7 @@ def test_on_recurrent_and_hybrid_memory_samples_fork_from_the_whole_state(recurr
 @pytest.mark.timeout(120)
 def test_more_samples_than_slots_is_that_questions_error(demo_model):
     got = run(demo_model, prompts()[:1], 2, max_tokens=4, sampling=replace(SAMPLED, n=3))
-    assert got["q0"].error == "3 samples need 3 slots, the worker has 2"
+    assert got["q0"].error.startswith("n: 3 samples decode together, a slot each, and the worker has 2 slots")
 
 
 # -- scoring ----------------------------------------------------------------------------------------
@@ -228,3 +228,26 @@ def test_openai_lines_with_n_get_indexed_choices(demo_model, tmp_path):
     assert got["greedy"]["error"]["message"].startswith("body.n: 2 samples need a temperature > 0")
     cmpl = Completion.model_validate(got["cmpl"]["response"]["body"])
     assert [c.index for c in cmpl.choices] == [0, 1]
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_a_line_asking_past_the_auto_slots_gets_them_and_past_fixed_slots_fails_alone(demo_model, tmp_path):
+    """Auto slots cover the most samples a line asks for, past their usual cap of 64; with --slots
+    fixed below it, that line fails with its own error and the rest of the file is answered."""
+    from helpers import write_jsonl
+
+    def chat(qid, n):
+        return {"custom_id": qid, "method": "POST", "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": "Tell a story"}], "max_tokens": 2, "n": n,
+                         "temperature": 0.7}}
+
+    batch = write_jsonl(tmp_path / "batch.jsonl", [chat("many", 70), chat("two", 2)])
+    out = tmp_path / "out.jsonl"
+    assert run_job(demo_model, batch, out).returncode == 0
+    got = {row["custom_id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert len(got["many"]["response"]["body"]["choices"]) == 70
+    assert run_job(demo_model, batch, out, "--slots", 4, "--fresh").returncode == 1
+    got = {row["custom_id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert "70 samples" in got["many"]["error"]["message"] and got["many"]["response"] is None
+    assert len(got["two"]["response"]["body"]["choices"]) == 2

@@ -92,6 +92,7 @@ class PromptFacts:
     dims: ModelDims
     shared_groups: int = 0  # groups of questions sharing more than n_prefix (runner/questions/prefix_groups.py)
     scored: bool = False  # questions score continuations (log-likelihood): one KV stream per sequence
+    samples: int = 1  # the most samples one question draws: they decode together, a slot each
 
 
 def usable_cores() -> list[int]:
@@ -246,6 +247,8 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     cap = gpu.auto_slot_cap(started.slot_cap, cpu_share, fit is not None)
     wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots,
                          facts.n_questions, pool_cells, cap).slots
+    if slots is None:  # past the auto cap if need be (the memory plan still has the last word)
+        wanted = max(wanted, facts.samples)
     layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
                      n_batch=step_budget(n_batch, wanted),
                      threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))

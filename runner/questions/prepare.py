@@ -112,7 +112,8 @@ def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: in
     return PromptFacts(n_questions, longest, len(prefix), preparer.prompting.info.n_ctx_train,
                        preparer.prompting.dims, (first.sharing.groups if first.sharing else 0) + shared_contexts,
                        scored=preparer.config.choice_scoring == LOGLIKELIHOOD
-                       or any(q.continuations for q in first.questions)), prefix
+                       or any(q.continuations for q in first.questions),
+                       samples=max_samples(first.questions, preparer.generation)), prefix
 
 
 def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> int:
@@ -128,8 +129,9 @@ def max_samples(questions: Sequence[Question], generation: GenerationParams) -> 
 
 
 def check_sample_slots(slots: Sequence[int], samples: int, config: JobConfig) -> None:
-    """ConfigError when a worker has fewer slots than a question's samples: they decode together,
-    each in a slot of its own, from one computation of the prompt."""
+    """ConfigError when a worker has fewer slots than the job's samples of a question: they decode
+    together, each in a slot of its own, from one computation of the prompt. (A line asking for
+    more than the slots, an OpenAI line's n, fails alone: workers/llama/engine.py.)"""
     fewest = min(slots, default=samples)
     if fewest >= samples:
         return

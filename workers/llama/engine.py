@@ -127,9 +127,10 @@ class LlamaEngine:
             why = ("prompt is empty" if n == 0 else
                    f"prompt has {n} tokens, context per sequence is {self.n_ctx_seq}")
             self._rejected.append(answers.rejected(question, self.worker_id, why))
-        elif samples > self.slots:  # the coordinator lays out slots for n: only a hand-made config gets here
+        elif samples > self.slots:  # a line's own n past what memory (or --slots) left
             self._rejected.append(answers.rejected(
-                question, self.worker_id, f"{samples} samples need {samples} slots, the worker has {self.slots}"))
+                question, self.worker_id, f"n: {samples} samples decode together, a slot each, and the worker has "
+                                          f"{self.slots} slots (--slots, or the memory plan): ask for fewer"))
         else:
             self.sched.add(Sequence(question, samples=SampleSet(samples) if samples > 1 else None))
 

@@ -62,8 +62,9 @@ def samples_problem(own: QuestionSettings, job: GenerationParams) -> Optional[st
     n = job.sampling.n if own.n is None else own.n
     temperature = job.sampling.temperature if own.temperature is None else own.temperature
     if n > 1 and temperature <= 0:
-        return (f"body.n: {n} samples need a temperature > 0 (give body.temperature; the job is greedy), "
-                f"else they are {n} identical answers")
+        whose = "give body.temperature; the job is greedy" if own.temperature is None else \
+            f"body.temperature is {own.temperature:g}"
+        return f"body.n: {n} samples need a temperature > 0 ({whose}), else they are {n} identical answers"
     return None
 
 
