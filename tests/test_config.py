@@ -63,6 +63,9 @@ def test_auto_values(tmp_path):
 @pytest.mark.parametrize("text,message", [
     ("sampling:\n  temprature: 1\n", "unknown key 'temprature' in sampling (did you mean 'temperature'?)"),
     ("wokers: 2\n", "unknown key 'wokers' (did you mean 'workers'?)"),
+    ("n: 2\n", "unknown key 'n' (did you mean 'sampling.n'? write it under sampling:)"),
+    ("sampling:\n  max_tokens: 3\n", "unknown key 'max_tokens' in sampling (did you mean 'max_tokens'? write it "
+                                     "at the top level)"),
     ("sampling:\n  temperature: -1\n", "sampling.temperature: must be >= 0.0, got -1"),
     ("workers: two\n", "workers: must be an integer or auto, got 'two'"),
     ("workers: 0\n", "workers: must be >= 1, got 0"),

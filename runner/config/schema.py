@@ -161,13 +161,22 @@ def flatten(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[s
         elif dotted in SCHEMA:
             flat[dotted] = value
         else:
-            known = [k[len(prefix):] for k in SCHEMA if k.startswith(prefix) and "." not in k[len(prefix):]]
-            known += [s for s in SECTIONS if not prefix and s not in known]
-            hint = difflib.get_close_matches(str(key), known, n=1)
             where = f" in {prefix[:-1]}" if prefix else ""
-            raise ConfigError(f"{source}: unknown key '{key}'{where}"
-                              + (f" (did you mean '{hint[0]}'?)" if hint else ""))
+            raise ConfigError(f"{source}: unknown key '{key}'{where}{_key_hint(str(key), prefix)}")
     return flat
+
+
+def _key_hint(key: str, prefix: str) -> str:
+    """A key of another section (`n` for sampling.n) is named with its place; else the closest
+    key of this level, if one is close."""
+    elsewhere = [k for k in SCHEMA if k.rsplit(".", 1)[-1] == key and k != prefix + key]
+    if elsewhere:
+        place, _, _ = elsewhere[0].rpartition(".")
+        return f" (did you mean '{elsewhere[0]}'? write it {f'under {place}:' if place else 'at the top level'})"
+    known = [k[len(prefix):] for k in SCHEMA if k.startswith(prefix) and "." not in k[len(prefix):]]
+    known += [s for s in SECTIONS if not prefix and s not in known]
+    hint = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean '{hint[0]}'?)" if hint else ""
 
 
 def load_job_file(path: str) -> dict[str, Any]:
