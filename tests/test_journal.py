@@ -57,6 +57,9 @@ def test_changed_fingerprint_names_the_setting(tmp_path):
     with pytest.raises(ConfigError, match=r"'sampling.temperature' changed since the journaled run \(0.0 -> 0.7\)"):
         Journal(path, {**FP, "sampling.temperature": 0.7})
     Journal(path, {**FP, "sampling.temperature": 0.7}, fresh=True).close()  # fresh starts over
+    # a setting left out of the fingerprint at its default is named by that default
+    with pytest.raises(ConfigError, match=r"'sampling.n' changed since the journaled run \(1 -> 4\)"):
+        Journal(path, {**FP, "sampling.temperature": 0.7, "sampling.n": 4})
 
 
 def test_changed_setting():

@@ -80,6 +80,11 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items() if k != "n" or v != 1}}
 
 
+# the fingerprint's keys left out at their default (so that older journals stay valid): a change
+# names the default rather than null
+LEFT_OUT = {"fields.id": "questionID", "answer.choice_scoring": FIRST_TOKEN, "sampling.n": 1}
+
+
 def as_written(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     """A fingerprint as the journal's header holds it, read back: one form to compare, whatever
     spelled the settings (a tuple from the command line, a list from JSON, a dataclass's tuples)."""
@@ -274,6 +279,6 @@ class Journal:
             raise ConfigError(f"{self.path}: not a ggbatch journal; remove it or run with --fresh")
         key = changed_setting(old, self.fingerprint)
         if key is not None:
+            was, now = (fp.get(key, LEFT_OUT.get(key)) for fp in (old, self.fingerprint))
             raise ConfigError(f"{self.path}: '{key}' changed since the journaled run "
-                              f"({quote(old.get(key))} -> {quote(self.fingerprint.get(key))}); "
-                              "run with --fresh to start over")
+                              f"({quote(was)} -> {quote(now)}); run with --fresh to start over")
