@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Callable, Optional, Sequence, TextIO, cast
+from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO, cast
 
 from .closed_pipe import ClosedPipeSafe
 from .config.schema import build_config, load_job_file
@@ -53,8 +53,16 @@ FLAG_KEYS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """A mistyped flag or value is one line naming it, as every other error is, not the whole usage
+    (which --help gives)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ggbatch", description="Answer a file of questions "
+    parser = _Parser(prog="ggbatch", description="Answer a file of questions "
                                      "with a local GGUF model, using every core.")
     parser.add_argument("--version", action=VersionAction, help="ggbatch's, llama-cpp-python's and "
                         "llama.cpp's versions and the CPU features llama.cpp uses")
