@@ -142,6 +142,24 @@ def test_a_worker_killed_during_a_call_is_restarted_and_the_call_answered(demo_m
 
 
 @pytest.mark.timeout(120)
+def test_a_tokenizer_process_killed_from_outside_is_started_again(demo_model):
+    """The kernel's out-of-memory killer may pick the tokenizer process: the pool's next call
+    starts a new one and is answered, as a killed worker's questions are."""
+    with ggbatch.Pool(model=demo_model, max_tokens=4) as pool:
+        first = pool.answer(["Once upon a time"])[0].text
+
+        def tokenizers() -> list[psutil.Process]:
+            return [p for p in psutil.Process().children() if p.name().startswith("ggbatch-tokeni")]
+
+        (tokenizer,) = tokenizers()
+        tokenizer.kill()
+        tokenizer.wait(timeout=10)
+        assert pool.answer(["Once upon a time"])[0].text == first
+        assert len(pool.tokenize(["The little dog"])[0]) > 1
+        assert [p.pid for p in tokenizers()] != [tokenizer.pid]
+
+
+@pytest.mark.timeout(120)
 def test_a_question_that_kills_workers_fails_alone(demo_model):
     fake = Fake(segv_on="0/3")
     with ggbatch.Pool(model=demo_model, workers=1, slots=4, engine_factory=fake) as pool:

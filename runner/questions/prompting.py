@@ -75,6 +75,13 @@ class Prompting:
         return GenerationParams(max_tokens, stop, config.ignore_eos, config.sampling, answer=answer,
                                 thinking=thinking, token_logprobs=config.token_logprobs)
 
+    def restart_tokenizer(self) -> None:
+        """A new tokenizer process in place of one that died (killed from outside: the kernel's
+        out-of-memory killer); a warm pool outlives it."""
+        model_path = self.tokenizer.model_path
+        self.tokenizer.close()
+        self.tokenizer = TokenizerProcess(model_path)
+
     def close(self) -> None:
         """The vocabulary's memory goes back; idempotent."""
         self.tokenizer.close()

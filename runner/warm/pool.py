@@ -15,19 +15,20 @@ on an exception (Ctrl-C included) cancels them instead and kills the workers at 
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
 from array import array
 from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
 from ...workers.llama.factory import LLAMA_ENGINE
 from ...workers.protocol import Answer, Question, Ready, ThreadsSet
 from ..config.answer import job_answer
 from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
-from ..errors import GgbatchError
+from ..errors import GgbatchError, WorkerFailure
 from ..files.inputs import Record
 from ..launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
 from ..model.identity import check_local_model, identify, resolve_model
@@ -53,6 +54,8 @@ GUESS_PROMPT = 512  # tokens of prompt a warm pool's context is first planned fo
 
 
 SOURCE = "ggbatch.Pool()"  # how errors name a pool made by its constructor
+log = logging.getLogger("ggbatch")
+_T = TypeVar("_T")
 
 
 def _configured(model: str, settings: dict[str, Any]) -> tuple[JobConfig, dict[str, Any]]:
@@ -255,8 +258,7 @@ class Pool:
         BOS first if asked and the text does not start with the BOS text already (a chat template
         may write it: chat_prompt), as a job's prompts are tokenized."""
         asked = [(t, add_bos and self._prompting.builder.needs_bos(t)) for t in texts]
-        with self._make_lock:
-            out = list(tokenize_all([self._prompting.tokenizer], asked))
+        out = self._tokenizing(lambda: list(tokenize_all([self._prompting.tokenizer], asked)))
         bad = next((t for t in out if not isinstance(t, array)), None)
         if bad is not None:
             raise GgbatchError(f"{self._source}: the model's tokenizer cannot take a text: {bad.reason}")
@@ -291,14 +293,27 @@ class Pool:
         return self._prompting.info.bos_text, self._prompting.info.eos_text
 
     def _make(self, records: list[Record], variant: Variant) -> tuple[QuestionMaker, dict[str, Answer], list[Question]]:
-        with self._make_lock:
+        def make() -> tuple[QuestionMaker, list[Question]]:
             maker = QuestionMaker(variant.builder, [self._prompting.tokenizer], variant.config, variant.generation,
                                   self._prompting.info.n_vocab, NoReuse())
-            questions = maker.make(records)
+            return maker, maker.make(records)
+
+        maker, questions = self._tokenizing(make)
         if variant.own:
             questions = [q if q.generation is not None else replace(q, generation=variant.generation)
                          for q in questions]
         return maker, dict(maker.made.rejected), questions
+
+    def _tokenizing(self, work: Callable[[], _T]) -> _T:
+        """work() with the tokenizer process, one call at a time; a tokenizer process that died
+        is started again once, and the work done again."""
+        with self._make_lock:
+            try:
+                return work()
+            except WorkerFailure as exc:
+                log.warning("%s: %s; starting a new one", self._source, exc)
+                self._prompting.restart_tokenizer()
+                return work()
 
     # -- the rest --------------------------------------------------------------------------------
 
