@@ -14,7 +14,7 @@ import sys
 from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO, cast
 
 from .closed_pipe import ClosedPipeSafe
-from .config.schema import build_config, load_job_file
+from .config.schema import LOGLIKELIHOOD, build_config, load_job_file
 from .errors import GgbatchError, Interrupted, WorkerFailure
 from .files.formats import FORMATS
 from .files.paths import journal_path
@@ -218,7 +218,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"wrote {report.setup.records} answers to {config.output}"
               + (f", report to {config.report}" if config.report else ""))
     if args.score and not args.quiet:  # quiet: the exit code says the rest
-        print_run_score(config.input, config.output, config.id_field)
+        print_run_score(config.input, config.output, config.id_field, config.choice_scoring == LOGLIKELIHOOD)
     # A row without an answer in a run that ended by itself is never a success either.
     return 1 if report.failed or report.not_answered else 0
 

@@ -52,7 +52,7 @@ def score_files(answers_path: str, gold_path: str, extract: str = "auto", by: Op
     answers = read_answers(answers_path, id_field, answer_field)
     scored, unknown, without_gold = score(gold, answers, rule, pattern, groups, without)
     return ScoreResult(scored, unknown, len(without), answers_path, gold_path, extract, by, without_gold,
-                       score_samples(gold, answers, rule, pattern))
+                       score_samples(gold, answers, rule, pattern), answer_field)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -80,15 +80,19 @@ def _refuse_overwriting(out: str, *inputs: str) -> None:
             raise ConfigError(f"{out}: is also an input of this score ({path}); give another path")
 
 
-def print_run_score(input_path: str, output_path: str, id_field: str) -> None:
+def print_run_score(input_path: str, output_path: str, id_field: str, answer_norm: bool = False) -> None:
     """`run --score`: the same table for the run's input (gold answers in its `answer` field)
-    and output. A problem here is reported in one line and leaves the run's exit code alone: the
-    answers are written and sound whatever their score."""
+    and output; with `answer_norm` (choices scored by log-likelihood) a second one for its
+    acc_norm picks, as `ggbatch score --answer-field answer_norm` prints it. A problem here is
+    reported in one line and leaves the run's exit code alone: the answers are written and sound
+    whatever their score."""
     try:
         gold, _ = read_gold(input_path, id_field)
         if not gold:
             print(f"score: {input_path} has no gold 'answer' fields: nothing to score")
             return
         print(format_table(score_files(output_path, input_path, id_field=id_field)))
+        if answer_norm:
+            print(format_table(score_files(output_path, input_path, id_field=id_field, answer_field="answer_norm")))
     except GgbatchError as exc:
         print(f"ggbatch: score: {exc}", file=sys.stderr)

@@ -6,7 +6,8 @@ Answers files, told apart by extension and by each row's keys:
   (the id and answer field names configurable); `"answer": null` is no answer.
 - OpenAI Batch output lines: `{"custom_id", "response": {"status_code", "body"}, "error"}`, the
   text in `body.choices[0].message.content` (chat), `body.choices[0].text` (completions) or the
-  Responses API's `output_text` parts; an error or a non-200 status is no answer.
+  Responses API's `output_text` parts (with the answer field `answer_norm`, the acc_norm pick
+  ggbatch writes in `body.choices[0].answer_norm`); an error or a non-200 status is no answer.
 - CSV with a header row: the id column and the answer column.
 Gold files: any question file (`.json`, `.jsonl`, or CSV) whose records carry the gold field;
 records without it (null, or an empty string) are counted, not scored.
@@ -51,7 +52,8 @@ def read_answers(path: str, id_field: str = "questionID", answer_field: str = "a
         if not isinstance(row, dict):
             raise InputError(f"{where}: each answer must be a JSON object, got {type(row).__name__}")
         if id_field not in row and "custom_id" in row:
-            qid, text = row_id(where, row, "custom_id"), openai_text(row)
+            qid = row_id(where, row, "custom_id")
+            text = openai_norm(row) if answer_field == "answer_norm" else openai_text(row)
         else:
             qid, text = row_id(where, row, id_field), _answer(where, row, answer_field)
         if qid in lines:
@@ -63,11 +65,8 @@ def read_answers(path: str, id_field: str = "questionID", answer_field: str = "a
 def openai_text(row: Mapping[str, Any]) -> Answered:
     """The answer text of one OpenAI Batch output line (the texts of its choices, by index, when
     it has several), or None for an error or an odd shape."""
-    response = row.get("response")
-    if row.get("error") or not isinstance(response, dict) or response.get("status_code", 200) != 200:
-        return None
-    body = response.get("body")
-    if not isinstance(body, dict):
+    body = _body(row)
+    if body is None:
         return None
     choices = body.get("choices")
     if isinstance(choices, list) and choices and all(isinstance(c, dict) for c in choices):
@@ -78,6 +77,25 @@ def openai_text(row: Mapping[str, Any]) -> Answered:
     parts = [c.get("text") for item in body.get("output") or [] if isinstance(item, dict)
              for c in item.get("content") or [] if isinstance(c, dict) and c.get("type") == "output_text"]
     return "".join(p for p in parts if isinstance(p, str)) if parts else None
+
+
+def openai_norm(row: Mapping[str, Any]) -> Optional[str]:
+    """The acc_norm pick ggbatch writes beside an OpenAI line's first choice (`answer_norm`, with
+    answer.choice_scoring: loglikelihood), or None."""
+    body = _body(row)
+    choices = body.get("choices") if body is not None else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    norm = first.get("answer_norm") if isinstance(first, dict) else None
+    return norm if isinstance(norm, str) else None
+
+
+def _body(row: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    """An OpenAI Batch output line's response body; None for an error or a non-200 status."""
+    response = row.get("response")
+    if row.get("error") or not isinstance(response, dict) or response.get("status_code", 200) != 200:
+        return None
+    body = response.get("body")
+    return body if isinstance(body, dict) else None
 
 
 def read_gold(path: str, id_field: str = "questionID", gold_field: str = "answer") -> tuple[list[Gold], set[str]]:
@@ -145,12 +163,14 @@ def _text(where: str, row: Mapping[str, Any], field: str) -> Optional[str]:
 
 
 def _choices(where: str, value: Any) -> Optional[dict[str, str]]:
-    """`{"A": ..., "B": ...}`, or a list given letters in order (as the harness's datasets do)."""
+    """`{"A": ..., "B": ...}`, or a list given letters in order (as the harness's datasets do); a
+    list of any length, as `ggbatch run` takes it: past the tenth, by position ("11", "12", ...)."""
     if value is None:
         return None
-    if isinstance(value, list) and len(value) <= len(LETTERS):
-        value = dict(zip(LETTERS, value))
+    if isinstance(value, list) and value:
+        return {LETTERS[i] if i < len(LETTERS) else str(i + 1): str(v) for i, v in enumerate(value)}
     if not isinstance(value, dict) or not value or not all(isinstance(k, str) and len(k) == 1 and k in LETTERS
                                                            for k in value):
-        raise InputError(f"{where}: 'choices' must map letters A-J to texts, got {quote(value)}")
+        raise InputError(f"{where}: 'choices' must be a list of texts or map letters A-J to texts, "
+                         f"got {quote(value)}")
     return {k: str(v) for k, v in value.items()}

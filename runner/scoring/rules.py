@@ -11,7 +11,12 @@ score there means:
   one letter (`B`, `(B)`, `B.`, `**b**`) or a letter marker opening it (`B. 8`, `b) because`);
   else "answer is B" / "Answer: (B)" anywhere (the harness's chain-of-thought filters); else the
   first line equal to one choice's text (the harness's fallback to the choice text). Only the
-  record's choice letters count (A-J without choices).
+  record's choice letters count (A-J without choices). Texts for choices (HellaSwag, PIQA as
+  lm-eval keeps them: a list of texts, the gold answer one of them, the answers the texts
+  `choice_scoring: loglikelihood` writes): a gold answer that is a choice's text names that
+  choice, and so does an answer, before any letter is read from it (an answer "a" is the choice
+  "a", not the letter A). A gold answer that is one letter names a letter (as MMLU's do), and its
+  answers are read for a letter first.
 - exact: both sides stripped, case-folded, whitespace collapsed, trailing punctuation removed.
 - a regex: its first match's first group (whole match without groups), the harness's `regex`
   filter with group_select 0; compared as numbers when both sides are numbers, else as exact.
@@ -34,6 +39,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 RULES = ("auto", "number", "letter", "exact")  # and "regex", with the user's pattern
 LETTERS = "ABCDEFGHIJ"  # the largest letter set of the common benchmarks (MMLU-Pro has ten choices)
+# The choices of a list past the tenth have no letter: they are named by their position from 1
+# ("11"), and an answer names them by their text alone.
 
 STRICT_NUMBER = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-evaluation-harness gsm8k, strict-match
 # A number as people write one: thousands commas only in threes ("1,000", not "1,2,3"), a dollar
@@ -49,7 +56,7 @@ LETTER_MARKER = re.compile(r"^[\(\[]?([A-Ja-j])[\)\]\.:](?:\s|$)")
 class Gold:
     qid: str
     answer: str
-    choices: Optional[Mapping[str, str]] = None  # letter -> choice text, for multiple choice
+    choices: Optional[Mapping[str, str]] = None  # letter (or "11", ...) -> choice text, for multiple choice
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,46 @@ def gold_letter(answer: str) -> Optional[str]:
     return bare if len(bare) == 1 and bare in LETTERS else None
 
 
+def choice_named(text: str, choices: Mapping[str, str]) -> Optional[str]:
+    """The key of the choice whose text `text` is: written as it is, else stripped, else as
+    normalise_text leaves both; of choices equal at the first of these that finds one, the
+    first (lm-eval's pick of equal scores is the first too). None for an empty text."""
+    if not text.strip():
+        return None
+    for same in (lambda c: c == text, lambda c: c.strip() == text.strip(),
+                 lambda c: normalise_text(c) == normalise_text(text)):
+        for key, choice in choices.items():
+            if same(choice):
+                return key
+    return None
+
+
+def gold_key(gold: Gold) -> tuple[str, bool]:
+    """(what a letter-rule answer must equal, whether the gold answer names a choice by its
+    text): a letter of the record's, else the key of the choice the gold answer is the text of,
+    else the gold answer as written (upper-cased)."""
+    letter = gold_letter(gold.answer)
+    if letter and (not gold.choices or letter in gold.choices):
+        return letter, False
+    named = choice_named(gold.answer, gold.choices) if gold.choices else None
+    if named is not None:
+        return named, True
+    return letter or gold.answer.strip().upper(), False
+
+
+def extract_choice(text: str, gold: Gold) -> Optional[str]:
+    """The letter rule: a letter (extract_letter), or for a record whose gold answer is a
+    choice's text, the choice the answer is the text of before any letter read from it."""
+    if not gold.choices:
+        return extract_letter(text, LETTERS)
+    letters = "".join(sorted(k for k in gold.choices if len(k) == 1 and k in LETTERS))
+    if gold_key(gold)[1]:
+        named = choice_named(text, gold.choices)
+        if named is not None:
+            return named
+    return extract_letter(text, letters, gold.choices)
+
+
 def auto_rule(gold: Gold) -> str:
     """letter for multiple choice (choices, or a gold letter A-J), number for numeric gold, else exact."""
     if gold.choices or gold_letter(gold.answer):
@@ -177,8 +224,7 @@ def extract(text: str, rule: str, gold: Gold, pattern: Optional[re.Pattern[str]]
     if rule == "number":
         return extract_number(text)
     if rule == "letter":
-        letters = "".join(sorted(gold.choices)) if gold.choices else LETTERS
-        return extract_letter(text, letters, gold.choices)
+        return extract_choice(text, gold)
     if rule == "exact":
         return normalise_text(text) if text.strip() else None
     if rule != "regex" or pattern is None:
@@ -192,7 +238,7 @@ def extract(text: str, rule: str, gold: Gold, pattern: Optional[re.Pattern[str]]
 def matches(extracted: str, gold: Gold, rule: str) -> bool:
     """Whether an extracted answer equals the gold one under `rule`."""
     if rule == "letter":
-        return extracted == (gold_letter(gold.answer) or gold.answer.strip().upper())
+        return extracted == gold_key(gold)[0]
     if rule in ("number", "regex"):
         got, want = parse_number(extracted), parse_number(gold.answer)
         if got is not None and want is not None:

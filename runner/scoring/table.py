@@ -28,6 +28,7 @@ class ScoreResult:
     by: Optional[str] = None  # the --by pattern as given
     answers_without_gold_answer: int = 0  # answers to those gold records: counted apart, not scored
     samples: Optional[SampleScores] = None  # maj@k and pass@k, when answers have several samples
+    answer_field: str = "answer"  # the answers' field scored (answer_norm: lm-eval's acc_norm picks)
 
 
 def parse_extract(value: str) -> tuple[str, Optional[re.Pattern[str]]]:
@@ -65,6 +66,10 @@ def first_sample(answer: Answered) -> Optional[str]:
     return answer[0] if isinstance(answer, list) else answer
 
 
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _percent(value: Optional[float]) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
@@ -80,17 +85,16 @@ def format_table(result: ScoreResult) -> str:
     groups = by_group(result.scored) if result.by else {}
     width = max([len("group"), len("all"), *map(len, groups)])
     rules = ", ".join(f"{rule} {n}" for rule, n in sorted(Counter(s.rule for s in result.scored).items()))
-    lines = [f"score of {result.answers_path} against {result.gold_path} (extraction: {rules or 'none'})",
+    field = "" if result.answer_field == "answer" else f" ({result.answer_field})"
+    lines = [f"score of {result.answers_path}{field} against {result.gold_path} (extraction: {rules or 'none'})",
              f"{'group':<{width}} {'n':>6} {'correct':>8} {'accuracy':>9} {'± s.e.':>8} {'invalid':>8} {'missing':>8}"]
     lines += [_row(name, t, width) for name, t in groups.items()]
     lines.append(_row("all", overall, width))
-    lines.append(f"accuracy {_percent(overall.accuracy)} ± {_percent(overall.stderr)} over {overall.n} questions "
-                 "(standard error sqrt(p(1-p)/(n-1)))" + (" of each question's first sample" if result.samples else ""))
+    lines.append(f"accuracy {_percent(overall.accuracy)} ± {_percent(overall.stderr)} over "
+                 f"{plural(overall.n, 'question')} (standard error sqrt(p(1-p)/(n-1)))"
+                 + (" of each question's first sample" if result.samples else ""))
     if result.samples:
-        s = result.samples
-        passes = ", ".join(f"pass@{k} {_percent(v)}" for k, v in s.pass_at.items())
-        lines.append(f"samples    {s.questions} questions with {s.k} samples: maj@{s.k} {_percent(s.maj)} "
-                     f"({s.maj_correct} correct by majority vote), {passes}")
+        lines.append(_samples_line(result.samples))
     if result.answers_not_in_gold:
         lines.append(f"answers whose id is not in the gold file: {result.answers_not_in_gold} (not scored)")
     if result.gold_without_answer:
@@ -98,6 +102,18 @@ def format_table(result: ScoreResult) -> str:
         lines.append(f"gold records without a gold answer: {result.gold_without_answer}"
                      f"{f', {answered} of them answered' if answered else ''} (not scored)")
     return "\n".join(lines)
+
+
+def _samples_line(s: SampleScores) -> str:
+    """maj@k and pass@k, and what their denominator holds: every gold question, as the accuracy's."""
+    passes = ", ".join(f"pass@{k} {_percent(v)}" for k, v in s.pass_at.items())
+    parts = [f"{s.sampled} with samples"]
+    if s.single:
+        parts.append(f"{s.single} with one answer (a vote of one)")
+    if s.unanswered:
+        parts.append(f"{s.unanswered} without an answer (wrong)")
+    return (f"samples    maj@{s.k} {_percent(s.maj)} ({s.maj_correct} correct by majority vote), {passes} "
+            f"over {plural(s.questions, 'question')}: {', '.join(parts)}")
 
 
 def _tally_json(t: Tally) -> dict[str, Any]:
@@ -108,7 +124,8 @@ def _tally_json(t: Tally) -> dict[str, Any]:
 def summary(result: ScoreResult) -> dict[str, Any]:
     """The machine-readable summary (`--json`)."""
     out: dict[str, Any] = {
-        "answers": result.answers_path, "gold": result.gold_path, "extract": result.extract,
+        "answers": result.answers_path, "answer_field": result.answer_field, "gold": result.gold_path,
+        "extract": result.extract,
         "rules": dict(sorted(Counter(s.rule for s in result.scored).items())),
         "overall": _tally_json(tally(result.scored)), "stderr_formula": STDERR_FORMULA,
         "answers_not_in_gold": result.answers_not_in_gold, "gold_without_answer": result.gold_without_answer,
@@ -116,8 +133,9 @@ def summary(result: ScoreResult) -> dict[str, Any]:
     }
     if result.samples:
         s = result.samples
-        out["samples"] = {"questions": s.questions, "k": s.k, f"maj@{s.k}": s.maj, "maj_correct": s.maj_correct,
-                          **{f"pass@{k}": v for k, v in s.pass_at.items()}}
+        out["samples"] = {"questions": s.questions, "with_samples": s.sampled, "with_one_answer": s.single,
+                          "without_answer": s.unanswered, "k": s.k, f"maj@{s.k}": s.maj,
+                          "maj_correct": s.maj_correct, **{f"pass@{k}": v for k, v in s.pass_at.items()}}
     if result.by:
         out["by"] = result.by
         out["groups"] = {name: _tally_json(t) for name, t in by_group(result.scored).items()}
