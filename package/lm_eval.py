@@ -13,9 +13,16 @@ so an MMLU context is computed once for its four continuations and a few-shot pr
         encoded together, split at the context's length: runner/questions/continuations.py), a
         context's continuations one question
         (workers/engine/loglik.py), each (sum of log-probabilities, is_greedy)
+        A request longer than max_length is cut from the left as lm-eval's Hugging Face model
+        cuts it: (context + continuation)[-(max_length + 1):], of which max_length tokens go
+        through the model (a continuation's last token is never fed).
     loglikelihood_rolling: lm-eval's rolling windows of the text, each window's tokens scored
+        (max_length + 1 tokens a window, max_length of them fed: they fit the model's context)
     generate_until: each context greedy or sampled as its gen_kwargs say, up to max_gen_toks
-        tokens, cut at the first `until` string, not stripped (as lm-eval's other models return it)
+        tokens, cut at the first `until` string, not stripped (as lm-eval's other models return it);
+        a context keeps its last max_length - max_gen_toks tokens (lm-eval's vLLM and Hugging Face
+        models' rule). A request that still cannot be answered ends the run with one line naming
+        it (task and doc): never a silent empty answer.
     apply_chat_template (lm-eval's --apply_chat_template): the pool's chat template, the model's
         own unless the settings give one, as a job's prompts are written
 
@@ -25,13 +32,15 @@ K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 from array import array
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from tqdm import tqdm
 
@@ -43,11 +52,13 @@ except ImportError as exc:  # lm-eval is the optional extra ggbatch[eval]
     raise ImportError("ggbatch.lm_eval needs lm-eval: pip install 'ggbatch[eval]'") from exc
 
 from ggbatch.runner.config.keywords import key_parts
-from ggbatch.runner.errors import ConfigError
+from ggbatch.runner.errors import ConfigError, InputError, quote
+from ggbatch.runner.model.gguf_header import GGUFFormatError, read_hparams
 from ggbatch.runner.questions.continuations import pair_texts, split_pair
+from ggbatch.runner.questions.maker import question_seed
 from ggbatch.runner.questions.prompts import PLAIN_TEMPLATE
 from ggbatch.runner.warm.calls import Answered
-from ggbatch.runner.warm.pool import Pool
+from ggbatch.runner.warm.pool import SOURCE, Pool
 from ggbatch.workers.protocol import GenerationParams, Question, SamplingParams
 
 log = logging.getLogger("ggbatch")
@@ -68,24 +79,35 @@ class GgbatchLM(TemplateLM):
         path = model or pretrained
         if not path or (model and pretrained and model != pretrained):
             raise ConfigError("ggbatch.lm_eval: give the GGUF model once: model=PATH (or pretrained=PATH)")
+        n_ctx = setting(settings, "model", "n_ctx")
+        self._n_ctx = n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) else None
+        self._max_length = checked_max_length(max_length, path, self._n_ctx)
+        self._seed = setting(settings, "sampling", "seed") or 0
         settings = {**device_settings(device, settings), **settings}
         settings.setdefault("flash_attn", False)
         # The model loads while lm-eval builds its tasks (its datasets, the few-shot contexts):
         # the first call that needs the pool waits for it. A typo in the settings or a missing
-        # model file is refused here.
-        self._starting = Pool.starting(model=path, **settings)
-        self._model, self._max_length = path, max_length
+        # model file is refused here, named as lm-eval's model_args.
+        try:
+            self._starting = Pool.starting(model=path, **settings)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace(f"{SOURCE}: ", "ggbatch.lm_eval model_args: ", 1)) from None
+        self._model = path
 
     @property
     def pool(self) -> Pool:
         """The started pool (waited for); why it could not start, raised."""
         return self._starting.result()
 
-    @property
+    @cached_property
     def max_length(self) -> int:
-        """Tokens of context a request keeps (its last ones): as given, else the model's training
-        context up to DEFAULT_MAX_LENGTH."""
-        return int(self._max_length or min(self.pool.n_ctx_train or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH))
+        """Tokens a request feeds the model at most (its last ones): as given, else the model's
+        training context up to DEFAULT_MAX_LENGTH (and the settings' model.n_ctx); more than the
+        model's context is refused (a Hub model's is known once it is loaded)."""
+        n_ctx_train = self.pool.n_ctx_train
+        if self._max_length is None:
+            return min(n_ctx_train or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH, self._n_ctx or DEFAULT_MAX_LENGTH)
+        return within_context(self._max_length, n_ctx_train, self._model)
 
     # -- TemplateLM's tokenizer ------------------------------------------------------------------
 
@@ -146,7 +168,7 @@ class GgbatchLM(TemplateLM):
             plans.append((with_bos.setdefault(whole, len(with_bos)), with_bos.setdefault(context, len(with_bos))))
         encoded = self._encode_all(list(with_bos), list(bare), plans)
         return self._loglikelihood_tokens([(pair, ctx, cont) for pair, (ctx, cont) in zip(pairs, encoded)],
-                                          disable_tqdm)
+                                          disable_tqdm, names=request_names(requests))
 
     def _encode_all(self, with_bos: list[str], bare: list[str],
                     plans: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
@@ -164,49 +186,70 @@ class GgbatchLM(TemplateLM):
         return out
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, what: str = "loglikelihood",
-                              **kwargs: Any) -> list[tuple[float, bool]]:
-        """(sum of log-probabilities, is_greedy) of each (pair, context tokens, continuation tokens):
-        one question per distinct context, its continuations scored together; `what` names the
-        progress bar."""
+                              names: Optional[list[str]] = None, **kwargs: Any) -> list[tuple[float, bool]]:
+        """(sum of log-probabilities, is_greedy) of each (pair, context tokens, continuation tokens),
+        cut to max_length fed tokens (scored_window): one question per distinct context, its
+        continuations scored together; `what` names the progress bar, `names` the requests in an
+        error (lm-eval's task and doc)."""
+        names = names or request_names([None] * len(requests))
+        windows = [scored_window(ctx, cont, self.max_length, name)
+                   for (_, ctx, cont), name in zip(requests, names)]
+        say_cut(what, sum(len(w[0]) < len(r[1]) for w, r in zip(windows, requests)), len(requests),
+                f"(context + continuation)[-{self.max_length + 1}:]")
         contexts: dict[tuple[int, ...], list[int]] = {}
-        for i, (_, ctx, _) in enumerate(requests):
-            contexts.setdefault(tuple(ctx[-self.max_length:]), []).append(i)
+        for i, (ctx, _) in enumerate(windows):
+            contexts.setdefault(tuple(ctx), []).append(i)
         questions = [Question(f"c{k}", array("i", ctx), 0,
-                              continuations=tuple(array("i", requests[i][2]) for i in members))
+                              continuations=tuple(array("i", windows[i][1]) for i in members))
                      for k, (ctx, members) in enumerate(contexts.items())]
         answers = self._answers(questions, [len(m) for m in contexts.values()], what, disable_tqdm)
         out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
         for answered, members in zip(answers, contexts.values()):
             if answered.scored is None:
-                raise RuntimeError(f"ggbatch could not score a request: {answered.error}")
+                raise unanswered(what, names[members[0]], answered.error)
             for i, scored in zip(members, answered.scored):
                 out[i] = (scored.logprob, scored.is_greedy)
         return out
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-        """Each text's log-likelihood over lm-eval's rolling windows of max_length tokens."""
+        """Each text's log-likelihood over lm-eval's rolling windows of max_length tokens fed."""
         texts = [req.args[0] for req in requests]
-        windows, owner = [], []
-        for i, tokens in enumerate(self.pool.tokenize(texts, add_bos=False)):
-            for window in map(make_disjoint_window, get_rolling_token_windows(
+        windows, owner, names = [], [], []
+        for i, (tokens, name) in enumerate(zip(self.pool.tokenize(texts, add_bos=False), request_names(requests))):
+            for k, window in enumerate(map(make_disjoint_window, get_rolling_token_windows(
                     token_list=list(tokens), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
-                    context_len=1)):
+                    context_len=1))):
                 windows.append((None, *window))
                 owner.append(i)
+                names.append(f"{name} window {k + 1}")
         totals = [0.0] * len(texts)
-        scored = self._loglikelihood_tokens(windows, disable_tqdm, "loglikelihood_rolling windows")
+        scored = self._loglikelihood_tokens(windows, disable_tqdm, "loglikelihood_rolling windows", names)
         for i, (logprob, _) in zip(owner, scored):
             totals[i] += logprob
         return totals
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Each context's continuation, up to its max_gen_toks tokens and cut at its first `until`."""
-        contexts = [req.args[0] for req in requests]
-        tokens = self.pool.tokenize(contexts)
-        questions = [Question(f"g{i}", toks[-self.max_length:], i, generation_of(req.args[1]))
-                     for i, (req, toks) in enumerate(zip(requests, tokens))]
-        answers = self._answers(questions, [1] * len(questions), "generate_until", disable_tqdm)
-        return [a.completion if a.completion is not None else "" for a in answers]
+        """Each context's continuation, up to its max_gen_toks tokens and cut at its first `until`;
+        a context longer than max_length - max_gen_toks keeps its last tokens (generation_window);
+        max_gen_toks 0 is the empty text, nothing generated."""
+        names = request_names(requests)
+        tokens = self.pool.tokenize([req.args[0] for req in requests])
+        seeds = request_seeds(self._seed, [req.args for req in requests])
+        questions, cut = [], 0
+        for i, (req, toks) in enumerate(zip(requests, tokens)):
+            generation = generation_of(req.args[1], names[i])
+            if generation.max_tokens > 0:
+                kept, most = generation_window(toks, generation.max_tokens, self.max_length)
+                cut += len(kept) < len(toks)
+                questions.append(Question(f"{i}", kept, seeds[i], replace(generation, max_tokens=most)))
+        say_cut("generate_until", cut, len(requests), "the context's last max_length - max_gen_toks tokens")
+        out = [""] * len(requests)
+        answers = self._answers(questions, [1] * len(questions), "generate_until", disable_tqdm) if questions else []
+        for question, answered in zip(questions, answers):
+            if answered.error is not None or answered.completion is None:
+                raise unanswered("generate_until", names[int(question.qid)], answered.error)
+            out[int(question.qid)] = answered.completion
+        return out
 
     def _answers(self, questions: list[Question], requests: list[int], what: str,
                  disable_tqdm: bool) -> list[Answered]:
@@ -218,6 +261,114 @@ class GgbatchLM(TemplateLM):
                 bar.update(sum(weight[i] for i in ids))
 
             return self.pool.submit_questions(questions, answered).result()
+
+
+def request_names(requests: Sequence[Any]) -> list[str]:
+    """How an error names each request of a call: lm-eval's task and doc, where it gives them."""
+    names = []
+    for i, req in enumerate(requests):
+        task, doc = getattr(req, "task_name", None), getattr(req, "doc_id", None)
+        names.append(f"task {task!r} doc {doc}" if task is not None else f"request {i + 1} of {len(requests)}")
+    return names
+
+
+def scored_window(context: list[int], continuation: list[int], max_length: int,
+                  name: str) -> tuple[list[int], list[int]]:
+    """(context, continuation) cut from the left as lm-eval's Hugging Face model cuts a request:
+    (context + continuation)[-(max_length + 1):], the continuation whole, max_length tokens fed
+    (its last is not); a continuation longer than max_length cannot be scored so."""
+    if len(continuation) > max_length:
+        raise InputError(f"ggbatch.lm_eval: {name}: its continuation has {len(continuation)} tokens, more than "
+                         f"max_length={max_length}: it cannot be scored within the model's context")
+    if not continuation:  # scored without the model: any context will do
+        return context[-max_length:], continuation
+    whole = (context + continuation)[-(max_length + 1):]
+    return whole[:len(whole) - len(continuation)], continuation
+
+
+def generation_window(tokens: array, max_gen_toks: int, max_length: int) -> tuple[array, int]:
+    """(the context's tokens kept, the most tokens to generate) within max_length: lm-eval's vLLM
+    and Hugging Face models' rule, the context's last max_length - max_gen_toks tokens; when
+    max_gen_toks leaves no room (HF refuses that), lm-eval's maybe_truncate(shrink_gen_toks) rule:
+    the context up to max_length - 1 tokens, and what room is left to generate."""
+    if len(tokens) + max_gen_toks <= max_length:
+        return tokens, max_gen_toks
+    if max_gen_toks < max_length:
+        return tokens[len(tokens) - (max_length - max_gen_toks):], max_gen_toks
+    kept = tokens[len(tokens) - max(1, min(len(tokens), max_length - 1)):]
+    return kept, max(1, max_length - len(kept))
+
+
+def say_cut(what: str, cut: int, total: int, how: str) -> None:
+    """One warning a call for the requests it cut to fit max_length."""
+    if cut:
+        log.warning("ggbatch.lm_eval: %d of %d %s requests are longer than max_length and keep %s, as lm-eval's "
+                    "Hugging Face and vLLM models cut them", cut, total, what, how)
+
+
+def unanswered(what: str, name: str, error: Optional[str]) -> InputError:
+    """The one-line error that ends a run where a request could not be answered."""
+    return InputError(f"ggbatch.lm_eval: {name} ({what}) could not be answered: {error or 'no answer came back'}")
+
+
+def request_seeds(job_seed: int, args: Sequence[tuple[Any, ...]]) -> list[int]:
+    """Each generate_until request's sampling seed, from the settings' sampling.seed and what the
+    request is (its context and gen_kwargs; a repeat of it, as lm-eval sends a task's `repeats`,
+    by its place among its copies): a doc's sample stays the same under another --limit or mix of
+    tasks."""
+    seen: dict[str, int] = {}
+    seeds = []
+    for context, gen_kwargs in args:
+        digest = hashlib.sha256(json.dumps([context, gen_kwargs], sort_keys=True, default=str).encode()).hexdigest()
+        seen[digest] = seen.get(digest, -1) + 1
+        seeds.append(question_seed(job_seed, f"{digest}:{seen[digest]}"))
+    return seeds
+
+
+def setting(settings: Mapping[str, Any], section: str, key: str) -> Any:
+    """A job key among the keyword arguments, however it is spelled (model__n_ctx, model.n_ctx,
+    model={"n_ctx": ...}); None when not given."""
+    for name, value in settings.items():
+        parts = key_parts(name)
+        if parts == [section, key]:
+            return value
+        if parts == [section] and isinstance(value, Mapping):
+            return value.get(key)
+    return None
+
+
+def checked_max_length(max_length: Any, path: str, n_ctx: Optional[int]) -> Optional[int]:
+    """max_length as a number of tokens: a whole number, 1 or more, within the settings'
+    model.n_ctx and the model's training context (read from a local GGUF file's header; a Hub
+    model's is checked once it is loaded: GgbatchLM.max_length), as lm-eval's vLLM model refuses
+    a max_model_len above the model's. None when not given."""
+    if max_length is None:
+        return None
+    if isinstance(max_length, bool) or not re.fullmatch(r"\s*\d+\s*", str(max_length)) or int(max_length) < 1:
+        raise ConfigError(f"ggbatch.lm_eval: max_length must be a whole number of tokens, got {quote(max_length)}")
+    if n_ctx is not None and int(max_length) > n_ctx:
+        raise ConfigError(f"ggbatch.lm_eval: max_length={int(max_length)} is more than model.n_ctx={n_ctx}, "
+                          "the context per sequence the settings give")
+    return within_context(int(max_length), local_context(path), path)
+
+
+def local_context(path: str) -> int:
+    """The training context a local GGUF file's header gives (0: not a readable local file, or
+    it does not say)."""
+    try:
+        hparams = read_hparams(path)
+    except (OSError, GGUFFormatError):
+        return 0
+    value = hparams.get(f"{hparams.get('general.architecture')}.context_length")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def within_context(max_length: int, n_ctx_train: int, model: str) -> int:
+    """max_length, refused when the model's training context (0: unknown) is shorter."""
+    if n_ctx_train and max_length > n_ctx_train:
+        raise ConfigError(f"ggbatch.lm_eval: max_length={max_length} is more than the model's context, "
+                          f"{n_ctx_train} tokens ({Path(model).name})")
+    return max_length
 
 
 def device_settings(device: Optional[str], settings: dict[str, Any]) -> dict[str, Any]:
@@ -240,10 +391,11 @@ SAMPLING_KWARGS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top
 KNOWN_KWARGS = {"until", "max_gen_toks", "do_sample", *SAMPLING_KWARGS}
 
 
-def generation_of(gen_kwargs: dict[str, Any]) -> GenerationParams:
+def generation_of(gen_kwargs: dict[str, Any], name: str = "a request") -> GenerationParams:
     """lm-eval's gen_kwargs as ggbatch's settings: until (a string or a list), max_gen_toks, and
     greedy unless do_sample and a temperature above 0 ask for sampling, then with top_k, top_p,
-    min_p and repetition_penalty where given. Others are said once in the log and not used."""
+    min_p and repetition_penalty where given. Others are said once in the log and not used. A
+    value that is not a number is refused in one line naming it and the request (`name`)."""
     until = gen_kwargs.get("until") or ()
     stop = (until,) if isinstance(until, str) else tuple(until)
     unknown = sorted(set(gen_kwargs) - KNOWN_KWARGS - _said)
@@ -251,11 +403,29 @@ def generation_of(gen_kwargs: dict[str, Any]) -> GenerationParams:
         _said.update(unknown)
         log.warning("ggbatch.lm_eval: generation_kwargs %s have no ggbatch setting and are not used", unknown)
     sampling = SamplingParams()
-    if gen_kwargs.get("do_sample") and float(gen_kwargs.get("temperature") or 0.0) > 0.0:
-        given = {ours: gen_kwargs[theirs] for theirs, ours in SAMPLING_KWARGS.items()
-                 if gen_kwargs.get(theirs) is not None}
-        sampling = replace(sampling, **{k: type(getattr(sampling, k))(v) for k, v in given.items()})
-    return GenerationParams(max_tokens=int(gen_kwargs.get("max_gen_toks", 256)), stop=stop, sampling=sampling)
+    if gen_kwargs.get("do_sample") and _number(gen_kwargs, "temperature", float, name, 0.0) > 0.0:
+        given = {ours: _number(gen_kwargs, theirs, type(getattr(sampling, ours)), name)
+                 for theirs, ours in SAMPLING_KWARGS.items() if gen_kwargs.get(theirs) is not None}
+        sampling = replace(sampling, **given)
+    return GenerationParams(max_tokens=_number(gen_kwargs, "max_gen_toks", int, name, 256), stop=stop,
+                            sampling=sampling)
+
+
+def _number(gen_kwargs: Mapping[str, Any], key: str, kind: type, name: str, default: Any = None) -> Any:
+    """A gen_kwargs value as a number of `kind` (an int a whole number 0 or more); InputError
+    naming the key, its value and the request when it is not."""
+    value = gen_kwargs.get(key)
+    if value is None:
+        return default
+    try:
+        number = kind(value)
+        if isinstance(value, bool) or (kind is int and (number < 0 or number != float(value))):
+            raise ValueError(value)
+    except (TypeError, ValueError):
+        what = "a whole number, 0 or more" if kind is int else "a number"
+        raise InputError(f"ggbatch.lm_eval: {name}: generation_kwargs {key} must be {what}, "
+                         f"got {quote(value)}") from None
+    return number
 
 
 _said: set[str] = set()  # gen_kwargs already said to be unused

@@ -37,7 +37,8 @@ def score(q: Question, rows: np.ndarray):
 def test_one_token_continuations_ride_on_the_first_longer_one():
     q = question([5], [6, 7], [], [8], [9, 10])
     seqs, _ = score(q, np.random.default_rng(0).normal(size=(8, VOCAB)).astype(np.float32))
-    assert [list(s.prompt) for s in seqs] == [[1, 2, 3, 6, 7], [1, 2, 3, 9, 10]]
+    # a continuation's last token is a target, never fed: no row reads its logits
+    assert [list(s.prompt) for s in seqs] == [[1, 2, 3, 6], [1, 2, 3, 9]]
     assert seqs[0].scoring.alternatives == ((0, 5), (3, 8)) and seqs[1].scoring.alternatives == ()
 
 
@@ -52,11 +53,11 @@ def test_every_continuation_scored_under_its_own_index():
     assert [len(s.token_logprobs) for s in answer.scored] == [1, 2, 0, 1]
 
 
-def test_all_one_token_continuations_are_one_sequence_of_the_context_and_the_first():
+def test_all_one_token_continuations_are_one_sequence_of_the_context():
     rows = np.random.default_rng(2).normal(size=(4, VOCAB)).astype(np.float32)
     seqs, answer = score(question([4], [5], [4], [11]), rows)
-    assert len(seqs) == 1 and list(seqs[0].prompt) == [1, 2, 3, 4]
-    assert loglik.logit_range(seqs[0], 0, 4) == (2, 3)  # the context's last row only
+    assert len(seqs) == 1 and list(seqs[0].prompt) == [1, 2, 3]
+    assert loglik.logit_range(seqs[0], 0, 3) == (2, 3)  # the context's last row only
     ctx_row = log_softmax(rows[2])
     assert [s.logprob for s in answer.scored] == pytest.approx([ctx_row[4], ctx_row[5], ctx_row[4], ctx_row[11]])
 

@@ -1,9 +1,11 @@
 """Log-likelihood scoring: a question whose continuations are scored, not answered by generating.
 
     Question(tokens = context, continuations = (c0, c1, ...))
-      ─▶ one Sequence per continuation of two tokens or more, its prompt context + ci, its last
-         len(ci) tokens scored; the one-token continuations ride on the first sequence (with none
-         longer, the first one-token continuation's): they are read from the context's last row
+      ─▶ one Sequence per continuation of two tokens or more, its prompt context + ci without ci's
+         last token (no row reads that token's logits: it is a target, never fed, as lm-eval's
+         models feed (context + continuation)[:-1]), its len(ci) tokens scored; the one-token
+         continuations ride on the first sequence (with none longer, the first one-token
+         continuation's): they are read from the context's last row
       ─▶ prefill only: the batch asks llama.cpp for the logits of exactly the rows that predict a
          scored token (the context's last token and every continuation token but the last)
       ─▶ each row's log-softmax at the next token, and whether that token is the row's argmax
@@ -12,9 +14,10 @@
 The continuations of one context share its KV as any prompts that share a start do: the
 scheduler starts a prompt from the longest prefix a stream holds (workers/engine/prefix_cache.py),
 stopping before the context's last token (its logits score the first continuation token), so a
-context goes through the model once per worker and each longer continuation costs its own tokens
-and one. A multiple-choice question on letters (MMLU as lm-eval asks it) is one sequence, the
-context and one letter: no copy of the context's KV, no step of its own for any other choice.
+context goes through the model once per worker and each longer continuation costs as many tokens
+as it has (the context's last, its own but its last). A multiple-choice question on letters (MMLU
+as lm-eval asks it) is one sequence, the context alone: no copy of the context's KV, no step of
+its own for any choice.
 
 Pure bookkeeping and numpy: the engine (workers/llama/engine.py) hands the logits rows in.
 """
@@ -22,6 +25,7 @@ Pure bookkeeping and numpy: the engine (workers/llama/engine.py) hands the logit
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -41,23 +45,25 @@ NO_GENERATION = GenerationParams(max_tokens=0)
 
 @dataclass(eq=False)
 class Scoring:
-    """What one sequence scores of a question: its own continuation, the last n of its prompt
-    tokens, each one's log-probability and greedy flag once its row is read (by position, so a
-    preempted sequence computed again writes over them); and `alternatives`, other one-token
-    continuations of the question as (index, token), read from the same row as its first token:
-    the context's last."""
+    """What one sequence scores of a question: its own continuation, `targets`, of which the
+    last n prompt tokens are the ones fed (all but its last, or all where the prompt would
+    otherwise be a single token), each target's log-probability and greedy flag once its row is
+    read (by position, so a preempted sequence computed again writes over them); and
+    `alternatives`, other one-token continuations of the question as (index, token), read from the
+    same row as its first token: the context's last."""
 
     parent: "Parent"
     index: int
     n: int
+    targets: array
     alternatives: tuple[tuple[int, int], ...] = ()
     logprobs: list[float] = field(default_factory=list)
     greedy: list[bool] = field(default_factory=list)
     alternative_scores: dict[int, Scored] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.logprobs = [0.0] * self.n
-        self.greedy = [False] * self.n
+        self.logprobs = [0.0] * len(self.targets)
+        self.greedy = [False] * len(self.targets)
 
 
 @dataclass(eq=False)
@@ -86,10 +92,18 @@ def sequences(question: Question) -> tuple[Parent, list[Sequence]]:
     one_token = [i for i, cont in enumerate(conts) if len(cont) == 1]
     carriers = longer or one_token[:1]
     riders = tuple((i, conts[i][0]) for i in one_token if i not in carriers)
-    return parent, [Sequence(replace(question, tokens=question.tokens + conts[i], continuations=(),
-                                     generation=NO_GENERATION),
-                             scoring=Scoring(parent, i, len(conts[i]), riders if k == 0 else ()))
-                    for k, i in enumerate(carriers)]
+    return parent, [carrier(parent, i, riders if k == 0 else ()) for k, i in enumerate(carriers)]
+
+
+def carrier(parent: Parent, i: int, riders: tuple[tuple[int, int], ...]) -> Sequence:
+    """The sequence that scores continuation i: its prompt the context and the continuation but
+    its last token, or the whole continuation where that would leave one token (a prompt of a
+    single token is what batch-invariant mode takes for a decode step)."""
+    question, cont = parent.question, parent.question.continuations[i]
+    fed = len(cont) - 1 if len(question.tokens) + len(cont) > 2 else len(cont)
+    return Sequence(replace(question, tokens=question.tokens + cont[:fed], continuations=(),
+                            generation=NO_GENERATION),
+                    scoring=Scoring(parent, i, fed, cont, riders))
 
 
 def admit(question: Question, n_ctx_seq: int, worker_id: int,
@@ -104,26 +118,31 @@ def admit(question: Question, n_ctx_seq: int, worker_id: int,
 
 
 def problem(question: Question, n_ctx_seq: int) -> Optional[str]:
-    """Why a scored question cannot be answered (None: it can)."""
+    """Why a scored question cannot be answered (None: it can): its tokens fed to the model (the
+    context and its longest continuation but that one's last token) must fit the context per
+    sequence."""
     if not question.tokens:
         return "a scored continuation needs a context of one token or more (lm-eval gives BOS to an empty one)"
     longest = len(question.tokens) + max(len(c) for c in question.continuations)
-    if longest >= n_ctx_seq:
-        return f"context and continuation have {longest} tokens, context per sequence is {n_ctx_seq}"
+    if longest - 1 > n_ctx_seq:
+        return (f"context and continuation have {longest} tokens, {longest - 1} of them fed to the model, "
+                f"context per sequence is {n_ctx_seq}")
     return None
 
 
 def first_scored_pos(seq: Sequence) -> int:
-    """Position of the first row whose logits are needed: the context's last token."""
+    """Position of the first row whose logits are needed: the context's last token (the rows
+    from it on score the targets, one each)."""
     assert seq.scoring is not None
     return seq.n_prompt - seq.scoring.n - 1
 
 
 def logit_range(seq: Sequence, start_pos: int, n: int) -> tuple[int, int]:
     """[lo, hi) offsets within a prompt chunk of n tokens from start_pos whose logits a scored
-    sequence needs: the rows from its context's last token to its last token but one."""
+    sequence needs: the rows from its context's last token to the one that predicts its last target."""
+    assert seq.scoring is not None
     lo = max(first_scored_pos(seq), start_pos)
-    hi = min(seq.n_prompt - 1, start_pos + n)
+    hi = min(first_scored_pos(seq) + len(seq.scoring.targets), start_pos + n)
     return (lo - start_pos, hi - start_pos) if hi > lo else (0, 0)
 
 
@@ -133,13 +152,13 @@ def read_rows(seq: Sequence, start_pos: int, logits: np.ndarray) -> None:
     continuations)."""
     scoring = seq.scoring
     assert scoring is not None
-    first = seq.n_prompt - scoring.n  # position of the first continuation token
-    targets = np.frombuffer(seq.prompt, dtype=np.int32)[start_pos + 1:start_pos + 1 + len(logits)]
+    first = start_pos - first_scored_pos(seq)  # the target the first of these rows predicts
+    targets = np.frombuffer(scoring.targets, dtype=np.int32)[first:first + len(logits)]
     logprobs, greedy = token_scores(logits, targets)
     for k, (lp, g) in enumerate(zip(logprobs.tolist(), greedy.tolist())):
-        scoring.logprobs[start_pos + 1 + k - first] = lp
-        scoring.greedy[start_pos + 1 + k - first] = g
-    k = first - 1 - start_pos  # the context's last row, within these
+        scoring.logprobs[first + k] = lp
+        scoring.greedy[first + k] = g
+    k = -first  # the context's last row, within these
     if scoring.alternatives and 0 <= k < len(logits):
         indices, tokens = zip(*scoring.alternatives)
         logprobs, greedy = row_scores(logits[k], np.array(tokens))
