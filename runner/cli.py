@@ -261,6 +261,7 @@ def _command(args: argparse.Namespace) -> int:
 
 def entry_point() -> None:
     sys.stdout = cast(TextIO, ClosedPipeSafe(sys.stdout))  # a reader gone early is no error
+    sys.stderr = cast(TextIO, ClosedPipeSafe(sys.stderr))  # nor on stderr (`|& head`, a cron job's)
     code = main()
     sys.stdout.flush()
     sys.exit(code)

@@ -1,4 +1,5 @@
-"""Standard output whose reader may leave early (`ggbatch run ... | true`, `ggbatch score ... | head -1`).
+"""Standard output and error whose reader may leave early (`ggbatch run ... | true`, `ggbatch score
+... |& head -1`), or that were never open (`2>&-`).
 
 Python ignores SIGPIPE, so the first write to a closed pipe raises BrokenPipeError, often only at
 the interpreter's last flush, after the command has done its work. What was printed was for a
@@ -10,7 +11,25 @@ the command carries on: the rest of what it prints, and the flush at exit, go no
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, TextIO
+
+
+def standard_streams_open() -> None:
+    """Point a closed standard descriptor (0, 1 or 2: `ggbatch run ... 2>&-`) at /dev/null. Else
+    the first file opened takes its number: the worker and tokenizer processes inherit them, and
+    what they write to "stderr" would land in that file, or fail."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+    for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
+        if getattr(sys, name) is None:  # Python found it closed at start: a stream over /dev/null now
+            setattr(sys, name, os.fdopen(fd, "r" if fd == 0 else "w", encoding="utf-8", errors="replace"))
 
 
 class ClosedPipeSafe:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 
 def main() -> None:
+    from .closed_pipe import standard_streams_open
+
+    standard_streams_open()  # before any module opens a file that would take a closed descriptor's number
     from .pool.signals import STOP
 
     STOP.install()

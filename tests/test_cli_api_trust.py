@@ -118,6 +118,26 @@ def test_a_closed_stdout_ends_quietly_with_the_runs_own_code(tmp_path, demo_mode
     assert len(out.read_text().splitlines()) == 3  # every answer written
 
 
+@pytest.mark.model
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stderr", ["closed", "gone", "shared"])
+def test_a_closed_or_gone_stderr_answers_everything(tmp_path, demo_model, stderr):
+    """A cron job's stderr closed (`2>&-`), a stderr reader gone (`2> >(true)`), or both streams
+    to a reader that leaves (`|& head -1`): every question answered, the run's own exit code."""
+    questions = write_questions(tmp_path / "q.jsonl", 3)
+    out = tmp_path / "a.jsonl"
+    command = [str(c) for c in ggbatch_cmd("run", *flags(demo_model, questions, out, "--progress", "bar"))]
+    if stderr == "closed":
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=lambda: os.close(2))
+    else:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL if stderr == "gone" else subprocess.PIPE,
+                                stderr=subprocess.PIPE if stderr == "gone" else subprocess.STDOUT)
+        (proc.stderr if stderr == "gone" else proc.stdout).close()
+    assert proc.wait(timeout=90) == 0
+    assert len(out.read_text().splitlines()) == 3
+
+
 # -- choices the vocabulary cannot spell are refused before any work
 
 

@@ -53,9 +53,11 @@ BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{left}, {rate_fmt}{po
 
 
 class Progress:
-    def __init__(self, total: int, stream: TextIO = sys.stderr, log_every_s: float = 5.0,
+    def __init__(self, total: int, stream: Optional[TextIO] = None, log_every_s: float = 5.0,
                  mode: str = "auto") -> None:
-        """mode: "bar", "log" (a line every log_every_s), "off", or "auto" (bar on a terminal)."""
+        """mode: "bar", "log" (a line every log_every_s), "off", or "auto" (bar on a terminal).
+        stream: sys.stderr as it is now (the command line's, safe from a closed pipe)."""
+        stream = stream if stream is not None else sys.stderr
         self._total = total
         self.max_tokens = 0  # per answer: the expected length before any answer is in
         self.done = 0
