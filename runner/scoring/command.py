@@ -89,7 +89,7 @@ def print_run_score(input_path: str, output_path: str, id_field: str, answer_nor
     try:
         gold, _ = read_gold(input_path, id_field)
         if not gold:
-            print(f"score: {input_path} has no gold 'answer' fields: nothing to score")
+            print(f"ggbatch: score: {input_path} has no gold 'answer' fields: nothing to score", file=sys.stderr)
             return
         print(format_table(score_files(output_path, input_path, id_field=id_field)))
         if answer_norm:
