@@ -14,6 +14,7 @@ from typing import IO, Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer
 from ..errors import OutputError
+from .formats.cells import csv_cells, csv_columns
 from .formats.csvfile import csv_line
 from .formats.openai_output import batch_line
 from .formats.rows import OutputSpec, Row, row_fields
@@ -44,27 +45,25 @@ class RowText:
 
     def __init__(self, spec: OutputSpec) -> None:
         self.spec = spec
-        self.columns = [spec.id_field, "answer"] + (["answer_norm"] if spec.answer_norm else []) + ["error"]
-        self.columns += ["thinking"] if spec.keep_thinking else []
-        # CSV: as JSON text in one column each
-        self.columns += [key for key in ("choice_logprobs", "token_logprobs", "samples") if getattr(spec, key)]
+        self.columns = csv_columns(spec)
         self.rows = 0
 
     def head(self) -> str:
         return csv_line(self.columns) if self.spec.format == "csv" else ""
 
     def row(self, row: Row) -> str:
-        self.rows += 1
         if self.spec.format == "openai":
+            self.rows += 1
             return json.dumps(batch_line(row, self.spec), ensure_ascii=False) + "\n"
-        fields = row_fields(row, self.spec.id_field, self.spec.keep_thinking)
+        return self.fields(row_fields(row, self.spec.id_field, self.spec.keep_thinking))
+
+    def fields(self, fields: Mapping[str, Any]) -> str:
+        """A row given as the fields of a JSON answers row (row_fields), in a format other than
+        OpenAI Batch output: CSV's cells (runner/files/formats/cells.py) under self.columns."""
+        self.rows += 1
         if self.spec.format == "csv":
-            for key in ("choice_logprobs", "token_logprobs", "answer", "thinking"):
-                if isinstance(fields.get(key), (dict, list)):
-                    if key == "answer":
-                        fields["samples"] = len(fields[key])
-                    fields[key] = json.dumps(fields[key], ensure_ascii=False)
-            return csv_line(["" if fields.get(c) is None else fields[c] for c in self.columns])
+            cells = csv_cells(fields)
+            return csv_line(["" if cells.get(c) is None else cells[c] for c in self.columns])
         if self.spec.format == "jsonl":
             return json.dumps(fields, ensure_ascii=False) + "\n"
         # As json.dumps(rows, indent=1) writes an array, an element at a time.

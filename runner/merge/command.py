@@ -111,7 +111,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     why). InputError or ConfigError for a merge that is refused; nothing is written then."""
     _check_paths(output, paths, questions)
     split, absent_shards = _split(paths)
-    _check_one_job([p for p in paths if os.path.exists(p)])
+    settings = _check_one_job([p for p in paths if os.path.exists(p)])
     order, question_fmt = None, None
     if questions is not None:
         question_file = read_question_file(questions, id_field, question_field, input_fmt)
@@ -119,7 +119,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     parts = [read_part(p, id_field) for p in paths if os.path.exists(p)]
     merged = merge_rows(parts, order, questions or "")
     fmt = _format(output, output_fmt, parts, question_fmt)
-    write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time()))
+    write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings))
     return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
                         absent_shards)
 
@@ -135,8 +135,9 @@ def _check_paths(output: str, paths: Sequence[str], questions: Optional[str]) ->
     check_writable(output)
 
 
-def _check_one_job(paths: Sequence[str]) -> None:
-    """Refuse parts whose journals say they were answered with different settings (another
+def _check_one_job(paths: Sequence[str]) -> Optional[dict[str, Any]]:
+    """The job's settings, as the parts' journals say them (None: no part has its journal).
+    Refuse parts whose journals say they were answered with different settings (another
     model, another max_tokens, ...): merged, they would read as one job's answers. A part
     without a journal beside it cannot say, and is taken as it is."""
     first: Optional[tuple[str, dict[str, Any]]] = None
@@ -152,6 +153,7 @@ def _check_one_job(paths: Sequence[str]) -> None:
             raise ConfigError(f"parts of two jobs: {first[0]} and {path} were answered with different "
                               f"'{key}' ({quote(first[1].get(key))} and {quote(settings.get(key))}, as their "
                               "journals say); merge the shards of one job")
+    return first[1] if first is not None else None
 
 
 def _split(paths: Sequence[str]) -> tuple[int, list[int]]:

@@ -7,22 +7,24 @@ Rows are written as a run writes them, and an OpenAI Batch output line is kept a
 merged in the parts' own format, OUT is the file one unsharded run writes: byte for byte for
 JSON, JSON Lines and CSV when answers do not depend on their batch (--batch-invariant), line for
 line for OpenAI Batch output (whose ids and `created` say when each answer was made). JSON, JSON
-Lines and CSV convert into each other; OpenAI Batch output does not (its lines hold token counts
-and ids only a run knows). A question no part holds is written as a run that ended early writes
-it, `"answer": null` and why.
+Lines and CSV convert into each other, into what a run writing OUT's format writes for the same
+answers: a CSV part's cells read back as the lists and objects a run encodes there
+(runner/files/formats/cells.py), OUT's columns the run's (run_spec). OpenAI Batch output does not
+convert (its lines hold token counts and ids only a run knows). A question no part holds is
+written as a run that ended early writes it, `"answer": null` and why.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, TypeVar
+from typing import Any, Mapping, Optional, Sequence, TypeVar
 
+from ..config.checks import LOGLIKELIHOOD
 from ..errors import InputError, quote
-from ..files.formats.csvfile import render_csv
-from ..files.formats.jsonfile import render_json
 from ..files.formats.openai_output import batch_line
 from ..files.formats.rows import OutputSpec, Row, row_fields
+from ..files.outputs import RowText
 from .parts import Part, PartRow
 
 V = TypeVar("V")
@@ -63,10 +65,11 @@ def merge_rows(parts: Sequence[Part], order: Optional[Sequence[str]] = None, que
 
 
 def render_merged(merged: Merged, fmt: str, id_field: str = "questionID", columns: Sequence[str] = (),
-                  started: float = 0.0) -> str:
-    """OUT's text in `fmt`: OpenAI Batch output lines as they are; fields as a run writes them.
-    `columns`: a CSV part's header (else the id, answer, error and any other fields'); `started`:
-    the time of an OpenAI Batch line written for a missing question."""
+                  started: float = 0.0, settings: Optional[Mapping[str, Any]] = None) -> str:
+    """OUT's text in `fmt`: OpenAI Batch output lines as they are; fields as a run writing `fmt`
+    writes them (runner/files/outputs.py RowText; a CSV part's cells were decoded as it was read).
+    `columns`: a CSV part's header; `settings`: the job's, from a part's journal (part_settings);
+    `started`: the time of an OpenAI Batch line written for a missing question."""
     if fmt == "openai":
         spec = OutputSpec("openai", started=started)
         return "".join((_held(row.line, row) if row is not None
@@ -74,9 +77,32 @@ def render_merged(merged: Merged, fmt: str, id_field: str = "questionID", column
                        for qid, row in merged.rows)
     fields = [_held(row.fields, row) if row is not None else row_fields(Row(qid, None, MISSING), id_field, False)
               for qid, row in merged.rows]
-    if fmt == "csv":
-        return render_csv(fields, columns or _columns(fields, id_field))
-    return render_json(fields, lines=fmt == "jsonl")
+    text = RowText(run_spec(fmt, id_field, fields, columns, settings))
+    text.columns += [c for c in _columns(fields, columns) if c not in text.columns]
+    return text.head() + "".join(text.fields(f) for f in fields) + text.tail()
+
+
+def run_spec(fmt: str, id_field: str, fields: Sequence[Mapping[str, Any]], columns: Sequence[str] = (),
+             settings: Optional[Mapping[str, Any]] = None) -> OutputSpec:
+    """The spec of a run of the job writing `fmt`, as far as the parts tell: a CSV column for each
+    kind of field a row holds, a CSV part's header names, or the job's settings ask for (choice
+    log-probabilities where no answer could have any). Thinking kept where no answer had any
+    leaves no trace but a CSV part's column."""
+    has = set(columns) | _asked(settings or {})
+    has |= {key for f in fields for key, value in f.items() if value is not None}
+    samples = "samples" in has or any(isinstance(f.get("answer"), list) for f in fields)
+    return OutputSpec(fmt, id_field, keep_thinking="thinking" in has, choice_logprobs="choice_logprobs" in has,
+                      token_logprobs="token_logprobs" in has, answer_norm="answer_norm" in has, samples=samples)
+
+
+def _asked(settings: Mapping[str, Any]) -> set[str]:
+    """The fields a job's settings (its journal's fingerprint: runner/journal/journal.py) ask its
+    answers to carry, as runner/job.py gives them CSV columns."""
+    answer, n = settings.get("answer"), settings.get("sampling.n")
+    asked = {"choice_logprobs"} if isinstance(answer, dict) and answer.get("logprobs") else set()
+    asked |= {"token_logprobs"} if settings.get("answer.token_logprobs") is not None else set()
+    asked |= {"answer_norm"} if settings.get("answer.choice_scoring") == LOGLIKELIHOOD else set()
+    return asked | ({"samples"} if isinstance(n, int) and n > 1 else set())
 
 
 def _held(value: Optional[V], row: PartRow) -> V:
@@ -86,9 +112,10 @@ def _held(value: Optional[V], row: PartRow) -> V:
     return value
 
 
-def _columns(fields: Sequence[dict[str, Any]], id_field: str) -> list[str]:
-    """The columns a run writes (id, answer, error), then any other field, in the order first seen."""
-    columns = [id_field, "answer", "error"]
+def _columns(fields: Sequence[Mapping[str, Any]], header: Sequence[str]) -> list[str]:
+    """A CSV part's columns, then any other field, in the order first seen (the run's own
+    columns come first: RowText's)."""
+    columns = list(header)
     for f in fields:
         columns += [k for k in f if k not in columns]
     return columns

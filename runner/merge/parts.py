@@ -2,7 +2,7 @@
 question id, each named by its file and line.
 
     a JSON array, JSON Lines   {id, "answer", "error"?, "thinking"?} as written   fields
-    CSV                        the same fields (an empty error is none)           fields
+    CSV                        the same fields, its cells decoded (cells.py)      fields
     OpenAI Batch output        one line per request, keyed by its custom_id       the line, as it is
 
 Each part's journal (beside it, as a run leaves it) says what job made it: part_settings.
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from ..errors import InputError
+from ..files.formats.cells import csv_fields
 from ..files.formats.csvfile import csv_rows
 from ..files.inputs import detect_format, json_array, json_lines, read_text
 from ..files.paths import journal_path
@@ -74,7 +75,7 @@ def read_part(path: str, id_field: str = "questionID") -> Part:
     if fmt == "openai":
         return Part(path, fmt, list(_openai_rows(path, text)))
     if fmt == "csv":
-        rows = [_row(f"{path}:{line}", csv_fields(row), id_field)
+        rows = [_row(f"{path}:{line}", csv_fields(f"{path}:{line}", row, id_field), id_field)
                 for line, row in csv_rows(path, text, {id_field: "--id-field"})]
         return Part(path, fmt, rows, tuple(next(csv.reader(io.StringIO(text, newline="")), [])))
     items = json_array(path, text) if fmt == "json" else json_lines(path, text)
@@ -93,19 +94,6 @@ def part_format(path: str, text: str) -> str:
         if isinstance(obj, dict) and "custom_id" in obj and ("response" in obj or "error" in obj):
             return "openai"
     return fmt
-
-
-def csv_fields(row: dict[str, str]) -> dict[str, Any]:
-    """A CSV answers row as the fields a JSON answers file has: an answer, or `"answer": null`
-    and the error; an empty error or thinking column is none."""
-    fields: dict[str, Any] = dict(row)
-    if fields.get("error"):
-        fields["answer"] = None
-    else:
-        fields.pop("error", None)
-    if not fields.get("thinking"):
-        fields.pop("thinking", None)
-    return fields
 
 
 def _row(where: str, obj: Any, id_field: str) -> PartRow:

@@ -5,6 +5,7 @@
                csv      a header row, then one record per row       csvfile.py
                openai   OpenAI Batch input: one request per line    openai_input.py (one body: openai_request.py)
     answers    json, jsonl, csv: {id, answer, error} in input order jsonfile.py, csvfile.py
+                                  (a row's fields as CSV cells, and back: cells.py)
                openai   OpenAI Batch output lines                   openai_output.py
 
 Which format a file is (the job's input_format / output_format, else its extension and content):

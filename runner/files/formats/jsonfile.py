@@ -4,7 +4,7 @@ every error."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator
 
 from ...errors import InputError
 
@@ -55,9 +55,3 @@ def _skip_ws(text: str, i: int) -> int:
         i += 1
     return i
 
-
-def render_json(rows: Iterable[Mapping[str, Any]], lines: bool) -> str:
-    """One object per line (JSON Lines), or one JSON array."""
-    if lines:
-        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    return json.dumps(list(rows), ensure_ascii=False, indent=1) + "\n"
