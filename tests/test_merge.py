@@ -179,3 +179,17 @@ def test_the_command_line_exit_codes(tmp_path):
     assert "questions are in no part: " in r.stderr and "(by their ids, of shard 1/3)" in r.stderr
     r = ggbatch("--input", questions, "--output", out, parts[0], parts[0].replace("answers", "./answers"))
     assert r.returncode == 2 and r.stderr.startswith("ggbatch: error: ") and r.stderr.count("\n") == 1
+
+
+def test_a_glob_that_also_matches_the_journals_merges_the_parts(tmp_path):
+    """`answers.shard-*.jsonl` matches each part's journal too: those are left out, and said so; a
+    journal without its answers file is refused by name."""
+    questions, whole, parts = write_job(tmp_path, "jsonl")
+    journals = [f"{p}.journal.jsonl" for p in parts]
+    for journal in journals:
+        shutil.copy(parts[0], journal)  # what a journal holds does not matter: it is not read as a part
+    out = tmp_path / "merged.jsonl"
+    outcome = merge_files(str(out), sorted(parts + journals), questions)
+    assert out.read_bytes() == whole and outcome.parts == 3 and outcome.journals == 3
+    with pytest.raises(ConfigError, match=r"shard-1-of-3.jsonl.journal.jsonl: a run's journal, not an answers file"):
+        merge_files(str(out), [parts[0], journals[1]], questions)

@@ -25,7 +25,7 @@ from ..files.formats import FORMATS
 from ..files.formats.detect import output_format
 from ..files.inputs import read_question_file
 from ..files.outputs import write_atomic
-from ..files.paths import check_writable, same_file
+from ..files.paths import JOURNAL_SUFFIX, check_writable, journal_path, same_file
 from ..files.shards import shard_in_name, shard_of
 from ..journal.journal import changed_setting
 from .join import Merged, merge_rows, render_merged
@@ -61,8 +61,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
                           args.id_field, args.question_field)
     if not args.quiet:
         order = f"in the order of {args.input}" if args.input else "in the parts' order"
+        journals = f"; their {outcome.journals} journals left out" if outcome.journals else ""
         print(f"merged {len(outcome.merged.rows)} rows from {outcome.parts} parts into {outcome.output} "
-              f"({outcome.format}, {order})")
+              f"({outcome.format}, {order}{journals})")
     problems = outcome.problems()
     for line in problems:
         print(f"ggbatch: merge: {line}", file=sys.stderr)
@@ -82,6 +83,7 @@ class MergeOutcome:
     absent: list[str] = field(default_factory=list)  # part files that do not exist
     split: int = 0  # N, when every part's name says a shard of N
     absent_shards: list[int] = field(default_factory=list)  # of N, that no part's name says
+    journals: int = 0  # the parts' journals given beside them, left out
 
     def problems(self) -> list[str]:
         """What keeps the merged file from being complete, one line each (none: all answered)."""
@@ -109,6 +111,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
                 id_field: str = "questionID", question_field: str = "question") -> MergeOutcome:
     """Merge the parts into `output` (written even when incomplete: MergeOutcome.problems says
     why). InputError or ConfigError for a merge that is refused; nothing is written then."""
+    paths, journals = _without_journals(paths)
     _check_paths(output, paths, questions)
     split, absent_shards = _split(paths)
     settings = _check_one_job([p for p in paths if os.path.exists(p)])
@@ -121,7 +124,19 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     fmt = _format(output, output_fmt, parts, question_fmt)
     write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings))
     return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
-                        absent_shards)
+                        absent_shards, journals)
+
+
+def _without_journals(paths: Sequence[str]) -> tuple[list[str], int]:
+    """(the parts, how many journals of them were given too): `answers.shard-*.jsonl` also matches
+    each part's journal, which merge reads beside its part anyway. A journal whose answers file is
+    not given is refused: its answers are not a part's rows."""
+    kept = [p for p in paths if not any(p == journal_path(q) for q in paths)]
+    lone = next((p for p in kept if p.endswith(JOURNAL_SUFFIX)), None)
+    if lone is not None:
+        raise ConfigError(f"{lone}: a run's journal, not an answers file: give the answers file it is kept "
+                          f"beside ({lone[:-len(JOURNAL_SUFFIX)]}), which the rerun of its job writes")
+    return kept, len(paths) - len(kept)
 
 
 def _check_paths(output: str, paths: Sequence[str], questions: Optional[str]) -> None:
