@@ -310,3 +310,16 @@ def test_run_score_quiet_prints_nothing(tmp_path, demo_model):
                        cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert r.returncode in (0, 1), r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.model
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("output", ["-", "/dev/stdout"])
+def test_answers_to_standard_output_are_refused_in_one_line(tmp_path, demo_model, output):
+    """`--output -` wrote a file named '-' (and its journal); /dev/stdout failed on its folder."""
+    questions = write_questions(tmp_path / "q.jsonl", 2)
+    done = subprocess.run([str(c) for c in ggbatch_cmd("run", "--model", demo_model, "--input", questions,
+                                                        "--output", output)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 2 and "not to standard output" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "-").exists()

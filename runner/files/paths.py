@@ -74,6 +74,9 @@ class JobPaths:
 def job_paths(input_path: str, model: str, output: str, report: Optional[str] = None,
               job_file: Optional[str] = None, errors_output: Optional[str] = None) -> JobPaths:
     """The job's files, outputs resolved through symlinks, checked: distinct and writable."""
+    for path in (output, report, errors_output):
+        if path:
+            check_not_a_stream(path)
     paths = JobPaths(input_path, model, os.path.realpath(output),
                      os.path.realpath(report) if report else None, job_file,
                      os.path.realpath(errors_output) if errors_output else None)
@@ -82,6 +85,16 @@ def job_paths(input_path: str, model: str, output: str, report: Optional[str] = 
         if path:
             check_writable(path)
     return paths
+
+
+def check_not_a_stream(path: str) -> None:
+    """OutputError for standard output (`-`, /dev/stdout), a pipe or a device: a job's files are
+    written whole at the end (renamed into place), the answers with a journal beside them that a
+    rerun goes on from."""
+    if path == "-" or (os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)):
+        raise OutputError(f"{path}: a job writes its files whole at the end (the answers with a journal beside "
+                          "them that a rerun goes on from), not to standard output, a pipe or a device: give a "
+                          "file's path")
 
 
 def check_distinct(paths: JobPaths) -> None:
