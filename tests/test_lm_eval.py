@@ -171,8 +171,7 @@ def test_a_template_that_writes_bos_gets_no_second_one(demo_model):
 
 
 def test_generation_kwargs_become_ggbatch_settings_and_unknown_ones_are_said(caplog):
-    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
-    from ggbatch.lm_eval import generation_of
+    from ggbatch.runner.tools.lm_eval_requests import generation_of
 
     sampled = generation_of({"until": "\n\n", "max_gen_toks": 7, "do_sample": True, "temperature": 0.7,
                              "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1})
@@ -201,8 +200,7 @@ def test_each_call_shows_its_requests_answered(lm, capsys):
 
 
 def test_lm_evals_device_says_where_the_layers_go_unless_the_settings_do():
-    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
-    from ggbatch.lm_eval import device_settings
+    from ggbatch.runner.tools.lm_eval_requests import device_settings
 
     assert device_settings("cpu", {}) == {"model__n_gpu_layers": 0}
     for gpu in ("cuda", "cuda:1", "mps"):

@@ -22,7 +22,13 @@ lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is the optional extra g
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from ggbatch.lm_eval import GgbatchLM, generation_of, generation_window, request_seeds, scored_window  # noqa: E402
+from ggbatch.lm_eval import GgbatchLM  # noqa: E402
+from ggbatch.runner.tools.lm_eval_requests import (  # noqa: E402
+    generation_of,
+    generation_window,
+    request_seeds,
+    scored_window,
+)
 from ggbatch.workers.engine import loglik  # noqa: E402
 from ggbatch.workers.protocol import Question  # noqa: E402
 

@@ -1,0 +1,191 @@
+"""What ggbatch's lm-eval model (ggbatch.lm_eval.GgbatchLM) makes of lm-eval's requests and
+model_args, without lm-eval itself: a request cut to max_length as lm-eval's Hugging Face and vLLM
+models cut it, generation kwargs as ggbatch's settings, a sampled request's seed, how an error
+names a request, and the checks of max_length and --device."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from array import array
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from ...workers.protocol import GenerationParams, SamplingParams
+from ..config.keywords import key_parts
+from ..errors import ConfigError, InputError, quote
+from ..model.gguf_header import GGUFFormatError, read_hparams
+from ..questions.maker import question_seed
+
+log = logging.getLogger("ggbatch")
+
+
+def request_names(requests: Sequence[Any]) -> list[str]:
+    """How an error names each request of a call: lm-eval's task and doc, where it gives them."""
+    names = []
+    for i, req in enumerate(requests):
+        task, doc = getattr(req, "task_name", None), getattr(req, "doc_id", None)
+        names.append(f"task {task!r} doc {doc}" if task is not None else f"request {i + 1} of {len(requests)}")
+    return names
+
+
+def scored_window(context: list[int], continuation: list[int], max_length: int,
+                  name: str) -> tuple[list[int], list[int]]:
+    """(context, continuation) cut from the left as lm-eval's Hugging Face model cuts a request:
+    (context + continuation)[-(max_length + 1):], the continuation whole, max_length tokens fed
+    (its last is not); a continuation longer than max_length cannot be scored so."""
+    if len(continuation) > max_length:
+        raise InputError(f"ggbatch.lm_eval: {name}: its continuation has {len(continuation)} tokens, more than "
+                         f"max_length={max_length}: it cannot be scored within the model's context")
+    if not continuation:  # scored without the model: any context will do
+        return context[-max_length:], continuation
+    whole = (context + continuation)[-(max_length + 1):]
+    return whole[:len(whole) - len(continuation)], continuation
+
+
+def generation_window(tokens: array, max_gen_toks: int, max_length: int) -> tuple[array, int]:
+    """(the context's tokens kept, the most tokens to generate) within max_length: lm-eval's vLLM
+    and Hugging Face models' rule, the context's last max_length - max_gen_toks tokens; when
+    max_gen_toks leaves no room (HF refuses that), lm-eval's maybe_truncate(shrink_gen_toks) rule:
+    the context up to max_length - 1 tokens, and what room is left to generate."""
+    if len(tokens) + max_gen_toks <= max_length:
+        return tokens, max_gen_toks
+    if max_gen_toks < max_length:
+        return tokens[len(tokens) - (max_length - max_gen_toks):], max_gen_toks
+    kept = tokens[len(tokens) - max(1, min(len(tokens), max_length - 1)):]
+    return kept, max(1, max_length - len(kept))
+
+
+def say_cut(what: str, cut: int, total: int, how: str) -> None:
+    """One warning a call for the requests it cut to fit max_length."""
+    if cut:
+        log.warning("ggbatch.lm_eval: %d of %d %s requests are longer than max_length and keep %s, as lm-eval's "
+                    "Hugging Face and vLLM models cut them", cut, total, what, how)
+
+
+def unanswered(what: str, name: str, error: Optional[str]) -> InputError:
+    """The one-line error that ends a run where a request could not be answered."""
+    return InputError(f"ggbatch.lm_eval: {name} ({what}) could not be answered: {error or 'no answer came back'}")
+
+
+def request_seeds(job_seed: int, args: Sequence[tuple[Any, ...]]) -> list[int]:
+    """Each generate_until request's sampling seed, from the settings' sampling.seed and what the
+    request is (its context and gen_kwargs; a repeat of it, as lm-eval sends a task's `repeats`,
+    by its place among its copies): a doc's sample stays the same under another --limit or mix of
+    tasks."""
+    seen: dict[str, int] = {}
+    seeds = []
+    for context, gen_kwargs in args:
+        digest = hashlib.sha256(json.dumps([context, gen_kwargs], sort_keys=True, default=str).encode()).hexdigest()
+        seen[digest] = seen.get(digest, -1) + 1
+        seeds.append(question_seed(job_seed, f"{digest}:{seen[digest]}"))
+    return seeds
+
+
+def setting(settings: Mapping[str, Any], section: str, key: str) -> Any:
+    """A job key among the keyword arguments, however it is spelled (model__n_ctx, model.n_ctx,
+    model={"n_ctx": ...}); None when not given."""
+    for name, value in settings.items():
+        parts = key_parts(name)
+        if parts == [section, key]:
+            return value
+        if parts == [section] and isinstance(value, Mapping):
+            return value.get(key)
+    return None
+
+
+def checked_max_length(max_length: Any, path: str, n_ctx: Optional[int]) -> Optional[int]:
+    """max_length as a number of tokens: a whole number, 1 or more, within the settings'
+    model.n_ctx and the model's training context (read from a local GGUF file's header; a Hub
+    model's is checked once it is loaded: GgbatchLM.max_length), as lm-eval's vLLM model refuses
+    a max_model_len above the model's. None when not given."""
+    if max_length is None:
+        return None
+    if isinstance(max_length, bool) or not re.fullmatch(r"\s*\d+\s*", str(max_length)) or int(max_length) < 1:
+        raise ConfigError(f"ggbatch.lm_eval: max_length must be a whole number of tokens, got {quote(max_length)}")
+    if n_ctx is not None and int(max_length) > n_ctx:
+        raise ConfigError(f"ggbatch.lm_eval: max_length={int(max_length)} is more than model.n_ctx={n_ctx}, "
+                          "the context per sequence the settings give")
+    return within_context(int(max_length), local_context(path), path)
+
+
+def local_context(path: str) -> int:
+    """The training context a local GGUF file's header gives (0: not a readable local file, or
+    it does not say)."""
+    try:
+        hparams = read_hparams(path)
+    except (OSError, GGUFFormatError):
+        return 0
+    value = hparams.get(f"{hparams.get('general.architecture')}.context_length")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def within_context(max_length: int, n_ctx_train: int, model: str) -> int:
+    """max_length, refused when the model's training context (0: unknown) is shorter."""
+    if n_ctx_train and max_length > n_ctx_train:
+        raise ConfigError(f"ggbatch.lm_eval: max_length={max_length} is more than the model's context, "
+                          f"{n_ctx_train} tokens ({Path(model).name})")
+    return max_length
+
+
+def device_settings(device: Optional[str], settings: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval's --device as ggbatch's settings, where the settings say nothing of the GPU
+    themselves: `cpu` no layer on a GPU (ggbatch's own default without `devices`), `cuda`,
+    `cuda:N` or `mps` every layer on the GPU llama.cpp picks (which GPU is `devices`' or
+    CUDA_VISIBLE_DEVICES' to say); anything else, or none, nothing."""
+    said = any(key_parts(k)[-1] == "n_gpu_layers" or k == "devices" for k in settings)
+    if said or not device:
+        return {}
+    if device == "cpu":
+        return {"model__n_gpu_layers": 0}
+    return {"model__n_gpu_layers": "all"} if re.fullmatch(r"cuda(:\d+)?|mps", device) else {}
+
+
+# lm-eval's gen_kwargs that have a ggbatch setting, beside until and max_gen_toks (Hugging Face's
+# names, as task YAMLs write them), and what each becomes when sampling
+SAMPLING_KWARGS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                   "repetition_penalty": "repeat_penalty"}
+KNOWN_KWARGS = {"until", "max_gen_toks", "do_sample", *SAMPLING_KWARGS}
+
+
+def generation_of(gen_kwargs: dict[str, Any], name: str = "a request") -> GenerationParams:
+    """lm-eval's gen_kwargs as ggbatch's settings: until (a string or a list), max_gen_toks, and
+    greedy unless do_sample and a temperature above 0 ask for sampling, then with top_k, top_p,
+    min_p and repetition_penalty where given. Others are said once in the log and not used. A
+    value that is not a number is refused in one line naming it and the request (`name`)."""
+    until = gen_kwargs.get("until") or ()
+    stop = (until,) if isinstance(until, str) else tuple(until)
+    unknown = sorted(set(gen_kwargs) - KNOWN_KWARGS - _said)
+    if unknown:
+        _said.update(unknown)
+        log.warning("ggbatch.lm_eval: generation_kwargs %s have no ggbatch setting and are not used", unknown)
+    sampling = SamplingParams()
+    if gen_kwargs.get("do_sample") and _number(gen_kwargs, "temperature", float, name, 0.0) > 0.0:
+        given = {ours: _number(gen_kwargs, theirs, type(getattr(sampling, ours)), name)
+                 for theirs, ours in SAMPLING_KWARGS.items() if gen_kwargs.get(theirs) is not None}
+        sampling = replace(sampling, **given)
+    return GenerationParams(max_tokens=_number(gen_kwargs, "max_gen_toks", int, name, 256), stop=stop,
+                            sampling=sampling)
+
+
+def _number(gen_kwargs: Mapping[str, Any], key: str, kind: type, name: str, default: Any = None) -> Any:
+    """A gen_kwargs value as a number of `kind` (an int a whole number 0 or more); InputError
+    naming the key, its value and the request when it is not."""
+    value = gen_kwargs.get(key)
+    if value is None:
+        return default
+    try:
+        number = kind(value)
+        if isinstance(value, bool) or (kind is int and (number < 0 or number != float(value))):
+            raise ValueError(value)
+    except (TypeError, ValueError):
+        what = "a whole number, 0 or more" if kind is int else "a number"
+        raise InputError(f"ggbatch.lm_eval: {name}: generation_kwargs {key} must be {what}, "
+                         f"got {quote(value)}") from None
+    return number
+
+
+_said: set[str] = set()  # gen_kwargs already said to be unused
