@@ -11,13 +11,15 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import replace
 from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO, cast
 
 from .closed_pipe import ClosedPipeSafe
-from .config.schema import LOGLIKELIHOOD, build_config, load_job_file
+from .config.schema import LOGLIKELIHOOD, JobConfig, build_config, load_job_file
 from .errors import GgbatchError, Interrupted, WorkerFailure
 from .files.formats import FORMATS
 from .files.paths import journal_path
+from .files.piped import readable_input, shown_name
 from .merge.command import add_merge_parser, cmd_merge
 from .pool.crashes import address_space_limit
 from .pool.signals import STOP
@@ -169,7 +171,8 @@ def _add_file_flags(a: Any) -> None:
     """The run's model and files, and their formats (runner/files/formats)."""
     a("--model", help="GGUF model path, 'demo' for the generated demo model, or hf:OWNER/REPO/FILE.gguf or "
       "OWNER/REPO:QUANT from the Hugging Face cache (needs ggbatch[hf])")
-    a("--input", help="question file: .json (array), .jsonl, .csv, or an OpenAI Batch input file")
+    a("--input", help="question file: .json (array), .jsonl, .csv, or an OpenAI Batch input file; - reads it "
+      "from standard input")
     a("--output", help="answers file: .json (array), .jsonl, .csv, or OpenAI Batch output")
     a("--input-format", dest="input_format", choices=["auto", *FORMATS],
       help="the question file's format (auto: by extension and content)")
@@ -193,14 +196,25 @@ def _flag_layer(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .job import run_job
-    from .report.report import format_summary
-
     layers = []
     if args.job:
         layers.append((args.job, load_job_file(args.job)))
     layers.append(("command line", _flag_layer(args)))
     config = build_config(layers)
+    # --score reads the questions again once the run is over: questions piped in are copied once, for both
+    try:
+        with STOP.run(), readable_input(config.input, config.output, lambda: STOP.signum) as name:
+            return _run_and_score(args, replace(config, input=name))
+    except Interrupted as exc:  # the run's own stops are said by _run_and_score: this one came as the copy was made
+        print(f"ggbatch: stopped by signal {exc.signum} while the questions were read from "
+              f"{shown_name(config.input)}; nothing was answered", file=sys.stderr)
+        return exc.exit_code
+
+
+def _run_and_score(args: argparse.Namespace, config: JobConfig) -> int:
+    from .job import run_job
+    from .report.report import format_summary
+
     try:
         report = run_job(config, progress="off" if args.quiet else args.progress, fresh=args.fresh,
                          job_file=args.job)

@@ -24,6 +24,7 @@ import logging
 import math
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable, Iterator, Optional
 
@@ -39,6 +40,7 @@ from .files.inputs import QuestionStream, Record, open_question_file
 from .files.lock import OutputLock
 from .files.outputs import write_answers, write_atomic
 from .files.paths import JobPaths, job_paths
+from .files.piped import readable_input
 from .files.shards import in_shard
 from .journal.index import Earlier, start_reading
 from .journal.journal import Journal, fingerprint
@@ -80,8 +82,17 @@ def run_job(config: JobConfig, engine_factory: EngineFactory = LLAMA_ENGINE,
     answers file is written first (WorkerFailure, Interrupted). `window`: records made into
     questions at a time; a file of more streams. SIGINT and SIGTERM are the run's from its start
     (runner/pool/signals.py): a stop at any moment writes the answers file and raises Interrupted."""
-    with STOP.run():
+    with STOP.run(), _readable(config) as config:
         return _run(config, engine_factory, progress, fresh, use_tuned, job_file, window)
+
+
+@contextmanager
+def _readable(config: JobConfig) -> Iterator[JobConfig]:
+    """The job, its questions readable as often as the run reads them: piped in, they are copied
+    beside the output first (runner/files/piped.py) and named as given; a stop while they were
+    copied ends the run before any is answered."""
+    with readable_input(config.input, config.output, lambda: STOP.signum) as name:
+        yield replace(config, input=name)
 
 
 def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh: bool,

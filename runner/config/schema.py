@@ -16,6 +16,7 @@ import yaml
 from ...workers.protocol import SamplingParams
 from ..errors import ConfigError, quote
 from ..files.formats import FORMATS
+from ..files.piped import STDIN
 from ..files.shards import Shard, shard_path
 from ..model.hub import is_hub_name
 from . import checks as check
@@ -212,7 +213,10 @@ def load_job_file(path: str) -> dict[str, Any]:
 
 
 def _inline(key: str, value: str) -> bool:
-    """A schema or a grammar written in the job file itself, not a file's path."""
+    """A schema or a grammar written in the job file itself, or `input: -` (standard input,
+    runner/files/piped.py): not a file's path."""
+    if key == "input":
+        return value == STDIN
     if key == "answer.grammar":
         return check.is_grammar_text(value)
     return value.lstrip().startswith("{")

@@ -106,8 +106,9 @@ class PromptBuilder:
             self._chat = env.from_string(self._source)
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError(f"chat template: line {exc.lineno}: {exc.message}") from None
-        self._user = _user_template(user_template or "{{ %s }}" % question_field)
-        self._user_is_question = user_template is None
+        # the default user message is the question field's text as it is: no template, so a field
+        # of any name works ("Prompt Text", "1q": a CSV column's), which Jinja could not name
+        self._user = _user_template(user_template) if user_template else None
         self.system = system
         self.question_field = question_field
         self.bos_token = bos_token
@@ -115,7 +116,7 @@ class PromptBuilder:
         self.template_kwargs = dict(template_kwargs or {})
 
     def user_message(self, fields: Mapping[str, Any]) -> str:
-        if self._user_is_question:  # the default template: skip Jinja, it is most of the cost
+        if self._user is None:
             return fields[self.question_field]
         try:
             return self._user.render(**fields)

@@ -12,13 +12,20 @@ from __future__ import annotations
 import codecs
 import io
 import re
+from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator, Union
 
 from ...errors import InputError
+from ..piped import copy_of
 
 # UTF-32's marks first: UTF-32 LE's starts with UTF-16 LE's
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+ZIP_MAGIC = b"PK\x03\x04"  # .xlsx, .ods
+OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # .xls
+SPREADSHEET_SUFFIXES = {".xlsx", ".xlsm", ".xls", ".ods"}
+# names a workbook's first ZIP entries hold (a piped workbook has no suffix to tell it by)
+SPREADSHEET_MARKS = (b"xl/", b"opendocument.spreadsheet")
 # A line end of its own: a CR not followed by LF (Excel for Mac ends every row so).
 LONE_CR = re.compile(rb"(?<=\r)(?!\n)")
 
@@ -76,9 +83,10 @@ class RecodedLines:
 
 
 def open_bytes(path: str) -> Union[BinaryIO, RecodedLines]:
-    """The file for reading as UTF-8 bytes (a UTF-16 or UTF-32 file through RecodedLines)."""
+    """The file for reading as UTF-8 bytes (a UTF-16 or UTF-32 file through RecodedLines); input
+    piped in, from its copy (runner/files/piped.py)."""
     try:
-        f = open(path, "rb")
+        f = open(copy_of(path), "rb")
     except OSError as exc:
         raise cannot_read(path, exc) from None
     start = f.peek(4)[:4]
@@ -112,6 +120,7 @@ def decoded(path: str, number: int, raw: bytes) -> str:
     naming the line and column of a byte that is not UTF-8."""
     if number == 1:
         raw = raw[3:] if raw.startswith(codecs.BOM_UTF8) else raw
+        no_binary(path, raw[:4096])
         no_utf16(path, raw[:4096])
     try:
         return raw.decode("utf-8")
@@ -123,13 +132,14 @@ def decoded(path: str, number: int, raw: bytes) -> str:
 def read_text(path: str) -> str:
     """The whole file's text (UTF-8, or UTF-16 or UTF-32 with its byte order mark)."""
     try:
-        with open(path, "rb") as f:
+        with open(copy_of(path), "rb") as f:
             data = f.read()
     except OSError as exc:
         raise cannot_read(path, exc) from None
     for bom, encoding in BOMS:
         if data.startswith(bom):
             return _recoded(path, data, encoding)
+    no_binary(path, data[:4096])
     no_utf16(path, data[:4096].split(b"\n", 1)[0])
     try:
         return data.decode("utf-8-sig")
@@ -154,6 +164,21 @@ def _recoded(path: str, data: bytes, encoding: str) -> str:
         name = encoding.upper()
         raise InputError(f"{path}:{line}: not {name} text ({exc.reason}), though it starts with a {name} "
                          "byte order mark; save the file as UTF-8") from None
+
+
+def no_binary(path: str, start: bytes) -> None:
+    """An InputError for a spreadsheet saved as a workbook (.xlsx and .ods are ZIP archives, .xls
+    an OLE compound file), or another ZIP archive: bytes that are not text at all, which would
+    otherwise be read as CSV and fail on some stray byte."""
+    suffix = Path(path).suffix.lower()
+    sheet = start.startswith(OLE_MAGIC) or start.startswith(ZIP_MAGIC) and (
+        suffix in SPREADSHEET_SUFFIXES or any(mark in start for mark in SPREADSHEET_MARKS))
+    if sheet:
+        raise InputError(f"{path}: a spreadsheet workbook (Excel or OpenDocument), not text; save it as "
+                         "CSV (UTF-8) and give that file")
+    if start.startswith(ZIP_MAGIC):
+        raise InputError(f"{path}: a ZIP archive, not text; unzip it and give the question file inside "
+                         "(a spreadsheet: save it as CSV (UTF-8))")
 
 
 def no_utf16(path: str, first_line: bytes) -> None:

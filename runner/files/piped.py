@@ -1,0 +1,103 @@
+"""Questions that can be read only once: `-` (standard input), a pipe or a process substitution
+(`/dev/stdin`, `/dev/fd/63`: a FIFO or a character device). A question file is read several times
+(its format detected from its start, its longest line measured, then its records read), and
+`--score` reads it again for the gold answers, so such a file is first copied whole into a
+temporary file, and every reader (runner/files/formats/textfile.py) reads the copy.
+
+    cat q.jsonl | ggbatch run --input - ...   ─▶ copy ─▶ .ggbatch-input-XXXX beside the output
+                                                         (read as "<stdin>", removed as the run ends)
+
+The copy's bytes are hashed line by line as any file's are, so piping the same questions again
+resumes from the journal. Messages name the file as the user gave it (`<stdin>` for `-`), never
+the copy; the copy is removed however the run ends (an error, Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import tempfile
+from contextlib import contextmanager
+from typing import BinaryIO, Callable, Iterator
+
+from ..errors import InputError, Interrupted, OutputError
+
+STDIN = "-"  # what --input names standard input by
+STDIN_NAME = "<stdin>"  # standard input's name in messages
+COPY_BYTES = 1 << 20
+_copies: dict[str, str] = {}  # the name a reader is given -> the copy it reads, while the copy lives
+
+
+def reads_once(path: str) -> bool:
+    """Whether the input is gone once read: `-`, or a FIFO, character device or socket."""
+    if path == STDIN:
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False  # the reader says why it cannot be read
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+
+
+def shown_name(path: str) -> str:
+    """The input's name in messages."""
+    return STDIN_NAME if path == STDIN else path
+
+
+def copy_of(path: str) -> str:
+    """The file a reader opens for `path`: its copy while one lives, else the path itself."""
+    return _copies.get(path, path)
+
+
+def is_copy(name: str) -> bool:
+    return name in _copies
+
+
+@contextmanager
+def readable_input(path: str, output: str, stopped: Callable[[], int] = lambda: 0) -> Iterator[str]:
+    """The question file's name for the run: `path` itself for a file that can be read again;
+    for one read only once, the name messages give it (`<stdin>` for `-`), whose readers read a
+    copy in the folder of `output` (the answers file) until the block ends. A name already
+    copied (a run inside a command that copied it) is used as it is. `stopped`: the signal that
+    asked the run to stop, if one did (runner/pool/signals.py): one that came while the input was
+    copied raises Interrupted, as the copy may be cut short (its writer stopped by the same Ctrl-C)."""
+    if not reads_once(path) or is_copy(path):
+        yield path
+        return
+    name = shown_name(path)
+    folder = os.path.dirname(os.path.realpath(output))
+    try:
+        fd, copy = tempfile.mkstemp(prefix=".ggbatch-input-", dir=folder)
+    except OSError as exc:
+        raise OutputError(f"{folder}: cannot hold a copy of the questions read from {name}: "
+                          f"{exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            _copy(path, name, out)
+        if stopped():
+            raise Interrupted(stopped())
+        _copies[name] = copy
+        yield name
+    finally:
+        _copies.pop(name, None)
+        os.unlink(copy)
+
+
+def _copy(path: str, name: str, out: BinaryIO) -> None:
+    """Everything the input holds, until its end, into `out`."""
+    try:
+        source: BinaryIO = sys.stdin.buffer if path == STDIN else open(path, "rb")
+    except (OSError, AttributeError) as exc:  # (sys.stdin may be None, or a stream without a buffer)
+        raise InputError(f"{name}: cannot read input: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        if source.isatty():
+            raise InputError(f"{name}: the input is a terminal; pipe the questions in "
+                             "(cat questions.jsonl | ggbatch run --input - ...)")
+        while chunk := source.read(COPY_BYTES):
+            out.write(chunk)
+    except OSError as exc:
+        raise InputError(f"{name}: cannot read input: {exc.strerror or exc}") from None
+    finally:
+        if source is not sys.stdin.buffer:
+            source.close()
