@@ -26,7 +26,7 @@ import time
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 from ..workers.llama.factory import LLAMA_ENGINE
 from ..workers.protocol import EngineConfig
@@ -34,7 +34,6 @@ from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from .errors import Interrupted, WorkerFailure
 from .files.formats.detect import output_format
-from .files.formats.own_settings import has_grammar
 from .files.formats.rows import OutputSpec, Row
 from .files.inputs import QuestionStream, Record, open_question_file
 from .files.lock import OutputLock
@@ -121,7 +120,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                     journal = _open_journal(paths, config, model, prompting, fresh, reading)
                     preparer = Preparer(config, prompting, journal)
                     with RunWatch(progress, clock["start"], since_start is not None, journal,
-                                  _held_to_grammar(preparer), since_start) as watch:
+                                  since_start=since_start) as watch:
                         if config.choices != CHOICES_AUTO:  # lines answered before need not be parsed
                             stream.known.qids_of = journal.records_known
                         first = preparer.window(first_records, last=rest is None)
@@ -140,7 +139,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                                                 _output_spec(config, preparer, formats[1], clock["started_at"]))
                         setup = _setup(config, model, preparer, growth, formats)
                         watch.tally.add(preparer.made.rejected.values(), made=False)
-                    _say_cut(watch)
+                    _say_cut(counts)
     report = _report(setup, counts, pool, watch, clock)
     if ended is not None:
         raise ended
@@ -194,13 +193,6 @@ def _open_journal(paths: JobPaths, config: JobConfig, model: ModelIdentity, prom
     return journal
 
 
-def _held_to_grammar(preparer: Preparer) -> Callable[[str], bool]:
-    """Which answers are held to a grammar: every one under the job's, or a question's own (the
-    question maker notes those as it makes them)."""
-    job, made = has_grammar(preparer.generation), preparer.made
-    return lambda qid: job or qid in made.with_grammar
-
-
 def _settle(config: JobConfig, started: NodePlan, preparer: Preparer, first: Window, longest_line: int,
             model_path: str) -> ContextGrowth:
     """The layout of the started workers, now that the first window's prompts are known (phase
@@ -249,14 +241,14 @@ def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], fe
             feed.close()
 
 
-def _say_cut(watch: RunWatch) -> None:
-    """Answers under a grammar (a JSON schema) that max_tokens cut before the grammar was complete
-    do not parse: their finish_reason is length; the log says how many."""
-    cut = watch.cut
-    if cut:
-        log.warning("%d answer%s under a grammar or JSON schema reached max_tokens before the grammar was complete "
-                    "(finish_reason length; first: %s): such an answer is cut and may not parse, raise max_tokens",
-                    len(cut), "s" if len(cut) > 1 else "", cut[0])
+def _say_cut(counts: RecordCounts) -> None:
+    """Answers held to choices or a grammar (a JSON schema) that were cut before they were complete
+    (by max_tokens, inside the thinking or in the answer) failed; the log says how many, the
+    first in input order, and what to raise."""
+    if counts.cut:
+        log.warning("%d answer%s held to choices or a grammar %s cut before %s complete (first: %s) and failed: "
+                    "raise max_tokens (or lower the thinking budget)", counts.cut, *(
+                        ("s", "were", "they were") if counts.cut > 1 else ("", "was", "it was")), counts.first_cut)
 
 
 def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: float) -> OutputSpec:

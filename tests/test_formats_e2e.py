@@ -42,8 +42,9 @@ BATCH = [
     chat("seed-5", "The dog ran", seed=5, **SAMPLED),
     chat("seed-5-again", "The dog ran", seed=5, **SAMPLED),
     chat("seed-6", "The dog ran", seed=6, **SAMPLED),
+    # an empty object, complete within its 5 tokens (a schema answer cut before it is complete fails)
     chat("schema", "Lily", max_tokens=5, response_format={"type": "json_schema", "json_schema": {
-        "name": "a", "schema": {"type": "object"}}}),
+        "name": "a", "schema": {"type": "object", "additionalProperties": False}}}),
 ]
 REFUSED = ["stream", "embed", "odd-field"]
 

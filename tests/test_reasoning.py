@@ -242,8 +242,8 @@ def test_openai_output_carries_reasoning_content_and_reasoning_effort_sets_the_b
     assert done.returncode == 0, done.stderr
     message = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"] for r in _read(out)}
     assert message["none"]["reasoning_content"] == "" and message["none"]["content"]  # budget 0: at once
-    # minimal's budget (128) is past max_tokens: all of it thinking, no end written
-    assert "reasoning_content" not in message["minimal"]
+    # minimal's budget (128) is past max_tokens: all of it thinking, no end written, no answer
+    assert message["minimal"]["content"] == "" and message["minimal"]["reasoning_content"]
 
 
 @pytest.mark.model

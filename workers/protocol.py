@@ -91,6 +91,7 @@ class Sample:
     finish_reason: FinishReason
     completion_tokens: int
     token_logprobs: Optional[tuple[TokenLogprob, ...]] = None
+    in_thinking: bool = False  # as Answer.in_thinking
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,10 @@ class Answer:
     # Fixed choices scored as continuations: the one of the highest log-likelihood per character
     # (lm-eval's acc_norm pick; `text` is its acc pick)
     answer_norm: Optional[str] = None
+    # A reasoning model's output that ended inside its thinking block (max_tokens ran out before
+    # the block closed): all of `text` is thinking, there is no answer. Only the worker knows it
+    # (its ThinkState follows the block): a block the chat template opened leaves no mark in the text.
+    in_thinking: bool = False
 
 
 @dataclass(frozen=True)

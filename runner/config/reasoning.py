@@ -86,3 +86,21 @@ def thinking_room(thinking: Optional[Thinking], max_tokens: int) -> int:
     if thinking.budget is None:
         return max_tokens
     return min(max_tokens, len(thinking.start) + thinking.budget + len(thinking.forced))
+
+
+def answer_room_problem(thinking: Optional[Thinking], max_tokens: int) -> Optional[str]:
+    """Why no answer held to choices or a grammar can come out under this max_tokens: a budget
+    spent whole and the end written for it leave no token for the answer; None when they leave
+    one (or there is no budget: the model may end its thinking early, and an answer cut short
+    fails on its own). One token is what any answer needs at least: a choice's own count as
+    the tokenizer spells it alone may be more than the grammar lets the model write it in (a
+    SentencePiece vocabulary spells "A" alone as a space and "A")."""
+    if thinking is None or thinking.budget is None:
+        return None
+    forced = len(thinking.forced)
+    need = thinking.budget + forced + 1
+    if max_tokens >= need:
+        return None
+    return (f"max_tokens: {max_tokens}: leaves no token for the answer after the thinking: reasoning.max_tokens "
+            f"({thinking.budget}) + the end of the thinking written for it ({forced} token{'s' if forced > 1 else ''}) "
+            f"+ one token of the answer need {need}; raise max_tokens or lower reasoning.max_tokens")

@@ -92,11 +92,25 @@ def as_written(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def changed_setting(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[str]:
-    """The first setting whose value differs, or None. Both are compared as written to a journal."""
+    """The first setting whose value differs, or None (setting_change)."""
+    change = setting_change(old, new)
+    return change[0] if change is not None else None
+
+
+def setting_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[tuple[str, Any, Any]]:
+    """(the first setting whose value differs, its old value, its new one), or None. Both are
+    compared as written to a journal; a setting that is a mapping on both sides is named down
+    to the key inside it that differs ('reasoning.budget' 3 -> 5, not the whole block), and one
+    left out at its default is named with that default."""
     old, new = as_written(old), as_written(new)
     for key in sorted(set(old) | set(new)):
-        if old.get(key) != new.get(key):
-            return key
+        was, now = old.get(key, LEFT_OUT.get(key)), new.get(key, LEFT_OUT.get(key))
+        if key in old and key in new and isinstance(was, dict) and isinstance(now, dict):
+            inner = setting_change(was, now)
+            if inner is not None:
+                return f"{key}.{inner[0]}", inner[1], inner[2]
+        elif old.get(key) != new.get(key):
+            return key, was, now
     return None
 
 
@@ -112,10 +126,12 @@ def _entry(answer: Answer, prompt: str, record: str) -> dict[str, Any]:
         entry["token_logprobs"] = to_journal(answer.token_logprobs)
     if answer.answer_norm is not None:
         entry["answer_norm"] = answer.answer_norm
+    if answer.in_thinking:  # only when set: an entry without it (any older one) ended after its thinking
+        entry["in_thinking"] = True
     if answer.samples is not None:
         entry["samples"] = [[s.text, s.finish_reason.value, s.completion_tokens,
                              to_journal(s.token_logprobs) if s.token_logprobs is not None else None]
-                            for s in answer.samples]
+                            + ([True] if s.in_thinking else []) for s in answer.samples]
     return entry
 
 
@@ -124,14 +140,15 @@ def _answer(e: Mapping[str, Any]) -> Answer:
                   e["completion_tokens"], e["worker_id"], e["ttft_s"], e["latency_s"], e["error"],
                   e.get("created", 0.0), e.get("choice_logprobs"),
                   token_logprobs=from_journal(e.get("token_logprobs")), samples=_samples(e.get("samples")),
-                  answer_norm=e.get("answer_norm"))
+                  answer_norm=e.get("answer_norm"), in_thinking=e.get("in_thinking", False))
 
 
 def _samples(data: Optional[list[list[Any]]]) -> Optional[tuple[Sample, ...]]:
+    """[text, finish_reason, completion_tokens, token_logprobs] per sample, and true fifth when it
+    ended inside its thinking."""
     if data is None:
         return None
-    return tuple(Sample(text, FinishReason(finish), tokens, from_journal(logprobs))
-                 for text, finish, tokens, logprobs in data)
+    return tuple(Sample(s[0], FinishReason(s[1]), s[2], from_journal(s[3]), s[4:] == [True]) for s in data)
 
 
 @dataclass(frozen=True)
@@ -277,8 +294,8 @@ class Journal:
     def _check_header(self, old: Optional[dict[str, Any]]) -> None:
         if old is None:
             raise ConfigError(f"{self.path}: not a ggbatch journal; remove it or run with --fresh")
-        key = changed_setting(old, self.fingerprint)
-        if key is not None:
-            was, now = (fp.get(key, LEFT_OUT.get(key)) for fp in (old, self.fingerprint))
+        change = setting_change(old, self.fingerprint)
+        if change is not None:
+            key, was, now = change
             raise ConfigError(f"{self.path}: '{key}' changed since the journaled run "
                               f"({quote(was)} -> {quote(now)}); run with --fresh to start over")

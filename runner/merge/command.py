@@ -27,7 +27,7 @@ from ..files.inputs import read_question_file
 from ..files.outputs import write_atomic
 from ..files.paths import JOURNAL_SUFFIX, check_writable, journal_path, same_file
 from ..files.shards import shard_in_name, shard_of
-from ..journal.journal import changed_setting
+from ..journal.journal import setting_change
 from .join import Merged, merge_rows, render_merged
 from .parts import Part, part_settings, read_part
 
@@ -163,11 +163,12 @@ def _check_one_job(paths: Sequence[str]) -> Optional[dict[str, Any]]:
         if first is None:
             first = (path, settings)
             continue
-        key = changed_setting(first[1], settings)
-        if key is not None:
+        change = setting_change(first[1], settings)
+        if change is not None:
+            key, was, now = change
             raise ConfigError(f"parts of two jobs: {first[0]} and {path} were answered with different "
-                              f"'{key}' ({quote(first[1].get(key))} and {quote(settings.get(key))}, as their "
-                              "journals say); merge the shards of one job")
+                              f"'{key}' ({quote(was)} and {quote(now)}, as their journals say); merge the "
+                              "shards of one job")
     return first[1] if first is not None else None
 
 

@@ -30,7 +30,6 @@ from ..files.formats.openai_request import COMPLETION
 from ..files.formats.own_settings import (
     QuestionSettings,
     describe_own,
-    has_grammar,
     is_greedy,
     own_generation,
     samples_problem,
@@ -67,7 +66,6 @@ class QuestionSet:
     # Ids among the job's (runner/files/compact.py: compact, as every line of a big OpenAI Batch file may be one)
     refused: IdSet  # requests refused as asked (each also in `rejected`)
     completions: IdSet  # /v1/completions lines (answered with text_completion bodies)
-    with_grammar: IdSet  # questions with a grammar of their own
     from_journal: IdSet  # questions whose answer the journal held (an identical prompt's records take it too)
     # qid -> its error answer, never sent to a worker nor journaled (a rerun tries again): a prompt
     # the model's tokenizer cannot take, a request refused as asked
@@ -91,7 +89,7 @@ class QuestionMaker:
         # self.ids of the first one; 95 bits must match for a question to take another's answer.
         self._first = HashIndex()
         self.ids = IdColumn()
-        self.made = QuestionSet(IdSet(self.ids), IdSet(self.ids), IdSet(self.ids), IdSet(self.ids))
+        self.made = QuestionSet(IdSet(self.ids), IdSet(self.ids), IdSet(self.ids))
         self._failed_prompts: set[int] = set()  # key64 of the prompts the tokenizer refused (and settings)
 
     def make(self, records: Sequence[Record]) -> list[Question]:
@@ -158,7 +156,7 @@ class QuestionMaker:
         for (index, rec, _), own in zip(held, owns):
             self.made.from_journal.add(rec.qid, index)
             if own is not None:
-                self._count_own(rec.qid, index, own)
+                self._count_own(own)
         self.made.unique += len(held)
 
     def prompt(self, rec: Record, index: int) -> Optional[str]:
@@ -198,7 +196,7 @@ class QuestionMaker:
                 return None
             self._first.add(prompt_key(h), (int(h[16:24], 16) & CHECK_MASK) << 32 | index)
         reused = self.journal.reuse_prompt(rec.qid, h)
-        self._count(rec.qid, index, own)
+        self._count(own)
         if reused:
             self.made.from_journal.add(rec.qid, index)
             return None
@@ -215,10 +213,10 @@ class QuestionMaker:
         check, index = value >> 32, value & INDEX_MASK
         return index if check in (0, int(h[16:24], 16) & CHECK_MASK) else None
 
-    def _count(self, qid: str, index: int, own: Optional[GenerationParams]) -> None:
+    def _count(self, own: Optional[GenerationParams]) -> None:
         self.made.unique += 1
         if own is not None:
-            self._count_own(qid, index, own)
+            self._count_own(own)
 
     def _count_failed(self, rec: Record, text: str) -> None:
         """A prompt the tokenizer refused is one of the unique prompts once, as an identical
@@ -231,10 +229,8 @@ class QuestionMaker:
             self._failed_prompts.add(key)
         self.made.unique += 1
 
-    def _count_own(self, qid: str, index: int, own: GenerationParams) -> None:
+    def _count_own(self, own: GenerationParams) -> None:
         self.made.own_settings.update(describe_own([own]))
-        if has_grammar(own):
-            self.made.with_grammar.add(qid, index)
 
     def _own_generation(self, rec: Record) -> Optional[GenerationParams]:
         if rec.request is None:

@@ -19,7 +19,7 @@ from typing import Optional
 from ...workers.helper_messages import VocabInfo
 from ...workers.protocol import AnswerSpec, GenerationParams, Thinking
 from ..config.answer import check_spellable, choice_tokens
-from ..config.reasoning import model_thinking, thinking_room, with_budget
+from ..config.reasoning import answer_room_problem, model_thinking, thinking_room, with_budget
 from ..config.schema import JobConfig
 from ..errors import ConfigError
 from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
@@ -69,6 +69,9 @@ class Prompting:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         max_tokens = config.max_tokens
+        short = answer_room_problem(thinking, max_tokens) if answer is not None else None
+        if short is not None:
+            raise ConfigError(short)
         if answer is not None and answer.choices:  # room for the thinking, then the longest choice
             room = thinking_room(thinking, max_tokens)
             max_tokens = min(max_tokens, room + choice_tokens(max_tokens, answer.choices))

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from ...workers.protocol import Answer
+from ...workers.protocol import Answer, FinishReason
 
 FIRST_ERRORS = 20  # errors the report quotes
 
@@ -76,6 +76,10 @@ class RecordCounts:
     not_answered: int = 0
     from_journal: int = 0  # answered by an earlier run of this job (a failed answer is not reused)
     finish_reasons: Counter[str] = field(default_factory=Counter)
+    # failed because they were cut (max_tokens) before an answer held to choices or a grammar was
+    # complete, and the first of them in input order: the log says them (runner/job.py)
+    cut: int = 0
+    first_cut: Optional[str] = None
 
     def count(self, answer: Optional[Answer], from_journal: bool = False) -> None:
         """One record and its answer (None: it has none)."""
@@ -86,5 +90,14 @@ class RecordCounts:
         self.from_journal += from_journal
         if answer.error is None:
             self.answered += 1
-        else:
-            self.failed += 1
+            return
+        self.failed += 1
+        if was_cut(answer):
+            self.cut += 1
+            self.first_cut = self.first_cut or answer.qid
+
+
+def was_cut(answer: Answer) -> bool:
+    """A failed answer that was cut before it was complete: the worker gives it the finish reason
+    that ended it (`length`) rather than `error` (workers/engine/answers.py)."""
+    return answer.error is not None and answer.finish_reason is not FinishReason.ERROR

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import psutil
 
-from ...workers.protocol import Answer, EngineStats, FinishReason, Ready, ThreadsSet
+from ...workers.protocol import Answer, EngineStats, Ready, ThreadsSet
 from ..pool.worker_threads import WorkerThreads
 from .memory_guard import LowMemoryPause
 from .monitor import Monitor
@@ -41,12 +41,10 @@ class AnswerSink(Protocol):
 
 class RunWatch:
     def __init__(self, progress: str, started: Optional[float] = None, adapt_threads: bool = True,
-                 answers: Optional[AnswerSink] = None, with_grammar: Callable[[str], bool] = lambda qid: False,
-                 since_start: Optional[SinceStart] = None) -> None:
+                 answers: Optional[AnswerSink] = None, since_start: Optional[SinceStart] = None) -> None:
         """started: time.perf_counter() when the job started (the timeline's zero); adapt_threads:
         change llama.cpp's thread count under contention (the job's threads_adapt); answers:
-        where they go (None: counted only); with_grammar: which answers are held to a grammar
-        (those max_tokens cut are said); since_start: the cores' times taken before any worker
+        where they go (None: counted only); since_start: the cores' times taken before any worker
         started (runner/watch/startup_load.py; None: now)."""
         self.progress = Progress(0, mode=progress)
         self.monitor = Monitor()
@@ -62,8 +60,6 @@ class RunWatch:
         self._other: dict[int, float] = {}  # worker id -> other load on its cores, last interval
         self.answers = answers
         self.tally = AnswerTally()  # the answers are in the journal; the report needs their numbers
-        self.with_grammar = with_grammar
-        self.cut: list[str] = []  # ids of those that max_tokens cut (finish_reason length)
         self.started = time.perf_counter() if started is None else started
 
     def start_run(self, total: int, max_tokens: int, slots: int, pool: Any = None) -> None:
@@ -81,7 +77,6 @@ class RunWatch:
             self.answers.append(answers)
         self.tally.add(answers)
         self.progress.answered(answers)
-        self.cut += [a.qid for a in answers if a.finish_reason is FinishReason.LENGTH and self.with_grammar(a.qid)]
 
     def tick(self, pool: Any) -> None:
         """pool: runner/pool/pool.py WorkerPool."""

@@ -14,15 +14,39 @@ from .logprobs import answer_tokens
 from .sequence import Sequence
 
 
-def answer(seq: Sequence, gen: GenerationParams, worker_id: int) -> Answer:
-    """The Answer of a finished sequence (`gen`: its question's generation settings, or the job's)."""
+def answer(seq: Sequence, gen: GenerationParams, worker_id: int, complete: bool = True) -> Answer:
+    """The Answer of a finished sequence (`gen`: its question's generation settings, or the job's).
+    `complete`: whether an answer held to choices or a grammar got to their end (Picker.answer_complete);
+    one cut before (by max_tokens, mostly inside the thinking) fails, with its finish_reason (`length`)
+    rather than `error`: the coordinator counts such answers apart (runner/watch/tally.py)."""
     now = time.perf_counter()
     text, n_out, logprobs = answer_text(seq, gen)
+    error = seq.error or (None if complete else cut_error(seq, gen))
     finish = FinishReason.ERROR if seq.error else seq.finish or FinishReason.STOP
-    return Answer(seq.question.qid, text, finish, seq.n_prompt, n_out, worker_id,
-                  max(0.0, seq.t_first - seq.t_admit), now - seq.t_admit, error=seq.error,
-                  created=time.time(), choice_logprobs=logprobs,
-                  prompt_decoded=seq.n_cached >= seq.n_prompt, token_logprobs=answer_logprobs(seq, gen))
+    return Answer(seq.question.qid, "" if error else text, finish, seq.n_prompt, n_out, worker_id,
+                  max(0.0, seq.t_first - seq.t_admit), now - seq.t_admit, error=error,
+                  created=time.time(), choice_logprobs=None if error else logprobs,
+                  prompt_decoded=seq.n_cached >= seq.n_prompt,
+                  token_logprobs=None if error else answer_logprobs(seq, gen), in_thinking=in_thinking(seq))
+
+
+def in_thinking(seq: Sequence) -> bool:
+    """Its output ended before its thinking block did (or before saying whether it thinks)."""
+    return seq.think is not None and not seq.think.answering and bool(seq.output)
+
+
+def cut_error(seq: Sequence, gen: GenerationParams) -> str:
+    """Why an answer held to choices or a grammar, cut before it was complete, has none."""
+    ran_out = len(seq.output) >= gen.max_tokens
+    limit = (f"max_tokens ({gen.max_tokens}) ran out" if ran_out else
+             "the context filled" if seq.finish is FinishReason.LENGTH else
+             "a stop string ended it" if seq.stop_cut is not None else "the model ended its output")
+    must = "one of the choices" if gen.answer is not None and gen.answer.choices else "complete under its grammar"
+    if in_thinking(seq):
+        bounded = gen.thinking is not None and gen.thinking.budget is not None
+        advice = f": raise max_tokens or {'lower' if bounded else 'set'} a thinking budget below it" if ran_out else ""
+        return f"{limit} while the model was thinking, before its answer (which must be {must}){advice}"
+    return f"{limit} before the answer was complete (it must be {must}){': raise max_tokens' if ran_out else ''}"
 
 
 def answer_logprobs(seq: Sequence, gen: GenerationParams) -> Optional[tuple[TokenLogprob, ...]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from ..protocol import Answer, FinishReason, Sample
+from ..protocol import Answer, Sample
 
 SEED_MASK = (1 << 64) - 1
 
@@ -49,9 +49,9 @@ class SampleSet:
             return None
         answers = [self.done[i] for i in range(self.n)]
         first = answers[0]
-        error = next((a.error for a in answers if a.error), None)
-        return replace(first, finish_reason=FinishReason.ERROR if error else first.finish_reason, error=error,
+        failed = next((a for a in answers if a.error), None)  # its finish reason: `length` for one cut
+        return replace(first, finish_reason=(failed or first).finish_reason, error=failed.error if failed else None,
                        completion_tokens=sum(a.completion_tokens for a in answers),
                        latency_s=max(a.latency_s for a in answers), created=max(a.created for a in answers),
-                       samples=tuple(Sample(a.text, a.finish_reason, a.completion_tokens, a.token_logprobs)
-                                     for a in answers))
+                       samples=tuple(Sample(a.text, a.finish_reason, a.completion_tokens, a.token_logprobs,
+                                            a.in_thinking) for a in answers))

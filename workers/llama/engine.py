@@ -325,9 +325,10 @@ class LlamaEngine:
         """The finished sequence's answer (none yet for a sample whose question waits for its
         other samples); its slot and sampler given back, and its KV too, or with the prefix cache
         its prompt's cells kept for the questions that share them."""
+        complete = self.picker.answer_complete(seq)  # asked of its grammar before it is freed
         self.picker.free(seq)
         self._release(seq)
-        answer = answers.answer(seq, self._gen(seq), self.worker_id)
+        answer = answers.answer(seq, self._gen(seq), self.worker_id, complete)
         whole = answer if seq.samples is None else seq.samples.finished(seq.sample, answer)
         return [whole] if whole is not None else []
 

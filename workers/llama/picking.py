@@ -49,6 +49,18 @@ class Picker:
             self.sampling.free_sampler(seq.grammar)
             seq.grammar = None
 
+    def answer_complete(self, seq: Sequence) -> bool:
+        """Whether a finished sequence held to choices or a grammar got to their end: its choice
+        read from the logits, or its grammar letting the answer end where it stopped. Its thinking
+        not over means no answer at all."""
+        if self._gen(seq).answer is None or seq.error:
+            return True
+        if seq.think is not None and not seq.think.answering:
+            return False
+        if seq.choice_tokens is not None:
+            return seq.choice_scores is not None
+        return seq.grammar is None or self.sampling.grammar_complete(seq.grammar)
+
     def pick_all(self, rows: list[tuple[Sequence, int]], greedy_tokens: list[int]) -> list[int]:
         """pick() of every (sequence, batch position), given the greedy argmax of the greedy rows.
         The rows that only their sampler chain decides (no grammar, choices or thinking) are

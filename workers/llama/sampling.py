@@ -246,6 +246,13 @@ class Sampling:
             raise ValueError(f"llama.cpp cannot parse the grammar: {grammar_problem(gbnf)}")
         return sampler
 
+    def grammar_complete(self, grammar: llama_cpp.llama_sampler_p) -> bool:
+        """Whether the grammar, in its state, lets the answer end here: llama.cpp allows an
+        end-of-generation token only where the root rule is complete."""
+        vocab = self.vocab.vocab
+        ends = [t for t in (llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)) if t >= 0]
+        return not ends or self._candidates_for().allows(grammar, ends[0])
+
     def choice_tokens(self, choices: Sequence[str]) -> Optional[tuple[tuple[int, ...], ...]]:
         """Per choice, every token that spells it alone, bare or after one space (`B`, ` B`, and
         a byte token `<0x42>` where the vocabulary has byte tokens): any of them, picked first,

@@ -48,7 +48,7 @@ def _body(answer: Answer, qid: str, spec: OutputSpec, key: str, when: float) -> 
     usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
              "total_tokens": answer.prompt_tokens + answer.completion_tokens}
     samples = answer.samples or (Sample(answer.text, answer.finish_reason, answer.completion_tokens,
-                                        answer.token_logprobs),)
+                                        answer.token_logprobs, answer.in_thinking),)
     completion = qid in spec.completions
     picked = answer.answer_norm is not None
     choices = [_completion_choice(i, s) if completion else _chat_choice(i, s, picked) for i, s in enumerate(samples)]
@@ -83,7 +83,7 @@ def _completion_choice(index: int, sample: Sample) -> dict[str, Any]:
 
 
 def _chat_choice(index: int, sample: Sample, picked: bool) -> dict[str, Any]:
-    thinking, text = shown_answer(sample.text, picked)
+    thinking, text = shown_answer(sample.text, picked, sample.in_thinking)
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     if thinking is not None:  # always, as vLLM's and llama-server's reasoning parsers give it
         message["reasoning_content"] = thinking  # where vLLM and DeepSeek's API put it

@@ -76,11 +76,6 @@ def vocabulary_problem(own: QuestionSettings, n_vocab: int) -> Optional[str]:
     return None
 
 
-def has_grammar(gen: GenerationParams) -> bool:
-    """Whether its answers are held to a grammar (fixed choices, a JSON schema, GBNF)."""
-    return gen.answer is not None and (gen.answer.grammar is not None or bool(gen.answer.choices))
-
-
 def is_greedy(gen: GenerationParams) -> bool:
     return gen.sampling.temperature <= 0
 

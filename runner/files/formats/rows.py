@@ -51,12 +51,27 @@ def split_thinking(text: str) -> tuple[Optional[str], str]:
     return thinking.strip(), text[end + len("</think>"):]
 
 
-def shown_answer(text: str, picked: bool) -> tuple[Optional[str], str]:
+def unfinished_thinking(text: str) -> str:
+    """The thinking of an output that ended inside its block (Answer.in_thinking): without the
+    block's opening (`<think>`, or the analysis channel's header, when the model wrote it) and
+    any part of the end written for it when max_tokens cut that short."""
+    harmony = split_harmony(text)
+    if harmony is not None:
+        return harmony[0] or ""
+    bare = text.lstrip()
+    return (bare[len("<think>"):] if bare.startswith("<think>") else bare).strip()
+
+
+def shown_answer(text: str, picked: bool, in_thinking: bool = False) -> tuple[Optional[str], str]:
     """(thinking, the answer as written): a generated text without a reasoning model's thinking
     block and the spaces around it; a choice picked by log-likelihood (`picked`) as the job spelt
-    it, spaces included, as its answer_norm is (the choices " barked" and "barked" differ)."""
+    it, spaces included, as its answer_norm is (the choices " barked" and "barked" differ). An
+    output that ended inside its thinking (`in_thinking`) is all thinking and no answer, as
+    llama-server's and vLLM's reasoning parsers read a block that never closes."""
     if picked:
         return None, text
+    if in_thinking:
+        return unfinished_thinking(text), ""
     thinking, answer = split_thinking(text)
     return thinking, answer.strip()
 
@@ -70,7 +85,7 @@ def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
         return out
     if row.answer.samples is not None:
         return _sample_fields(out, row.answer.samples, keep_thinking)
-    thinking, out["answer"] = shown_answer(row.answer.text, row.answer.answer_norm is not None)
+    thinking, out["answer"] = shown_answer(row.answer.text, row.answer.answer_norm is not None, row.answer.in_thinking)
     if row.answer.answer_norm is not None:
         out["answer_norm"] = row.answer.answer_norm
     if keep_thinking and thinking is not None:
@@ -84,7 +99,7 @@ def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
 
 def _sample_fields(out: dict[str, Any], samples: Sequence[Sample], keep_thinking: bool) -> dict[str, Any]:
     """A question's n samples: "answer" (and "thinking", "token_logprobs") as lists in sample order."""
-    split = [shown_answer(s.text, False) for s in samples]
+    split = [shown_answer(s.text, False, s.in_thinking) for s in samples]
     out["answer"] = [text for _, text in split]
     if keep_thinking and any(thinking is not None for thinking, _ in split):
         out["thinking"] = [thinking for thinking, _ in split]

@@ -1,0 +1,196 @@
+"""A reasoning model's output that max_tokens cuts inside its thinking: it is thinking, never the
+answer (answer "", the unfinished thinking as "thinking" / reasoning_content, as llama-server and
+vLLM read a block that never closed); an answer held to choices, a schema or a grammar that was
+cut before it was complete fails (answer null, an error, exit 1) rather than being written; a
+budget that leaves no token for such an answer is refused before anything runs; a changed budget
+is named down to 'reasoning.budget'.
+
+The models are the demo shape with a reasoning vocabulary (`ggbatch make-model --reasoning
+think|harmony`): their templates open the block, and a random-weight model never closes it itself,
+so it thinks until the budget's forced end or max_tokens."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from ggbatch.runner.config.reasoning import answer_room_problem
+from ggbatch.runner.files.formats.rows import Row, row_fields, shown_answer
+from ggbatch.runner.journal.journal import _answer, _entry, setting_change
+from ggbatch.workers.protocol import Answer, FinishReason, Sample, Thinking
+from helpers import ggbatch, write_jsonl
+
+TEXTS = ["What is two and two?", "Tell me a story about a dog.", "Why is the sky blue?"]
+
+# -- pure -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, thinking", [
+    ("of part under", "of part under"),  # the template opened the block: no mark in the text
+    ("<think>\nof part", "of part"),  # the model opened it
+    ("<|channel|>analysis<|message|>side2n<|end|><|start|>assistant<|channel|>", "side2n"),  # cut in the switch
+    ("sidengoo", "sidengoo"),
+])
+def test_an_output_that_ended_inside_its_thinking_is_thinking_and_no_answer(text, thinking):
+    assert shown_answer(text, False, in_thinking=True) == (thinking, "")
+    assert shown_answer("of part</think> B", False) == ("of part", "B")  # closed: as before
+
+
+def test_row_fields_and_the_journal_keep_in_thinking_and_read_an_old_entry_as_closed():
+    cut = Answer("q1", "of part", FinishReason.LENGTH, 9, 8, 0, 0.0, 0.0, in_thinking=True,
+                 samples=(Sample("of part", FinishReason.LENGTH, 8, in_thinking=True),
+                          Sample("x</think> y", FinishReason.STOP, 5)))
+    entry = json.loads(json.dumps(_entry(cut, "p", "r")))
+    back = _answer(entry)
+    assert back.in_thinking and [s.in_thinking for s in back.samples] == [True, False]
+    assert row_fields(Row("q1", back), "questionID", True) == {
+        "questionID": "q1", "answer": ["", "y"], "thinking": ["of part", "x"]}
+    old = {k: v for k, v in entry.items() if k not in ("in_thinking", "samples")}  # written before the key
+    assert not _answer(old).in_thinking
+    assert row_fields(Row("q1", _answer(old)), "questionID", True) == {"questionID": "q1", "answer": "of part"}
+
+
+def test_a_budget_that_leaves_no_token_for_the_answer_is_named_with_its_keys():
+    harmony = Thinking(start=(1, 2, 3), end=(1, 4, 3), forced=tuple(range(14)), header=True, budget=3)
+    said = answer_room_problem(harmony, 17)
+    assert said == ("max_tokens: 17: leaves no token for the answer after the thinking: reasoning.max_tokens (3) "
+                    "+ the end of the thinking written for it (14 tokens) + one token of the answer need 18; "
+                    "raise max_tokens or lower reasoning.max_tokens")
+    assert answer_room_problem(harmony, 18) is None
+    assert answer_room_problem(Thinking((1,), (2,), (2,)), 1) is None  # no budget: nothing to add up
+
+
+def test_a_changed_setting_is_named_down_to_the_key_that_differs():
+    block = {"start": [756], "end": [757], "forced": [757], "budget": 3, "header": False, "blank": [13, 259]}
+    assert setting_change({"reasoning": block, "max_tokens": 8}, {"reasoning": {**block, "budget": 5},
+                                                                  "max_tokens": 8}) == ("reasoning.budget", 3, 5)
+    assert setting_change({"answer": None}, {"answer": {"choices": ["A"]}}) == ("answer", None, {"choices": ["A"]})
+    assert setting_change({"sampling.n": 4}, {}) == ("sampling.n", 4, 1)  # left out at its default
+
+
+# -- real llama.cpp -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def think_model(tmp_path_factory) -> str:
+    from ggbatch.runner.model.make import modelgen as mg
+    return str(mg.make_model(tmp_path_factory.mktemp("think") / "think.gguf", "demo", ftype="f32", reasoning="think"))
+
+
+@pytest.fixture(scope="module")
+def harmony_model(tmp_path_factory) -> str:
+    from ggbatch.runner.model.make import modelgen as mg
+    return str(mg.make_model(tmp_path_factory.mktemp("harmony") / "harmony.gguf", "demo", ftype="f32",
+                             reasoning="harmony"))
+
+
+def _questions(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "q.jsonl", [{"questionID": f"q{i}", "question": t} for i, t in enumerate(TEXTS)])
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_plain_answer_cut_inside_the_thinking_is_thinking_in_every_format(think_model, tmp_path):
+    questions = _questions(tmp_path)
+    out = tmp_path / "a.jsonl"
+    run = ("run", "--model", think_model, "--input", questions, "--max-tokens", 6, "--keep-thinking", "-q")
+    done = ggbatch(*run, "--output", out)
+    assert done.returncode == 0, done.stderr
+    rows = _rows(out)
+    assert all(r["answer"] == "" and r["thinking"] for r in rows), rows
+    assert all(json.loads(line).get("in_thinking") for line in (tmp_path / "a.jsonl.journal.jsonl").read_text()
+               .splitlines()[1:])
+    again = ggbatch(*run, "--output", out)  # every answer from the journal: the same file
+    assert again.returncode == 0 and _rows(out) == rows
+    done = ggbatch(*run, "--output", tmp_path / "a.csv")
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "a.csv", newline="") as f:
+        assert [(r["answer"], r["thinking"]) for r in csv.DictReader(f)] == [("", r["thinking"]) for r in rows]
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"messages": [{"role": "user", "content": t}], "max_tokens": 6}} for i, t in enumerate(TEXTS)]
+    oa = tmp_path / "o.jsonl"
+    done = ggbatch("run", "--model", think_model, "--input", write_jsonl(tmp_path / "b.jsonl", lines), "--output",
+                   oa, "-q")
+    assert done.returncode == 0, done.stderr
+    for line, row in zip(_rows(oa), rows):
+        choice = line["response"]["body"]["choices"][0]
+        assert choice["finish_reason"] == "length"
+        assert choice["message"]["content"] == "" and choice["message"]["reasoning_content"] == row["thinking"]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_choices_cut_inside_the_thinking_fail_and_the_log_names_the_first(think_model, harmony_model, tmp_path):
+    questions = _questions(tmp_path)
+    report = tmp_path / "r.json"
+    for model, max_tokens in ((think_model, 4), (harmony_model, 8)):  # no budget: it thinks until cut
+        out = tmp_path / f"{Path(model).stem}.jsonl"
+        done = ggbatch("run", "--model", model, "--input", questions, "--output", out, "--max-tokens", max_tokens,
+                       "--choices", "A,B", "--keep-thinking", "--report", report)
+        assert done.returncode == 1, done.stderr
+        for row in _rows(out):
+            assert row["answer"] is None and "thinking" not in row
+            assert row["error"] == (f"max_tokens ({max_tokens}) ran out while the model was thinking, before its "
+                                    "answer (which must be one of the choices): raise max_tokens or set a thinking "
+                                    "budget below it")
+        assert ("3 answers held to choices or a grammar were cut before they were complete (first: q0) and failed"
+                in done.stderr)
+        said = json.loads(report.read_text())["questions"]
+        assert (said["answered"], said["failed"], said["finish_reasons"]) == (0, 3, {"length": 3})
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_budget_with_no_room_for_the_answer_is_refused_and_one_with_room_answers(harmony_model, tmp_path):
+    questions = _questions(tmp_path)
+    out = tmp_path / "h.jsonl"
+    run = ("run", "--model", harmony_model, "--input", questions, "--output", out, "--thinking-budget", 3,
+           "--choices", "A,B", "-q")
+    refused = ggbatch(*run, "--max-tokens", 17)
+    assert refused.returncode == 2 and not out.exists()
+    assert refused.stderr.strip().splitlines() == [
+        "ggbatch: error: max_tokens: 17: leaves no token for the answer after the thinking: reasoning.max_tokens "
+        "(3) + the end of the thinking written for it (14 tokens) + one token of the answer need 18; raise "
+        "max_tokens or lower reasoning.max_tokens"]
+    done = ggbatch(*run, "--max-tokens", 18)  # exactly the room: the choice is the last token
+    assert done.returncode == 0, done.stderr
+    assert all(r["answer"] in ("A", "B") for r in _rows(out))
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_grammar_cut_before_it_is_complete_fails_and_one_complete_at_the_limit_answers(think_model, tmp_path):
+    questions = _questions(tmp_path)
+    base = ("run", "--model", think_model, "--input", questions, "--thinking-budget", 2, "--max-tokens", 4, "-q")
+    whole = ggbatch(*base, "--output", tmp_path / "x.jsonl", "--grammar", 'root ::= "x"')
+    assert whole.returncode == 0, whole.stderr  # 2 thinking, </think>, then "x" as the 4th token
+    assert [r["answer"] for r in _rows(tmp_path / "x.jsonl")] == ["x"] * 3
+    cut = ggbatch(*base, "--output", tmp_path / "j.jsonl", "--json-schema", '{"type": "object"}')
+    assert cut.returncode == 1, cut.stderr
+    for row in _rows(tmp_path / "j.jsonl"):
+        assert row["answer"] is None
+        assert row["error"] == ("max_tokens (4) ran out before the answer was complete (it must be complete under "
+                                "its grammar): raise max_tokens")
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_rerun_with_another_budget_names_reasoning_budget(think_model, tmp_path):
+    run = ("run", "--model", think_model, "--input", _questions(tmp_path), "--output", tmp_path / "a.jsonl",
+           "--max-tokens", 8, "-q")
+    assert ggbatch(*run, "--thinking-budget", 3).returncode == 0
+    other = ggbatch(*run, "--thinking-budget", 5)
+    assert other.returncode == 2
+    assert "'reasoning.budget' changed since the journaled run (3 -> 5); run with --fresh" in other.stderr
