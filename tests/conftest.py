@@ -56,6 +56,22 @@ def demo_model(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def think_model(tmp_path_factory) -> str:
+    """The demo model as a reasoning model that writes <think> blocks (`make-model --reasoning
+    think`), built once a session."""
+    from ggbatch.runner.model.make import modelgen as mg
+    return str(mg.make_model(tmp_path_factory.mktemp("think") / "think.gguf", "demo", ftype="f32", reasoning="think"))
+
+
+@pytest.fixture(scope="session")
+def harmony_model(tmp_path_factory) -> str:
+    """The demo model with gpt-oss's harmony channels (`make-model --reasoning harmony`), once a session."""
+    from ggbatch.runner.model.make import modelgen as mg
+    return str(mg.make_model(tmp_path_factory.mktemp("harmony") / "harmony.gguf", "demo", ftype="f32",
+                             reasoning="harmony"))
+
+
+@pytest.fixture(scope="session")
 def arch_models(tmp_path_factory) -> "_Made":
     """The tiny models of other architectures (`ggbatch make-model --shape qwen3-tiny`, ...), each
     built the first time a test asks for it, once a session: arch_models["mamba2-tiny"]."""

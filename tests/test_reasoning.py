@@ -122,19 +122,6 @@ def test_reasoning_effort_is_a_budget_and_is_refused_where_nothing_thinks():
 # -- real llama.cpp -------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def think_model(tmp_path_factory) -> str:
-    from ggbatch.runner.model.make import modelgen as mg
-    return str(mg.make_model(tmp_path_factory.mktemp("think") / "think.gguf", "demo", ftype="f32", reasoning="think"))
-
-
-@pytest.fixture(scope="module")
-def harmony_model(tmp_path_factory) -> str:
-    from ggbatch.runner.model.make import modelgen as mg
-    return str(mg.make_model(tmp_path_factory.mktemp("harmony") / "harmony.gguf", "demo", ftype="f32",
-                             reasoning="harmony"))
-
-
 TEXTS = ["What is two and two?", "Tell me a story about a dog.", "Why is the sky blue?",
          "Name three animals.", "How many legs has a cat?", "Say hello."]
 

@@ -74,19 +74,6 @@ def test_a_changed_setting_is_named_down_to_the_key_that_differs():
 # -- real llama.cpp -------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def think_model(tmp_path_factory) -> str:
-    from ggbatch.runner.model.make import modelgen as mg
-    return str(mg.make_model(tmp_path_factory.mktemp("think") / "think.gguf", "demo", ftype="f32", reasoning="think"))
-
-
-@pytest.fixture(scope="module")
-def harmony_model(tmp_path_factory) -> str:
-    from ggbatch.runner.model.make import modelgen as mg
-    return str(mg.make_model(tmp_path_factory.mktemp("harmony") / "harmony.gguf", "demo", ftype="f32",
-                             reasoning="harmony"))
-
-
 def _questions(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "q.jsonl", [{"questionID": f"q{i}", "question": t} for i, t in enumerate(TEXTS)])
 
