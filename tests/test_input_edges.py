@@ -272,3 +272,14 @@ def test_ctrl_c_while_questions_are_piped_in_leaves_no_copy(tmp_path, demo_model
                                                      "from <stdin>; nothing was answered")
     assert copies_in(tmp_path) == []
     assert not out.exists()  # nothing was answered
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("output, said", [("/dev/stdout", "not to standard output"),
+                                          ("nodir/a.jsonl", "does not exist")])
+def test_an_output_that_cannot_be_written_is_refused_before_the_pipe_is_read(tmp_path, demo_model, output, said):
+    r = run(demo_model, "--input", "-", "--output", tmp_path / output if "/dev" not in output else output,
+            input=JSONL)
+    assert r.returncode == 2 and said in r.stderr and "copy" not in r.stderr
+    assert copies_in(tmp_path) == []

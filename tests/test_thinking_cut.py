@@ -181,3 +181,14 @@ def test_a_rerun_with_another_budget_names_reasoning_budget(think_model, tmp_pat
     other = ggbatch(*run, "--thinking-budget", 5)
     assert other.returncode == 2
     assert "'reasoning.budget' changed since the journaled run (3 -> 5); run with --fresh" in other.stderr
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_choices_scored_by_log_likelihood_take_any_thinking_budget(think_model, tmp_path):
+    """Nothing is generated for a scored choice: a budget past max_tokens is no reason to refuse."""
+    out = tmp_path / "ll.jsonl"
+    done = ggbatch("run", "--model", think_model, "--input", _questions(tmp_path), "--output", out, "--choices", "A,B",
+                   "--choice-scoring", "loglikelihood", "--thinking-budget", 512, "--max-tokens", 16, "-q")
+    assert done.returncode == 0, done.stderr
+    assert all(row["answer"] in ("A", "B") for row in _rows(out))

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import BinaryIO, Callable, Iterator
 
 from ..errors import InputError, Interrupted, OutputError
+from .paths import check_not_a_stream, check_writable
 
 STDIN = "-"  # what --input names standard input by
 STDIN_NAME = "<stdin>"  # standard input's name in messages
@@ -66,6 +67,8 @@ def readable_input(path: str, output: str, stopped: Callable[[], int] = lambda: 
         yield path
         return
     name = shown_name(path)
+    check_not_a_stream(output)  # the output's own refusals first: nothing is read for a run that cannot write
+    check_writable(output)
     folder = os.path.dirname(os.path.realpath(output))
     try:
         fd, copy = tempfile.mkstemp(prefix=".ggbatch-input-", dir=folder)
@@ -73,8 +76,12 @@ def readable_input(path: str, output: str, stopped: Callable[[], int] = lambda: 
         raise OutputError(f"{folder}: cannot hold a copy of the questions read from {name}: "
                           f"{exc.strerror or exc}") from None
     try:
-        with os.fdopen(fd, "wb") as out:
-            _copy(path, name, out)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                _copy(path, name, out)
+        except OSError as exc:  # writing the copy: reading says InputError
+            raise OutputError(f"{folder}: cannot hold a copy of the questions read from {name}: "
+                              f"{exc.strerror or exc}") from None
         if stopped():
             raise Interrupted(stopped())
         _copies[name] = copy
@@ -94,10 +101,15 @@ def _copy(path: str, name: str, out: BinaryIO) -> None:
         if source.isatty():
             raise InputError(f"{name}: the input is a terminal; pipe the questions in "
                              "(cat questions.jsonl | ggbatch run --input - ...)")
-        while chunk := source.read(COPY_BYTES):
-            out.write(chunk)
-    except OSError as exc:
-        raise InputError(f"{name}: cannot read input: {exc.strerror or exc}") from None
+        while chunk := _read(source, name):
+            out.write(chunk)  # an OSError here is the copy's (a full disk): readable_input names its folder
     finally:
         if source is not sys.stdin.buffer:
             source.close()
+
+
+def _read(source: BinaryIO, name: str) -> bytes:
+    try:
+        return source.read(COPY_BYTES)
+    except OSError as exc:
+        raise InputError(f"{name}: cannot read input: {exc.strerror or exc}") from None

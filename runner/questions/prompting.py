@@ -20,7 +20,7 @@ from ...workers.helper_messages import VocabInfo
 from ...workers.protocol import AnswerSpec, GenerationParams, Thinking
 from ..config.answer import check_spellable, choice_tokens
 from ..config.reasoning import answer_room_problem, model_thinking, thinking_room, with_budget
-from ..config.schema import JobConfig
+from ..config.schema import LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
 from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
 from ..plan.memory import ModelDims, dims_from_metadata
@@ -69,7 +69,8 @@ class Prompting:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         max_tokens = config.max_tokens
-        short = answer_room_problem(thinking, max_tokens) if answer is not None else None
+        generated = answer is not None and config.choice_scoring != LOGLIKELIHOOD  # a scored choice is not
+        short = answer_room_problem(thinking, max_tokens) if generated else None
         if short is not None:
             raise ConfigError(short)
         if answer is not None and answer.choices:  # room for the thinking, then the longest choice

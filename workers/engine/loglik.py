@@ -77,11 +77,11 @@ class Parent:
 
 
 def sequences(question: Question) -> tuple[Parent, list[Sequence]]:
-    """The sequences that score a question's continuations: one per continuation of one token
-    or more, its prompt the context and the continuation, but the one-token continuations after
-    the first sequence's are read on that sequence's row of the context's last token (a prompt
-    of the context alone could be a single token, which batch-invariant mode would take for a
-    decode step); an empty continuation is scored without the model."""
+    """The sequences that score a question's continuations: one per continuation of two tokens
+    or more (its prompt the context and the continuation but its last token: carrier), and the
+    one-token continuations ride on the first sequence, read on its row of the context's last
+    token (with no longer continuation, the first one-token continuation's sequence carries
+    them); an empty continuation is scored without the model."""
     conts = question.continuations
     parent = Parent(question, len(conts), [None] * len(conts))
     for i, cont in enumerate(conts):

@@ -236,7 +236,7 @@ class LlamaEngine:
         if not scored and not finishing:
             return []
         t0 = time.perf_counter()
-        if scored:  # a step holding only a continuation's last token reads no row, yet finishes it
+        if scored:  # a step holding none of a sequence's scored rows reads none, yet may finish it
             flags = batch.arrays[3]
             loglik.read_batch(scored, flags, self.runner.logits(int(np.count_nonzero(flags))))
         done = []
