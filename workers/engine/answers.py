@@ -32,7 +32,7 @@ def answer(seq: Sequence, gen: GenerationParams, worker_id: int, complete: bool 
 
 def in_thinking(seq: Sequence) -> bool:
     """Its output ended before its thinking block did (or before saying whether it thinks)."""
-    return seq.think is not None and not seq.think.answering and bool(seq.output)
+    return seq.thinking and bool(seq.output)
 
 
 def cut_error(seq: Sequence, gen: GenerationParams) -> str:
@@ -82,7 +82,7 @@ def rejected(question: Question, worker_id: int, why: str) -> Answer:
 
 def from_logits(seq: Sequence) -> bool:
     """Its next position is answered from the logits (fixed choices, after any thinking)."""
-    return seq.choice_tokens is not None and (seq.think is None or seq.think.answering)
+    return seq.choice_tokens is not None and not seq.thinking
 
 
 def needs_sampler(gen: GenerationParams) -> bool:

@@ -57,6 +57,11 @@ class Sequence:
         return self.question.tokens
 
     @property
+    def thinking(self) -> bool:
+        """Still inside a reasoning model's thinking block: its answer has not begun."""
+        return self.think is not None and not self.think.answering
+
+    @property
     def n_prompt(self) -> int:
         return len(self.question.tokens)
 

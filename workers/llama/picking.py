@@ -55,7 +55,7 @@ class Picker:
         not over means no answer at all."""
         if self._gen(seq).answer is None or seq.error:
             return True
-        if seq.think is not None and not seq.think.answering:
+        if seq.thinking:
             return False
         if seq.choice_tokens is not None:
             return seq.choice_scores is not None
@@ -81,8 +81,7 @@ class Picker:
     def _chain_alone(seq: Sequence) -> bool:
         """Its sampler chain alone picks its token: no thinking before the answer, no fixed
         choices, no grammar."""
-        thinking = seq.think is not None and not seq.think.answering
-        return seq.sampler is not None and seq.grammar is None and seq.choice_tokens is None and not thinking
+        return seq.sampler is not None and seq.grammar is None and seq.choice_tokens is None and not seq.thinking
 
     def pick(self, seq: Sequence, index: int, greedy_token: int) -> int:
         """The token of one sequence at batch position `index`, given its greedy argmax: fixed
@@ -90,7 +89,7 @@ class Picker:
         the whole vocabulary only when it refuses that token."""
         if self._chain_alone(seq):
             return self.sampling.sample(seq.sampler, index)
-        if seq.think is not None and not seq.think.answering:
+        if seq.thinking:
             token = self._think_pick(seq, index, greedy_token)
             if token is not None:
                 return token
