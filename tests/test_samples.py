@@ -251,3 +251,65 @@ def test_a_line_asking_past_the_auto_slots_gets_them_and_past_fixed_slots_fails_
     got = {row["custom_id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert "70 samples" in got["many"]["error"]["message"] and got["many"]["response"] is None
     assert len(got["two"]["response"]["body"]["choices"]) == 2
+
+
+def test_a_cut_sample_keeps_the_others_and_only_all_cut_or_a_crash_fails_the_question():
+    def answer(text: str, error: str | None = None, finish: FinishReason = FinishReason.STOP) -> Answer:
+        return Answer("q", "" if error else text, finish, 5, 2, 0, 0.1, 0.2, error=error)
+
+    cut = answer("", "max_tokens (4) ran out", FinishReason.LENGTH)
+    mixed = SampleSet(3, forked=True)
+    for i, a in enumerate([answer("yes"), cut, answer("no")]):
+        whole = mixed.finished(i, a)
+    assert whole is not None and whole.error is None and whole.finish_reason is FinishReason.STOP
+    assert [(s.text, s.error) for s in whole.samples] == [("yes", None), ("", "max_tokens (4) ran out"), ("no", None)]
+    all_cut = SampleSet(2, forked=True)
+    all_cut.finished(0, cut)
+    failed = all_cut.finished(1, cut)
+    assert failed.error == "max_tokens (4) ran out" and failed.finish_reason is FinishReason.LENGTH
+    crashed = SampleSet(2, forked=True)
+    crashed.finished(0, answer("yes"))
+    broken = crashed.finished(1, answer("", "decode failed", FinishReason.ERROR))
+    assert broken.error == "decode failed" and broken.finish_reason is FinishReason.ERROR
+
+
+def test_a_sample_without_an_answer_is_null_in_rows_and_kept_by_the_journal():
+    from ggbatch.runner.files.formats.rows import Row, row_fields
+    from ggbatch.runner.journal.journal import _answer, _entry
+    from ggbatch.workers.protocol import Sample
+
+    samples = (Sample("yes", FinishReason.STOP, 1), Sample("", FinishReason.LENGTH, 4, error="cut"),
+               Sample("of", FinishReason.LENGTH, 4, in_thinking=True))
+    answer = Answer("q", "yes", FinishReason.STOP, 5, 9, 0, 0.1, 0.2, samples=samples)
+    assert row_fields(Row("q", answer, None), "questionID", False) == {"questionID": "q", "answer": ["yes", None, ""]}
+    assert _answer(_entry(answer, "p", "r")).samples == samples
+
+
+GRAMMAR = 'root ::= "yes" | "no, because of many many reasons"'  # "yes" ends in time, the other is cut
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_samples_cut_before_their_grammar_is_complete_are_null_and_the_others_answer(demo_model, tmp_path):
+    from helpers import ggbatch
+
+    questions, out = tmp_path / "q.jsonl", tmp_path / "a.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": f"Is {i} even?", "answer": "yes"})
+                                 + "\n" for i in range(6)))
+    done = ggbatch("run", "--model", demo_model, "--input", questions, "--output", out, "--max-tokens", 4,
+                   "--n", 6, "--temperature", 1, "--grammar", GRAMMAR, "--progress", "off")
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line)["answer"] for line in out.read_text().splitlines()]
+    flat = [a for row in answers for a in row]
+    assert set(flat) == {"yes", None}, answers  # both happen: the test means something
+    cut = flat.count(None)
+    assert f"{cut} samples held to choices or a grammar were cut before they were complete" in done.stderr
+    score = ggbatch("score", "--answers", out, "--gold", questions, "--extract", "exact")
+    assert score.returncode == 0, score.stderr
+    rows = [line.split() for line in score.stdout.splitlines()]
+    assert ["all", "6", str(sum(row[0] == "yes" for row in answers)), ] == rows[2][:3]  # a null first sample: wrong
+    # a null is one invalid vote (ties go to the value seen first) and a wrong sample for pass@k
+    maj = sum(row.count("yes") > row.count(None) or (row.count("yes") == row.count(None) and row[0] == "yes")
+              for row in answers)
+    pass1 = sum(row.count("yes") / 6 for row in answers) / 6
+    assert f"maj@6 {100 * maj / 6:.2f}% ({maj} correct by majority vote), pass@1 {100 * pass1:.2f}%" in score.stdout

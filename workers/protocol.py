@@ -92,6 +92,9 @@ class Sample:
     completion_tokens: int
     token_logprobs: Optional[tuple[TokenLogprob, ...]] = None
     in_thinking: bool = False  # as Answer.in_thinking
+    # why this sample has no answer (cut before its choice or grammar was complete): the others
+    # still answer the question (workers/engine/samples.py)
+    error: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,8 @@ def _entry(answer: Answer, prompt: str, record: str) -> dict[str, Any]:
     if answer.samples is not None:
         entry["samples"] = [[s.text, s.finish_reason.value, s.completion_tokens,
                              to_journal(s.token_logprobs) if s.token_logprobs is not None else None]
-                            + ([True] if s.in_thinking else []) for s in answer.samples]
+                            + ([s.in_thinking, s.error] if s.error else [True] if s.in_thinking else [])
+                            for s in answer.samples]
     return entry
 
 
@@ -144,11 +145,13 @@ def _answer(e: Mapping[str, Any]) -> Answer:
 
 
 def _samples(data: Optional[list[list[Any]]]) -> Optional[tuple[Sample, ...]]:
-    """[text, finish_reason, completion_tokens, token_logprobs] per sample, and true fifth when it
-    ended inside its thinking."""
+    """[text, finish_reason, completion_tokens, token_logprobs] per sample, then whether it ended
+    inside its thinking (true, or left out when not and it has an answer) and why it has no answer
+    (left out when it has one)."""
     if data is None:
         return None
-    return tuple(Sample(s[0], FinishReason(s[1]), s[2], from_journal(s[3]), s[4:] == [True]) for s in data)
+    return tuple(Sample(s[0], FinishReason(s[1]), s[2], from_journal(s[3]), bool(s[4:5] and s[4]),
+                        s[5] if len(s) > 5 else None) for s in data)
 
 
 @dataclass(frozen=True)

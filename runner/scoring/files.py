@@ -38,8 +38,9 @@ def read_rows(path: str) -> Iterator[tuple[int, Any]]:
     return json_array(path, text) if fmt == "json" else json_lines(path, text)
 
 
-# An answer's text, or the texts of its samples (sampling.n), in sample order
-Answered = Union[str, list[str], None]
+# An answer's text, or the texts of its samples (sampling.n), in sample order (None: a sample
+# without an answer)
+Answered = Union[str, list[Optional[str]], None]
 
 
 def read_answers(path: str, id_field: str = "questionID", answer_field: str = "answer") -> dict[str, Answered]:
@@ -71,9 +72,7 @@ def openai_text(row: Mapping[str, Any]) -> Answered:
     choices = body.get("choices")
     if isinstance(choices, list) and choices and all(isinstance(c, dict) for c in choices):
         texts = [_choice_text(c) for c in sorted(choices, key=lambda c: c.get("index") or 0)]
-        if None in texts:
-            return None
-        return texts[0] if len(texts) == 1 else [t for t in texts if t is not None]
+        return texts[0] if len(texts) == 1 else texts  # a choice without content: a sample without an answer
     parts = [c.get("text") for item in body.get("output") or [] if isinstance(item, dict)
              for c in item.get("content") or [] if isinstance(c, dict) and c.get("type") == "output_text"]
     return "".join(p for p in parts if isinstance(p, str)) if parts else None
@@ -147,7 +146,7 @@ def _answer(where: str, row: Mapping[str, Any], field: str) -> Answered:
         except ValueError:
             raise InputError(f"{where}: '{field}' of a row with samples must be a JSON list of texts") from None
     if isinstance(value, list):
-        if not value or not all(isinstance(v, str) for v in value):
+        if not value or not all(v is None or isinstance(v, str) for v in value):
             raise InputError(f"{where}: '{field}' must be a text or a list of sample texts, got {quote(value)}")
         return value
     return _text(where, row, field)

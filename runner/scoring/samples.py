@@ -74,14 +74,14 @@ class SampleScores:
         return self.maj_correct / self.questions if self.questions else 0.0
 
 
-def samples_of(answer: Union[str, list[str], None]) -> list[str]:
+def samples_of(answer: Union[str, list[Optional[str]], None]) -> list[Optional[str]]:
     """A question's answers as samples: none, one, or its list."""
     if answer is None:
         return []
     return answer if isinstance(answer, list) else [answer]
 
 
-def score_samples(gold: Sequence[Gold], answers: Mapping[str, Union[str, list[str], None]], rule: str,
+def score_samples(gold: Sequence[Gold], answers: Mapping[str, Union[str, list[Optional[str]], None]], rule: str,
                   pattern: Optional[re.Pattern[str]] = None) -> Optional[SampleScores]:
     """maj@k and pass@k (k = 1 and the samples per question) over every gold question, when
     some answer has several samples (None when none has)."""
@@ -95,7 +95,7 @@ def score_samples(gold: Sequence[Gold], answers: Mapping[str, Union[str, list[st
         if not texts[g.qid]:
             continue
         chosen = auto_rule(g) if rule == "auto" else rule
-        extracted = [extract(t, chosen, g, pattern) for t in texts[g.qid]]
+        extracted = [None if t is None else extract(t, chosen, g, pattern) for t in texts[g.qid]]  # None: invalid
         right = sum(e is not None and matches(e, g, chosen) for e in extracted)
         maj += _vote_is_right(extracted[:k], g, chosen)
         for kk in passes:

@@ -63,7 +63,8 @@ def score(gold: Sequence[Gold], answers: Mapping[str, Answered], rule: str,
 
 
 def first_sample(answer: Answered) -> Optional[str]:
-    return answer[0] if isinstance(answer, list) else answer
+    """The answer's first sample; one without an answer is invalid (""), not missing."""
+    return (answer[0] or "") if isinstance(answer, list) else answer
 
 
 def plural(n: int, noun: str) -> str:

@@ -41,6 +41,10 @@ class Answered:
     completion: Optional[str] = None
 
 
+# a sample that is null in its question's list (runner/files/formats/rows.py)
+SAMPLE_CUT = "cut before its choice or grammar was complete (raise max_tokens)"
+
+
 def answered(qid: str, fields: Mapping[str, Any]) -> Answered:
     """An Answered from an answers file's fields (runner/files/formats/rows.py row_fields): a
     question's n samples come as lists there, one Answered each here."""
@@ -50,7 +54,8 @@ def answered(qid: str, fields: Mapping[str, Any]) -> Answered:
                         token_logprobs=fields.get("token_logprobs"))
     n = len(text)
     thinking, logprobs = fields.get("thinking") or [None] * n, fields.get("token_logprobs") or [None] * n
-    samples = [Answered(qid, t, thinking=th, token_logprobs=lp) for t, th, lp in zip(text, thinking, logprobs)]
+    samples = [Answered(qid, t, None if t is not None else SAMPLE_CUT, thinking=th, token_logprobs=lp)
+               for t, th, lp in zip(text, thinking, logprobs)]
     first = samples[0] if samples else Answered(qid, None)
     return replace(first, samples=samples)
 

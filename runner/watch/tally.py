@@ -80,6 +80,9 @@ class RecordCounts:
     # complete, and the first of them in input order: the log says them (runner/job.py)
     cut: int = 0
     first_cut: Optional[str] = None
+    # samples cut so, of questions their other samples answered (null in the answers' lists)
+    cut_samples: int = 0
+    first_cut_sample: Optional[str] = None
 
     def count(self, answer: Optional[Answer], from_journal: bool = False) -> None:
         """One record and its answer (None: it has none)."""
@@ -90,6 +93,9 @@ class RecordCounts:
         self.from_journal += from_journal
         if answer.error is None:
             self.answered += 1
+            cut = sum(s.error is not None for s in answer.samples or ())
+            self.cut_samples += cut
+            self.first_cut_sample = self.first_cut_sample or (answer.qid if cut else None)
             return
         self.failed += 1
         if was_cut(answer):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from ..protocol import Answer, Sample
+from ..protocol import Answer, FinishReason, Sample
 
 SEED_MASK = (1 << 64) - 1
 
@@ -49,9 +49,20 @@ class SampleSet:
             return None
         answers = [self.done[i] for i in range(self.n)]
         first = answers[0]
-        failed = next((a for a in answers if a.error), None)  # its finish reason: `length` for one cut
+        failed = failure(answers)
         return replace(first, finish_reason=(failed or first).finish_reason, error=failed.error if failed else None,
                        completion_tokens=sum(a.completion_tokens for a in answers),
                        latency_s=max(a.latency_s for a in answers), created=max(a.created for a in answers),
                        samples=tuple(Sample(a.text, a.finish_reason, a.completion_tokens, a.token_logprobs,
-                                            a.in_thinking) for a in answers))
+                                            a.in_thinking, a.error) for a in answers))
+
+
+def failure(answers: list[Answer]) -> Optional[Answer]:
+    """The sample whose failure fails the question, if one does: the first that failed outright
+    (FinishReason.ERROR), or the first of them when every sample was cut before its choice or
+    grammar was complete (workers/engine/answers.py). A sample cut while others answered is kept
+    as a sample without an answer: one long thought does not cost the question its other votes."""
+    broken = next((a for a in answers if a.finish_reason is FinishReason.ERROR), None)
+    if broken is not None or any(a.error is None for a in answers):
+        return broken
+    return answers[0]

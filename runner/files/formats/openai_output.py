@@ -84,7 +84,8 @@ def _completion_choice(index: int, sample: Sample) -> dict[str, Any]:
 
 def _chat_choice(index: int, sample: Sample, picked: bool) -> dict[str, Any]:
     thinking, text = shown_answer(sample.text, picked, sample.in_thinking)
-    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    # a sample without an answer (cut before its choice or grammar was complete) has no content
+    message: dict[str, Any] = {"role": "assistant", "content": None if sample.error else text, "refusal": None}
     if thinking is not None:  # always, as vLLM's and llama-server's reasoning parsers give it
         message["reasoning_content"] = thinking  # where vLLM and DeepSeek's API put it
     tokens = sample.token_logprobs

@@ -98,9 +98,10 @@ def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
 
 
 def _sample_fields(out: dict[str, Any], samples: Sequence[Sample], keep_thinking: bool) -> dict[str, Any]:
-    """A question's n samples: "answer" (and "thinking", "token_logprobs") as lists in sample order."""
+    """A question's n samples: "answer" (and "thinking", "token_logprobs") as lists in sample order;
+    a sample without an answer (cut before its choice or grammar was complete) is null there."""
     split = [shown_answer(s.text, False, s.in_thinking) for s in samples]
-    out["answer"] = [text for _, text in split]
+    out["answer"] = [None if s.error else text for s, (_, text) in zip(samples, split)]
     if keep_thinking and any(thinking is not None for thinking, _ in split):
         out["thinking"] = [thinking for thinking, _ in split]
     if any(s.token_logprobs is not None for s in samples):
