@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from dataclasses import replace
 from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO, cast
@@ -19,7 +20,7 @@ from .config.schema import LOGLIKELIHOOD, JobConfig, build_config, load_job_file
 from .errors import GgbatchError, Interrupted, WorkerFailure
 from .files.formats import FORMATS
 from .files.paths import journal_path
-from .files.piped import readable_input, shown_name
+from .files.piped import is_copy, readable_input, shown_name
 from .merge.command import add_merge_parser, cmd_merge
 from .pool.crashes import address_space_limit
 from .pool.signals import STOP
@@ -232,7 +233,14 @@ def _run_and_score(args: argparse.Namespace, config: JobConfig) -> int:
         print(f"wrote {report.setup.records} answers to {config.output}"
               + (f", report to {config.report}" if config.report else ""))
     if args.score and not args.quiet:  # quiet: the exit code says the rest
-        print_run_score(config.input, config.output, config.id_field, config.choice_scoring == LOGLIKELIHOOD)
+        try:
+            print_run_score(config.input, config.output, config.id_field, config.choice_scoring == LOGLIKELIHOOD)
+        except Interrupted as exc:  # the run had ended: every answer is written, only the table is missing
+            gold = "QUESTIONS" if is_copy(config.input) else shlex.quote(config.input)  # a pipe is read
+            print(f"ggbatch: stopped by signal {exc.signum} while scoring; the answers are all in "
+                  f"{config.output}: score them with ggbatch score --answers {shlex.quote(config.output)} "
+                  f"--gold {gold}", file=sys.stderr)
+            return exc.exit_code
     # A row without an answer in a run that ended by itself is never a success either.
     return 1 if report.failed or report.not_answered else 0
 

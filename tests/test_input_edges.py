@@ -14,7 +14,7 @@ import zipfile
 import pytest
 
 from ggbatch.runner.config.schema import load_job_file
-from ggbatch.runner.errors import InputError
+from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.files.inputs import read_records
 from ggbatch.runner.files.piped import STDIN_NAME, readable_input
 from ggbatch.runner.questions.prompts import PromptBuilder
@@ -116,6 +116,44 @@ def test_the_question_field_may_be_any_column_name(field):
 def test_a_prompt_template_still_names_fields_the_jinja_way():
     builder = PromptBuilder(None, user_template="{{ question }} ({{ topic }})", question_field="Prompt Text")
     assert builder.user_message({"question": "Why?", "topic": "cats"}) == "Why? (cats)"
+
+
+def test_a_prompt_template_names_any_field_through_record():
+    builder = PromptBuilder(None, user_template='{{ record["Prompt Text"] }} ({{ topic }})')
+    assert builder.user_message({"Prompt Text": "Why?", "topic": "cats"}) == "Why? (cats)"
+    with pytest.raises(ConfigError, match="Prompt Txt"):
+        PromptBuilder(None, user_template='{{ record["Prompt Txt"] }}').user_message({"Prompt Text": "Why?"})
+
+
+# ---- score and merge read their files from pipes too
+
+ANSWERS = "".join(json.dumps({"questionID": r["questionID"], "answer": a}) + "\n"
+                  for r, a in zip(LINES, ["x", "y", "x"]))
+
+
+@pytest.mark.timeout(60)
+def test_score_reads_gold_and_answers_from_pipes(tmp_path):
+    (tmp_path / "a.jsonl").write_text(ANSWERS)
+    (tmp_path / "q.jsonl").write_text(JSONL)
+    piped_gold = cli("score", "--answers", tmp_path / "a.jsonl", "--gold", "-", "--extract", "exact", input=JSONL)
+    assert piped_gold.returncode == 0, piped_gold.stderr
+    assert "against <stdin>" in piped_gold.stdout and "all        3        2" in piped_gold.stdout
+    command = " ".join(ggbatch_command("score", "--extract", "exact", "--answers", f"<(cat {tmp_path}/a.jsonl)",
+                                       "--gold", f"<(cat {tmp_path}/q.jsonl)"))
+    both = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert both.returncode == 0, both.stderr
+    assert "all        3        2" in both.stdout
+    twice = cli("score", "--answers", "-", "--gold", "-", input=JSONL)
+    assert twice.returncode == 2 and "both name standard input" in twice.stderr
+
+
+@pytest.mark.timeout(60)
+def test_merge_reads_the_question_file_from_a_pipe(tmp_path):
+    (tmp_path / "a.jsonl").write_text(ANSWERS)
+    merged = cli("merge", "--output", tmp_path / "m.jsonl", "--input", "-", tmp_path / "a.jsonl", input=JSONL)
+    assert merged.returncode == 0, merged.stderr
+    assert "in the order of <stdin>" in merged.stdout
+    assert ids_in(tmp_path / "m.jsonl") == ["u0", "u1", "u2"]
 
 
 # ---- a spreadsheet workbook, and a JSON Lines object left open

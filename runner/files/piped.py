@@ -66,10 +66,27 @@ def readable_input(path: str, output: str, stopped: Callable[[], int] = lambda: 
     if not reads_once(path) or is_copy(path):
         yield path
         return
-    name = shown_name(path)
     check_not_a_stream(output)  # the output's own refusals first: nothing is read for a run that cannot write
     check_writable(output)
-    folder = os.path.dirname(os.path.realpath(output))
+    with _copied(path, os.path.dirname(os.path.realpath(output)), stopped) as name:
+        yield name
+
+
+@contextmanager
+def readable_file(path: str) -> Iterator[str]:
+    """readable_input for a command that writes no file beside its input (`score`'s answers and
+    gold, `merge`'s question file, `tune`'s questions): a file read only once is copied into the
+    system's temporary folder."""
+    if not reads_once(path) or is_copy(path):
+        yield path
+        return
+    with _copied(path, tempfile.gettempdir()) as name:
+        yield name
+
+
+@contextmanager
+def _copied(path: str, folder: str, stopped: Callable[[], int] = lambda: 0) -> Iterator[str]:
+    name = shown_name(path)
     try:
         fd, copy = tempfile.mkstemp(prefix=".ggbatch-input-", dir=folder)
     except OSError as exc:

@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -26,6 +27,7 @@ from ..files.formats.detect import output_format
 from ..files.inputs import read_question_file
 from ..files.outputs import write_atomic
 from ..files.paths import JOURNAL_SUFFIX, check_writable, journal_path, same_file
+from ..files.piped import readable_file, shown_name
 from ..files.shards import shard_in_name, shard_of
 from ..journal.journal import setting_change
 from .join import Merged, merge_rows, render_merged
@@ -57,10 +59,11 @@ def add_merge_parser(sub: Any) -> None:
 def cmd_merge(args: argparse.Namespace) -> int:
     # Reading an OpenAI Batch question file notes the models its lines name: not news to a merge.
     logging.getLogger("ggbatch").setLevel(logging.WARNING)
-    outcome = merge_files(args.output, args.parts, args.input, _auto(args.output_format), _auto(args.input_format),
-                          args.id_field, args.question_field)
+    with readable_file(args.input) if args.input else nullcontext(None) as questions:
+        outcome = merge_files(args.output, args.parts, questions, _auto(args.output_format),
+                              _auto(args.input_format), args.id_field, args.question_field)
     if not args.quiet:
-        order = f"in the order of {args.input}" if args.input else "in the parts' order"
+        order = f"in the order of {shown_name(args.input)}" if args.input else "in the parts' order"
         journals = f"; their {outcome.journals} journals left out" if outcome.journals else ""
         print(f"merged {len(outcome.merged.rows)} rows from {outcome.parts} parts into {outcome.output} "
               f"({outcome.format}, {order}{journals})")

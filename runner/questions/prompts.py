@@ -119,7 +119,8 @@ class PromptBuilder:
         if self._user is None:
             return fields[self.question_field]
         try:
-            return self._user.render(**fields)
+            # `record` names the whole record, for a field Jinja cannot name: {{ record["Prompt Text"] }}
+            return self._user.render({"record": fields, **fields})
         except jinja2.UndefinedError as exc:
             field = _undefined_name(str(exc))
             raise TemplateFieldError(f"prompt.template: {exc}", field) from None

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from ..errors import ConfigError, GgbatchError
 from ..files.outputs import write_atomic
 from ..files.paths import check_writable
+from ..files.piped import STDIN, readable_file
 from .files import read_answers, read_gold
 from .samples import score_samples
 from .table import ScoreResult, details, format_table, parse_by, parse_extract, score, summary
@@ -63,8 +64,11 @@ def cmd_score(args: argparse.Namespace) -> int:
         if out:
             _refuse_overwriting(out, args.answers, args.gold)
             check_writable(out)
-    result = score_files(args.answers, args.gold, args.extract, args.by, args.id_field,
-                         args.answer_field, args.gold_field)
+    if args.answers == STDIN and args.gold == STDIN:
+        raise ConfigError("--answers and --gold both name standard input (-): one of them must be a file")
+    with readable_file(args.answers) as answers, readable_file(args.gold) as gold:
+        result = score_files(answers, gold, args.extract, args.by, args.id_field, args.answer_field,
+                             args.gold_field)
     print(format_table(result))
     if args.json:
         write_atomic(args.json, json.dumps(summary(result), indent=1) + "\n")

@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import os
+from contextlib import nullcontext
 from typing import Any, Callable
 
 from ..config.checks import bool_or_auto
@@ -16,6 +17,7 @@ from ..config.schema import MAX_SLOTS, load_job_file
 from ..errors import ConfigError, ModelError
 from ..files.outputs import write_atomic
 from ..files.paths import check_writable
+from ..files.piped import readable_file
 from ..model.identity import identify, resolve_model
 from ..plan.layout import cpu_flags, plan_layout, repack_weights, usable_cores
 
@@ -228,7 +230,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
               f"{trial['generated_tok_s']:7.1f} generated tok/s", flush=True)
 
     log.setLevel(logging.WARNING)  # each trial's own progress lines would bury the results
-    choice, trials = tune.tune(model, args.input, args.questions, args.max_tokens, slot_options, settings, show)
+    with readable_file(args.input) if args.input else nullcontext(None) as questions:
+        choice, trials = tune.tune(model, questions, args.questions, args.max_tokens, slot_options, settings, show)
     n_ctx_seq = tuned.sample_context(trials)
     path = tuned.save_choice(identify(model), choice, trials, n_ctx_seq)
     print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots, "
