@@ -234,7 +234,8 @@ def _run_and_score(args: argparse.Namespace, config: JobConfig) -> int:
               + (f", report to {config.report}" if config.report else ""))
     if args.score and not args.quiet:  # quiet: the exit code says the rest
         try:
-            print_run_score(config.input, config.output, config.id_field, config.choice_scoring == LOGLIKELIHOOD)
+            with STOP.at_once():
+                print_run_score(config.input, config.output, config.id_field, config.choice_scoring == LOGLIKELIHOOD)
         except Interrupted as exc:  # the run had ended: every answer is written, only the table is missing
             gold = "QUESTIONS" if is_copy(config.input) else shlex.quote(config.input)  # a pipe is read
             print(f"ggbatch: stopped by signal {exc.signum} while scoring; the answers are all in "

@@ -321,3 +321,38 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_pipe_is_read(tmp
             input=JSONL)
     assert r.returncode == 2 and said in r.stderr and "copy" not in r.stderr
     assert copies_in(tmp_path) == []
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ctrl_c_while_run_scores_stops_at_once_and_is_said_as_a_stop_while_scoring(tmp_path, demo_model):
+    from fake_engine import Fake
+    from ggbatch import build_config
+    from ggbatch.runner.job import run_job
+
+    # Every answer in the journal first (the fake engine answers at once), so the run under test
+    # only resumes, writes its answers and goes on to score 30,000 of them: time to stop it there.
+    questions, out = tmp_path / "q.jsonl", tmp_path / "a.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": f"Tom has {i} apples.",
+                                             "answer": str(i)}) + "\n" for i in range(30_000)))
+    settings = {"model": demo_model, "input": str(questions), "output": str(out), "max_tokens": 4}
+    run_job(build_config([("t", settings)]), engine_factory=Fake(), progress="off")
+    proc = subprocess.Popen(ggbatch_command("run", "--model", demo_model, "--input", questions, "--output", out,
+                                            "--max-tokens", 4, "--progress", "off", "--score"),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in proc.stdout:
+            if line.startswith("wrote 30000 answers"):
+                break
+        proc.send_signal(signal.SIGINT)  # once: the answers are all written, nothing is left to finish
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"ggbatch: stopped by signal 2 while scoring; the answers are all in {out}: score them with ggbatch "
+        f"score --answers {out} --gold {questions}")
+    assert "accuracy" not in stdout
+    assert len(out.read_text().splitlines()) == 30_000

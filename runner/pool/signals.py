@@ -33,6 +33,7 @@ class StopRequests:
         self.signum = 0  # the first signal not yet answered by an Interrupted
         self._pool: Any = None  # runner/pool/pool.py WorkerPool, once the run has one
         self._previous: Optional[dict[int, Any]] = None
+        self._at_once = False  # inside at_once(): the first signal raises Interrupted
 
     def install(self) -> bool:
         """Take the signals (idempotent); True when this call took them, and its caller gives
@@ -82,12 +83,27 @@ class StopRequests:
         """The pool is done; a signal from now on is remembered (a second one raises Interrupted)."""
         self._pool = None
 
+    @contextmanager
+    def at_once(self) -> Iterator[None]:
+        """A span of work after the run that may stop anywhere (`run --score`'s scoring: every
+        answer is written): the first signal raises Interrupted, as does one already received."""
+        self._at_once = True
+        try:
+            if self.signum:
+                raise Interrupted(self.signum)
+            yield
+        except Interrupted:
+            self.signum = 0  # answered: nothing left to pass on
+            raise
+        finally:
+            self._at_once = False
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         first = not self.signum
         self.signum = self.signum or signum
         if self._pool is not None:
             self._pool.request_stop(signum)  # a second request raises Interrupted
-        elif not first:
+        elif not first or self._at_once:
             raise Interrupted(signum)
         # else: remembered for the pool, which says it is stopping (logging may not be set up yet)
 

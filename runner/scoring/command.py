@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from ..errors import ConfigError, GgbatchError
+from ..errors import ConfigError, GgbatchError, Interrupted
 from ..files.outputs import write_atomic
 from ..files.paths import check_writable
 from ..files.piped import STDIN, readable_file
@@ -98,5 +98,7 @@ def print_run_score(input_path: str, output_path: str, id_field: str, answer_nor
         print(format_table(score_files(output_path, input_path, id_field=id_field)))
         if answer_norm:
             print(format_table(score_files(output_path, input_path, id_field=id_field, answer_field="answer_norm")))
+    except Interrupted:
+        raise  # the caller says it
     except GgbatchError as exc:
         print(f"ggbatch: score: {exc}", file=sys.stderr)
