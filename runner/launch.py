@@ -57,9 +57,11 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
     if local and n_gpu_layers:  # the VRAM the GPUs have free, before the workers take theirs
         nodes = [replace(nodes[0], gpus=free_gpu_memory())]
     choice = tuned.for_job(config, model, records) if use_tuned and local and not n_gpu_layers else None
+    hybrid = layouts.model_is_hybrid(model.path)
     layouts_ = [replace(layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
                                       share(n_records, node, nodes), layouts.cpu_flags(), choice, config.devices,
-                                      n_gpu_layers, config.batch_invariant), flash_attn=config.flash_attn is not False)
+                                      n_gpu_layers, config.batch_invariant, hybrid),
+                          flash_attn=config.flash_attn is not False)
                 for node in nodes]
     if not local:
         log.info("backend ray: %s", "; ".join(f"{node.describe()}: {lay.workers} × {lay.threads} threads"

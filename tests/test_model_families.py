@@ -99,7 +99,13 @@ def test_llama_cpp_loads_each_family_and_its_answer_reads_the_whole_prompt(arch_
 # -- the engine ---------------------------------------------------------------------------------
 
 
-def references(model: str, qs: list[Question], flash_attn: bool = True) -> dict[str, str]:
+def references(model: str, qs: list[Question], flash_attn: bool = True, repack: bool = True) -> dict[str, str]:
+    """Each prompt's greedy answer decoded alone in a fresh context: llama-cpp-python's, whose
+    weights are repacked; with repack=False one engine of one slot per prompt (llama-cpp-python
+    cannot leave them plain), as a near-tie of a random model can go either way between the two."""
+    if not repack:
+        return {q.qid: engine_answers(model, [q], 1, array("i"), MAX_TOKENS, repack=False,
+                                      flash_attn=flash_attn)[q.qid] for q in qs}
     return {q.qid: alone(model, q.tokens, MAX_TOKENS, flash_attn=flash_attn) for q in qs}
 
 
@@ -120,14 +126,15 @@ def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(arch_models
     # Passages without flash attention: its sums run over the KV cells in their order, which a
     # kept passage cut back and refilled changes, and a random model has near-ties (gemma3-tiny:
     # two tokens 0.0006 apart in one prompt of nine) that such a change flips either way.
-    want = {"plain": references(model, plain), "shared": references(model, shared),
-            "passages": references(model, passages, flash_attn=False)}
+    weights = dict(repack=memory is not HYBRID)  # as the plan lays them out (layout.repack_weights)
+    want = {"plain": references(model, plain, **weights), "shared": references(model, shared, **weights),
+            "passages": references(model, passages, flash_attn=False, **weights)}
     for slots in (1, 4):
-        assert engine_answers(model, plain, slots, array("i"), MAX_TOKENS) == want["plain"]
-        assert engine_answers(model, shared, slots, system_prompt, MAX_TOKENS) == want["shared"]
+        assert engine_answers(model, plain, slots, array("i"), MAX_TOKENS, **weights) == want["plain"]
+        assert engine_answers(model, shared, slots, system_prompt, MAX_TOKENS, **weights) == want["shared"]
         stats: dict = {}
         got = engine_answers(model, passages, slots, passage_prefix, MAX_TOKENS, stats, kv_unified=False,
-                             prefix_cache=True, flash_attn=False)
+                             prefix_cache=True, flash_attn=False, **weights)
         assert got == want["passages"]
         assert stats["memory"] is memory
         # Attention memory cuts a kept passage back to where a question leaves it; recurrent
@@ -213,3 +220,44 @@ def test_a_job_with_worker_kills_and_a_resume_answers_as_a_quiet_one_slot_run(ar
     resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=200)
     assert resumed.returncode == 0, resumed.stderr
     assert out.read_bytes() == quiet.read_bytes()
+
+
+# -- hybrid models never get repacked weights -------------------------------------------------------
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_hybrid_models_are_found_from_their_header_and_never_repacked(arch_models):
+    from ggbatch.runner.errors import ConfigError
+    from ggbatch.runner.plan.layout import model_is_hybrid, repack_weights
+
+    assert {name: model_is_hybrid(arch_models[name]) for name in FAMILIES} == {
+        name: memory is HYBRID for name, (_, memory, _) in FAMILIES.items()}
+    # not even when `ggbatch tune` measured repacked weights faster
+    assert repack_weights(None, True, frozenset(), 4, hybrid=True) == (
+        False, "hybrid model: repacked kernels mix its sequences")
+    with pytest.raises(ConfigError, match="cannot be used with this hybrid model"):
+        repack_weights(True, None, frozenset(), 4, hybrid=True)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["qwen35-tiny", "lfm2-tiny"])
+def test_a_default_job_on_a_hybrid_model_answers_as_one_slot_does(arch_models, name, tmp_path):
+    # With llama.cpp's repacked weights (its default, and ggbatch's below 16 slots on most CPUs)
+    # these models mixed the sequences of a batch: at 4 slots no answer was the one-slot answer.
+    rows = [{"questionID": f"q{i}", "question": f"Question {i}: what did the {w} do?"}
+            for i, w in enumerate(STORY_WORDS[:8])]
+    questions = write_jsonl(tmp_path / "q.jsonl", rows)
+    answers = {}
+    for slots in (1, 4):
+        out = tmp_path / f"s{slots}.json"
+        done = subprocess.run(ggbatch_command("run", "--model", arch_models[name], "--input", questions, "--output",
+                                              out, "--workers", 1, "--slots", slots, "--max-tokens", 12,
+                                              "--progress", "off"),
+                              cwd=ROOT, capture_output=True, text=True, timeout=200)
+        assert done.returncode == 0, done.stderr
+        assert "weights not repacked (hybrid model: repacked kernels mix its sequences)" in done.stdout
+        answers[slots] = out.read_text()
+    assert answers[4] == answers[1]

@@ -137,16 +137,17 @@ def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(arch_models
     passage_prefix = array("i", common_prefix([q.tokens for q in passages]))  # as the coordinator finds it
     want = {"plain": references(model, plain), "shared": references(model, shared),
             "passages": references(model, passages)}
+    weights = dict(repack=ARCHS[name][1] is not MemoryKind.HYBRID)  # as the plan lays them out (layout.repack_weights)
     for slots in (1, 4):
-        assert engine_answers(model, plain, slots, array("i"), MAX_TOKENS) == want["plain"]
+        assert engine_answers(model, plain, slots, array("i"), MAX_TOKENS, **weights) == want["plain"]
         stats: dict = {}
-        assert engine_answers(model, shared, slots, system_prompt, MAX_TOKENS, stats) == want["shared"]
+        assert engine_answers(model, shared, slots, system_prompt, MAX_TOKENS, stats, **weights) == want["shared"]
         # Copied whole into the prompts that go on past it; the other two computed from the start.
         assert stats["prompt_reused"] == len(system_prompt) * len(with_system)
         # Passages: the prefix cache as the coordinator asks for it (one stream per sequence).
         stats = {}
         got = engine_answers(model, passages, slots, passage_prefix, MAX_TOKENS, stats, kv_unified=False,
-                             prefix_cache=True)
+                             prefix_cache=True, **weights)
         assert got == want["passages"]
         assert stats["memory"] is ARCHS[name][1] and stats["prefix_hits"] == 0 and stats["kept_tokens_peak"] == 0
 

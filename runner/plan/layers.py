@@ -55,6 +55,12 @@ def layer_memory(hp: Mapping[str, HParam]) -> LayerMemory:
                        sum(recurrent) * _state_bytes(num), num("expert_count"), num("expert_used_count"))
 
 
+def hybrid_memory(hp: Mapping[str, HParam]) -> bool:
+    """Whether the model has attention layers and recurrent ones (LFM2, Qwen3.5, Granite 4.0-H, Jamba)."""
+    memory = layer_memory(hp)
+    return memory.kv_bytes_per_cell > 0 and memory.state_bytes_per_seq > 0
+
+
 def _per_layer(value: HParam, n_layer: int) -> list[int]:
     if isinstance(value, list):
         return [int(v) for v in value[:n_layer]] + [0] * (n_layer - len(value))

@@ -30,7 +30,9 @@ from ...workers.engine.invariant import kv_streams
 from ...workers.helper_messages import GpuMemory
 from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
 from ..errors import ConfigError
+from ..model.gguf_header import GGUFFormatError, read_hparams
 from . import gpu, vram
+from .layers import hybrid_memory
 from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
 
 log = logging.getLogger("ggbatch")
@@ -119,7 +121,7 @@ def cpu_flags() -> frozenset[str]:
 def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], slots: Optional[int],
           repack: Optional[bool], n_records: int, flags: frozenset[str],
           tuned: Optional[Mapping[str, Any]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
-          batch_invariant: bool = False) -> Layout:
+          batch_invariant: bool = False, hybrid: bool = False) -> Layout:
     """The workers to start now (None = auto; `tuned`: what `ggbatch tune` chose, used for what
     the job leaves to auto). Slots are an estimate from the record count. `devices`: one worker
     per GPU, each pinned to an equal share of the cores."""
@@ -131,7 +133,7 @@ def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], 
         workers, threads, cap = tuned["workers"], tuned["threads"], tuned["slots"]
     layout = plan_layout(cores, workers, threads, slots, max(1, n_records), max_auto_slots=cap)
     use_repack, why = repack_weights(repack, tuned.get("repack") if tuned else None, flags, layout.slots,
-                                     batch_invariant)
+                                     batch_invariant, hybrid)
     return replace(layout, repack=use_repack, repack_reason=why, slot_cap=cap, n_gpu_layers=n_gpu_layers,
                    devices=tuple(devices), threads_auto=threads_auto, batch_invariant=batch_invariant)
 
@@ -165,8 +167,17 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
     return Layout(workers, threads, slots, assignment)
 
 
+def model_is_hybrid(path: str) -> bool:
+    """Whether the GGUF file at `path` has attention and recurrent layers (layers.hybrid_memory);
+    False for a header that cannot be read (loading the model says why)."""
+    try:
+        return hybrid_memory(read_hparams(path))
+    except (OSError, GGUFFormatError):
+        return False
+
+
 def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: frozenset[str],
-                   slots: int, batch_invariant: bool = False) -> tuple[bool, str]:
+                   slots: int, batch_invariant: bool = False, hybrid: bool = False) -> tuple[bool, str]:
     """Whether workers let llama.cpp repack the weights into its CPU_REPACK layout, and why;
     `slots`: the sequences each worker is expected to decode together.
 
@@ -182,7 +193,16 @@ def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: froz
     (128-token prompts and 64 generated: 8% faster at 8, 1.3× at 32). Not repacking also loads
     faster (0.30 s against 0.43 s) and keeps the weights in the shared file pages (161 MiB less
     per worker). Elsewhere (ARM, where llama.cpp reports 2-3.5× faster prompts repacked; AVX2)
-    llama.cpp's default stays until `ggbatch tune`, which tries both, says otherwise."""
+    llama.cpp's default stays until `ggbatch tune`, which tries both, says otherwise.
+
+    Never on a hybrid model (attention and recurrent layers: LFM2, Qwen3.5): with the weights
+    repacked, llama.cpp (0.3.36's) mixes the sequences of a batch on these models, and answers
+    differ from each prompt decoded alone from the first token (tests/test_model_families.py)."""
+    if hybrid:
+        if requested:
+            raise ConfigError("model.repack: true cannot be used with this hybrid model (attention and recurrent "
+                              "layers): llama.cpp's repacked kernels mix the sequences of a batch on it")
+        return False, "hybrid model: repacked kernels mix its sequences"
     if batch_invariant:
         if requested:
             raise ConfigError("model.repack: true cannot be combined with batch_invariant: llama.cpp's "

@@ -19,7 +19,7 @@ from ..files.outputs import write_atomic
 from ..files.paths import check_writable
 from ..files.piped import readable_file
 from ..model.identity import identify, resolve_model
-from ..plan.layout import cpu_flags, plan_layout, repack_weights, usable_cores
+from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
 
 log = logging.getLogger("ggbatch")
 
@@ -149,7 +149,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     gpu_layers = _gpu_layers(args.gpu_layers)
     n_vocab = _n_vocab(model)
     requested = bool_or_auto(args.repack)
-    flags = cpu_flags()
+    flags, hybrid = cpu_flags(), model_is_hybrid(model)
     print(f"model {model}, {threads} threads; raw engine, one context, no coordinator; weights repacked "
           f"or not as a job of B sequences per worker would ({args.repack}):", flush=True)
     columns = [*bench.COLUMNS, "repacked"]
@@ -158,7 +158,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for pp in npp:
         for tg in ntg:
             for b in npl:
-                repack = repack_weights(requested, None, flags, b)[0]
+                repack = repack_weights(requested, None, flags, b, hybrid=hybrid)[0]
                 rows.append({**bench.raw_row(model, threads, pp, tg, b, n_vocab, args.repeat, repack,
                                                   gpu_layers),
                              "repacked": int(repack)})
@@ -169,7 +169,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"the raw engine (× {args.workers}), same work per worker:", flush=True)
         for pp in npp:
             for tg in ntg:
-                repack = repack_weights(requested, None, flags, max(npl))[0]
+                repack = repack_weights(requested, None, flags, max(npl), hybrid=hybrid)[0]
                 overhead.append(bench.overhead_row(model, args.workers, threads, pp, tg, max(npl), n_vocab,
                                                    repack, gpu_layers))
         print(bench.format_table(overhead))
@@ -215,11 +215,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     slot_options = _ints(args.slots, "--slots")
     n_cores = len(usable_cores())
     invariant = settings.get("batch_invariant") is True
-    trials = tune.candidates(n_cores, slot_options, args.questions, invariant)
+    hybrid = model_is_hybrid(model)
+    trials = tune.candidates(n_cores, slot_options, args.questions, invariant, hybrid)
     estimate = tune.rough_seconds(os.path.getsize(model), len(trials), args.questions, args.max_tokens)
     print(f"trying {len(trials)} layouts on {args.questions} questions × {args.max_tokens} tokens: "
           f"about {estimate / 60:.0f} min (a rough guess)", flush=True)
-    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant)) - len(trials)
+    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant, hybrid)) - len(trials)
     if skipped:
         print(f"  ({skipped} layouts skipped: their slots are more than {args.questions} questions can "
               "fill; a bigger --questions tries them)", flush=True)
