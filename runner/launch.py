@@ -26,6 +26,7 @@ from .plan import layout as layouts
 from .plan.growth import ContextGrowth, PlanInputs
 from .plan.layout import PromptFacts
 from .plan.nodes import Node, NodePlan, share
+from .plan.repack_check import repacked_weights_run
 from .pool.backend import Backend
 from .pool.gpu_probe import free_gpu_memory
 from .pool.local import LocalBackend
@@ -58,15 +59,25 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
         nodes = [replace(nodes[0], gpus=free_gpu_memory())]
     choice = tuned.for_job(config, model, records) if use_tuned and local and not n_gpu_layers else None
     hybrid = layouts.model_is_hybrid(model.path)
+    refused = repack_refused(config.repack is False or config.batch_invariant or hybrid)
     layouts_ = [replace(layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
                                       share(n_records, node, nodes), layouts.cpu_flags(), choice, config.devices,
-                                      n_gpu_layers, config.batch_invariant, hybrid),
+                                      n_gpu_layers, config.batch_invariant, hybrid, refused),
                           flash_attn=config.flash_attn is not False)
                 for node in nodes]
     if not local:
         log.info("backend ray: %s", "; ".join(f"{node.describe()}: {lay.workers} × {lay.threads} threads"
                                               for node, lay in zip(nodes, layouts_)))
     return NodePlan.of(nodes, layouts_)
+
+
+def repack_refused(plain_anyway: bool) -> str:
+    """Why this CPU cannot run llama.cpp's repacked weights ("" when it can), asked only when the
+    weights may be repacked (runner/plan/repack_check.py: once per machine and build)."""
+    if plain_anyway:
+        return ""
+    runs, why = repacked_weights_run(layouts.cpu_flags())
+    return "" if runs else why
 
 
 def worker_specs(plan: NodePlan, model_path: str, engine_factory: EngineFactory) -> list[WorkerSpec]:

@@ -159,6 +159,13 @@ def test_batch_invariant_never_repacks():
         repack_weights(True, None, frozenset(), 4, batch_invariant=True)
 
 
+def test_a_cpu_that_refuses_repacked_kernels_never_repacks():
+    why = "llama.cpp's repacked kernels stop this CPU (SIGILL)"
+    assert repack_weights(None, True, frozenset({"avx512f"}), 4, refused=why) == (False, why)  # over tune's word
+    with pytest.raises(ConfigError, match=r"model.repack: true: llama.cpp's repacked kernels stop this CPU \(SIGILL\)"):
+        repack_weights(True, None, frozenset(), 4, refused=why)
+
+
 def test_cpu_flags_are_read_from_this_machine():
     flags = cpu_flags()
     assert isinstance(flags, frozenset)

@@ -121,7 +121,7 @@ def cpu_flags() -> frozenset[str]:
 def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], slots: Optional[int],
           repack: Optional[bool], n_records: int, flags: frozenset[str],
           tuned: Optional[Mapping[str, Any]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
-          batch_invariant: bool = False, hybrid: bool = False) -> Layout:
+          batch_invariant: bool = False, hybrid: bool = False, repack_refused: str = "") -> Layout:
     """The workers to start now (None = auto; `tuned`: what `ggbatch tune` chose, used for what
     the job leaves to auto). Slots are an estimate from the record count. `devices`: one worker
     per GPU, each pinned to an equal share of the cores."""
@@ -133,7 +133,7 @@ def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], 
         workers, threads, cap = tuned["workers"], tuned["threads"], tuned["slots"]
     layout = plan_layout(cores, workers, threads, slots, max(1, n_records), max_auto_slots=cap)
     use_repack, why = repack_weights(repack, tuned.get("repack") if tuned else None, flags, layout.slots,
-                                     batch_invariant, hybrid)
+                                     batch_invariant, hybrid, repack_refused)
     return replace(layout, repack=use_repack, repack_reason=why, slot_cap=cap, n_gpu_layers=n_gpu_layers,
                    devices=tuple(devices), threads_auto=threads_auto, batch_invariant=batch_invariant)
 
@@ -177,7 +177,8 @@ def model_is_hybrid(path: str) -> bool:
 
 
 def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: frozenset[str],
-                   slots: int, batch_invariant: bool = False, hybrid: bool = False) -> tuple[bool, str]:
+                   slots: int, batch_invariant: bool = False, hybrid: bool = False,
+                   refused: str = "") -> tuple[bool, str]:
     """Whether workers let llama.cpp repack the weights into its CPU_REPACK layout, and why;
     `slots`: the sequences each worker is expected to decode together.
 
@@ -197,7 +198,10 @@ def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: froz
 
     Never on a hybrid model (attention and recurrent layers: LFM2, Qwen3.5): with the weights
     repacked, llama.cpp (0.3.36's) mixes the sequences of a batch on these models, and answers
-    differ from each prompt decoded alone from the first token (tests/test_model_families.py)."""
+    differ from each prompt decoded alone from the first token (tests/test_model_families.py).
+
+    Never where this CPU refuses llama.cpp's repacked kernels (`refused` says why:
+    runner/plan/repack_check.py)."""
     if hybrid:
         if requested:
             raise ConfigError("model.repack: true cannot be used with this hybrid model (attention and recurrent "
@@ -208,6 +212,10 @@ def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: froz
             raise ConfigError("model.repack: true cannot be combined with batch_invariant: llama.cpp's "
                               "repacked kernels give a row another result in another batch")
         return False, "batch_invariant"
+    if refused:
+        if requested:
+            raise ConfigError(f"model.repack: true: {refused}; leave it auto or false")
+        return False, refused
     if requested is not None:
         return requested, "job"
     if tuned is not None:

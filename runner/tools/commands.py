@@ -18,6 +18,7 @@ from ..errors import ConfigError, ModelError
 from ..files.outputs import write_atomic
 from ..files.paths import check_writable
 from ..files.piped import readable_file
+from ..launch import repack_refused
 from ..model.identity import identify, resolve_model
 from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
 
@@ -150,6 +151,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     n_vocab = _n_vocab(model)
     requested = bool_or_auto(args.repack)
     flags, hybrid = cpu_flags(), model_is_hybrid(model)
+    refused = repack_refused(requested is False or hybrid)
     print(f"model {model}, {threads} threads; raw engine, one context, no coordinator; weights repacked "
           f"or not as a job of B sequences per worker would ({args.repack}):", flush=True)
     columns = [*bench.COLUMNS, "repacked"]
@@ -158,7 +160,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for pp in npp:
         for tg in ntg:
             for b in npl:
-                repack = repack_weights(requested, None, flags, b, hybrid=hybrid)[0]
+                repack = repack_weights(requested, None, flags, b, hybrid=hybrid, refused=refused)[0]
                 rows.append({**bench.raw_row(model, threads, pp, tg, b, n_vocab, args.repeat, repack,
                                                   gpu_layers),
                              "repacked": int(repack)})
@@ -169,7 +171,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"the raw engine (× {args.workers}), same work per worker:", flush=True)
         for pp in npp:
             for tg in ntg:
-                repack = repack_weights(requested, None, flags, max(npl), hybrid=hybrid)[0]
+                repack = repack_weights(requested, None, flags, max(npl), hybrid=hybrid, refused=refused)[0]
                 overhead.append(bench.overhead_row(model, args.workers, threads, pp, tg, max(npl), n_vocab,
                                                    repack, gpu_layers))
         print(bench.format_table(overhead))
@@ -215,12 +217,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     slot_options = _ints(args.slots, "--slots")
     n_cores = len(usable_cores())
     invariant = settings.get("batch_invariant") is True
-    hybrid = model_is_hybrid(model)
-    trials = tune.candidates(n_cores, slot_options, args.questions, invariant, hybrid)
+    plain_only = model_is_hybrid(model) or bool(repack_refused(invariant))
+    trials = tune.candidates(n_cores, slot_options, args.questions, invariant, plain_only)
     estimate = tune.rough_seconds(os.path.getsize(model), len(trials), args.questions, args.max_tokens)
     print(f"trying {len(trials)} layouts on {args.questions} questions × {args.max_tokens} tokens: "
           f"about {estimate / 60:.0f} min (a rough guess)", flush=True)
-    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant, hybrid)) - len(trials)
+    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant, plain_only)) - len(trials)
     if skipped:
         print(f"  ({skipped} layouts skipped: their slots are more than {args.questions} questions can "
               "fill; a bigger --questions tries them)", flush=True)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..config.schema import build_config
 from ..files.inputs import read_records
+from ..launch import repack_refused
 from ..plan.layout import model_is_hybrid, usable_cores
 from ..plan.memory import MIB
 
@@ -25,10 +26,11 @@ SAMPLE_QUESTIONS = [f"A shop sells {a} pens for {b} dollars. How much do {c} pen
 
 
 def candidates(n_cores: int, slot_options: Sequence[int], n_questions: int,
-               batch_invariant: bool = False, hybrid: bool = False) -> list[dict[str, int]]:
+               batch_invariant: bool = False, plain_only: bool = False) -> list[dict[str, int]]:
     """Every split of the cores into equal workers, with every slot count the sample can fill,
     with the weights repacked by llama.cpp and not (which is faster depends on the CPU and the
-    batch: layout.repack_weights; a batch_invariant job, or a hybrid model, never repacks). `workers` workers share
+    batch: layout.repack_weights; a batch_invariant job never repacks, nor does `plain_only`: a
+    hybrid model, or a CPU that refuses the repacked kernels). `workers` workers share
     n_questions, so slots beyond each one's share would stay empty and the trial would repeat a
     smaller one under a bigger name.
     The smallest slot count always stays."""
@@ -36,7 +38,7 @@ def candidates(n_cores: int, slot_options: Sequence[int], n_questions: int,
     return [{"workers": w, "threads": n_cores // w, "slots": s, "repack": repack}
             for w in range(1, n_cores + 1) if n_cores % w == 0
             for s in slot_options if s == smallest or s <= math.ceil(n_questions / w)
-            for repack in ((False,) if batch_invariant or hybrid else (True, False))]
+            for repack in ((False,) if batch_invariant or plain_only else (True, False))]
 
 
 def rough_seconds(model_bytes: int, n_trials: int, n_questions: int, max_tokens: int) -> float:
@@ -71,8 +73,8 @@ def tune(model_path: str, input_path: Optional[str], n_questions: int, max_token
         sample = write_sample(input_path, n_questions, tmp, settings.get("fields.id", "questionID"),
                               settings.get("fields.question", "question"))
         invariant = settings.get("batch_invariant") is True
-        for layout in candidates(len(usable_cores()), slot_options, n_questions, invariant,
-                                 model_is_hybrid(model_path)):
+        plain_only = model_is_hybrid(model_path) or bool(repack_refused(invariant))
+        for layout in candidates(len(usable_cores()), slot_options, n_questions, invariant, plain_only):
             config = build_config([("tune", {**settings, "model": model_path, "input": sample,
                                              "output": os.path.join(tmp, "answers.jsonl"),
                                              "max_tokens": max_tokens, "ignore_eos": True,

@@ -1,0 +1,49 @@
+"""Whether this machine's llama.cpp runs repacked weights, asked once by a probe process
+(runner/plan/repack_check.py, workers/llama/repack_probe.py): on a CPU that lists an instruction
+set it refuses (an x86 VM listing AMX), every worker of a quantized model died with SIGILL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ggbatch.runner.files.paths import ggbatch_cache
+from ggbatch.runner.plan.layout import cpu_flags
+from ggbatch.runner.plan.repack_check import VERDICTS, build_key, repacked_weights_run
+from helpers import ggbatch
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_the_verdict_is_the_probe_process_s_own_and_is_kept_per_build_and_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    runs, why = repacked_weights_run(cpu_flags())
+    models = sorted((ggbatch_cache() / "repack-probe").glob("probe-*.gguf"))
+    assert [m.name for m in models] == ["probe-q4_0.gguf", "probe-q4_k_m.gguf", "probe-q8_0.gguf"]
+    # the same question asked of the probe directly: a death by a signal is a refusal
+    done = subprocess.run([sys.executable, "-m", "ggbatch.workers.llama.repack_probe", *map(str, models)],
+                          capture_output=True, timeout=120)
+    assert runs is (done.returncode == 0), done.stderr[-2000:]
+    assert (why == "") is runs
+    kept = json.loads((ggbatch_cache() / VERDICTS).read_text())
+    assert kept == {build_key(cpu_flags()): {"runs": runs, "why": why}}
+    assert build_key(cpu_flags() | {"another_flag"}) != build_key(cpu_flags())  # another CPU asks again
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_a_quantized_model_answers_with_the_default_weights_layout(k_quant_model, questions_file, tmp_path):
+    # Q4_K_M and Q8_0 are taken by llama.cpp's repacked layouts (CPU_REPACK, AMX): where this CPU
+    # refuses them, the default is plain weights, and the job answers rather than dying with SIGILL.
+    out, report = tmp_path / "a.jsonl", tmp_path / "r.json"
+    done = ggbatch("run", "--model", k_quant_model, "--input", questions_file(4), "--output", out,
+                   "--max-tokens", 4, "--progress", "off", "--report", report)
+    assert done.returncode == 0, done.stderr
+    layout = json.loads(report.read_text())["layout"]
+    runs, why = repacked_weights_run(cpu_flags())
+    assert layout["repack_weights"] is runs or layout["repack_weights"] is False
+    if not runs:
+        assert why in done.stdout
