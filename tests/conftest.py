@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,6 +124,34 @@ def gsm8k_file(tmp_path):
         rows = [{"questionID": r["questionID"], "question": r["question"]} for r in gsm8k_records(n)]
         return str(write_jsonl(tmp_path / name, rows))
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _plain_reference_weights_where_repacking_fails(tmp_path_factory):
+    """The references the tests compute with llama-cpp-python's own Llama in this process load a
+    quantized model's weights as ggbatch's plan would: plain where this CPU refuses llama.cpp's
+    repacked kernels (helpers.repack_runs). Llama takes no such setting, so its default model
+    parameters are read with use_extra_bufts off for the session; nothing else changes."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.getbasetemp() / "cache")  # as _isolated_cache sets it
+    from helpers import repack_runs
+
+    if repack_runs():
+        yield
+        return
+    import llama_cpp.llama_cpp as lib
+
+    defaults = lib.llama_model_default_params
+
+    def plain() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = plain
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = defaults
 
 
 @pytest.fixture(autouse=True)

@@ -121,6 +121,23 @@ def answers_of(engine: Any, questions: Iterable[Any]) -> dict[str, Answer]:
 STORY_WORDS = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()
 
 
+def repack_runs() -> bool:
+    """Whether llama.cpp's repacked kernels run on this CPU (runner/plan/repack_check.py, asked once
+    a session): a test that builds a llama.cpp model itself, where ggbatch's plan would not, asks
+    for repacked weights only where the plan would give them (an x86 VM listing AMX dies with
+    SIGILL on a quantized model's first decode with them)."""
+    return not repack_refusal()
+
+
+def repack_refusal() -> str:
+    """Why this CPU refuses llama.cpp's repacked kernels, as the plan says it ("" where they run)."""
+    from ggbatch.runner.plan.layout import cpu_flags
+    from ggbatch.runner.plan.repack_check import repacked_weights_run
+
+    runs, why = repacked_weights_run(cpu_flags())
+    return "" if runs else why
+
+
 def alone(model: str, tokens: Iterable[int], max_tokens: int, flash_attn: bool = True) -> str:
     """The greedy answer of one prompt decoded alone in a fresh llama.cpp context. flash_attn as
     the engine has it: with random weights a near-tie between two tokens can go either way

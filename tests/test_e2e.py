@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 from ggbatch.runner.plan.tuned import context_bucket
 from helpers import ggbatch as cli
-from helpers import ggbatch_command
+from helpers import ggbatch_command, repack_refusal, repack_runs
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.model]
 
@@ -59,8 +59,10 @@ def test_one_worker_gets_every_core_by_default(tmp_path, demo_model, questions_f
     w = data["workers"]["0"]
     cores = sorted(os.sched_getaffinity(0))
     assert w["affinity"] == cores and w["llama_n_threads"] == len(cores)
-    # 5 questions: 5 slots, too few for the plain kernels anywhere, so llama.cpp's default
-    assert (data["layout"]["repack_weights"], data["layout"]["repack_reason"]) == (True, "auto: llama.cpp default")
+    # 5 questions: 5 slots, too few for the plain kernels anywhere, so llama.cpp's default, unless
+    # this CPU refuses the repacked kernels
+    expected = (True, "auto: llama.cpp default") if repack_runs() else (False, repack_refusal())
+    assert (data["layout"]["repack_weights"], data["layout"]["repack_reason"]) == expected
 
 
 @pytest.mark.slow
@@ -234,10 +236,12 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, demo_model, qu
     assert int(bucket) == context_bucket(n_ctx_seq)  # saved under the sample's context bucket
     best = max(entry["trials"], key=lambda t: t["generated_tok_s"])
     assert entry["choice"] == {k: best[k] for k in ("workers", "threads", "slots", "repack")}  # the fastest
-    # 2 slot counts × weights repacked or not × each split of the cores into equal workers
-    assert len(entry["trials"]) == 2 * 2 * sum(1 for w in range(1, len(os.sched_getaffinity(0)) + 1)
-                                               if len(os.sched_getaffinity(0)) % w == 0)
-    assert {t["repack"] for t in entry["trials"]} == {True, False}
+    # 2 slot counts × weights repacked or not (plain only where this CPU refuses the repacked
+    # kernels) × each split of the cores into equal workers
+    weights = {True, False} if repack_runs() else {False}
+    assert len(entry["trials"]) == 2 * len(weights) * sum(1 for w in range(1, len(os.sched_getaffinity(0)) + 1)
+                                                          if len(os.sched_getaffinity(0)) % w == 0)
+    assert {t["repack"] for t in entry["trials"]} == weights
     out, report = tmp_path / "a.json", tmp_path / "r.json"
     r = subprocess.run(ggbatch_command("run", "--model", demo_model, "--input", questions_file(8),
                                        "--output", str(out), "--max-tokens", "4", "--report", str(report)),
@@ -264,7 +268,12 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, questions_file):
     shape = mg.ModelShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=512)
     src = mg.write_random_llama_gguf(tmp_path / "f16.gguf", shape, mg.build_demo_vocab(), seed=0)
     model = mg.quantize(src, tmp_path / "q4.gguf", "q4_k_m")
-    for repack in ("true", "false"):
+    if not repack_runs():  # this CPU refuses them: asked for, they are refused with the probe's reason
+        refused = ggbatch("--model", str(model), "--input", questions_file(4), "--output", tmp_path / "a.json",
+                          "--repack", "true")
+        assert refused.returncode == 2 and refused.stderr.strip() == (
+            f"ggbatch: error: model.repack: true: {repack_refusal()}; leave it auto or false")
+    for repack in ("true", "false") if repack_runs() else ("false",):
         report = tmp_path / f"r-{repack}.json"
         r = subprocess.run(ggbatch_command("run", "--model", str(model), "--input", questions_file(4),
                                            "--output", str(tmp_path / f"a-{repack}.json"), "--max-tokens", "4",
@@ -288,7 +297,8 @@ def test_auto_repack_follows_the_cpu_and_the_expected_slots(tmp_path, demo_model
     assert r.returncode == 0, r.stderr
     layout = json.loads(report.read_text())["layout"]
     assert layout["slots_per_worker"] == 20  # the estimate made before tokenizing was right
-    assert (layout["repack_weights"], layout["repack_reason"]) == repack_weights(None, None, cpu_flags(), 20)
+    assert (layout["repack_weights"], layout["repack_reason"]) == repack_weights(None, None, cpu_flags(), 20,
+                                                                                 refused=repack_refusal())
 
 
 @pytest.mark.parametrize("flag,given", [("7", 7), ("all", "all")])

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import MODELS, STORIES, require
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
-from helpers import STORY_WORDS, answers_of
+from helpers import STORY_WORDS, answers_of, repack_runs
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
 
@@ -59,6 +59,7 @@ def engine_scores(model: str, pairs, slots: int = 4, stats: dict | None = None, 
     from ggbatch.workers.llama.engine import LlamaEngine
 
     config.setdefault("flash_attn", False)
+    config.setdefault("repack", repack_runs())  # a quantized model's weights as the plan lays them out
     engine = LlamaEngine(EngineConfig(model, 1, slots, 512, 256, array("i"), GenerationParams(max_tokens=1),
                                       **config), worker_id=0)
     try:

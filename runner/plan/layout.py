@@ -202,20 +202,28 @@ def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: froz
 
     Never where this CPU refuses llama.cpp's repacked kernels (`refused` says why:
     runner/plan/repack_check.py)."""
-    if hybrid:
-        if requested:
-            raise ConfigError("model.repack: true cannot be used with this hybrid model (attention and recurrent "
-                              "layers): llama.cpp's repacked kernels mix the sequences of a batch on it")
-        return False, "hybrid model: repacked kernels mix its sequences"
     if batch_invariant:
         if requested:
             raise ConfigError("model.repack: true cannot be combined with batch_invariant: llama.cpp's "
                               "repacked kernels give a row another result in another batch")
         return False, "batch_invariant"
+    wanted, why = _wanted(requested, tuned, flags, slots)
+    if not wanted:
+        return False, why
+    if hybrid:  # the model, then the CPU: either way plain, the reason said
+        if requested:
+            raise ConfigError("model.repack: true cannot be used with this hybrid model (attention and recurrent "
+                              "layers): llama.cpp's repacked kernels mix the sequences of a batch on it")
+        return False, "hybrid model: repacked kernels mix its sequences"
     if refused:
         if requested:
             raise ConfigError(f"model.repack: true: {refused}; leave it auto or false")
         return False, refused
+    return True, why
+
+
+def _wanted(requested: Optional[bool], tuned: Optional[bool], flags: frozenset[str], slots: int) -> tuple[bool, str]:
+    """What the job, then `ggbatch tune`, then the CPU and the batch ask for (repack_weights)."""
     if requested is not None:
         return requested, "job"
     if tuned is not None:
