@@ -214,7 +214,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_and_score(args: argparse.Namespace, config: JobConfig) -> int:
     from .job import run_job
-    from .report.report import format_summary
+    from .report.report import format_summary, format_written
 
     try:
         report = run_job(config, progress="off" if args.quiet else args.progress, fresh=args.fresh,
@@ -232,7 +232,7 @@ def _run_and_score(args: argparse.Namespace, config: JobConfig) -> int:
         return exc.exit_code
     if not args.quiet:
         print(format_summary(report))
-        print(f"wrote {report.setup.records} answers to {config.output}"
+        print(format_written(report, config.output, config.errors_output)
               + (f", report to {config.report}" if config.report else ""))
     if args.score and not args.quiet:  # quiet: the exit code says the rest
         try:
