@@ -3,7 +3,7 @@
     import ggbatch
 
     if __name__ == "__main__":  # workers are spawned processes
-        report = ggbatch.run("jobs/example.yaml", max_tokens=64)           # a job, as `ggbatch run`
+        report = ggbatch.run("jobs/example.yaml", max_tokens=64, output="a64.json")  # as `ggbatch run`
         report = ggbatch.run(model="m.gguf", input="q.jsonl", output="a.json", sampling={"temperature": 0})
         for a in ggbatch.answer(["What is 2+2?", "Name a prime."], model="m.gguf", max_tokens=32):
             print(a.id, a.text)

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional, Union
 
 from .config.keywords import check_keywords, job_config, settings_layer
 from .config.schema import JobConfig, build_config
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, StartOver
 from .job import run_job
 from .report.report import RunReport
 from .warm.calls import Answered, answered
@@ -66,6 +66,8 @@ def _answer_resumable(config: JobConfig, rows: list[dict[str, Any]], folder: Pat
     try:
         run_job(replace(config, input=str(questions_path), output=str(output), input_format="jsonl",
                         output_format="jsonl", errors_output=None), progress="off")
+    except StartOver as exc:  # answer() has no fresh=: its journal is resume_dir's
+        raise exc.said_as("use another resume_dir (or empty this one)") from None
     except (InputError, ConfigError) as exc:
         if str(questions_path) not in str(exc):
             raise

@@ -17,7 +17,7 @@ from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO, cast
 
 from .closed_pipe import ClosedPipeSafe
 from .config.schema import LOGLIKELIHOOD, JobConfig, build_config, load_job_file
-from .errors import GgbatchError, Interrupted, WorkerFailure
+from .errors import GgbatchError, Interrupted, StartOver, WorkerFailure
 from .files.formats import FORMATS
 from .files.paths import journal_path
 from .files.piped import is_copy, readable_input, shown_name
@@ -214,11 +214,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_and_score(args: argparse.Namespace, config: JobConfig) -> int:
     from .job import run_job
-    from .report.report import format_summary
+    from .report.report import format_summary, format_written
 
     try:
         report = run_job(config, progress="off" if args.quiet else args.progress, fresh=args.fresh,
                          job_file=args.job)
+    except StartOver as exc:  # said in run_job's terms, fresh=True
+        raise exc.said_as("run with --fresh") from None
     except Interrupted as exc:
         print(f"ggbatch: stopped by signal {exc.signum}; the answers so far are in {config.output} (the "
               f"others marked) and in {journal_path(os.path.realpath(config.output))}: run the same "
@@ -230,7 +232,7 @@ def _run_and_score(args: argparse.Namespace, config: JobConfig) -> int:
         return exc.exit_code
     if not args.quiet:
         print(format_summary(report))
-        print(f"wrote {report.setup.records} answers to {config.output}"
+        print(format_written(report, config.output, config.errors_output)
               + (f", report to {config.report}" if config.report else ""))
     if args.score and not args.quiet:  # quiet: the exit code says the rest
         try:

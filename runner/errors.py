@@ -34,6 +34,20 @@ class ConfigError(GgbatchError):
     pass
 
 
+class StartOver(ConfigError):
+    """A refusal that starting over lifts: an earlier run's journal this run cannot continue. The
+    problem is the raiser's, the way to start over the caller's (run_job's and ggbatch.run's
+    `fresh=True`, the command line's `--fresh`), so the caller that knows its own spelling says
+    the error again in it (`said_as`); `remedy` holds "{how}" where that spelling goes."""
+
+    def __init__(self, problem: str, remedy: str, how: str = "pass fresh=True") -> None:
+        super().__init__(f"{problem}; {remedy.format(how=how)}")
+        self.problem, self.remedy = problem, remedy
+
+    def said_as(self, how: str) -> "StartOver":
+        return StartOver(self.problem, self.remedy, how)
+
+
 class InputError(GgbatchError):
     pass
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 
 import pytest
 
 import ggbatch
+from helpers import ROOT, ggbatch_command
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
 
@@ -76,3 +80,47 @@ def test_answer_can_keep_its_files_to_resume(tmp_path, demo_model):
     assert (folder / "answers.jsonl.journal.jsonl").exists()
     second = ggbatch.answer(["Once upon a time", "The cat"], model=demo_model, max_tokens=6, resume_dir=str(folder))
     assert second[0].text == first[0].text and second[1].text
+
+
+def test_a_changed_setting_is_refused_in_the_callers_own_terms(tmp_path, demo_model, questions_file):
+    job = {"model": demo_model, "input": questions_file(2), "output": str(tmp_path / "a.json"), "workers": 1}
+    ggbatch.run(**job, max_tokens=4)
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        ggbatch.run(**job, max_tokens=6)
+    assert str(err.value).endswith("'max_tokens' changed since the journaled run (4 -> 6); pass fresh=True to "
+                                   "start over")
+    assert ggbatch.run(**job, max_tokens=6, fresh=True).answered == 2  # what the message says works
+    # answer() has no fresh=: its journal is resume_dir's
+    folder = str(tmp_path / "work")
+    ggbatch.answer(["Once upon a time"], model=demo_model, max_tokens=4, resume_dir=folder)
+    with pytest.raises(ggbatch.GgbatchError, match=r"\(4 -> 6\); use another resume_dir \(or empty this one\) to "
+                                                   "start over$"):
+        ggbatch.answer(["Once upon a time"], model=demo_model, max_tokens=6, resume_dir=folder)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_python_snippets_of_the_readme_and_the_api_page_run_after_the_quick_start(tmp_path):
+    """The README's quick start runs jobs/example.yaml (max_tokens 48); the README's "From Python"
+    block and every block of docs/guide/python-api.md, run next in the same folder, run (the same
+    job with max_tokens 64, the demo model, build_config's layers)."""
+    (tmp_path / "jobs").mkdir()
+    for name in ("example.yaml", "example-questions.jsonl"):
+        shutil.copy(ROOT / "jobs" / name, tmp_path / "jobs" / name)
+    quick = subprocess.run(ggbatch_command("run", "jobs/example.yaml", "-q"), cwd=tmp_path, capture_output=True,
+                           text=True, timeout=140)
+    assert quick.returncode == 0, quick.stderr
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").split("## From Python")[1].split("\n## ")[0]
+    page = (ROOT / "docs" / "guide" / "python-api.md").read_text(encoding="utf-8")
+    blocks = python_blocks(readme) + python_blocks(page)
+    assert len(blocks) == 3
+    for block in blocks:
+        (tmp_path / "snippet.py").write_text(block)
+        done = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=140)
+        assert done.returncode == 0, block + done.stderr
+    assert done.stdout.split() == ["16", "12"]  # build_config's layers: the later one's max_tokens
+
+
+def python_blocks(markdown: str) -> list[str]:
+    return [part.split("```")[0] for part in markdown.split("```python\n")[1:]]

@@ -79,6 +79,16 @@ def test_auto_values(tmp_path):
     ("output_format: tsv\n", "output_format: must be auto, json, jsonl, csv or openai, got 'tsv'"),
     ("prompt:\n  template_kwargs: [1]\n", "prompt.template_kwargs: must be a mapping of names to values"),
     ("sampling:\n  top_p: 0\n", "sampling.top_p: must be > 0.0 and <= 1.0"),
+    # a section given a plain value: its keys, and the one the value most likely meant, as YAML
+    ("sampling: 0.5\n", "sampling: must be a mapping of its keys (temperature, top_k, top_p, min_p, repeat_penalty, "
+                        "repeat_last_n, seed, n), got 0.5"),
+    ("answer: A,B\n", "answer: must be a mapping of its keys (choices, logprobs, choice_logits, choice_scoring, "
+                      "token_logprobs, json_schema, grammar), got 'A,B' (did you mean answer: {choices: 'A,B'}?)"),
+    ("prompt: '{{ question }}'\n", "prompt: must be a mapping of its keys (template, chat_template, template_kwargs), "
+                                   "got '{{ question }}' (did you mean prompt: {template: '{{ question }}'}?)"),
+    ("fields: x\n", "fields: must be a mapping of its keys (id, question), got 'x'"),
+    ("reasoning: 5\n", "reasoning: must be a mapping of its keys (max_tokens), got 5 (did you mean reasoning: "
+                       "{max_tokens: 5}?)"),
     ("- a\n- b\n", "a job file must be a mapping"),
     ("workers: [\n", "job.yaml:5: expected the node content"),
 ])
@@ -91,6 +101,12 @@ def test_errors_name_file_and_key(tmp_path, text, message):
         build_config([(path, load_job_file(path))])
     assert message in str(err.value)
     assert str(err.value).startswith(path)
+
+
+def test_a_section_with_every_key_commented_out_sets_nothing(tmp_path):
+    path = job(tmp_path, "model: m\ninput: i\noutput: o\nsampling:\n#  temperature: 0.7\n")
+    assert build_config([(path, load_job_file(path))]).sampling == build_config(
+        [("flags", {"model": "m", "input": "i", "output": "o"})]).sampling
 
 
 def test_missing_required_setting():

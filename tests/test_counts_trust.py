@@ -100,6 +100,13 @@ def test_untokenizable_duplicates_are_counted_by_record_and_as_one_prompt(tmp_pa
     assert (q["answered"], q["failed"], q["not_answered"], q["from_journal"]) == (2, 2, 0, 0)
     assert sum(q["finish_reasons"].values()) == 4 and q["finish_reasons"]["error"] == 2
     assert "answered   2/4 records, 2 failed (2 unique prompts)" in r.stdout
+    # rows, not answers: the two failed rows hold none (it said "wrote 4 answers")
+    assert f"wrote 4 rows to {out} (2 answered, 2 failed), report to {report}" in r.stdout
+    out2, errors = tmp_path / "b.json", tmp_path / "errors.json"
+    r = run(str(model), questions, out2, "--max-tokens", 4, "--errors-output", errors)
+    assert r.returncode == 1, r.stderr
+    assert f"wrote 2 answers to {out2}, 2 rows without one to {errors}" in r.stdout
+    assert (len(json.loads(out2.read_text())), len(json.loads(errors.read_text()))) == (2, 2)
 
 
 @pytest.mark.model

@@ -153,13 +153,21 @@ def test_offline_misses_are_one_line_errors(hub):
             in r.stderr)
 
 
-def test_unreachable_hub_falls_back_to_the_cache(hub):
-    _, snapshot, env = hub
-    with socket.socket() as s:  # a loopback port nobody listens on: connections are refused at once
+def unreachable(env):
+    """env with the Hub at a loopback port nobody listens on (connections are refused at once;
+    huggingface_hub tries 5 times more, about 24 s) and not offline."""
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**env, "HF_ENDPOINT": f"http://127.0.0.1:{port}"}
     del env["HF_HUB_OFFLINE"]
+    env.pop("HF_HUB_VERBOSITY", None)
+    return env
+
+
+def test_unreachable_hub_falls_back_to_the_cache(hub):
+    _, snapshot, env = hub
+    env = unreachable(env)
     r = resolve("hf:owner/repo/stories260K.gguf", env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(snapshot / "stories260K.gguf")
@@ -167,6 +175,16 @@ def test_unreachable_hub_falls_back_to_the_cache(hub):
 
 def ggbatch_run(env, *args):
     return cli("run", *args, env=env)
+
+
+def test_quiet_keeps_the_hubs_retry_warnings_off_stderr(hub, tmp_path, questions_file):
+    """-q is errors only: huggingface_hub's "Retrying in 8s [Retry 4/5]." lines are not."""
+    cache, _, env = hub
+    r = ggbatch_run(unreachable(env), "--model", "hf:owner/repo/absent.gguf", "--input", questions_file(3),
+                    "--output", tmp_path / "a.json", "-q")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [f"ggbatch: error: hf:owner/repo/absent.gguf: not in the Hugging Face cache "
+                                     f"({cache}) and the Hub cannot be reached"]
 
 
 @pytest.mark.model

@@ -2,6 +2,7 @@
 (tests/data/lm_eval, never a download); log-likelihoods as llama-cpp-python computes lm-eval's own
 requests one at a time; generate_until honours max_gen_toks and `until`."""
 
+import os
 import shutil
 import subprocess
 
@@ -93,6 +94,26 @@ def test_eval_without_lm_eval_says_how_to_install(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=50)
     assert done.returncode == 2, done.stderr
     assert "pip install 'ggbatch[eval]'" in done.stderr
+
+
+@pytest.mark.timeout(240)
+def test_eval_says_in_one_line_a_task_lm_eval_lacks_or_a_data_set_it_cannot_reach(tmp_path):
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
+    from conftest import STORIES, require
+
+    model = require(STORIES, "stories260K")
+    # an empty Hugging Face cache, offline: hellaswag's data set (the docs' first example) is out of reach
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    for tasks, said in (("no_such_task", "ggbatch eval: lm-eval has no task named no_such_task (`lm-eval ls tasks`"),
+                        ("hellaswag", "ggbatch eval --tasks hellaswag: cannot load the task's data set: "
+                                      "Couldn't reach 'Rowan/hellaswag' on the Hub (OfflineModeIsEnabled); "
+                                      "HF_DATASETS_OFFLINE is set")):
+        cmd = ggbatch_command("eval", "--model", model, "--tasks", tasks, "--limit", "2", "--model_args", "workers=1")
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200)
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("ggbatch: error: " + said), last
 
 
 def test_generate_until_returns_the_continuation_as_llama_cpp_python_makes_it(lm):

@@ -142,3 +142,10 @@ def test_candidates_skip_slots_the_sample_cannot_fill() -> None:
 def test_candidates_of_a_batch_invariant_job_are_never_repacked() -> None:
     assert {c["repack"] for c in tune.candidates(2, [8, 16], 64)} == {True, False}
     assert {c["repack"] for c in tune.candidates(2, [8, 16], 64, batch_invariant=True)} == {False}
+
+
+@pytest.mark.parametrize("seconds,said", [(0.4, "about 5 s"), (23.0, "about 25 s"), (57.0, "about 55 s"),
+                                          (58.0, "about 1 min"), (89.0, "about 1 min"), (150.0, "about 2 min"),
+                                          (3600.0, "about 60 min")])
+def test_the_rough_guess_says_seconds_under_a_minute(seconds: float, said: str) -> None:
+    assert tune.said_duration(seconds) == said

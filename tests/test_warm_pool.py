@@ -58,6 +58,22 @@ def test_overrides_change_one_call_only(demo_model):
 
 
 @pytest.mark.timeout(120)
+def test_a_bad_call_is_said_of_the_method_called(demo_model):
+    """pool.submit(5) said `ggbatch.Pool.answer(): questions[0] ...`, a method the caller never called."""
+    with ggbatch.Pool(model=demo_model, max_tokens=4, workers=1) as pool:
+        calls = [(lambda: pool.submit(5), "ggbatch.Pool.submit(): question must be a string or a mapping, got int"),
+                 (lambda: pool.submit({"text": "Hi"}), "ggbatch.Pool.submit(): question: "),
+                 (lambda: pool.submit("Hi", max_tokenz=3), "ggbatch.Pool.submit(): "),
+                 (lambda: pool.submit_many(["Hi", 5]), "ggbatch.Pool.submit_many(): questions[1] must be a string"),
+                 (lambda: pool.answer(["Hi", 5]), "ggbatch.Pool.answer(): questions[1] must be a string")]
+        for call, said in calls:
+            with pytest.raises(ggbatch.GgbatchError) as err:
+                call()
+            assert str(err.value).startswith(said), str(err.value)
+        assert pool.submit("Hi").result(timeout=60).text is not None  # the pool still answers
+
+
+@pytest.mark.timeout(120)
 def test_samples_and_token_logprobs_come_back_as_python_objects(demo_model):
     settings = dict(model=demo_model, max_tokens=6, sampling={"temperature": 0.8, "n": 3},
                     answer={"token_logprobs": 2})

@@ -159,12 +159,31 @@ def flatten(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[s
         dotted = f"{prefix}{key}"
         if dotted in SECTIONS and dotted not in LEAF_MAPPINGS and isinstance(value, Mapping):
             flat.update(flatten(value, source, dotted + "."))
+        elif dotted in SECTIONS and dotted not in SCHEMA:  # a section with no value of its own (`model` has one)
+            if value is not None:  # `sampling:` with every key commented out sets nothing
+                raise _not_a_mapping(source, dotted, value)
         elif dotted in SCHEMA:
             flat[dotted] = value
         else:
             where = f" in {prefix[:-1]}" if prefix else ""
             raise ConfigError(f"{source}: unknown key '{key}'{where}{_key_hint(str(key), prefix)}")
     return flat
+
+
+# section -> its key that a plain value given to the section most likely meant (`answer: A,B`
+# after the command line's --choices A,B)
+SECTION_VALUE_MEANT = {"answer": "choices", "prompt": "template", "reasoning": "max_tokens"}
+
+
+def _not_a_mapping(source: str, section: str, value: Any) -> ConfigError:
+    """`answer: A,B`: the section's keys, and the likely one, spelt as YAML the user can paste."""
+    keys = ", ".join(k[len(section) + 1:] for k in SCHEMA if k.startswith(section + "."))
+    meant = SECTION_VALUE_MEANT.get(section)
+    hint = ""
+    if meant is not None and not isinstance(value, (Mapping, bool)):
+        pasted = yaml.safe_dump({meant: value}, default_flow_style=True, width=10**6, allow_unicode=True).strip()
+        hint = f" (did you mean {section}: {pasted if len(pasted) <= 80 else '{' + meant + ': ...}'}?)"
+    return ConfigError(f"{source}: {section}: must be a mapping of its keys ({keys}), got {quote(value)}{hint}")
 
 
 def _key_hint(key: str, prefix: str) -> str:

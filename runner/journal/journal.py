@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question, Sample
 from ..config.schema import FIRST_TOKEN, JobConfig
-from ..errors import ConfigError, OutputError, quote
+from ..errors import OutputError, StartOver, quote
 from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
 from ..files.formats.token_logprobs import from_journal, to_journal
@@ -296,9 +296,9 @@ class Journal:
 
     def _check_header(self, old: Optional[dict[str, Any]]) -> None:
         if old is None:
-            raise ConfigError(f"{self.path}: not a ggbatch journal; remove it or run with --fresh")
+            raise StartOver(f"{self.path}: not a ggbatch journal", "remove it or {how}")
         change = setting_change(old, self.fingerprint)
         if change is not None:
             key, was, now = change
-            raise ConfigError(f"{self.path}: '{key}' changed since the journaled run "
-                              f"({quote(was)} -> {quote(now)}); run with --fresh to start over")
+            raise StartOver(f"{self.path}: '{key}' changed since the journaled run ({quote(was)} -> {quote(now)})",
+                            "{how} to start over")

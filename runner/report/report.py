@@ -257,6 +257,25 @@ def _threads_summary(changes: Sequence[Mapping[str, Any]]) -> list[str]:
             "says why)" for wid, moves in sorted(by_worker.items())]
 
 
+def format_written(report: RunReport, output: str, errors_output: Optional[str]) -> str:
+    """Where the rows went, counted as rows: a row without an answer (failed, or not answered in a
+    run that ended early) is not an answer, so a run whose every question failed wrote rows and no
+    answers. With errors_output those rows are that file's."""
+    rows, answered = report.setup.records, report.answered
+    if errors_output is not None:
+        return (f"wrote {_count(answered, 'answer')} to {output}, {_count(rows - answered, 'row')} without one "
+                f"to {errors_output}")
+    if answered == rows:
+        return f"wrote {_count(rows, 'answer')} to {output}"
+    without = ", ".join(f"{n} {what}" for n, what in ((report.failed, "failed"), (report.not_answered, "not answered"))
+                        if n)
+    return f"wrote {_count(rows, 'row')} to {output} ({answered} answered, {without})"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def format_summary(report: RunReport) -> str:
     """The short table printed at the end of a run."""
     data = report.as_json()

@@ -221,7 +221,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     trials = tune.candidates(n_cores, slot_options, args.questions, invariant, plain_only)
     estimate = tune.rough_seconds(os.path.getsize(model), len(trials), args.questions, args.max_tokens)
     print(f"trying {len(trials)} layouts on {args.questions} questions × {args.max_tokens} tokens: "
-          f"about {estimate / 60:.0f} min (a rough guess)", flush=True)
+          f"{tune.said_duration(estimate)} (a rough guess)", flush=True)
     skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant, plain_only)) - len(trials)
     if skipped:
         print(f"  ({skipped} layouts skipped: their slots are more than {args.questions} questions can "

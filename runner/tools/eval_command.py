@@ -4,7 +4,8 @@ line, run with ggbatch's model (ggbatch.lm_eval.GgbatchLM, registered as `ggbatc
 ...); ggbatch's own settings go in --model_args (workers=2,slots=16,... or JSON), which must not name
 the model again. Without --device the model stays where ggbatch keeps it (off the GPU), not on
 lm-eval's default device. lm-eval is the optional extra ggbatch[eval]: without it the command says
-how to install it (exit 2)."""
+how to install it (exit 2), as it says a task lm-eval does not know or a data set it cannot reach
+(one line, exit 2: neither is a question that failed)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import TracebackType
 from typing import Any, NoReturn, Optional, Sequence
 
 from ..errors import ConfigError, quote
@@ -47,8 +49,53 @@ def cmd_eval(args: argparse.Namespace, lm_eval_args: Sequence[str]) -> int:
     # The model goes first as lm-eval's JSON model_args; the user's --model_args (key=value,
     # several values, or JSON) follow, as written, and lm-eval merges them in.
     sys.argv = ["lm_eval", "run", "--model", "ggbatch", "--model_args", json.dumps({"model": args.model}), *rest]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except (ValueError, OSError) as exc:
+        error = usage_error(exc, given.tasks)
+        if error is None:
+            raise
+        raise error from None
     return 0
+
+
+TASKS_NOT_FOUND = "Tasks not found: "  # lm-eval's ValueError for a name no task or group has
+LOCAL_TASKS = ("or use a task over local files (dataset_path: json; docs/guide/evaluation.md, "
+               "'Tasks over local files')")
+
+
+def usage_error(exc: Exception, tasks: Optional[str]) -> Optional[ConfigError]:
+    """The one line for what lm-eval raises when the command cannot run as given: a task it does
+    not know, a data set the datasets library cannot reach. None for anything else, which is a bug
+    and keeps its traceback: the same exception types come from many other places, so each is
+    matched by lm-eval's message or by where the datasets library raised it."""
+    if isinstance(exc, ValueError) and str(exc).startswith(TASKS_NOT_FOUND):
+        missing = str(exc)[len(TASKS_NOT_FOUND):]
+        return ConfigError(f"ggbatch eval: lm-eval has no task named {missing} (`lm-eval ls tasks` lists "
+                           "them; a task of your own: --include_path DIR with its YAML)")
+    if not isinstance(exc, OSError) or not raised_in(exc.__traceback__, "datasets."):
+        return None
+    where = f"ggbatch eval --tasks {tasks}: cannot load the task's data set: {one_line(exc)}"
+    if not isinstance(exc, ConnectionError):  # datasets' DatasetNotFoundError, a missing data file
+        return ConfigError(where)
+    from datasets import config
+
+    why = ("HF_DATASETS_OFFLINE is set and the data set is not in the datasets cache: download it once "
+           "with the network, " if config.HF_DATASETS_OFFLINE else
+           "no network? HF_DATASETS_OFFLINE=1 uses the data sets already in the datasets cache, ")
+    return ConfigError(f"{where}; {why}{LOCAL_TASKS}")
+
+
+def raised_in(tb: Optional[TracebackType], package: str) -> bool:
+    """Whether the innermost frame of the traceback is in a module of `package` ("datasets.")."""
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and str(last.tb_frame.f_globals.get("__name__", "")).startswith(package)
+
+
+def one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,7 +105,7 @@ class _Parser(argparse.ArgumentParser):
 
 def given_options(rest: Sequence[str]) -> argparse.Namespace:
     """The lm-eval options cmd_eval looks at (--model_args merged as lm-eval merges them,
-    --device, --config), read by lm-eval's own rules; ConfigError for a --model_args lm-eval
+    --device, --config, --tasks), read by lm-eval's own rules; ConfigError for a --model_args lm-eval
     cannot read."""
     from lm_eval._cli.utils import MergeDictAction
 
@@ -66,6 +113,7 @@ def given_options(rest: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--model_args", "-a", nargs="+", action=MergeDictAction, default=None)
     parser.add_argument("--device", default=None)
     parser.add_argument("--config", "-C", default=None)
+    parser.add_argument("--tasks", "-t", default=None)
     try:
         return parser.parse_known_args(rest)[0]
     except ValueError as exc:  # lm-eval's JSON refusal

@@ -48,6 +48,13 @@ def rough_seconds(model_bytes: int, n_trials: int, n_questions: int, max_tokens:
     return n_trials * (n_questions * max_tokens / rate * 1.5 + 3.0)
 
 
+def said_duration(seconds: float) -> str:
+    """A rough guess as a person says it: seconds under a minute (never "0 min"), else minutes."""
+    if seconds < 57.5:
+        return f"about {max(5, 5 * round(seconds / 5))} s"
+    return f"about {max(1, round(seconds / 60))} min"
+
+
 def write_sample(input_path: Optional[str], n: int, folder: str, id_field: str, question_field: str) -> str:
     """The first n questions of the user's file (or built-in ones) as a JSONL file in folder."""
     if input_path:

@@ -203,9 +203,17 @@ class Pool:
 
     def submit_many(self, questions: Union[str, Iterable[Any]], **overrides: Any) -> "Future[list[Answered]]":
         """answer(), without waiting: a Future of the list."""
-        where = f"{self._source[:-2]}.answer()" if self._source == SOURCE else self._source
-        rows = caller_rows(questions, self._config.id_field, self._config.question_field, where)
-        records = caller_records(rows, self._config.id_field, self._config.question_field, where)
+        return self._submit(questions, overrides, self._method("submit_many"))
+
+    def _method(self, name: str) -> str:
+        """How errors name the caller's call: the pool's method it called (ggbatch.Pool.submit());
+        a pool made for one ggbatch.answer() call is that function's."""
+        return f"{self._source[:-2]}.{name}()" if self._source == SOURCE else self._source
+
+    def _submit(self, questions: Union[str, Iterable[Any]], overrides: Mapping[str, Any], where: str,
+                single: bool = False) -> "Future[list[Answered]]":
+        rows = caller_rows(questions, self._config.id_field, self._config.question_field, where, single)
+        records = caller_records(rows, self._config.id_field, self._config.question_field, where, single)
         variant = self._variants.of(overrides, where)
         if self._closed:
             raise PoolClosed(f"{where}: the pool is closed")
@@ -218,11 +226,11 @@ class Pool:
         """Answer these questions (strings, or records with the question field), in their order,
         as ggbatch.answer does. Overrides for this call: max_tokens, sampling, choices, schema
         or grammar, system."""
-        return self.submit_many(questions, **overrides).result()
+        return self._submit(questions, overrides, self._method("answer")).result()
 
     def submit(self, question: Union[str, Mapping[str, Any]], **overrides: Any) -> "Future[Answered]":
         """One question's answer, as a Future; the calls of many threads share the workers' batches."""
-        many = self.submit_many([question], **overrides)
+        many = self._submit([question], overrides, self._method("submit"), single=True)
         one: Future[Answered] = Future()
 
         def done(f: "Future[list[Answered]]") -> None:

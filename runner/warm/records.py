@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Callable, Iterable, Mapping, Union
 
 from ...workers.protocol import Question as MadeQuestion
 from ..errors import ConfigError, InputError, quote
@@ -17,9 +17,10 @@ Question = Union[str, Mapping[str, Any]]
 
 
 def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, question_field: str,
-                source: str) -> list[dict[str, Any]]:
+                source: str, single: bool = False) -> list[dict[str, Any]]:
     """The caller's questions as rows (strings numbered by their index); a mapping, bytes or
-    anything not iterable is refused: iterating them would ask their keys, bytes or nothing."""
+    anything not iterable is refused: iterating them would ask their keys, bytes or nothing.
+    `single`: the caller gave one question (Pool.submit's, in a list of one), named `question`."""
     if isinstance(questions, str):
         questions = [questions]
     if isinstance(questions, (Mapping, bytes, bytearray)) or not isinstance(questions, Iterable):
@@ -27,32 +28,41 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
                           f"(mappings), got {type(questions).__name__}"
                           + (" (for one record, pass [record])" if isinstance(questions, Mapping) else ""))
     rows = []
+    name = _namer(single)
     for i, q in enumerate(questions):
         if isinstance(q, str):
             rows.append({id_field: str(i), question_field: q})
         elif isinstance(q, Mapping):
             rows.append({id_field: str(i), **q})
         else:
-            raise ConfigError(f"{source}: questions[{i}] must be a string or a mapping, got {type(q).__name__}")
+            raise ConfigError(f"{source}: {name(i)} must be a string or a mapping, got {type(q).__name__}")
     for i, row in enumerate(rows):
         try:  # what a question file could not hold is refused here too (a set, a date)
             json.dumps(row)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{source}: questions[{i}]: {exc}") from None
+            raise ConfigError(f"{source}: {name(i)}: {exc}") from None
     return rows
 
 
-def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: str, source: str) -> list[Record]:
+def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: str, source: str,
+                   single: bool = False) -> list[Record]:
     """The rows as checked records, ids unique."""
     records: list[Record] = []
     seen: dict[str, int] = {}
+    name = _namer(single)
     for i, row in enumerate(rows):
-        rec = record_at(f"{source}: questions[{i}]", i + 1, row, id_field, question_field)
+        rec = record_at(f"{source}: {name(i)}", i + 1, row, id_field, question_field)
         if rec.qid in seen:
             raise InputError(f"{source}: duplicate {id_field}: '{rec.qid}' (questions[{seen[rec.qid]}] and [{i}])")
         seen[rec.qid] = i
         records.append(rec)
     return records
+
+
+def _namer(single: bool) -> Callable[[int], str]:
+    """How an error names the caller's question i: by its index in the list, or, where the
+    caller gave one question, by the argument's name."""
+    return (lambda i: "question") if single else (lambda i: f"questions[{i}]")
 
 
 def check_vocabulary(question: MadeQuestion, n_vocab: int, where: str) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import Any, MutableMapping, Optional, Sequence, TextIO
@@ -29,6 +30,22 @@ def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
     log.handlers[:] = [handler]
     log.setLevel(logging.DEBUG if verbose else logging.ERROR if quiet else logging.INFO)
     log.propagate = False
+    if quiet:
+        quiet_libraries()
+
+
+# Libraries that write warnings of their own on stderr while ggbatch works: huggingface_hub says
+# each try to reach the Hub ("Retrying in 8s [Retry 4/5].", a dozen lines without a network).
+LIBRARY_LOGGERS = ("huggingface_hub",)
+
+
+def quiet_libraries() -> None:
+    """-q keeps their errors only, as ggbatch's own. huggingface_hub sets its logger's level when
+    it is imported, from HF_HUB_VERBOSITY: that is where it is asked (unless the user set it), and
+    the level is set now too, for where it is loaded already."""
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 class _Bar(tqdm):
