@@ -82,9 +82,7 @@ class Prompting:
     def restart_tokenizer(self) -> None:
         """A new tokenizer process in place of one that died (killed from outside: the kernel's
         out-of-memory killer); a warm pool outlives it."""
-        model_path = self.tokenizer.model_path
-        self.tokenizer.close()
-        self.tokenizer = TokenizerProcess(model_path)
+        self.tokenizer.restart()
 
     def close(self) -> None:
         """The vocabulary's memory goes back; idempotent."""
