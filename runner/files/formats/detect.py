@@ -83,6 +83,21 @@ def output_format(path: str, requested: Optional[str], input_fmt: str) -> str:
     return "jsonl" if suffix in JSONL_SUFFIXES else "json"
 
 
+def errors_format(path: str, output_fmt: str) -> str:
+    """The errors file's format (errors_output): its own extension's, as a user names a file by
+    the format they want (`.json` a JSON array, `.jsonl` lines, `.csv` CSV); lines of an OpenAI
+    Batch job stay OpenAI Batch output, as OpenAI's error file is; another extension: the
+    answers file's format."""
+    suffix = Path(path).suffix.lower()
+    if suffix in CSV_SUFFIXES:
+        return "csv"
+    if suffix == ".json":
+        return "json"
+    if suffix in JSONL_SUFFIXES:
+        return "openai" if output_fmt == "openai" else "jsonl"
+    return output_fmt
+
+
 def is_openai_request(line: str) -> bool:
     """Whether one line of JSON is an OpenAI Batch request (it has a custom_id and a body or url)."""
     try:
