@@ -29,7 +29,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 import multiprocess as mp
 from multiprocess.connection import wait
 
-from ...workers.helper_messages import TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo
+from ...workers.helper_messages import SpellChoices, TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo
 from ...workers.llama.load_errors import says_memory
 from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
@@ -99,6 +99,15 @@ class TokenizerProcess:
 
     def submit(self, texts: Sequence[str], add_bos: Sequence[bool]) -> None:
         self._requests.put(encode(TokenizeBatch(tuple(texts), tuple(add_bos))))
+
+    def one_token(self, choices: Sequence[str]) -> tuple[bool, ...]:
+        """Whether each choice is one token after the prompt, as a worker finds it (asked with
+        no batch in flight: results come back in order)."""
+        self._requests.put(encode(SpellChoices(tuple(choices))))
+        try:
+            return decode(self._receive())
+        except _Died as exc:
+            raise WorkerFailure(f"the tokenizer process died ({exc})") from None
 
     def receive(self) -> TokenizedBatch:
         """The result of the oldest batch submitted and not yet received."""
