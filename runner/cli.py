@@ -90,8 +90,9 @@ def _add_answer_flags(a: Callable[..., Any]) -> None:
                                "computation of its prompt; written as a list")
     a("--choices", help="the answer is exactly one of these: A,B,C,D, or auto (each record's 'choices')")
     a("--choice-logprobs", dest="choice_logprobs", action="store_true", default=None,
-      help="with --choices: write each choice's log-probability (choice_logprobs; with --choice-scoring "
-           "loglikelihood, the sum over its tokens)")
+      help="with --choices: write each choice's log-probability (choice_logprobs): choices of one token "
+           "each (a choice of several is refused); with --choice-scoring loglikelihood, any choice, the sum "
+           "over its tokens")
     a("--choice-scoring", dest="choice_scoring", choices=["first_token", "loglikelihood"],
       help="with --choices: first_token (default: the choice the model writes), or loglikelihood: each "
            "choice scored as a continuation of the prompt; the answer is lm-eval's acc pick, answer_norm its acc_norm")

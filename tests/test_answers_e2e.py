@@ -11,6 +11,8 @@ import jsonschema
 import pytest
 
 from conftest import DATA, MODELS, require
+from ggbatch import GgbatchError, build_config
+from ggbatch import answer as ggbatch_answer
 from helpers import ggbatch as cli
 from test_openai_batch import parse_output
 
@@ -62,6 +64,30 @@ def test_mmlu_with_fixed_choices_gives_only_those_with_their_logprobs(tmp_path, 
     r = ggbatch("score", "--answers", out, "--gold", q, "--json", tmp_path / "s.json")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "s.json").read_text())["overall"]["invalid"] == 0
+
+
+def test_choice_logprobs_of_choices_of_several_tokens_are_refused_naming_the_choice(tmp_path, stories):
+    """yes/no take more than one of stories260K's tokens: the answer is generated under a grammar
+    and no choice has a log-probability. The run wrote none and said nothing (exit 0); the pool
+    returned choice_logprobs None. Refused before any question, naming the choice and the fix,
+    which then writes them; one-token choices still have them."""
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"questionID": "q1", "question": "Is 7 prime?"}\n')
+    run = ("run", "--model", stories, "--input", q, "--choice-logprobs")
+    r = ggbatch(*run, "--output", tmp_path / "yn.jsonl", "--choices", "yes,no")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        "ggbatch: error: answer.logprobs: the choice 'yes' takes more than one of the model's tokens"), r.stderr
+    assert "--choice-scoring loglikelihood" in r.stderr and not (tmp_path / "yn.jsonl").exists()
+    r = ggbatch(*run, "--output", tmp_path / "yn.jsonl", "--choices", "yes,no", "--choice-scoring", "loglikelihood")
+    assert r.returncode == 0 and list(answers(tmp_path / "yn.jsonl")["q1"]["choice_logprobs"]) == ["yes", "no"]
+    r = ggbatch(*run, "--output", tmp_path / "ab.jsonl", "--choices", "A,B")
+    assert r.returncode == 0 and list(answers(tmp_path / "ab.jsonl")["q1"]["choice_logprobs"]) == ["A", "B"]
+    with pytest.raises(GgbatchError, match="answer.logprobs with answer.choice_logits: false: every answer is "):
+        build_config([("job", {"model": stories, "input": str(q), "output": "o.jsonl", "answer.choices": ["A", "B"],
+                               "answer.logprobs": True, "answer.choice_logits": False})])
+    with pytest.raises(GgbatchError, match="answer.logprobs: the choice 'yes' takes more than one"):
+        ggbatch_answer(["Is 7 prime?"], model=stories, max_tokens=8,
+                       answer={"choices": ["yes", "no"], "logprobs": True})
 
 
 def test_lsat_choices_auto_take_each_records_letters_under_a_grammar_too(tmp_path, stories):

@@ -137,6 +137,20 @@ def test_errors_output_takes_the_rows_without_an_answer(tmp_path, fmt):
     assert read_ids(errors, fmt) == []  # written even when empty: never a stale one
 
 
+@pytest.mark.parametrize("out_fmt,errors_name,errors_fmt", [
+    ("jsonl", "errs.json", "json"), ("json", "errs.jsonl", "jsonl"), ("json", "errs.csv", "csv"),
+    ("csv", "errs.ndjson", "jsonl"), ("openai", "errs.jsonl", "openai"), ("csv", "errs.txt", "csv")])
+def test_the_errors_file_takes_its_own_extensions_format(tmp_path, out_fmt, errors_name, errors_fmt):
+    """A user names the errors file by the format they want: errs.json beside o.jsonl was an empty
+    0-byte file (no valid JSON), errs.jsonl beside o.json held `[]`."""
+    rows = answer_rows(["a", "b"], {"a": answer("a"), "b": answer("b", error="bad")}, unanswered="not answered")
+    out, errors = tmp_path / "out", tmp_path / errors_name
+    write_answers(str(out), rows, OutputSpec(out_fmt), str(errors))
+    assert read_ids(out, out_fmt) == ["a"] and read_ids(errors, errors_fmt) == ["b"]
+    write_answers(str(out), rows[:1], OutputSpec(out_fmt), str(errors))
+    assert read_ids(errors, errors_fmt) == []  # empty, and valid in its format (json.load reads [])
+
+
 def read_ids(path, fmt):
     text = path.read_text()
     if fmt == "csv":

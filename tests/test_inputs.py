@@ -49,6 +49,14 @@ def test_nel_inside_a_string_is_not_a_line_break(tmp_path):
     ("q.json", '{"questionID": "1", "question": "a"}\n', "must hold a JSON array"),
     ("q.json", '[{"questionID": "1", "question": "a"} {"questionID": "2"}]', "expected ',' or ']'"),
     ("q.jsonl", '"just a string"\n', "must be a JSON object"),
+    # a format under another's extension is named, with what to do (it was a CSV-header error, or
+    # "malformed JSON: Expecting value")
+    ("q.csv", '{"questionID": "a", "question": "Once"}\n', "q.csv:1: a .csv file holds comma-separated rows under "
+     "a header line, but this looks like JSON Lines; name it .jsonl (or give --input-format jsonl)"),
+    ("q.csv", '[{"questionID": "a", "question": "Once"}]\n', "looks like a JSON array; name it .json"),
+    ("q.jsonl", 'questionID,question\na,Once\n', "q.jsonl:1: a .jsonl file holds one JSON object per line, "
+     "but this looks like CSV; name it .csv (or give --input-format csv)"),
+    ("q.json", 'questionID,question\na,Once\n', "looks like CSV; name it .csv"),
 ])
 def test_bad_input_names_file_and_line(tmp_path, name, text, message):
     path = write(tmp_path, name, text)

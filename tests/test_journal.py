@@ -1,9 +1,10 @@
+import json
 from array import array
 
 import pytest
 
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.journal.journal import Journal, changed_setting
+from ggbatch.runner.journal.journal import Journal, changed_setting, setting_change
 from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, Question
 from helpers import answer as make_answer
 
@@ -51,15 +52,61 @@ def test_a_torn_last_line_is_dropped_and_the_file_stays_valid(tmp_path, monkeypa
     assert [line[:13] for line in lines[1:]] == ['{"qid": "q1",', '{"qid": "q3",']
 
 
+def journaled(path, fingerprint, *answers):
+    """A journal of these settings holding these answers (a journal of none blocks nothing)."""
+    j = Journal(path, fingerprint, fresh=True)
+    for a in answers or (answer("q1"),):
+        j.split([question(a.qid, 1)])
+        j.append([a])
+    j.close()
+
+
 def test_changed_fingerprint_names_the_setting(tmp_path):
     path = str(tmp_path / "j.jsonl")
-    Journal(path, FP).close()
+    journaled(path, FP)
     with pytest.raises(ConfigError, match=r"'sampling.temperature' changed since the journaled run \(0.0 -> 0.7\)"):
         Journal(path, {**FP, "sampling.temperature": 0.7})
-    Journal(path, {**FP, "sampling.temperature": 0.7}, fresh=True).close()  # fresh starts over
+    journaled(path, {**FP, "sampling.temperature": 0.7})  # fresh starts over
     # a setting left out of the fingerprint at its default is named by that default
     with pytest.raises(ConfigError, match=r"'sampling.n' changed since the journaled run \(1 -> 4\)"):
         Journal(path, {**FP, "sampling.temperature": 0.7, "sampling.n": 4})
+
+
+@pytest.mark.parametrize("held", [(), (answer("q1", error="boom"),)], ids=["header only", "only failures"])
+def test_a_journal_without_an_answer_never_blocks_a_run(tmp_path, held):
+    """A run refused for its input after the header was written (or whose every answer failed)
+    left nothing to lose: a rerun with the setting fixed replaces its journal."""
+    path = str(tmp_path / "j.jsonl")
+    j = Journal(path, FP)
+    for a in held:
+        j.split([question(a.qid, 1)])
+        j.append([a])
+    j.close()
+    j = Journal(path, {**FP, "sampling.temperature": 0.7})
+    assert j.kept == 0
+    j.close()
+    with open(path) as f:
+        assert json.loads(f.readline())["fingerprint"]["sampling.temperature"] == 0.7 and not f.read()
+
+
+def test_a_file_that_is_not_a_journal_is_still_refused(tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_text("my own notes\n")
+    with pytest.raises(ConfigError, match="not a ggbatch journal"):
+        Journal(str(path), FP)
+    assert path.read_text() == "my own notes\n"
+
+
+def test_choices_auto_is_named_auto_not_an_empty_list(tmp_path):
+    auto = {"answer": {"choices": [], "grammar": None, "logprobs": False, "choice_logits": True}}
+    fixed = {"answer": {**auto["answer"], "choices": ["yes", "no"]}}
+    path = str(tmp_path / "j.jsonl")
+    journaled(path, auto)
+    with pytest.raises(ConfigError, match=r"'answer.choices' changed since the journaled run "
+                                          r"\('auto' -> \[\"yes\", \"no\"\]\)"):
+        Journal(path, fixed)
+    schema = {"answer": {**auto["answer"], "grammar": "root ::= x"}}  # a grammar's empty choices stay []
+    assert setting_change(schema, fixed)[1] == []
 
 
 def test_changed_setting():

@@ -5,6 +5,7 @@ and the journal that refuses another shard's output."""
 import hashlib
 import subprocess
 import sys
+from array import array
 from collections import Counter
 
 import pytest
@@ -15,7 +16,8 @@ from ggbatch.runner.files.formats.record import Record
 from ggbatch.runner.files.shards import Shard, in_shard, parse_shard, shard_in_name, shard_of, shard_path
 from ggbatch.runner.journal.journal import Journal, fingerprint
 from ggbatch.runner.model.identity import ModelIdentity
-from ggbatch.workers.protocol import GenerationParams
+from ggbatch.workers.protocol import GenerationParams, Question
+from helpers import answer as make_answer
 
 GSM8K_IDS = [f"gsm8k-{i}" for i in range(1, 1320)]
 
@@ -151,6 +153,9 @@ def test_a_shards_journal_refuses_another_shard(tmp_path):
     prints = {s: fingerprint(config(shard=s), model, GenerationParams(), "t") for s in ("0/3", "1/3")}
     assert prints["0/3"]["shard"] == "0/3" and fingerprint(config(), model, GenerationParams(), "t")["shard"] is None
     path = str(tmp_path / "a.shard-0-of-3.json.journal.jsonl")
-    Journal(path, prints["0/3"]).close()
+    j = Journal(path, prints["0/3"])
+    j.split([Question("q1", array("i", [1]), 0)])
+    j.append([make_answer("q1", "x", tokens=1)])  # a journal of no answer would be replaced
+    j.close()
     with pytest.raises(ConfigError, match=r"'shard' changed since the journaled run \('0/3' -> '1/3'\)"):
         Journal(path, prints["1/3"])

@@ -5,14 +5,17 @@ window of a few dozen records, through run_job with the fake engine and the real
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from fake_engine import Fake
 from ggbatch import build_config
 from ggbatch.runner.errors import InputError, WorkerFailure
 from ggbatch.runner.job import run_job
+from helpers import wait_for
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(180)]
 
@@ -74,6 +77,31 @@ def test_a_streamed_run_that_dies_resumes_from_the_journal_to_the_same_answers(t
     assert out.read_bytes() == reference.read_bytes()
     q = again.as_json()["questions"]
     assert q["from_journal"] >= 80 and {**q, "from_journal": 0} == whole.as_json()["questions"]
+
+
+def test_a_tokenizer_process_killed_mid_run_is_started_again_and_the_run_goes_on(tmp_path, demo_model):
+    """The out-of-memory killer may pick the tokenizer process while the windows are still being
+    made: the run starts a new one, as a warm pool does, and answers every question (it ended
+    the whole run: "the tokenizer process died (signal 9)"). The real engine and processes."""
+    questions(tmp_path / "q.jsonl", 240)
+    out = tmp_path / "a.json"
+    journal = Path(f"{out}.journal.jsonl")
+    killed: list[int] = []
+
+    def kill_the_tokenizer() -> None:
+        wait_for(journal.exists, what="the journal (the tokenizer has loaded and the windows are being made)")
+        (tokenizer,) = [p for p in psutil.Process().children() if p.name().startswith("ggbatch-tok")]
+        tokenizer.kill()
+        killed.append(tokenizer.pid)
+
+    killer = threading.Thread(target=kill_the_tokenizer, daemon=True)
+    killer.start()
+    report = run_job(job(tmp_path, demo_model, out), progress="log", window=20)
+    killer.join(30)
+    assert killed
+    rows = json.loads(out.read_text())
+    assert len(rows) == 240 and all(r.get("error") is None and r["answer"] is not None for r in rows)
+    assert report.as_json()["questions"]["records"] == 240
 
 
 def test_a_bad_line_far_into_a_streamed_file_stops_the_run_naming_it_and_keeps_the_answers(tmp_path, demo_model):

@@ -93,6 +93,46 @@ def test_batches_shared_by_two_processes_come_back_in_order(tiny):
             list(tokenize_all([tiny], ((t, True) for t in texts)))
 
 
+class KilledOn(TokenizerProcess):
+    """A real tokenizer process killed from outside (SIGKILL, as the out-of-memory killer does)
+    every time it is given a batch holding `text`, the first `times` times."""
+
+    def __init__(self, model_path: str, text: str, times: int) -> None:
+        self.text, self.times = text, times
+        super().__init__(model_path)
+
+    def submit(self, texts, add_bos):
+        super().submit(texts, add_bos)
+        if self.text in texts and self.times > 0:
+            self.times -= 1
+            os.kill(self._process.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_tokenizer_process_killed_from_outside_is_started_again_and_its_batches_sent_again(times):
+    """Killed once, or twice on the same batch: a new process tokenizes it (and the batch in
+    flight after it), each text as an untouched process does."""
+    texts = [f"{GOOD[i % len(GOOD)]} {i}" for i in range(12)]
+    with KilledOn(str(require(TINY)), texts[4], times) as process:
+        first = process._process.pid
+        got = list(tokenize_all([process], ((t, True) for t in texts), batch_texts=3))
+        assert process._process.pid != first and process._process.is_alive()
+    assert got == expected_tokens(texts, [True] * len(texts))
+
+
+def test_a_text_the_tokenizer_process_keeps_dying_on_fails_alone():
+    """Killed each time it is given one text: after two deaths on its batch the texts go one at a
+    time; that text fails (Rejected), the others tokenize, nothing loops."""
+    texts = [f"{GOOD[i % len(GOOD)]} {i}" for i in range(9)]
+    with KilledOn(str(require(TINY)), texts[4], times=100) as process:
+        got = list(tokenize_all([process], ((t, True) for t in texts), batch_texts=3))
+        # killed given its batch (in flight behind the first, which it took down), alone again,
+        # then given the text alone: 4 kills, none more
+        assert process.times == 96
+    assert isinstance(got[4], Rejected) and got[4].reason.startswith("the tokenizer process died on it")
+    assert [g for i, g in enumerate(got) if i != 4] == expected_tokens(texts[:4] + texts[5:], [True] * 8)
+
+
 def test_the_vocabulary_info_is_the_models(tiny):
     info = tiny.info
     assert info.n_vocab == 2048 and info.n_ctx_train == 512 and info.chat_template is None

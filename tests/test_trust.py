@@ -66,6 +66,25 @@ def test_a_misspelt_template_field_is_exit_2_naming_the_field_and_the_record(tmp
     assert not out.exists()
 
 
+def test_a_run_refused_for_its_input_does_not_block_the_corrected_rerun(tmp_path, demo_model, questions):
+    """A refused run left its journal's header only; the rerun with the setting fixed as the
+    message asked was refused as a changed setting. A journal with no answer is replaced."""
+    out = tmp_path / "a.json"
+    line = one_error_line(ggbatch("--model", demo_model, "--input", questions, "--output", out,
+                                  "--template", "{{ ctx }} {{ question }}"))
+    assert "has no field 'ctx'" in line
+    r = ggbatch("--model", demo_model, "--input", questions, "--output", out, "--template", "Q: {{ question }}",
+                "--max-tokens", 4)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(out.read_text())) == 6
+    # --choices auto on records without choices, then fixed choices: the same
+    line = one_error_line(ggbatch("--model", demo_model, "--input", questions, "--output", tmp_path / "b.json",
+                                  "--choices", "auto"))
+    assert "has no 'choices'" in line
+    r = ggbatch("--model", demo_model, "--input", questions, "--output", tmp_path / "b.json", "--choices", "A,B")
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.parametrize("flag,value", [("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "nan")])
 def test_non_finite_numbers_are_refused(tmp_path, demo_model, questions, flag, value):
     line = one_error_line(ggbatch("--model", demo_model, "--input", questions, "--output", tmp_path / "a.json",

@@ -10,6 +10,8 @@ vocabulary cannot represent:
         │ ◀─────── VocabInfo | TokenizerLoadError
         │ ── TokenizeBatch ──────────────▶ │  hundreds of prompts per message
         │ ◀─────────────── TokenizedBatch ── │  tokens, or why not, for each
+        │ ── SpellChoices ───────────────▶ │  fixed choices (answer.logprobs)
+        │ ◀───────────────── tuple[bool] ── │  whether a token spells each alone
 
 A job with GPU layers asks a short-lived process what the GPUs have free before its workers load
 (runner/pool/gpu_probe.py, workers/llama/gpu_memory.py):
@@ -59,6 +61,14 @@ class TokenizerLoadError:
 class TokenizeBatch:
     texts: tuple[str, ...]
     add_bos: tuple[bool, ...]  # per text: False when the chat template wrote BOS itself
+
+
+@dataclass(frozen=True)
+class SpellChoices:
+    """Asks whether each choice is one token after the prompt, as a worker finds it
+    (workers/llama/sampling.py choice_tokens): a token spells it bare or after one space."""
+
+    choices: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional
 from ...workers.protocol import AnswerSpec, GenerationParams, ResponseFormat
 from ..errors import ConfigError, InputError, quote
 from .reasoning import thinking_room
-from .schema import CHOICES_AUTO, JobConfig
+from .schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 
 
 def job_answer(config: JobConfig) -> Optional[AnswerSpec]:
@@ -60,6 +60,20 @@ def check_spellable(tokenizer: Any, choices: tuple[str, ...], unknown_token: Opt
         if why is not None:
             raise ConfigError(f"answer.choices: {quote(choice)}: {why}, so no answer can be this choice")
         start += count
+
+
+def check_logprob_choices(tokenizer: Any, choices: tuple[str, ...]) -> None:
+    """answer.logprobs reads each choice's log-probability from the logits of the answer's first
+    position, which only choices of one token each are answered from (workers/engine/answers.py);
+    with a longer one the answer is generated under a grammar, which gives no such number.
+    ConfigError naming the first such choice and what does give it, before any question is made
+    (the tokenizer process finds each choice's token as a worker does)."""
+    for choice, one in zip(choices, tokenizer.one_token(choices)):
+        if not one:
+            raise ConfigError(f"answer.logprobs: the choice {quote(choice)} takes more than one of the model's tokens, "
+                              "so the answer is generated and no choice has a log-probability (only choices of one "
+                              f"token each are read from the logits); answer.choice_scoring: {LOGLIKELIHOOD} "
+                              f"(--choice-scoring {LOGLIKELIHOOD}) scores each choice's whole text and writes its sum")
 
 
 def _checked(key: str, gbnf: str) -> str:

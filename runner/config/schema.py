@@ -303,6 +303,10 @@ def _check_answer(config: JobConfig) -> None:
         raise ConfigError(f"{' and '.join(given)}: give one of them (an answer is one choice, JSON or a grammar's)")
     if config.choice_logprobs and not config.choices:
         raise ConfigError("answer.logprobs: needs answer.choices (log-probabilities are the choices')")
+    if config.choice_logprobs and not config.choice_logits and config.choice_scoring != LOGLIKELIHOOD:
+        raise ConfigError("answer.logprobs with answer.choice_logits: false: every answer is generated and no choice "
+                          "has a log-probability; leave choice_logits on, or score the choices "
+                          f"(answer.choice_scoring: {LOGLIKELIHOOD})")
     _check_scoring(config)
     _check_samples(config)
     _check_backend(config)

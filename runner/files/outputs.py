@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping, Optional, Sequence
 
@@ -16,6 +17,7 @@ from ...workers.protocol import Answer
 from ..errors import OutputError
 from .formats.cells import csv_cells, csv_columns
 from .formats.csvfile import csv_line
+from .formats.detect import errors_format
 from .formats.openai_output import batch_line
 from .formats.rows import OutputSpec, Row, row_fields
 
@@ -90,16 +92,16 @@ def _pieces(rows: Iterable[Row], text: RowText) -> Iterator[str]:
 
 def write_answers(path: str, rows: Iterable[Row], spec: OutputSpec, errors_path: Optional[str] = None) -> None:
     """The answers file, atomically, written as the rows come. With `errors_path` the rows
-    without an answer go there instead, in the same format (as OpenAI splits a batch into an
-    output and an error file); each file in input order, the errors file written even when empty
-    (never a stale one)."""
+    without an answer go there instead, in its own extension's format (detect.py errors_format;
+    as OpenAI splits a batch into an output and an error file); each file in input order, the
+    errors file written even when empty (never a stale one): valid in its format all the same."""
     if errors_path is None:
         with AtomicFile(path) as out:
             for piece in _pieces(rows, RowText(spec)):
                 out.write(piece)
         return
     with AtomicFile(path) as out, AtomicFile(errors_path) as errors:
-        answered, failed = RowText(spec), RowText(spec)
+        answered, failed = RowText(spec), RowText(replace(spec, format=errors_format(errors_path, spec.format)))
         out.write(answered.head())
         errors.write(failed.head())
         for row in rows:

@@ -46,6 +46,12 @@ class Earlier:
         self.end = 0  # where its last whole line ends (a torn last line follows)
 
 
+def holds_answers(earlier: Earlier) -> bool:
+    """Whether a rerun could reuse anything of it: a ggbatch journal with an answer that did not
+    fail (a file that is not a journal is someone else's: it holds whatever it holds)."""
+    return earlier.fingerprint is None or len(earlier.at) > 0
+
+
 def start_reading(path: str) -> "Future[Optional[Earlier]]":
     """read_earlier in a thread of its own."""
     executor = ThreadPoolExecutor(1, thread_name_prefix="ggbatch-journal")

@@ -30,14 +30,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question, Sample
-from ..config.schema import FIRST_TOKEN, JobConfig
+from ..config.schema import CHOICES_AUTO, FIRST_TOKEN, JobConfig
 from ..errors import OutputError, StartOver, quote
 from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
 from ..files.formats.token_logprobs import from_journal, to_journal
 from ..model.identity import ModelIdentity
 from ..model.versions import package_version
-from .index import Earlier, prompt_key, read_earlier
+from .index import Earlier, holds_answers, prompt_key, read_earlier
 
 VERSION = 1
 
@@ -101,12 +101,30 @@ def setting_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[t
     """(the first setting whose value differs, its old value, its new one), or None. Both are
     compared as written to a journal; a setting that is a mapping on both sides is named down
     to the key inside it that differs ('reasoning.budget' 3 -> 5, not the whole block), and one
-    left out at its default is named with that default."""
+    left out at its default is named with that default. Values are shown as the user wrote them."""
     old, new = as_written(old), as_written(new)
+    change = _first_change(old, new)
+    if change is None:
+        return None
+    key, was, now = change
+    return key, _as_given(key, was, old), _as_given(key, now, new)
+
+
+def _as_given(key: str, value: Any, fingerprint: Mapping[str, Any]) -> Any:
+    """answer.choices: auto is journaled as an answer of no choices and no grammar (each question
+    takes its record's own choices), which would read as []: it is named auto."""
+    answer = fingerprint.get("answer")
+    if key == "answer.choices" and value == [] and isinstance(answer, dict) and answer.get("grammar") is None:
+        return CHOICES_AUTO
+    return value
+
+
+def _first_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[tuple[str, Any, Any]]:
+    """setting_change as the journal holds both, values as written."""
     for key in sorted(set(old) | set(new)):
         was, now = old.get(key, LEFT_OUT.get(key)), new.get(key, LEFT_OUT.get(key))
         if key in old and key in new and isinstance(was, dict) and isinstance(now, dict):
-            inner = setting_change(was, now)
+            inner = _first_change(was, now)
             if inner is not None:
                 return f"{key}.{inner[0]}", inner[1], inner[2]
         elif old.get(key) != new.get(key):
@@ -283,9 +301,11 @@ class Journal:
     def _open(self, fresh: bool, reading: "Optional[Future[Optional[Earlier]]]") -> Earlier:
         """A new file with the header, or (not fresh, same fingerprint) the earlier run's,
         indexed, and a torn last line of a killed run cut off, so that what is appended never
-        follows half a line."""
+        follows half a line. An earlier journal holding no answer (a run refused for its input
+        after the header was written, or whose every answer failed) is replaced whatever its
+        settings: nothing in it can be lost, and the setting it names was often the fix."""
         earlier = None if fresh else reading.result() if reading is not None else read_earlier(self.path)
-        if earlier is None:
+        if earlier is None or not holds_answers(earlier):
             with open(self.path, "wb") as out:
                 out.write((json.dumps({"ggbatch_journal": VERSION, "fingerprint": self.fingerprint}) + "\n").encode())
             return Earlier(self.fingerprint)

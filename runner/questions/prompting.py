@@ -18,7 +18,7 @@ from typing import Optional
 
 from ...workers.helper_messages import VocabInfo
 from ...workers.protocol import AnswerSpec, GenerationParams, Thinking
-from ..config.answer import check_spellable, choice_tokens
+from ..config.answer import check_logprob_choices, check_spellable, choice_tokens
 from ..config.reasoning import answer_room_problem, model_thinking, thinking_room, with_budget
 from ..config.schema import LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
@@ -63,6 +63,8 @@ class Prompting:
         vocabulary (ConfigError naming the first it cannot spell)."""
         if answer is not None and answer.choices:
             check_spellable(self.tokenizer, answer.choices, self.info.metadata.get("tokenizer.ggml.unknown_token_id"))
+            if answer.logprobs and config.choice_scoring != LOGLIKELIHOOD:
+                check_logprob_choices(self.tokenizer, answer.choices)
         stop = config.stop or (PLAIN_STOP if self.template is None else ())
         try:
             thinking = with_budget(self.thinking, config.thinking_budget, "reasoning.max_tokens")
@@ -82,9 +84,7 @@ class Prompting:
     def restart_tokenizer(self) -> None:
         """A new tokenizer process in place of one that died (killed from outside: the kernel's
         out-of-memory killer); a warm pool outlives it."""
-        model_path = self.tokenizer.model_path
-        self.tokenizer.close()
-        self.tokenizer = TokenizerProcess(model_path)
+        self.tokenizer.restart()
 
     def close(self) -> None:
         """The vocabulary's memory goes back; idempotent."""

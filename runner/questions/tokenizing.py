@@ -18,22 +18,25 @@ order); one is enough today.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import tempfile
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 import multiprocess as mp
 from multiprocess.connection import wait
 
-from ...workers.helper_messages import TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo
+from ...workers.helper_messages import SpellChoices, TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo
 from ...workers.llama.load_errors import says_memory
 from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
 from ..child_processes import start_child
 from ..errors import ModelError, WorkerFailure
+
+log = logging.getLogger("ggbatch")
 
 BATCH_TEXTS = 512
 IN_FLIGHT = 2
@@ -56,13 +59,23 @@ class TokenizerProcess:
 
     def __init__(self, model_path: str) -> None:
         self.model_path = model_path
+        self._start()
+
+    def restart(self) -> None:
+        """A new process in place of one that died (killed from outside: the kernel's
+        out-of-memory killer); what was submitted to the dead one is lost, and sent again by
+        whoever submitted it."""
+        self.close()
+        self._start()
+
+    def _start(self) -> None:
         ctx = mp.get_context("spawn")
         fd, self._stderr_path = tempfile.mkstemp(prefix="ggbatch-tokenizer-", suffix=".log")
         self._stderr = os.fdopen(fd, "rb")  # the process's stderr, read only if it dies
         self._requests = ctx.Queue()
         self._results, child_end = ctx.Pipe(duplex=False)
         self._process = ctx.Process(target=tokenizer_main, name="ggbatch-tokenizer", daemon=True,
-                                    args=(model_path, self._stderr_path, self._requests, child_end))
+                                    args=(self.model_path, self._stderr_path, self._requests, child_end))
         try:
             start_child(self._process)
             child_end.close()  # ours: with the child's copy closed by its death, the pipe says EOF
@@ -86,6 +99,15 @@ class TokenizerProcess:
 
     def submit(self, texts: Sequence[str], add_bos: Sequence[bool]) -> None:
         self._requests.put(encode(TokenizeBatch(tuple(texts), tuple(add_bos))))
+
+    def one_token(self, choices: Sequence[str]) -> tuple[bool, ...]:
+        """Whether each choice is one token after the prompt, as a worker finds it (asked with
+        no batch in flight: results come back in order)."""
+        self._requests.put(encode(SpellChoices(tuple(choices))))
+        try:
+            return decode(self._receive())
+        except _Died as exc:
+            raise WorkerFailure(f"the tokenizer process died ({exc})") from None
 
     def receive(self) -> TokenizedBatch:
         """The result of the oldest batch submitted and not yet received."""
@@ -133,20 +155,84 @@ class TokenizerProcess:
         self.close()
 
 
+@dataclass(frozen=True)
+class _Sent:
+    """A batch in a tokenizer process's hands: kept until its result is read, to send it again
+    should the process die."""
+
+    process: TokenizerProcess
+    texts: list[str]
+    add_bos: list[bool]
+
+    def submit(self) -> None:
+        self.process.submit(self.texts, self.add_bos)
+
+
 def tokenize_all(processes: Sequence[TokenizerProcess], prompts: Iterable[tuple[str, bool]],
                  batch_texts: int = BATCH_TEXTS) -> Iterator[Union[array, Rejected]]:
     """The tokens of each (text, add_bos) prompt, or Rejected, in order. `prompts` is consumed a
     batch at a time, so rendering overlaps tokenizing."""
-    in_flight: deque[TokenizerProcess] = deque()
+    in_flight: deque[_Sent] = deque()
     turn = itertools.cycle(processes)
     for texts, add_bos in _batches(prompts, batch_texts):
-        process = next(turn)
-        process.submit(texts, add_bos)
-        in_flight.append(process)
+        sent = _Sent(next(turn), texts, add_bos)
+        sent.submit()
+        in_flight.append(sent)
         if len(in_flight) >= IN_FLIGHT * len(processes):
-            yield from _split(in_flight.popleft().receive())
+            yield from _split(_received(in_flight))
     while in_flight:
-        yield from _split(in_flight.popleft().receive())
+        yield from _split(_received(in_flight))
+
+
+def _received(in_flight: deque[_Sent]) -> TokenizedBatch:
+    """The result of the oldest batch in flight. A process that died (killed from outside: the
+    kernel's out-of-memory killer) is started again and given its batches again, this one
+    first and alone; one that dies on it again is given its texts one at a time, so that only a text it dies on
+    fails (Rejected), rather than the run ending or looping on it."""
+    sent = in_flight.popleft()
+    got = _tried(sent)
+    if got is None:
+        sent.submit()  # alone: a death now is this batch's own, not one given after it
+        got = _tried(sent)
+        if got is None:
+            got = _one_at_a_time(sent)
+        for again in in_flight:  # lost with the dead process: sent again, in their order
+            if again.process is sent.process:
+                again.submit()
+    return got
+
+
+def _tried(sent: _Sent) -> Optional[TokenizedBatch]:
+    """The batch's result; None: the process died (it is started again, empty)."""
+    try:
+        return sent.process.receive()
+    except WorkerFailure as exc:
+        _restarted(sent.process, exc)
+        return None
+
+
+def _one_at_a_time(sent: _Sent) -> TokenizedBatch:
+    """A batch a process died on twice, each text alone: a text it dies on again fails."""
+    tokens, counts, errors = array("i"), array("i"), {}
+    for i, (text, add_bos) in enumerate(zip(sent.texts, sent.add_bos)):
+        sent.process.submit([text], [add_bos])
+        try:
+            got = sent.process.receive()
+        except WorkerFailure as exc:
+            _restarted(sent.process, exc)
+            counts.append(-1)
+            errors[i] = f"the tokenizer process died on it, as twice on its batch ({exc})"
+            continue
+        tokens.extend(got.tokens)
+        counts.extend(got.counts)
+        if 0 in got.errors:
+            errors[i] = got.errors[0]
+    return TokenizedBatch(tokens, counts, errors)
+
+
+def _restarted(process: TokenizerProcess, died: WorkerFailure) -> None:
+    log.warning("%s; starting a new one", died)
+    process.restart()
 
 
 def _batches(prompts: Iterable[tuple[str, bool]], size: int) -> Iterator[tuple[list[str], list[bool]]]:

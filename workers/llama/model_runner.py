@@ -19,11 +19,12 @@ import sys
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import llama_cpp
 import numpy as np
 
+from ..engine.constraints import choice_spellings
 from ..engine.memory_kind import MemoryKind
 from ..helper_messages import VocabInfo
 from .load_errors import ModelLoadError, describe_context_failure, describe_load_failure
@@ -235,6 +236,12 @@ class Tokenizer:
         returns the token count, or minus the count needed when `capacity` is too small."""
         out = ctypes.cast(out_address, ctypes.POINTER(llama_cpp.llama_token))
         return int(llama_cpp.llama_tokenize(self._vocab.vocab, data, len(data), out, capacity, add_bos, True))
+
+    def one_token(self, choices: Sequence[str]) -> tuple[bool, ...]:
+        """Whether a token spells each choice alone, bare or after one space (a byte token too),
+        as a worker answers it from the logits (workers/llama/sampling.py choice_tokens)."""
+        spelled = self._vocab.tokens_spelling({v for c in choices for v in choice_spellings(c)})
+        return tuple(any(v in spelled for v in choice_spellings(c)) for c in choices)
 
     def gaps(self) -> Optional[SpmGaps]:
         """The characters this vocabulary cannot take (workers/llama/vocab_gaps.py): only llama.cpp's SPM

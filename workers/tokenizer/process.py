@@ -23,9 +23,9 @@ import ctypes
 import os
 import signal
 from array import array
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
-from ..helper_messages import TokenizeBatch, TokenizedBatch, TokenizerLoadError
+from ..helper_messages import SpellChoices, TokenizeBatch, TokenizedBatch, TokenizerLoadError
 from ..main import die_with_parent
 from ..protocol import decode, encode
 from .fork import Round, TokenizingFork
@@ -57,8 +57,11 @@ def tokenizer_main(model_path: str, stderr_path: str, requests: Any, results: An
     results.send_bytes(encode(tokenizer.info()))
     batches = BatchTokenizer(tokenizer)
     while True:
-        request: TokenizeBatch = decode(requests.get())
-        results.send_bytes(encode(batches.tokenize(request.texts, request.add_bos)))
+        request: Union[TokenizeBatch, SpellChoices] = decode(requests.get())
+        if isinstance(request, SpellChoices):
+            results.send_bytes(encode(tokenizer.one_token(request.choices)))
+        else:
+            results.send_bytes(encode(batches.tokenize(request.texts, request.add_bos)))
 
 
 def _name_process(name: bytes) -> None:
