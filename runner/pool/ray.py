@@ -150,9 +150,10 @@ def connect(address: Optional[str]) -> bool:
         # Workers at the coordinator's niceness, not Ray's default 15 (workers/ray_actor.py pin_process).
         options.update(num_cpus=len(usable_cores()), _system_config={"worker_niceness": 0})
     try:
-        ray.init(address=address, **options)
+        ray.init(address=address or "local", **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"ray_address {address}: {str(exc).splitlines()[0]}") from None
+        where = f"ray_address {address}" if address else "backend ray: a Ray instance of the job's own"
+        raise ConfigError(f"{where}: {str(exc).splitlines()[0]}") from None
     return True
 
 
