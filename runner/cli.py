@@ -128,7 +128,8 @@ def _add_run(sub: Any) -> None:
     a("--backend", choices=["local", "ray"],
       help="where workers live: local processes (default), or Ray actors on a cluster's nodes (needs ggbatch[ray])")
     a("--ray-address", dest="ray_address",
-      help="with --backend ray: auto or HOST:PORT of the cluster to join; none: start a Ray instance on this machine")
+      help="with --backend ray: auto or HOST:PORT of the cluster to join; none: start a Ray instance of "
+           "its own on this machine, even where a cluster runs")
     a("--n-batch", dest="n_batch", help="token budget of one decode step, or auto (512; 1024 with the prefix cache)")
     a("--max-tokens", dest="max_tokens", help="most tokens generated per answer (default 256)")
     a("--system", help="system prompt")

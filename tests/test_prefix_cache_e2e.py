@@ -78,3 +78,26 @@ def test_a_worker_killed_while_it_holds_cached_passages_loses_nothing(quiet, tmp
     assert out.read_bytes() == (folder / "on.json").read_bytes()
     ids = [json.loads(line)["qid"] for line in open(f"{out}.journal.jsonl").read().splitlines()[1:]]
     assert len(ids) == len(set(ids)) == N_PASSAGES * PER_PASSAGE
+
+
+def test_questions_too_long_for_the_context_share_nothing(tmp_path, demo_model):
+    """A question no context of the job can take is turned away by every worker unread: its
+    passage, shared with others as long, saves nothing, and the log and report do not count it."""
+    rng = random.Random(7)
+    words = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()
+    rows = [{"questionID": f"{size}{p}-q{j}", "question": f"Story: {text}\nQuestion {j}: what did the dog do?"}
+            for size, n_words in (("short", 40), ("long", 200)) for p in range(2)
+            for text in [" ".join(rng.choice(words) for _ in range(n_words))] for j in range(3)]
+    questions, out = write_jsonl(tmp_path / "q.jsonl", rows), tmp_path / "a.json"
+    done = subprocess.run(ggbatch_command("run", "--model", demo_model, "--input", questions, "--output", out,
+                                          "--report", tmp_path / "r.json", "--n-ctx", 128, "--max-tokens", 8,
+                                          "--workers", 1, "--progress", "off"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1, done.stderr  # the long questions failed, each alone
+    answers = {r["questionID"]: r for r in json.loads(out.read_text())}
+    assert all(("context per sequence is 128" in (a.get("error") or "")) == qid.startswith("long")
+               for qid, a in answers.items()), answers
+    cache = json.loads((tmp_path / "r.json").read_text())["prefix_cache"]
+    assert (cache["groups"], cache["grouped_questions"]) == (2, 6)  # the short passages' questions
+    assert 0 < cache["shareable_tokens"] < cache["prompt_tokens"]
+    assert "2 groups of questions share a prefix (6 questions;" in done.stderr

@@ -4,8 +4,13 @@ the demo model, against the local backend's answers."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from array import array
@@ -22,6 +27,7 @@ from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
 from ggbatch.workers.ray_actor import own_cores
 from ggbatch.workers.spec import WorkerSpec
 from helpers import ggbatch as cli
+from helpers import wait_for
 
 ray = pytest.importorskip("ray", reason="the Ray backend's tests need ray: pip install -e '.[test]'")
 
@@ -35,7 +41,8 @@ def cluster():
     raylet and its workers inherit this process's environment."""
     path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), path) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # "local": an instance of its own even where `ray start` runs here, or has left its address file
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
     os.environ["PYTHONPATH"] = path
@@ -219,6 +226,84 @@ def test_a_bad_ray_address_is_one_line_and_exit_2(tmp_path, demo_model):
         "ggbatch: error: ray_address 127.0.0.1:1: cannot connect (Connection refused); is a Ray head "
         "running there (`ray start --head`)?"]
     assert not (tmp_path / "a.json").exists()
+
+
+def _one_question(tmp_path: Path) -> str:
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"questionID": "q1", "question": "Hi?"}) + "\n")
+    return str(q)
+
+
+def test_an_address_where_another_server_answers_is_one_line_and_exit_2_in_seconds(tmp_path, demo_model):
+    """An HTTP server (the dashboard's port, a typo) accepts the connection: ray.init would retry
+    it for minutes, printing Ray's C++ warnings."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        started = time.monotonic()
+        done = cli("run", "--model", demo_model, "--input", _one_question(tmp_path), "--output",
+                   str(tmp_path / "a.json"), "--backend", "ray", "--ray-address", address, timeout=60)
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"ggbatch: error: ray_address {address}: another server answers there (")
+    assert "not a Ray head; give the GCS address `ray start --head` prints" in done.stderr
+    assert took < 20 and not (tmp_path / "a.json").exists()
+
+
+def test_a_grpc_server_that_is_not_the_gcs_is_refused_and_the_gcs_is_not(cluster, capfd):
+    """A raylet's port speaks gRPC, as the GCS does, but knows none of the GCS's services."""
+    from ggbatch.runner.pool.ray import check_address
+
+    node = ray.nodes()[0]
+    raylet = f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
+    with pytest.raises(ConfigError) as refused:
+        check_address(raylet)
+    assert str(refused.value) == (
+        f"ray_address {raylet}: a gRPC server answers there, but not a Ray head's GCS (it has no GCS service: "
+        "gRPC status 12, UNIMPLEMENTED); give the GCS address `ray start --head` prints (HOST:6379 by default), "
+        "not the dashboard's or another port")
+    assert "gcs_client" not in capfd.readouterr().err  # Ray's C++ warning is taken aside
+    check_address(cluster)  # the GCS itself passes
+
+
+@pytest.fixture
+def ray_start(tmp_path):
+    """A cluster `ray start --head` runs on this machine, in a Ray folder of its own (RAY_TMPDIR:
+    its address file is where ray.init(None) looks); SIGTERM to `ray start --block` stops it all."""
+    folder = tempfile.mkdtemp(prefix="ggr", dir="/tmp")  # short: Ray's socket paths are under it
+    env = {**os.environ, "RAY_TMPDIR": folder, "RAY_AUTH_MODE": "disabled"}  # whatever ~/.ray holds
+    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--port", "0",
+                             "--num-cpus", "1", "--include-dashboard=false", "--disable-usage-stats", "--block"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address_file = Path(folder) / "ray" / "ray_current_cluster"
+    try:
+        wait_for(address_file.exists, timeout=90, what="`ray start --head` to write its address")
+        yield env, address_file.read_text().strip()
+    finally:
+        head.terminate()
+        head.wait(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="tells the instances apart by their CPUs")
+def test_no_address_starts_an_instance_of_its_own_beside_a_running_cluster(ray_start, tmp_path, demo_model):
+    env, running = ray_start
+    done = cli("run", "--model", demo_model, "--input", _one_question(tmp_path), "--output", str(tmp_path / "a.json"),
+               "--report", str(tmp_path / "r.json"), "--max-tokens", "4", "--progress", "off", "--backend", "ray",
+               env=env, timeout=150)
+    assert done.returncode == 0, done.stderr
+    from ggbatch.runner.plan.layout import usable_cores
+    from ggbatch.runner.pool.ray import check_address
+
+    nodes = json.loads((tmp_path / "r.json").read_text())["layout"]["nodes"]
+    assert [node["cpus"] for node in nodes] == [len(usable_cores())]  # not the running cluster's 1 CPU
+    check_address(running)  # which is still there, left as it was
 
 
 def test_node_plan_numbers_workers_across_nodes_and_keeps_their_ids_when_a_node_keeps_fewer():

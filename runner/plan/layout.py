@@ -306,6 +306,13 @@ def context_per_sequence(longest_prompt: int, max_tokens: int, n_ctx_train: int,
     return min(need, n_ctx_train) if n_ctx_train > 0 else need
 
 
+def context_limit(n_ctx_train: int, requested: Optional[int]) -> int:
+    """The most context per sequence the job's workers can ever have (0: no limit known), as
+    context_per_sequence and runner/plan/growth.py size it: a prompt that does not fit it fails
+    whatever the memory holds."""
+    return requested if requested is not None else n_ctx_train
+
+
 def kv_unified_for(n_prefix: int, n_ctx_seq: int, batch_invariant: bool, prefix_cache: bool = False,
                    scored: bool = False) -> bool:
     """One KV pool when the shared prefix is longer than the rest of a sequence (it is then

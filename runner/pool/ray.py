@@ -12,9 +12,14 @@ it cannot be placed again, ActorUnschedulableError): the pool then treats it as 
 process (requeues, restarts, the crash budget of runner/pool/crashes.py). An actor is never
 restarted by Ray itself (max_restarts 0): the pool decides, as it does for processes.
 
-ray.init starts a local cluster on this machine when no address is given, and connects to one
-otherwise; connecting is checked first with a plain TCP connection, because ray.init retries an
-address nobody listens on for minutes.
+With no address, ray.init starts a Ray instance of the job's own on this machine ("local"), even
+where `ray start` or RAY_ADDRESS names a cluster (ray.init(None) would join that one, and refuse
+the instance's settings); `auto` joins it. An address is checked before ray.init, which retries an
+address with no Ray head behind it for minutes (nobody listening, or another server: an HTTP
+server, the dashboard's port, a proxy), printing Ray's C++ warnings meanwhile: a TCP connection,
+then the first bytes of gRPC (the HTTP/2 client preface, RFC 9113 3.4: a gRPC server, as Ray's GCS
+is, answers with its SETTINGS frame), then Ray's own first question to a GCS, the cluster's id,
+each bounded by CONNECT_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 import uuid
 from typing import Any, Optional, Sequence
 
+from ...workers.native_stderr import stderr_captured
 from ...workers.protocol import Ready, decode, encode
 from ...workers.ray_actor import RayWorker
 from ...workers.spec import WorkerSpec
@@ -40,7 +46,13 @@ log = logging.getLogger("ggbatch")
 
 POLL_S = 2.0  # how long one next_messages call waits in the actor for a first message
 ACTOR_CONCURRENCY = 4  # a poll waiting, a send, and room to spare (threaded actor)
-CONNECT_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5.0  # each step of checking an address: connecting, the first answer, the GCS's
+# A gRPC client's first bytes: the HTTP/2 connection preface and an empty SETTINGS frame (length 0,
+# type 4, no flags, stream 0); a gRPC server's first frame is its own SETTINGS (RFC 9113 3.4, 6.5).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HTTP2_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+HTTP2_SETTINGS = 4  # the frame type, the 4th byte of a frame's header
+GIVE_GCS = "give the GCS address `ray start --head` prints (HOST:6379 by default), not the dashboard's or another port"
 
 
 def import_ray() -> Any:
@@ -57,17 +69,75 @@ def check_address(address: str) -> None:
     if not host or not port.isdigit():
         raise ConfigError(f"ray_address: must be auto or HOST:PORT (a Ray head's GCS address, as "
                           f"`ray start --head` prints it), got {address!r}")
+    first = _first_answer(address, host, int(port))
+    if len(first) < 4 or first[3] != HTTP2_SETTINGS:
+        raise ConfigError(f"ray_address {address}: {_what_answered(first)}, not a Ray head; {GIVE_GCS}")
+    _check_gcs(address)
+
+
+def _first_answer(address: str, host: str, port: int) -> bytes:
+    """What the server there sends first to a gRPC client's greeting (b"": nothing in time)."""
     try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        conn = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
         raise ConfigError(f"ray_address {address}: cannot connect ({exc.strerror or exc}); is a Ray head "
                           "running there (`ray start --head`)?") from None
+    with conn:
+        try:
+            conn.sendall(HTTP2_PREFACE + HTTP2_EMPTY_SETTINGS)
+            return conn.recv(64)
+        except OSError:  # silent until the timeout, or the connection reset
+            return b""
+
+
+def _what_answered(first: bytes) -> str:
+    if not first:
+        return f"something accepts connections there but answers nothing to gRPC within {CONNECT_TIMEOUT_S:g} s"
+    line = first.decode("latin-1").splitlines()[0] if first.strip() else ""
+    said = "".join(c for c in line if c.isprintable())[:60]
+    return f"another server answers there ({said!r})" if said else "another server answers there"
+
+
+def _check_gcs(address: str) -> None:
+    """A gRPC server that is not Ray's GCS fails Ray's first question to one: the cluster's id.
+    Asked through Ray's C++ GCS client (not a public API: a Ray without it skips this check),
+    whose warning line on failure says what its exception says, so it is taken aside. A GCS that
+    wants a token (Ray's token authentication) this process does not give would refuse ray.init
+    too, after its retries: ray.init takes the token for an address only with RAY_AUTH_MODE=token."""
+    import ray._raylet
+    from ray.exceptions import AuthenticationError, RayError
+
+    standalone = getattr(getattr(ray._raylet, "InnerGcsClient", None), "standalone", None)
+    if standalone is None:
+        return
+    with stderr_captured():
+        try:
+            standalone(address, None, int(CONNECT_TIMEOUT_S * 1000))
+        except AuthenticationError:
+            raise ConfigError(f"ray_address {address}: the Ray head there wants its token (Ray's token "
+                              "authentication): run with RAY_AUTH_MODE=token, the cluster's token in "
+                              "~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH") from None
+        except RayError as exc:
+            raise ConfigError(f"ray_address {address}: a gRPC server answers there, but not a Ray head's GCS "
+                              f"({_rpc_error(exc)}); {GIVE_GCS}") from None
+
+
+def _rpc_error(exc: Exception) -> str:
+    """Ray's RpcError in a few words: its message, or where a server gave none, its gRPC status."""
+    said = (str(exc).strip().splitlines() or [""])[0].rstrip(": ")
+    if said not in ("", "RPC error"):
+        return said
+    code = getattr(exc, "rpc_code", None)
+    if code == 12:  # gRPC's UNIMPLEMENTED: a gRPC server of other services (a raylet, an agent)
+        return "it has no GCS service: gRPC status 12, UNIMPLEMENTED"
+    return f"RPC error, gRPC status {code}"
 
 
 def connect(address: Optional[str]) -> bool:
-    """Join a Ray cluster (address: HOST:PORT or auto), or start one on this machine (None).
-    Returns whether this call started or joined it (and so should leave it at the end); a
-    process already connected (a test, a notebook) keeps its connection."""
+    """Join a Ray cluster (address: HOST:PORT or auto), or start an instance of the job's own on
+    this machine (None), whatever cluster runs here already. Returns whether this call started or
+    joined it (and so should leave it at the end); a process already connected (a test, a
+    notebook) keeps its connection."""
     ray = import_ray()
     if ray.is_initialized():
         return False
@@ -80,9 +150,10 @@ def connect(address: Optional[str]) -> bool:
         # Workers at the coordinator's niceness, not Ray's default 15 (workers/ray_actor.py pin_process).
         options.update(num_cpus=len(usable_cores()), _system_config={"worker_niceness": 0})
     try:
-        ray.init(address=address, **options)
+        ray.init(address=address or "local", **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"ray_address {address}: {str(exc).splitlines()[0]}") from None
+        where = f"ray_address {address}" if address else "backend ray: a Ray instance of the job's own"
+        raise ConfigError(f"{where}: {str(exc).splitlines()[0]}") from None
     return True
 
 

@@ -21,13 +21,14 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Iterator, Optional, Sequence
 
+from ...workers.engine.fits import length_problem
 from ...workers.engine.sequence import common_prefix_len
 from ...workers.protocol import GenerationParams, Question
 from ..config.schema import LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
 from ..files.inputs import Record
 from ..journal.journal import Journal
-from ..plan.layout import PromptFacts
+from ..plan.layout import PromptFacts, context_limit
 from .maker import QuestionMaker, QuestionSet
 from .prefix_groups import Sharing, grouped_order
 from .prompting import Prompting
@@ -66,7 +67,8 @@ class Preparer:
         return self.maker.made
 
     def window(self, records: Sequence[Record], last: bool) -> Window:
-        questions, sharing = order(self.maker.make(records), self.config.prefix_cache == "auto")
+        limit = context_limit(self.prompting.info.n_ctx_train, self.config.n_ctx)
+        questions, sharing = order(self.maker.make(records), self.config.prefix_cache == "auto", limit)
         if sharing is not None and sharing.groups:
             questions = [replace(q, group=q.group + self.groups) if q.group else q for q in questions]
             self.groups += sharing.groups
@@ -141,18 +143,24 @@ def check_sample_slots(slots: Sequence[int], samples: int, config: JobConfig) ->
                       "give more slots, or fewer samples")
 
 
-def order(questions: list[Question], grouped: bool) -> tuple[list[Question], Optional[Sharing]]:
+def order(questions: list[Question], grouped: bool, limit: int = 0) -> tuple[list[Question], Optional[Sharing]]:
     """Longest prompts first, so that the long ones start early and the tail of the run stays
-    short; `grouped`: the same by groups of questions sharing a prefix, kept together."""
+    short; `grouped`: the same by groups of questions sharing a prefix, kept together. A question
+    too long for the largest context the job can have (`limit`, 0: none known) is in no group:
+    every worker turns it away unread, so its prefix is no saving; such questions go last."""
     if not grouped:
         return sorted(questions, key=lambda q: len(q.tokens), reverse=True), None
-    prompts = [q.tokens for q in questions]
-    n_prefix = len(common_prefix(prompts)) if len(prompts) > 1 else 0
-    placed, sharing = grouped_order(prompts, n_prefix)
+    fitting: list[Question] = []
+    too_long: list[Question] = []
+    for q in questions:
+        (too_long if limit and length_problem(q, limit) is not None else fitting).append(q)
+    # the prefix of every prompt, as the workers are given it (runner/questions/prepare.py facts)
+    n_prefix = len(common_prefix([q.tokens for q in questions])) if len(questions) > 1 else 0
+    placed, sharing = grouped_order([q.tokens for q in fitting], n_prefix)
     if sharing.groups:
         log.info("prefix cache: %d groups of questions share a prefix (%d questions; %d prompt tokens "
                  "need not be computed again)", sharing.groups, sharing.grouped, sharing.shareable)
-    return [replace(questions[i], group=group) if group else questions[i] for i, group in placed], sharing
+    return [replace(fitting[i], group=group) if group else fitting[i] for i, group in placed] + too_long, sharing
 
 
 def check_requests(config: JobConfig, first: Sequence[Record]) -> None:

@@ -48,6 +48,7 @@ import numpy as np
 from ..engine import answers, invariant, loglik
 from ..engine.answers import from_logits
 from ..engine.batch import Batch, batch_arrays, logit_index, scored_rows
+from ..engine.fits import length_problem
 from ..engine.samples import SampleSet
 from ..engine.scheduler import Scheduler, Span
 from ..engine.sequence import Phase, Sequence
@@ -122,11 +123,10 @@ class LlamaEngine:
                 self.sched.add(seq)
             self._rejected += [ready] if ready is not None else []
             return
-        n, samples = len(question.tokens), gen.sampling.n
-        if n == 0 or n >= self.n_ctx_seq:
-            why = ("prompt is empty" if n == 0 else
-                   f"prompt has {n} tokens, context per sequence is {self.n_ctx_seq}")
-            self._rejected.append(answers.rejected(question, self.worker_id, why))
+        samples = gen.sampling.n
+        too_long = length_problem(question, self.n_ctx_seq)
+        if too_long is not None:
+            self._rejected.append(answers.rejected(question, self.worker_id, too_long))
         elif samples > self.slots:  # a line's own n past what memory (or --slots) left
             self._rejected.append(answers.rejected(
                 question, self.worker_id, f"n: {samples} samples decode together, a slot each, and the worker has "

@@ -11,20 +11,18 @@ coordinator before any worker starts.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
-import sys
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import llama_cpp
 import numpy as np
 
 from ..engine.constraints import ROOT, choice_spellings
 from ..engine.logprobs import log_normalizers, row_logprobs
+from ..native_stderr import stderr_captured
 from ..protocol import GenerationParams
 
 # The backend and its log's ring of error lines belong to model_runner, which sets them up once.
@@ -38,30 +36,13 @@ def grammar_problem(gbnf: str) -> Optional[str]:
     _init_backend()
     _errors.clear()
     # llama.cpp's grammar parser writes why straight to stderr (fprintf), not through its log.
-    with _stderr_captured() as said:
+    with stderr_captured() as said:
         sampler = llama_cpp.llama_sampler_init_grammar(None, gbnf.encode("utf-8"), ROOT.encode())
     if sampler:
         llama_cpp.llama_sampler_free(sampler)
         return None
     why = [line.strip() for line in said if "error parsing grammar" in line]
     return why[0].split("error parsing grammar: ", 1)[1] if why else "llama.cpp cannot parse it"
-
-
-@contextlib.contextmanager
-def _stderr_captured() -> Iterator[list[str]]:
-    """The lines native code writes to file descriptor 2 meanwhile (the list is filled on exit)."""
-    lines: list[str] = []
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            lines.extend(tmp.read().decode("utf-8", "replace").splitlines())
 
 
 # llama.h's llama_token_data {id, logit, p}, as a numpy record: a whole vocabulary of candidates is

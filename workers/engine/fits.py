@@ -1,0 +1,24 @@
+"""Whether a question fits a context per sequence: the one rule a worker turns questions away by
+(workers/llama/engine.py), which the coordinator also reads to know, before any worker sees them,
+which questions no context of the job can take (runner/questions/prepare.py: they share no prefix)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..protocol import Question
+from . import loglik
+
+
+def length_problem(question: Question, n_ctx_seq: int) -> Optional[str]:
+    """Why the question cannot be answered in n_ctx_seq tokens of context (None: it can). A
+    generated answer needs its prompt and at least one more token; a scored one needs its context
+    and its longest continuation but the last token."""
+    if question.continuations:
+        return loglik.problem(question, n_ctx_seq)
+    n = len(question.tokens)
+    if n == 0:
+        return "prompt is empty"
+    if n >= n_ctx_seq:
+        return f"prompt has {n} tokens, context per sequence is {n_ctx_seq}"
+    return None
