@@ -35,6 +35,7 @@ from ..protocol import Answer, AnswerSpec, FinishReason, GenerationParams, Quest
 from . import invariant
 from .answers import rejected
 from .constraints import choice_logprobs
+from .fits import scored_problem as problem
 from .logprobs import log_normalizers
 from .scheduler import Span
 from .sequence import Sequence
@@ -115,19 +116,6 @@ def admit(question: Question, n_ctx_seq: int, worker_id: int,
         return [], rejected(question, worker_id, why)
     parent, seqs = sequences(question)
     return seqs, (answer(parent, worker_id, spec) if not seqs else None)
-
-
-def problem(question: Question, n_ctx_seq: int) -> Optional[str]:
-    """Why a scored question cannot be answered (None: it can): its tokens fed to the model (the
-    context and its longest continuation but that one's last token) must fit the context per
-    sequence."""
-    if not question.tokens:
-        return "a scored continuation needs a context of one token or more (lm-eval gives BOS to an empty one)"
-    longest = len(question.tokens) + max(len(c) for c in question.continuations)
-    if longest - 1 > n_ctx_seq:
-        return (f"context and continuation have {longest} tokens, {longest - 1} of them fed to the model, "
-                f"context per sequence is {n_ctx_seq}")
-    return None
 
 
 def first_scored_pos(seq: Sequence) -> int:
