@@ -113,7 +113,8 @@ def test_a_real_worker_runs_the_thread_count_it_is_told(demo_model):
 def test_a_run_beside_a_busy_loop_gives_a_thread_up_and_says_why(tmp_path, demo_model, questions_file):
     two_cores()
     out, report = tmp_path / "a.json", tmp_path / "r.json"
-    cmd = ggbatch_command("run", "--model", demo_model, "--input", questions_file(48), "--output", out,
+    # long enough (several seconds) for the controller to gather its evidence on a fast machine
+    cmd = ggbatch_command("run", "--model", demo_model, "--input", questions_file(128), "--output", out,
                           "--report", report, "--max-tokens", 128, "--ignore-eos", "--progress", "log")
     with busy_loop() as loop:
         wait_for(lambda: sum(psutil.Process(loop.pid).cpu_times()[:2]) >= 0.3, 30, "the busy loop burning a core")
