@@ -26,7 +26,7 @@ from .plan import layout as layouts
 from .plan.growth import ContextGrowth, PlanInputs
 from .plan.layout import PromptFacts
 from .plan.nodes import Node, NodePlan, share
-from .plan.repack_check import repacked_weights_run
+from .plan.repack_check import repack_refused
 from .pool.backend import Backend
 from .pool.gpu_probe import free_gpu_memory
 from .pool.local import LocalBackend
@@ -69,15 +69,6 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
         log.info("backend ray: %s", "; ".join(f"{node.describe()}: {lay.workers} × {lay.threads} threads"
                                               for node, lay in zip(nodes, layouts_)))
     return NodePlan.of(nodes, layouts_)
-
-
-def repack_refused(plain_anyway: bool) -> str:
-    """Why this CPU cannot run llama.cpp's repacked weights ("" when it can), asked only when the
-    weights may be repacked (runner/plan/repack_check.py: once per machine and build)."""
-    if plain_anyway:
-        return ""
-    runs, why = repacked_weights_run(layouts.cpu_flags())
-    return "" if runs else why
 
 
 def worker_specs(plan: NodePlan, model_path: str, engine_factory: EngineFactory) -> list[WorkerSpec]:

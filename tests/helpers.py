@@ -131,11 +131,9 @@ def repack_runs() -> bool:
 
 def repack_refusal() -> str:
     """Why this CPU refuses llama.cpp's repacked kernels, as the plan says it ("" where they run)."""
-    from ggbatch.runner.plan.layout import cpu_flags
-    from ggbatch.runner.plan.repack_check import repacked_weights_run
+    from ggbatch.runner.plan.repack_check import repack_refused
 
-    runs, why = repacked_weights_run(cpu_flags())
-    return "" if runs else why
+    return repack_refused()
 
 
 def alone(model: str, tokens: Iterable[int], max_tokens: int, flash_attn: bool = True) -> str:

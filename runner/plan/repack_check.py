@@ -53,6 +53,17 @@ def repacked_weights_run(flags: frozenset[str]) -> tuple[bool, str]:
     return runs is not False, why
 
 
+def repack_refused(plain_anyway: bool = False) -> str:
+    """Why this CPU cannot run llama.cpp's repacked weights ("" when it can), asked only when the
+    weights may be repacked (`plain_anyway`: they will not be, whatever the answer)."""
+    if plain_anyway:
+        return ""
+    from .layout import cpu_flags  # layout imports nothing of this module; the cycle stays out
+
+    runs, why = repacked_weights_run(cpu_flags())
+    return "" if runs else why
+
+
 def build_key(flags: frozenset[str]) -> str:
     """The llama.cpp build (its shared libraries' names, sizes and times) and the CPU (its flags)."""
     h = hashlib.blake2b(digest_size=12)

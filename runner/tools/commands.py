@@ -18,9 +18,9 @@ from ..errors import ConfigError, ModelError
 from ..files.outputs import write_atomic
 from ..files.paths import check_writable
 from ..files.piped import readable_file
-from ..launch import repack_refused
 from ..model.identity import identify, resolve_model
 from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
+from ..plan.repack_check import repack_refused
 
 log = logging.getLogger("ggbatch")
 
@@ -217,7 +217,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     slot_options = _ints(args.slots, "--slots")
     n_cores = len(usable_cores())
     invariant = settings.get("batch_invariant") is True
-    plain_only = model_is_hybrid(model) or bool(repack_refused(invariant))
+    plain_only = tune.plain_weights_only(model, invariant)
     trials = tune.candidates(n_cores, slot_options, args.questions, invariant, plain_only)
     estimate = tune.rough_seconds(os.path.getsize(model), len(trials), args.questions, args.max_tokens)
     print(f"trying {len(trials)} layouts on {args.questions} questions × {args.max_tokens} tokens: "
@@ -234,7 +234,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     log.setLevel(logging.WARNING)  # each trial's own progress lines would bury the results
     with readable_file(args.input) if args.input else nullcontext(None) as questions:
-        choice, trials = tune.tune(model, questions, args.questions, args.max_tokens, slot_options, settings, show)
+        choice, trials = tune.tune(model, questions, args.questions, args.max_tokens, slot_options, settings, show,
+                                   plain_only)
     n_ctx_seq = tuned.sample_context(trials)
     path = tuned.save_choice(identify(model), choice, trials, n_ctx_seq)
     print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots, "

@@ -17,9 +17,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..config.schema import build_config
 from ..files.inputs import read_records
-from ..launch import repack_refused
 from ..plan.layout import model_is_hybrid, usable_cores
 from ..plan.memory import MIB
+from ..plan.repack_check import repack_refused
 
 SAMPLE_QUESTIONS = [f"A shop sells {a} pens for {b} dollars. How much do {c} pens cost? Show the steps."
                     for a, b, c in ((3, 2, 12), (5, 4, 30), (7, 3, 21), (4, 9, 16), (6, 5, 18), (8, 2, 40))]
@@ -39,6 +39,12 @@ def candidates(n_cores: int, slot_options: Sequence[int], n_questions: int,
             for w in range(1, n_cores + 1) if n_cores % w == 0
             for s in slot_options if s == smallest or s <= math.ceil(n_questions / w)
             for repack in ((False,) if batch_invariant or plain_only else (True, False))]
+
+
+def plain_weights_only(model_path: str, batch_invariant: bool) -> bool:
+    """Whether no trial may repack the weights besides batch_invariant's own rule: a hybrid model,
+    or a CPU that refuses the repacked kernels (layout.repack_weights)."""
+    return model_is_hybrid(model_path) or bool(repack_refused(batch_invariant))
 
 
 def rough_seconds(model_bytes: int, n_trials: int, n_questions: int, max_tokens: int) -> float:
@@ -70,9 +76,10 @@ def write_sample(input_path: Optional[str], n: int, folder: str, id_field: str, 
 
 def tune(model_path: str, input_path: Optional[str], n_questions: int, max_tokens: int,
          slot_options: Sequence[int], settings: dict[str, Any],
-         on_trial: Callable[[dict[str, Any]], None] = lambda trial: None,
+         on_trial: Callable[[dict[str, Any]], None] = lambda trial: None, plain_only: Optional[bool] = None,
          ) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Run every candidate layout on the sample; returns (fastest layout, all trials)."""
+    """Run every candidate layout on the sample; returns (fastest layout, all trials). `plain_only`:
+    plain_weights_only's answer, when the caller has it already."""
     from ..job import run_job
 
     trials: list[dict[str, Any]] = []
@@ -80,7 +87,8 @@ def tune(model_path: str, input_path: Optional[str], n_questions: int, max_token
         sample = write_sample(input_path, n_questions, tmp, settings.get("fields.id", "questionID"),
                               settings.get("fields.question", "question"))
         invariant = settings.get("batch_invariant") is True
-        plain_only = model_is_hybrid(model_path) or bool(repack_refused(invariant))
+        if plain_only is None:
+            plain_only = plain_weights_only(model_path, invariant)
         for layout in candidates(len(usable_cores()), slot_options, n_questions, invariant, plain_only):
             config = build_config([("tune", {**settings, "model": model_path, "input": sample,
                                              "output": os.path.join(tmp, "answers.jsonl"),
