@@ -247,15 +247,18 @@ def _say_cut(counts: RecordCounts) -> None:
     first in input order, and what to raise."""
     if counts.cut:
         log.warning("%d answer%s held to choices or a grammar %s cut before %s complete (first: %s) and failed: "
-                    "raise max_tokens (or lower the thinking budget)", counts.cut, *(
-                        ("s", "were", "they were") if counts.cut > 1 else ("", "was", "it was")), counts.first_cut)
+                    "raise max_tokens (or lower the thinking budget)", counts.cut, *_were(counts.cut),
+                    counts.first_cut)
     if counts.cut_samples:
-        many = counts.cut_samples > 1
         log.warning("%d sample%s held to choices or a grammar %s cut before %s complete and %s no answer "
                     "(null in the question's list; its other samples answered it; first: %s): raise max_tokens "
-                    "(or lower the thinking budget)", counts.cut_samples, "s" if many else "",
-                    "were" if many else "was", "they were" if many else "it was", "have" if many else "has",
-                    counts.first_cut_sample)
+                    "(or lower the thinking budget)", counts.cut_samples, *_were(counts.cut_samples),
+                    "have" if counts.cut_samples > 1 else "has", counts.first_cut_sample)
+
+
+def _were(n: int) -> tuple[str, str, str]:
+    """The words _say_cut's lines change with their count: a plural s, were / was, they were / it was."""
+    return ("s", "were", "they were") if n > 1 else ("", "was", "it was")
 
 
 def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: float) -> OutputSpec:
