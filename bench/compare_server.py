@@ -41,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from engine_bench import GSM8K, SHARED, bench_model  # noqa: E402
+from plain_weights import server_flags  # noqa: E402
 
 SYSTEM = "Answer the question concisely."
 LSAT = SHARED / "data" / "lsat-rc" / "questions.jsonl"
@@ -130,7 +131,7 @@ def run_server(server: str, model: str, work: Workload, extra: list[str], port: 
     threads = str(len(os.sched_getaffinity(0)))
     proc = subprocess.Popen([server, "-m", model, "-np", str(parallel), "-c", str(parallel * work.ctx_per_slot),
                              "-t", threads,
-                             "-tb", threads, "--host", "127.0.0.1", "--port", str(port), *extra],
+                             "-tb", threads, "--host", "127.0.0.1", "--port", str(port), *server_flags(), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -20,12 +20,15 @@ import llama_cpp
 import numpy as np
 from lm_eval.api.model import TemplateLM
 
+from plain_weights import follow_plan
+
 
 class OnceScorer:
     """The model in this process: tokenize, and score one-token continuations of a context from
     the log-softmax of its last row (each context decoded from an empty KV cache)."""
 
     def __init__(self, model: str, n_ctx: int, n_threads: Optional[int], n_gpu_layers: int) -> None:
+        follow_plan()
         self.llm = llama_cpp.Llama(model_path=model, n_ctx=n_ctx, n_batch=512, logits_all=False,
                                    n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=False, verbose=False)
         self.tokens_computed = 0

@@ -146,7 +146,10 @@ def server_side(model: str, folder: Path, gpu_layers: int, port: int = 18111) ->
     """(seconds of lm-eval's local-completions run against the loaded server, lm-eval's output)."""
     import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
 
-    server = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_ctx", "2048",
+    # The server's weights as ggbatch's plan has them here (bench/plain_weights.py).
+    serve = ("import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); import plain_weights; "
+             "plain_weights.follow_plan(); runpy.run_module('llama_cpp.server', run_name='__main__')")
+    server = subprocess.Popen([sys.executable, "-c", serve, str(ROOT / "bench"), "--model", model, "--n_ctx", "2048",
                                "--n_threads", str(os.cpu_count()), "--n_gpu_layers", str(gpu_layers),
                                "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
