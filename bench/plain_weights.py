@@ -11,12 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def repack_refused() -> str:
-    """Why this machine's llama.cpp cannot run repacked weights ("" when it can)."""
-    from ggbatch.runner.plan.repack_check import repack_refused as refused
-
-    return refused()
+from ggbatch.runner.plan.repack_check import repack_refused
 
 
 def follow_plan() -> str:
