@@ -12,11 +12,12 @@ from dataclasses import replace
 import pytest
 
 from ggbatch.runner.model.make import modelgen as mg
+from ggbatch.runner.plan.layout import model_is_hybrid
 from ggbatch.workers.engine.samples import SampleSet, sample_seed
 from ggbatch.workers.engine.scheduler import Scheduler
 from ggbatch.workers.engine.sequence import Sequence
 from ggbatch.workers.protocol import Answer, EngineConfig, FinishReason, GenerationParams, Question, SamplingParams
-from helpers import engine_run
+from helpers import engine_run, repack_runs
 
 SAMPLED = SamplingParams(temperature=0.9, top_k=40)
 
@@ -60,7 +61,11 @@ def test_the_answer_comes_with_the_last_sample_in_sample_order():
 
 
 def run(model: str, questions: list[Question], slots: int, stats: dict | None = None, **gen) -> dict[str, Answer]:
-    config = EngineConfig(model, 1, slots, 64, 128, array("i"), GenerationParams(**gen), kv_unified=False)
+    # Weights as the plan lays them out: never repacked on a hybrid model (llama.cpp mixed its
+    # sequences so), nor where this CPU refuses the repacked kernels.
+    repack = not model_is_hybrid(model) and repack_runs()
+    config = EngineConfig(model, 1, slots, 64, 128, array("i"), GenerationParams(**gen), kv_unified=False,
+                          repack=repack)
     return engine_run(config, questions, stats)
 
 
