@@ -1,16 +1,20 @@
 """The pool across real spawned processes, with the fake engine (same interface as the real one)."""
 
+import signal
+import time
 from array import array
 from dataclasses import replace
 
 import pytest
 
 from fake_engine import Fake
-from ggbatch.runner.errors import WorkerFailure
+from ggbatch.runner.errors import Interrupted, WorkerFailure
 from ggbatch.runner.pool.crashes import StartupError
-from ggbatch.runner.pool.pool import WorkerPool
+from ggbatch.runner.pool.local import LocalBackend
+from ggbatch.runner.pool.pool import GRACE_S, TICK_S, WorkerPool
+from ggbatch.runner.pool.signals import STOP
 from ggbatch.runner.pool.worker_threads import WorkerThreads
-from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question, ThreadsSet
+from ggbatch.workers.protocol import Chunk, EngineConfig, GenerationParams, Question, ThreadsSet
 from ggbatch.workers.spec import WorkerSpec
 from helpers import write_jsonl
 
@@ -232,3 +236,47 @@ def test_a_wake_ends_the_pools_wait_at_once_and_is_drained():
             pipe.wake()
     finally:
         pipe.close()
+
+
+class SignalledMidSend(LocalBackend):
+    """Local workers whose links take SIGTERM inside a send, as a signal that comes while the run
+    hands a worker its configuration or a chunk: the handler runs before the send has returned.
+    A handler that sent too would re-enter the queue's put, whose lock the interrupted send holds:
+    the run hung for good (seen once in CI, a SIGTERM at 0.8 s)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reentered = []  # what was sent inside another send
+
+    def start(self, spec):
+        link = super().start(spec)
+        plain_send, sending = link.send, [False]
+
+        def send(msg):
+            if sending[0]:
+                self.reentered.append(type(msg).__name__)
+            sending[0] = True
+            try:
+                if isinstance(msg, Chunk):
+                    signal.raise_signal(signal.SIGTERM)  # its Python handler runs here, inside this send
+                plain_send(msg)
+            finally:
+                sending[0] = False
+
+        link.send = send
+        return link
+
+
+def test_a_signal_in_the_middle_of_a_send_stops_the_run_within_its_grace():
+    worker_specs, engine = specs(2, Fake(slow=0.05))
+    backend = SignalledMidSend()
+    pool = WorkerPool(worker_specs, backend=backend)
+    start = time.perf_counter()
+    with pytest.raises(Interrupted) as stopped, STOP.run():
+        STOP.attach(pool)
+        pool.run(qs(200), engine)
+    assert stopped.value.signum == signal.SIGTERM
+    assert time.perf_counter() - start < GRACE_S + TICK_S + 10  # the workers' start, then the grace
+    assert backend.reentered == []
+    assert pool.n_answered < 200  # what had not started decoding was never answered
+    assert all(w.link is None for w in pool.workers)

@@ -23,9 +23,10 @@ feed has given its last and every question has its answer (runner/pool/intake.py
 Dispatch is pull-based: a worker says how many questions it wants when its engine runs low, and
 runner/pool/dispatch.py says what it gets.
 
-Stopping (SIGINT/SIGTERM through `request_stop`): no new questions go out, every worker is told
-to Stop (finish what is decoding, drop what has not started), and after GRACE_S or when all have
-exited, Interrupted is raised; a second request kills at once.
+Stopping (SIGINT/SIGTERM through `request_stop`, inside the signal handler: it only marks the
+stop): no new questions go out, and at the loop's next turn (at most TICK_S later) every worker is
+told to Stop (finish what is decoding, drop what has not started); after GRACE_S or when all
+have exited, Interrupted is raised. A second request raises Interrupted at once.
 
 The workers' lives (starting, restarting after a death or a reconfigure, letting go, what a death
 costs) are runner/pool/lives.py's: the pool tells it of each death and requeues the dead worker's
@@ -179,6 +180,7 @@ class WorkerPool:
         graceful = False
         try:
             while self._open or windows.to_come:
+                self._tell_stop()
                 if self._stop_signal and (time.perf_counter() >= self._stop_deadline or
                                           all(w.link is None for w in self.workers)):
                     raise Interrupted(self._stop_signal)
@@ -214,12 +216,21 @@ class WorkerPool:
             self._dispatch()
 
     def request_stop(self, signum: int) -> None:
-        """First call: finish in-flight questions for a short grace, then stop. Second: now."""
+        """First call: finish in-flight questions for a short grace, then stop. Second: now.
+        It is called inside a signal handler (runner/pool/signals.py), which may have interrupted
+        any line of the run, a send on a worker's queue included: it only marks the stop, and
+        run()'s loop tells the workers at its next turn (_tell_stop). Sending from here would
+        take a queue's lock the interrupted send may hold: the run would hang for good."""
         if self._stop_signal:
             raise Interrupted(signum)
         self._stop_signal = signum
-        self._stop_deadline = time.perf_counter() + GRACE_S
         self.paused = True
+
+    def _tell_stop(self) -> None:
+        """Once a stop is asked: every live worker is told to Stop, and the grace starts."""
+        if not self._stop_signal or self._stop_deadline:
+            return
+        self._stop_deadline = time.perf_counter() + GRACE_S
         live = [w.link for w in self.workers if w.link is not None]
         for link in live:
             link.send(Stop())  # the worker finishes what is decoding, then exits

@@ -2,7 +2,8 @@
 same way (README, "Exit codes"). The first signal asks the run to stop; a second one stops it at
 once (Interrupted raised where the main thread is).
 
-    signal ─▶ STOP ─┬─ a pool attached ─▶ pool.request_stop: questions decoding get a short
+    signal ─▶ STOP ─┬─ a pool attached ─▶ pool.request_stop marks the stop; the pool's loop
+                    │                    tells the workers, questions decoding get a short
                     │                    grace, then the pool raises Interrupted
                     └─ none yet ────────▶ remembered, and handed to the pool as it is attached:
                                          the run makes its questions (the answers file lists
@@ -12,6 +13,8 @@ The handlers go in before anything starts a process or makes a temporary file (f
 `ggbatch run`, before the command line is even read: runner/entry.py), so no signal finds the
 run half-built, and every stop leaves no process and no temporary file behind. Only the main
 thread can own signal handlers; elsewhere (a notebook's worker thread) signals keep their own.
+A handler runs between two lines of whatever the main thread was doing, a send to a worker
+included: it sets flags or raises, and never sends, writes or logs itself.
 """
 
 from __future__ import annotations
