@@ -241,8 +241,10 @@ class EngineConfig:
     # KV cells of the whole context; 0 = room for every slot at full length (kv_cells above). A
     # smaller pool works too: the engine shrinks batches and preempts when it is full.
     kv_cells: int = 0
-    # Weights copied into llama.cpp's CPU_REPACK layout at load (see WorkerSpec.repack).
-    repack: bool = True
+    # Weights copied into llama.cpp's CPU_REPACK layout at load (see WorkerSpec.repack). Off unless
+    # the plan turns it on (runner/plan/layout.py: never on a hybrid model, whose sequences the
+    # repacked kernels mix, nor on a CPU that refuses them).
+    repack: bool = False
     # Answers bit-identical whatever else is in the batch, a batch of one included: every batch
     # laid out as workers/engine/invariant.py says. Needs kv_unified, flash_attn and repack all off.
     batch_invariant: bool = False

@@ -22,7 +22,8 @@ class WorkerSpec:
     engine_factory: EngineFactory = LLAMA_ENGINE
     # Load the weights into llama.cpp's CPU_REPACK layout. Decided before the worker starts,
     # because the model loads before its Configure arrives; EngineConfig.repack says the same.
-    repack: bool = True
+    # Off unless the plan turns it on, as EngineConfig.repack.
+    repack: bool = False
     # Where the worker's stderr goes (llama.cpp writes its asserts and aborts there): the
     # coordinator owns the terminal and quotes the last line when the worker dies.
     log_path: Optional[str] = None
