@@ -22,11 +22,18 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Protocol
 
 from ..errors import Interrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stoppable(Protocol):
+    """What a signal goes to once a run has one (runner/pool/pool.py WorkerPool)."""
+
+    def request_stop(self, signum: int) -> None:
+        """Called inside the signal handler: mark the stop (a second call raises Interrupted)."""
 
 
 class StopRequests:
@@ -34,7 +41,7 @@ class StopRequests:
 
     def __init__(self) -> None:
         self.signum = 0  # the first signal not yet answered by an Interrupted
-        self._pool: Any = None  # runner/pool/pool.py WorkerPool, once the run has one
+        self._pool: Optional[Stoppable] = None  # once the run has one
         self._previous: Optional[dict[int, Any]] = None
         self._at_once = False  # inside at_once(): the first signal raises Interrupted
 
@@ -76,7 +83,7 @@ class StopRequests:
             if took:
                 self.uninstall()
 
-    def attach(self, pool: Any) -> None:
+    def attach(self, pool: Stoppable) -> None:
         """Signals go to this pool from now on; one already received stops it now."""
         self._pool = pool
         if self.signum:
