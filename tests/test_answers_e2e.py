@@ -106,6 +106,28 @@ def test_lsat_choices_auto_take_each_records_letters_under_a_grammar_too(tmp_pat
     assert rep["layout"]["n_ctx_per_sequence"] < 600  # sized for a letter, not for max_tokens 256
 
 
+def test_choices_auto_answers_with_the_labels_of_hugging_faces_shape_and_reads_a_csv_cell(tmp_path, stories):
+    # ARC as Hugging Face's to_json writes it (once, every answer was the word "label"), and a CSV
+    # whose choices cell holds a JSON list (once refused as having no choices)
+    arc = tmp_path / "arc.jsonl"
+    arc.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "arc1", "question": "Which is a planet?", "choices": {"text": ["Moon", "Mars", "Sun"],
+                                                                     "label": ["A", "B", "C"]}},
+        {"id": "arc2", "question": "Which is a gas?", "choices": {"text": ["ice", "steam", "rock", "sand"],
+                                                                  "label": ["1", "2", "3", "4"]}}]))
+    r = ggbatch("run", "--model", stories, "--input", arc, "--output", tmp_path / "arc.out.jsonl", "--id-field", "id",
+                "--choices", "auto", "--choice-scoring", "loglikelihood")
+    assert r.returncode == 0, r.stderr
+    rows = {row["id"]: row for row in map(json.loads, (tmp_path / "arc.out.jsonl").read_text().splitlines())}
+    assert rows["arc1"]["answer"] in "ABC" and rows["arc2"]["answer"] in "1234", rows
+    assert rows["arc2"]["answer_norm"] in "1234"
+    table = tmp_path / "q.csv"
+    table.write_text('questionID,question,choices\nc1,Pick a side,"[""left"", ""right""]"\n', encoding="utf-8")
+    r = ggbatch("run", "--model", stories, "--input", table, "--output", tmp_path / "c.out.jsonl", "--choices", "auto")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "c.out.jsonl").read_text())["answer"] in ("left", "right")
+
+
 @pytest.mark.parametrize("model, suffix", [("stories260K.gguf", "\nAnswer: "), ("llama-2-tiny-random.gguf",
                                                                                   "\nAnswer:")])
 def test_logits_path_answers_as_the_grammar_path_on_single_token_choices(model, suffix):

@@ -166,3 +166,57 @@ def test_run_score_on_log_likelihood_answers_scores_acc_and_acc_norm(tmp_path, s
     for field in ("answer", "answer_norm"):  # each table as `ggbatch score` prints it
         again = ggbatch("score", "--answers", out, "--gold", questions, "--answer-field", field)
         assert again.returncode == 0 and again.stdout.strip() in r.stdout
+
+
+# -- choices as other tools write them: Hugging Face's shapes, CSV cells, failed rows -----------
+
+# ARC as Hugging Face's to_json writes it (labels of its own; some ARC questions number them 1-4),
+# MMLU and PIQA as cais/mmlu and piqa give theirs (a list, the gold answer an index into it)
+HF_RECORDS = [
+    {"questionID": "arc1", "question": "Which is a planet?",
+     "choices": {"text": ["Moon", "Mars", "Sun"], "label": ["A", "B", "C"]}, "answer": "B"},
+    {"questionID": "arc2", "question": "Which is a gas?",
+     "choices": {"text": ["ice", "steam", "rock", "sand"], "label": ["1", "2", "3", "4"]}, "answer": "2"},
+    {"questionID": "mmlu1", "question": "1 + 1?", "choices": ["1", "2", "3"], "answer": 1},
+    {"questionID": "mmlu2", "question": "Colour of grass?", "choices": ["red", "green", "blue"], "answer": 1},
+]
+
+
+def test_hugging_face_choice_shapes_and_index_golds_score_as_lm_eval_reads_them(tmp_path):
+    gold = write_jsonl(tmp_path / "hf.jsonl", HF_RECORDS)
+    right = write_jsonl(tmp_path / "right.jsonl", [{"questionID": "arc1", "answer": "B"},
+                                                   {"questionID": "arc2", "answer": "2"},
+                                                   {"questionID": "mmlu1", "answer": "2"},
+                                                   {"questionID": "mmlu2", "answer": "green"}])
+    result = score_files(str(right), str(gold))
+    assert details_of(result) == {"arc1": ("B", "correct"), "arc2": ("2", "correct"), "mmlu1": ("B", "correct"),
+                                  "mmlu2": ("B", "correct")}
+    wrong = write_jsonl(tmp_path / "wrong.jsonl", [{"questionID": "arc2", "answer": "3"},
+                                                   {"questionID": "mmlu1", "answer": "1"}])
+    statuses = {s.qid: s.status for s in score_files(str(wrong), str(gold)).scored}
+    assert statuses["arc2"] == statuses["mmlu1"] == "wrong"  # the index 1 is the text "2", not the choice "1"
+
+
+def test_an_index_past_the_choices_names_the_line_and_a_gold_naming_no_choice_is_said(tmp_path):
+    past = write_jsonl(tmp_path / "past.jsonl", [{"questionID": "a", "choices": ["x", "y"], "answer": 2}])
+    r = ggbatch("score", "--answers", past, "--gold", past, timeout=60)
+    assert r.returncode == 2 and f"{past}:1: gold 'answer' 2 is an index into 'choices'" in r.stderr
+    gold = write_jsonl(tmp_path / "g.jsonl", [{"questionID": "a", "choices": {"A": "x", "B": "y"}, "answer": "E"},
+                                              {"questionID": "b", "choices": {"A": "x", "B": "y"}, "answer": "A"}])
+    answers = write_jsonl(tmp_path / "a.jsonl", [{"questionID": "a", "answer": "E"},
+                                                 {"questionID": "b", "answer": "A"}])
+    result = score_files(str(answers), str(gold))
+    assert result.gold_naming_no_choice == ("a",) and summary(result)["gold_naming_no_choice"] == 1
+    assert "gold answers that name none of their record's choices: 1 (first: a;" in format_table(result)
+
+
+def test_csv_choices_cells_and_failed_rows_score_as_their_json_twins(tmp_path):
+    gold = tmp_path / "g.csv"
+    gold.write_text('questionID,question,choices,answer\n'
+                    'c1,?,"[""x"", ""y""]",B\n'
+                    "c2,?,\"['a dog', 'a cat']\",a cat\n"
+                    'c3,?,"{""A"": ""p"", ""B"": ""q""}",A\n', encoding="utf-8")
+    answers = tmp_path / "a.csv"  # c3 failed: an empty answer beside its error, as ggbatch writes it
+    answers.write_text("questionID,answer,error\nc1,y,\nc2,B,\nc3,,\"cut by max_tokens\"\n", encoding="utf-8")
+    result = score_files(str(answers), str(gold))
+    assert details_of(result) == {"c1": ("B", "correct"), "c2": ("B", "correct"), "c3": (None, "missing")}

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional
 
 from ...workers.protocol import AnswerSpec, GenerationParams, ResponseFormat
 from ..errors import ConfigError, InputError, quote
+from ..files.formats.choices import read_choices
 from .reasoning import thinking_room
 from .schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 
@@ -155,19 +156,18 @@ def format_grammar(fmt: ResponseFormat) -> str:
 
 
 def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str, ...]:
-    """A record's own choices (answer.choices: auto): the keys of a `choices` mapping (MMLU,
-    LSAT-RC: {"A": "4", "B": "8"} gives A, B), or the items of a `choices` list."""
-    choices = fields.get("choices")
-    if isinstance(choices, Mapping):
-        items = list(choices)
-    elif isinstance(choices, list):
-        items = choices
-    else:
-        raise InputError(f"{where}: record '{qid}' has no 'choices' mapping or list (answer.choices: auto)")
-    if not items or not all(isinstance(c, str) and c for c in items) or len(set(items)) != len(items):
+    """A record's own choices (answer.choices: auto), in any shape runner/files/formats/choices.py
+    reads: its labels (MMLU's {"A": "4", "B": "8"} and ARC's {"text": [...], "label": [...]} give
+    A, B), or the texts of a bare list."""
+    read = read_choices(fields.get("choices"))
+    if read is None:
+        got = f", got {quote(fields['choices'], 80)}" if "choices" in fields else ""
+        raise InputError(f"{where}: record '{qid}' has no 'choices' mapping or list (answer.choices: auto){got}")
+    items = read.labels or read.texts
+    if not all(items) or len(set(items)) != len(items):
         raise InputError(f"{where}: record '{qid}': choices must be distinct non-empty strings "
-                         f"(answer.choices: auto), got {quote(json.dumps(choices), 80)}")
-    return tuple(items)
+                         f"(answer.choices: auto), got {quote(json.dumps(fields['choices']), 80)}")
+    return items
 
 
 def with_choices(gen: GenerationParams, choices: tuple[str, ...]) -> GenerationParams:

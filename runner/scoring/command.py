@@ -17,7 +17,7 @@ from ..files.paths import check_writable
 from ..files.piped import STDIN, readable_file
 from .files import read_answers, read_gold
 from .samples import score_samples
-from .table import ScoreResult, details, format_table, parse_by, parse_extract, score, summary
+from .table import ScoreResult, details, format_table, naming_no_choice, parse_by, parse_extract, score, summary
 
 
 def add_score_parser(sub: Any) -> None:
@@ -53,7 +53,7 @@ def score_files(answers_path: str, gold_path: str, extract: str = "auto", by: Op
     answers = read_answers(answers_path, id_field, answer_field)
     scored, unknown, without_gold = score(gold, answers, rule, pattern, groups, without)
     return ScoreResult(scored, unknown, len(without), answers_path, gold_path, extract, by, without_gold,
-                       score_samples(gold, answers, rule, pattern), answer_field)
+                       score_samples(gold, answers, rule, pattern), answer_field, naming_no_choice(gold, rule))
 
 
 def cmd_score(args: argparse.Namespace) -> int:

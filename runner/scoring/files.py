@@ -8,9 +8,11 @@ Answers files, told apart by extension and by each row's keys:
   text in `body.choices[0].message.content` (chat), `body.choices[0].text` (completions) or the
   Responses API's `output_text` parts (with the answer field `answer_norm`, the acc_norm pick
   ggbatch writes in `body.choices[0].answer_norm`); an error or a non-200 status is no answer.
-- CSV with a header row: the id column and the answer column.
+- CSV with a header row: the id column and the answer column (an empty answer beside an `error`
+  is a failed question: no answer, as null is in JSON).
 Gold files: any question file (`.json`, `.jsonl`, or CSV) whose records carry the gold field;
-records without it (null, or an empty string) are counted, not scored.
+records without it (null, or an empty string) are counted, not scored. Their `choices` come in
+any shape runner/files/formats/choices.py reads; an integer gold answer indexes a list of them.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from ..errors import InputError, quote
 # The question reader's parsing (line numbers, U+2028-safe line splitting, CSV rows named by the
 # line they start on) is the one every file of questions goes through; answers and gold files
 # are read the same way.
+from ..files.formats.choices import Choices, read_choices
 from ..files.formats.csvfile import csv_rows
 from ..files.formats.record import checked_id
 from ..files.inputs import detect_format, json_array, json_lines, read_text
-from .rules import LETTERS, Gold
+from .rules import Gold
 
 
 def read_rows(path: str) -> Iterator[tuple[int, Any]]:
@@ -111,11 +114,12 @@ def read_gold(path: str, id_field: str = "questionID", gold_field: str = "answer
         if qid in lines:
             raise InputError(f"{path}: duplicate {id_field} {quote(qid)} (lines {lines[qid]} and {line})")
         lines[qid] = line
-        answer = _text(where, row, gold_field)
+        choices = _choices(where, row.get("choices"))
+        answer = _gold(where, row, gold_field, choices)
         if answer is None or not answer.strip():
             without.add(qid)
             continue
-        gold.append(Gold(qid, answer, _choices(where, row.get("choices"))))
+        gold.append(Gold(qid, answer, choices.by_label() if choices else None))
     return gold, without
 
 
@@ -138,8 +142,11 @@ def _choice_text(choice: Mapping[str, Any]) -> Optional[str]:
 
 def _answer(where: str, row: Mapping[str, Any], field: str) -> Answered:
     """An answers file's answer: a text, or a list of sample texts (JSON; in CSV, JSON text in the
-    cell of a row whose `samples` column is set)."""
+    cell of a row whose `samples` column is set). A row with an error and no answer has none (a
+    failed question: null in JSON, an empty cell beside its error in CSV)."""
     value = row.get(field)
+    if value in ("", None) and row.get("error"):
+        return None
     if isinstance(value, str) and str(row.get("samples") or "").strip():
         try:
             value = json.loads(value)
@@ -161,15 +168,24 @@ def _text(where: str, row: Mapping[str, Any], field: str) -> Optional[str]:
     return str(value)
 
 
-def _choices(where: str, value: Any) -> Optional[dict[str, str]]:
-    """`{"A": ..., "B": ...}`, or a list given letters in order (as the harness's datasets do); a
-    list of any length, as `ggbatch run` takes it: past the tenth, by position ("11", "12", ...)."""
+def _choices(where: str, value: Any) -> Optional[Choices]:
+    """A gold record's choices, in any shape runner/files/formats/choices.py reads."""
     if value is None:
         return None
-    if isinstance(value, list) and value:
-        return {LETTERS[i] if i < len(LETTERS) else str(i + 1): str(v) for i, v in enumerate(value)}
-    if not isinstance(value, dict) or not value or not all(isinstance(k, str) and len(k) == 1 and k in LETTERS
-                                                           for k in value):
-        raise InputError(f"{where}: 'choices' must be a list of texts or map letters A-J to texts, "
-                         f"got {quote(value)}")
-    return {k: str(v) for k, v in value.items()}
+    read = read_choices(value)
+    if read is None:
+        raise InputError(f"{where}: 'choices' must be a list of texts, a mapping of labels to texts or "
+                         f"Hugging Face's {{\"text\": [...], \"label\": [...]}}, got {quote(value)}")
+    return read
+
+
+def _gold(where: str, row: Mapping[str, Any], field: str, choices: Optional[Choices]) -> Optional[str]:
+    """A gold answer as text. An integer with a list of choices is an index into it, as Hugging
+    Face's MMLU, PIQA and lm-eval's doc_to_target give it: the gold answer is that choice's text."""
+    value = row.get(field)
+    if choices is None or choices.labels is not None or isinstance(value, bool) or not isinstance(value, int):
+        return _text(where, row, field)
+    if not 0 <= value < len(choices.texts):
+        raise InputError(f"{where}: gold '{field}' {value} is an index into 'choices' (an integer), but the "
+                         f"record has {len(choices.texts)} choices (0 to {len(choices.texts) - 1})")
+    return choices.texts[value]

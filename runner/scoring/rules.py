@@ -37,10 +37,12 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Iterable, Mapping, Optional, Sequence
 
+from ..files.formats.choices import LETTERS
+
 RULES = ("auto", "number", "letter", "exact")  # and "regex", with the user's pattern
-LETTERS = "ABCDEFGHIJ"  # the largest letter set of the common benchmarks (MMLU-Pro has ten choices)
 # The choices of a list past the tenth have no letter: they are named by their position from 1
-# ("11"), and an answer names them by their text alone.
+# ("11"), and an answer names them by their text alone. A record's own labels of one character
+# that are not letters (ARC's 1-4) count as its letters do.
 
 STRICT_NUMBER = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-evaluation-harness gsm8k, strict-match
 # A number as people write one: thousands commas only in threes ("1,000", not "1,2,3"), a dollar
@@ -164,10 +166,15 @@ def normalise_text(text: str) -> str:
     return text
 
 
-def gold_letter(answer: str) -> Optional[str]:
+def gold_letter(answer: str, letters: str = LETTERS) -> Optional[str]:
     """The letter a gold answer names ("B", " (B) "), or None."""
     bare = strip_punctuation(answer).strip()
-    return bare if len(bare) == 1 and bare in LETTERS else None
+    return bare if len(bare) == 1 and bare in letters else None
+
+
+def own_letters(choices: Mapping[str, str]) -> str:
+    """A record's labels of one character (A-D; ARC's 1-4): the ones an answer names alone."""
+    return "".join(sorted(k for k in choices if len(k) == 1))
 
 
 def choice_named(text: str, choices: Mapping[str, str]) -> Optional[str]:
@@ -188,7 +195,7 @@ def gold_key(gold: Gold) -> tuple[str, bool]:
     """(what a letter-rule answer must equal, whether the gold answer names a choice by its
     text): a letter of the record's, else the key of the choice the gold answer is the text of,
     else the gold answer as written (upper-cased)."""
-    letter = gold_letter(gold.answer)
+    letter = gold_letter(gold.answer, LETTERS + own_letters(gold.choices or {}))
     if letter and (not gold.choices or letter in gold.choices):
         return letter, False
     named = choice_named(gold.answer, gold.choices) if gold.choices else None
@@ -202,7 +209,7 @@ def extract_choice(text: str, gold: Gold) -> Optional[str]:
     choice's text, the choice the answer is the text of before any letter read from it."""
     if not gold.choices:
         return extract_letter(text, LETTERS)
-    letters = "".join(sorted(k for k in gold.choices if len(k) == 1 and k in LETTERS))
+    letters = own_letters(gold.choices)
     if gold_key(gold)[1]:
         named = choice_named(text, gold.choices)
         if named is not None:

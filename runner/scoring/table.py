@@ -11,7 +11,7 @@ from typing import AbstractSet, Any, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
 from .files import Answered
-from .rules import RULES, Gold, Scored, Tally, by_group, group_of, score_one, tally
+from .rules import RULES, Gold, Scored, Tally, by_group, gold_key, group_of, score_one, tally
 from .samples import SampleScores
 
 STDERR_FORMULA = "sqrt(p*(1-p)/(n-1)), the sample standard error of the mean (lm-evaluation-harness mean_stderr)"
@@ -29,6 +29,9 @@ class ScoreResult:
     answers_without_gold_answer: int = 0  # answers to those gold records: counted apart, not scored
     samples: Optional[SampleScores] = None  # maj@k and pass@k, when answers have several samples
     answer_field: str = "answer"  # the answers' field scored (answer_norm: lm-eval's acc_norm picks)
+    # Gold answers scored by the letter rule that name none of their record's choices (neither a
+    # label nor a choice's text): wrong whatever the answer, so the table says so (their ids).
+    gold_naming_no_choice: tuple[str, ...] = ()
 
 
 def parse_extract(value: str) -> tuple[str, Optional[re.Pattern[str]]]:
@@ -47,6 +50,14 @@ def _compile(pattern: str, flag: str) -> re.Pattern[str]:
         return re.compile(pattern)
     except re.error as exc:
         raise ConfigError(f"{flag}: not a valid regular expression: {exc} in {pattern!r}") from None
+
+
+def naming_no_choice(gold: Sequence[Gold], rule: str) -> tuple[str, ...]:
+    """The ids of gold answers that the letter rule (or auto, which picks it for choices) can
+    never match: their record has choices, and the gold answer is neither a label nor a text of one."""
+    if rule not in ("auto", "letter"):
+        return ()
+    return tuple(g.qid for g in gold if g.choices and gold_key(g)[0] not in g.choices)
 
 
 def score(gold: Sequence[Gold], answers: Mapping[str, Answered], rule: str,
@@ -98,6 +109,10 @@ def format_table(result: ScoreResult) -> str:
         lines.append(_samples_line(result.samples))
     if result.answers_not_in_gold:
         lines.append(f"answers whose id is not in the gold file: {result.answers_not_in_gold} (not scored)")
+    if result.gold_naming_no_choice:
+        stray = result.gold_naming_no_choice
+        lines.append(f"gold answers that name none of their record's choices: {len(stray)} (first: {stray[0]}; "
+                     "scored wrong whatever the answer: check the gold field, or --extract)")
     if result.gold_without_answer:
         answered = result.answers_without_gold_answer
         lines.append(f"gold records without a gold answer: {result.gold_without_answer}"
@@ -131,6 +146,7 @@ def summary(result: ScoreResult) -> dict[str, Any]:
         "overall": _tally_json(tally(result.scored)), "stderr_formula": STDERR_FORMULA,
         "answers_not_in_gold": result.answers_not_in_gold, "gold_without_answer": result.gold_without_answer,
         "answers_without_gold_answer": result.answers_without_gold_answer,
+        "gold_naming_no_choice": len(result.gold_naming_no_choice),
     }
     if result.samples:
         s = result.samples
