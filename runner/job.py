@@ -33,7 +33,8 @@ from ..workers.protocol import EngineConfig
 from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from .errors import Interrupted, WorkerFailure
-from .files.formats.detect import output_format
+from .files.formats.cells import check_id_column
+from .files.formats.detect import errors_format, output_format
 from .files.formats.rows import OutputSpec, Row
 from .files.inputs import QuestionStream, Record, open_question_file
 from .files.lock import OutputLock
@@ -107,6 +108,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
         reading = None if fresh else start_reading(paths.journal)  # while the input is read, the tokenizer starts
         first_records, rest, stream = _read(config, window)
         formats = (stream.format, output_format(config.output, config.output_format, stream.format))
+        check_id_column(config.id_field, _answers_formats(config, formats[1]))
         check_requests(config, first_records)
         with open_backend(config) as backend:
             started = start_layout(config, model, first_records, STREAMED if rest is not None else len(first_records),
@@ -181,6 +183,11 @@ def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterat
         log.info("shard %s%s: %s, answers to %s", config.shard,
                  f" ({config.shard.source})" if config.shard.source else "", counts, config.output)
     return first, rest, stream
+
+
+def _answers_formats(config: JobConfig, fmt: str) -> list[str]:
+    """The formats the answers are written in: the answers file's, and the errors file's when set."""
+    return [fmt] + ([errors_format(config.errors_output, fmt)] if config.errors_output else [])
 
 
 def _open_journal(paths: JobPaths, config: JobConfig, model: ModelIdentity, prompting: Prompting, fresh: bool,

@@ -43,6 +43,11 @@ BAD = [
     ("ok.jsonl", None, ["--model", "TRUNCATED"], "truncated.gguf: the model file is truncated or corrupt (tensor"),
     ("ok.jsonl", None, ["--output", "NODIR"], "does not exist"),
     ("ok.jsonl", None, ["JOB"], "unknown key 'temprature' in sampling (did you mean 'temperature'?)"),
+    # an id field the answers rows write themselves would be overwritten by them: refused before any worker starts
+    ("idanswer.jsonl", '{"answer": "q1", "question": "a"}\n', ["--id-field", "answer"],
+     "fields.id (--id-field): 'answer' is one of the fields ggbatch writes in answers rows"),
+    ("iderror.csv", 'error,question\nq1,a\n', ["--id-field", "error", "--output-format", "csv"],
+     "fields.id (--id-field): 'error' is one of the fields"),
 ]
 
 

@@ -137,6 +137,14 @@ def test_an_id_the_question_file_does_not_have_is_refused(tmp_path):
         merge_files(str(tmp_path / "m.json"), [*parts, str(stray)], questions)
 
 
+def test_an_id_field_the_rows_write_themselves_is_refused(tmp_path):
+    """`--id-field answer`: the merged rows' answers would overwrite their ids."""
+    part = write_jsonl(tmp_path / "a.jsonl", [{"answer": "q1", "question": "x"}])
+    with pytest.raises(ConfigError, match=r"^fields.id \(--id-field\): 'answer' is one of the fields ggbatch "):
+        merge_files(str(tmp_path / "m.jsonl"), [str(part)], id_field="answer")
+    assert not (tmp_path / "m.jsonl").exists()
+
+
 def test_refused_merges(tmp_path):
     questions, _, parts = write_job(tmp_path, "openai")
     with pytest.raises(ConfigError, match="does not convert to json"):

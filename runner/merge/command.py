@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 
 from ..errors import ConfigError, InputError, quote
 from ..files.formats import FORMATS
+from ..files.formats.cells import check_id_column
 from ..files.formats.detect import output_format
 from ..files.inputs import read_question_file
 from ..files.outputs import write_atomic
@@ -125,6 +126,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     parts = [read_part(p, id_field) for p in paths if os.path.exists(p)]
     merged = merge_rows(parts, order, questions or "")
     fmt = _format(output, output_fmt, parts, question_fmt)
+    check_id_column(id_field, [fmt])
     write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings))
     return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
                         absent_shards, journals)
