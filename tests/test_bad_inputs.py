@@ -25,6 +25,11 @@ def _unknown_architecture(path):
     w.close()
 
 
+OPENAI_OUTPUT_LINE = json.dumps({"id": "batch_req_1", "custom_id": "q1", "response": {
+    "status_code": 200, "request_id": "req_1", "body": {"object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}]}},
+    "error": None}) + "\n"
+
 BAD = [
     # (name, file contents or builder, extra flags, expected message fragment)
     ("malformed.jsonl", '{"questionID": "1", "question": "a"}\n{"questionID": 2, "question": }\n', [],
@@ -48,6 +53,10 @@ BAD = [
      "fields.id (--id-field): 'answer' is one of the fields ggbatch writes in answers rows"),
     ("iderror.csv", 'error,question\nq1,a\n', ["--id-field", "error", "--output-format", "csv"],
      "fields.id (--id-field): 'error' is one of the fields"),
+    # a batch's answers given as its requests: said so, whether read as questions or as requests
+    ("batch.out.jsonl", OPENAI_OUTPUT_LINE, [], "batch.out.jsonl:1: an OpenAI Batch output line (answers"),
+    ("batch.out.jsonl", OPENAI_OUTPUT_LINE, ["--input-format", "openai"],
+     "batch.out.jsonl:1: an OpenAI Batch output line (answers"),
 ]
 
 
