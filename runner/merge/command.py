@@ -204,11 +204,22 @@ def _format(output: str, requested: Optional[str], parts: Sequence[Part], questi
     fmt = output_format(output, requested, source)
     if lines and fmt != "openai":
         raise ConfigError(f"{output}: the parts are OpenAI Batch output, which merge keeps line by line and "
-                          f"does not convert to {fmt}: name it .jsonl or give --output-format openai")
+                          f"does not convert to {fmt}: {_keep_lines(output, requested)}")
     if fields and fmt == "openai":
         raise ConfigError(f"{output}: OpenAI Batch output is made by a run (its lines hold token counts and "
                           f"ids); the parts are {fields[0].format} answers rows: merge them into json, jsonl or csv")
     return fmt
+
+
+def _keep_lines(output: str, requested: Optional[str]) -> str:
+    """How to merge OpenAI Batch parts into OUT, given how its format came to be other than theirs:
+    from --output-format (dropped, a name of lines keeps them) or from OUT's name (.csv, .json)."""
+    if requested is None:
+        return "name it .jsonl or give --output-format openai"
+    if output_format(output, None, "openai") == "openai":
+        return (f"drop --output-format {requested} (its name keeps them as OpenAI Batch output) "
+                "or give --output-format openai")
+    return f"give --output-format openai, or drop --output-format {requested} and name it .jsonl"
 
 
 def _csv_header(parts: Sequence[Part]) -> tuple[str, ...]:
