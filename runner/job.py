@@ -107,8 +107,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
     with OutputLock(config.output):
         reading = None if fresh else start_reading(paths.journal)  # while the input is read, the tokenizer starts
         first_records, rest, stream = _read(config, window)
-        formats = (stream.format, output_format(config.output, config.output_format, stream.format))
-        check_id_column(config.id_field, _answers_formats(config, formats[1]))
+        formats = _formats(config, stream.format)
         check_requests(config, first_records)
         with open_backend(config) as backend:
             started = start_layout(config, model, first_records, STREAMED if rest is not None else len(first_records),
@@ -185,9 +184,13 @@ def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterat
     return first, rest, stream
 
 
-def _answers_formats(config: JobConfig, fmt: str) -> list[str]:
-    """The formats the answers are written in: the answers file's, and the errors file's when set."""
-    return [fmt] + ([errors_format(config.errors_output, fmt)] if config.errors_output else [])
+def _formats(config: JobConfig, input_fmt: str) -> tuple[str, str]:
+    """(the questions' format, the answers file's). An id field that the answers rows would
+    overwrite, in the answers file or the errors file, is refused here, before any worker starts."""
+    fmt = output_format(config.output, config.output_format, input_fmt)
+    errors = [errors_format(config.errors_output, fmt)] if config.errors_output else []
+    check_id_column(config.id_field, [fmt, *errors])
+    return input_fmt, fmt
 
 
 def _open_journal(paths: JobPaths, config: JobConfig, model: ModelIdentity, prompting: Prompting, fresh: bool,

@@ -53,6 +53,8 @@ BAD = [
      "fields.id (--id-field): 'answer' is one of the fields ggbatch writes in answers rows"),
     ("iderror.csv", 'error,question\nq1,a\n', ["--id-field", "error", "--output-format", "csv"],
      "fields.id (--id-field): 'error' is one of the fields"),
+    ("idanswer.jsonl", '{"answer": "q1", "question": "a"}\n',  # OpenAI Batch output cannot clash; its errors file can
+     ["--id-field", "answer", "--output-format", "openai", "--errors-output", "ERRCSV"], "fields.id (--id-field)"),
     # a batch's answers given as its requests: said so, whether read as questions or as requests
     ("batch.out.jsonl", OPENAI_OUTPUT_LINE, [], "batch.out.jsonl:1: an OpenAI Batch output line (answers"),
     ("batch.out.jsonl", OPENAI_OUTPUT_LINE, ["--input-format", "openai"],
@@ -75,7 +77,7 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, demo_mode
     replace = {"MISSING": tmp_path / "missing.gguf", "NOTGGUF": tmp_path / "notgguf.gguf",
                "BADARCH": tmp_path / "badarch.gguf", "TRUNCATED": tmp_path / "truncated.gguf",
                "NODIR": tmp_path / "no" / "dir" / "a.json",
-               "JOB": tmp_path / "job.yaml"}
+               "JOB": tmp_path / "job.yaml", "ERRCSV": tmp_path / "errors.csv"}
     job = [str(replace["JOB"])] if "JOB" in extra else []  # the job file is the positional argument
     flags = [str(replace.get(x, x)) for x in extra if x != "JOB"]
     args = ggbatch_command("run", *job, "--model", demo_model, "--input", str(questions),
