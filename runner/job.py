@@ -33,7 +33,8 @@ from ..workers.protocol import EngineConfig
 from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from .errors import Interrupted, WorkerFailure
-from .files.formats.detect import output_format
+from .files.formats.cells import check_id_column
+from .files.formats.detect import errors_format, output_format
 from .files.formats.rows import OutputSpec, Row
 from .files.inputs import QuestionStream, Record, open_question_file
 from .files.lock import OutputLock
@@ -106,7 +107,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
     with OutputLock(config.output):
         reading = None if fresh else start_reading(paths.journal)  # while the input is read, the tokenizer starts
         first_records, rest, stream = _read(config, window)
-        formats = (stream.format, output_format(config.output, config.output_format, stream.format))
+        formats = _formats(config, stream.format)
         check_requests(config, first_records)
         with open_backend(config) as backend:
             started = start_layout(config, model, first_records, STREAMED if rest is not None else len(first_records),
@@ -181,6 +182,15 @@ def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterat
         log.info("shard %s%s: %s, answers to %s", config.shard,
                  f" ({config.shard.source})" if config.shard.source else "", counts, config.output)
     return first, rest, stream
+
+
+def _formats(config: JobConfig, input_fmt: str) -> tuple[str, str]:
+    """(the questions' format, the answers file's). An id field that the answers rows would
+    overwrite, in the answers file or the errors file, is refused here, before any worker starts."""
+    fmt = output_format(config.output, config.output_format, input_fmt)
+    errors = [errors_format(config.errors_output, fmt)] if config.errors_output else []
+    check_id_column(config.id_field, [fmt, *errors])
+    return input_fmt, fmt
 
 
 def _open_journal(paths: JobPaths, config: JobConfig, model: ModelIdentity, prompting: Prompting, fresh: bool,
@@ -262,10 +272,13 @@ def _were(n: int) -> tuple[str, str, str]:
 
 
 def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: float) -> OutputSpec:
+    """How the answers file is written. Its columns are planned from the job's settings and, as the
+    header comes before any row, from what questions asked of their own (an OpenAI line's `n` or
+    `logprobs`): a column no setting planned would be dropped from CSV."""
     made = preparer.made
     return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.prompting.model_name, made.completions,
                       made.refused, started_at, choice_logprobs=config.choice_logprobs,
-                      token_logprobs=config.token_logprobs is not None,
+                      token_logprobs=config.token_logprobs is not None or bool(made.own_settings.get("token_logprobs")),
                       answer_norm=config.choice_scoring == LOGLIKELIHOOD,
                       samples=config.sampling.n > 1 or bool(made.own_settings.get("n")))
 

@@ -25,6 +25,11 @@ def _unknown_architecture(path):
     w.close()
 
 
+OPENAI_OUTPUT_LINE = json.dumps({"id": "batch_req_1", "custom_id": "q1", "response": {
+    "status_code": 200, "request_id": "req_1", "body": {"object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}]}},
+    "error": None}) + "\n"
+
 BAD = [
     # (name, file contents or builder, extra flags, expected message fragment)
     ("malformed.jsonl", '{"questionID": "1", "question": "a"}\n{"questionID": 2, "question": }\n', [],
@@ -43,6 +48,17 @@ BAD = [
     ("ok.jsonl", None, ["--model", "TRUNCATED"], "truncated.gguf: the model file is truncated or corrupt (tensor"),
     ("ok.jsonl", None, ["--output", "NODIR"], "does not exist"),
     ("ok.jsonl", None, ["JOB"], "unknown key 'temprature' in sampling (did you mean 'temperature'?)"),
+    # an id field the answers rows write themselves would be overwritten by them: refused before any worker starts
+    ("idanswer.jsonl", '{"answer": "q1", "question": "a"}\n', ["--id-field", "answer"],
+     "fields.id (--id-field): 'answer' is one of the fields ggbatch writes in answers rows"),
+    ("iderror.csv", 'error,question\nq1,a\n', ["--id-field", "error", "--output-format", "csv"],
+     "fields.id (--id-field): 'error' is one of the fields"),
+    ("idanswer.jsonl", '{"answer": "q1", "question": "a"}\n',  # OpenAI Batch output cannot clash; its errors file can
+     ["--id-field", "answer", "--output-format", "openai", "--errors-output", "ERRCSV"], "fields.id (--id-field)"),
+    # a batch's answers given as its requests: said so, whether read as questions or as requests
+    ("batch.out.jsonl", OPENAI_OUTPUT_LINE, [], "batch.out.jsonl:1: an OpenAI Batch output line (answers"),
+    ("batch.out.jsonl", OPENAI_OUTPUT_LINE, ["--input-format", "openai"],
+     "batch.out.jsonl:1: an OpenAI Batch output line (answers"),
 ]
 
 
@@ -61,7 +77,7 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, demo_mode
     replace = {"MISSING": tmp_path / "missing.gguf", "NOTGGUF": tmp_path / "notgguf.gguf",
                "BADARCH": tmp_path / "badarch.gguf", "TRUNCATED": tmp_path / "truncated.gguf",
                "NODIR": tmp_path / "no" / "dir" / "a.json",
-               "JOB": tmp_path / "job.yaml"}
+               "JOB": tmp_path / "job.yaml", "ERRCSV": tmp_path / "errors.csv"}
     job = [str(replace["JOB"])] if "JOB" in extra else []  # the job file is the positional argument
     flags = [str(replace.get(x, x)) for x in extra if x != "JOB"]
     args = ggbatch_command("run", *job, "--model", demo_model, "--input", str(questions),

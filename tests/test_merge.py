@@ -137,6 +137,29 @@ def test_an_id_the_question_file_does_not_have_is_refused(tmp_path):
         merge_files(str(tmp_path / "m.json"), [*parts, str(stray)], questions)
 
 
+def test_openai_parts_into_another_format_are_told_the_way_that_fits_how_it_was_asked(tmp_path):
+    """By its name (.json): name it .jsonl; by --output-format on a .jsonl name: drop the flag; by
+    --output-format on a .csv name: give openai, or drop the flag and rename."""
+    questions, _, parts = write_job(tmp_path, "openai")
+    said = {}
+    for name, fmt in (("m.json", None), ("m.jsonl", "jsonl"), ("m.csv", "csv")):
+        with pytest.raises(ConfigError) as refused:
+            merge_files(str(tmp_path / name), parts, questions, output_fmt=fmt)
+        said[name] = str(refused.value).split(": ", 2)[-1]
+    assert said["m.json"] == "name it .jsonl or give --output-format openai"
+    assert said["m.jsonl"] == ("drop --output-format jsonl (its name keeps them as OpenAI Batch output) "
+                               "or give --output-format openai")
+    assert said["m.csv"] == "give --output-format openai, or drop --output-format csv and name it .jsonl"
+
+
+def test_an_id_field_the_rows_write_themselves_is_refused(tmp_path):
+    """`--id-field answer`: the merged rows' answers would overwrite their ids."""
+    part = write_jsonl(tmp_path / "a.jsonl", [{"answer": "q1", "question": "x"}])
+    with pytest.raises(ConfigError, match=r"^fields.id \(--id-field\): 'answer' is one of the fields ggbatch "):
+        merge_files(str(tmp_path / "m.jsonl"), [str(part)], id_field="answer")
+    assert not (tmp_path / "m.jsonl").exists()
+
+
 def test_refused_merges(tmp_path):
     questions, _, parts = write_job(tmp_path, "openai")
     with pytest.raises(ConfigError, match="does not convert to json"):

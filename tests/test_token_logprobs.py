@@ -239,6 +239,31 @@ def test_openai_batch_lines_get_both_shapes(demo_model, tmp_path):
 
 @pytest.mark.model
 @pytest.mark.timeout(300)
+def test_an_openai_lines_own_logprobs_get_the_csv_column_as_json_has_them(demo_model, tmp_path):
+    """The job asks for none: the lines' own `logprobs` plan CSV's token_logprobs column (as their
+    own `n` plans samples), and its cells hold what JSON Lines output holds."""
+    lines = [{"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"messages": [{"role": "user", "content": "Tell a story"}], "max_tokens": 4,
+                       "logprobs": True, "top_logprobs": 2}},
+             {"custom_id": "cmpl", "method": "POST", "url": "/v1/completions",
+              "body": {"prompt": "Once upon a time", "max_tokens": 4, "logprobs": 2}},
+             {"custom_id": "none", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}}]
+    src = write_jsonl(tmp_path / "batch.jsonl", lines)
+    args = ["run", "--model", demo_model, "--input", src, "--ignore-eos", "--progress", "off"]
+    assert ggbatch(*args, "--output", tmp_path / "a.jsonl", "--output-format", "jsonl").returncode == 0
+    rows = {row["questionID"]: row for row in map(json.loads, (tmp_path / "a.jsonl").read_text().splitlines())}
+    done = ggbatch(*args, "--output", tmp_path / "a.csv")
+    assert done.returncode == 0, done.stderr
+    import csv
+    cells = {c["questionID"]: c for c in csv.DictReader((tmp_path / "a.csv").open(newline=""))}
+    assert json.loads(cells["chat"]["token_logprobs"]) == rows["chat"]["token_logprobs"]
+    assert json.loads(cells["cmpl"]["token_logprobs"]) == rows["cmpl"]["token_logprobs"]
+    assert len(rows["chat"]["token_logprobs"]) == 4 and cells["none"]["token_logprobs"] == ""
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
 def test_a_first_token_choice_names_the_variant_its_score_is_read_from(demo_model, tmp_path, questions_file):
     """A choice is scored by its likeliest token variant (" B" or "B"): its token_logprobs entry is
     that variant, with the same log-probability as choice_logprobs gives the choice."""

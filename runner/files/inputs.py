@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from ..errors import InputError
 from .compact import HashIndex, key64, text_key
 from .formats.csvfile import csv_rows
-from .formats.detect import detect_format, input_format
+from .formats.detect import detect_format, input_format, is_openai_output
 from .formats.jsonfile import json_array, json_lines
-from .formats.openai_input import openai_record, say_models
+from .formats.openai_input import OUTPUT_NOT_REQUESTS, openai_record, say_models
 from .formats.record import Record, checked_id
 from .formats.textfile import decoded, open_bytes, read_text, split_lone_cr
 
@@ -239,6 +239,8 @@ def record_at(where: str, line: int, obj: Any, id_field: str, question_field: st
     problem an InputError starting with `where`."""
     if not isinstance(obj, dict):
         raise InputError(f"{where}: each question must be a JSON object, got {type(obj).__name__}")
+    if id_field not in obj and is_openai_output(obj):
+        raise InputError(f"{where}: {OUTPUT_NOT_REQUESTS}")
     if id_field not in obj:
         raise InputError(f"{where}: record has no '{id_field}'{hint if 'custom_id' in obj else ''}")
     qid = obj[id_field]

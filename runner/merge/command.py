@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 
 from ..errors import ConfigError, InputError, quote
 from ..files.formats import FORMATS
+from ..files.formats.cells import check_id_column
 from ..files.formats.detect import output_format
 from ..files.inputs import read_question_file
 from ..files.outputs import write_atomic
@@ -125,6 +126,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     parts = [read_part(p, id_field) for p in paths if os.path.exists(p)]
     merged = merge_rows(parts, order, questions or "")
     fmt = _format(output, output_fmt, parts, question_fmt)
+    check_id_column(id_field, [fmt])
     write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings))
     return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
                         absent_shards, journals)
@@ -202,11 +204,22 @@ def _format(output: str, requested: Optional[str], parts: Sequence[Part], questi
     fmt = output_format(output, requested, source)
     if lines and fmt != "openai":
         raise ConfigError(f"{output}: the parts are OpenAI Batch output, which merge keeps line by line and "
-                          f"does not convert to {fmt}: name it .jsonl or give --output-format openai")
+                          f"does not convert to {fmt}: {_keep_lines(output, requested)}")
     if fields and fmt == "openai":
         raise ConfigError(f"{output}: OpenAI Batch output is made by a run (its lines hold token counts and "
                           f"ids); the parts are {fields[0].format} answers rows: merge them into json, jsonl or csv")
     return fmt
+
+
+def _keep_lines(output: str, requested: Optional[str]) -> str:
+    """How to merge OpenAI Batch parts into OUT, given how its format came to be other than theirs:
+    from --output-format (dropped, a name of lines keeps them) or from OUT's name (.csv, .json)."""
+    if requested is None:
+        return "name it .jsonl or give --output-format openai"
+    if output_format(output, None, "openai") == "openai":
+        return (f"drop --output-format {requested} (its name keeps them as OpenAI Batch output) "
+                "or give --output-format openai")
+    return f"give --output-format openai, or drop --output-format {requested} and name it .jsonl"
 
 
 def _csv_header(parts: Sequence[Part]) -> tuple[str, ...]:

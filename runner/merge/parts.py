@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional
 from ..errors import InputError
 from ..files.formats.cells import csv_fields
 from ..files.formats.csvfile import csv_rows
+from ..files.formats.detect import is_openai_output
 from ..files.inputs import detect_format, json_array, json_lines, read_text
 from ..files.paths import journal_path
 from ..scoring.files import openai_text, row_id
@@ -91,7 +92,7 @@ def part_format(path: str, text: str) -> str:
             obj = json.loads(first)
         except ValueError:
             return fmt  # json_lines names the line
-        if isinstance(obj, dict) and "custom_id" in obj and ("response" in obj or "error" in obj):
+        if is_openai_output(obj):
             return "openai"
     return fmt
 

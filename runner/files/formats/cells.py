@@ -18,13 +18,15 @@ the text it is.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
-from ...errors import InputError, quote
+from ...errors import ConfigError, InputError, quote
 from .rows import OutputSpec
 
 # The fields of an answers row after its id, in the order row_fields writes them
 FIELDS = ("answer", "answer_norm", "thinking", "choice_logprobs", "token_logprobs", "error")
+# Every field an answers row may hold beside its id: row_fields' and CSV's count of samples
+OWN_COLUMNS = FIELDS + ("samples",)
 # CSV columns holding JSON text whenever they are set, and what that text holds
 JSON_TEXT = {"choice_logprobs": dict, "token_logprobs": list}
 # ... and only in a row with samples
@@ -36,6 +38,17 @@ def csv_columns(spec: OutputSpec) -> list[str]:
     columns = [spec.id_field, "answer"] + (["answer_norm"] if spec.answer_norm else []) + ["error"]
     columns += ["thinking"] if spec.keep_thinking else []
     return columns + [key for key in ("choice_logprobs", "token_logprobs", "samples") if getattr(spec, key)]
+
+
+def check_id_column(id_field: str, formats: Iterable[str], flag: str = "--id-field") -> None:
+    """Refuse an id field named as a field the answers rows write themselves (`answer`, `error`,
+    ...): in JSON the row's own value would replace the id, in CSV the header would name the column
+    twice, and no answer could be matched to its question. OpenAI Batch output keys its lines by
+    custom_id, so only the other `formats` (the answers file's, an errors file's) can clash."""
+    if id_field in OWN_COLUMNS and any(fmt != "openai" for fmt in formats):
+        raise ConfigError(f"fields.id ({flag}): {quote(id_field)} is one of the fields ggbatch writes in answers "
+                          f"rows ({', '.join(OWN_COLUMNS)}): the ids would be overwritten and no answer could be "
+                          "matched to its question; rename that field in the question file")
 
 
 def csv_cells(fields: Mapping[str, Any]) -> dict[str, Any]:

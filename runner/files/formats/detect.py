@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ...errors import InputError
 
@@ -105,6 +105,12 @@ def is_openai_request(line: str) -> bool:
     except ValueError:
         return False
     return isinstance(obj, dict) and "custom_id" in obj and ("body" in obj or "url" in obj)
+
+
+def is_openai_output(obj: Any) -> bool:
+    """Whether one line's object is an OpenAI Batch output line (its custom_id with a response or an
+    error, and no request body): a batch's answers, ggbatch's or OpenAI's."""
+    return isinstance(obj, dict) and "custom_id" in obj and "body" not in obj and ("response" in obj or "error" in obj)
 
 
 def _first_line(text: str) -> str:

@@ -16,10 +16,15 @@ from typing import Any, Mapping
 
 from ...errors import InputError, quote
 from ..compact import text_key
+from .detect import is_openai_output
 from .openai_request import parse_request
 from .record import Record, checked_id
 
 log = logging.getLogger("ggbatch")
+
+# Said of a line of answers given as questions or requests (following it, every line would be refused)
+OUTPUT_NOT_REQUESTS = ("an OpenAI Batch output line (answers: custom_id and response), not a request: this file "
+                       "holds a batch's answers; give the file of requests it answered as the input")
 
 
 def say_models(path: str, models: Mapping[str, int]) -> None:
@@ -37,6 +42,8 @@ def openai_record(where: str, line: int, obj: Any, digest: int = 0) -> Record:
     if not isinstance(obj, dict):
         raise InputError(f"{where}: each line of an OpenAI Batch file must be a JSON object, "
                          f"got {type(obj).__name__}")
+    if is_openai_output(obj):
+        raise InputError(f"{where}: {OUTPUT_NOT_REQUESTS}")
     qid = obj.get("custom_id")
     if not isinstance(qid, str):
         raise InputError(f"{where}: a batch request needs a custom_id string, got {quote(qid)}")

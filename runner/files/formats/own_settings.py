@@ -98,8 +98,8 @@ def settings_key(gen: GenerationParams) -> bytes:
 
 
 def describe_own(generations: list[GenerationParams]) -> dict[str, int]:
-    """For the report: how many questions have settings of their own, and which response formats
-    they ask for."""
+    """For the report, and the answers file's columns: how many questions have settings of their
+    own, which response formats they ask for, and how many draw samples or take token log-probabilities."""
     counts: dict[str, int] = {"questions": len(generations)}
     for gen in generations:
         if gen.response_format is not None:
@@ -111,4 +111,6 @@ def describe_own(generations: list[GenerationParams]) -> dict[str, int]:
             counts["answer.choices"] = counts.get("answer.choices", 0) + 1
         if gen.sampling.n > 1:
             counts["n"] = counts.get("n", 0) + 1
+        if gen.token_logprobs is not None:  # the answers file plans a token_logprobs column from it, as samples from n
+            counts["token_logprobs"] = counts.get("token_logprobs", 0) + 1
     return counts
