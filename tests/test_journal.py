@@ -97,6 +97,25 @@ def test_a_file_that_is_not_a_journal_is_still_refused(tmp_path):
     assert path.read_text() == "my own notes\n"
 
 
+@pytest.mark.parametrize("left", [b"", b'{"ggbatch_jou', b'{"ggbatch_journal": 1, "fingerprint": {"model.si'])
+def test_a_journal_killed_while_its_header_was_written_is_made_again(tmp_path, left):
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(left)  # a kill -9 or a full disk between the file's making and its header's end
+    j = Journal(str(path), FP)
+    assert j.kept == 0
+    j.close()
+    assert json.loads(path.read_text().splitlines()[0])["fingerprint"] == FP
+
+
+@pytest.mark.parametrize("text", ["my own notes", "{}"])
+def test_a_file_of_one_unfinished_line_that_is_not_a_journal_is_still_refused(tmp_path, text):
+    path = tmp_path / "j.jsonl"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="not a ggbatch journal"):
+        Journal(str(path), FP)
+    assert path.read_text() == text
+
+
 def test_choices_auto_is_named_auto_not_an_empty_list(tmp_path):
     auto = {"answer": {"choices": [], "grammar": None, "logprobs": False, "choice_logits": True}}
     fixed = {"answer": {**auto["answer"], "choices": ["yes", "no"]}}
@@ -143,7 +162,7 @@ def test_a_rerun_reads_each_entry_right_whatever_its_text_holds(tmp_path, monkey
     j.append([answer("after", "last")])
     j.close()
     j = Journal(path, FP)
-    assert j.kept == 6
+    assert j.kept == 5  # the failed answer is not kept: a rerun answers it again
     todo, reused = j.split(asked)
     assert {q: a.text for q, a in reused.items()} == {**dict(zip(qids, tricky)), "after": "last"}
     assert [q.qid for q in todo] == ["failed"]  # a failed answer is retried, whatever its error says

@@ -3,6 +3,7 @@ made while the workers answer, answers kept in the journal and written from it. 
 window of a few dozen records, through run_job with the fake engine and the real tokenizer."""
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -13,8 +14,9 @@ import pytest
 
 from fake_engine import Fake
 from ggbatch import build_config
-from ggbatch.runner.errors import InputError, WorkerFailure
+from ggbatch.runner.errors import InputError, Interrupted, WorkerFailure
 from ggbatch.runner.job import run_job
+from ggbatch.runner.pool.signals import STOP
 from helpers import wait_for
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(180)]
@@ -175,3 +177,24 @@ def test_a_streamed_file_stopped_twice_is_finished_by_a_rerun_exactly_as_one_run
         sys.setswitchinterval(interval)
     assert out.read_bytes() == reference.read_bytes()
     assert again.as_json()["questions"]["from_journal"] >= 250
+
+
+def test_a_rerun_of_a_finished_streamed_job_stopped_at_once_writes_every_answer_again(tmp_path, demo_model):
+    """A stop before the rerun's first window is made: the windows the feed never made are read
+    for the answers file, and the journal holds an answer for each record as written (a cron
+    job's `timeout` once turned a finished file into one whose later windows all said "not
+    answered"). Every prompt differs here: a record asking what an earlier one asked has no
+    entry of its own, and is known for the other's only once its prompt is made."""
+    questions(tmp_path / "q.jsonl", 300, line=lambda i: json.dumps({"questionID": f"q{i}", "question": f"Is {i} odd?"})
+              + "\n")
+    out = tmp_path / "a.json"
+    run_job(job(tmp_path, demo_model, out), engine_factory=Fake(), progress="log", window=30)
+    finished = out.read_bytes()
+    STOP.install()
+    try:
+        signal.raise_signal(signal.SIGTERM)  # remembered until the run's pool is attached
+        with pytest.raises(Interrupted):
+            run_job(job(tmp_path, demo_model, out), engine_factory=Fake(), progress="log", window=30)
+    finally:
+        STOP.uninstall()
+    assert out.read_bytes() == finished

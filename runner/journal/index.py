@@ -27,6 +27,9 @@ from typing import IO, Any, Iterator, NamedTuple, Optional, Union
 from ..files.compact import HashIndex, IdColumn, text_key
 
 BLOCK_BYTES = 1 << 22  # of the journal read at a time
+# How the header line Journal writes begins ({"ggbatch_journal": VERSION, ...}, one write): a file
+# holding a part of it and no newline is a journal killed while it was being made
+TORN_HEADER = b'{"ggbatch_journal": '
 
 _ENTRY = re.compile(rb'^(\{"qid": "([^"\\\n]*)", "prompt": "([0-9a-f]*)", (?:"record": "([0-9a-f]*)", )?'
                     rb'"text": [^\n]*, "error": (null)?[^\n]*\n)', re.MULTILINE)
@@ -42,7 +45,7 @@ class Earlier:
         self.qids = IdColumn()
         self.records, self.prompts, self.at = array("Q"), array("Q"), array("q")  # of each row
         self.by_record = HashIndex()  # record hash -> row still its id's answer: a line known before it is parsed
-        self.kept = 0  # entries
+        self.kept = 0  # ids whose latest entry is an answer that did not fail (a rerun keeps them)
         self.end = 0  # where its last whole line ends (a torn last line follows)
 
 
@@ -66,7 +69,10 @@ def read_earlier(path: str) -> Optional[Earlier]:
     if not os.path.exists(path):
         return None
     with open(path, "rb") as f:
-        earlier = Earlier(_fingerprint(f.readline()))
+        header = f.readline()
+        if not header.endswith(b"\n") and TORN_HEADER.startswith(header[:len(TORN_HEADER)]):
+            return None  # ggbatch's own, killed while writing its header (or empty): it holds nothing
+        earlier = Earlier(_fingerprint(header))
         earlier.end = f.tell()
         if earlier.fingerprint is None:
             return earlier
@@ -81,12 +87,13 @@ def read_earlier(path: str) -> Optional[Earlier]:
             earlier.records.extend(itertools.compress(e.records, e.ok))
             earlier.at.extend(itertools.compress(e.at, e.ok))
     # The keys are added together: one sort of each index, not one every MERGE_AT entries.
-    earlier.kept = len(keys)
     earlier.rows.add_many(keys, rows)
     # A line is known by its record hash only while its row is its id's answer: not after the id
     # was answered again (a later row) or failed since (-1). Entries of older versions have no hash.
     latest = earlier.rows.get_many(array("Q", itertools.compress(keys, (row >= 0 for row in rows))))
-    known = [record != 0 and last == row for row, (record, last) in enumerate(zip(earlier.records, latest))]
+    latest_of_id = [last == row for row, last in enumerate(latest)]
+    earlier.kept = sum(latest_of_id)
+    known = [record != 0 and last for record, last in zip(earlier.records, latest_of_id)]
     earlier.by_record.add_many(array("Q", itertools.compress(earlier.records, known)),
                                array("q", itertools.compress(range(len(known)), known)))
     return earlier

@@ -26,6 +26,7 @@ from .prepare import Preparer, Window
 log = logging.getLogger("ggbatch")
 
 PUT_WAIT_S = 0.1  # how often a thread waiting to hand over a window checks whether it should stop
+REST_CHUNK = 4096  # records looked up in the journal together once a run has stopped
 
 
 class QuestionFeed:
@@ -76,16 +77,26 @@ class QuestionFeed:
         self._thread.join()
 
     def read_rest(self) -> None:
-        """After a run ended early: the ids of the records not made into questions yet, so that
-        the answers file still has a row for every question (each saying why it has no answer).
+        """After a run ended early: the records not made into questions yet, so that the answers
+        file still has a row for every question, with the answer the journal holds for it (a
+        stopped rerun of a finished job writes the whole file again) or saying why it has none.
         A problem further on in the file ends the reading there."""
         self.close()
         if self.done:
             return
-        ids = self._preparer.maker.ids
+        maker = self._preparer.maker
+        chunk: list[Record] = []
+        stopped: Optional[GgbatchError] = None
         try:
             for rec in self._records:
-                ids.append(rec.qid)
+                chunk.append(rec)
+                if len(chunk) == REST_CHUNK:
+                    maker.take_unmade(chunk)
+                    chunk = []
         except GgbatchError as exc:
+            stopped = exc
+        if chunk:
+            maker.take_unmade(chunk)
+        if stopped is not None:
             log.warning("the answers file ends at %d rows: reading the rest of the questions stopped (%s)",
-                        len(ids), exc)
+                        len(maker.ids), stopped)

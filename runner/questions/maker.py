@@ -98,13 +98,7 @@ class QuestionMaker:
         questions: list[Question] = []
         # rendered, waiting for their tokens (and their choices, scored as continuations)
         waiting: deque[tuple[Record, int, str, tuple[str, ...]]] = deque()
-        journaled = self.journal.reuse_records([rec.key or text_key(rec.qid) for rec in records],
-                                               [rec.digest for rec in records])
-        first = len(self.ids)
-        self.ids.extend(rec.qid for rec in records)
-        self._kinds(records, first)
-        self._journaled([(first + i, rec, prompt) for i, (rec, prompt) in enumerate(zip(records, journaled))
-                         if prompt is not None])
+        first, journaled = self._take_in(records)
 
         def prompts() -> Iterator[tuple[str, bool]]:
             for index, (rec, prompt) in enumerate(zip(records, journaled), start=first):
@@ -138,6 +132,25 @@ class QuestionMaker:
             return ()
         answer = (self._own_generation(rec) or self.job).answer
         return answer.choices if answer is not None else ()
+
+    def take_unmade(self, records: Sequence[Record]) -> None:
+        """Records a stopped run never made into questions (runner/questions/feed.py read_rest):
+        each gets its row in the answers file, and one whose answer the journal holds keeps it,
+        as in a window made; the others say why they have none."""
+        self._take_in(records)
+
+    def _take_in(self, records: Sequence[Record]) -> tuple[int, list[Optional[int]]]:
+        """The records' ids join the job's, and those whose answer the journal holds for the
+        record as written take it: (the first one's index in self.ids, each one's prompt key when
+        held, else None)."""
+        journaled = self.journal.reuse_records([rec.key or text_key(rec.qid) for rec in records],
+                                               [rec.digest for rec in records])
+        first = len(self.ids)
+        self.ids.extend(rec.qid for rec in records)
+        self._kinds(records, first)
+        self._journaled([(first + i, rec, prompt) for i, (rec, prompt) in enumerate(zip(records, journaled))
+                         if prompt is not None])
+        return first, journaled
 
     def _kinds(self, records: Sequence[Record], first: int) -> None:
         """Which lines are /v1/completions requests, from the lines themselves: an answer the
