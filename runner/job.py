@@ -38,7 +38,7 @@ from .files.formats.detect import errors_format, output_format
 from .files.formats.rows import OutputSpec, Row
 from .files.inputs import QuestionStream, Record, open_question_file
 from .files.lock import OutputLock
-from .files.outputs import write_answers, write_atomic
+from .files.outputs import remove_stale_copies, write_answers, write_atomic
 from .files.paths import JobPaths, job_paths
 from .files.piped import readable_input
 from .files.shards import in_shard
@@ -104,7 +104,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
     model = identify(model_path)
     answer = job_answer(config)  # a bad schema or grammar: exit 2 before any worker starts
     since_start = SinceStart() if config.threads_adapt == "auto" else None  # the cores before any worker starts
-    with OutputLock(config.output):
+    with _locked(config):
         reading = None if fresh else start_reading(paths.journal)  # while the input is read, the tokenizer starts
         first_records, rest, stream = _read(config, window)
         formats = _formats(config, stream.format)
@@ -145,6 +145,16 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
     if ended is not None:
         raise ended
     return report
+
+
+@contextmanager
+def _locked(config: JobConfig) -> Iterator[None]:
+    """The output's lock held; the copies a run killed while writing the answers left beside them
+    are removed, now that nothing else writes them."""
+    with OutputLock(config.output):
+        for written in filter(None, (config.output, config.errors_output)):
+            remove_stale_copies(written)
+        yield
 
 
 def _feed(preparer: Preparer, rest: Optional[Iterator[Record]], window: int, watch: RunWatch, pool: WorkerPool,

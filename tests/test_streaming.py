@@ -198,3 +198,15 @@ def test_a_rerun_of_a_finished_streamed_job_stopped_at_once_writes_every_answer_
     finally:
         STOP.uninstall()
     assert out.read_bytes() == finished
+
+
+def test_a_run_removes_the_copies_a_killed_run_left_while_writing_its_answers(tmp_path, demo_model):
+    questions(tmp_path / "q.jsonl", 20)
+    out, errors = tmp_path / "a.json", tmp_path / "e.jsonl"
+    left = [tmp_path / ".a.json.k3j_9x0q.tmp", tmp_path / ".e.jsonl.0abcdefg.tmp"]  # mkstemp's names
+    others = [tmp_path / ".b.json.k3j_9x0q.tmp", tmp_path / ".a.json.mine.tmp", tmp_path / "a.json.k3j_9x0q.tmp"]
+    for path in left + others:
+        path.write_text("[")
+    run_job(job(tmp_path, demo_model, out, errors_output=str(errors)), engine_factory=Fake(), progress="log")
+    assert not any(path.exists() for path in left) and all(path.exists() for path in others)
+    assert len(json.loads(out.read_text())) == 20

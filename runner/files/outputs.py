@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import tempfile
 from dataclasses import replace
@@ -20,6 +21,8 @@ from .formats.csvfile import csv_line
 from .formats.detect import errors_format
 from .formats.openai_output import batch_line
 from .formats.rows import OutputSpec, Row, row_fields
+
+TEMP_SUFFIX = ".tmp"  # of the copy an AtomicFile writes beside its target, named .NAME.XXXXXXXX.tmp
 
 
 def answer_rows(ids: Iterable[str], answers: Mapping[str, Answer], aliases: Optional[Mapping[str, str]] = None,
@@ -134,7 +137,7 @@ class AtomicFile:
     def __enter__(self) -> "AtomicFile":
         mode = _mode_for(self.target)
         try:
-            fd, self._tmp = tempfile.mkstemp(prefix=f".{self.target.name}.", suffix=".tmp",
+            fd, self._tmp = tempfile.mkstemp(prefix=f".{self.target.name}.", suffix=TEMP_SUFFIX,
                                              dir=self.target.resolve().parent)
             os.fchmod(fd, mode)  # mkstemp's 0600 would hide the answers from the pipeline's other users
             # newline="": the text is written as made (CSV's quoted line breaks stay as they are)
@@ -184,6 +187,23 @@ class AtomicFile:
             except OSError:
                 pass
             self._tmp = ""
+
+
+def remove_stale_copies(path: str) -> None:
+    """Remove the temporary copies of `path` a killed writer left beside it (AtomicFile's, each as
+    large as the file: a kill -9 between its making and its rename). Only for a caller holding the
+    output's lock (runner/files/lock.py), when no other writer of it can be at work."""
+    target = Path(os.path.realpath(path))
+    stale = re.compile(re.escape(f".{target.name}.") + r"[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return
+    for name in filter(stale.fullmatch, names):
+        try:
+            os.unlink(target.parent / name)
+        except OSError:
+            pass
 
 
 def _mode_for(target: Path) -> int:
