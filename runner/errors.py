@@ -60,6 +60,12 @@ class OutputError(GgbatchError):
     pass
 
 
+class JournalError(OutputError):
+    """An answer could not be appended to the journal (a full disk, a file size limit, the file
+    cut short by another program): the run ends as a stop does, the answers file written with
+    every answer the journal holds."""
+
+
 class WorkerFailure(GgbatchError):
     """The run gave up on its workers (a crash loop, none can start any more); the answers so far
     are written. Exit code 1, like a run where some questions failed."""

@@ -32,7 +32,7 @@ from ..workers.llama.factory import LLAMA_ENGINE
 from ..workers.protocol import EngineConfig
 from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
-from .errors import Interrupted, WorkerFailure
+from .errors import Interrupted, JournalError, WorkerFailure
 from .files.formats.cells import check_id_column
 from .files.formats.detect import errors_format, output_format
 from .files.formats.rows import OutputSpec, Row
@@ -251,7 +251,7 @@ def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], fe
         if first.questions or feed is not None:
             pool.run(first.questions, engine, feed, feed_below=window // 2, events=watch)
         return Interrupted(STOP.signum) if STOP.signum else None
-    except (WorkerFailure, Interrupted) as exc:
+    except (WorkerFailure, Interrupted, JournalError) as exc:
         if feed is not None:
             feed.read_rest()
         return exc
@@ -300,7 +300,8 @@ def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ende
     each answer read back from the journal; each is counted as it is written, so the report
     says what the file says."""
     why = ("no answer came back" if ended is None else
-           f"the run was stopped by signal {ended.signum} first" if isinstance(ended, Interrupted) else str(ended))
+           f"the run was stopped by signal {ended.signum} first" if isinstance(ended, Interrupted) else
+           "the journal could not take more answers" if isinstance(ended, JournalError) else str(ended))
     made, counts = preparer.made, RecordCounts()
 
     def rows() -> Iterator[Row]:

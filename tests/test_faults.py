@@ -333,3 +333,48 @@ def test_read_only_output_folder_is_exit_2_before_any_work(tmp_path, demo_model)
                                                  f"{folder} is not writable: Read-only file system"]
     finally:
         subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+def _file_size_limit(limit):
+    """For the child: writes past `limit` bytes fail with EFBIG (Python ignores SIGXFSZ)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_journal_that_cannot_grow_ends_the_run_with_the_answers_file_written(reference, tmp_path):
+    """ulimit -f: the journal (a long line per answer) reaches the limit first; the answers file
+    (a short row each) still fits. The run ends as a stop does: every journaled answer written,
+    the others marked, and the next run finishes the job."""
+    model, questions, expected = reference
+    out = tmp_path / "answers.json"
+    r = subprocess.run(cmd(model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       preexec_fn=_file_size_limit(12 * 1024))
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ggbatch: error: ")]
+    assert len(errors) == 1 and "cannot append to the journal (File too large)" in errors[0], r.stderr
+    assert "run the same command again to finish" in errors[0] and "Traceback" not in r.stderr
+    rows = json.loads(out.read_text())
+    answered = [row for row in rows if row["answer"] is not None]
+    assert len(rows) == N_QUESTIONS and 0 < len(answered) < N_QUESTIONS
+    assert {row["error"] for row in rows if row["answer"] is None} == {"not answered: the journal could not take "
+                                                                       "more answers"}
+    r = subprocess.run(cmd(model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == expected
+
+
+def test_a_journal_cut_short_during_the_run_ends_it_in_one_line_and_the_rerun_finishes(reference, tmp_path):
+    model, questions, expected = reference
+    out = tmp_path / "answers.json"
+    journal = Path(f"{out}.journal.jsonl")
+    proc = subprocess.Popen(cmd(model, questions, out, slots=1), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: journal_entries(out) >= 2, timeout=120, what="two journaled answers")
+    os.truncate(journal, 0)  # another program empties it
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2, stderr
+    assert "the journal was cut short by another program during the run" in stderr and "Traceback" not in stderr
+    assert len(json.loads(out.read_text())) == N_QUESTIONS
+    r = subprocess.run(cmd(model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == expected

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question, Sample
 from ..config.schema import CHOICES_AUTO, FIRST_TOKEN, JobConfig
-from ..errors import OutputError, StartOver, quote
+from ..errors import JournalError, OutputError, StartOver, quote
 from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
 from ..files.formats.token_logprobs import from_journal, to_journal
@@ -255,31 +255,48 @@ class Journal:
     # -- this run's answers -----------------------------------------------------------------------
 
     def append(self, answers: Sequence[Answer]) -> None:
-        """Append answers (those of one worker message) with one write and one flush."""
-        lines = []
+        """Append answers (those of one worker message) with one write and one flush; each is
+        this run's answer once the write has succeeded."""
+        lines, places = [], []
         at = self._size
         for a in answers:
             expected = self._expected.pop(a.qid, None) or Expected("")
             line = (json.dumps(_entry(a, expected.prompt, expected.record), ensure_ascii=False) + "\n").encode()
             lines.append(line)
-            self._answers.add(text_key(a.qid), at)
+            places.append((text_key(a.qid), at))
             at += len(line)
+        self._check_unchanged()
         try:
             self._file.write(b"".join(lines))
             self._file.flush()  # in the kernel's hands now: survives kill -9 of this process
         except OSError as exc:
-            raise OutputError(f"{self.path}: cannot append to the journal ({exc.strerror or exc}); "
-                              "every answer written before this one is kept") from None
+            raise JournalError(f"{self.path}: cannot append to the journal ({exc.strerror or exc}); every answer "
+                               "written before this one is kept: make room, then run the same command again to "
+                               "finish") from None
+        for key, place in places:
+            self._answers.add(key, place)
         self._size = at
 
+    def _check_unchanged(self) -> None:
+        """The file still ends where this run's last append did. Cut short by another program, it
+        would take the next answers at places the run does not know. (Removed or replaced, the
+        file this run holds open goes on working: the answers file is still written whole.)"""
+        if os.fstat(self._file.fileno()).st_size != self._size:
+            raise JournalError(f"{self.path}: the journal was cut short by another program during the run; the "
+                               "answers it no longer holds are lost: run the same command again to answer them")
+
     def answer(self, qid: str) -> Optional[Answer]:
-        """This run's answer to a question (made now or reused), read back from the file."""
+        """This run's answer to a question (made now or reused), read back from the file; None
+        where the file no longer holds it (cut short by another program)."""
         at = self._answers.get(text_key(qid))
         if at is None:
             return None
         self._reader.seek(at)
-        e = json.loads(self._reader.readline())
-        return _answer(e) if e["qid"] == qid else None  # another id with the same 64-bit key
+        try:
+            e = json.loads(self._reader.readline())
+        except ValueError:
+            return None
+        return _answer(e) if isinstance(e, dict) and e.get("qid") == qid else None  # another id with the same key
 
     def sync(self) -> None:
         """Make what was appended survive a power cut too (a killed process loses nothing anyway)."""
