@@ -17,6 +17,12 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
+# What a child's process state (psutil's name for it) says of a child that holds work and makes
+# no progress: said after the state by the stall messages (runner/watch/stalls.py, the tokenizer's)
+STATE_HINTS = {"stopped": ": SIGSTOP or a debugger? SIGCONT resumes it",
+               "disk-sleep": ": waiting on the disk, swapping?",
+               "tracing-stop": ": stopped by a debugger"}
+
 _requests: "queue.SimpleQueue[tuple[Callable[[], None], Future[None]]]" = queue.SimpleQueue()
 _starter: Optional[threading.Thread] = None
 _starter_lock = threading.Lock()

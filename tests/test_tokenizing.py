@@ -11,6 +11,7 @@ import ctypes
 import faulthandler
 import os
 import signal
+import threading
 import time
 from array import array
 from pathlib import Path
@@ -118,6 +119,32 @@ def test_a_tokenizer_process_killed_from_outside_is_started_again_and_its_batche
         got = list(tokenize_all([process], ((t, True) for t in texts), batch_texts=3))
         assert process._process.pid != first and process._process.is_alive()
     assert got == expected_tokens(texts, [True] * len(texts))
+
+
+class StoppedOn(TokenizerProcess):
+    """A tokenizer process stopped (SIGSTOP) as it is given a text, and let go on after `for_s`."""
+
+    def __init__(self, model_path: str, text: str, for_s: float) -> None:
+        self.text, self.for_s = text, for_s
+        super().__init__(model_path)
+
+    def submit(self, texts, add_bos):
+        if self.text in texts:
+            os.kill(self._process.pid, signal.SIGSTOP)
+            threading.Timer(self.for_s, os.kill, (self._process.pid, signal.SIGCONT)).start()
+        super().submit(texts, add_bos)
+
+
+def test_a_stopped_tokenizer_process_is_said_with_its_state_then_said_to_answer_again(monkeypatch, caplog):
+    monkeypatch.setattr("ggbatch.runner.questions.tokenizing.STALL_S", 0.5)
+    texts = [f"{GOOD[i % len(GOOD)]} {i}" for i in range(6)]
+    with StoppedOn(str(require(TINY)), texts[0], for_s=2.0) as process:
+        got = list(tokenize_all([process], ((t, True) for t in texts), batch_texts=3))
+    assert got == expected_tokens(texts, [True] * len(texts))
+    said = [r.getMessage() for r in caplog.records if "tokenizer process" in r.getMessage()]
+    assert said[0].startswith(f"the tokenizer process (pid {process._process.pid}) has answered nothing for 0 s "
+                              "(process state: stopped: SIGSTOP or a debugger? SIGCONT resumes it)"), said
+    assert said[1:] == ["the tokenizer process is answering again"]
 
 
 def test_a_text_the_tokenizer_process_keeps_dying_on_fails_alone():

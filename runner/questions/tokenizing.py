@@ -27,19 +27,21 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 import multiprocess as mp
+import psutil
 from multiprocess.connection import wait
 
 from ...workers.helper_messages import SpellChoices, TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo
 from ...workers.llama.load_errors import says_memory
 from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
-from ..child_processes import start_child
+from ..child_processes import STATE_HINTS, start_child
 from ..errors import ModelError, WorkerFailure
 
 log = logging.getLogger("ggbatch")
 
 BATCH_TEXTS = 512
 IN_FLIGHT = 2
+STALL_S = 10.0  # the tokenizer's silence, while it holds a batch, before the log says so (as a worker's)
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,12 @@ class TokenizerProcess:
 
     def _receive(self) -> bytes:
         # Waiting on the sentinel too: a dead process is noticed at once, not by a hang.
-        ready = wait([self._results, self._process.sentinel])
+        ready = wait([self._results, self._process.sentinel], STALL_S)
+        if not ready:  # alive and silent: stopped (SIGSTOP, a debugger), swapping, or a huge batch
+            log.warning("the tokenizer process (pid %s) has answered nothing for %.0f s (process state: %s); "
+                        "the questions still to make wait for it", self._process.pid, STALL_S, self._state())
+            ready = wait([self._results, self._process.sentinel])
+            log.warning("the tokenizer process is answering again")
         if self._results in ready:
             try:
                 return self._results.recv_bytes()
@@ -126,6 +133,14 @@ class TokenizerProcess:
                 pass
         self._process.join()
         raise _Died(self._how_it_died())
+
+    def _state(self) -> str:
+        """The process's state as psutil names it, with what it suggests."""
+        try:
+            state = psutil.Process(self._process.pid).status()
+        except psutil.Error:
+            return "gone"
+        return state + STATE_HINTS.get(state, "")
 
     def _how_it_died(self) -> str:
         code = self._process.exitcode

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..child_processes import STATE_HINTS
+
 STALL_S = 10.0  # seconds without CPU progress, while holding questions, before saying so
 MIN_CPU_S = 0.05  # CPU seconds that count as progress between two samples
 
@@ -39,14 +41,9 @@ class StallWatch:
             t.stalled = True
             self.stalls += 1
             return (f"worker {worker_id} has made no progress for {now - t.since:.0f} s with {in_flight} "
-                    f"questions in flight (process state: {state}{_hint(state)})")
+                    f"questions in flight (process state: {state}{STATE_HINTS.get(state, '')})")
         return None
 
     def forget(self, worker_id: int) -> None:
         self.tracks.pop(worker_id, None)
 
-
-def _hint(state: str) -> str:
-    return {"stopped": ": SIGSTOP or a debugger? SIGCONT resumes it",
-            "disk-sleep": ": waiting on the disk, swapping?",
-            "tracing-stop": ": stopped by a debugger"}.get(state, "")
