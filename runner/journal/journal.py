@@ -278,12 +278,13 @@ class Journal:
         self._size = at
 
     def _check_unchanged(self) -> None:
-        """The file still ends where this run's last append did. Cut short by another program, it
-        would take the next answers at places the run does not know. (Removed or replaced, the
-        file this run holds open goes on working: the answers file is still written whole.)"""
+        """The file still ends where this run's last append did. Cut short or written to by another
+        program, it would take the next answers at places the run does not know. (Removed or
+        replaced, the file this run holds open goes on working: the answers file is still written whole.)"""
         if os.fstat(self._file.fileno()).st_size != self._size:
-            raise JournalError(f"{self.path}: the journal was cut short by another program during the run; the "
-                               "answers it no longer holds are lost: run the same command again to answer them")
+            raise JournalError(f"{self.path}: the journal was cut short or written to by another program during "
+                               "the run; the answers it no longer holds are lost: run the same command again to "
+                               "answer them")
 
     def answer(self, qid: str) -> Optional[Answer]:
         """This run's answer to a question (made now or reused), read back from the file; None
