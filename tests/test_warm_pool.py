@@ -298,3 +298,17 @@ def test_a_pool_left_open_at_exit_is_closed_quietly(demo_model, tmp_path, how):
     assert "died" not in done.stderr and "Traceback" not in done.stderr, done.stderr
     if how == "open call":  # cancelled, not waited for (nor left unanswered)
         assert said[1] == "call ended: ggbatch.Pool(): the process is exiting", done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_cancelled_submit_is_let_go_without_a_traceback(demo_model, caplog):
+    """Cancelling submit()'s Future logged `InvalidStateError: CANCELLED` from a callback once
+    its answer came (the pool set the result of a Future the caller had cancelled)."""
+    with ggbatch.Pool(model=demo_model, workers=1, max_tokens=64, ignore_eos=True) as pool:
+        given_up = pool.submit("Once upon a time")
+        assert given_up.cancel()
+        kept = pool.submit("The little dog")
+        assert kept.result(timeout=60).text
+        wait_for(lambda: pool.stats()["answered"] == 2, 60, "the cancelled question's answer to come")
+    assert given_up.cancelled()
+    assert "InvalidStateError" not in caplog.text and "exception calling callback" not in caplog.text, caplog.text

@@ -234,6 +234,8 @@ class Pool:
         one: Future[Answered] = Future()
 
         def done(f: "Future[list[Answered]]") -> None:
+            if not one.set_running_or_notify_cancel():
+                return  # the caller cancelled: no one waits for this answer (its question was answered all the same)
             exc = f.exception()
             if exc is not None:
                 one.set_exception(exc)
