@@ -300,6 +300,32 @@ def test_a_pool_left_open_at_exit_is_closed_quietly(demo_model, tmp_path, how):
         assert said[1] == "call ended: ggbatch.Pool(): the process is exiting", done.stdout
 
 
+SCORED = {"choices": "auto", "choice_scoring": "loglikelihood", "logprobs": True}
+CHOICE_RECORDS = [{"questionID": "q1", "question": "The dog was", "choices": {"A": "big", "B": "red", "C": "happy"}},
+                  {"questionID": "q2", "question": "Once upon a time", "choices": ["there was", "a girl"]}]
+
+
+@pytest.mark.timeout(120)
+def test_a_warm_pool_scores_each_records_own_choices_as_answer_does(demo_model):
+    """answer.choices auto failed in Pool()'s constructor: `-:0: record 'a' has no 'choices'`,
+    of a record the caller never gave (the probes its plan is made from)."""
+    cold = ggbatch.answer(CHOICE_RECORDS, model=demo_model, workers=1, answer=SCORED)
+    # lm-eval's acc_norm pick, as `ggbatch run` writes it beside the answer (it was dropped)
+    assert all(a.answer_norm in a.choice_logprobs for a in cold), cold
+    with ggbatch.Pool(model=demo_model, workers=1, answer=SCORED) as pool:
+        warm = pool.answer(CHOICE_RECORDS)
+        # a record without its own is named as the caller gave it, not by a line of no file (`-:2:`)
+        with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.Pool.answer\(\): questions\[1\]: record '1' has "
+                           r"no 'choices' mapping or list \(answer.choices: auto\)$"):
+            pool.answer([CHOICE_RECORDS[0], "Who was there?"])
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): questions\[0\]: record '0' has no"):
+        ggbatch.answer(["Who was there?"], model=demo_model, workers=1, answer=SCORED)
+    assert [a.text for a in warm] == [a.text for a in cold]
+    assert warm[0].text in ("A", "B", "C") and warm[1].text in ("there was", "a girl")
+    assert [set(a.choice_logprobs) for a in warm] == [{"A", "B", "C"}, {"there was", "a girl"}]
+    assert [a.answer_norm for a in warm] == [a.answer_norm for a in cold]
+
+
 @pytest.mark.timeout(120)
 def test_a_cancelled_submit_is_let_go_without_a_traceback(demo_model, caplog):
     """Cancelling submit()'s Future logged `InvalidStateError: CANCELLED` from a callback once

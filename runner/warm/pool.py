@@ -28,7 +28,7 @@ from ...workers.protocol import Answer, Question, Ready, ThreadsSet
 from ..config.answer import job_answer
 from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
-from ..errors import GgbatchError, WorkerFailure
+from ..errors import GgbatchError, InputError, WorkerFailure
 from ..files.inputs import Record
 from ..launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
 from ..model.identity import check_local_model, identify, resolve_model
@@ -44,12 +44,14 @@ from ..watch.watch import RunWatch
 from .calls import Answered, Calls, NoReuse
 from .intake import Submissions
 from .overrides import Variant, Variants
-from .records import caller_records, caller_rows, check_vocabulary
+from .records import caller_records, caller_rows, check_vocabulary, said_of_caller
 from .stats import pool_stats
 
 # the job's keys that name files: a pool takes questions and gives answers
 POOL_OWN = ("input", "output", "input_format", "output_format", "errors_output", "shard", "report")
 PROBES = ("a", "b")  # two questions whose prompts' common start is the shared prefix of every default prompt
+# the probes' own choices: with answer.choices auto each record brings its own, and a probe is made as one
+PROBE_CHOICES = ["a", "b"]
 GUESS_PROMPT = 512  # tokens of prompt a warm pool's context is first planned for; it grows if a call needs more
 
 
@@ -166,15 +168,15 @@ class Pool:
         call needs more)."""
         p, default = self._prompting, self._variants.default
         if records:
-            questions = self._make(records, default)[2]
+            questions = self._make(records, default, self._method("answer"))[2]
             prompts = [q.tokens for q in questions]
             prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
             longest, most = max((len(t) for t in prompts), default=1), max_tokens(questions, p.generation)
             samples = max_samples(questions, p.generation)  # each a sequence of its own once the prompt is in
             scored = any(q.continuations for q in questions)
         else:
-            probes = [Record(q, {self._config.question_field: q}, 0) for q in PROBES]
-            prefix = common_prefix([q.tokens for q in self._make(probes, default)[2]])
+            probes = [Record(q, {self._config.question_field: q, "choices": PROBE_CHOICES}, 0) for q in PROBES]
+            prefix = common_prefix([q.tokens for q in self._make(probes, default, self._source)[2]])
             longest, most, samples = GUESS_PROMPT, p.generation.max_tokens, p.generation.sampling.n
             scored = True  # submit_questions may bring continuations to score (ggbatch.lm_eval's)
         # A warm pool cannot know whether its calls' prompts will share prefixes (an lm-eval task's
@@ -217,7 +219,7 @@ class Pool:
         variant = self._variants.of(overrides, where)
         if self._closed:
             raise PoolClosed(f"{where}: the pool is closed")
-        maker, rejected, made = self._make(records, variant)
+        maker, rejected, made = self._make(records, variant, where, single)
         future, sent = self._calls.open(list(maker.ids.answered_as()), made, rejected)
         self._intake.put(sent)
         return future
@@ -302,13 +304,18 @@ class Pool:
         """The model's BOS and EOS tokens as text."""
         return self._prompting.info.bos_text, self._prompting.info.eos_text
 
-    def _make(self, records: list[Record], variant: Variant) -> tuple[QuestionMaker, dict[str, Answer], list[Question]]:
+    def _make(self, records: list[Record], variant: Variant, where: str,
+              single: bool = False) -> tuple[QuestionMaker, dict[str, Answer], list[Question]]:
+        """The records' questions (`where`: the call, as its errors name it; `single`: of one question)."""
         def make() -> tuple[QuestionMaker, list[Question]]:
             maker = QuestionMaker(variant.builder, [self._prompting.tokenizer], variant.config, variant.generation,
                                   self._prompting.info.n_vocab, NoReuse())
             return maker, maker.make(records)
 
-        maker, questions = self._tokenizing(make)
+        try:
+            maker, questions = self._tokenizing(make)
+        except InputError as exc:  # a record without its own choices (answer.choices: auto)
+            raise InputError(said_of_caller(str(exc), self._config.input, where, single)) from None
         if variant.own:
             questions = [q if q.generation is not None else replace(q, generation=variant.generation)
                          for q in questions]
