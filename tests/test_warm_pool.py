@@ -338,3 +338,53 @@ def test_a_cancelled_submit_is_let_go_without_a_traceback(demo_model, caplog):
         wait_for(lambda: pool.stats()["answered"] == 2, 60, "the cancelled question's answer to come")
     assert given_up.cancelled()
     assert "InvalidStateError" not in caplog.text and "exception calling callback" not in caplog.text, caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_tokenize_on_a_closed_pool_says_the_pool_is_closed(demo_model):
+    pool = ggbatch.Pool(model=demo_model, workers=1, max_tokens=4)
+    assert len(pool.tokenize(["Once upon a time"])[0])
+    pool.close()
+    with pytest.raises(ggbatch.PoolClosed, match=r"^ggbatch.Pool.tokenize\(\): the pool is closed$"):
+        pool.tokenize(["Once upon a time"])
+
+
+FORKED = textwrap.dedent("""
+    import multiprocessing, sys
+    import ggbatch
+
+    def child(pool):
+        for call in (lambda: pool.submit_many(["Tom"]), lambda: pool.answer(["Tom"]),
+                     lambda: pool.tokenize(["Tom"])):
+            try:
+                call()
+                print("child: answered", flush=True)
+            except ggbatch.PoolClosed as exc:
+                print("child:", exc, flush=True)
+        pool.close()  # the child's copy: the parent's workers go on
+
+    if __name__ == "__main__":
+        pool = ggbatch.Pool(model=sys.argv[1], workers=1, max_tokens=4)
+        first = pool.answer(["Tom"])[0].text
+        forked = multiprocessing.get_context("fork").Process(target=child, args=(pool,))
+        forked.start()
+        forked.join(60)
+        print("exit", forked.exitcode, flush=True)
+        print("parent:", pool.answer(["Tom"])[0].text == first, flush=True)
+        pool.close()
+""")
+
+
+@pytest.mark.timeout(180)
+def test_a_pool_used_from_a_forked_child_says_so_at_once(demo_model, tmp_path):
+    """A fork child that inherited a pool waited for good on the parent's tokenizer pipe."""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    done = subprocess.run([sys.executable, str(script), demo_model], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=150)
+    said = done.stdout.strip().split("\n")
+    assert done.returncode == 0, done.stderr
+    refused = [s for s in said if s.startswith("child: ")]
+    assert len(refused) == 3 and all("this pool belongs to process" in s for s in refused), done.stdout
+    assert refused[0].startswith("child: ggbatch.Pool.submit_many(): this pool belongs to process "), done.stdout
+    assert said[-2:] == ["exit 0", "parent: True"], done.stdout + done.stderr

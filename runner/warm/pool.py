@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from array import array
 from concurrent.futures import Future
@@ -118,6 +119,9 @@ class Pool:
     def _start(self, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
                engine_factory: EngineFactory) -> None:
         self._source, self._config, self._closed = source, config, False
+        # the pool's workers, tokenizer and loop thread are this process's: a forked child that
+        # inherits the pool would wait for good on the parent's tokenizer pipe
+        self._owner = os.getpid()
         self._groups = 0  # prefix groups numbered so far (submit_questions)
         self._make_lock = threading.Lock()  # one tokenizer process: calls are made one at a time
         self._close_lock = threading.Lock()  # a second close() waits for the first to end
@@ -214,11 +218,10 @@ class Pool:
 
     def _submit(self, questions: Union[str, Iterable[Any]], overrides: Mapping[str, Any], where: str,
                 single: bool = False) -> "Future[list[Answered]]":
+        self._check_usable(where)  # first: a call's own choices go through the tokenizer process too
         rows = caller_rows(questions, self._config.id_field, self._config.question_field, where, single)
         records = caller_records(rows, self._config.id_field, self._config.question_field, where, single)
         variant = self._variants.of(overrides, where)
-        if self._closed:
-            raise PoolClosed(f"{where}: the pool is closed")
         maker, rejected, made = self._make(records, variant, where, single)
         future, sent = self._calls.open(list(maker.ids.answered_as()), made, rejected)
         self._intake.put(sent)
@@ -253,8 +256,7 @@ class Pool:
         generation settings or the pool's, continuations scored. Those sharing a prefix go out
         together (runner/questions/prefix_groups.py), for the workers' prefix cache. on_answered
         hears the ids of each batch answered (from the pool's thread: keep it short)."""
-        if self._closed:
-            raise PoolClosed(f"{self._source}: the pool is closed")
+        self._check_usable(f"{self._source}.submit_questions()")
         for question in questions:
             check_vocabulary(question, self._prompting.info.n_vocab, f"{self._source}.submit_questions()")
         ordered, _ = order(list(questions), self._config.prefix_cache == "auto")
@@ -269,6 +271,7 @@ class Pool:
         """Each text's tokens by the model's tokenizer (special tokens written in it parsed as such),
         BOS first if asked and the text does not start with the BOS text already (a chat template
         may write it: chat_prompt), as a job's prompts are tokenized."""
+        self._check_usable(self._method("tokenize"))
         asked = [(t, add_bos and self._prompting.builder.needs_bos(t)) for t in texts]
         out = self._tokenizing(lambda: list(tokenize_all([self._prompting.tokenizer], asked)))
         bad = next((t for t in out if not isinstance(t, array)), None)
@@ -321,6 +324,15 @@ class Pool:
                          for q in questions]
         return maker, dict(maker.made.rejected), questions
 
+    def _check_usable(self, where: str) -> None:
+        """PoolClosed, before any work, for a call on a closed pool or from another process than
+        the one that made the pool (a fork child: the pool's processes and thread are not its)."""
+        if os.getpid() != self._owner:
+            raise PoolClosed(f"{where}: this pool belongs to process {self._owner}, which made it; "
+                             f"make a pool in this process (pid {os.getpid()}) to answer from it")
+        if self._closed:
+            raise PoolClosed(f"{where}: the pool is closed")
+
     def _tokenizing(self, work: Callable[[], _T]) -> _T:
         """work() with the tokenizer process, one call at a time; a tokenizer process that died
         is started again once, and the work done again."""
@@ -344,7 +356,8 @@ class Pool:
         with self._close_lock:
             if not self._closed:
                 self._closed = True
-                self._resources.close()
+                if os.getpid() == self._owner:  # a fork child's copy leaves the maker's workers alone
+                    self._resources.close()
 
     def _at_exit(self) -> None:
         """A pool still open when the interpreter exits (lm-eval never closes its model) is closed
