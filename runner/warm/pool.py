@@ -267,16 +267,20 @@ class Pool:
         self._intake.put(sent)
         return future
 
-    def tokenize(self, texts: Sequence[str], add_bos: bool = True) -> list[array]:
+    def tokenize(self, texts: Sequence[str], add_bos: bool = True,
+                 names: Optional[Sequence[str]] = None) -> list[array]:
         """Each text's tokens by the model's tokenizer (special tokens written in it parsed as such),
         BOS first if asked and the text does not start with the BOS text already (a chat template
-        may write it: chat_prompt), as a job's prompts are tokenized."""
-        self._check_usable(self._method("tokenize"))
+        may write it: chat_prompt), as a job's prompts are tokenized. `names`: how an error names
+        each text (ggbatch.lm_eval's task and doc); without, the text's index."""
+        where = self._method("tokenize")
+        self._check_usable(where)
         asked = [(t, add_bos and self._prompting.builder.needs_bos(t)) for t in texts]
         out = self._tokenizing(lambda: list(tokenize_all([self._prompting.tokenizer], asked)))
-        bad = next((t for t in out if not isinstance(t, array)), None)
+        bad = next(((i, t) for i, t in enumerate(out) if not isinstance(t, array)), None)
         if bad is not None:
-            raise GgbatchError(f"{self._source}: the model's tokenizer cannot take a text: {bad.reason}")
+            name = names[bad[0]] if names is not None else f"texts[{bad[0]}]"
+            raise InputError(f"{where}: {name}: the model's tokenizer cannot take its text: {bad[1].reason}")
         return [t for t in out if isinstance(t, array)]
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
