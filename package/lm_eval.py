@@ -1,6 +1,6 @@
 """ggbatch as lm-evaluation-harness's model: `GgbatchLM`, registered as `ggbatch`.
 
-    lm_eval --model ggbatch --model_args model=M.gguf --tasks T      (or `ggbatch eval --model M.gguf --tasks T`)
+    ggbatch eval --model M.gguf --tasks T
     lm_eval.simple_evaluate(model=ggbatch.lm_eval.GgbatchLM(model="M.gguf"), tasks=[...])
 
 One ggbatch.Pool (runner/warm/pool.py) holds the workers and the model for the object's lifetime,
