@@ -1,6 +1,6 @@
 """ggbatch as lm-evaluation-harness's model: `GgbatchLM`, registered as `ggbatch`.
 
-    lm_eval --model ggbatch --model_args model=M.gguf --tasks T      (or `ggbatch eval --model M.gguf --tasks T`)
+    ggbatch eval --model M.gguf --tasks T
     lm_eval.simple_evaluate(model=ggbatch.lm_eval.GgbatchLM(model="M.gguf"), tasks=[...])
 
 One ggbatch.Pool (runner/warm/pool.py) holds the workers and the model for the object's lifetime,
@@ -48,7 +48,7 @@ try:
 except ImportError as exc:  # lm-eval is the optional extra ggbatch[eval]
     raise ImportError("ggbatch.lm_eval needs lm-eval: pip install 'ggbatch[eval]'") from exc
 
-from ggbatch.runner.errors import ConfigError
+from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.questions.continuations import pair_texts, split_pair
 from ggbatch.runner.questions.prompts import PLAIN_TEMPLATE
 from ggbatch.runner.tools.lm_eval_requests import (
@@ -71,6 +71,7 @@ from ggbatch.workers.protocol import Question
 log = logging.getLogger("ggbatch")
 
 DEFAULT_MAX_LENGTH = 2048  # tokens of a rolling window when the model does not say its context
+TOKENIZE = f"{SOURCE[:-2]}.tokenize()"  # how the pool's errors name its tokenize
 
 
 @register_model("ggbatch")
@@ -163,25 +164,27 @@ class GgbatchLM(TemplateLM):
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """TemplateLM.loglikelihood with every distinct text tokenized once, in one pass through the
         pool (a multiple-choice question's continuations share their context)."""
-        pairs = [req.args for req in requests]
-        with_bos: dict[str, int] = {}  # text -> its place among the texts tokenized with BOS
-        bare: dict[str, int] = {}  # an empty context's continuation -> its place among those without
+        pairs, names = [req.args for req in requests], request_names(requests)
+        # text -> (its place among the texts tokenized with BOS, the first request it is of)
+        with_bos: dict[str, tuple[int, str]] = {}
+        bare: dict[str, tuple[int, str]] = {}  # an empty context's continuation: among those without
         plans: list[tuple[int, int]] = []  # (whole, context) in with_bos; (-1, continuation) in bare
-        for context, continuation in pairs:
+        for (context, continuation), name in zip(pairs, names):
             if context == "":
-                plans.append((-1, bare.setdefault(continuation, len(bare))))
+                plans.append((-1, bare.setdefault(continuation, (len(bare), name))[0]))
                 continue
             context, whole = pair_texts(context, continuation)
-            plans.append((with_bos.setdefault(whole, len(with_bos)), with_bos.setdefault(context, len(with_bos))))
-        encoded = self._encode_all(list(with_bos), list(bare), plans)
+            plans.append((with_bos.setdefault(whole, (len(with_bos), name))[0],
+                          with_bos.setdefault(context, (len(with_bos), name))[0]))
+        encoded = self._encode_all(with_bos, bare, plans)
         return self._loglikelihood_tokens([(pair, ctx, cont) for pair, (ctx, cont) in zip(pairs, encoded)],
-                                          disable_tqdm, names=request_names(requests))
+                                          disable_tqdm, names=names)
 
-    def _encode_all(self, with_bos: list[str], bare: list[str],
+    def _encode_all(self, with_bos: dict[str, tuple[int, str]], bare: dict[str, tuple[int, str]],
                     plans: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
         """lm-eval's (context_enc, continuation_enc) for each request planned by loglikelihood."""
-        whole_tokens = self.pool.tokenize(with_bos)
-        bare_tokens = self.pool.tokenize(bare, add_bos=False) if bare else []
+        whole_tokens = self._tokenize(list(with_bos), [name for _, name in with_bos.values()])
+        bare_tokens = self._tokenize(list(bare), [name for _, name in bare.values()], add_bos=False) if bare else []
         out = []
         for whole, other in plans:
             if whole < 0:  # BOS as the context, as TemplateLM does for an empty one
@@ -222,7 +225,8 @@ class GgbatchLM(TemplateLM):
         """Each text's log-likelihood over lm-eval's rolling windows of max_length tokens fed."""
         texts = [req.args[0] for req in requests]
         windows, owner, names = [], [], []
-        for i, (tokens, name) in enumerate(zip(self.pool.tokenize(texts, add_bos=False), request_names(requests))):
+        requested = request_names(requests)
+        for i, (tokens, name) in enumerate(zip(self._tokenize(texts, requested, add_bos=False), requested)):
             for k, window in enumerate(map(make_disjoint_window, get_rolling_token_windows(
                     token_list=list(tokens), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
                     context_len=1))):
@@ -240,7 +244,7 @@ class GgbatchLM(TemplateLM):
         a context longer than max_length - max_gen_toks keeps its last tokens (generation_window);
         max_gen_toks 0 is the empty text, nothing generated."""
         names = request_names(requests)
-        tokens = self.pool.tokenize([req.args[0] for req in requests])
+        tokens = self._tokenize([req.args[0] for req in requests], names)
         seeds = request_seeds(self._seed, [req.args for req in requests])
         questions, cut = [], 0
         for i, (req, toks) in enumerate(zip(requests, tokens)):
@@ -257,6 +261,14 @@ class GgbatchLM(TemplateLM):
                 raise unanswered("generate_until", names[int(question.qid)], answered.error)
             out[int(question.qid)] = answered.completion
         return out
+
+    def _tokenize(self, texts: list[str], names: list[str], add_bos: bool = True) -> list[array]:
+        """pool.tokenize, a text its vocabulary cannot take refused naming its request (task and
+        doc), as lm-eval's user knows it: not the pool's method, which they never called."""
+        try:
+            return self.pool.tokenize(texts, add_bos, names)
+        except InputError as exc:
+            raise InputError(str(exc).replace(f"{TOKENIZE}: ", "ggbatch.lm_eval: ", 1)) from None
 
     def _answers(self, questions: list[Question], requests: list[int], what: str,
                  disable_tqdm: bool) -> list[Answered]:

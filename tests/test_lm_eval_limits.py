@@ -187,6 +187,26 @@ def test_a_request_that_cannot_be_scored_ends_the_run_naming_it(tiny_lm):
 @pytest.mark.timeout(300)
 @pytest.mark.model
 @pytest.mark.slow
+def test_a_text_the_vocabulary_cannot_take_ends_the_run_naming_its_request(tiny_lm):
+    """TinyStories' vocabulary has no '(' and no byte fallback: the error named `ggbatch.Pool()`,
+    which an lm-eval user never made, and no task or document."""
+    said = "the model's tokenizer cannot take its text: the model's vocabulary has no token for U+0028 ("
+    calls = [(tiny_lm.loglikelihood, [request("loglikelihood", ("Once", " upon"), "mc", 0),
+                                      request("loglikelihood", ("Once (upon", " a time"), "mc", 4)], "mc", 4),
+             (tiny_lm.loglikelihood, [request("loglikelihood", ("", " (upon"), "bare", 2)], "bare", 2),
+             (tiny_lm.loglikelihood_rolling, [request("loglikelihood_rolling", ("Once (upon",), "roll", 1)],
+              "roll", 1),
+             (tiny_lm.generate_until, [request("generate_until", ("Once", {"until": []}), "gen", 0),
+                                       request("generate_until", ("Once (", {"until": []}), "gen", 3)], "gen", 3)]
+    for call, requests, task, doc in calls:
+        with pytest.raises(ggbatch.GgbatchError) as err:
+            call(requests)
+        assert str(err.value).startswith(f"ggbatch.lm_eval: task '{task}' doc {doc}: {said}"), str(err.value)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.model
+@pytest.mark.slow
 def test_a_perplexity_task_and_a_long_context_run_in_lm_eval_on_a_2048_token_model(stories_lm, tmp_path,
                                                                                    monkeypatch):
     """stories260K was trained for 2048 tokens: lm-eval's windows of 2049 tokens fit, and a

@@ -298,3 +298,93 @@ def test_a_pool_left_open_at_exit_is_closed_quietly(demo_model, tmp_path, how):
     assert "died" not in done.stderr and "Traceback" not in done.stderr, done.stderr
     if how == "open call":  # cancelled, not waited for (nor left unanswered)
         assert said[1] == "call ended: ggbatch.Pool(): the process is exiting", done.stdout
+
+
+SCORED = {"choices": "auto", "choice_scoring": "loglikelihood", "logprobs": True}
+CHOICE_RECORDS = [{"questionID": "q1", "question": "The dog was", "choices": {"A": "big", "B": "red", "C": "happy"}},
+                  {"questionID": "q2", "question": "Once upon a time", "choices": ["there was", "a girl"]}]
+
+
+@pytest.mark.timeout(120)
+def test_a_warm_pool_scores_each_records_own_choices_as_answer_does(demo_model):
+    """answer.choices auto failed in Pool()'s constructor: `-:0: record 'a' has no 'choices'`,
+    of a record the caller never gave (the probes its plan is made from)."""
+    cold = ggbatch.answer(CHOICE_RECORDS, model=demo_model, workers=1, answer=SCORED)
+    # lm-eval's acc_norm pick, as `ggbatch run` writes it beside the answer (it was dropped)
+    assert all(a.answer_norm in a.choice_logprobs for a in cold), cold
+    with ggbatch.Pool(model=demo_model, workers=1, answer=SCORED) as pool:
+        warm = pool.answer(CHOICE_RECORDS)
+        # a record without its own is named as the caller gave it, not by a line of no file (`-:2:`)
+        with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.Pool.answer\(\): questions\[1\]: record '1' has "
+                           r"no 'choices' mapping or list \(answer.choices: auto\)$"):
+            pool.answer([CHOICE_RECORDS[0], "Who was there?"])
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): questions\[0\]: record '0' has no"):
+        ggbatch.answer(["Who was there?"], model=demo_model, workers=1, answer=SCORED)
+    assert [a.text for a in warm] == [a.text for a in cold]
+    assert warm[0].text in ("A", "B", "C") and warm[1].text in ("there was", "a girl")
+    assert [set(a.choice_logprobs) for a in warm] == [{"A", "B", "C"}, {"there was", "a girl"}]
+    assert [a.answer_norm for a in warm] == [a.answer_norm for a in cold]
+
+
+@pytest.mark.timeout(120)
+def test_a_cancelled_submit_is_let_go_without_a_traceback(demo_model, caplog):
+    """Cancelling submit()'s Future logged `InvalidStateError: CANCELLED` from a callback once
+    its answer came (the pool set the result of a Future the caller had cancelled)."""
+    with ggbatch.Pool(model=demo_model, workers=1, max_tokens=64, ignore_eos=True) as pool:
+        given_up = pool.submit("Once upon a time")
+        assert given_up.cancel()
+        kept = pool.submit("The little dog")
+        assert kept.result(timeout=60).text
+        wait_for(lambda: pool.stats()["answered"] == 2, 60, "the cancelled question's answer to come")
+    assert given_up.cancelled()
+    assert "InvalidStateError" not in caplog.text and "exception calling callback" not in caplog.text, caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_tokenize_on_a_closed_pool_says_the_pool_is_closed(demo_model):
+    pool = ggbatch.Pool(model=demo_model, workers=1, max_tokens=4)
+    assert len(pool.tokenize(["Once upon a time"])[0])
+    pool.close()
+    with pytest.raises(ggbatch.PoolClosed, match=r"^ggbatch.Pool.tokenize\(\): the pool is closed$"):
+        pool.tokenize(["Once upon a time"])
+
+
+FORKED = textwrap.dedent("""
+    import multiprocessing, sys
+    import ggbatch
+
+    def child(pool):
+        for call in (lambda: pool.submit_many(["Tom"]), lambda: pool.answer(["Tom"]),
+                     lambda: pool.tokenize(["Tom"])):
+            try:
+                call()
+                print("child: answered", flush=True)
+            except ggbatch.PoolClosed as exc:
+                print("child:", exc, flush=True)
+        pool.close()  # the child's copy: the parent's workers go on
+
+    if __name__ == "__main__":
+        pool = ggbatch.Pool(model=sys.argv[1], workers=1, max_tokens=4)
+        first = pool.answer(["Tom"])[0].text
+        forked = multiprocessing.get_context("fork").Process(target=child, args=(pool,))
+        forked.start()
+        forked.join(60)
+        print("exit", forked.exitcode, flush=True)
+        print("parent:", pool.answer(["Tom"])[0].text == first, flush=True)
+        pool.close()
+""")
+
+
+@pytest.mark.timeout(180)
+def test_a_pool_used_from_a_forked_child_says_so_at_once(demo_model, tmp_path):
+    """A fork child that inherited a pool waited for good on the parent's tokenizer pipe."""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    done = subprocess.run([sys.executable, str(script), demo_model], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=150)
+    said = done.stdout.strip().split("\n")
+    assert done.returncode == 0, done.stderr
+    refused = [s for s in said if s.startswith("child: ")]
+    assert len(refused) == 3 and all("this pool belongs to process" in s for s in refused), done.stdout
+    assert refused[0].startswith("child: ggbatch.Pool.submit_many(): this pool belongs to process "), done.stdout
+    assert said[-2:] == ["exit 0", "parent: True"], done.stdout + done.stderr

@@ -39,6 +39,9 @@ class Answered:
     # the text exactly as generated: not stripped, a thinking block kept (Pool.submit_questions;
     # lm-eval's generate_until returns it so, as its other backends do)
     completion: Optional[str] = None
+    # with answer={"choices": ..., "choice_scoring": "loglikelihood"}: lm-eval's acc_norm pick (the
+    # choice of the highest log-probability per byte; text is the acc pick), as `ggbatch run` writes it
+    answer_norm: Optional[str] = None
 
 
 # a sample that is null in its question's list (runner/files/formats/rows.py)
@@ -51,7 +54,7 @@ def answered(qid: str, fields: Mapping[str, Any]) -> Answered:
     text = fields.get("answer")
     if not isinstance(text, list):
         return Answered(qid, text, fields.get("error"), fields.get("thinking"), fields.get("choice_logprobs"),
-                        token_logprobs=fields.get("token_logprobs"))
+                        token_logprobs=fields.get("token_logprobs"), answer_norm=fields.get("answer_norm"))
     n = len(text)
     thinking, logprobs = fields.get("thinking") or [None] * n, fields.get("token_logprobs") or [None] * n
     samples = [Answered(qid, t, None if t is not None else SAMPLE_CUT, thinking=th, token_logprobs=lp)

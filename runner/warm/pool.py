@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from array import array
 from concurrent.futures import Future
@@ -28,7 +29,7 @@ from ...workers.protocol import Answer, Question, Ready, ThreadsSet
 from ..config.answer import job_answer
 from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
-from ..errors import GgbatchError, WorkerFailure
+from ..errors import GgbatchError, InputError, WorkerFailure
 from ..files.inputs import Record
 from ..launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
 from ..model.identity import check_local_model, identify, resolve_model
@@ -44,12 +45,14 @@ from ..watch.watch import RunWatch
 from .calls import Answered, Calls, NoReuse
 from .intake import Submissions
 from .overrides import Variant, Variants
-from .records import caller_records, caller_rows, check_vocabulary
+from .records import caller_records, caller_rows, check_vocabulary, said_of_caller
 from .stats import pool_stats
 
 # the job's keys that name files: a pool takes questions and gives answers
 POOL_OWN = ("input", "output", "input_format", "output_format", "errors_output", "shard", "report")
 PROBES = ("a", "b")  # two questions whose prompts' common start is the shared prefix of every default prompt
+# the probes' own choices: with answer.choices auto each record brings its own, and a probe is made as one
+PROBE_CHOICES = ["a", "b"]
 GUESS_PROMPT = 512  # tokens of prompt a warm pool's context is first planned for; it grows if a call needs more
 
 
@@ -116,6 +119,9 @@ class Pool:
     def _start(self, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
                engine_factory: EngineFactory) -> None:
         self._source, self._config, self._closed = source, config, False
+        # the pool's workers, tokenizer and loop thread are this process's: a forked child that
+        # inherits the pool would wait for good on the parent's tokenizer pipe
+        self._owner = os.getpid()
         self._groups = 0  # prefix groups numbered so far (submit_questions)
         self._make_lock = threading.Lock()  # one tokenizer process: calls are made one at a time
         self._close_lock = threading.Lock()  # a second close() waits for the first to end
@@ -166,15 +172,15 @@ class Pool:
         call needs more)."""
         p, default = self._prompting, self._variants.default
         if records:
-            questions = self._make(records, default)[2]
+            questions = self._make(records, default, self._method("answer"))[2]
             prompts = [q.tokens for q in questions]
             prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
             longest, most = max((len(t) for t in prompts), default=1), max_tokens(questions, p.generation)
             samples = max_samples(questions, p.generation)  # each a sequence of its own once the prompt is in
             scored = any(q.continuations for q in questions)
         else:
-            probes = [Record(q, {self._config.question_field: q}, 0) for q in PROBES]
-            prefix = common_prefix([q.tokens for q in self._make(probes, default)[2]])
+            probes = [Record(q, {self._config.question_field: q, "choices": PROBE_CHOICES}, 0) for q in PROBES]
+            prefix = common_prefix([q.tokens for q in self._make(probes, default, self._source)[2]])
             longest, most, samples = GUESS_PROMPT, p.generation.max_tokens, p.generation.sampling.n
             scored = True  # submit_questions may bring continuations to score (ggbatch.lm_eval's)
         # A warm pool cannot know whether its calls' prompts will share prefixes (an lm-eval task's
@@ -212,12 +218,11 @@ class Pool:
 
     def _submit(self, questions: Union[str, Iterable[Any]], overrides: Mapping[str, Any], where: str,
                 single: bool = False) -> "Future[list[Answered]]":
+        self._check_usable(where)  # first: a call's own choices go through the tokenizer process too
         rows = caller_rows(questions, self._config.id_field, self._config.question_field, where, single)
         records = caller_records(rows, self._config.id_field, self._config.question_field, where, single)
         variant = self._variants.of(overrides, where)
-        if self._closed:
-            raise PoolClosed(f"{where}: the pool is closed")
-        maker, rejected, made = self._make(records, variant)
+        maker, rejected, made = self._make(records, variant, where, single)
         future, sent = self._calls.open(list(maker.ids.answered_as()), made, rejected)
         self._intake.put(sent)
         return future
@@ -234,6 +239,8 @@ class Pool:
         one: Future[Answered] = Future()
 
         def done(f: "Future[list[Answered]]") -> None:
+            if not one.set_running_or_notify_cancel():
+                return  # the caller cancelled: no one waits for this answer (its question was answered all the same)
             exc = f.exception()
             if exc is not None:
                 one.set_exception(exc)
@@ -249,8 +256,7 @@ class Pool:
         generation settings or the pool's, continuations scored. Those sharing a prefix go out
         together (runner/questions/prefix_groups.py), for the workers' prefix cache. on_answered
         hears the ids of each batch answered (from the pool's thread: keep it short)."""
-        if self._closed:
-            raise PoolClosed(f"{self._source}: the pool is closed")
+        self._check_usable(f"{self._source}.submit_questions()")
         for question in questions:
             check_vocabulary(question, self._prompting.info.n_vocab, f"{self._source}.submit_questions()")
         ordered, _ = order(list(questions), self._config.prefix_cache == "auto")
@@ -261,15 +267,20 @@ class Pool:
         self._intake.put(sent)
         return future
 
-    def tokenize(self, texts: Sequence[str], add_bos: bool = True) -> list[array]:
+    def tokenize(self, texts: Sequence[str], add_bos: bool = True,
+                 names: Optional[Sequence[str]] = None) -> list[array]:
         """Each text's tokens by the model's tokenizer (special tokens written in it parsed as such),
         BOS first if asked and the text does not start with the BOS text already (a chat template
-        may write it: chat_prompt), as a job's prompts are tokenized."""
+        may write it: chat_prompt), as a job's prompts are tokenized. `names`: how an error names
+        each text (ggbatch.lm_eval's task and doc); without, the text's index."""
+        where = self._method("tokenize")
+        self._check_usable(where)
         asked = [(t, add_bos and self._prompting.builder.needs_bos(t)) for t in texts]
         out = self._tokenizing(lambda: list(tokenize_all([self._prompting.tokenizer], asked)))
-        bad = next((t for t in out if not isinstance(t, array)), None)
+        bad = next(((i, t) for i, t in enumerate(out) if not isinstance(t, array)), None)
         if bad is not None:
-            raise GgbatchError(f"{self._source}: the model's tokenizer cannot take a text: {bad.reason}")
+            name = names[bad[0]] if names is not None else f"texts[{bad[0]}]"
+            raise InputError(f"{where}: {name}: the model's tokenizer cannot take its text: {bad[1].reason}")
         return [t for t in out if isinstance(t, array)]
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
@@ -300,17 +311,31 @@ class Pool:
         """The model's BOS and EOS tokens as text."""
         return self._prompting.info.bos_text, self._prompting.info.eos_text
 
-    def _make(self, records: list[Record], variant: Variant) -> tuple[QuestionMaker, dict[str, Answer], list[Question]]:
+    def _make(self, records: list[Record], variant: Variant, where: str,
+              single: bool = False) -> tuple[QuestionMaker, dict[str, Answer], list[Question]]:
+        """The records' questions (`where`: the call, as its errors name it; `single`: of one question)."""
         def make() -> tuple[QuestionMaker, list[Question]]:
             maker = QuestionMaker(variant.builder, [self._prompting.tokenizer], variant.config, variant.generation,
                                   self._prompting.info.n_vocab, NoReuse())
             return maker, maker.make(records)
 
-        maker, questions = self._tokenizing(make)
+        try:
+            maker, questions = self._tokenizing(make)
+        except InputError as exc:  # a record without its own choices (answer.choices: auto)
+            raise InputError(said_of_caller(str(exc), self._config.input, where, single)) from None
         if variant.own:
             questions = [q if q.generation is not None else replace(q, generation=variant.generation)
                          for q in questions]
         return maker, dict(maker.made.rejected), questions
+
+    def _check_usable(self, where: str) -> None:
+        """PoolClosed, before any work, for a call on a closed pool or from another process than
+        the one that made the pool (a fork child: the pool's processes and thread are not its)."""
+        if os.getpid() != self._owner:
+            raise PoolClosed(f"{where}: this pool belongs to process {self._owner}, which made it; "
+                             f"make a pool in this process (pid {os.getpid()}) to answer from it")
+        if self._closed:
+            raise PoolClosed(f"{where}: the pool is closed")
 
     def _tokenizing(self, work: Callable[[], _T]) -> _T:
         """work() with the tokenizer process, one call at a time; a tokenizer process that died
@@ -335,7 +360,8 @@ class Pool:
         with self._close_lock:
             if not self._closed:
                 self._closed = True
-                self._resources.close()
+                if os.getpid() == self._owner:  # a fork child's copy leaves the maker's workers alone
+                    self._resources.close()
 
     def _at_exit(self) -> None:
         """A pool still open when the interpreter exits (lm-eval never closes its model) is closed

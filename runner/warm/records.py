@@ -6,6 +6,7 @@ already tokenized (Pool.submit_questions), whose tokens must be the model's."""
 from __future__ import annotations
 
 import json
+import re
 from array import array
 from typing import Any, Callable, Iterable, Mapping, Union
 
@@ -57,6 +58,15 @@ def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: st
         seen[rec.qid] = i
         records.append(rec)
     return records
+
+
+def said_of_caller(message: str, placeholder: str, source: str, single: bool = False) -> str:
+    """An error the question maker said of a record by its line in the pool's placeholder input
+    (`-:3: record '2' has no 'choices' ...`), said of the caller's question: `questions[2]`."""
+    line = re.match(re.escape(placeholder) + r":(\d+): ", message)
+    if line is None:
+        return message
+    return f"{source}: {_namer(single)(int(line.group(1)) - 1)}: {message[line.end():]}"
 
 
 def _namer(single: bool) -> Callable[[int], str]:
