@@ -9,6 +9,7 @@ has a hard timeout."""
 import contextlib
 import ctypes
 import faulthandler
+import logging
 import os
 import signal
 import threading
@@ -137,6 +138,7 @@ class StoppedOn(TokenizerProcess):
 
 def test_a_stopped_tokenizer_process_is_said_with_its_state_then_said_to_answer_again(monkeypatch, caplog):
     monkeypatch.setattr("ggbatch.runner.questions.tokenizing.STALL_S", 0.5)
+    monkeypatch.setattr(logging.getLogger("ggbatch"), "propagate", True)  # a CLI run in this process turns it off
     texts = [f"{GOOD[i % len(GOOD)]} {i}" for i in range(6)]
     with StoppedOn(str(require(TINY)), texts[0], for_s=2.0) as process:
         got = list(tokenize_all([process], ((t, True) for t in texts), batch_texts=3))
