@@ -213,17 +213,22 @@ def test_a_run_writes_them_in_every_format_and_a_resume_keeps_them(demo_model, t
     assert [json.loads(c["token_logprobs"]) for c in cells] == [r["token_logprobs"] for r in rows]
 
 
+def logprob_lines(max_tokens, chat_top):
+    """OpenAI Batch lines: a chat line asking for its top alternatives, a completions line asking
+    for 2, and a chat line asking for none."""
+    return [{"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": "Tell a story"}], "max_tokens": max_tokens,
+                      "logprobs": True, "top_logprobs": chat_top}},
+            {"custom_id": "cmpl", "method": "POST", "url": "/v1/completions",
+             "body": {"prompt": "Once upon a time", "max_tokens": max_tokens, "logprobs": 2}},
+            {"custom_id": "none", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": max_tokens}}]
+
+
 @pytest.mark.model
 @pytest.mark.timeout(300)
 def test_openai_batch_lines_get_both_shapes(demo_model, tmp_path):
-    lines = [{"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"messages": [{"role": "user", "content": "Tell a story"}], "max_tokens": 5,
-                       "logprobs": True, "top_logprobs": 4}},
-             {"custom_id": "cmpl", "method": "POST", "url": "/v1/completions",
-              "body": {"prompt": "Once upon a time", "max_tokens": 5, "logprobs": 2}},
-             {"custom_id": "none", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}}]
-    src = write_jsonl(tmp_path / "batch.jsonl", lines)
+    src = write_jsonl(tmp_path / "batch.jsonl", logprob_lines(max_tokens=5, chat_top=4))
     out = tmp_path / "out.jsonl"
     done = ggbatch("run", "--model", demo_model, "--input", src, "--output", out, "--ignore-eos",
                    "--progress", "off")
@@ -242,14 +247,7 @@ def test_openai_batch_lines_get_both_shapes(demo_model, tmp_path):
 def test_an_openai_lines_own_logprobs_get_the_csv_column_as_json_has_them(demo_model, tmp_path):
     """The job asks for none: the lines' own `logprobs` plan CSV's token_logprobs column (as their
     own `n` plans samples), and its cells hold what JSON Lines output holds."""
-    lines = [{"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"messages": [{"role": "user", "content": "Tell a story"}], "max_tokens": 4,
-                       "logprobs": True, "top_logprobs": 2}},
-             {"custom_id": "cmpl", "method": "POST", "url": "/v1/completions",
-              "body": {"prompt": "Once upon a time", "max_tokens": 4, "logprobs": 2}},
-             {"custom_id": "none", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}}]
-    src = write_jsonl(tmp_path / "batch.jsonl", lines)
+    src = write_jsonl(tmp_path / "batch.jsonl", logprob_lines(max_tokens=4, chat_top=2))
     args = ["run", "--model", demo_model, "--input", src, "--ignore-eos", "--progress", "off"]
     assert ggbatch(*args, "--output", tmp_path / "a.jsonl", "--output-format", "jsonl").returncode == 0
     rows = {row["questionID"]: row for row in map(json.loads, (tmp_path / "a.jsonl").read_text().splitlines())}
