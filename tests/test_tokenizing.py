@@ -138,12 +138,19 @@ class StoppedOn(TokenizerProcess):
 
 def test_a_stopped_tokenizer_process_is_said_with_its_state_then_said_to_answer_again(monkeypatch, caplog):
     monkeypatch.setattr("ggbatch.runner.questions.tokenizing.STALL_S", 0.5)
-    monkeypatch.setattr(logging.getLogger("ggbatch"), "propagate", True)  # a CLI run in this process turns it off
+    # Heard at the ggbatch logger itself: a CLI run in this process sets its level and propagation.
+    logger = logging.getLogger("ggbatch")
+    logger.addHandler(caplog.handler)
     texts = [f"{GOOD[i % len(GOOD)]} {i}" for i in range(6)]
-    with StoppedOn(str(require(TINY)), texts[0], for_s=2.0) as process:
-        got = list(tokenize_all([process], ((t, True) for t in texts), batch_texts=3))
+    try:
+        with caplog.at_level(logging.WARNING, logger="ggbatch"), \
+                StoppedOn(str(require(TINY)), texts[0], for_s=2.0) as process:
+            got = list(tokenize_all([process], ((t, True) for t in texts), batch_texts=3))
+    finally:
+        logger.removeHandler(caplog.handler)
     assert got == expected_tokens(texts, [True] * len(texts))
-    said = [r.getMessage() for r in caplog.records if "tokenizer process" in r.getMessage()]
+    # each once (a record may reach caplog's handler twice: here and through the root logger)
+    said = list(dict.fromkeys(r.getMessage() for r in caplog.records if "tokenizer process" in r.getMessage()))
     assert said[0].startswith(f"the tokenizer process (pid {process._process.pid}) has answered nothing for 0 s "
                               "(process state: stopped: SIGSTOP or a debugger? SIGCONT resumes it)"), said
     assert said[1:] == ["the tokenizer process is answering again"]
