@@ -43,7 +43,10 @@ def test_two_pinned_workers_answer_50_questions_in_input_order(request, tmp_path
     affinities = [tuple(w["affinity"]) for w in workers.values()]
     assert all(len(a) == 1 for a in affinities) and len(set(affinities)) == 2
     assert affinities == [tuple(w["cores"]) for w in workers.values()]
-    assert all(w["llama_n_threads"] == 1 for w in workers.values())
+    # On a busy machine one worker may still be loading when the other has answered all 50 (the
+    # demo model is quick): it never said Ready, so no thread count, and it answered nothing.
+    assert all(w["llama_n_threads"] == 1 or (w["llama_n_threads"] is None and w["questions"] == 0)
+               for w in workers.values()), workers
     assert sum(w["questions"] for w in workers.values()) == 50
     assert rep["questions"]["answered"] == 50 and rep["questions"]["failed"] == 0
     assert "answered   50/50" in r.stdout
