@@ -37,12 +37,13 @@ from ..plan.growth import ContextGrowth
 from ..plan.layout import PromptFacts
 from ..pool.pool import WorkerPool
 from ..questions.maker import QuestionMaker
-from ..questions.prepare import common_prefix, max_samples, max_tokens, order
+from ..questions.prepare import order
 from ..questions.prompting import Prompting
 from ..questions.tokenizing import tokenize_all
 from ..watch.startup_load import SinceStart
 from ..watch.watch import RunWatch
 from .calls import Answered, Calls, NoReuse
+from .facts import call_facts, probe_records, warm_facts
 from .intake import Submissions
 from .overrides import Variant, Variants
 from .records import caller_records, caller_rows, check_vocabulary, said_of_caller
@@ -50,10 +51,6 @@ from .stats import pool_stats
 
 # the job's keys that name files: a pool takes questions and gives answers
 POOL_OWN = ("input", "output", "input_format", "output_format", "errors_output", "shard", "report")
-PROBES = ("a", "b")  # two questions whose prompts' common start is the shared prefix of every default prompt
-# the probes' own choices: with answer.choices auto each record brings its own, and a probe is made as one
-PROBE_CHOICES = ["a", "b"]
-GUESS_PROMPT = 512  # tokens of prompt a warm pool's context is first planned for; it grows if a call needs more
 
 
 SOURCE = "ggbatch.Pool()"  # how errors name a pool made by its constructor
@@ -166,29 +163,13 @@ class Pool:
             raise self._ended
 
     def _facts(self, records: list[Record]) -> tuple[PromptFacts, array, int]:
-        """What the layout is planned on (the facts, the shared prefix, the most tokens an answer
-        may take): a call's records (ggbatch.answer), as a job's; for a warm pool a prompt of
-        GUESS_PROMPT tokens and the prefix every default prompt shares (the context grows if a
-        call needs more)."""
-        p, default = self._prompting, self._variants.default
+        """What the layout is planned on (runner/warm/facts.py): a call's records (ggbatch.answer),
+        or a warm pool's probes."""
+        default = self._variants.default
         if records:
-            questions = self._make(records, default, self._method("answer"))[2]
-            prompts = [q.tokens for q in questions]
-            prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
-            longest, most = max((len(t) for t in prompts), default=1), max_tokens(questions, p.generation)
-            samples = max_samples(questions, p.generation)  # each a sequence of its own once the prompt is in
-            scored = any(q.continuations for q in questions)
-        else:
-            probes = [Record(q, {self._config.question_field: q, "choices": PROBE_CHOICES}, 0) for q in PROBES]
-            prefix = common_prefix([q.tokens for q in self._make(probes, default, self._source)[2]])
-            longest, most, samples = GUESS_PROMPT, p.generation.max_tokens, p.generation.sampling.n
-            scored = True  # submit_questions may bring continuations to score (ggbatch.lm_eval's)
-        # A warm pool cannot know whether its calls' prompts will share prefixes (an lm-eval task's
-        # few-shot examples and contexts do): with prefix_cache auto its workers keep the cache.
-        groups = int(not records and self._config.prefix_cache == "auto")
-        facts = PromptFacts((len(records) or STREAMED) * samples, longest, len(prefix), p.info.n_ctx_train, p.dims,
-                            groups, scored)
-        return facts, prefix, most
+            return call_facts(len(records), self._make(records, default, self._method("answer"))[2], self._prompting)
+        probes = self._make(probe_records(self._config.question_field), default, self._source)[2]
+        return warm_facts(probes, self._prompting, self._config.prefix_cache == "auto")
 
     # -- the loop thread -------------------------------------------------------------------------
 

@@ -1,0 +1,49 @@
+"""What a pool's layout is planned on: the facts of a call's questions (ggbatch.answer plans for
+them as a job does), or, for a warm pool that has none yet, a guess and the prefix every default
+prompt shares, found by making two probe questions. The context grows if a later call needs more
+(runner/plan/growth.py)."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Sequence
+
+from ...workers.protocol import Question
+from ..files.inputs import Record
+from ..launch import STREAMED
+from ..plan.layout import PromptFacts
+from ..questions.prepare import common_prefix, max_samples, max_tokens
+from ..questions.prompting import Prompting
+
+PROBES = ("a", "b")  # two questions whose prompts' common start is the shared prefix of every default prompt
+# the probes' own choices: with answer.choices auto each record brings its own, and a probe is made as one
+PROBE_CHOICES = ["a", "b"]
+GUESS_PROMPT = 512  # tokens of prompt a warm pool's context is first planned for; it grows if a call needs more
+
+
+def probe_records(question_field: str) -> list[Record]:
+    """The probes, as records of the pool's question field."""
+    return [Record(q, {question_field: q, "choices": PROBE_CHOICES}, 0) for q in PROBES]
+
+
+def call_facts(n_records: int, questions: Sequence[Question], prompting: Prompting) -> tuple[PromptFacts, array, int]:
+    """(the facts, the shared prefix, the most tokens an answer may take) of a call's records and
+    the questions made of them (fewer where prompts repeat or are refused)."""
+    prompts = [q.tokens for q in questions]
+    prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
+    samples = max_samples(questions, prompting.generation)  # each a sequence of its own once the prompt is in
+    facts = PromptFacts(n_records * samples, max((len(t) for t in prompts), default=1), len(prefix),
+                        prompting.info.n_ctx_train, prompting.dims, 0, any(q.continuations for q in questions))
+    return facts, prefix, max_tokens(questions, prompting.generation)
+
+
+def warm_facts(probes: Sequence[Question], prompting: Prompting, prefix_cache: bool) -> tuple[PromptFacts, array, int]:
+    """The same for a warm pool, from its made probes: a prompt of GUESS_PROMPT tokens, the prefix
+    the probes share. A warm pool cannot know whether its calls' prompts will share prefixes (an
+    lm-eval task's few-shot examples and contexts do): with the prefix cache on (`prefix_cache`)
+    its workers keep the cache. submit_questions may bring continuations to score (ggbatch.lm_eval's)."""
+    gen = prompting.generation
+    prefix = common_prefix([q.tokens for q in probes])
+    facts = PromptFacts(STREAMED * gen.sampling.n, GUESS_PROMPT, len(prefix), prompting.info.n_ctx_train,
+                        prompting.dims, int(prefix_cache), True)
+    return facts, prefix, gen.max_tokens
