@@ -65,13 +65,12 @@ from ggbatch.runner.tools.lm_eval_requests import (
     within_context,
 )
 from ggbatch.runner.warm.calls import Answered
-from ggbatch.runner.warm.pool import SOURCE, Pool
+from ggbatch.runner.warm.pool import SOURCE, Pool, Untokenizable
 from ggbatch.workers.protocol import Question
 
 log = logging.getLogger("ggbatch")
 
 DEFAULT_MAX_LENGTH = 2048  # tokens of a rolling window when the model does not say its context
-TOKENIZE = f"{SOURCE[:-2]}.tokenize()"  # how the pool's errors name its tokenize
 
 
 @register_model("ggbatch")
@@ -267,8 +266,9 @@ class GgbatchLM(TemplateLM):
         doc), as lm-eval's user knows it: not the pool's method, which they never called."""
         try:
             return self.pool.tokenize(texts, add_bos, names)
-        except InputError as exc:
-            raise InputError(str(exc).replace(f"{TOKENIZE}: ", "ggbatch.lm_eval: ", 1)) from None
+        except Untokenizable as exc:
+            raise InputError(f"ggbatch.lm_eval: {exc.name}: the model's tokenizer cannot take its text: "
+                             f"{exc.reason}") from None
 
     def _answers(self, questions: list[Question], requests: list[int], what: str,
                  disable_tqdm: bool) -> list[Answered]:

@@ -71,6 +71,15 @@ class PoolClosed(GgbatchError):
     """The pool was closed (or its workers could not go on) before the call was answered."""
 
 
+class Untokenizable(InputError):
+    """A text Pool.tokenize was given that the model's tokenizer cannot take: `name` says which
+    (as the caller named it), `reason` why, so a caller can say it in its own words."""
+
+    def __init__(self, where: str, name: str, reason: str) -> None:
+        super().__init__(f"{where}: {name}: the model's tokenizer cannot take its text: {reason}")
+        self.name, self.reason = name, reason
+
+
 class Pool:
     """Workers and a model held across calls. `with ggbatch.Pool(model="m.gguf", max_tokens=64) as
     pool: pool.answer(["2+2?"])`. Settings are the job's keys that name no file."""
@@ -261,7 +270,7 @@ class Pool:
         bad = next(((i, t) for i, t in enumerate(out) if not isinstance(t, array)), None)
         if bad is not None:
             name = names[bad[0]] if names is not None else f"texts[{bad[0]}]"
-            raise InputError(f"{where}: {name}: the model's tokenizer cannot take its text: {bad[1].reason}")
+            raise Untokenizable(where, name, bad[1].reason)
         return [t for t in out if isinstance(t, array)]
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
