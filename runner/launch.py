@@ -86,6 +86,9 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
     and facts.longest; it grows later if questions need more (runner/plan/growth.py)."""
     if started.layouts[0].n_gpu_layers and not prompting.info.gpu_offload:
         log.warning("%s", gpu.offload_warning(started.layouts[0].n_gpu_layers))
+    stretched = layouts.past_training_context(prompting.info.n_ctx_train, config.n_ctx)
+    if stretched is not None:
+        log.warning("%s", stretched)
     inputs = PlanInputs(started, tuple(replace(facts, n_questions=share(facts.n_questions, node, started.nodes))
                                        for node in started.nodes),
                         tuple(psutil.virtual_memory().available if node.memory is None else node.memory

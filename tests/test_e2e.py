@@ -121,6 +121,14 @@ def test_failed_question_is_recorded_and_exit_1(tmp_path, demo_model):
     rows = {row["questionID"]: row for row in json.loads((tmp_path / "a.json").read_text())}
     assert rows["short"]["answer"]
     assert rows["long"]["answer"] is None and "context per sequence is 64" in rows["long"]["error"]
+    assert "trained for" not in r.stderr
+
+
+def test_a_context_past_the_models_training_context_is_warned_of(tmp_path, demo_model, questions_file):
+    r = ggbatch("--model", demo_model, "--input", questions_file(2), "--output", tmp_path / "a.json",
+                "--n-ctx", 4096, "--max-tokens", 4, "--workers", 1)
+    assert r.returncode == 0, r.stderr
+    assert "model.n_ctx: 4096 is more than the 2048 tokens of context the model was trained for" in r.stderr
 
 
 def test_too_many_workers_is_a_usage_error(tmp_path, demo_model, questions_file):

@@ -8,6 +8,7 @@ from ggbatch.runner.plan.layout import (
     context_per_sequence,
     cpu_flags,
     kv_unified_for,
+    past_training_context,
     plan_layout,
     repack_weights,
     start,
@@ -61,6 +62,14 @@ def test_context_fits_longest_prompt_capped_by_model():
     assert context_per_sequence(3000, 64, 2048, None) == 2048
     assert context_per_sequence(3000, 64, 0, None) == 3065  # unknown training context
     assert context_per_sequence(300, 64, 2048, 1024) == 1024
+
+
+def test_a_context_asked_past_the_training_context_is_warned_of():
+    assert past_training_context(2048, 8192) == (
+        "model.n_ctx: 8192 is more than the 2048 tokens of context the model was trained for: past 2048 tokens its "
+        "answers may be garbage, unless it was made to stretch its context")
+    assert past_training_context(2048, 2048) is None and past_training_context(2048, None) is None
+    assert past_training_context(0, 8192) is None  # the training context is unknown
 
 
 def test_common_prefix():

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from ggbatch.runner.config.reasoning import EFFORT_BUDGETS, effort_problem, thinking_room, with_budget, with_effort
+from ggbatch.runner.config.reasoning import (
+    EFFORT_BUDGETS,
+    HARMONY_FORCED,
+    effort_problem,
+    scoring_context,
+    scoring_problem,
+    thinking_room,
+    with_budget,
+    with_effort,
+)
 from ggbatch.runner.files.formats.openai_request import parse_request
 from ggbatch.runner.files.formats.rows import split_thinking
 from ggbatch.workers.engine.thinking import ThinkState, Where, opened, overlap
@@ -117,6 +126,21 @@ def test_reasoning_effort_is_a_budget_and_is_refused_where_nothing_thinks():
     with pytest.raises(ValueError, match=r"^reasoning.max_tokens: 4: the model's vocabulary has no thinking block"):
         with_budget(None, 4, "reasoning.max_tokens")
     assert thinking_room(with_budget(THINK, 10, "x"), 256) == 12 and thinking_room(THINK, 256) == 256
+
+
+def test_a_scored_choice_follows_the_block_the_prompt_opened_closed_empty():
+    assert scoring_context("<|im_start|>assistant\n<think>\n", THINK) == "<|im_start|>assistant\n<think>\n</think>"
+    assert scoring_context("<|im_start|>assistant\n", THINK) == "<|im_start|>assistant\n"  # not opened
+    closed = "<think>\n\n</think>\n\n"  # a template asked for no thinking closed it itself
+    assert scoring_context(closed, THINK) == closed and scoring_context("Q: A:", None) == "Q: A:"
+    assert scoring_context("<|start|>assistant", HARMONY) == "<|start|>assistant<|channel|>final<|message|>"
+    analysis = "<|start|>assistant<|channel|>analysis<|message|>"
+    assert scoring_context(analysis, HARMONY) == analysis + HARMONY_FORCED
+    assert scoring_problem(with_budget(THINK, 0, "x")) is None and scoring_problem(THINK) is None
+    assert (scoring_problem(with_budget(THINK, 4, "x")) or "").startswith(
+        "reasoning.max_tokens: 4 with answer.choice_scoring: loglikelihood:")
+    assert effort_problem("none", GenerationParams(thinking=THINK), scored=True) is None
+    assert "only 'none' applies" in (effort_problem("low", GenerationParams(thinking=THINK), scored=True) or "")
 
 
 # -- real llama.cpp -------------------------------------------------------------------------------
@@ -274,3 +298,47 @@ def test_a_budget_for_a_model_that_does_not_think_is_one_line_exit_2(demo_model,
     assert done.stderr.strip().splitlines() == [
         "ggbatch: error: reasoning.max_tokens: 8: the model's vocabulary has no thinking block (<think> and "
         "</think>, or gpt-oss's harmony channels), so there is no thinking to bound"]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_choices_scored_by_loglikelihood_are_scored_after_the_closed_block(think_model, tmp_path):
+    """The template opens the block (`<think>\n`): each choice is scored as the answer after
+    `</think>`, as llama-cpp-python scores it there, not as the first words of the thinking."""
+    from ggbatch.runner.questions.continuations import continuation_text, pair_texts
+    from ggbatch.runner.questions.prompts import PromptBuilder
+    from ggbatch.workers.llama.model_runner import Tokenizer
+    from test_loglik import TOLERANCE, reference
+
+    choices = ["alpha", "beta gamma", "delta"]
+    rows = [{"questionID": f"m{i}", "question": text, "choices": choices} for i, text in enumerate(TEXTS[:2])]
+    questions = write_jsonl(tmp_path / "mc.jsonl", rows)
+    scores = {}
+    for budget in ((), ("--thinking-budget", 0)):
+        out = tmp_path / f"ll{len(budget)}.jsonl"
+        done = ggbatch("run", "--model", think_model, "--input", questions, "--output", out, "--choices", "auto",
+                       "--choice-scoring", "loglikelihood", "--choice-logprobs", *budget, "-q")
+        assert done.returncode == 0, done.stderr
+        scores[len(budget)] = {row["questionID"]: row["choice_logprobs"] for row in _read(out)}
+    assert scores[0] == scores[2]  # no budget: the same empty block as a budget of 0
+
+    tok = Tokenizer(think_model)
+    builder = PromptBuilder(tok.chat_template, bos_token=tok.bos_text, eos_token=tok.eos_text)
+    for i, text in enumerate(TEXTS[:2]):
+        prompt = builder.render(text)
+        assert prompt.endswith("<think>\n")
+        for context_text, moved in ((prompt + "</think>", False), (prompt, True)):
+            pairs = []
+            for choice in choices:
+                context, whole = pair_texts(context_text, continuation_text(choice))
+                context_tokens = list(tok.tokenize(context, add_bos=builder.needs_bos(context)))
+                whole_tokens = list(tok.tokenize(whole, add_bos=builder.needs_bos(context)))
+                pairs.append((context_tokens, whole_tokens[len(context_tokens):]))
+            want = [sum(lps) for lps, _ in reference(think_model, pairs)]
+            got = [scores[0][f"m{i}"][choice] for choice in choices]
+            differences = [abs(g - w) for g, w in zip(got, want)]
+            if moved:  # inside the thinking the scores are others: the test tells the two apart
+                assert max(differences) > 0.5
+            else:
+                assert max(differences) < TOLERANCE, (got, want)

@@ -185,10 +185,45 @@ def test_a_rerun_with_another_budget_names_reasoning_budget(think_model, tmp_pat
 
 @pytest.mark.model
 @pytest.mark.timeout(300)
-def test_choices_scored_by_log_likelihood_take_any_thinking_budget(think_model, tmp_path):
-    """Nothing is generated for a scored choice: a budget past max_tokens is no reason to refuse."""
+def test_choices_scored_by_log_likelihood_take_a_budget_of_0_and_refuse_one_above(think_model, tmp_path):
+    """Nothing is generated for a scored choice, so nothing is thought before it: max_tokens is no
+    reason to refuse a budget of 0, and a budget above it asks for thinking that never comes."""
     out = tmp_path / "ll.jsonl"
-    done = ggbatch("run", "--model", think_model, "--input", _questions(tmp_path), "--output", out, "--choices", "A,B",
-                   "--choice-scoring", "loglikelihood", "--thinking-budget", 512, "--max-tokens", 16, "-q")
+    run = ("run", "--model", think_model, "--input", _questions(tmp_path), "--output", out, "--choices", "A,B",
+           "--choice-scoring", "loglikelihood", "--max-tokens", 1, "-q")
+    done = ggbatch(*run, "--thinking-budget", 0)
     assert done.returncode == 0, done.stderr
     assert all(row["answer"] in ("A", "B") for row in _rows(out))
+    refused = ggbatch(*run, "--thinking-budget", 512)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "ggbatch: error: reasoning.max_tokens: 512 with answer.choice_scoring: loglikelihood: each choice is scored "
+        "as the answer after an empty thinking block, and no thinking is generated; leave the budget out (or 0), "
+        "or let the model think first with answer.choice_scoring: first_token"]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_line_whose_effort_leaves_no_room_for_its_schema_gets_a_400_with_the_numbers(harmony_model, tmp_path):
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+
+    def line(cid: str, max_tokens: int, effort: str) -> dict:
+        return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": "Q: pick"}], "max_tokens": max_tokens,
+                         "reasoning_effort": effort, "response_format": schema}}
+
+    out = tmp_path / "o.jsonl"
+    done = ggbatch("run", "--model", harmony_model, "--output", out, "-q", "--input",
+                   write_jsonl(tmp_path / "in.jsonl", [line("none", 3, "none"), line("minimal", 40, "minimal"),
+                                                       line("room", 40, "none")]))
+    assert done.returncode == 1, done.stderr
+    bodies = {r["custom_id"]: r["response"]["body"] for r in _rows(out)}
+    assert bodies["none"]["error"]["message"] == (
+        "body.max_tokens: 3: leaves no token for the answer after the thinking: the thinking budget of "
+        "body.reasoning_effort 'none' (0) + the end of the thinking written for it (14 tokens) + one token of the "
+        "answer need 15; raise body.max_tokens")
+    assert bodies["minimal"]["error"]["message"].endswith(
+        "need 143; raise body.max_tokens or lower the thinking budget of body.reasoning_effort 'minimal'")
+    assert "error" not in bodies["room"]  # room for the end and the answer: it is answered

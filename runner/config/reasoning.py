@@ -8,6 +8,9 @@ thinking, the final channel the answer. The token ids go to the workers in Gener
 
 A budget (`reasoning.max_tokens`, `--thinking-budget`, an OpenAI line's `reasoning_effort`) on a
 model with neither is refused with one line: there is no thinking to bound.
+
+Choices scored by log-likelihood generate nothing, so no thinking comes before them: each is
+scored as the answer after an empty block, the one a budget of 0 writes (scoring_context).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ HARMONY = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>")
 HARMONY_START = "<|channel|>analysis<|message|>"
 HARMONY_END = "<|channel|>final<|message|>"
 HARMONY_FORCED = "<|end|><|start|>assistant<|channel|>final<|message|>"
+HARMONY_ASSISTANT = "<|start|>assistant"  # where harmony's generation prompt ends: the model names its channel
 BLANKS = ("\n", "\n\n", " ", "\n\n\n")  # what templates write after opening the block
 
 # OpenAI's reasoning_effort -> thinking tokens at most. max_tokens still bounds the whole answer,
@@ -69,13 +73,46 @@ def with_effort(own: Optional[GenerationParams], job: GenerationParams,
     return None if gen == job else gen
 
 
-def effort_problem(effort: Optional[str], job: GenerationParams) -> Optional[str]:
+def effort_problem(effort: Optional[str], job: GenerationParams, scored: bool = False) -> Optional[str]:
     """Why a line's reasoning_effort cannot apply to this model, as OpenAI refuses it on a model
-    that does not reason."""
-    if effort is None or job.thinking is not None:
+    that does not reason; or to choices scored by log-likelihood (`scored`), which no thinking
+    comes before."""
+    if effort is None:
         return None
-    return (f"body.reasoning_effort: {effort!r}: the model's vocabulary has no thinking block (<think> and "
-            "</think>, or gpt-oss's harmony channels), so there is no reasoning to set")
+    if job.thinking is None:
+        return (f"body.reasoning_effort: {effort!r}: the model's vocabulary has no thinking block (<think> and "
+                "</think>, or gpt-oss's harmony channels), so there is no reasoning to set")
+    if scored and EFFORT_BUDGETS[effort]:
+        return (f"body.reasoning_effort: {effort!r}: the choices are scored by log-likelihood after an empty "
+                "thinking block (nothing is generated), so only 'none' applies")
+    return None
+
+
+def scoring_problem(thinking: Optional[Thinking]) -> Optional[str]:
+    """Why choices cannot be scored by log-likelihood under this thinking budget: a budget above 0
+    asks for thinking that scoring never generates."""
+    if thinking is None or not thinking.budget:
+        return None
+    return (f"reasoning.max_tokens: {thinking.budget} with answer.choice_scoring: loglikelihood: each choice is "
+            "scored as the answer after an empty thinking block, and no thinking is generated; leave the budget "
+            "out (or 0), or let the model think first with answer.choice_scoring: first_token")
+
+
+def scoring_context(prompt: str, thinking: Optional[Thinking]) -> str:
+    """The prompt a choice scored by log-likelihood continues. A prompt that opens the model's
+    thinking block (`<think>\n`, harmony's analysis channel) gets the block's end, as a budget
+    of 0 writes it, and a harmony prompt waiting for its channel gets the final channel's header:
+    the choice is then scored as the answer, not as the first words of the thinking. Any other
+    prompt is scored as it is (the model answering without thinking; a template asked for no
+    thinking, as Qwen3's enable_thinking: false, has closed the block itself)."""
+    if thinking is None:
+        return prompt
+    body = prompt.rstrip()
+    if not thinking.header:
+        return prompt + THINK[1] if body.endswith(THINK[0]) else prompt
+    if body.endswith(HARMONY_START):
+        return prompt + HARMONY_FORCED
+    return prompt + HARMONY_END if body.endswith(HARMONY_ASSISTANT) else prompt
 
 
 def thinking_room(thinking: Optional[Thinking], max_tokens: int) -> int:
@@ -88,19 +125,23 @@ def thinking_room(thinking: Optional[Thinking], max_tokens: int) -> int:
     return min(max_tokens, len(thinking.start) + thinking.budget + len(thinking.forced))
 
 
-def answer_room_problem(thinking: Optional[Thinking], max_tokens: int) -> Optional[str]:
+def answer_room_problem(thinking: Optional[Thinking], max_tokens: int,
+                        names: tuple[str, str] = ("max_tokens", "reasoning.max_tokens")) -> Optional[str]:
     """Why no answer held to choices or a grammar can come out under this max_tokens: a budget
     spent whole and the end written for it leave no token for the answer; None when they leave
     one (or there is no budget: the model may end its thinking early, and an answer cut short
     fails on its own). One token is what any answer needs at least: a choice's own count as
     the tokenizer spells it alone may be more than the grammar lets the model write it in (a
-    SentencePiece vocabulary spells "A" alone as a space and "A")."""
+    SentencePiece vocabulary spells "A" alone as a space and "A"). `names`: what the message calls
+    max_tokens and the budget (an OpenAI line's body.max_tokens and body.reasoning_effort)."""
     if thinking is None or thinking.budget is None:
         return None
     forced = len(thinking.forced)
     need = thinking.budget + forced + 1
     if max_tokens >= need:
         return None
-    return (f"max_tokens: {max_tokens}: leaves no token for the answer after the thinking: reasoning.max_tokens "
+    tokens, budget = names
+    lower = f" or lower {budget}" if thinking.budget else ""  # a budget of 0 is as low as it goes
+    return (f"{tokens}: {max_tokens}: leaves no token for the answer after the thinking: {budget} "
             f"({thinking.budget}) + the end of the thinking written for it ({forced} token{'s' if forced > 1 else ''}) "
-            f"+ one token of the answer need {need}; raise max_tokens or lower reasoning.max_tokens")
+            f"+ one token of the answer need {need}; raise {tokens}{lower}")

@@ -306,6 +306,15 @@ def context_per_sequence(longest_prompt: int, max_tokens: int, n_ctx_train: int,
     return min(need, n_ctx_train) if n_ctx_train > 0 else need
 
 
+def past_training_context(n_ctx_train: int, requested: Optional[int]) -> Optional[str]:
+    """What to warn of when the context asked for is longer than the model was trained for (as
+    llama.cpp warns: n_ctx_per_seq > n_ctx_train); None when it is not, or either is unknown."""
+    if requested is None or n_ctx_train <= 0 or requested <= n_ctx_train:
+        return None
+    return (f"model.n_ctx: {requested} is more than the {n_ctx_train} tokens of context the model was trained "
+            f"for: past {n_ctx_train} tokens its answers may be garbage, unless it was made to stretch its context")
+
+
 def context_limit(n_ctx_train: int, requested: Optional[int]) -> int:
     """The most context per sequence the job's workers can ever have (0: no limit known), as
     context_per_sequence and runner/plan/growth.py size it: a prompt that does not fit it fails

@@ -22,7 +22,7 @@ from typing import Iterator, Optional, Protocol, Sequence, Union
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
 from ..config.answer import format_grammar, record_choices, with_choices
-from ..config.reasoning import effort_problem, with_effort
+from ..config.reasoning import answer_room_problem, effort_problem, scoring_context, with_effort
 from ..config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError, quote
 from ..files.compact import HashIndex, IdColumn, IdSet, key64, text_key
@@ -108,6 +108,8 @@ class QuestionMaker:
                 if text is None:
                     continue
                 choices = self._scored_choices(rec)
+                if choices:
+                    text = scoring_context(text, (self._own_generation(rec) or self.job).thinking)
                 waiting.append((rec, index, text, choices))
                 bos = self.builder.needs_bos(text)
                 for piece in pair_texts_of(text, choices):
@@ -177,8 +179,11 @@ class QuestionMaker:
         req = rec.request
         if req is None:
             return self.builder.render(_user_message(self.builder, rec, self.config.input))
+        scored = self.config.choice_scoring == LOGLIKELIHOOD
         why = (req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
-               or samples_problem(req.settings, self.job) or effort_problem(req.settings.reasoning_effort, self.job))
+               or samples_problem(req.settings, self.job)
+               or effort_problem(req.settings.reasoning_effort, self.job, scored)
+               or (None if scored else self._room_problem(rec)))
         if why is None and req.prompt is not None:
             return req.prompt
         if why is None:
@@ -190,6 +195,18 @@ class QuestionMaker:
         self.made.refused.add(rec.qid, index)
         self.made.first_refused = self.made.first_refused or f"{self.config.input}:{rec.line}: {why}"
         return None
+
+    def _room_problem(self, rec: Record) -> Optional[str]:
+        """Why a line's answer, held to choices or its response_format, has no room after the
+        thinking under its own max_tokens and budget (the job's are checked when the job starts)."""
+        own = self._own_generation(rec)
+        if own is None or own.answer is None or rec.request is None:
+            return None
+        settings = rec.request.settings
+        tokens = "body.max_tokens" if settings.max_tokens else "max_tokens"
+        effort = settings.reasoning_effort
+        budget = f"the thinking budget of body.reasoning_effort {effort!r}" if effort else "reasoning.max_tokens"
+        return answer_room_problem(own.thinking, own.max_tokens, (tokens, budget))
 
     def add(self, rec: Record, index: int, tokens: Union[array, Rejected],
             continuations: tuple[array, ...] = ()) -> Optional[Question]:

@@ -19,7 +19,7 @@ from typing import Optional
 from ...workers.helper_messages import VocabInfo
 from ...workers.protocol import AnswerSpec, GenerationParams, Thinking
 from ..config.answer import check_logprob_choices, check_spellable, choice_tokens
-from ..config.reasoning import answer_room_problem, model_thinking, thinking_room, with_budget
+from ..config.reasoning import answer_room_problem, model_thinking, scoring_problem, thinking_room, with_budget
 from ..config.schema import LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
 from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
@@ -72,9 +72,13 @@ class Prompting:
             raise ConfigError(str(exc)) from None
         max_tokens = config.max_tokens
         generated = answer is not None and config.choice_scoring != LOGLIKELIHOOD  # a scored choice is not
-        short = answer_room_problem(thinking, max_tokens) if generated else None
-        if short is not None:
-            raise ConfigError(short)
+        problem = answer_room_problem(thinking, max_tokens) if generated else \
+            scoring_problem(thinking) if answer is not None else None
+        if problem is not None:
+            raise ConfigError(problem)
+        if not generated and answer is not None and thinking is not None and config.keep_thinking:
+            log.warning("keep_thinking: the choices are scored by log-likelihood after an empty thinking block, "
+                        "so no answer has thinking to keep")
         if answer is not None and answer.choices:  # room for the thinking, then the longest choice
             room = thinking_room(thinking, max_tokens)
             max_tokens = min(max_tokens, room + choice_tokens(max_tokens, answer.choices))
