@@ -24,6 +24,14 @@ def test_plan_adds_private_weights_kv_per_worker_and_shared_pages_once():
     assert plan.fits and not plan.note
 
 
+def test_every_kv_cell_costs_its_bookkeeping_in_ram_even_with_the_layers_on_a_gpu():
+    short = plan_memory(DIMS, 1, 4, lambda s: 4096, 512, available=1 << 40)
+    long = plan_memory(DIMS, 1, 4, lambda s: 4 * 524_288, 512, available=1 << 40)
+    assert long.compute_per_worker - short.compute_per_worker == (4 * 524_288 - 4096) * 48
+    on_gpu = plan_memory(DIMS, 1, 4, lambda s: 4 * 524_288, 512, available=1 << 40, cpu_share=0.0)
+    assert on_gpu.kv_per_worker == 0 and on_gpu.compute_per_worker == long.compute_per_worker
+
+
 def test_plan_matches_the_measured_benchmark_model():
     # 28 × 1024 Q4_K_M, 2 workers × 16 slots, 2911 KV cells each: measured 1,304 MiB PSS in all.
     dims = ModelDims(432_746_144, 28, 1024, 16, 8, 64, 151936, 3072)

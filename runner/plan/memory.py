@@ -11,7 +11,8 @@ What a worker holds, as llama.cpp reports it and as PSS measures it (28 × 1024 
   and a recurrent layer's state counts once per sequence (runner/plan/layers.py reads both from
   the GGUF header);
 - the logits of one step and the part of the compute buffer a step touches (llama.cpp reserves
-  300 MiB for it, but only about n_batch × n_embd × 80 bytes is ever written), and the
+  300 MiB for it, but only about n_batch × n_embd × 80 bytes is ever written), llama.cpp's
+  record of each KV cell (48 bytes, in RAM even when the cells are on a GPU), and the
   interpreter and libraries (~45 MiB).
 
 Layers offloaded to a GPU take their weights and KV cache to VRAM: the plan counts the share of
@@ -34,6 +35,11 @@ OVERHEAD_PER_PROCESS = 45 * MIB  # Python, numpy, llama.cpp's code
 ACTIVATION_BYTES = 80  # of the compute buffer a step writes, per token and embedding value
 REPACKED_SHARE = 0.4  # of the file: weights llama.cpp copies into its CPU_REPACK buffer
 KV_CELL_ROUNDING = 256
+# llama.cpp's record of each KV cell in RAM, wherever the cell's K and V are: position, shift,
+# the 256-bit set of sequences in it (llama_kv_cells). Measured: PSS grows by 47-52 bytes a cell
+# past the plan from 16,384 to 2,621,440 cells, on attention and hybrid models alike; at 512K
+# cells a sequence it is most of a hybrid worker's memory, whose K and V are a few layers' only.
+CELL_BOOKKEEPING = 48
 
 
 @dataclass(frozen=True)
@@ -89,11 +95,12 @@ class MemoryPlan:
                 "vram_per_worker_mib": mib(self.vram_per_worker) if self.vram_per_worker else None}
 
 
-def compute_bytes(dims: ModelDims, n_batch: int, slots: int) -> int:
-    """The compute buffer a step actually touches, the logits of every slot, the interpreter."""
+def compute_bytes(dims: ModelDims, n_batch: int, slots: int, cells: int = 0) -> int:
+    """The compute buffer a step actually touches, the logits of every slot, llama.cpp's
+    bookkeeping of its `cells` KV cells, the interpreter."""
     activations = n_batch * dims.n_embd * ACTIVATION_BYTES
     logits = max(slots, 1) * dims.n_vocab * 4
-    return activations + logits + OVERHEAD_PER_PROCESS
+    return activations + logits + cells * CELL_BOOKKEEPING + OVERHEAD_PER_PROCESS
 
 
 def allocated_kv_cells(n_ctx: int, n_seq_max: int, unified: bool) -> int:
@@ -125,7 +132,7 @@ def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callabl
     cells = _round_up(kv_cells_for(slots))
     # llama.cpp keeps a recurrent state for each sequence: every slot and the shared prefix's.
     kv = int((cells * dims.kv_bytes_per_cell + (slots + 1) * dims.state_bytes_per_seq) * cpu_share)
-    compute = compute_bytes(dims, n_batch, slots)
+    compute = compute_bytes(dims, n_batch, slots, cells)
     weights = int(dims.file_bytes * REPACKED_SHARE * cpu_share) if repacked else 0
     file_pages = int(dims.file_bytes * cpu_share)
     total = workers * (weights + kv + compute) + file_pages
