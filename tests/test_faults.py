@@ -82,8 +82,11 @@ def long_reference(tmp_path_factory, demo_model):
 def test_kill_9_of_the_coordinator_then_rerun_gives_identical_output(reference, tmp_path):
     model, questions, expected = reference
     out = tmp_path / "answers.json"
+    temp = tmp_path / "temp"  # the runs' temporary folder: where their worker logs go
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
     proc = subprocess.Popen(cmd(model, questions, out), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env=env)
     wait_for(lambda: journal_entries(out) >= 8, what="some journaled answers")
     workers = workers_of(proc)
     proc.kill()
@@ -94,12 +97,14 @@ def test_kill_9_of_the_coordinator_then_rerun_gives_identical_output(reference, 
     assert not out.exists()
     done_before = journal_entries(out)
     assert 0 < done_before < N_QUESTIONS
+    assert [p.name.startswith(f"ggbatch-workers-{proc.pid}-") for p in temp.iterdir()] == [True]
     r = subprocess.run(cmd(model, questions, out, "--report", tmp_path / "r.json"), cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert out.read_bytes() == expected
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["questions"]["from_journal"] >= done_before - 1  # a torn last line is redone
+    assert list(temp.iterdir()) == []  # the killed run's worker logs went with the rerun, and the rerun's own
 
 
 def test_sigterm_stops_within_5_seconds_and_the_rerun_completes(reference, tmp_path):

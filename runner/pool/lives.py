@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 from typing import Any, Callable, Mapping, Sequence, Union
 
@@ -23,6 +22,7 @@ from ...workers.protocol import Answer, Configure, EngineConfig, Question, Stop
 from ...workers.spec import WorkerSpec
 from .backend import Backend
 from .crashes import CrashBudget, Death
+from .log_dirs import make_log_dir
 from .worker_state import WorkerState, added, on_node
 from .worker_threads import ThreadCount
 
@@ -37,7 +37,7 @@ class WorkerLives:
     def __init__(self, backend: Backend[Any], n_workers: int, max_solo_deaths: int, max_barren_deaths: int) -> None:
         self.backend = backend
         self.crashes = CrashBudget(n_workers, max_solo_deaths, max_barren_deaths)
-        self.log_dir = tempfile.mkdtemp(prefix="ggbatch-workers-")
+        self.log_dir = make_log_dir()
         self.engines: Union[EngineConfig, Mapping[int, EngineConfig], None] = None  # from the run on
         self.leaving: set[int] = set()  # workers a reconfigure lets go once they have finished
 
