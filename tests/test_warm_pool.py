@@ -349,6 +349,58 @@ def test_tokenize_on_a_closed_pool_says_the_pool_is_closed(demo_model):
         pool.tokenize(["Once upon a time"])
 
 
+@pytest.mark.timeout(240)
+def test_a_close_while_a_call_is_tokenized_answers_it_and_a_later_call_is_refused(demo_model):
+    """close() from another thread used to close the tokenizer under a call being made: the call
+    failed with OSError('handle is closed'). Now a call made before the close is answered."""
+    questions = [f"Question {i}: " + "word " * 60 for i in range(1500)]
+    for delay in (0.05, 0.3):
+        pool = ggbatch.Pool(model=demo_model, workers=1, max_tokens=1)
+        outcome: list = []
+
+        def call(pool: ggbatch.Pool, outcome: list) -> None:
+            try:
+                outcome.append(pool.answer(questions))
+            except ggbatch.PoolClosed as exc:  # the close came first: the call was never made
+                outcome.append(exc)
+
+        caller = threading.Thread(target=call, args=(pool, outcome))
+        caller.start()
+        threading.Event().wait(delay)
+        pool.close()
+        caller.join(200)
+        assert not caller.is_alive()
+        (got,) = outcome  # any other exception would have ended the thread with nothing here
+        if isinstance(got, list):
+            assert len(got) == len(questions) and all(a.error is None for a in got)
+        with pytest.raises(ggbatch.PoolClosed, match=r"the pool is closed$"):
+            pool.answer(["Once upon a time"])
+
+
+@pytest.mark.timeout(240)
+def test_calls_making_new_choices_beside_other_calls_leave_every_answer_as_alone(demo_model):
+    """A call's new choices are checked through the tokenizer process; that took a lock of its
+    own while other calls' prompts were tokenized under the pool's: the two threads' requests
+    interleaved on the one pipe (EOFError, a stalled tokenizer). One lock now."""
+    plain = [f"Once upon a time number {i} there was" for i in range(200)]
+    with ggbatch.Pool(model=demo_model, workers=1, max_tokens=2) as pool:
+        alone = [a.text for a in pool.answer(plain)]
+
+        def plain_calls() -> list[list]:
+            return [[a.text for a in pool.answer(plain)] for _ in range(3)]
+
+        def choice_calls(k: int) -> list:
+            return [pool.answer(["Pick one"], choices=[f"word{k}x{j}a", f"word{k}x{j}b"], max_tokens=16)[0].text
+                    for j in range(15)]
+
+        with ThreadPoolExecutor(5) as ex:
+            plains = [ex.submit(plain_calls) for _ in range(2)]
+            chosen = [ex.submit(choice_calls, k) for k in range(3)]
+            assert all(texts == alone for f in plains for texts in f.result(timeout=200))
+            for k, f in enumerate(chosen):
+                assert all(text in (f"word{k}x{j}a", f"word{k}x{j}b") for j, text in enumerate(f.result(timeout=200)))
+
+
 FORKED = textwrap.dedent("""
     import multiprocessing, sys
     import ggbatch

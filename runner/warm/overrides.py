@@ -43,11 +43,14 @@ class Variant:
 class Variants:
     """The pool's settings and each call's variant of them, made once per distinct overrides."""
 
-    def __init__(self, layer: Mapping[str, Any], source: str, config: JobConfig, prompting: Prompting) -> None:
+    def __init__(self, layer: Mapping[str, Any], source: str, config: JobConfig, prompting: Prompting,
+                 tokenizer_lock: threading.RLock) -> None:
         self._layer, self._source, self._prompting = dict(layer), source, prompting
         self.default = Variant(config, prompting.builder, prompting.generation, False)
         self._made: dict[str, Variant] = {}
-        self._lock = threading.Lock()  # the tokenizer process checks choices: one call at a time
+        # The tokenizer process checks a call's choices: the pool's lock on it, which its calls'
+        # prompts take too (one pipe: two threads' requests must not interleave).
+        self._lock = tokenizer_lock
 
     def of(self, overrides: Mapping[str, Any], where: str) -> Variant:
         """The variant of these overrides (none: the pool's); ConfigError naming the keyword."""

@@ -129,7 +129,9 @@ class Pool:
         # inherits the pool would wait for good on the parent's tokenizer pipe
         self._owner = os.getpid()
         self._groups = 0  # prefix groups numbered so far (submit_questions)
-        self._make_lock = threading.Lock()  # one tokenizer process: calls are made one at a time
+        # One tokenizer process: calls are made one at a time, and each is handed to the pool's
+        # loop before a close can begin (a close answers the calls made before it).
+        self._make_lock = threading.RLock()
         self._close_lock = threading.Lock()  # a second close() waits for the first to end
         self._ready = threading.Event()
         self._ended: Optional[BaseException] = None
@@ -151,7 +153,7 @@ class Pool:
             WorkerPool(worker_specs(started, model_path, engine_factory), backend=backend, keep_answers=False))
         self._workers.start()  # the model loads while the tokenizer starts
         self._prompting = self._resources.enter_context(Prompting(config, model_path, answer))
-        self._variants = Variants(layer, self._source, config, self._prompting)
+        self._variants = Variants(layer, self._source, config, self._prompting, self._make_lock)
         self._calls = Calls(config.id_field, config.keep_thinking)
         facts, prefix, most = self._facts(records)
         growth = settle(config, started, self._prompting, facts, prefix, most, model_path)
@@ -211,10 +213,11 @@ class Pool:
         self._check_usable(where)  # first: a call's own choices go through the tokenizer process too
         rows = caller_rows(questions, self._config.id_field, self._config.question_field, where, single)
         records = caller_records(rows, self._config.id_field, self._config.question_field, where, single)
-        variant = self._variants.of(overrides, where)
-        maker, rejected, made = self._make(records, variant, where, single)
-        future, sent = self._calls.open(list(maker.ids.answered_as()), made, rejected)
-        self._intake.put(sent)
+        with self._make_lock:
+            variant = self._variants.of(overrides, where)
+            maker, rejected, made = self._make(records, variant, where, single)
+            future, sent = self._calls.open(list(maker.ids.answered_as()), made, rejected)
+            self._intake.put(sent)
         return future
 
     def answer(self, questions: Union[str, Iterable[Any]], **overrides: Any) -> list[Answered]:
@@ -251,10 +254,11 @@ class Pool:
             check_vocabulary(question, self._prompting.info.n_vocab, f"{self._source}.submit_questions()")
         ordered, _ = order(list(questions), self._config.prefix_cache == "auto")
         with self._make_lock:
+            self._check_usable(f"{self._source}.submit_questions()")  # closed meanwhile
             ordered = [replace(q, group=q.group + self._groups) if q.group else q for q in ordered]
             self._groups += max((q.group for q in ordered), default=0)
-        future, sent = self._calls.open([(q.qid, q.qid) for q in questions], ordered, {}, on_answered)
-        self._intake.put(sent)
+            future, sent = self._calls.open([(q.qid, q.qid) for q in questions], ordered, {}, on_answered)
+            self._intake.put(sent)
         return future
 
     def tokenize(self, texts: Sequence[str], add_bos: bool = True,
@@ -266,7 +270,7 @@ class Pool:
         where = self._method("tokenize")
         self._check_usable(where)
         asked = [(t, add_bos and self._prompting.builder.needs_bos(t)) for t in texts]
-        out = self._tokenizing(lambda: list(tokenize_all([self._prompting.tokenizer], asked)))
+        out = self._tokenizing(lambda: list(tokenize_all([self._prompting.tokenizer], asked)), where)
         bad = next(((i, t) for i, t in enumerate(out) if not isinstance(t, array)), None)
         if bad is not None:
             name = names[bad[0]] if names is not None else f"texts[{bad[0]}]"
@@ -310,7 +314,7 @@ class Pool:
             return maker, maker.make(records)
 
         try:
-            maker, questions = self._tokenizing(make)
+            maker, questions = self._tokenizing(make, where)
         except InputError as exc:  # a record without its own choices (answer.choices: auto)
             raise InputError(said_of_caller(str(exc), self._config.input, where, single)) from None
         if variant.own:
@@ -327,10 +331,12 @@ class Pool:
         if self._closed:
             raise PoolClosed(f"{where}: the pool is closed")
 
-    def _tokenizing(self, work: Callable[[], _T]) -> _T:
-        """work() with the tokenizer process, one call at a time; a tokenizer process that died
-        is started again once, and the work done again."""
+    def _tokenizing(self, work: Callable[[], _T], where: str) -> _T:
+        """work() with the tokenizer process, one call at a time (`where`: the call, as an error
+        names it); a tokenizer process that died is started again once, and the work done again."""
         with self._make_lock:
+            if self._closed:  # closed while this call waited for the tokenizer
+                raise PoolClosed(f"{where}: the pool is closed")
             try:
                 return work()
             except WorkerFailure as exc:
@@ -349,7 +355,8 @@ class Pool:
         another thread meanwhile returns when this one has ended."""
         with self._close_lock:
             if not self._closed:
-                self._closed = True
+                with self._make_lock:  # a call being made is handed to the loop first, and answered
+                    self._closed = True
                 if os.getpid() == self._owner:  # a fork child's copy leaves the maker's workers alone
                     self._resources.close()
 
