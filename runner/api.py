@@ -19,6 +19,7 @@ from .config.keywords import check_keywords, job_config, settings_layer
 from .config.schema import JobConfig, build_config
 from .errors import ConfigError, InputError, StartOver
 from .job import run_job
+from .questions.prompts import question_field_read
 from .report.report import RunReport
 from .warm.calls import Answered, answered
 from .warm.pool import Pool
@@ -50,7 +51,8 @@ def answer(questions: Union[str, Iterable[Question]], *, model: str, resume_dir:
     rows = caller_rows(questions, config.id_field, config.question_field, "ggbatch.answer()")
     if resume_dir is not None:
         return _answer_resumable(config, rows, Path(resume_dir))
-    records = caller_records(rows, config.id_field, config.question_field, "ggbatch.answer()")
+    records = caller_records(rows, config.id_field, question_field_read(config.prompt_template, config.question_field),
+                             "ggbatch.answer()")
     with Pool.for_call(config, layer, "ggbatch.answer()", records) as pool:
         return pool.answer(rows)
 

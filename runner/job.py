@@ -63,6 +63,7 @@ from .questions.prepare import (
     max_tokens,
 )
 from .questions.prompting import Prompting
+from .questions.prompts import question_field_read
 from .report.report import JobSetup, RunOutcome, RunReport
 from .watch.startup_load import SinceStart
 from .watch.tally import RecordCounts
@@ -174,7 +175,8 @@ def _feed(preparer: Preparer, rest: Optional[Iterator[Record]], window: int, wat
 def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterator[Record]], QuestionStream]:
     """The first window's records; an iterator over the rest if the file has more (it streams:
     None otherwise); the file as opened."""
-    stream = open_question_file(config.input, config.id_field, config.question_field, config.input_format)
+    stream = open_question_file(config.input, config.id_field,
+                                question_field_read(config.prompt_template, config.question_field), config.input_format)
     read = [0]  # records read, of every shard
 
     def mine() -> Iterator[Record]:

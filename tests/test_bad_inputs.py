@@ -35,7 +35,7 @@ BAD = [
     ("malformed.jsonl", '{"questionID": "1", "question": "a"}\n{"questionID": 2, "question": }\n', [],
      "malformed.jsonl:2: malformed JSON"),
     ("noid.jsonl", '{"question": "a"}\n', [], "noid.jsonl:1: record has no 'questionID'"),
-    ("noquestion.json", '[{"questionID": "1"}]', [], "noquestion.json:1: record has no 'question'"),
+    ("noquestion.json", '[{"questionID": "1"}]', [], "noquestion.json:1: record has no 'question' (fields.question)"),
     ("dups.jsonl", '{"questionID": "a", "question": "x"}\n{"questionID": "a", "question": "y"}\n', [],
      "duplicate questionID: 'a' (lines 1 and 2)"),
     ("latin1.jsonl", b'{"questionID": "1", "question": "caf\xe9"}\n', [], "latin1.jsonl:1: not UTF-8"),

@@ -336,3 +336,16 @@ def test_gpu_layers_reach_llama_cpp_and_a_cpu_only_build_warns_once(tmp_path, de
     assert rep["memory"]["plan"]["cpu_layer_share"] == 1.0
     assert "no GPU offload in this llama.cpp build" in rep["memory"]["plan"]["vram"]
     assert f"{given} layers asked for the GPU on GPU 0 (none offloaded" in r.stdout
+
+
+@pytest.mark.parametrize("name, text", [("q.jsonl", '{"questionID": "1", "Prompt Text": "Once upon"}\n'),
+                                        ("q.csv", "questionID,Prompt Text\n1,Once upon\n")])
+def test_a_template_reading_a_field_jinja_cannot_name_needs_no_question_field(tmp_path, demo_model, name, text):
+    questions = tmp_path / name
+    questions.write_text(text)
+    run = ("--model", demo_model, "--input", questions, "--output", tmp_path / "a.json", "--max-tokens", 4, "-q")
+    r = ggbatch(*run, "--template", '{{ record["Prompt Text"] }}')
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "a.json").read_text())[0]["answer"]
+    r = ggbatch(*run, "--template", '{{ record["Prompt Txt"] }}', "--fresh")  # a field no record has
+    assert r.returncode == 2 and "has no field 'Prompt Txt' that prompt.template uses" in r.stderr, r.stderr

@@ -41,7 +41,7 @@ def test_nel_inside_a_string_is_not_a_line_break(tmp_path):
     ("q.jsonl", '{"questionID": "1", "question": "a"}\n{"questionID": "2", "question": \n',
      "q.jsonl:2: malformed JSON"),
     ("q.jsonl", '{"question": "a"}\n', "q.jsonl:1: record has no 'questionID'"),
-    ("q.jsonl", '{"questionID": "1"}\n', "q.jsonl:1: record has no 'question'"),
+    ("q.jsonl", '{"questionID": "1"}\n', "q.jsonl:1: record has no 'question' (fields.question)"),
     ("q.jsonl", '{"questionID": "1", "question": 5}\n', "'question' must be a string"),
     ("q.jsonl", '{"questionID": [1], "question": "a"}\n', "'questionID' must be a string or an integer"),
     ("q.jsonl", '{"questionID": "1", "question": "  "}\n', "'question' is empty"),

@@ -186,3 +186,27 @@ def test_a_line_is_known_by_its_hash_only_while_its_answer_stands(tmp_path):
     j = Journal(path, FP)
     assert j.records_known([0x1234, 0x5678]) == ["q1", None]  # retried: parsed and asked again
     j.close()
+
+
+def test_flash_attn_set_otherwise_than_auto_is_fingerprinted_and_a_change_refused(tmp_path):
+    from ggbatch import build_config
+    from ggbatch.runner.journal.journal import fingerprint
+    from ggbatch.runner.model.identity import ModelIdentity
+
+    model = ModelIdentity("m.gguf", 1, 0, "abc")
+
+    def printed(**settings):
+        config = build_config([("test", {"model": "m.gguf", "input": "q.jsonl", "output": "a.jsonl", **settings})])
+        return fingerprint(config, model, GenerationParams(), "t")
+
+    scored = {"answer.choices": ["A", "B"], "answer.choice_scoring": "loglikelihood"}
+    assert "flash_attn" not in printed() and "flash_attn" not in printed(**scored)  # auto: as older journals
+    assert "flash_attn" not in printed(flash_attn=False, **scored)  # what auto is for scoring
+    assert printed(flash_attn=True, **scored)["flash_attn"] is True and printed(flash_attn=False)["flash_attn"] is False
+    path = str(tmp_path / "j.jsonl")
+    j = Journal(path, printed(flash_attn=True, **scored))
+    j.split([question("q1", 1)])
+    j.append([answer("q1")])
+    j.close()
+    with pytest.raises(ConfigError, match=r"'flash_attn' changed since the journaled run \(true -> 'auto'\)"):
+        Journal(path, printed(**scored))

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import MODELS
 from ggbatch.runner.model.make import modelgen as mg
+from helpers import ggbatch
 
 QWEN2_VOCAB = MODELS / "ggml-vocab-qwen2.gguf"
 TINY = mg.ModelShape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=512)
@@ -126,6 +127,8 @@ def test_make_model_flag_ties(tmp_path: Path) -> None:
         return cmd_make_model(build_parser().parse_args(["make-model", *argv]))
 
     assert make_model("--shape", "demo", "--tie-embeddings", str(tmp_path / "t.gguf")) == 0
+    done = ggbatch("make-model", tmp_path / "any.gguf")  # no shape: refused, not 675 MiB of the benchmark's
+    assert done.returncode == 2 and "--shape" in done.stderr and not (tmp_path / "any.gguf").exists()
     assert make_model("--shape", "demo", str(tmp_path / "u.gguf")) == 0
     assert "output.weight" not in tensor_names(tmp_path / "t.gguf")
     assert "output.weight" in tensor_names(tmp_path / "u.gguf")  # without the flag, the shape decides

@@ -1,7 +1,7 @@
 import pytest
 
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.questions.prompts import PromptBuilder
+from ggbatch.runner.questions.prompts import PromptBuilder, question_field_read
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -121,3 +121,10 @@ def test_the_fingerprint_changes_with_what_a_conversation_is_written_with():
     prints = {PromptBuilder(CHATML).fingerprint(), PromptBuilder(CHATML, system="Be brief.").fingerprint(),
               PromptBuilder(None).fingerprint(), PromptBuilder(CHATML, template_kwargs={"x": 1}).fingerprint()}
     assert len(prints) == 4 and PromptBuilder(CHATML).fingerprint() == PromptBuilder(CHATML).fingerprint()
+
+
+def test_a_template_that_makes_the_prompt_from_other_fields_needs_no_question_field():
+    assert question_field_read(None, "question") == "question"
+    assert question_field_read("Q: {{ question }} ({{ subject }})", "question") == "question"
+    assert question_field_read('{{ record["Prompt Text"] }}', "question") is None
+    assert question_field_read("{{ passage }}\n{{ ask }}", "question") is None

@@ -3,7 +3,7 @@ answer (answer "", the unfinished thinking as "thinking" / reasoning_content, as
 vLLM read a block that never closed); an answer held to choices, a schema or a grammar that was
 cut before it was complete fails (answer null, an error, exit 1) rather than being written; a
 budget that leaves no token for such an answer is refused before anything runs; a changed budget
-is named down to 'reasoning.budget'.
+is named down to 'reasoning.max_tokens', the key that sets it.
 
 The models are the demo shape with a reasoning vocabulary (`ggbatch make-model --reasoning
 think|harmony`): their templates open the block, and a random-weight model never closes it itself,
@@ -66,7 +66,7 @@ def test_a_budget_that_leaves_no_token_for_the_answer_is_named_with_its_keys():
 def test_a_changed_setting_is_named_down_to_the_key_that_differs():
     block = {"start": [756], "end": [757], "forced": [757], "budget": 3, "header": False, "blank": [13, 259]}
     assert setting_change({"reasoning": block, "max_tokens": 8}, {"reasoning": {**block, "budget": 5},
-                                                                  "max_tokens": 8}) == ("reasoning.budget", 3, 5)
+                                                                  "max_tokens": 8}) == ("reasoning.max_tokens", 3, 5)
     assert setting_change({"answer": None}, {"answer": {"choices": ["A"]}}) == ("answer", None, {"choices": ["A"]})
     assert setting_change({"sampling.n": 4}, {}) == ("sampling.n", 4, 1)  # left out at its default
 
@@ -174,13 +174,13 @@ def test_a_grammar_cut_before_it_is_complete_fails_and_one_complete_at_the_limit
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_rerun_with_another_budget_names_reasoning_budget(think_model, tmp_path):
+def test_a_rerun_with_another_budget_names_reasoning_max_tokens(think_model, tmp_path):
     run = ("run", "--model", think_model, "--input", _questions(tmp_path), "--output", tmp_path / "a.jsonl",
            "--max-tokens", 8, "-q")
     assert ggbatch(*run, "--thinking-budget", 3).returncode == 0
     other = ggbatch(*run, "--thinking-budget", 5)
     assert other.returncode == 2
-    assert "'reasoning.budget' changed since the journaled run (3 -> 5); run with --fresh" in other.stderr
+    assert "'reasoning.max_tokens' changed since the journaled run (3 -> 5); run with --fresh" in other.stderr
 
 
 @pytest.mark.model

@@ -329,11 +329,16 @@ def _check_scoring(config: JobConfig) -> None:
                           "answer.logprobs (--choice-logprobs)")
 
 
+def flash_attn_auto(choice_scoring: str) -> Optional[bool]:
+    """What flash_attn: auto is for a job: off for log-likelihood scoring (llama.cpp's CPU flash
+    attention moves a log-likelihood by up to about 0.01 nats a token: it rounds K and V to F16),
+    llama.cpp's own choice (AUTO) otherwise."""
+    return False if choice_scoring == LOGLIKELIHOOD else AUTO
+
+
 def _scoring_defaults(config: JobConfig) -> JobConfig:
-    """Log-likelihoods with llama.cpp's CPU flash attention differ from the model's own by up to about
-    0.01 nats a token (it rounds K and V to F16): off for scoring unless the job says."""
-    if config.choice_scoring == LOGLIKELIHOOD and config.flash_attn is AUTO:
-        return replace(config, flash_attn=False)
+    if config.flash_attn is AUTO:
+        return replace(config, flash_attn=flash_attn_auto(config.choice_scoring))
     return config
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import codecs
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from ..errors import InputError
 from .compact import HashIndex, key64, text_key
@@ -56,7 +56,7 @@ class QuestionStream:
     known: Known
 
 
-def open_question_file(path: str, id_field: str = "questionID", question_field: str = "question",
+def open_question_file(path: str, id_field: str = "questionID", question_field: Optional[str] = "question",
                        fmt: Optional[str] = None) -> QuestionStream:
     """The records of a question file as they are read. `fmt`: the job's input_format (None: by
     extension and content, runner/files/formats/detect.py)."""
@@ -74,7 +74,7 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
                                          lambda: say_models(path, models)), _longest_line(path), Known())
     known = Known()
     if fmt == "csv":
-        required = {id_field: "fields.id", question_field: "fields.question"}
+        required = {id_field: "fields.id", **({question_field: "fields.question"} if question_field else {})}
         records = (_record(path, line, row, id_field, question_field, _row_digest(row))
                    for line, row in csv_rows(path, _csv_lines(path), required))
         return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path, csv=True), known)
@@ -100,14 +100,14 @@ def _row_digest(row: dict[str, str]) -> int:
     return key64("\x1f".join(f"{name}\x1e{value}" for name, value in row.items()).encode())
 
 
-def read_question_file(path: str, id_field: str = "questionID", question_field: str = "question",
+def read_question_file(path: str, id_field: str = "questionID", question_field: Optional[str] = "question",
                        fmt: Optional[str] = None) -> QuestionFile:
     """All records of a question file, in file order, validated (ids unique, question text present)."""
     stream = open_question_file(path, id_field, question_field, fmt)
     return QuestionFile(stream.format, list(stream.records))
 
 
-def read_records(path: str, id_field: str = "questionID", question_field: str = "question",
+def read_records(path: str, id_field: str = "questionID", question_field: Optional[str] = "question",
                  fmt: Optional[str] = None) -> list[Record]:
     """All records of a question file, in file order, validated (ids unique, question text present)."""
     return read_question_file(path, id_field, question_field, fmt).records
@@ -156,7 +156,7 @@ def _then(records: Iterator[Record], done: Callable[[], None]) -> Iterator[Recor
     done()
 
 
-def _jsonl_records(path: str, id_field: str, question_field: str, known: Known,
+def _jsonl_records(path: str, id_field: str, question_field: Optional[str], known: Known,
                    hint: str) -> Iterator[Record]:
     with open_bytes(path) as f:
         number = 0
@@ -228,15 +228,17 @@ def _longest_line(path: str, csv: bool = False) -> int:
         return max(map(len, split_lone_cr(f) if csv else f), default=0)
 
 
-def _record(path: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0,
+def _record(path: str, line: int, obj: Any, id_field: str, question_field: Optional[str], digest: int = 0,
             hint: str = "") -> Record:
     return record_at(f"{path}:{line}", line, obj, id_field, question_field, digest, hint)
 
 
-def record_at(where: str, line: int, obj: Any, id_field: str, question_field: str, digest: int = 0,
+def record_at(where: str, line: int, obj: Any, id_field: str, question_field: Optional[str], digest: int = 0,
               hint: str = "") -> Record:
     """A question file's record (or a Python caller's: runner/warm/records.py), checked; every
-    problem an InputError starting with `where`."""
+    problem an InputError starting with `where`. `question_field`: the field that must hold the
+    question text; None where the job's prompt.template reads other fields only
+    (runner/questions/prompts.py question_field_read)."""
     if not isinstance(obj, dict):
         raise InputError(f"{where}: each question must be a JSON object, got {type(obj).__name__}")
     if id_field not in obj and is_openai_output(obj):
@@ -246,12 +248,17 @@ def record_at(where: str, line: int, obj: Any, id_field: str, question_field: st
     qid = obj[id_field]
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise InputError(f"{where}: '{id_field}' must be a string or an integer, got {type(qid).__name__}")
+    if question_field is not None:
+        _check_question(where, obj, question_field)
+    qid = checked_id(where, str(qid), id_field)
+    return Record(qid, obj, line, digest=digest, key=text_key(qid))
+
+
+def _check_question(where: str, obj: Mapping[str, Any], question_field: str) -> None:
     if question_field not in obj:
-        raise InputError(f"{where}: record has no '{question_field}'")
+        raise InputError(f"{where}: record has no '{question_field}' (fields.question)")
     question = obj[question_field]
     if not isinstance(question, str):
         raise InputError(f"{where}: '{question_field}' must be a string, got {type(question).__name__}")
     if not question.strip():
         raise InputError(f"{where}: '{question_field}' is empty")
-    qid = checked_id(where, str(qid), id_field)
-    return Record(qid, obj, line, digest=digest, key=text_key(qid))

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question, Sample
-from ..config.schema import CHOICES_AUTO, FIRST_TOKEN, JobConfig
+from ..config.schema import CHOICES_AUTO, FIRST_TOKEN, JobConfig, flash_attn_auto
 from ..errors import JournalError, OutputError, StartOver, quote
 from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
@@ -53,6 +53,7 @@ def prompt_hash(tokens: array, own: Optional[GenerationParams] = None) -> str:
 def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationParams,
                 template_sha: str) -> dict[str, Any]:
     """Everything that decides an answer; a journal is reused only when all of it is unchanged."""
+    flash_auto = flash_attn_auto(config.choice_scoring)
     return {"model": model.digest, "model.n_ctx": "auto" if config.n_ctx is None else config.n_ctx,
             "llama_cpp_python": package_version("llama_cpp_python"),
             "chat_template": template_sha, "system": config.system,
@@ -63,6 +64,9 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             "prompt.template_kwargs": config.template_kwargs,
             "max_tokens": generation.max_tokens, "stop": list(generation.stop),
             "ignore_eos": generation.ignore_eos, "batch_invariant": config.batch_invariant,
+            # flash attention moves logits (log-probabilities, a close pick): set otherwise than
+            # auto, it is named (auto left out: journals written before it was fingerprinted stay valid)
+            **({"flash_attn": config.flash_attn} if config.flash_attn != flash_auto else {}),
             # fixed choices, a schema's or a job's grammar: an answer made under others is not reused
             "answer": asdict(generation.answer) if generation.answer is not None else None,
             # a reasoning model's block and budget: a forced end makes other answers (left out
@@ -82,7 +86,11 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
 
 # the fingerprint's keys left out at their default (so that older journals stay valid): a change
 # names the default rather than null
-LEFT_OUT = {"fields.id": "questionID", "answer.choice_scoring": FIRST_TOKEN, "sampling.n": 1}
+LEFT_OUT = {"fields.id": "questionID", "answer.choice_scoring": FIRST_TOKEN, "sampling.n": 1, "flash_attn": "auto"}
+
+
+# the fingerprint's names that are not the job key which sets them: a change names the job key
+JOB_KEYS = {"reasoning.budget": "reasoning.max_tokens"}
 
 
 def as_written(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,14 +108,14 @@ def changed_setting(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[
 def setting_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[tuple[str, Any, Any]]:
     """(the first setting whose value differs, its old value, its new one), or None. Both are
     compared as written to a journal; a setting that is a mapping on both sides is named down
-    to the key inside it that differs ('reasoning.budget' 3 -> 5, not the whole block), and one
+    to the key inside it that differs ('reasoning.max_tokens' 3 -> 5, not the whole block), and one
     left out at its default is named with that default. Values are shown as the user wrote them."""
     old, new = as_written(old), as_written(new)
     change = _first_change(old, new)
     if change is None:
         return None
     key, was, now = change
-    return key, _as_given(key, was, old), _as_given(key, now, new)
+    return JOB_KEYS.get(key, key), _as_given(key, was, old), _as_given(key, now, new)
 
 
 def _as_given(key: str, value: Any, fingerprint: Mapping[str, Any]) -> Any:

@@ -47,7 +47,8 @@ def add_merge_parser(sub: Any) -> None:
     m.add_argument("--output", required=True, help="the merged answers file")
     m.add_argument("--input", help="the question file: rows in its order, and every question accounted for")
     m.add_argument("--output-format", dest="output_format", choices=["auto", *FORMATS], default="auto",
-                   help="auto: .csv, .json, else lines (OpenAI Batch output when the parts are, JSON Lines for .jsonl)")
+                   help="auto: .csv CSV, .json JSON; else OpenAI Batch output when the parts are, JSON Lines "
+                        "for .jsonl and .ndjson, JSON for any other name")
     m.add_argument("--input-format", dest="input_format", choices=["auto", *FORMATS], default="auto",
                    help="the question file's format, as ggbatch run takes it")
     m.add_argument("--id-field", dest="id_field", default="questionID",

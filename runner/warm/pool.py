@@ -39,6 +39,7 @@ from ..pool.pool import WorkerPool
 from ..questions.maker import QuestionMaker
 from ..questions.prepare import order
 from ..questions.prompting import Prompting
+from ..questions.prompts import question_field_read
 from ..questions.tokenizing import tokenize_all
 from ..watch.startup_load import SinceStart
 from ..watch.watch import RunWatch
@@ -212,7 +213,9 @@ class Pool:
                 single: bool = False) -> "Future[list[Answered]]":
         self._check_usable(where)  # first: a call's own choices go through the tokenizer process too
         rows = caller_rows(questions, self._config.id_field, self._config.question_field, where, single)
-        records = caller_records(rows, self._config.id_field, self._config.question_field, where, single)
+        records = caller_records(rows, self._config.id_field,
+                                 question_field_read(self._config.prompt_template, self._config.question_field),
+                                 where, single)
         with self._make_lock:
             variant = self._variants.of(overrides, where)
             maker, rejected, made = self._make(records, variant, where, single)

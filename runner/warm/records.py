@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from array import array
-from typing import Any, Callable, Iterable, Mapping, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 from ...workers.protocol import Question as MadeQuestion
 from ..errors import ConfigError, InputError, quote
@@ -45,7 +45,7 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
     return rows
 
 
-def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: str, source: str,
+def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: Optional[str], source: str,
                    single: bool = False) -> list[Record]:
     """The rows as checked records, ids unique."""
     records: list[Record] = []
