@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
 from ...workers.llama.factory import LLAMA_ENGINE
-from ...workers.protocol import Answer, Question, Ready, ThreadsSet
+from ...workers.protocol import Answer, Question
 from ..config.answer import job_answer
 from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
@@ -44,6 +44,7 @@ from ..questions.tokenizing import tokenize_all
 from ..watch.startup_load import SinceStart
 from ..watch.watch import RunWatch
 from .calls import Answered, Calls, NoReuse
+from .events import PoolEvents
 from .facts import call_facts, probe_records, warm_facts
 from .intake import Submissions
 from .overrides import Variant, Variants
@@ -187,7 +188,8 @@ class Pool:
 
     def _loop(self, growth: ContextGrowth) -> None:
         try:
-            self._workers.run([], growth.engines(), self._intake, feed_below=STREAMED, events=_Events(self))
+            self._workers.run([], growth.engines(), self._intake, feed_below=STREAMED,
+                              events=PoolEvents(self._watch, self._on_ready))
         except BaseException as exc:  # the workers are gone: every call waiting is told why
             self._ended = exc
         finally:
@@ -388,26 +390,6 @@ class Pool:
         if exc_type is not None and not self._closed:
             self._intake.cancel(PoolClosed(f"{self._source}: the pool was left on an error"))
         self.close()
-
-
-class _Events:
-    """The pool's watch hears of the run; the pool hears when every worker is Ready."""
-
-    def __init__(self, pool: Pool) -> None:
-        self._pool, self._watch = pool, pool._watch
-
-    def on_answers(self, answers: list[Answer]) -> None:
-        self._watch.on_answers(answers)
-
-    def tick(self, workers: WorkerPool) -> None:
-        self._watch.tick(workers)
-
-    def on_threads(self, msg: ThreadsSet) -> None:
-        self._watch.on_threads(msg)
-
-    def on_ready(self, workers: WorkerPool, msg: Ready) -> None:
-        self._watch.on_ready(workers, msg)
-        self._pool._on_ready()
 
 
 __all__ = ["Answered", "Pool", "PoolClosed"]
