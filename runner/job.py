@@ -41,7 +41,7 @@ from .files.lock import OutputLock
 from .files.outputs import remove_stale_copies, write_answers, write_atomic
 from .files.paths import JobPaths, job_paths
 from .files.piped import readable_input
-from .files.shards import in_shard
+from .files.shards import Shard, in_shard
 from .journal.index import Earlier, start_reading
 from .journal.journal import Journal, fingerprint
 from .launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
@@ -134,6 +134,8 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                         clock["prepared"] = time.perf_counter()
                         watch.start_run(len(first.questions), max_tokens(first.questions, prompting.generation),
                                         sum(lay.workers * lay.slots for lay in growth.plan.layouts), pool)
+                        if rest is not None and stream.records_guess:
+                            watch.progress.expect(streamed_total(first, stream.records_guess, config.shard))
                         ended = _answer(pool, first, growth.engines(), _feed(preparer, rest, window, watch, pool,
                                                                              growth), window, watch)
                         preparer.say()
@@ -163,13 +165,21 @@ def _feed(preparer: Preparer, rest: Optional[Iterator[Record]], window: int, wat
     """The windows after the first, made while the workers answer (None: there are none). As
     the pool takes each, the workers' context grows if its questions need more (runner/plan/growth.py)."""
     def taken(w: Window) -> None:
-        watch.progress.grow(len(w.questions))
+        watch.progress.grow(len(w.questions), last=w.last)
         engines = growth.engines_for(w.questions)
         if engines is not None:
             pool.reconfigure(engines)
             watch.progress.slots = sum(lay.workers * lay.slots for lay in growth.plan.layouts)
 
     return None if rest is None else QuestionFeed(preparer, rest, window, taken)
+
+
+def streamed_total(first: Window, records_guess: int, shard: Optional[Shard]) -> int:
+    """About how many questions a streamed file holds to answer: its records (about its lines),
+    this shard's share of them, as many of them to answer as of the first window's records (the
+    rest the journal holds, or identical prompts take)."""
+    mine = records_guess / (shard.count if shard is not None else 1)
+    return max(len(first.questions), round(mine * len(first.questions) / max(first.records, 1)))
 
 
 def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterator[Record]], QuestionStream]:

@@ -92,3 +92,30 @@ def test_without_token_counters_the_eta_comes_from_finished_questions():
     assert p.eta_s() is None
     p.answered([answer("a", 3), answer("b", 3)])
     assert p.eta_s() > 0
+
+
+def test_a_streamed_file_shows_its_estimated_total_until_its_last_window_is_in(caplog):
+    from ggbatch.runner.files.shards import Shard
+    from ggbatch.runner.job import streamed_total
+    from ggbatch.runner.questions.prepare import Window
+
+    first = Window([object()] * 8000, None, 8192, False)  # type: ignore[list-item]  # 192 the journal holds
+    assert streamed_total(first, 9000, None) == round(9000 * 8000 / 8192)
+    assert streamed_total(first, 18000, Shard(0, 2)) == round(9000 * 8000 / 8192)  # this shard's half
+    assert streamed_total(first, 100, None) == 8000  # a poor guess never undercuts what is known
+    p = Progress(0, stream=io.StringIO(), mode="log", log_every_s=0.0)
+    p.total = 8000
+    p.expect(8789)
+    assert p.total == 8789
+    logger = logging.getLogger("ggbatch")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="ggbatch"):
+            p.tick()
+            p.grow(700, last=True)  # the file held fewer than its lines said
+            p.tick()
+    finally:
+        logger.removeHandler(caplog.handler)
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("0/~8789 answered") and said[-1].startswith("0/8700 answered")
+    assert p.total == 8700

@@ -54,6 +54,7 @@ class QuestionStream:
     records: Iterator[Record]  # in file order, each checked (ids unique so far) as it is read
     longest_line: int  # characters of the longest line (a JSON array: of the longest record's text)
     known: Known
+    records_guess: int = 0  # about how many records: its lines (a CSV file's less the header); 0: not counted
 
 
 def open_question_file(path: str, id_field: str = "questionID", question_field: Optional[str] = "question",
@@ -70,16 +71,19 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
                               Known())
     if fmt == "openai":
         models: dict[str, int] = {}  # the models its lines name, said once the whole file is read and checked
+        longest, lines = _line_stats(path)
         return QuestionStream(fmt, _then(_unique(path, _openai(path, models), "custom_id"),
-                                         lambda: say_models(path, models)), _longest_line(path), Known())
+                                         lambda: say_models(path, models)), longest, Known(), lines)
     known = Known()
     if fmt == "csv":
         required = {id_field: "fields.id", **({question_field: "fields.question"} if question_field else {})}
         records = (_record(path, line, row, id_field, question_field, _row_digest(row))
                    for line, row in csv_rows(path, _csv_lines(path), required))
-        return QuestionStream(fmt, _unique(path, records, id_field), _longest_line(path, csv=True), known)
-    lines = _jsonl_records(path, id_field, question_field, known, hint)
-    return QuestionStream(fmt, _unique(path, lines, id_field), _longest_line(path), known)
+        longest, lines = _line_stats(path, csv=True)
+        return QuestionStream(fmt, _unique(path, records, id_field), longest, known, max(lines - 1, 0))
+    longest, lines = _line_stats(path)
+    return QuestionStream(fmt, _unique(path, _jsonl_records(path, id_field, question_field, known, hint), id_field),
+                          longest, known, lines)
 
 
 def _openai_hint(fmt: str, requested: Optional[str]) -> str:
@@ -220,12 +224,15 @@ def _head(path: str) -> str:
     return data.decode("utf-8-sig", "replace")
 
 
-def _longest_line(path: str, csv: bool = False) -> int:
-    """Bytes of the file's longest line (a CSV file's lines may end in a lone CR): a bound on any
-    one question's text, read in one fast pass (runner/plan/layout.py guesses a streamed file's context
-    from it)."""
+def _line_stats(path: str, csv: bool = False) -> tuple[int, int]:
+    """(bytes of the file's longest line, its lines), in one fast pass (a CSV file's lines may end
+    in a lone CR). The longest line bounds any one question's text (runner/plan/layout.py guesses
+    a streamed file's context from it); the count is about the records, for the progress line."""
+    longest = lines = 0
     with open_bytes(path) as f:
-        return max(map(len, split_lone_cr(f) if csv else f), default=0)
+        for line in split_lone_cr(f) if csv else f:
+            longest, lines = max(longest, len(line)), lines + 1
+    return longest, lines
 
 
 def _record(path: str, line: int, obj: Any, id_field: str, question_field: Optional[str], digest: int = 0,

@@ -76,6 +76,7 @@ class Progress:
         stream: sys.stderr as it is now (the command line's, safe from a closed pipe)."""
         stream = stream if stream is not None else sys.stderr
         self._total = total
+        self._estimate: Optional[int] = None  # a streamed file's questions in all, until its last window is in
         self.max_tokens = 0  # per answer: the expected length before any answer is in
         self.done = 0
         self.failed = 0
@@ -95,7 +96,8 @@ class Progress:
 
     @property
     def total(self) -> int:
-        return self._total
+        """The questions to answer: those known, or a streamed file's estimate while it is larger."""
+        return max(self._total, self._estimate or 0)
 
     @total.setter
     def total(self, value: int) -> None:
@@ -107,11 +109,23 @@ class Progress:
         if self._bar is not None:
             self._bar.reset(total=value)
 
-    def grow(self, n: int) -> None:
-        """More questions to answer: the next window of a streamed file."""
+    def expect(self, estimate: int) -> None:
+        """A streamed file holds about this many questions to answer in all (from its line count,
+        runner/job.py streamed_total): the total shown until its last window is in."""
+        self._estimate = estimate
+        self._show_total()
+
+    def grow(self, n: int, last: bool = False) -> None:
+        """More questions to answer: the next window of a streamed file (`last`: no more follow,
+        the total is known)."""
         self._total += n
+        if last:
+            self._estimate = None
+        self._show_total()
+
+    def _show_total(self) -> None:
         if self._bar is not None:
-            self._bar.total = self._total
+            self._bar.total = self.total
             self._bar.refresh()
 
     def answered(self, answers: Sequence[Answer]) -> None:
@@ -152,8 +166,8 @@ class Progress:
             self._last_log = time.perf_counter()
             elapsed = self._last_log - self._t0
             rate = self.done / elapsed if elapsed > 0 else 0.0
-            log.info("%d/%d answered (%d failed), %.2f q/s, %.1f generated tok/s, %.1f prompt tok/s, ETA %s",
-                     self.done, self.total, self.failed, rate, gen_s, prompt_s,
+            log.info("%d/%s%d answered (%d failed), %.2f q/s, %.1f generated tok/s, %.1f prompt tok/s, ETA %s",
+                     self.done, "" if self._estimate is None else "~", self.total, self.failed, rate, gen_s, prompt_s,
                      f"{eta:.0f} s" if eta is not None else "?")
 
     def close(self) -> None:
