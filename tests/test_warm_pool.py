@@ -326,6 +326,20 @@ def test_a_warm_pool_scores_each_records_own_choices_as_answer_does(demo_model):
     assert [a.answer_norm for a in warm] == [a.answer_norm for a in cold]
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("template", ["Q: {{ question }} ({{ subject }})", '{{ record["Prompt Text"] }}'])
+def test_a_pool_whose_template_reads_other_fields_starts_and_names_a_record_without_them(demo_model, template):
+    """The pool's probes (what its plan is made from) had a question field alone: a template
+    reading another field failed the constructor, `questions[-1]: record 'a' has no field 'subject'`."""
+    record = {"questionID": "a", "question": "x", "subject": "math", "Prompt Text": "Once upon"}
+    with ggbatch.Pool(model=demo_model, workers=1, max_tokens=4, prompt={"template": template}) as pool:
+        (answered,) = pool.answer([record])
+        assert answered.text and answered.error is None
+        with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.Pool.answer\(\): questions\[1\]: record 'b' has no "
+                           r"field '(subject|Prompt Text)' that prompt.template uses"):
+            pool.answer([record, {"questionID": "b", "question": "y"}])
+
+
 @pytest.mark.timeout(120)
 def test_a_cancelled_submit_is_let_go_without_a_traceback(demo_model, caplog):
     """Cancelling submit()'s Future logged `InvalidStateError: CANCELLED` from a callback once

@@ -18,7 +18,7 @@ import zlib
 from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Protocol, Sequence, Union
+from typing import Callable, Iterator, Optional, Protocol, Sequence, Union
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
 from ..config.answer import format_grammar, record_choices, with_choices
@@ -82,9 +82,13 @@ class QuestionMaker:
     remembered across windows (which prompts were seen, the journal) is kept compact."""
 
     def __init__(self, builder: PromptBuilder, tokenizers: list[TokenizerProcess], config: JobConfig,
-                 job: GenerationParams, n_vocab: int, journal: Reuse) -> None:
+                 job: GenerationParams, n_vocab: int, journal: Reuse,
+                 where: Optional[Callable[[Record], str]] = None) -> None:
+        """`where`: how an error names a record (default: its file and line; a pool's call: the
+        caller's questions[i])."""
         self.builder, self.tokenizers, self.config, self.job, self.n_vocab = builder, tokenizers, config, job, n_vocab
         self.journal = journal
+        self.where = where or (lambda rec: f"{config.input}:{rec.line}")
         # Identical prompts: the prompt hash's first 64 bits -> (31 more bits << 32) | index in
         # self.ids of the first one; 95 bits must match for a question to take another's answer.
         self._first = HashIndex()
@@ -178,7 +182,7 @@ class QuestionMaker:
         """The prompt text, or None for a request refused as asked (its error answer is made)."""
         req = rec.request
         if req is None:
-            return self.builder.render(_user_message(self.builder, rec, self.config.input))
+            return self.builder.render(_user_message(self.builder, rec, self.where(rec)))
         scored = self.config.choice_scoring == LOGLIKELIHOOD
         why = (req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
                or samples_problem(req.settings, self.job)
@@ -193,7 +197,7 @@ class QuestionMaker:
                 why = f"body.messages: {exc}"
         self._fail(rec.qid, why)
         self.made.refused.add(rec.qid, index)
-        self.made.first_refused = self.made.first_refused or f"{self.config.input}:{rec.line}: {why}"
+        self.made.first_refused = self.made.first_refused or f"{self.where(rec)}: {why}"
         return None
 
     def _room_problem(self, rec: Record) -> Optional[str]:
@@ -266,7 +270,7 @@ class QuestionMaker:
         if rec.request is None:
             if self.config.choices != CHOICES_AUTO or self.job.answer is None:
                 return None
-            choices = record_choices(rec.fields, f"{self.config.input}:{rec.line}", rec.qid)
+            choices = record_choices(rec.fields, self.where(rec), rec.qid)
             return with_choices(self.job, choices)
         # A chat prompt on the plain template stops before inventing the next question; a raw
         # completion prompt has no template to stop at.
@@ -323,12 +327,12 @@ def _format_problem(settings: QuestionSettings) -> Optional[str]:
     return None
 
 
-def _user_message(builder: PromptBuilder, rec: Record, path: str) -> str:
+def _user_message(builder: PromptBuilder, rec: Record, where: str) -> str:
     try:
         return builder.user_message(rec.fields)
     except TemplateFieldError as exc:
         fields = ", ".join(map(str, rec.fields))
-        raise ConfigError(f"{path}:{rec.line}: record '{rec.qid}' has no field '{exc.field}' "
+        raise ConfigError(f"{where}: record '{rec.qid}' has no field '{exc.field}' "
                           f"that prompt.template uses (its fields: {quote(fields, 120)})") from None
 
 

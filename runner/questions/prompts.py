@@ -73,17 +73,23 @@ def _user_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+def template_fields(prompt_template: Optional[str], question_field: str) -> frozenset[str]:
+    """The record fields a prompt.template names (the default template: the question field);
+    a field it reads through `record[...]` is not among them."""
+    if prompt_template is None:
+        return frozenset([question_field])
+    try:
+        names = jinja2.meta.find_undeclared_variables(_environment(strict=True).parse(prompt_template))
+    except jinja2.TemplateSyntaxError:
+        return frozenset([question_field])  # refused by name when the prompt builder is made
+    return frozenset(names) - {"record"}
+
+
 def question_field_read(prompt_template: Optional[str], question_field: str) -> Optional[str]:
     """The field every record must hold as its question text: fields.question, unless the job's
     prompt.template makes the prompt without naming it (`{{ record["Prompt Text"] }}`, other
     fields): then None, and a field the template does read is checked as each prompt is made."""
-    if prompt_template is None:
-        return question_field
-    try:
-        fields = jinja2.meta.find_undeclared_variables(_environment(strict=True).parse(prompt_template))
-    except jinja2.TemplateSyntaxError:
-        return question_field  # refused by name when the prompt builder is made
-    return question_field if question_field in fields else None
+    return question_field if question_field in template_fields(prompt_template, question_field) else None
 
 
 def _undefined_name(message: str) -> str:

@@ -6,7 +6,7 @@ prompt shares, found by making two probe questions. The context grows if a later
 from __future__ import annotations
 
 from array import array
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ...workers.protocol import Question
 from ..files.inputs import Record
@@ -21,9 +21,10 @@ PROBE_CHOICES = ["a", "b"]
 GUESS_PROMPT = 512  # tokens of prompt a warm pool's context is first planned for; it grows if a call needs more
 
 
-def probe_records(question_field: str) -> list[Record]:
-    """The probes, as records of the pool's question field."""
-    return [Record(q, {question_field: q, "choices": PROBE_CHOICES}, 0) for q in PROBES]
+def probe_records(fields: Iterable[str]) -> list[Record]:
+    """The probes, as records with the fields the pool's prompt.template names (its question
+    field, by default), each the probe's own text: the probes' prompts part where the first field is."""
+    return [Record(q, {**{name: q for name in fields}, "choices": PROBE_CHOICES}, 0) for q in PROBES]
 
 
 def call_facts(n_records: int, questions: Sequence[Question], prompting: Prompting) -> tuple[PromptFacts, array, int]:

@@ -29,7 +29,7 @@ from ...workers.protocol import Answer, Question
 from ..config.answer import job_answer
 from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
-from ..errors import GgbatchError, InputError, WorkerFailure
+from ..errors import ConfigError, GgbatchError, InputError, WorkerFailure
 from ..files.inputs import Record
 from ..launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
 from ..model.identity import check_local_model, identify, resolve_model
@@ -39,7 +39,7 @@ from ..pool.pool import WorkerPool
 from ..questions.maker import QuestionMaker
 from ..questions.prepare import order
 from ..questions.prompting import Prompting
-from ..questions.prompts import question_field_read
+from ..questions.prompts import question_field_read, template_fields
 from ..questions.tokenizing import tokenize_all
 from ..watch.startup_load import SinceStart
 from ..watch.watch import RunWatch
@@ -48,7 +48,7 @@ from .events import PoolEvents
 from .facts import call_facts, probe_records, warm_facts
 from .intake import Submissions
 from .overrides import Variant, Variants
-from .records import caller_records, caller_rows, check_vocabulary, said_of_caller
+from .records import caller_namer, caller_records, caller_rows, check_vocabulary
 from .stats import pool_stats
 
 # the job's keys that name files: a pool takes questions and gives answers
@@ -181,7 +181,11 @@ class Pool:
         default = self._variants.default
         if records:
             return call_facts(len(records), self._make(records, default, self._method("answer"))[2], self._prompting)
-        probes = self._make(probe_records(self._config.question_field), default, self._source)[2]
+        fields = template_fields(self._config.prompt_template, self._config.question_field)
+        try:
+            probes = self._make(probe_records(fields), default, self._source)[2]
+        except ConfigError:  # a template reading record["..."]: no probe to make, no shared prefix known
+            probes = []
         return warm_facts(probes, self._prompting, self._config.prefix_cache == "auto")
 
     # -- the loop thread -------------------------------------------------------------------------
@@ -313,15 +317,15 @@ class Pool:
     def _make(self, records: list[Record], variant: Variant, where: str,
               single: bool = False) -> tuple[QuestionMaker, dict[str, Answer], list[Question]]:
         """The records' questions (`where`: the call, as its errors name it; `single`: of one question)."""
+        name = caller_namer(single)
+
         def make() -> tuple[QuestionMaker, list[Question]]:
             maker = QuestionMaker(variant.builder, [self._prompting.tokenizer], variant.config, variant.generation,
-                                  self._prompting.info.n_vocab, NoReuse())
+                                  self._prompting.info.n_vocab, NoReuse(),
+                                  where=lambda rec: f"{where}: {name(rec.line - 1)}")  # caller_records' lines
             return maker, maker.make(records)
 
-        try:
-            maker, questions = self._tokenizing(make, where)
-        except InputError as exc:  # a record without its own choices (answer.choices: auto)
-            raise InputError(said_of_caller(str(exc), self._config.input, where, single)) from None
+        maker, questions = self._tokenizing(make, where)
         if variant.own:
             questions = [q if q.generation is not None else replace(q, generation=variant.generation)
                          for q in questions]

@@ -6,7 +6,6 @@ already tokenized (Pool.submit_questions), whose tokens must be the model's."""
 from __future__ import annotations
 
 import json
-import re
 from array import array
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
@@ -29,7 +28,7 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
                           f"(mappings), got {type(questions).__name__}"
                           + (" (for one record, pass [record])" if isinstance(questions, Mapping) else ""))
     rows = []
-    name = _namer(single)
+    name = caller_namer(single)
     for i, q in enumerate(questions):
         if isinstance(q, str):
             rows.append({id_field: str(i), question_field: q})
@@ -50,7 +49,7 @@ def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: Op
     """The rows as checked records, ids unique."""
     records: list[Record] = []
     seen: dict[str, int] = {}
-    name = _namer(single)
+    name = caller_namer(single)
     for i, row in enumerate(rows):
         rec = record_at(f"{source}: {name(i)}", i + 1, row, id_field, question_field)
         if rec.qid in seen:
@@ -60,16 +59,7 @@ def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: Op
     return records
 
 
-def said_of_caller(message: str, placeholder: str, source: str, single: bool = False) -> str:
-    """An error the question maker said of a record by its line in the pool's placeholder input
-    (`-:3: record '2' has no 'choices' ...`), said of the caller's question: `questions[2]`."""
-    line = re.match(re.escape(placeholder) + r":(\d+): ", message)
-    if line is None:
-        return message
-    return f"{source}: {_namer(single)(int(line.group(1)) - 1)}: {message[line.end():]}"
-
-
-def _namer(single: bool) -> Callable[[int], str]:
+def caller_namer(single: bool) -> Callable[[int], str]:
     """How an error names the caller's question i: by its index in the list, or, where the
     caller gave one question, by the argument's name."""
     return (lambda i: "question") if single else (lambda i: f"questions[{i}]")
