@@ -113,28 +113,7 @@ def _add_run(sub: Any) -> None:
     run.add_argument("job", nargs="?", help="YAML job file (see jobs/example.yaml)")
     _add_file_flags(run.add_argument)
     a = run.add_argument
-    a("--workers", help="worker processes, or auto")
-    a("--threads", help="threads per worker, or auto (= usable cores / workers)")
-    a("--threads-adapt", dest="threads_adapt", choices=["auto", "off"],
-      help="auto: run fewer llama.cpp threads while other processes take a worker's cores, and take them back "
-           "when the cores are free (default); off: always the layout's")
-    a("--slots", help="sequences decoded together per worker, or auto")
-    a("--n-ctx", dest="n_ctx", help="context tokens per sequence, or auto (longest prompt + max tokens)")
-    a("--repack", choices=["auto", "true", "false"],
-      help="copy the weights into llama.cpp's repacked layout (auto: by CPU, or as ggbatch tune measured)")
-    a("--flash-attn", dest="flash_attn", choices=["auto", "true", "false"],
-      help="llama.cpp's flash attention (auto: on, off for --choice-scoring loglikelihood, whose numbers it "
-           "moves by up to about 0.01 nats a token)")
-    a("--gpu-layers", "-ngl", dest="n_gpu_layers",
-      help="layers llama.cpp stores in VRAM: a number, all, or auto (all with --devices, else none); "
-           "needs a llama-cpp-python built with CUDA, Metal, ... (README, GPU offload)")
-    a("--devices", help="GPUs, as 0,1: one worker per GPU, which sees only its own")
-    a("--backend", choices=["local", "ray"],
-      help="where workers live: local processes (default), or Ray actors on a cluster's nodes (needs ggbatch[ray])")
-    a("--ray-address", dest="ray_address",
-      help="with --backend ray: auto or HOST:PORT of the cluster to join; none: start a Ray instance of "
-           "its own on this machine, even where a cluster runs")
-    a("--n-batch", dest="n_batch", help="token budget of one decode step, or auto (512; 1024 with the prefix cache)")
+    _add_layout_flags(a)
     a("--max-tokens", dest="max_tokens", help="most tokens generated per answer (default 256)")
     a("--system", help="system prompt")
     a("--template", help="Jinja template over the record's fields giving the user message")
@@ -159,6 +138,32 @@ def _add_run(sub: Any) -> None:
     a("-v", "--verbose", action="store_true", help="log worker start-up and errors in detail")
     a("-q", "--quiet", action="store_true",
       help="for scripts: no progress, no summary, no warnings; errors only (the exit code says the rest)")
+
+
+def _add_layout_flags(a: Any) -> None:
+    """Where and how the workers run: processes, threads, slots, context, weights, GPUs, backend."""
+    a("--workers", help="worker processes, or auto")
+    a("--threads", help="threads per worker, or auto (= usable cores / workers)")
+    a("--threads-adapt", dest="threads_adapt", choices=["auto", "off"],
+      help="auto: run fewer llama.cpp threads while other processes take a worker's cores, and take them back "
+           "when the cores are free (default); off: always the layout's")
+    a("--slots", help="sequences decoded together per worker, or auto")
+    a("--n-ctx", dest="n_ctx", help="context tokens per sequence, or auto (longest prompt + max tokens)")
+    a("--repack", choices=["auto", "true", "false"],
+      help="copy the weights into llama.cpp's repacked layout (auto: by CPU, or as ggbatch tune measured)")
+    a("--flash-attn", dest="flash_attn", choices=["auto", "true", "false"],
+      help="llama.cpp's flash attention (auto: on, off for --choice-scoring loglikelihood, whose numbers it "
+           "moves by up to about 0.01 nats a token)")
+    a("--gpu-layers", "-ngl", dest="n_gpu_layers",
+      help="layers llama.cpp stores in VRAM: a number, all, or auto (all with --devices, else none); "
+           "needs a llama-cpp-python built with CUDA, Metal, ... (README, GPU offload)")
+    a("--devices", help="GPUs, as 0,1: one worker per GPU, which sees only its own")
+    a("--backend", choices=["local", "ray"],
+      help="where workers live: local processes (default), or Ray actors on a cluster's nodes (needs ggbatch[ray])")
+    a("--ray-address", dest="ray_address",
+      help="with --backend ray: auto or HOST:PORT of the cluster to join; none: start a Ray instance of "
+           "its own on this machine, even where a cluster runs")
+    a("--n-batch", dest="n_batch", help="token budget of one decode step, or auto (512; 1024 with the prefix cache)")
 
 
 class VersionAction(argparse.Action):

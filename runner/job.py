@@ -132,10 +132,8 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                         growth = _settle(config, started, preparer, first, stream.longest_line, model_path)
                         pool.keep(growth.plan.node_of())
                         clock["prepared"] = time.perf_counter()
-                        watch.start_run(len(first.questions), max_tokens(first.questions, prompting.generation),
-                                        sum(lay.workers * lay.slots for lay in growth.plan.layouts), pool)
-                        if rest is not None and stream.records_guess:
-                            watch.progress.expect(streamed_total(first, stream.records_guess, config.shard))
+                        _start_run(watch, first, prompting, growth, pool,
+                                   None if rest is None else streamed_total(first, stream.records_guess, config.shard))
                         ended = _answer(pool, first, growth.engines(), _feed(preparer, rest, window, watch, pool,
                                                                              growth), window, watch)
                         preparer.say()
@@ -174,10 +172,21 @@ def _feed(preparer: Preparer, rest: Optional[Iterator[Record]], window: int, wat
     return None if rest is None else QuestionFeed(preparer, rest, window, taken)
 
 
+def _start_run(watch: RunWatch, first: Window, prompting: Prompting, growth: ContextGrowth, pool: WorkerPool,
+               expected: Optional[int]) -> None:
+    """The watch starts on the first window's questions (`expected`: a streamed file's estimate of all of them)."""
+    watch.start_run(len(first.questions), max_tokens(first.questions, prompting.generation),
+                    sum(lay.workers * lay.slots for lay in growth.plan.layouts), pool)
+    if expected:
+        watch.progress.expect(expected)
+
+
 def streamed_total(first: Window, records_guess: int, shard: Optional[Shard]) -> int:
     """About how many questions a streamed file holds to answer: its records (about its lines),
     this shard's share of them, as many of them to answer as of the first window's records (the
     rest the journal holds, or identical prompts take)."""
+    if not records_guess:
+        return 0  # not counted (a JSON array is read whole)
     mine = records_guess / (shard.count if shard is not None else 1)
     return max(len(first.questions), round(mine * len(first.questions) / max(first.records, 1)))
 

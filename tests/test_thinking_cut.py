@@ -60,6 +60,12 @@ def test_a_budget_that_leaves_no_token_for_the_answer_is_named_with_its_keys():
                     "+ the end of the thinking written for it (14 tokens) + one token of the answer need 18; "
                     "raise max_tokens or lower reasoning.max_tokens")
     assert answer_room_problem(harmony, 18) is None
+    # gpt-oss's own template ends at <|start|>assistant: the model writes <|channel|>analysis<|message|> first
+    assert answer_room_problem(harmony, 20, opened=False) == (
+        "max_tokens: 20: leaves no token for the answer after the thinking: the opening of the thinking the model "
+        "writes (3 tokens) + reasoning.max_tokens (3) + the end of the thinking written for it (14 tokens) + one "
+        "token of the answer need 21; raise max_tokens or lower reasoning.max_tokens")
+    assert answer_room_problem(harmony, 21, opened=False) is None
     assert answer_room_problem(Thinking((1,), (2,), (2,)), 1) is None  # no budget: nothing to add up
 
 
@@ -152,6 +158,10 @@ def test_a_budget_with_no_room_for_the_answer_is_refused_and_one_with_room_answe
     done = ggbatch(*run, "--max-tokens", 18)  # exactly the room: the choice is the last token
     assert done.returncode == 0, done.stderr
     assert all(r["answer"] in ("A", "B") for r in _rows(out))
+    # a template that leaves the channel to the model (gpt-oss's own): its opening needs room too
+    own = "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant"
+    refused = ggbatch(*run, "--max-tokens", 18, "--chat-template", own)
+    assert refused.returncode == 2 and "the opening of the thinking the model writes (8 tokens)" in refused.stderr
 
 
 @pytest.mark.model

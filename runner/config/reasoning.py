@@ -115,6 +115,15 @@ def scoring_context(prompt: str, thinking: Optional[Thinking]) -> str:
     return prompt + HARMONY_END if body.endswith(HARMONY_ASSISTANT) else prompt
 
 
+def block_opened(prompt: str, thinking: Thinking) -> bool:
+    """Whether the prompt opened the thinking block already (or, harmony, went to the final
+    channel), so that the model writes no opening of its own before the budget counts."""
+    body = prompt.rstrip()
+    if not thinking.header:
+        return body.endswith(THINK[0])
+    return body.endswith(HARMONY_START) or body.endswith(HARMONY_END)
+
+
 def thinking_room(thinking: Optional[Thinking], max_tokens: int) -> int:
     """The tokens a thinking block may take before the answer: its budget and the forced end, or
     all of max_tokens when it has no budget; 0 for a model that does not think."""
@@ -126,22 +135,30 @@ def thinking_room(thinking: Optional[Thinking], max_tokens: int) -> int:
 
 
 def answer_room_problem(thinking: Optional[Thinking], max_tokens: int,
-                        names: tuple[str, str] = ("max_tokens", "reasoning.max_tokens")) -> Optional[str]:
+                        names: tuple[str, str] = ("max_tokens", "reasoning.max_tokens"),
+                        opened: bool = True) -> Optional[str]:
     """Why no answer held to choices or a grammar can come out under this max_tokens: a budget
     spent whole and the end written for it leave no token for the answer; None when they leave
     one (or there is no budget: the model may end its thinking early, and an answer cut short
     fails on its own). One token is what any answer needs at least: a choice's own count as
     the tokenizer spells it alone may be more than the grammar lets the model write it in (a
     SentencePiece vocabulary spells "A" alone as a space and "A"). `names`: what the message calls
-    max_tokens and the budget (an OpenAI line's body.max_tokens and body.reasoning_effort)."""
+    max_tokens and the budget (an OpenAI line's body.max_tokens and body.reasoning_effort).
+    `opened`: the prompt opened the block (block_opened); else the model writes its opening
+    first (gpt-oss: `<|channel|>analysis<|message|>`), before the budget counts."""
     if thinking is None or thinking.budget is None:
         return None
-    forced = len(thinking.forced)
-    need = thinking.budget + forced + 1
+    opening, forced = 0 if opened else len(thinking.start), len(thinking.forced)
+    need = opening + thinking.budget + forced + 1
     if max_tokens >= need:
         return None
     tokens, budget = names
     lower = f" or lower {budget}" if thinking.budget else ""  # a budget of 0 is as low as it goes
-    return (f"{tokens}: {max_tokens}: leaves no token for the answer after the thinking: {budget} "
-            f"({thinking.budget}) + the end of the thinking written for it ({forced} token{'s' if forced > 1 else ''}) "
+    written = f"the opening of the thinking the model writes ({_tokens(opening)}) + " if opening else ""
+    return (f"{tokens}: {max_tokens}: leaves no token for the answer after the thinking: {written}{budget} "
+            f"({thinking.budget}) + the end of the thinking written for it ({_tokens(forced)}) "
             f"+ one token of the answer need {need}; raise {tokens}{lower}")
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token{'s' if n != 1 else ''}"

@@ -39,6 +39,7 @@ from ..files.formats.own_settings import (
 from ..files.formats.record import Record
 from ..journal.journal import Expected, prompt_hash, prompt_key, record_hash
 from .continuations import continuation_text, pair_texts, split_pair
+from .prompting import template_opens_block
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
 from .tokenizing import Rejected, TokenizerProcess, tokenize_all
 
@@ -210,7 +211,8 @@ class QuestionMaker:
         tokens = "body.max_tokens" if settings.max_tokens else "max_tokens"
         effort = settings.reasoning_effort
         budget = f"the thinking budget of body.reasoning_effort {effort!r}" if effort else "reasoning.max_tokens"
-        return answer_room_problem(own.thinking, own.max_tokens, (tokens, budget))
+        opened = own.thinking is None or template_opens_block(self.builder, own.thinking)
+        return answer_room_problem(own.thinking, own.max_tokens, (tokens, budget), opened)
 
     def add(self, rec: Record, index: int, tokens: Union[array, Rejected],
             continuations: tuple[array, ...] = ()) -> Optional[Question]:

@@ -19,7 +19,14 @@ from typing import Optional
 from ...workers.helper_messages import VocabInfo
 from ...workers.protocol import AnswerSpec, GenerationParams, Thinking
 from ..config.answer import check_logprob_choices, check_spellable, choice_tokens
-from ..config.reasoning import answer_room_problem, model_thinking, scoring_problem, thinking_room, with_budget
+from ..config.reasoning import (
+    answer_room_problem,
+    block_opened,
+    model_thinking,
+    scoring_problem,
+    thinking_room,
+    with_budget,
+)
 from ..config.schema import LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
 from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
@@ -72,7 +79,8 @@ class Prompting:
             raise ConfigError(str(exc)) from None
         max_tokens = config.max_tokens
         generated = answer is not None and config.choice_scoring != LOGLIKELIHOOD  # a scored choice is not
-        problem = answer_room_problem(thinking, max_tokens) if generated else \
+        opened = thinking is None or template_opens_block(self.builder, thinking)
+        problem = answer_room_problem(thinking, max_tokens, opened=opened) if generated else \
             scoring_problem(thinking) if answer is not None else None
         if problem is not None:
             raise ConfigError(problem)
@@ -99,6 +107,16 @@ class Prompting:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def template_opens_block(builder: PromptBuilder, thinking: Thinking) -> bool:
+    """Whether the chat template opens the model's thinking block (runner/config/reasoning.py
+    block_opened), as a prompt of one user message shows; one that cannot be rendered alone is
+    taken as opening it (the room check then asks the least)."""
+    try:
+        return block_opened(builder.render("?"), thinking)
+    except ConfigError:
+        return True
 
 
 def chat_template(config: JobConfig, model_template: Optional[str]) -> tuple[Optional[str], str]:
