@@ -210,3 +210,29 @@ def test_flash_attn_set_otherwise_than_auto_is_fingerprinted_and_a_change_refuse
     j.close()
     with pytest.raises(ConfigError, match=r"'flash_attn' changed since the journaled run \(true -> 'auto'\)"):
         Journal(path, printed(**scored))
+
+
+def test_a_journal_that_scored_choices_inside_the_open_thinking_block_is_refused(tmp_path):
+    """Before choices were scored after an empty thinking block, a thinking model's were scored as
+    the thinking's first words: those journals hold other scores (and their records are reused
+    without their prompts made again), so they are refused, with the reason."""
+    from ggbatch import build_config
+    from ggbatch.runner.journal.journal import fingerprint
+    from ggbatch.runner.model.identity import ModelIdentity
+    from ggbatch.workers.protocol import Thinking
+
+    config = build_config([("test", {"model": "m.gguf", "input": "q.jsonl", "output": "a.jsonl",
+                                     "answer.choices": ["A", "B"], "answer.choice_scoring": "loglikelihood"})])
+    thinks = GenerationParams(thinking=Thinking(start=(1,), end=(2,), forced=(2,)))
+    now = fingerprint(config, ModelIdentity("m.gguf", 1, 0, "abc"), thinks, "t")
+    assert now["answer.choice_scoring_context"] == "after an empty thinking block"
+    assert "answer.choice_scoring_context" not in fingerprint(config, ModelIdentity("m.gguf", 1, 0, "abc"),
+                                                              GenerationParams(), "t")  # no thinking: as before
+    path = str(tmp_path / "j.jsonl")
+    j = Journal(path, {k: v for k, v in now.items() if k != "answer.choice_scoring_context"})  # an older version's
+    j.split([question("q1", 1)])
+    j.append([answer("q1")])
+    j.close()
+    with pytest.raises(ConfigError, match=r"'answer.choice_scoring_context' changed since the journaled run "
+                                          r"\('the prompt as rendered' -> 'after an empty thinking block'\)"):
+        Journal(path, now)

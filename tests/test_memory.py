@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from ggbatch.runner.plan.memory import MIB, ModelDims, allocated_kv_cells, dims_from_metadata, fit_layout, plan_memory
@@ -30,6 +32,11 @@ def test_every_kv_cell_costs_its_bookkeeping_in_ram_even_with_the_layers_on_a_gp
     assert long.compute_per_worker - short.compute_per_worker == (4 * 524_288 - 4096) * 48
     on_gpu = plan_memory(DIMS, 1, 4, lambda s: 4 * 524_288, 512, available=1 << 40, cpu_share=0.0)
     assert on_gpu.kv_per_worker == 0 and on_gpu.compute_per_worker == long.compute_per_worker
+    from ggbatch.runner.plan.layers import LayerMemory
+    recurrent = replace(DIMS, layers=LayerMemory(kv_bytes_per_cell=0, swa_kv_bytes_per_cell=0, n_swa=0,
+                                                 state_bytes_per_seq=1 << 20, n_expert=0, n_expert_used=0))
+    assert plan_memory(recurrent, 1, 4, lambda s: 4 * 524_288, 512, available=1 << 40).compute_per_worker == \
+        plan_memory(recurrent, 1, 4, lambda s: 4096, 512, available=1 << 40).compute_per_worker  # no cells
 
 
 def test_plan_matches_the_measured_benchmark_model():

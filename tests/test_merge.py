@@ -70,6 +70,18 @@ def test_thinking_kept_merges_byte_for_byte(tmp_path, fmt):
     assert out.read_bytes() == whole
 
 
+def test_a_question_file_whose_template_reads_other_fields_merges_by_its_ids(tmp_path):
+    """`run --template '{{ text }}'` takes records without a question field; merge --input took
+    them for errors. It needs the ids alone, unless --question-field asks for one."""
+    _, whole, parts = write_job(tmp_path, "jsonl")
+    questions = write_jsonl(tmp_path / "texts.jsonl", [{"questionID": q, "text": "?"} for q in IDS])
+    out = tmp_path / "merged.jsonl"
+    merge_files(str(out), parts, str(questions))
+    assert out.read_bytes() == whole
+    with pytest.raises(InputError, match=r"texts.jsonl:1: record has no 'question' \(fields.question\)"):
+        merge_files(str(out), parts, str(questions), question_field="question")
+
+
 def test_without_the_question_file_rows_come_in_the_parts_order(tmp_path):
     _, _, parts = write_job(tmp_path, "jsonl")
     out = tmp_path / "merged.jsonl"

@@ -128,3 +128,12 @@ def test_a_template_that_makes_the_prompt_from_other_fields_needs_no_question_fi
     assert question_field_read("Q: {{ question }} ({{ subject }})", "question") == "question"
     assert question_field_read('{{ record["Prompt Text"] }}', "question") is None
     assert question_field_read("{{ passage }}\n{{ ask }}", "question") is None
+
+
+def test_a_null_field_the_template_writes_is_an_error_and_one_it_tests_is_not():
+    b = PromptBuilder(None, user_template="Q: {{ text }}")
+    with pytest.raises(ConfigError, match=r"^prompt.template: it writes a null field \(JSON null"):
+        b.user_message({"text": None})
+    assert b.user_message({"text": ""}) == "Q: "  # an empty text is a text
+    tested = PromptBuilder(None, user_template="Q: {% if ctx %}{{ ctx }} {% endif %}{{ text }}")
+    assert tested.user_message({"text": "why?", "ctx": None}) == "Q: why?"

@@ -237,3 +237,46 @@ def test_a_line_whose_effort_leaves_no_room_for_its_schema_gets_a_400_with_the_n
     assert bodies["minimal"]["error"]["message"].endswith(
         "need 143; raise body.max_tokens or lower the thinking budget of body.reasoning_effort 'minimal'")
     assert "error" not in bodies["room"]  # room for the end and the answer: it is answered
+
+
+def _chat_line(cid: str, **body) -> dict:
+    return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "Q: pick"}], **body}}
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_lines_effort_over_the_jobs_budget_gets_the_room_of_the_jobs_max_tokens(think_model, tmp_path):
+    """The job's max_tokens is cut to its own budget's room and its choices (5 tokens at budget
+    0); a line's reasoning_effort 'minimal' (128) was refused against that 5 although the job
+    asked 300: a budget of its own is sized from what the job asked."""
+    out = tmp_path / "o.jsonl"
+    done = ggbatch("run", "--model", think_model, "--output", out, "-q", "--max-tokens", 300, "--choices", "A,B,C,D",
+                   "--thinking-budget", 0, "--input",
+                   write_jsonl(tmp_path / "in.jsonl", [_chat_line("minimal", reasoning_effort="minimal"),
+                                                       _chat_line("job")]))
+    assert done.returncode == 0, done.stderr
+    content = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in _rows(out)}
+    assert content["minimal"] in ("A", "B", "C", "D") and content["job"] in ("A", "B", "C", "D")
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_in_a_scoring_job_a_line_held_to_its_own_schema_is_generated_and_checked_as_one(harmony_model, tmp_path):
+    """Choices scored by log-likelihood generate nothing, but a line with its own response_format
+    is generated under it: its reasoning_effort applies, and its room is checked."""
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+    lines = [_chat_line("minimal", reasoning_effort="minimal", max_tokens=200, response_format=schema),
+             _chat_line("short", reasoning_effort="none", max_tokens=1, response_format=schema),
+             _chat_line("scored", reasoning_effort="low")]
+    out = tmp_path / "o.jsonl"
+    done = ggbatch("run", "--model", harmony_model, "--output", out, "-q", "--choices", "A,B,C,D", "--choice-scoring",
+                   "loglikelihood", "--input", write_jsonl(tmp_path / "in.jsonl", lines))
+    assert done.returncode == 1, done.stderr
+    bodies = {r["custom_id"]: r["response"]["body"] for r in _rows(out)}
+    assert isinstance(json.loads(bodies["minimal"]["choices"][0]["message"]["content"])["x"], int)
+    assert bodies["short"]["error"]["message"].startswith("body.max_tokens: 1: leaves no token for the answer")
+    assert "only 'none' applies" in bodies["scored"]["error"]["message"]

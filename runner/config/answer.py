@@ -173,9 +173,17 @@ def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str
 def with_choices(gen: GenerationParams, choices: tuple[str, ...]) -> GenerationParams:
     """The job's settings for a question of its own choices (answer.choices: auto)."""
     assert gen.answer is not None
-    room = thinking_room(gen.thinking, gen.max_tokens)
-    return replace(gen, answer=replace(gen.answer, choices=choices),
-                   max_tokens=min(gen.max_tokens, room + choice_tokens(gen.max_tokens, choices)))
+    return room_for_choices(replace(gen, answer=replace(gen.answer, choices=choices)), gen.max_tokens)
+
+
+def room_for_choices(gen: GenerationParams, max_tokens: int) -> GenerationParams:
+    """The settings with `max_tokens` (as asked) cut to the room their thinking needs plus the
+    longest of their fixed choices, as a job's are (runner/questions/prompting.py generation_for);
+    unchanged without choices."""
+    if gen.answer is None or not gen.answer.choices:
+        return gen
+    room = thinking_room(gen.thinking, max_tokens)
+    return replace(gen, max_tokens=min(max_tokens, room + choice_tokens(max_tokens, gen.answer.choices)))
 
 
 def choice_tokens(max_tokens: int, choices: tuple[str, ...]) -> int:

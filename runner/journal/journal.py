@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question, Sample
-from ..config.schema import CHOICES_AUTO, FIRST_TOKEN, JobConfig, flash_attn_auto
+from ..config.schema import CHOICES_AUTO, FIRST_TOKEN, LOGLIKELIHOOD, JobConfig, flash_attn_auto
 from ..errors import JournalError, OutputError, StartOver, quote
 from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
@@ -80,13 +80,19 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             # choices scored by log-likelihood (the default, first_token, left out: journals written
             # before it existed stay valid)
             **({"answer.choice_scoring": config.choice_scoring} if config.choice_scoring != FIRST_TOKEN else {}),
+            # on a model that thinks, scored after an empty thinking block (runner/config/reasoning.py
+            # scoring_context); journals that scored inside the open block have no such key, and are refused
+            **({"answer.choice_scoring_context": SCORED_AFTER_EMPTY_BLOCK}
+               if config.choice_scoring == LOGLIKELIHOOD and generation.thinking is not None else {}),
             # one sample (the default) is left out: journals written before n existed stay valid
             **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items() if k != "n" or v != 1}}
 
 
 # the fingerprint's keys left out at their default (so that older journals stay valid): a change
 # names the default rather than null
-LEFT_OUT = {"fields.id": "questionID", "answer.choice_scoring": FIRST_TOKEN, "sampling.n": 1, "flash_attn": "auto"}
+LEFT_OUT = {"fields.id": "questionID", "answer.choice_scoring": FIRST_TOKEN, "sampling.n": 1, "flash_attn": "auto",
+            "answer.choice_scoring_context": "the prompt as rendered"}
+SCORED_AFTER_EMPTY_BLOCK = "after an empty thinking block"
 
 
 # the fingerprint's names that are not the job key which sets them: a change names the job key

@@ -53,8 +53,9 @@ def add_merge_parser(sub: Any) -> None:
                    help="the question file's format, as ggbatch run takes it")
     m.add_argument("--id-field", dest="id_field", default="questionID",
                    help="id field of the question file and of the parts (OpenAI Batch lines: custom_id)")
-    m.add_argument("--question-field", dest="question_field", default="question",
-                   help="question field of the question file (default question)")
+    m.add_argument("--question-field", dest="question_field", default=None,
+                   help="a question field every record of the question file must hold (default: none checked; "
+                        "merge needs only the ids, and a job's prompt.template may read other fields)")
     m.add_argument("-q", "--quiet", action="store_true", help="nothing on stdout; problems only, on stderr")
 
 
@@ -113,7 +114,7 @@ class MergeOutcome:
 
 def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = None,
                 output_fmt: Optional[str] = None, input_fmt: Optional[str] = None,
-                id_field: str = "questionID", question_field: str = "question") -> MergeOutcome:
+                id_field: str = "questionID", question_field: Optional[str] = None) -> MergeOutcome:
     """Merge the parts into `output` (written even when incomplete: MergeOutcome.problems says
     why). InputError or ConfigError for a merge that is refused; nothing is written then."""
     paths, journals = _without_journals(paths)

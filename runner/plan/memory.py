@@ -97,10 +97,12 @@ class MemoryPlan:
 
 def compute_bytes(dims: ModelDims, n_batch: int, slots: int, cells: int = 0) -> int:
     """The compute buffer a step actually touches, the logits of every slot, llama.cpp's
-    bookkeeping of its `cells` KV cells, the interpreter."""
+    bookkeeping of its `cells` KV cells (none for a recurrent model: its state is one per
+    sequence, with no cells), the interpreter."""
     activations = n_batch * dims.n_embd * ACTIVATION_BYTES
     logits = max(slots, 1) * dims.n_vocab * 4
-    return activations + logits + cells * CELL_BOOKKEEPING + OVERHEAD_PER_PROCESS
+    bookkeeping = cells * CELL_BOOKKEEPING if dims.kv_bytes_per_cell else 0
+    return activations + logits + bookkeeping + OVERHEAD_PER_PROCESS
 
 
 def allocated_kv_cells(n_ctx: int, n_seq_max: int, unified: bool) -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Protocol, Sequence, Union
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
-from ..config.answer import format_grammar, record_choices, with_choices
+from ..config.answer import format_grammar, record_choices, room_for_choices, with_choices
 from ..config.reasoning import answer_room_problem, effort_problem, scoring_context, with_effort
 from ..config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError, quote
@@ -184,11 +184,8 @@ class QuestionMaker:
         req = rec.request
         if req is None:
             return self.builder.render(_user_message(self.builder, rec, self.where(rec)))
-        scored = self.config.choice_scoring == LOGLIKELIHOOD
         why = (req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
-               or samples_problem(req.settings, self.job)
-               or effort_problem(req.settings.reasoning_effort, self.job, scored)
-               or (None if scored else self._room_problem(rec)))
+               or samples_problem(req.settings, self.job) or self._thinking_problem(rec))
         if why is None and req.prompt is not None:
             return req.prompt
         if why is None:
@@ -200,6 +197,16 @@ class QuestionMaker:
         self.made.refused.add(rec.qid, index)
         self.made.first_refused = self.made.first_refused or f"{self.where(rec)}: {why}"
         return None
+
+    def _thinking_problem(self, rec: Record) -> Optional[str]:
+        """Why a line's reasoning_effort cannot apply (runner/config/reasoning.py effort_problem),
+        or its answer has no room after its thinking; a line whose choices are scored by
+        log-likelihood generates nothing, so it needs no room (a line held to its own
+        response_format in such a job is generated, and does)."""
+        assert rec.request is not None
+        scored = bool(self._scored_choices(rec))
+        return (effort_problem(rec.request.settings.reasoning_effort, self.job, scored)
+                or (None if scored else self._room_problem(rec)))
 
     def _room_problem(self, rec: Record) -> Optional[str]:
         """Why a line's answer, held to choices or its response_format, has no room after the
@@ -278,9 +285,14 @@ class QuestionMaker:
         # completion prompt has no template to stop at.
         template_stop = PLAIN_STOP if self.builder.is_plain and rec.request.prompt is None else ()
         fmt = rec.request.settings.response_format
-        own = own_generation(self.job, rec.request.settings, self.config.stop or template_stop,
+        settings = rec.request.settings
+        own = own_generation(self.job, settings, self.config.stop or template_stop,
                              format_grammar(fmt) if fmt is not None else None)
-        return with_effort(own, self.job, rec.request.settings.reasoning_effort)
+        gen = with_effort(own, self.job, settings.reasoning_effort)
+        if gen is not None and settings.reasoning_effort and not settings.max_tokens:
+            # the job's max_tokens was cut to its own budget's room and its choices: another budget, another room
+            gen = room_for_choices(gen, self.config.max_tokens)
+        return gen
 
     def _fail(self, qid: str, why: str) -> None:
         self.made.rejected[qid] = Answer(qid, "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error=why)
@@ -336,6 +348,8 @@ def _user_message(builder: PromptBuilder, rec: Record, where: str) -> str:
         fields = ", ".join(map(str, rec.fields))
         raise ConfigError(f"{where}: record '{rec.qid}' has no field '{exc.field}' "
                           f"that prompt.template uses (its fields: {quote(fields, 120)})") from None
+    except ConfigError as exc:  # the template failed on this record's fields
+        raise ConfigError(f"{where}: record '{rec.qid}': {exc}") from None
 
 
 def question_seed(job_seed: int, qid: str) -> int:

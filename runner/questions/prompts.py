@@ -61,8 +61,10 @@ def _raise(message: str) -> None:
 
 def _user_template(source: str) -> jinja2.Template:
     """The user message template, checked once: it must parse, and it must use the record (a
-    template naming no variable renders every question identically)."""
+    template naming no variable renders every question identically). A null field it writes is
+    an error, as a missing one is (Jinja would write "None"); `{% if field %}` may test it."""
     env = _environment(strict=True)
+    env.finalize = _not_null
     try:
         fields = jinja2.meta.find_undeclared_variables(env.parse(source))
     except jinja2.TemplateSyntaxError as exc:
@@ -90,6 +92,13 @@ def question_field_read(prompt_template: Optional[str], question_field: str) -> 
     prompt.template makes the prompt without naming it (`{{ record["Prompt Text"] }}`, other
     fields): then None, and a field the template does read is checked as each prompt is made."""
     return question_field if question_field in template_fields(prompt_template, question_field) else None
+
+
+def _not_null(value: Any) -> Any:
+    if value is None:
+        raise jinja2.TemplateError("it writes a null field (JSON null, which would read None): give the field a "
+                                   "text, or write it only {% if %} it has one")
+    return value
 
 
 def _undefined_name(message: str) -> str:
