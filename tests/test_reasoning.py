@@ -342,3 +342,25 @@ def test_choices_scored_by_loglikelihood_are_scored_after_the_closed_block(think
                 assert max(differences) > 0.5
             else:
                 assert max(differences) < TOLERANCE, (got, want)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(180)
+def test_keep_thinking_with_scored_choices_is_said_once_per_pool(think_model, caplog):
+    import logging
+
+    import ggbatch
+
+    logger = logging.getLogger("ggbatch")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ggbatch"):
+            with ggbatch.Pool(model=think_model, workers=1, keep_thinking=True,
+                              answer={"choices": ["yes", "no"], "choice_scoring": "loglikelihood"}) as pool:
+                for choices in (["yes", "no"], ["red", "blue"], ["up", "down"]):  # a new variant each
+                    (got,) = pool.answer(["Which one?"], choices=choices)
+                    assert got.text in choices
+    finally:
+        logger.removeHandler(caplog.handler)
+    said = {id(r) for r in caplog.records if "no answer has thinking to keep" in r.getMessage()}
+    assert len(said) == 1  # (each record is caught by both handlers: counted once by its identity)

@@ -50,6 +50,7 @@ class Prompting:
             self.template = template
             self.builder = self.builder_for(config)
             self.thinking: Optional[Thinking] = model_thinking(self.tokenizer)
+            self._said_nothing_to_keep = False
             self.generation = self.generation_for(config, answer)
             self.template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
             self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab,
@@ -84,7 +85,9 @@ class Prompting:
             scoring_problem(thinking) if answer is not None else None
         if problem is not None:
             raise ConfigError(problem)
-        if not generated and answer is not None and thinking is not None and config.keep_thinking:
+        if not generated and answer is not None and thinking is not None and config.keep_thinking \
+                and not self._said_nothing_to_keep:  # once: a pool makes a call's settings with each new variant
+            self._said_nothing_to_keep = True
             log.warning("keep_thinking: the choices are scored by log-likelihood after an empty thinking block, "
                         "so no answer has thinking to keep")
         if answer is not None and answer.choices:  # room for the thinking, then the longest choice
