@@ -92,3 +92,18 @@ def test_empty_file_is_no_questions(tmp_path, name):
 def test_format_sniffed_for_other_extensions():
     assert detect_format("q.txt", "  [ ]") == "json"
     assert detect_format("q.txt", '{"a": 1}\n') == "jsonl"
+
+
+def test_a_question_file_is_counted_in_the_pass_that_finds_its_longest_line(tmp_path):
+    from ggbatch.runner.files.inputs import open_question_file
+
+    jsonl = tmp_path / "q.jsonl"
+    jsonl.write_text("".join(f'{{"questionID": "{i}", "question": "{"x" * i}"}}\n' for i in range(5)))
+    stream = open_question_file(str(jsonl))
+    assert (stream.records_guess, stream.longest_line) == (5, len('{"questionID": "4", "question": "xxxx"}\n'))
+    csv = tmp_path / "q.csv"
+    csv.write_bytes(b"questionID,question\r1,a\r2,bb\r")  # lone CR line ends: the header is not a record
+    assert open_question_file(str(csv)).records_guess == 2
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    assert open_question_file(str(empty)).records_guess == 0
