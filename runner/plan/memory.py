@@ -38,7 +38,7 @@ KV_CELL_ROUNDING = 256
 # llama.cpp's record of each KV cell in RAM, wherever the cell's K and V are: position, shift,
 # the 256-bit set of sequences in it (llama_kv_cells). Measured: PSS grows by 47-52 bytes a cell
 # past the plan from 16,384 to 2,621,440 cells, on attention and hybrid models alike; at 512K
-# cells a sequence it is most of a hybrid worker's memory, whose K and V are a few layers' only.
+# cells a sequence it is a large part of a hybrid worker's memory, whose K and V are a few layers' only.
 CELL_BOOKKEEPING = 48
 
 
