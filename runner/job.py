@@ -132,8 +132,8 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                         growth = _settle(config, started, preparer, first, stream.longest_line, model_path)
                         pool.keep(growth.plan.node_of())
                         clock["prepared"] = time.perf_counter()
-                        _start_run(watch, first, prompting, growth, pool,
-                                   None if rest is None else streamed_total(first, stream.records_guess, config.shard))
+                        _start_run(watch, first, prompting, growth, pool, None if rest is None else streamed_total(
+                            first, stream.records_guess, config.shard, journal.kept, len(preparer.made.from_journal)))
                         ended = _answer(pool, first, growth.engines(), _feed(preparer, rest, window, watch, pool,
                                                                              growth), window, watch)
                         preparer.say()
@@ -181,14 +181,18 @@ def _start_run(watch: RunWatch, first: Window, prompting: Prompting, growth: Con
         watch.progress.expect(expected)
 
 
-def streamed_total(first: Window, records_guess: int, shard: Optional[Shard]) -> int:
-    """About how many questions a streamed file holds to answer: its records (about its lines),
-    this shard's share of them, as many of them to answer as of the first window's records (the
-    rest the journal holds, or identical prompts take)."""
+def streamed_total(first: Window, records_guess: int, shard: Optional[Shard], held: int, held_first: int) -> int:
+    """About how many questions a streamed file holds to answer in this run: its records (about
+    its lines; this shard's share of them) after the first window, less the answers the journal
+    holds beyond it (`held` in all, `held_first` of them the first window's), as many of them
+    distinct as of the first window's records to answer, and the first window's questions."""
     if not records_guess:
         return 0  # not counted (a JSON array is read whole)
     mine = records_guess / (shard.count if shard is not None else 1)
-    return max(len(first.questions), round(mine * len(first.questions) / max(first.records, 1)))
+    to_answer_first = first.records - held_first
+    distinct = len(first.questions) / to_answer_first if to_answer_first > 0 else 1.0
+    rest = max(0.0, mine - first.records - (held - held_first))
+    return len(first.questions) + round(rest * min(distinct, 1.0))
 
 
 def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterator[Record]], QuestionStream]:

@@ -99,10 +99,14 @@ def test_a_streamed_file_shows_its_estimated_total_until_its_last_window_is_in(c
     from ggbatch.runner.job import streamed_total
     from ggbatch.runner.questions.prepare import Window
 
-    first = Window([object()] * 8000, None, 8192, False)  # type: ignore[list-item]  # 192 the journal holds
-    assert streamed_total(first, 9000, None) == round(9000 * 8000 / 8192)
-    assert streamed_total(first, 18000, Shard(0, 2)) == round(9000 * 8000 / 8192)  # this shard's half
-    assert streamed_total(first, 100, None) == 8000  # a poor guess never undercuts what is known
+    first = Window([object()] * 8000, None, 8192, False)  # type: ignore[list-item]  # 192 repeat others' prompts
+    assert streamed_total(first, 9000, None, 0, 0) == 8000 + round(808 * 8000 / 8192)
+    assert streamed_total(first, 18000, Shard(0, 2), 0, 0) == 8000 + round(808 * 8000 / 8192)  # this shard's half
+    assert streamed_total(first, 100, None, 0, 0) == 8000  # a poor guess never undercuts what is known
+    # a resumed million-line file: the journal holds the first window and 5,760 more; 850,000 are left
+    resumed = Window([object()] * 0, None, 8192, False)  # type: ignore[list-item]
+    assert streamed_total(resumed, 1_000_000, None, 8192 + 5760, 8192) == 1_000_000 - 8192 - 5760
+    assert streamed_total(first, 0, None, 0, 0) == 0  # not counted: no estimate
     p = Progress(0, stream=io.StringIO(), mode="log", log_every_s=0.0)
     p.total = 8000
     p.expect(8789)
