@@ -222,3 +222,11 @@ def engine_answers(model: str, questions: list[Any], slots: int, prefix: Any, ma
                                       **config), questions, stats)
     assert all(a.error is None for a in answers.values()), answers
     return {qid: a.text for qid, a in answers.items()}
+
+
+def children() -> set[int]:
+    """This process's children, but multiprocessing's resource tracker, which lives as long as we do."""
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())}

@@ -1,11 +1,8 @@
-"""ggbatch.Pool across real processes: the real engine on the demo model, the fake engine where
-the model does not matter. Every test has a hard timeout: a hang is a failure."""
+"""ggbatch.Pool's calls across real processes: answers as ggbatch.answer gives them, per-call
+settings, many threads at once, a worker or tokenizer killed during a call (its life: started,
+closed, left open: test_warm_pool_lifetime.py). The real engine on the demo model, the fake
+engine where the model does not matter. Every test has a hard timeout: a hang is a failure."""
 
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import threading
 from array import array
 from concurrent.futures import ThreadPoolExecutor
@@ -16,15 +13,9 @@ import pytest
 import ggbatch
 from fake_engine import Fake
 from ggbatch.workers.protocol import GenerationParams, Question
-from helpers import wait_for
+from helpers import children
 
 pytestmark = pytest.mark.model
-
-
-def children() -> set[int]:
-    """This process's children, but multiprocessing's resource tracker, which lives as long as we do."""
-    return {p.pid for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline())}
 
 
 @pytest.mark.timeout(120)
@@ -54,7 +45,6 @@ def test_overrides_change_one_call_only(demo_model):
             pool.answer(["Hi"], workers=3)
     assert plain[0].text.startswith(short[0].text) and len(short[0].text) < len(plain[0].text)
     assert chosen[0].text in ("yes", "no")
-
 
 
 @pytest.mark.timeout(120)
@@ -186,71 +176,6 @@ def test_a_question_that_kills_workers_fails_alone(demo_model):
     assert after[0].text
 
 
-CALLER = textwrap.dedent("""
-    import sys, psutil, ggbatch
-    if __name__ == "__main__":
-        with ggbatch.Pool(model=sys.argv[1], max_tokens=4000, ignore_eos=True, workers=1) as pool:
-            future = pool.submit("Once upon a time")
-            print(" ".join(str(p.pid) for p in psutil.Process().children(recursive=True)), flush=True)
-            future.result()
-""")
-
-
-@pytest.mark.timeout(120)
-def test_ctrl_c_in_the_caller_ends_every_worker_and_leaks_nothing(demo_model, tmp_path):
-    script = tmp_path / "caller.py"
-    script.write_text(CALLER)
-    proc = subprocess.Popen([sys.executable, str(script), demo_model], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
-    pids = [int(p) for p in proc.stdout.readline().split()]
-    assert pids
-    os.kill(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert "KeyboardInterrupt" in err and "leaked" not in err, err
-    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                             for p in pids), 10, "the pool's processes to end")
-
-
-@pytest.mark.timeout(120)
-def test_a_pool_started_in_the_background_returns_before_its_workers_are_ready(demo_model, tmp_path):
-    gate, before = tmp_path / "gate", children()
-    starting = ggbatch.Pool.starting(model=demo_model, workers=1, slots=2, engine_factory=Fake(build_gate=str(gate)))
-    # its worker cannot be Ready while the gate is shut: a start that waited would hang here
-    wait_for(lambda: children() - before, what="the pool's processes to start")
-    assert not starting.done()
-    assert not starting.cancel()  # running: a pool half started would have no one to close it
-    gate.touch()
-    with starting.result(timeout=60) as pool:
-        answers = pool.answer(["q0", "q1", "q2"])
-    assert [a.id for a in answers] == ["0", "1", "2"] and all(a.text and a.error is None for a in answers)
-
-
-@pytest.mark.timeout(120)
-def test_a_background_start_refuses_typos_at_once_and_hands_over_what_failed_later(demo_model, tmp_path):
-    with pytest.raises(ggbatch.GgbatchError, match="max_tokenz"):
-        ggbatch.Pool.starting(model=demo_model, max_tokenz=3)
-    with pytest.raises(ggbatch.GgbatchError, match="model file not found"):
-        ggbatch.Pool.starting(model=str(tmp_path / "absent.gguf"))
-    starting = ggbatch.Pool.starting(model=demo_model, workers=1, engine_factory=Fake(fail_load=True))
-    with pytest.raises(ggbatch.GgbatchError, match="fake engine refused to load"):
-        starting.result(timeout=60)
-
-
-@pytest.mark.timeout(120)
-def test_a_pool_made_in_a_thread_that_has_ended_still_answers(demo_model):
-    # Its worker and tokenizer die with the thread that started them (PR_SET_PDEATHSIG) unless
-    # they are started from one that lives on (runner/child_processes.py).
-    made: list[ggbatch.Pool] = []
-    maker = threading.Thread(target=lambda: made.append(ggbatch.Pool(model=demo_model, workers=1, max_tokens=4)))
-    maker.start()
-    maker.join()
-    with made[0] as pool:
-        answers = pool.answer(["Once upon a time", "The little dog"])
-        stats = pool.stats()
-    assert all(a.text and a.error is None for a in answers)
-    assert stats["workers"][0]["restarts"] == 0
-
-
 @pytest.mark.timeout(120)
 def test_a_call_on_an_idle_pool_is_taken_at_once_not_at_the_next_tick(demo_model):
     import time
@@ -268,36 +193,6 @@ def test_a_call_on_an_idle_pool_is_taken_at_once_not_at_the_next_tick(demo_model
             pool.answer([f"q{i}"])
             took.append(time.perf_counter() - t0)
     assert max(took) < TICK_S / 2, took
-
-
-UNCLOSED = textwrap.dedent("""
-    import sys
-    import ggbatch
-    from ggbatch.runner.warm.pool import Pool
-    if __name__ == "__main__":
-        settings = dict(model=sys.argv[1], workers=1, max_tokens=4, ignore_eos=True)
-        pool = Pool.starting(**settings).result() if sys.argv[2] == "started" else ggbatch.Pool(**settings)
-        print(pool.answer(["Once upon a time"])[0].text is not None, flush=True)
-        if sys.argv[2] == "open call":  # a call still open as the process exits
-            call = pool.submit_many([f"q{i}" for i in range(64)], max_tokens=400)
-            call.add_done_callback(lambda c: print("call ended:", c.exception(), flush=True))
-""")
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("how", ["made", "started", "open call"])
-def test_a_pool_left_open_at_exit_is_closed_quietly(demo_model, tmp_path, how):
-    # lm-eval never closes its model: at exit the pool stops its workers itself, before
-    # multiprocess's exit handler terminates them and the pool's loop reports their deaths.
-    script = tmp_path / "unclosed.py"
-    script.write_text(UNCLOSED)
-    done = subprocess.run([sys.executable, str(script), demo_model, how], capture_output=True, text=True,
-                          cwd=str(tmp_path), timeout=120)
-    said = done.stdout.split("\n")
-    assert done.returncode == 0 and said[0] == "True", done.stderr
-    assert "died" not in done.stderr and "Traceback" not in done.stderr, done.stderr
-    if how == "open call":  # cancelled, not waited for (nor left unanswered)
-        assert said[1] == "call ended: ggbatch.Pool(): the process is exiting", done.stdout
 
 
 SCORED = {"choices": "auto", "choice_scoring": "loglikelihood", "logprobs": True}
@@ -340,57 +235,6 @@ def test_a_pool_whose_template_reads_other_fields_starts_and_names_a_record_with
             pool.answer([record, {"questionID": "b", "question": "y"}])
 
 
-@pytest.mark.timeout(120)
-def test_a_cancelled_submit_is_let_go_without_a_traceback(demo_model, caplog):
-    """Cancelling submit()'s Future logged `InvalidStateError: CANCELLED` from a callback once
-    its answer came (the pool set the result of a Future the caller had cancelled)."""
-    with ggbatch.Pool(model=demo_model, workers=1, max_tokens=64, ignore_eos=True) as pool:
-        given_up = pool.submit("Once upon a time")
-        assert given_up.cancel()
-        kept = pool.submit("The little dog")
-        assert kept.result(timeout=60).text
-        wait_for(lambda: pool.stats()["answered"] == 2, 60, "the cancelled question's answer to come")
-    assert given_up.cancelled()
-    assert "InvalidStateError" not in caplog.text and "exception calling callback" not in caplog.text, caplog.text
-
-
-@pytest.mark.timeout(120)
-def test_tokenize_on_a_closed_pool_says_the_pool_is_closed(demo_model):
-    pool = ggbatch.Pool(model=demo_model, workers=1, max_tokens=4)
-    assert len(pool.tokenize(["Once upon a time"])[0])
-    pool.close()
-    with pytest.raises(ggbatch.PoolClosed, match=r"^ggbatch.Pool.tokenize\(\): the pool is closed$"):
-        pool.tokenize(["Once upon a time"])
-
-
-@pytest.mark.timeout(240)
-def test_a_close_while_a_call_is_tokenized_answers_it_and_a_later_call_is_refused(demo_model):
-    """close() from another thread used to close the tokenizer under a call being made: the call
-    failed with OSError('handle is closed'). Now a call made before the close is answered."""
-    questions = [f"Question {i}: " + "word " * 60 for i in range(1500)]
-    for delay in (0.05, 0.3):
-        pool = ggbatch.Pool(model=demo_model, workers=1, max_tokens=1)
-        outcome: list = []
-
-        def call(pool: ggbatch.Pool, outcome: list) -> None:
-            try:
-                outcome.append(pool.answer(questions))
-            except ggbatch.PoolClosed as exc:  # the close came first: the call was never made
-                outcome.append(exc)
-
-        caller = threading.Thread(target=call, args=(pool, outcome))
-        caller.start()
-        threading.Event().wait(delay)
-        pool.close()
-        caller.join(200)
-        assert not caller.is_alive()
-        (got,) = outcome  # any other exception would have ended the thread with nothing here
-        if isinstance(got, list):
-            assert len(got) == len(questions) and all(a.error is None for a in got)
-        with pytest.raises(ggbatch.PoolClosed, match=r"the pool is closed$"):
-            pool.answer(["Once upon a time"])
-
-
 @pytest.mark.timeout(240)
 def test_calls_making_new_choices_beside_other_calls_leave_every_answer_as_alone(demo_model):
     """A call's new choices are checked through the tokenizer process; that took a lock of its
@@ -413,44 +257,3 @@ def test_calls_making_new_choices_beside_other_calls_leave_every_answer_as_alone
             assert all(texts == alone for f in plains for texts in f.result(timeout=200))
             for k, f in enumerate(chosen):
                 assert all(text in (f"word{k}x{j}a", f"word{k}x{j}b") for j, text in enumerate(f.result(timeout=200)))
-
-
-FORKED = textwrap.dedent("""
-    import multiprocessing, sys
-    import ggbatch
-
-    def child(pool):
-        for call in (lambda: pool.submit_many(["Tom"]), lambda: pool.answer(["Tom"]),
-                     lambda: pool.tokenize(["Tom"])):
-            try:
-                call()
-                print("child: answered", flush=True)
-            except ggbatch.PoolClosed as exc:
-                print("child:", exc, flush=True)
-        pool.close()  # the child's copy: the parent's workers go on
-
-    if __name__ == "__main__":
-        pool = ggbatch.Pool(model=sys.argv[1], workers=1, max_tokens=4)
-        first = pool.answer(["Tom"])[0].text
-        forked = multiprocessing.get_context("fork").Process(target=child, args=(pool,))
-        forked.start()
-        forked.join(60)
-        print("exit", forked.exitcode, flush=True)
-        print("parent:", pool.answer(["Tom"])[0].text == first, flush=True)
-        pool.close()
-""")
-
-
-@pytest.mark.timeout(180)
-def test_a_pool_used_from_a_forked_child_says_so_at_once(demo_model, tmp_path):
-    """A fork child that inherited a pool waited for good on the parent's tokenizer pipe."""
-    script = tmp_path / "forked.py"
-    script.write_text(FORKED)
-    done = subprocess.run([sys.executable, str(script), demo_model], capture_output=True, text=True,
-                          cwd=str(tmp_path), timeout=150)
-    said = done.stdout.strip().split("\n")
-    assert done.returncode == 0, done.stderr
-    refused = [s for s in said if s.startswith("child: ")]
-    assert len(refused) == 3 and all("this pool belongs to process" in s for s in refused), done.stdout
-    assert refused[0].startswith("child: ggbatch.Pool.submit_many(): this pool belongs to process "), done.stdout
-    assert said[-2:] == ["exit 0", "parent: True"], done.stdout + done.stderr
