@@ -96,6 +96,7 @@ class QuestionMaker:
         self.ids = IdColumn()
         self.made = QuestionSet(IdSet(self.ids), IdSet(self.ids), IdSet(self.ids))
         self._failed_prompts: set[int] = set()  # key64 of the prompts the tokenizer refused (and settings)
+        self._opens_block: Optional[bool] = None  # whether the chat template opens the thinking block
 
     def make(self, records: Sequence[Record]) -> list[Question]:
         """The questions of these records still to answer, in file order; the rest are answers
@@ -113,8 +114,8 @@ class QuestionMaker:
                 if text is None:
                     continue
                 choices = self._scored_choices(rec)
-                if choices:
-                    text = scoring_context(text, (self._own_generation(rec) or self.job).thinking)
+                if choices:  # a line's own settings change the budget only, not the block
+                    text = scoring_context(text, self.job.thinking)
                 waiting.append((rec, index, text, choices))
                 bos = self.builder.needs_bos(text)
                 for piece in pair_texts_of(text, choices):
@@ -211,15 +212,18 @@ class QuestionMaker:
     def _room_problem(self, rec: Record) -> Optional[str]:
         """Why a line's answer, held to choices or its response_format, has no room after the
         thinking under its own max_tokens and budget (the job's are checked when the job starts)."""
+        if self.job.thinking is None or rec.request is None:
+            return None  # a model that does not think: every line has its max_tokens for its answer
         own = self._own_generation(rec)
-        if own is None or own.answer is None or rec.request is None:
+        if own is None or own.answer is None:
             return None
         settings = rec.request.settings
         tokens = "body.max_tokens" if settings.max_tokens else "max_tokens"
         effort = settings.reasoning_effort
         budget = f"the thinking budget of body.reasoning_effort {effort!r}" if effort else "reasoning.max_tokens"
-        opened = own.thinking is None or template_opens_block(self.builder, own.thinking)
-        return answer_room_problem(own.thinking, own.max_tokens, (tokens, budget), opened)
+        if self._opens_block is None:  # the job's template, as the first line that asks shows: once
+            self._opens_block = template_opens_block(self.builder, self.job.thinking)
+        return answer_room_problem(own.thinking, own.max_tokens, (tokens, budget), self._opens_block)
 
     def add(self, rec: Record, index: int, tokens: Union[array, Rejected],
             continuations: tuple[array, ...] = ()) -> Optional[Question]:
