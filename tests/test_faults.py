@@ -59,6 +59,19 @@ def workers_of(proc):
         return []
 
 
+def kill_worker(worker: psutil.Process) -> None:
+    """SIGKILL, then wait until it is dead: a worker still dying is listed by workers_of, and a
+    second kill of it would count as a second death that the coordinator never sees."""
+    worker.send_signal(signal.SIGKILL)
+
+    def dead() -> bool:
+        try:
+            return worker.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    wait_for(dead, timeout=10, what=f"worker {worker.pid} to die")
+
+
 def quiet_run(folder, n_questions, model):
     """An uninterrupted run: (model, questions, the bytes every disturbed run must reproduce)."""
     questions = write_questions(folder / "q.jsonl", n_questions)
@@ -194,7 +207,7 @@ def test_workers_killed_at_random_moments_lose_and_duplicate_nothing(long_refere
         victims = workers_of(proc)
         if proc.poll() is not None or not victims:
             break
-        os.kill(rng.choice(victims).pid, signal.SIGKILL)
+        kill_worker(rng.choice(victims))
         kills += 1
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
@@ -244,7 +257,7 @@ def test_batch_invariant_answers_retried_alone_after_kill_9_equal_a_quiet_run(k_
             victims = sorted(workers_of(proc), key=lambda w: w.create_time())
             if proc.poll() is not None or not victims:
                 break
-            os.kill(victims[0].pid, signal.SIGKILL)
+            kill_worker(victims[0])
             kills += 1
         _, stderr = proc.communicate(timeout=120)
     finally:
