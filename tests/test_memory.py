@@ -39,6 +39,19 @@ def test_every_kv_cell_costs_its_bookkeeping_in_ram_even_with_the_layers_on_a_gp
         plan_memory(recurrent, 1, 4, lambda s: 4096, 512, available=1 << 40).compute_per_worker  # no cells
 
 
+def test_a_model_with_sliding_window_layers_keeps_the_record_of_its_cells_twice():
+    # llama_kv_cache_iswa: a cache for the windowed layers and one for the rest, each with its
+    # cells. gemma3-tiny at 4 slots × 524,288 tokens: PSS 1,583.5 MiB, 135.6 MiB past the plan
+    # that counted one record a cell.
+    from ggbatch.runner.plan.layers import LayerMemory
+    windowed = replace(DIMS, layers=LayerMemory(kv_bytes_per_cell=114_688, swa_kv_bytes_per_cell=81_920,
+                                                n_swa=512, state_bytes_per_seq=0, n_expert=0, n_expert_used=0))
+    assert windowed.kv_caches == 2 and DIMS.kv_caches == 1
+    short = plan_memory(windowed, 1, 4, lambda s: 4096, 512, available=1 << 40)
+    long = plan_memory(windowed, 1, 4, lambda s: 4 * 524_288, 512, available=1 << 40)
+    assert long.compute_per_worker - short.compute_per_worker == (4 * 524_288 - 4096) * 48 * 2
+
+
 def test_plan_matches_the_measured_benchmark_model():
     # 28 × 1024 Q4_K_M, 2 workers × 16 slots, 2911 KV cells each: measured 1,304 MiB PSS in all.
     dims = ModelDims(432_746_144, 28, 1024, 16, 8, 64, 151936, 3072)

@@ -12,7 +12,8 @@ What a worker holds, as llama.cpp reports it and as PSS measures it (28 × 1024 
   the GGUF header);
 - the logits of one step and the part of the compute buffer a step touches (llama.cpp reserves
   300 MiB for it, but only about n_batch × n_embd × 80 bytes is ever written), llama.cpp's
-  record of each KV cell (48 bytes, in RAM even when the cells are on a GPU), and the
+  record of each KV cell (48 bytes, in RAM even when the cells are on a GPU; twice for a model
+  with sliding-window layers, which has two caches), and the
   interpreter and libraries (~45 MiB).
 
 Layers offloaded to a GPU take their weights and KV cache to VRAM: the plan counts the share of
@@ -61,6 +62,15 @@ class ModelDims:
         return self.n_layer * self.n_head_kv * self.head_dim * 2 * 2  # K and V, f16
 
     @property
+    def kv_caches(self) -> int:
+        """The KV caches llama.cpp keeps, each with its own record of every cell: none for a
+        recurrent model, two for one with sliding-window layers (llama_kv_cache_iswa: one cache for
+        the windowed layers, one for the rest, both full size as ggbatch asks), else one."""
+        if not self.kv_bytes_per_cell:
+            return 0
+        return 2 if self.layers is not None and self.layers.swa_kv_bytes_per_cell else 1
+
+    @property
     def state_bytes_per_seq(self) -> int:
         """The recurrent layers' state of one sequence (0 for attention only)."""
         return self.layers.state_bytes_per_seq if self.layers is not None else 0
@@ -97,11 +107,11 @@ class MemoryPlan:
 
 def compute_bytes(dims: ModelDims, n_batch: int, slots: int, cells: int = 0) -> int:
     """The compute buffer a step actually touches, the logits of every slot, llama.cpp's
-    bookkeeping of its `cells` KV cells (none for a recurrent model: its state is one per
-    sequence, with no cells), the interpreter."""
+    bookkeeping of its `cells` KV cells in each of its caches (ModelDims.kv_caches), the
+    interpreter."""
     activations = n_batch * dims.n_embd * ACTIVATION_BYTES
     logits = max(slots, 1) * dims.n_vocab * 4
-    bookkeeping = cells * CELL_BOOKKEEPING if dims.kv_bytes_per_cell else 0
+    bookkeeping = cells * CELL_BOOKKEEPING * dims.kv_caches
     return activations + logits + bookkeeping + OVERHEAD_PER_PROCESS
 
 
