@@ -152,8 +152,9 @@ def _add_layout_flags(a: Any) -> None:
     a("--repack", choices=["auto", "true", "false"],
       help="copy the weights into llama.cpp's repacked layout (auto: by CPU, or as ggbatch tune measured)")
     a("--flash-attn", dest="flash_attn", choices=["auto", "true", "false"],
-      help="llama.cpp's flash attention (auto: on, off for --choice-scoring loglikelihood, whose numbers it "
-           "moves by up to about 0.01 nats a token)")
+      help="llama.cpp's flash attention (auto: off on a CPU up to 4096 tokens a sequence, where its kernel "
+           "decodes several times slower; llama.cpp's choice past that or with layers on a GPU; off for "
+           "--choice-scoring loglikelihood, whose numbers it moves by up to about 0.01 nats a token)")
     a("--gpu-layers", "-ngl", dest="n_gpu_layers",
       help="layers llama.cpp stores in VRAM: a number, all, or auto (all with --devices, else none); "
            "needs a llama-cpp-python built with CUDA, Metal, ... (README, GPU offload)")

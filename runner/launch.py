@@ -63,7 +63,7 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
     layouts_ = [replace(layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
                                       share(n_records, node, nodes), layouts.cpu_flags(), choice, config.devices,
                                       n_gpu_layers, config.batch_invariant, hybrid, refused),
-                          flash_attn=config.flash_attn is not False)
+                          flash_attn=config.flash_attn)
                 for node in nodes]
     if not local:
         log.info("backend ray: %s", "; ".join(f"{node.describe()}: {lay.workers} × {lay.threads} threads"

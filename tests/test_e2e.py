@@ -67,6 +67,8 @@ def test_one_worker_gets_every_core_by_default(tmp_path, demo_model, questions_f
     # this CPU refuses the repacked kernels
     expected = (True, "auto: llama.cpp default") if repack_runs() else (False, repack_refusal())
     assert (data["layout"]["repack_weights"], data["layout"]["repack_reason"]) == expected
+    # no layer on a GPU: flash attention off on auto (runner/plan/attention.py), as the summary says
+    assert data["layout"]["flash_attn"] is False and "flash attention off" in r.stdout
 
 
 @pytest.mark.slow

@@ -29,9 +29,10 @@ from typing import Any, Mapping, Optional, Sequence
 from ...workers.engine.invariant import kv_streams
 from ...workers.helper_messages import GpuMemory
 from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
+from ..config.checks import AUTO
 from ..errors import ConfigError
 from ..model.gguf_header import GGUFFormatError, read_hparams
-from . import gpu, vram
+from . import attention, gpu, vram
 from .layers import hybrid_memory
 from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
 
@@ -80,7 +81,9 @@ class Layout:
     devices: tuple[int, ...] = ()  # devices[i] = the GPU of worker i (none: every GPU llama.cpp finds)
     threads_auto: bool = True  # the job left threads on auto (settle may pick GPU threads)
     prefix_cache: bool = False  # workers keep and share prompts' KV (workers/engine/prefix_cache.py)
-    flash_attn: bool = True  # the job's flash_attn (batch-invariant mode turns it off whatever it says)
+    # the job's flash_attn (AUTO: undecided) until settled decides what the workers run
+    # (runner/plan/attention.py); batch-invariant mode turns it off whatever it says
+    flash_attn: Optional[bool] = AUTO
 
 
 @dataclass(frozen=True)
@@ -273,10 +276,14 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     n_batch = batch_budget(n_batch, cache, invariant)
     pool_cells = n_ctx_seq - facts.n_prefix if unified else 0
     cpu_share = gpu.cpu_layer_share(started.n_gpu_layers, facts.dims.n_layer, offload)
+    flash = attention.flash_attn_for(started.flash_attn, started.n_gpu_layers, n_ctx_seq) and not invariant
 
     def cells(s: int) -> int:
         return allocated_kv_cells(kv_cells(s, n_ctx_seq, facts.n_prefix, unified, invariant),
                                   kv_streams(s, invariant), unified)
+
+    def scored_cells(s: int) -> int:  # what a prompt step's attention scores span without flash attention
+        return 0 if flash else cells(s) if unified else allocated_kv_cells(n_ctx_seq, 1, False)
 
     fit = (vram.vram_fit(facts.dims, cells, lambda s: step_budget(n_batch, s), 1 - cpu_share, gpus, started.devices)
            if offload and started.n_gpu_layers else None)
@@ -286,10 +293,10 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     if slots is None:  # past the auto cap if need be (the memory plan still has the last word)
         wanted = max(wanted, facts.samples)
     layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
-                     n_batch=step_budget(n_batch, wanted),
+                     n_batch=step_budget(n_batch, wanted), flash_attn=flash,
                      threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))
     memory = fit_layout(facts.dims, layout.workers, layout.slots, cells, layout.n_batch, available, layout.repack,
-                        cpu_share, gpu.vram_note(layout.n_gpu_layers, offload), fit)
+                        cpu_share, gpu.vram_note(layout.n_gpu_layers, offload), fit, scored_cells)
     if memory.fits and memory.note:
         layout = replace(layout, workers=memory.workers, slots=memory.slots, cores=layout.cores[:memory.workers],
                          devices=layout.devices[:memory.workers], n_batch=step_budget(n_batch, memory.slots))
@@ -353,5 +360,5 @@ def engine_config(model_path: str, layout: Layout, prefix: array, generation: Ge
     return EngineConfig(model_path, layout.threads, layout.slots, layout.n_ctx_seq, layout.n_batch, prefix,
                         generation, kv_unified=layout.kv_unified,
                         kv_cells=kv_cells(layout.slots, layout.n_ctx_seq, len(prefix), layout.kv_unified, invariant),
-                        flash_attn=layout.flash_attn and not invariant, repack=layout.repack, batch_invariant=invariant,
-                        prefix_cache=layout.prefix_cache)
+                        flash_attn=bool(layout.flash_attn) and not invariant, repack=layout.repack,
+                        batch_invariant=invariant, prefix_cache=layout.prefix_cache)

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ..model.gguf_header import HParam
+from .attention import attention_scores_bytes
 from .layers import LayerMemory, layer_memory
 
 MIB = 1 << 20
@@ -105,14 +106,16 @@ class MemoryPlan:
                 "vram_per_worker_mib": mib(self.vram_per_worker) if self.vram_per_worker else None}
 
 
-def compute_bytes(dims: ModelDims, n_batch: int, slots: int, cells: int = 0) -> int:
+def compute_bytes(dims: ModelDims, n_batch: int, slots: int, cells: int = 0, scored_cells: int = 0) -> int:
     """The compute buffer a step actually touches, the logits of every slot, llama.cpp's
     bookkeeping of its `cells` KV cells in each of its caches (ModelDims.kv_caches), the
-    interpreter."""
+    interpreter; without flash attention, a prompt step's attention scores over `scored_cells`
+    (runner/plan/attention.py)."""
     activations = n_batch * dims.n_embd * ACTIVATION_BYTES
     logits = max(slots, 1) * dims.n_vocab * 4
     bookkeeping = cells * CELL_BOOKKEEPING * dims.kv_caches
-    return activations + logits + bookkeeping + OVERHEAD_PER_PROCESS
+    scores = attention_scores_bytes(n_batch, scored_cells, dims.n_head) if dims.kv_caches else 0
+    return activations + logits + bookkeeping + scores + OVERHEAD_PER_PROCESS
 
 
 def allocated_kv_cells(n_ctx: int, n_seq_max: int, unified: bool) -> int:
@@ -136,15 +139,17 @@ VramFit = Callable[[int, int], tuple[int, bool, str]]
 
 def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
                 n_batch: int, available: int, repacked: bool = True, safety: float = 0.9,
-                cpu_share: float = 1.0, vram: str = "", vram_fit: Optional[VramFit] = None) -> MemoryPlan:
-    """The memory a layout needs, with `kv_cells_for(slots)` the KV pool a worker allocates.
+                cpu_share: float = 1.0, vram: str = "", vram_fit: Optional[VramFit] = None,
+                scored_cells_for: Callable[[int], int] = lambda slots: 0) -> MemoryPlan:
+    """The memory a layout needs, with `kv_cells_for(slots)` the KV pool a worker allocates and
+    `scored_cells_for(slots)` the cells a prompt step's attention scores span (0 with flash attention).
     Without repacking, a worker's weights are the shared file pages alone. `cpu_share`: of the
     layers, those kept in RAM (the others' weights and KV cache are in VRAM, planned by
     `vram_fit` when the GPUs' memory is known)."""
     cells = _round_up(kv_cells_for(slots))
     # llama.cpp keeps a recurrent state for each sequence: every slot and the shared prefix's.
     kv = int((cells * dims.kv_bytes_per_cell + (slots + 1) * dims.state_bytes_per_seq) * cpu_share)
-    compute = compute_bytes(dims, n_batch, slots, cells)
+    compute = compute_bytes(dims, n_batch, slots, cells, scored_cells_for(slots))
     weights = int(dims.file_bytes * REPACKED_SHARE * cpu_share) if repacked else 0
     file_pages = int(dims.file_bytes * cpu_share)
     total = workers * (weights + kv + compute) + file_pages
@@ -157,14 +162,15 @@ def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callabl
 
 def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
                n_batch: int, available: int, repacked: bool = True, cpu_share: float = 1.0,
-               vram: str = "", vram_fit: Optional[VramFit] = None) -> MemoryPlan:
+               vram: str = "", vram_fit: Optional[VramFit] = None,
+               scored_cells_for: Callable[[int], int] = lambda slots: 0) -> MemoryPlan:
     """The plan for the requested layout, shrunk to fit RAM and VRAM: slots first (halving), and
     where not even one slot fits, a worker fewer (the last one: with devices, its GPU goes too)
     with the slots asked, halving again. The returned plan has fits=False only if one worker
     with one slot does not fit."""
     def plan_for(workers: int, slots: int) -> MemoryPlan:
         return plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked, cpu_share=cpu_share,
-                           vram=vram, vram_fit=vram_fit)
+                           vram=vram, vram_fit=vram_fit, scored_cells_for=scored_cells_for)
 
     asked = (workers, slots)
     for w in range(workers, 0, -1):  # each worker count from its full slots down, halving

@@ -135,7 +135,7 @@ class RunReport:
                 "cores": [list(c) for c in lay.cores], "n_ctx_per_sequence": lay.n_ctx_seq,
                 "batch_invariant": config.batch_invariant, "kv": "unified" if lay.kv_unified else "per-sequence",
                 "shared_prefix_tokens": self.setup.n_prefix, "repack_weights": lay.repack,
-                "repack_reason": lay.repack_reason, "n_batch": lay.n_batch,
+                "repack_reason": lay.repack_reason, "n_batch": lay.n_batch, "flash_attn": bool(lay.flash_attn),
                 "n_gpu_layers": gpu_layers_text(lay.n_gpu_layers), "devices": list(lay.devices),
                 "gpu_offload": self.setup.gpu_offload, "backend": config.backend,
                 **({"nodes": [dict(n) for n in self.setup.nodes]} if self.setup.nodes else {})}
@@ -289,7 +289,7 @@ def format_summary(report: RunReport) -> str:
         f"layout     {lay.workers} {'worker' if lay.workers == 1 else 'workers'} × {lay.threads} "
         f"{'thread' if lay.threads == 1 else 'threads'} × "
         f"{lay.slots} slots, {lay.n_ctx_seq} ctx/seq, {report.setup.n_prefix} shared prefix tokens, "
-        f"{'unified' if lay.kv_unified else 'per-sequence'} KV, "
+        f"{'unified' if lay.kv_unified else 'per-sequence'} KV, flash attention {'on' if lay.flash_attn else 'off'}, "
         f"weights {'repacked' if lay.repack else 'not repacked'} ({lay.repack_reason})" + _gpu_summary(report),
         f"wall time  {timings['total_s']:.2f} s (prepare {timings['prepare_s']:.2f} s)",
         f"tokens     {t['prompt']} prompt ({t['prompt_per_s']:.1f}/s), "
