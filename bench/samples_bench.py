@@ -4,6 +4,7 @@ tokens each computed (the report's prefix_cache.prompt_tokens_computed: n = 8 mu
 than n = 1) and the tokens generated.
 
     python bench/samples_bench.py [--model M.gguf] [--workload W1] [--n 8] [--repeat 1] [--gpu-layers all]
+        [--server PATH/llama-server [--server-args "-fa off"]]
 
 The model defaults to the benchmark model (~/.cache/ggbatch/bench-28x1024-q4_k_m.gguf, built when
 absent, as bench/engine_bench.py builds it). Exit 1 when n samples computed more prompt tokens.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -54,6 +56,7 @@ def main() -> int:
     ap.add_argument("--gpu-layers", default="0", help="layers on the GPU on both sides: N or all (default 0)")
     ap.add_argument("--server", help="also llama-server (its path) asked for n completions a request, -np 32 and "
                                      "32 clients, alternated with ggbatch's n run (see bench/compare_server.py)")
+    ap.add_argument("--server-args", default="", help="more flags for llama-server, as one string: \"-fa off\"")
     args = ap.parse_args()
     model = args.model or bench_model()
     work = workload(args.workload)
@@ -71,20 +74,21 @@ def main() -> int:
                   f"{steps['step_s']:.2f} s (llama_decode {steps['decode_s']:.2f}, picking tokens "
                   f"{steps['sample_s']:.2f})", flush=True)
     if args.server:
-        compare_server_n(args.server, model, work, args.n, args.repeat, args.gpu_layers)
+        compare_server_n(args.server, model, work, args.n, args.repeat, args.gpu_layers, shlex.split(args.server_args))
     same = computed[args.n] <= computed[1]
     print(f"prompt tokens computed: {computed[1]} at n=1, {computed[args.n]} at n={args.n} "
           f"({'no more' if same else 'MORE'})")
     return 0 if same else 1
 
 
-def compare_server_n(server: str, model: str, work: Workload, n: int, repeat: int, gpu_layers: str) -> None:
+def compare_server_n(server: str, model: str, work: Workload, n: int, repeat: int, gpu_layers: str,
+                     server_args: list[str]) -> None:
     """ggbatch's whole command against llama-server's answering alone (loaded first: the
     comparison favours the server), alternated; medians."""
     ours, theirs = [], []
     for _ in range(repeat):
         ours.append(run(model, work, n, gpu_layers)[0])
-        theirs.append(run_server(server, model, work, gpu_flags(gpu_layers, "-ngl"), parallel=32, n=n,
+        theirs.append(run_server(server, model, work, [*gpu_flags(gpu_layers, "-ngl"), *server_args], parallel=32, n=n,
                                  temperature=0.8))
         print(f"n={n}: ggbatch {ours[-1]:.2f} s, llama-server {theirs[-1]:.2f} s", flush=True)
     a, b = statistics.median(ours), statistics.median(theirs)
