@@ -121,7 +121,9 @@ def plain_plan(available: int, longest: int = 40):
     """A one-worker plan of 4 slots settled on a first window whose longest prompt is `longest`
     tokens, for a small model whose KV cell costs 64 KiB (32 layers × 8 heads × 64 × K and V × 2
     bytes), so that memory binds early."""
-    started = layouts.start([0], 1, 1, 4, False, STREAMED, frozenset())
+    # flash attention on: the plan's compute stays the same at every context (without it a prompt
+    # step's attention scores grow with the context too), so the KV cells alone bind
+    started = replace(layouts.start([0], 1, 1, 4, False, STREAMED, frozenset()), flash_attn=True)
     dims = ModelDims(file_bytes=1 << 20, n_layer=32, n_embd=64, n_head=8, n_head_kv=8, head_dim=64, n_vocab=512)
     facts = PromptFacts(STREAMED, longest, 0, 2048, dims)
     lay, memory = layouts.settle(started, facts, 4, None, 16, None, available, cores=[0])
