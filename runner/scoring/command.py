@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from ..errors import ConfigError, GgbatchError, Interrupted
 from ..files.outputs import write_atomic
-from ..files.paths import check_output
+from ..files.paths import check_output, same_file
 from ..files.piped import STDIN, readable_file
 from .files import read_answers, read_gold
 from .samples import score_samples
@@ -66,6 +66,9 @@ def cmd_score(args: argparse.Namespace) -> int:
             _refuse_overwriting(out, args.answers, args.gold)
     if args.answers == STDIN and args.gold == STDIN:
         raise ConfigError("--answers and --gold both name standard input (-): one of them must be a file")
+    if args.answers != STDIN and same_file(args.answers, args.gold):
+        raise ConfigError(f"--answers and --gold are the same file ({args.gold}): scored against itself, every "
+                          "answer is right; give the answers file a run wrote")
     with readable_file(args.answers) as answers, readable_file(args.gold) as gold:
         result = score_files(answers, gold, args.extract, args.by, args.id_field, args.answer_field,
                              args.gold_field)

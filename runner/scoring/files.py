@@ -51,6 +51,8 @@ def read_answers(path: str, id_field: str = "questionID", answer_field: str = "a
     an error, a failed request)."""
     answers: dict[str, Answered] = {}
     lines: dict[str, int] = {}
+    # the fields of the rows that are not OpenAI Batch lines, in order, while none has the answer's
+    fields: Optional[dict[str, None]] = {}
     for line, row in read_rows(path):
         where = f"{path}:{line}"
         if not isinstance(row, dict):
@@ -60,9 +62,16 @@ def read_answers(path: str, id_field: str = "questionID", answer_field: str = "a
             text = openai_norm(row) if answer_field == "answer_norm" else openai_text(row)
         else:
             qid, text = row_id(where, row, id_field), _answer(where, row, answer_field)
+            if fields is not None and answer_field in row:
+                fields = None
+            elif fields is not None:
+                fields.update(dict.fromkeys(map(str, row)))
         if qid in lines:
             raise InputError(f"{path}: duplicate answer for {quote(qid)} (lines {lines[qid]} and {line})")
         lines[qid], answers[qid] = line, text
+    if fields:  # a misspelt --answer-field would score every answer missing
+        raise InputError(f"{path}: no row has an answer '{answer_field}' (the rows have: "
+                         f"{', '.join(list(fields)[:8])}); name it with --answer-field")
     return answers
 
 
