@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -191,3 +192,13 @@ def test_a_pipe_given_to_score_or_merge_is_refused_as_run_refuses_it(tmp_path, c
     done = cli(*_writing_to(command, "/dev/stdout", tmp_path, "m.gguf"), timeout=100)
     assert done.returncode == 2 and "not to standard output, a pipe or a device" in done.stderr, done.stderr
     assert "not writable" not in done.stderr
+
+
+@pytest.mark.parametrize("role", ["output", "report", "errors"])
+def test_a_folder_given_as_an_output_is_named_by_its_role(files, role):
+    d = files["dir"]
+    (d / "adir").mkdir()
+    given = {"output": d / "adir", "report": None, "errors": None, role: d / "adir"}
+    said = {"output": "the answers file (output)", "report": "the report", "errors": "the errors file (errors_output)"}
+    with pytest.raises(OutputError, match=re.escape(f"{d / 'adir'}: {said[role]} is a directory, not a file")):
+        paths(files, d / "a.json" if role != "output" else given["output"], given["report"], given["errors"])

@@ -203,6 +203,16 @@ def test_unreadable_answers_name_file_and_line(tmp_path, content, message):
         read_answers(str(path))
 
 
+def test_a_json_answers_or_gold_file_holding_json_lines_is_named_for_what_it_is(tmp_path):
+    """score --answers x.json holding JSON Lines said 'a .json question file must hold a JSON array'."""
+    path = tmp_path / "x.json"
+    path.write_text('{"questionID": "a", "answer": "1"}\n')
+    with pytest.raises(InputError, match=re.escape(f"{path}: a .json answers file must hold a JSON array")):
+        read_answers(str(path))
+    with pytest.raises(InputError, match=re.escape(f"{path}: a .json gold file must hold a JSON array")):
+        read_gold(str(path))
+
+
 def test_gold_with_choices_list_and_records_without_gold(tmp_path):
     path = write_jsonl(tmp_path / "g.jsonl", [
         {"questionID": "1", "question": "?", "answer": "B", "choices": ["x", "y"]},

@@ -82,9 +82,10 @@ def job_paths(input_path: str, model: str, output: str, report: Optional[str] = 
                      os.path.realpath(report) if report else None, job_file,
                      os.path.realpath(errors_output) if errors_output else None)
     check_distinct(paths)
-    for path in (paths.output, paths.report, paths.errors_output):
+    for role, path in (("the answers file (output)", paths.output), ("the report", paths.report),
+                       ("the errors file (errors_output)", paths.errors_output)):
         if path:
-            check_writable(path)
+            check_writable(path, role)
     return paths
 
 
@@ -93,7 +94,7 @@ def check_output(path: str, role: str = "the output") -> None:
     --json and --details): not a stream, not a journal or lock, and writable."""
     check_not_a_stream(path)
     check_not_a_journal(role, os.path.realpath(path))
-    check_writable(path)
+    check_writable(path, role)
 
 
 def check_not_a_stream(path: str) -> None:
@@ -149,14 +150,14 @@ def check_not_a_journal(role: str, path: str) -> None:
         raise ConfigError(f"{role} {path} is the journal or lock of another output; give another path")
 
 
-def check_writable(path: str) -> None:
+def check_writable(path: str, role: str = "output") -> None:
     """Fail before any work if a file could not be written there: the folder must exist and take
     a small write (a full disk or a read-only mount fails here, not after the run)."""
     folder = Path(path).resolve().parent
     if not folder.is_dir():
         raise OutputError(f"{path}: output folder {folder} does not exist")
     if Path(path).is_dir():
-        raise OutputError(f"{path}: output is a directory")
+        raise OutputError(f"{path}: {role} is a directory, not a file")
     try:
         with tempfile.TemporaryFile(dir=folder) as probe:
             probe.write(b"\0" * PROBE_BYTES)
