@@ -10,6 +10,7 @@ the command carries on: the rest of what it prints, and the flush at exit, go no
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from typing import Any, TextIO
@@ -30,6 +31,15 @@ def standard_streams_open() -> None:
     for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
         if getattr(sys, name) is None:  # Python found it closed at start: a stream over /dev/null now
             setattr(sys, name, os.fdopen(fd, "r" if fd == 0 else "w", encoding="utf-8", errors="replace"))
+
+
+def standard_streams_write_anything() -> None:
+    """Standard output and error write what their encoding lacks as a replacement character: under
+    LC_ALL=C (ASCII) or an ISO-8859 locale the summary's "×" and "→" failed the command after every
+    answer was written (stderr already replaced; stdout's strict or surrogateescape raised)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors not in ("replace", "backslashreplace"):
+            stream.reconfigure(errors="replace")
 
 
 class ClosedPipeSafe:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 
 def main() -> None:
-    from .closed_pipe import standard_streams_open
+    from .closed_pipe import standard_streams_open, standard_streams_write_anything
 
     standard_streams_open()  # before any module opens a file that would take a closed descriptor's number
+    standard_streams_write_anything()
     from .pool.signals import STOP
 
     STOP.install()

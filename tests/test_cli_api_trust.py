@@ -138,6 +138,21 @@ def test_a_closed_or_gone_stderr_answers_everything(tmp_path, demo_model, stderr
     assert len(out.read_text().splitlines()) == 3
 
 
+@pytest.mark.model
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("encoding", [{"LC_ALL": "C", "PYTHONUTF8": "0"}, {"PYTHONIOENCODING": "ascii"}])
+def test_a_stdout_that_cannot_write_the_summarys_signs_gets_replacements(tmp_path, demo_model, encoding):
+    """A cron job's C locale (ASCII) or an ISO-8859 one: the summary's "×" failed the command,
+    exit 1, after every answer was written."""
+    questions = write_questions(tmp_path / "q.jsonl", 3)
+    out = tmp_path / "a.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIO", "PYTHONUTF8"))}
+    done = subprocess.run([str(c) for c in ggbatch_cmd("run", *flags(demo_model, questions, out))], cwd=ROOT,
+                          env={**env, **encoding}, capture_output=True, timeout=90)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert b"layout     1 worker ? " in done.stdout and len(out.read_text().splitlines()) == 3
+
+
 # -- choices the vocabulary cannot spell are refused before any work
 
 

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,13 @@ def test_auto_values(tmp_path):
                        "{max_tokens: 5}?)"),
     ("- a\n- b\n", "a job file must be a mapping"),
     ("workers: [\n", "job.yaml:5: expected the node content"),
+    ("system: \"a\x01\"\n", "job.yaml:4:11: character #x0001 ('\\x01'): special characters are not allowed"),
+    ("ignore_eos: 'false'\n", "ignore_eos: must be true or false (a quoted string here: write it without quotes), "
+                              "got 'false'"),
+    ("sampling:\n  seed: '1180591620717411303424'\n", "sampling.seed: must be <= 18446744073709551615, got"),
+    ("sampling.seed: 3\nsampling:\n  seed: 4\n", "key 'sampling.seed' given twice, once written with its dot and "
+                                                 "once in its section"),
+    ("sampling:\n  seed: 4\nsampling.seed: 3\n", "key 'sampling.seed' given twice"),
 ])
 def test_errors_name_file_and_key(tmp_path, text, message):
     # model_: the model section, which replaces the file's `model: m` (a key given twice is an error)
@@ -112,6 +120,31 @@ def test_a_section_with_every_key_commented_out_sets_nothing(tmp_path):
 def test_missing_required_setting():
     with pytest.raises(ConfigError, match="missing required setting 'model'"):
         build_config([("command line", {"input": "i", "output": "o"})])
+
+
+def test_an_empty_job_file_is_named(tmp_path):
+    path = job(tmp_path, "# nothing yet\n")
+    with pytest.raises(ConfigError, match=f"^missing required setting 'model' \\(give it in the job file {path}, "
+                                          "which is empty, or as --model\\)$"):
+        build_config([(path, load_job_file(path)), ("command line", {"input": "i", "output": "o"})])
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("q.jsonl", b'{"questionID": "a", "question": "Hi?"}\n', "looks like a question file (JSON Lines), not a job "
+                                                              "file (YAML): give it as --input"),
+    ("q.csv", b"questionID,question\na,Hi?\n", "looks like a question file (CSV)"),
+    ("q.json", b'[{"questionID": "a", "question": "Hi?"}]\n', "looks like a question file (a JSON array)"),
+    ("m.gguf", b"GGUF\x03\x00\x00\x00\x80\x00", "a GGUF model, not a job file (YAML): give it as --model"),
+    ("model", b"GGUF\x03\x00\x00\x00\x80\x00", "a GGUF model"),
+])
+def test_a_question_file_or_model_given_as_the_job_file_is_named_for_what_it_is(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: {re.escape(message)}"):
+        load_job_file(str(path))
+    if name == "q.json":  # a JSON mapping is YAML, and a job file
+        path.write_text('{"model": "m", "input": "i", "output": "o"}\n')
+        assert load_job_file(str(path))["input"] == str(tmp_path / "i")
 
 
 def test_missing_job_file(tmp_path):

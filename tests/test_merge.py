@@ -3,6 +3,7 @@ renderer (runner/files/outputs.py) for a whole job and for each of its shards; t
 be the whole job's file byte for byte, and a merge that would lose, mix or invent answers says so."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -184,6 +185,12 @@ def test_refused_merges(tmp_path):
         merge_files(str(tmp_path / "m.jsonl"), [str(rows)], output_fmt="openai")
     with pytest.raises(ConfigError, match=f"the merged output {parts[0]} is a part"):
         merge_files(parts[0], parts, questions)
+    journal = tmp_path / "other.jsonl"  # a run's journal under a name of its own
+    journal.write_text('{"ggbatch_journal": 1}\n')
+    for output in (f"{parts[0]}.journal.jsonl", f"{parts[1]}.lock", str(journal)):
+        with pytest.raises(ConfigError, match="is the journal or lock of another output"):
+            merge_files(output, parts, questions)
+    assert journal.read_text() == '{"ggbatch_journal": 1}\n' and not os.path.exists(f"{parts[1]}.lock")
     other = tmp_path / "a.shard-1-of-4.jsonl"
     shutil.copy(parts[1], other)
     with pytest.raises(InputError, match="parts of two splits: .*shard 0/3, .*a.shard-1-of-4.jsonl is shard 1/4"):

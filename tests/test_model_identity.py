@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import time
@@ -13,6 +14,7 @@ from conftest import MODELS, require
 from ggbatch.runner.errors import ModelError
 from ggbatch.runner.model.gguf_header import GGUFFormatError, read_layout
 from ggbatch.runner.model.identity import identify, resolve_model, sample_offsets
+from helpers import ggbatch
 
 
 @pytest.fixture
@@ -85,3 +87,18 @@ def test_resolve_model_refuses_in_one_line(tmp_path):
     (tmp_path / "text.gguf").write_text("hello")
     with pytest.raises(ModelError, match="no GGUF magic"):
         resolve_model(str(tmp_path / "text.gguf"))
+
+
+@pytest.mark.timeout(120)
+def test_a_demo_model_whose_cache_folder_cannot_be_made_is_one_line_exit_2(tmp_path):
+    """A cache under a file (or a HOME the user cannot write, as a cron user's may be): exit 1
+    and a traceback were a run whose questions failed."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"questionID": "a", "question": "Hi?"}\n')
+    env = {**os.environ, "XDG_CACHE_HOME": str(questions / "cache")}
+    done = ggbatch("run", "--model", "demo", "--input", questions, "--output", tmp_path / "a.json", "-q", env=env,
+                   timeout=100)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"ggbatch: error: model: demo: cannot build the demo model in ggbatch's cache folder "
+                           f"{questions}/cache/ggbatch (Not a directory: {questions}/cache/ggbatch): set "
+                           "XDG_CACHE_HOME to a folder this user can write\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from ggbatch.runner.errors import ConfigError, OutputError
 from ggbatch.runner.files.paths import check_writable, job_paths
 from helpers import ggbatch as cli
+from helpers import ggbatch_command
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -149,3 +151,54 @@ def test_the_errors_file_is_a_file_of_its_own(files, errors, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         paths(files, d / "a.json", errors=d / errors)
     assert paths(files, d / "a.json", errors=d / "failed.json").errors_output == str(d / "failed.json")
+
+
+def _answers_and_gold(tmp_path):
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text('{"questionID": "a", "question": "Hi?", "answer": "1"}\n')
+    answers = tmp_path / "a.jsonl"
+    answers.write_text('{"questionID": "a", "answer": "1"}\n')
+    return gold, answers
+
+
+def _writing_to(command, stream, tmp_path, model):
+    """The command line of `command` writing its file to `stream`."""
+    gold, answers = _answers_and_gold(tmp_path)
+    return {"run": ["run", "--model", model, "--input", gold, "--max-tokens", 2, "--workers", 1, "--output", stream],
+            "score": ["score", "--answers", answers, "--gold", gold, "--json", stream],
+            "details": ["score", "--answers", answers, "--gold", gold, "--details", stream],
+            "merge": ["merge", "--output", stream, answers]}[command]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("command", ["run", "score", "details", "merge"])
+@pytest.mark.parametrize("stream", ["/dev/stdout", "/dev/stderr", "/dev/fd/1", "/proc/self/fd/1"])
+def test_a_descriptor_name_is_refused_though_it_points_at_a_log_file(tmp_path, demo_model, command, stream):
+    """`ggbatch ... --output /dev/stdout >> cron.log 2>&1`: following the link, the answers were
+    renamed over the log (its lines lost, a journal beside it)."""
+    log = tmp_path / "cron.log"
+    log.write_text("OLD LOG LINE\n")
+    with open(log, "a") as appended:
+        done = subprocess.run(ggbatch_command(*_writing_to(command, stream, tmp_path, demo_model)), stdout=appended,
+                              stderr=appended, timeout=100)
+    text = log.read_text()
+    assert done.returncode == 2 and text.startswith("OLD LOG LINE\n"), text
+    assert f"{stream}: ggbatch writes its files whole" in text and "not to standard output" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "cron.log", "gold.jsonl"]
+
+
+@pytest.mark.parametrize("command", ["score", "details", "merge"])
+def test_a_pipe_given_to_score_or_merge_is_refused_as_run_refuses_it(tmp_path, command):
+    done = cli(*_writing_to(command, "/dev/stdout", tmp_path, "m.gguf"), timeout=100)
+    assert done.returncode == 2 and "not to standard output, a pipe or a device" in done.stderr, done.stderr
+    assert "not writable" not in done.stderr
+
+
+@pytest.mark.parametrize("role", ["output", "report", "errors"])
+def test_a_folder_given_as_an_output_is_named_by_its_role(files, role):
+    d = files["dir"]
+    (d / "adir").mkdir()
+    given = {"output": d / "adir", "report": None, "errors": None, role: d / "adir"}
+    said = {"output": "the answers file (output)", "report": "the report", "errors": "the errors file (errors_output)"}
+    with pytest.raises(OutputError, match=re.escape(f"{d / 'adir'}: {said[role]} is a directory, not a file")):
+        paths(files, d / "a.json" if role != "output" else given["output"], given["report"], given["errors"])

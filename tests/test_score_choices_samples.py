@@ -199,7 +199,8 @@ def test_hugging_face_choice_shapes_and_index_golds_score_as_lm_eval_reads_them(
 
 def test_an_index_past_the_choices_names_the_line_and_a_gold_naming_no_choice_is_said(tmp_path):
     past = write_jsonl(tmp_path / "past.jsonl", [{"questionID": "a", "choices": ["x", "y"], "answer": 2}])
-    r = ggbatch("score", "--answers", past, "--gold", past, timeout=60)
+    answered = write_jsonl(tmp_path / "answered.jsonl", [{"questionID": "a", "answer": "x"}])
+    r = ggbatch("score", "--answers", answered, "--gold", past, timeout=60)
     assert r.returncode == 2 and f"{past}:1: gold 'answer' 2 is an index into 'choices'" in r.stderr
     gold = write_jsonl(tmp_path / "g.jsonl", [{"questionID": "a", "choices": {"A": "x", "B": "y"}, "answer": "E"},
                                               {"questionID": "b", "choices": {"A": "x", "B": "y"}, "answer": "A"}])

@@ -203,6 +203,16 @@ def test_unreadable_answers_name_file_and_line(tmp_path, content, message):
         read_answers(str(path))
 
 
+def test_a_json_answers_or_gold_file_holding_json_lines_is_named_for_what_it_is(tmp_path):
+    """score --answers x.json holding JSON Lines said 'a .json question file must hold a JSON array'."""
+    path = tmp_path / "x.json"
+    path.write_text('{"questionID": "a", "answer": "1"}\n')
+    with pytest.raises(InputError, match=re.escape(f"{path}: a .json answers file must hold a JSON array")):
+        read_answers(str(path))
+    with pytest.raises(InputError, match=re.escape(f"{path}: a .json gold file must hold a JSON array")):
+        read_gold(str(path))
+
+
 def test_gold_with_choices_list_and_records_without_gold(tmp_path):
     path = write_jsonl(tmp_path / "g.jsonl", [
         {"questionID": "1", "question": "?", "answer": "B", "choices": ["x", "y"]},
@@ -288,6 +298,31 @@ def test_unreadable_input_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and "--by: not a valid regular expression" in r.stderr
     r = score_cli("--answers", gold, "--gold", gold, "--details", gold)
     assert r.returncode == 2 and "is also an input of this score" in r.stderr
+
+
+def test_an_answer_field_no_row_has_is_refused_naming_the_fields_the_rows_have(tmp_path):
+    """A misspelt --answer-field (or answers under another name) scored 0% with exit 0."""
+    gold = write_jsonl(tmp_path / "g.jsonl", [{"questionID": "a", "answer": "1"}, {"questionID": "b", "answer": "2"}])
+    answers = write_jsonl(tmp_path / "a.jsonl", [{"questionID": "a", "answer": "1"}, {"questionID": "b"}])
+    r = score_cli("--answers", answers, "--gold", gold, "--answer-field", "answr")
+    assert r.returncode == 2 and r.stderr == (f"ggbatch: error: {answers}: no row has an answer 'answr' (the rows "
+                                              "have: questionID, answer); name it with --answer-field\n")
+    response = write_jsonl(tmp_path / "r.jsonl", [{"questionID": "a", "response": "1"}])
+    r = score_cli("--answers", response, "--gold", gold)
+    assert r.returncode == 2 and "no row has an answer 'answer' (the rows have: questionID, response)" in r.stderr
+    r = score_cli("--answers", answers, "--gold", gold)  # one row without it is a missing answer, as before
+    assert r.returncode == 0 and "50.00%" in r.stdout
+
+
+def test_answers_and_gold_that_are_one_file_are_refused(tmp_path):
+    """Scored against itself, a gold file was 100% with exit 0 (a wrong variable in a cron job)."""
+    gold = write_jsonl(tmp_path / "g.jsonl", [{"questionID": "a", "answer": "1"}])
+    (tmp_path / "link.jsonl").symlink_to(gold)
+    for answers in (gold, tmp_path / "link.jsonl"):
+        r = score_cli("--answers", answers, "--gold", gold)
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr == (f"ggbatch: error: --answers and --gold are the same file ({gold}): scored against "
+                            "itself, every answer is right; give the answers file a run wrote\n")
 
 
 def test_format_table_without_answers():

@@ -30,7 +30,9 @@ def integer(lo: int, allow_auto: bool = False, hi: int = INT32_MAX,
     def check(v: Any) -> Optional[int]:
         if allow_auto and v == "auto":
             return AUTO
-        if isinstance(v, str) and v.strip().lstrip("-").isdigit() and len(v.strip()) <= 20:
+        if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+            if len(v.strip()) > 20:  # past every bound, and int() of thousands of digits is refused or slow
+                raise ValueError(f"must be >= {lo}" if v.strip().startswith("-") else f"must be <= {hi}{why_hi}")
             v = int(v)
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"must be an integer{' or auto' if allow_auto else ''}")
@@ -74,6 +76,8 @@ def string(optional: bool = False) -> Callable[[Any], Optional[str]]:
 def boolean(v: Any) -> bool:
     if isinstance(v, bool):
         return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        raise ValueError("must be true or false (a quoted string here: write it without quotes)")
     raise ValueError("must be true or false")
 
 

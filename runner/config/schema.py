@@ -21,6 +21,7 @@ from ..files.shards import Shard, shard_path
 from ..model.hub import is_hub_name
 from . import checks as check
 from .checks import AUTO, CHOICES_AUTO, FIRST_TOKEN, LOGLIKELIHOOD
+from .job_yaml import read_job_yaml
 
 # What the rest of the runner takes from here; AUTO and CHOICES_AUTO (the values a JobConfig
 # holds for `auto`) are the value checks', which produce them.
@@ -158,16 +159,27 @@ def flatten(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[s
     for key, value in mapping.items():
         dotted = f"{prefix}{key}"
         if dotted in SECTIONS and dotted not in LEAF_MAPPINGS and isinstance(value, Mapping):
-            flat.update(flatten(value, source, dotted + "."))
+            nested = flatten(value, source, dotted + ".")
+            _check_once(flat, nested, source)
+            flat.update(nested)
         elif dotted in SECTIONS and dotted not in SCHEMA:  # a section with no value of its own (`model` has one)
             if value is not None:  # `sampling:` with every key commented out sets nothing
                 raise _not_a_mapping(source, dotted, value)
         elif dotted in SCHEMA:
+            _check_once(flat, {dotted: value}, source)
             flat[dotted] = value
         else:
             where = f" in {prefix[:-1]}" if prefix else ""
             raise ConfigError(f"{source}: unknown key '{key}'{where}{_key_hint(str(key), prefix)}")
     return flat
+
+
+def _check_once(flat: Mapping[str, Any], more: Mapping[str, Any], source: str) -> None:
+    """A key written dotted (`sampling.seed: 3`) beside the same key in its section (`sampling:
+    {seed: 4}`) is a key given twice, which YAML's loader cannot see: one would be lost."""
+    twice = next((key for key in more if key in flat), None)
+    if twice is not None:
+        raise ConfigError(f"{source}: key '{twice}' given twice, once written with its dot and once in its section")
 
 
 # section -> its key that a plain value given to the section most likely meant (`answer: A,B`
@@ -202,19 +214,7 @@ def _key_hint(key: str, prefix: str) -> str:
 def load_job_file(path: str) -> dict[str, Any]:
     """Read a YAML job file into flat dotted keys, paths made relative to the file's folder."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: job file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read job file: {exc}") from None
-    try:
-        data = yaml.load(text, Loader=UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{path}{where}: {problem}") from None
+    data = read_job_yaml(path)
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -241,27 +241,6 @@ def _inline(key: str, value: str) -> bool:
     return value.lstrip().startswith("{")
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last one
-    silently: a setting written twice would lose one without a word)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                line = first_line.get(key)
-            except TypeError:  # an unhashable key: the base class says so
-                continue
-            if line is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {quote(key)} (first on line {line})", key_node.start_mark)
-            first_line[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep)
-
-
 def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
     """Apply flat key/value layers in order (later wins) over the defaults, checking each value.
     Each layer is (source name for errors, {dotted key: value})."""
@@ -282,9 +261,17 @@ def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
     config = replace(JobConfig(), **values, sampling=SamplingParams(**sampling))
     for key in ("model", "input", "output"):
         if not getattr(config, key):
-            raise ConfigError(f"missing required setting '{key}' (give it in the job file or as --{key})")
+            raise ConfigError(f"missing required setting '{key}' (give it in {_job_file(layers)} or as --{key})")
     _check_answer(config)
     return _shard_files(_scoring_defaults(config))
+
+
+def _job_file(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """The job file, named: a run's (and ggbatch.run()'s) first layer, its flags or keywords after it."""
+    if len(layers) < 2:
+        return "the job file"
+    path, keys = layers[0]
+    return f"the job file {path}{', which is empty,' if not keys else ''}"
 
 
 def _yaml_hint(source: str, raw: Any) -> str:

@@ -24,7 +24,7 @@ from .formats.detect import detect_format, input_format, is_openai_output
 from .formats.jsonfile import json_array, json_lines
 from .formats.openai_input import OUTPUT_NOT_REQUESTS, openai_record, say_models
 from .formats.record import Record, checked_id
-from .formats.textfile import decoded, open_bytes, read_text, split_lone_cr
+from .formats.textfile import decoded, no_binary, open_bytes, read_text, split_lone_cr
 
 __all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "record_at", "read_question_file",
            "read_records", "read_text", "detect_format", "json_array", "json_lines"]
@@ -223,6 +223,7 @@ def _head(path: str) -> str:
             data += f.readline()
         elif len(data) == HEAD_BYTES and b"\n" in data:
             data = data[:data.rindex(b"\n") + 1]
+    no_binary(path, data[:4096])  # before its bytes, decoded with replacements, look like CSV to detection
     return data.decode("utf-8-sig", "replace")
 
 

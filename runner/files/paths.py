@@ -16,6 +16,7 @@ and lock sit beside the real file, so two links to one file share one lock.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,20 +82,49 @@ def job_paths(input_path: str, model: str, output: str, report: Optional[str] = 
                      os.path.realpath(report) if report else None, job_file,
                      os.path.realpath(errors_output) if errors_output else None)
     check_distinct(paths)
-    for path in (paths.output, paths.report, paths.errors_output):
+    for role, path in (("the answers file (output)", paths.output), ("the report", paths.report),
+                       ("the errors file (errors_output)", paths.errors_output)):
         if path:
-            check_writable(path)
+            check_writable(path, role)
     return paths
 
 
+def check_output(path: str, role: str = "the output") -> None:
+    """What every command checks of a file it writes (run's outputs, merge's --output, score's
+    --json and --details): not a stream, not a journal or lock, and writable."""
+    check_not_a_stream(path)
+    check_not_a_journal(role, os.path.realpath(path))
+    check_writable(path, role)
+
+
 def check_not_a_stream(path: str) -> None:
-    """OutputError for standard output (`-`, /dev/stdout), a pipe or a device: a job's files are
-    written whole at the end (renamed into place), the answers with a journal beside them that a
-    rerun goes on from."""
-    if path == "-" or (os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)):
-        raise OutputError(f"{path}: a job writes its files whole at the end (the answers with a journal beside "
-                          "them that a rerun goes on from), not to standard output, a pipe or a device: give a "
-                          "file's path")
+    """OutputError for standard output (`-`, /dev/stdout, /dev/fd/1, /proc/self/fd/1), a pipe or
+    a device: a job's files are written whole at the end (renamed into place), the answers with a
+    journal beside them that a rerun goes on from. /dev/stdout is refused whatever fd 1 is: were
+    it a log file (`>> cron.log`), following the link would rename the answers over the log."""
+    if path == "-" or _through_a_descriptor(path) or (os.path.exists(path) and not os.path.isfile(path)
+                                                      and not os.path.isdir(path)):
+        raise OutputError(f"{path}: ggbatch writes its files whole at the end, renamed into place (a run's "
+                          "answers with a journal beside them that a rerun goes on from), not to standard output, "
+                          "a pipe or a device: give a file's path")
+
+
+def _through_a_descriptor(path: str) -> bool:
+    """Whether the path, or a link on the way to its file, is an open descriptor's name:
+    /dev/stdin, /dev/stdout, /dev/stderr, /dev/fd/N or /proc/PID/fd/N (each a link to whatever
+    the descriptor is open on)."""
+    step = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        step = os.path.join(os.path.realpath(os.path.dirname(step)), os.path.basename(step))
+        if _DESCRIPTOR_NAME.match(step):
+            return True
+        if not os.path.islink(step):
+            return False
+        step = os.path.join(os.path.dirname(step), os.readlink(step))
+    return False
+
+
+_DESCRIPTOR_NAME = re.compile(r"^/dev/(std(in|out|err)|fd/[^/]+)$|^/proc/.+/fd/[^/]+$")
 
 
 def check_distinct(paths: JobPaths) -> None:
@@ -109,18 +139,25 @@ def check_distinct(paths: JobPaths) -> None:
                 raise ConfigError(f"{role_b} and {role_a} are the same file ({b}){harm}; give another path")
     for role, path in (("the answers file (output)", paths.output), ("the report", paths.report),
                        ("the errors file (errors_output)", paths.errors_output)):
-        if path and (path.endswith(JOURNAL_SUFFIX) or path.endswith(LOCK_SUFFIX) or _is_journal(path)):
-            raise ConfigError(f"{role} {path} is the journal or lock of another output; give another path")
+        if path:
+            check_not_a_journal(role, path)
 
 
-def check_writable(path: str) -> None:
+def check_not_a_journal(role: str, path: str) -> None:
+    """ConfigError for an output named as a journal or a lock, or holding a journal: writing it
+    would destroy the answers a rerun goes on from."""
+    if path.endswith(JOURNAL_SUFFIX) or path.endswith(LOCK_SUFFIX) or _is_journal(path):
+        raise ConfigError(f"{role} {path} is the journal or lock of another output; give another path")
+
+
+def check_writable(path: str, role: str = "output") -> None:
     """Fail before any work if a file could not be written there: the folder must exist and take
     a small write (a full disk or a read-only mount fails here, not after the run)."""
     folder = Path(path).resolve().parent
     if not folder.is_dir():
         raise OutputError(f"{path}: output folder {folder} does not exist")
     if Path(path).is_dir():
-        raise OutputError(f"{path}: output is a directory")
+        raise OutputError(f"{path}: {role} is a directory, not a file")
     try:
         with tempfile.TemporaryFile(dir=folder) as probe:
             probe.write(b"\0" * PROBE_BYTES)

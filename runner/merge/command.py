@@ -5,9 +5,10 @@ it from being complete said one line each (runner/cli.py makes that exit 1).
 Refused (exit 2, one line naming the files): an id in two parts, an id the question file does not
 have, parts of different kinds (OpenAI Batch lines and answers rows), of different splits (by
 their names) or of different jobs (by the settings in their journals: the first that differs),
-OUT being a part or the question file. Incomplete (OUT written, exit 1): a part
-file that does not exist, a shard no part's name says, questions no part holds (named: the first
-few and a count), rows without an answer.
+OUT being a part, the question file, a journal or lock (a part's or any run's), standard output
+(/dev/stdout, /dev/fd/N), a pipe or a device, as run refuses its output (runner/files/paths.py).
+Incomplete (OUT written, exit 1): a part file that does not exist, a shard no part's name says,
+questions no part holds (named: the first few and a count), rows without an answer.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..files.formats.cells import check_id_column
 from ..files.formats.detect import output_format
 from ..files.inputs import read_question_file
 from ..files.outputs import write_atomic
-from ..files.paths import JOURNAL_SUFFIX, check_writable, journal_path, same_file
+from ..files.paths import JOURNAL_SUFFIX, check_output, journal_path, same_file
 from ..files.piped import readable_file, shown_name
 from ..files.shards import shard_in_name, shard_of
 from ..journal.journal import setting_change
@@ -154,7 +155,7 @@ def _check_paths(output: str, paths: Sequence[str], questions: Optional[str]) ->
     for role, other in [("the question file", questions)] + [("a part", p) for p in paths]:
         if other is not None and same_file(output, other):
             raise ConfigError(f"the merged output {output} is {role} ({other}); give another path")
-    check_writable(output)
+    check_output(output, "the merged output")
 
 
 def _check_one_job(paths: Sequence[str]) -> Optional[dict[str, Any]]:

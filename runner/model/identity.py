@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelError
+from ..files.paths import ggbatch_cache
 from .gguf_header import GGUFFormatError, GGUFLayout, read_layout
 from .hub import is_hub_name, resolve_hub_name
 
@@ -42,9 +43,7 @@ def resolve_model(model: str) -> str:
     name (`hf:OWNER/REPO/FILE.gguf`, `OWNER/REPO:QUANT`) is the cached file. Refuses, in one
     line naming the path, what llama.cpp could not load."""
     if model == "demo":
-        from .make.modelgen import ensure_demo_model  # numpy + gguf: only needed to build the demo model
-
-        return str(ensure_demo_model())
+        return _demo_model()
     model = resolve_hub_name(model)
     path = Path(model).expanduser()
     try:
@@ -59,6 +58,20 @@ def resolve_model(model: str) -> str:
     if magic != b"GGUF":
         raise ModelError(f"{model}: not a GGUF file (no GGUF magic at the start)")
     return str(path)
+
+
+def _demo_model() -> str:
+    """The demo model's path, built into ggbatch's cache folder on first use; a folder that cannot
+    be made or written (a HOME a cron user or a system account cannot write) is ModelError, one
+    line naming it: the run asked nothing of the questions yet."""
+    from .make.modelgen import ensure_demo_model  # numpy + gguf: only needed to build the demo model
+
+    try:
+        return str(ensure_demo_model())
+    except OSError as exc:
+        raise ModelError(f"model: demo: cannot build the demo model in ggbatch's cache folder {ggbatch_cache()} "
+                         f"({exc.strerror or exc}: {exc.filename}): set XDG_CACHE_HOME to a folder this user "
+                         "can write") from None
 
 
 def check_local_model(model: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from ..errors import ConfigError, GgbatchError, Interrupted
 from ..files.outputs import write_atomic
-from ..files.paths import check_writable
+from ..files.paths import check_output, same_file
 from ..files.piped import STDIN, readable_file
 from .files import read_answers, read_gold
 from .samples import score_samples
@@ -60,12 +60,15 @@ def cmd_score(args: argparse.Namespace) -> int:
     """`ggbatch score`: exit 0 with the table, 2 (one line, raised) for what cannot be read."""
     parse_extract(args.extract)  # a bad regex fails before any file is read
     parse_by(args.by)
-    for out in (args.json, args.details):
+    for flag, out in (("--json", args.json), ("--details", args.details)):
         if out:
+            check_output(out, f"the score's {flag} file")
             _refuse_overwriting(out, args.answers, args.gold)
-            check_writable(out)
     if args.answers == STDIN and args.gold == STDIN:
         raise ConfigError("--answers and --gold both name standard input (-): one of them must be a file")
+    if args.answers != STDIN and same_file(args.answers, args.gold):
+        raise ConfigError(f"--answers and --gold are the same file ({args.gold}): scored against itself, every "
+                          "answer is right; give the answers file a run wrote")
     with readable_file(args.answers) as answers, readable_file(args.gold) as gold:
         result = score_files(answers, gold, args.extract, args.by, args.id_field, args.answer_field,
                              args.gold_field)

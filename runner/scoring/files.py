@@ -32,10 +32,11 @@ from ..files.inputs import detect_format, json_array, json_lines, read_text
 from .rules import Gold
 
 
-def read_rows(path: str) -> Iterator[tuple[int, Any]]:
-    """(line, row) of a `.json` array, JSON Lines, or CSV with a header (rows as dicts)."""
+def read_rows(path: str, what: str) -> Iterator[tuple[int, Any]]:
+    """(line, row) of a `.json` array, JSON Lines, or CSV with a header (rows as dicts); `what`
+    the file is to the score, for its errors."""
     text = read_text(path)
-    fmt = detect_format(path, text)
+    fmt = detect_format(path, text, what=what)
     if fmt == "csv":
         return csv_rows(path, text)
     return json_array(path, text) if fmt == "json" else json_lines(path, text)
@@ -51,7 +52,9 @@ def read_answers(path: str, id_field: str = "questionID", answer_field: str = "a
     an error, a failed request)."""
     answers: dict[str, Answered] = {}
     lines: dict[str, int] = {}
-    for line, row in read_rows(path):
+    # the fields of the rows that are not OpenAI Batch lines, in order, while none has the answer's
+    fields: Optional[dict[str, None]] = {}
+    for line, row in read_rows(path, "answers file"):
         where = f"{path}:{line}"
         if not isinstance(row, dict):
             raise InputError(f"{where}: each answer must be a JSON object, got {type(row).__name__}")
@@ -60,9 +63,16 @@ def read_answers(path: str, id_field: str = "questionID", answer_field: str = "a
             text = openai_norm(row) if answer_field == "answer_norm" else openai_text(row)
         else:
             qid, text = row_id(where, row, id_field), _answer(where, row, answer_field)
+            if fields is not None and answer_field in row:
+                fields = None
+            elif fields is not None:
+                fields.update(dict.fromkeys(map(str, row)))
         if qid in lines:
             raise InputError(f"{path}: duplicate answer for {quote(qid)} (lines {lines[qid]} and {line})")
         lines[qid], answers[qid] = line, text
+    if fields:  # a misspelt --answer-field would score every answer missing
+        raise InputError(f"{path}: no row has an answer '{answer_field}' (the rows have: "
+                         f"{', '.join(list(fields)[:8])}); name it with --answer-field")
     return answers
 
 
@@ -106,7 +116,7 @@ def read_gold(path: str, id_field: str = "questionID", gold_field: str = "answer
     gold: list[Gold] = []
     lines: dict[str, int] = {}
     without: set[str] = set()
-    for line, row in read_rows(path):
+    for line, row in read_rows(path, "gold file"):
         where = f"{path}:{line}"
         if not isinstance(row, dict):
             raise InputError(f"{where}: each record must be a JSON object, got {type(row).__name__}")

@@ -20,7 +20,7 @@ HOLDS = {"json": "a JSON array ([{...}, ...])", "jsonl": "one JSON object per li
          "csv": "comma-separated rows under a header line"}
 
 
-def detect_format(path: str, text: str, option: str = "") -> str:
+def detect_format(path: str, text: str, option: str = "", what: str = "question file") -> str:
     """'json', 'jsonl' or 'csv'. The extension decides, and must agree with the content; another
     extension: the content decides (an array, objects, else CSV). `option`: how the caller's
     user says a format outright (--input-format), suggested beside renaming."""
@@ -32,7 +32,7 @@ def detect_format(path: str, text: str, option: str = "") -> str:
         return {"[": "json", "{": "jsonl", "": "jsonl"}.get(starts, "csv")
     looks = content_format(text)
     if by_name == "json" and starts and starts != "[" and looks != "csv":
-        raise InputError(f"{path}: a .json question file must hold a JSON array "
+        raise InputError(f"{path}: a .json {what} must hold a JSON array "
                          "([{...}, ...]); for one object per line name it .jsonl")
     if looks is not None and looks != by_name:
         name, extension = NAMED[looks]

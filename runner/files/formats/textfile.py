@@ -23,6 +23,9 @@ BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 ZIP_MAGIC = b"PK\x03\x04"  # .xlsx, .ods
 OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # .xls
+# other files that are not text, by their first bytes (their zero bytes alone would read as UTF-16)
+BINARY_MAGIC = {b"\x7fELF": "a program (ELF)", b"GGUF": "a GGUF model", b"\x1f\x8b": "a gzip archive",
+                b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"%PDF-": "a PDF document"}
 SPREADSHEET_SUFFIXES = {".xlsx", ".xlsm", ".xls", ".ods"}
 # names a workbook's first ZIP entries hold (a piped workbook has no suffix to tell it by)
 SPREADSHEET_MARKS = (b"xl/", b"opendocument.spreadsheet")
@@ -168,8 +171,10 @@ def _recoded(path: str, data: bytes, encoding: str) -> str:
 
 def no_binary(path: str, start: bytes) -> None:
     """An InputError for a spreadsheet saved as a workbook (.xlsx and .ods are ZIP archives, .xls
-    an OLE compound file), or another ZIP archive: bytes that are not text at all, which would
-    otherwise be read as CSV and fail on some stray byte."""
+    an OLE compound file), another ZIP archive, a file known by its first bytes (a program, a
+    model, an image) or one with zero bytes on both sides of its byte pairs (UTF-16 text has them
+    on one side only): bytes that are not text at all, which would otherwise be read as CSV, or as
+    UTF-16 without a byte order mark, and fail on some stray byte."""
     suffix = Path(path).suffix.lower()
     sheet = start.startswith(OLE_MAGIC) or start.startswith(ZIP_MAGIC) and (
         suffix in SPREADSHEET_SUFFIXES or any(mark in start for mark in SPREADSHEET_MARKS))
@@ -179,6 +184,13 @@ def no_binary(path: str, start: bytes) -> None:
     if start.startswith(ZIP_MAGIC):
         raise InputError(f"{path}: a ZIP archive, not text; unzip it and give the question file inside "
                          "(a spreadsheet: save it as CSV (UTF-8))")
+    kind = next((kind for magic, kind in BINARY_MAGIC.items() if start.startswith(magic)), None)
+    even, odd = start[0::2].count(0), start[1::2].count(0)
+    if kind is None and min(even, odd) * 8 > len(start) > 0:  # UTF-16's zeros are on one side only
+        kind = "binary data"
+    if kind is not None:
+        model = " (a model is given as --model)" if kind == BINARY_MAGIC[b"GGUF"] else ""
+        raise InputError(f"{path}: {kind}, not text{model}; give a text file: JSON, JSON Lines or CSV, in UTF-8")
 
 
 def no_utf16(path: str, first_line: bytes) -> None:
