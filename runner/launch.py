@@ -89,6 +89,9 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
     stretched = layouts.past_training_context(prompting.info.n_ctx_train, config.n_ctx)
     if stretched is not None:
         log.warning("%s", stretched)
+    cut = layouts.max_tokens_past_context(most_tokens, prompting.info.n_ctx_train, config.n_ctx)
+    if cut is not None:
+        log.warning("%s", cut)
     inputs = PlanInputs(started, tuple(replace(facts, n_questions=share(facts.n_questions, node, started.nodes))
                                        for node in started.nodes),
                         tuple(psutil.virtual_memory().available if node.memory is None else node.memory

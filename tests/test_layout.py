@@ -72,6 +72,17 @@ def test_a_context_asked_past_the_training_context_is_warned_of():
     assert past_training_context(0, 8192) is None  # the training context is unknown
 
 
+def test_a_max_tokens_no_context_can_hold_is_warned_of():
+    from ggbatch.runner.plan.layout import max_tokens_past_context
+
+    said = max_tokens_past_context(100_000_000, 2048, None)
+    assert said is not None and "max_tokens: 100000000 is more than a sequence's whole context (2048 tokens, " \
+        "the model's training context)" in said
+    assert "(512 tokens, model.n_ctx)" in (max_tokens_past_context(512, 2048, 512) or "")
+    assert max_tokens_past_context(2047, 2048, None) is None  # room for a prompt of one token
+    assert max_tokens_past_context(10**8, 0, None) is None  # no limit known
+
+
 def test_common_prefix():
     a = array("i", [1, 2, 3, 4])
     assert common_prefix([a, array("i", [1, 2, 9]), array("i", [1, 2, 3])]).tolist() == [1, 2]
