@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from engine_bench import bench_model  # noqa: E402
 from ggbatch.workers.llama.model_runner import ModelRunner  # noqa: E402
-from step_shape_bench import decode, decode_step_s, fill  # noqa: E402
+from step_shape_bench import decode, decode_step_s, fill, runner_bench_parser  # noqa: E402
 
 CONTEXTS = (0, 1000, 3000)
 DECODE_CONTEXTS = (100, 1000, 3000)
@@ -45,10 +44,7 @@ def prefill_rate(model: str, threads: int, repeat: int, flash_attn: bool, positi
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each shape (at least 1)")
+    parser = runner_bench_parser(__doc__)
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")

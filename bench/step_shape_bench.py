@@ -95,11 +95,17 @@ def decode_step_s(model: str, threads: int, repeat: int, flash_attn: bool, conte
         runner.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def runner_bench_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a bench on the model runner alone: --model, --threads, --repeat."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--model")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each shape (at least 1)")
+    return parser
+
+
+def main() -> None:
+    parser = runner_bench_parser(__doc__)
     parser.add_argument("--flash-attn", choices=["on", "off"], default="off")
     args = parser.parse_args()
     if args.repeat < 1:

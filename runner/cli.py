@@ -15,6 +15,7 @@ import sys
 from dataclasses import replace
 from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO, cast
 
+from ..workers.limits import under_address_space_limit
 from .closed_pipe import ClosedPipeSafe
 from .config.schema import LOGLIKELIHOOD, JobConfig, build_config, load_job_file
 from .errors import GgbatchError, Interrupted, StartOver, WorkerFailure
@@ -22,7 +23,6 @@ from .files.formats import FORMATS
 from .files.paths import journal_path
 from .files.piped import is_copy, readable_input, shown_name
 from .merge.command import add_merge_parser, cmd_merge
-from .pool.crashes import address_space_limit
 from .pool.signals import STOP
 from .scoring.command import add_score_parser, cmd_score, print_run_score
 from .tools.commands import TOOL_COMMANDS, add_tool_commands
@@ -276,10 +276,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("ggbatch: interrupted", file=sys.stderr)
         return 130
     except MemoryError:
-        limit = address_space_limit()
-        print("ggbatch: error: out of memory" + (f" under the address-space limit of {limit >> 20} MiB per "
-                                                 "process (ulimit -v): raise or remove the limit" if limit else ""),
-              file=sys.stderr)
+        print(f"ggbatch: error: out of memory{under_address_space_limit()}", file=sys.stderr)
         return 2
 
 

@@ -65,10 +65,15 @@ class JobPaths:
     def roles(self) -> list[tuple[str, str]]:
         """(what it is to the job, path) for every file the job touches."""
         named = [("the question file (input)", self.input), ("the model", self.model),
-                 ("the job file", self.job_file), ("the answers file (output)", self.output),
-                 ("the report", self.report), ("the errors file (errors_output)", self.errors_output),
+                 ("the job file", self.job_file), *self.outputs(),
                  ("the output's journal", self.journal),
                  ("the output's lock", self.lock)]
+        return [(role, path) for role, path in named if path]
+
+    def outputs(self) -> list[tuple[str, str]]:
+        """(what it is to the job, path) for each file the job writes at its end."""
+        named = [("the answers file (output)", self.output), ("the report", self.report),
+                 ("the errors file (errors_output)", self.errors_output)]
         return [(role, path) for role, path in named if path]
 
 
@@ -82,10 +87,8 @@ def job_paths(input_path: str, model: str, output: str, report: Optional[str] = 
                      os.path.realpath(report) if report else None, job_file,
                      os.path.realpath(errors_output) if errors_output else None)
     check_distinct(paths)
-    for role, path in (("the answers file (output)", paths.output), ("the report", paths.report),
-                       ("the errors file (errors_output)", paths.errors_output)):
-        if path:
-            check_writable(path, role)
+    for role, path in paths.outputs():
+        check_writable(path, role)
     return paths
 
 
@@ -137,10 +140,8 @@ def check_distinct(paths: JobPaths) -> None:
                 # roles() lists what is read before what is written: role_b is the one written
                 harm = f": ggbatch would overwrite {role_a.split(' (')[0]}" if role_b in WRITTEN else ""
                 raise ConfigError(f"{role_b} and {role_a} are the same file ({b}){harm}; give another path")
-    for role, path in (("the answers file (output)", paths.output), ("the report", paths.report),
-                       ("the errors file (errors_output)", paths.errors_output)):
-        if path:
-            check_not_a_journal(role, path)
+    for role, path in paths.outputs():
+        check_not_a_journal(role, path)
 
 
 def check_not_a_journal(role: str, path: str) -> None:

@@ -21,10 +21,10 @@ Random kills between answers never end a run.
 from __future__ import annotations
 
 import os
-import resource
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ...workers.limits import under_address_space_limit
 from ...workers.protocol import Answer, FinishReason, Question
 from ..errors import GgbatchError, WorkerFailure
 
@@ -85,11 +85,9 @@ class CrashBudget:
     def give_up(self, death: Death, any_ready: bool, n_live: int) -> Optional[Exception]:
         """The error ending the run after this death, or None to go on."""
         if death.before_ready and not any_ready:
-            limit = address_space_limit()
-            if limit is not None:
-                return StartupError(f"worker {death.worker_id} could not start ({death}) under the "
-                                    f"address-space limit of {limit >> 20} MiB per process (ulimit -v): "
-                                    "raise or remove the limit")
+            under_limit = under_address_space_limit()
+            if under_limit:
+                return StartupError(f"worker {death.worker_id} could not start ({death}){under_limit}")
             if sum(self.startup_failures.values()) > self.n_workers:
                 return StartupError(f"workers cannot start: worker {death.worker_id} died while starting "
                                     f"({death})")
@@ -102,12 +100,6 @@ class CrashBudget:
 
     def may_restart(self, worker_id: int) -> bool:
         return self.startup_failures.get(worker_id, 0) < MAX_STARTUP_FAILURES
-
-
-def address_space_limit() -> Optional[int]:
-    """This process's RLIMIT_AS (ulimit -v) in bytes, inherited by the workers; None if unlimited."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def last_words(log_path: Optional[str]) -> str:

@@ -19,8 +19,9 @@ each followed by the uninformative "llama_model_loader: failed to load model fro
 from __future__ import annotations
 
 import re
-import resource
 from typing import Optional, Sequence
+
+from ..limits import under_address_space_limit
 
 _MEMORY = re.compile(r"Cannot allocate memory|bad_alloc|failed to allocate|unable to allocate|"
                      r"out of memory|MemoryError|Memory allocation", re.IGNORECASE)
@@ -62,7 +63,7 @@ def describe_load_failure(path: str, log_lines: Sequence[str], version: str = ""
     found = reasons(log_lines)
     text = "; ".join(found)
     if _first(_MEMORY, found):
-        return f"not enough memory to load {path} ({text}){under_limit()}"
+        return f"not enough memory to load {path} ({text}){under_address_space_limit()}"
     arch = _first(_ARCH, found)
     if arch:
         build = f" (llama-cpp-python {version})" if version else ""
@@ -84,17 +85,8 @@ def describe_context_failure(path: str, n_ctx: int, n_seq_max: int, log_lines: S
     found = reasons(log_lines)
     what = f"a context of {n_ctx} tokens for {n_seq_max} sequences on {path}"
     if _first(_MEMORY, found):
-        return f"not enough memory to create {what} ({'; '.join(found)}){under_limit()}"
+        return f"not enough memory to create {what} ({'; '.join(found)}){under_address_space_limit()}"
     return f"could not create {what}" + (f" ({'; '.join(found)})" if found else "")
-
-
-def under_limit() -> str:
-    """Where an address-space limit (ulimit -v) is what ran out, it is named: the machine may have
-    memory to spare."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft == resource.RLIM_INFINITY:
-        return ""
-    return f" under the address-space limit of {soft >> 20} MiB per process (ulimit -v): raise or remove the limit"
 
 
 def _first(pattern: re.Pattern[str], found: Sequence[str]) -> Optional[re.Match[str]]:
