@@ -6,7 +6,8 @@ share nothing, so both compute every token.
 
 Contexts of random words cut to --tokens tokens, each with four one-token continuations on
 ggbatch's side (as lm-eval's MMLU letters). ggbatch runs with 1 slot (repacked weights and
-plain) and 16 slots (plain); the peer runs first and last, so a drift of the machine shows.
+plain; repacked only where llama.cpp's repacked kernels run here: bench/plain_weights.py) and
+16 slots (plain); the peer runs first and last, so a drift of the machine shows.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def contexts(tokenize, n: int, tokens: int, seed: int = 1) -> list[list[int]]:
 def peer(model: str, ctxs: list[list[int]], threads: int) -> float:
     from llama_cpp import Llama
 
+    from plain_weights import follow_plan
+
+    follow_plan()
     llm = Llama(model_path=model, n_ctx=1024, n_batch=512, logits_all=False, n_threads=threads, flash_attn=False,
                 verbose=False)
     t0 = time.perf_counter()
@@ -78,7 +82,10 @@ def main() -> None:
     n = sum(map(len, ctxs))
     took = peer(model, ctxs, args.threads)
     print(f"llama-cpp-python: {took:.1f} s, {n / took:.1f} tokens/s", flush=True)
-    for slots, repack in ((1, True), (1, False), (16, False)):
+    from ggbatch.runner.plan.repack_check import repack_refused
+
+    shapes = ((1, False), (16, False)) if repack_refused() else ((1, True), (1, False), (16, False))
+    for slots, repack in shapes:
         took, st = ggbatch_engine(model, ctxs, args.threads, slots, repack)
         print(f"ggbatch engine, {slots} slot(s), {'repacked' if repack else 'plain'}: {took:.1f} s, "
               f"{st['prompt_computed'] / took:.1f} tokens/s ({int(st['prompt_computed'])} computed)", flush=True)

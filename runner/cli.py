@@ -8,6 +8,7 @@ interrupted (README, "Exit codes"). The side tools' subcommands are runner/tools
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import shlex
@@ -264,7 +265,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "eval":  # eval hands the options it does not know to lm-eval
-        parser.parse_args(argv)
+        command_parser = _command_parser(parser, args.command)
+        command_parser.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(command_parser, extra)}")
     args.lm_eval_args = extra
     setup_logging(getattr(args, "verbose", False), getattr(args, "quiet", False))
     try:
@@ -278,6 +280,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except MemoryError:
         print(f"ggbatch: error: out of memory{under_address_space_limit()}", file=sys.stderr)
         return 2
+
+
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The subcommand's own parser, whose error names `ggbatch COMMAND --help`."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return cast(argparse.ArgumentParser, subparsers.choices[command])
+
+
+def _did_you_mean(command_parser: argparse.ArgumentParser, extra: Sequence[str]) -> str:
+    """The closest known flag for each unknown one (argparse offers none before Python 3.14)."""
+    known = [flag for action in command_parser._actions for flag in action.option_strings]
+    hints = {}
+    for word in extra:
+        flag = word.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7) if flag.startswith("-") else []
+        if close:
+            hints[flag] = close[0]
+    if len(hints) == 1:
+        return f"; did you mean {next(iter(hints.values()))}?"
+    return "".join(f"; {flag}: did you mean {close}?" for flag, close in hints.items())
 
 
 def _command(args: argparse.Namespace) -> int:

@@ -65,6 +65,7 @@ from .questions.prepare import (
 from .questions.prompting import Prompting
 from .questions.prompts import question_field_read
 from .report.report import JobSetup, RunOutcome, RunReport
+from .watch.rates import expected_length
 from .watch.startup_load import SinceStart
 from .watch.tally import RecordCounts
 from .watch.watch import RunWatch
@@ -174,8 +175,11 @@ def _feed(preparer: Preparer, rest: Optional[Iterator[Record]], window: int, wat
 
 def _start_run(watch: RunWatch, first: Window, prompting: Prompting, growth: ContextGrowth, pool: WorkerPool,
                expected: Optional[int]) -> None:
-    """The watch starts on the first window's questions (`expected`: a streamed file's estimate of all of them)."""
-    watch.start_run(len(first.questions), max_tokens(first.questions, prompting.generation),
+    """The watch starts on the first window's questions (`expected`: a streamed file's estimate of
+    all of them)."""
+    length = expected_length(max_tokens(first.questions, prompting.generation),
+                             [lay.n_ctx_seq for lay in growth.plan.layouts])
+    watch.start_run(len(first.questions), length,
                     sum(lay.workers * lay.slots for lay in growth.plan.layouts), pool)
     if expected:
         watch.progress.expect(expected)

@@ -40,3 +40,14 @@ def test_one_worker_reads_one_worker(tmp_path, demo_model, questions_file):
                 "--max-tokens", 2, "--workers", 1, "--progress", "off")
     assert r.returncode == 0, r.stderr
     assert "layout     1 worker × " in r.stdout
+
+
+def test_a_misspelt_flag_is_named_with_the_closest_one_and_the_subcommands_help(tmp_path):
+    r = ggbatch("run", "--input", tmp_path / "q.jsonl", "--max-tokns=3")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == ("ggbatch run: error: unrecognized arguments: --max-tokns=3; did you mean --max-tokens? "
+                        "(`ggbatch run --help` lists the options)\n")
+    two = ggbatch("merge", "--output", tmp_path / "a.json", "--quite", "--output-formt=csv", tmp_path / "a.jsonl")
+    assert "--quite: did you mean --quiet?; --output-formt: did you mean --output-format?" in two.stderr, two.stderr
+    unknown = ggbatch("score", "--answers", "a", "--gold", "b", "--zzz")
+    assert unknown.stderr.endswith("unrecognized arguments: --zzz (`ggbatch score --help` lists the options)\n")

@@ -5,7 +5,7 @@ import logging
 import time
 
 from ggbatch.runner.watch.progress import Progress
-from ggbatch.runner.watch.rates import RateWindow, eta_s, generating, tokens_left
+from ggbatch.runner.watch.rates import RateWindow, eta_s, expected_length, generating, tokens_left
 from ggbatch.workers.protocol import FinishReason
 from helpers import answer as make_answer
 
@@ -34,6 +34,14 @@ def test_slow_steps_show_their_rate_and_an_overdue_update_lets_it_fall():
     assert w.rates(40.0) == (0.0, 51.2)
     generated, prompt = w.rates(50.0)  # 20 s since the last update: overdue, falling
     assert generated == 0.0 and prompt == 512 / 30.0
+
+
+def test_an_answer_is_expected_no_longer_than_a_sequences_context():
+    """--max-tokens 100000000 on a 2,048-token model showed an ETA of hours for a 6 s run."""
+    assert expected_length(100_000_000, [2048, 0]) == 2048
+    assert expected_length(256, [2048, 4096]) == 256
+    assert expected_length(8192, [2048, 4096]) == 4096  # the longest context a node's workers have
+    assert expected_length(300, []) == expected_length(300, [0]) == 300  # no context known yet
 
 
 def test_tokens_left_uses_max_tokens_before_any_answer_then_the_mean_answer():

@@ -9,7 +9,7 @@ counters (EngineStats, at most every 0.5 s), from which come the live rates and 
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional
+from typing import Optional, Sequence
 
 WINDOW_S = 5.0
 
@@ -49,6 +49,13 @@ def tokens_left(total: int, done: int, done_tokens: int, generated: int, max_tok
         return 0.0
     mean = done_tokens / done if done else float(max_tokens)
     return max(0.0, total * mean - max(generated, done_tokens))
+
+
+def expected_length(max_tokens: int, contexts: Sequence[int]) -> int:
+    """An answer's length before any is in: max_tokens, or the longest sequence context where that
+    is less (a max_tokens of 10**8 ends where the context does; 0: a context not known yet)."""
+    known = [n for n in contexts if n > 0]
+    return min(max_tokens, max(known)) if known else max_tokens
 
 
 def generating(generated: int, done_tokens: int, slots: int, left_q: int) -> bool:
