@@ -99,6 +99,8 @@ def test_auto_values(tmp_path):
     ("sampling.seed: 3\nsampling:\n  seed: 4\n", "key 'sampling.seed' given twice, once written with its dot and "
                                                  "once in its section"),
     ("sampling:\n  seed: 4\nsampling.seed: 3\n", "key 'sampling.seed' given twice"),
+    ("model.path: b.gguf\n", "'model' and 'model.path' both set the same setting: give one of them"),
+    ("model_:\n  path: b.gguf\nmodel.path: c.gguf\n", "key 'model.path' given twice"),
 ])
 def test_errors_name_file_and_key(tmp_path, text, message):
     # model_: the model section, which replaces the file's `model: m` (a key given twice is an error)
@@ -145,6 +147,15 @@ def test_a_question_file_or_model_given_as_the_job_file_is_named_for_what_it_is(
     if name == "q.json":  # a JSON mapping is YAML, and a job file
         path.write_text('{"model": "m", "input": "i", "output": "o"}\n')
         assert load_job_file(str(path))["input"] == str(tmp_path / "i")
+
+
+def test_a_job_file_in_latin_1_names_the_line_and_column_of_the_byte(tmp_path):
+    """It said "cannot read job file: 'utf-8' codec can't decode byte 0xe9 in position 63"."""
+    path = tmp_path / "job.yaml"
+    path.write_bytes("model: demo\nprompt:\n  system: \"caf\xe9\"\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}:3: not UTF-8 text \\(byte 0xe9 at column 15\\); "
+                                          "save the file as UTF-8$"):
+        load_job_file(str(path))
 
 
 def test_missing_job_file(tmp_path):

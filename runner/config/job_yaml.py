@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, quote
+from ..files.formats.textfile import not_utf8
 
 # What a question file is named (runner/files/formats/detect.py); a `.json` one is an array,
 # which no job file (a mapping) is.
@@ -54,7 +55,7 @@ def _job_text(path: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: cannot read job file: {exc}") from None
+        raise ConfigError(not_utf8(path, data, exc.start)) from None
 
 
 class UniqueKeyLoader(yaml.SafeLoader):

@@ -176,10 +176,16 @@ def flatten(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[s
 
 def _check_once(flat: Mapping[str, Any], more: Mapping[str, Any], source: str) -> None:
     """A key written dotted (`sampling.seed: 3`) beside the same key in its section (`sampling:
-    {seed: 4}`) is a key given twice, which YAML's loader cannot see: one would be lost."""
+    {seed: 4}`) is a key given twice, which YAML's loader cannot see: one would be lost. So is a
+    key beside another name for it (`model: a.gguf` beside `model: {path: b.gguf}`)."""
     twice = next((key for key in more if key in flat), None)
     if twice is not None:
         raise ConfigError(f"{source}: key '{twice}' given twice, once written with its dot and once in its section")
+    named = {_TARGET.get(key, key): key for key in flat}
+    for key in more:
+        other = named.get(_TARGET.get(key, key))
+        if other is not None:
+            raise ConfigError(f"{source}: '{other}' and '{key}' both set the same setting: give one of them")
 
 
 # section -> its key that a plain value given to the section most likely meant (`answer: A,B`

@@ -147,10 +147,14 @@ def read_text(path: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise InputError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}); "
-                         "save the file as UTF-8") from None
+        raise InputError(not_utf8(path, data, exc.start)) from None
+
+
+def not_utf8(path: str, data: bytes, start: int) -> str:
+    """What to say of a file whose byte at `start` is not UTF-8: its line and column."""
+    line = data.count(b"\n", 0, start) + 1
+    column = start - (data.rfind(b"\n", 0, start) + 1) + 1
+    return f"{path}:{line}: not UTF-8 text (byte 0x{data[start]:02x} at column {column}); save the file as UTF-8"
 
 
 def _recoded(path: str, data: bytes, encoding: str) -> str:
