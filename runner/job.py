@@ -130,7 +130,8 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                         del first_records  # the records' fields were for rendering: a big file's largest part
                         if rest is None:
                             prompting.close()  # every question is made: the vocabulary's memory goes back
-                        growth = _settle(config, started, preparer, first, stream.longest_line, model_path)
+                        growth = _settle(config, started, preparer, first, stream.longest_line, model_path,
+                                         journal)
                         pool.keep(growth.plan.node_of())
                         clock["prepared"] = time.perf_counter()
                         _start_run(watch, first, prompting, growth, pool, None if rest is None else streamed_total(
@@ -243,17 +244,20 @@ def _open_journal(paths: JobPaths, config: JobConfig, model: ModelIdentity, prom
 
 
 def _settle(config: JobConfig, started: NodePlan, preparer: Preparer, first: Window, longest_line: int,
-            model_path: str) -> ContextGrowth:
+            model_path: str, journal: Journal) -> ContextGrowth:
     """The layout of the started workers, now that the first window's prompts are known (phase
     2, runner/launch.py settle). A streamed file's context also fits the longest line of the
-    file, guessed from its bytes, and grows if a later window needs more (runner/plan/growth.py)."""
+    file, guessed from its bytes, and grows if a later window needs more (runner/plan/growth.py).
+    Flash attention on auto runs as the journaled run ran it, when this run resumes one; a new
+    journal is told what auto decided (runner/journal/ran.py)."""
     gen = preparer.generation
     samples = max_samples(first.questions, gen)  # each a sequence of its own once the prompt is in
     n_todo = (len(first.questions) if first.last else STREAMED) * samples
     guess = 0 if first.last else math.ceil(longest_line / layouts.CHARS_PER_TOKEN) + layouts.CHAT_TEMPLATE_TOKENS
     job_facts, prefix = facts(first, preparer, n_todo, guess)
     growth = settle(config, started, preparer.prompting, job_facts, prefix, max_tokens(first.questions, gen),
-                    model_path)
+                    model_path, journal.ran("flash_attn"))
+    journal.record_ran(growth.plan.ran_on_auto())
     if first.questions:  # a rerun that the journal answers whole has no sample to lay out
         check_sample_slots([lay.slots for lay in growth.plan.layouts], config.sampling.n, config)
     return growth

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from array import array
 from dataclasses import replace
-from typing import Any
+from typing import Any, Optional
 
 import psutil
 
@@ -80,10 +80,14 @@ def worker_specs(plan: NodePlan, model_path: str, engine_factory: EngineFactory)
 
 
 def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: PromptFacts, prefix: array,
-           most_tokens: int, model_path: str) -> ContextGrowth:
+           most_tokens: int, model_path: str, flash_attn: Optional[bool] = None) -> ContextGrowth:
     """The layout of the started workers, now that the prompts are known (phase 2), node by node
     on each node's memory. The context fits the largest max_tokens of any question (most_tokens)
-    and facts.longest; it grows later if questions need more (runner/plan/growth.py)."""
+    and facts.longest; it grows later if questions need more (runner/plan/growth.py). Flash
+    attention is decided here once: as `flash_attn` (what a resumed journal's run ran) when given,
+    and a context grown later keeps what was decided."""
+    if flash_attn is not None:
+        started = started.with_flash_attn([flash_attn] * len(started.layouts))
     if started.layouts[0].n_gpu_layers and not prompting.info.gpu_offload:
         log.warning("%s", gpu.offload_warning(started.layouts[0].n_gpu_layers))
     stretched = layouts.past_training_context(prompting.info.n_ctx_train, config.n_ctx)
@@ -102,3 +106,4 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
                for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
     plan = replace(started, layouts=tuple(lay for lay, _ in settled))
     return ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, prompting.generation)
+

@@ -236,3 +236,37 @@ def test_a_journal_that_scored_choices_inside_the_open_thinking_block_is_refused
     with pytest.raises(ConfigError, match=r"'answer.choice_scoring_context' changed since the journaled run "
                                           r"\('the prompt as rendered' -> 'after an empty thinking block'\)"):
         Journal(path, now)
+
+
+def test_what_auto_decided_is_journaled_and_a_rerun_on_auto_runs_the_same(tmp_path):
+    """A rerun holds only the questions left: on auto it would size a shorter context and decide
+    flash attention otherwise, and its answers would not be an uninterrupted run's."""
+    path = str(tmp_path / "j.jsonl")
+    j = Journal(path, FP)
+    assert j.ran("flash_attn") is None  # a new journal: this run decides
+    j.record_ran({"flash_attn": True})
+    j.record_ran({"flash_attn": False})  # once only
+    j.split([question("q1", 1)])
+    j.append([answer("q1", "one")])
+    j.close()
+    lines = open(path).read().splitlines()
+    assert json.loads(lines[1]) == {"ggbatch_ran": {"flash_attn": True}} and json.loads(lines[2])["qid"] == "q1"
+
+    j = Journal(path, FP)  # on auto: as the journaled run ran, and its answers are reused
+    assert j.ran("flash_attn") is True and j.split([question("q1", 1)])[1]["q1"].text == "one"
+    j.record_ran({"flash_attn": False})  # a resumed journal keeps its line
+    j.close()
+    assert open(path).read().splitlines()[1] == lines[1]
+    Journal(path, {**FP, "flash_attn": True}).close()  # named as it ran: accepted
+    with pytest.raises(ConfigError, match=r"'flash_attn' changed since the journaled run \(true -> false\)"):
+        Journal(path, {**FP, "flash_attn": False})
+
+
+def test_a_journal_killed_before_its_first_answer_with_its_ran_line_torn_is_made_again(tmp_path):
+    path = tmp_path / "j.jsonl"
+    Journal(str(path), FP).close()
+    with open(path, "ab") as f:
+        f.write(b'{"ggbatch_ran": {"flash_')  # killed mid-write: no answer is held
+    j = Journal(str(path), {**FP, "sampling.temperature": 0.5})  # another setting: nothing to lose
+    assert j.ran("flash_attn") is None
+    j.close()

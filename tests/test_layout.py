@@ -176,6 +176,10 @@ def test_flash_attention_on_auto_is_off_on_a_cpu_up_to_its_context_bound():
     assert 143 <= extra <= 200
     invariant = replace(started, batch_invariant=True, flash_attn=True)
     assert settle(invariant, facts, 2, None, 4, 512, available=64 << 30)[0].flash_attn is False
+    # --gpu-layers on a build that cannot offload keeps every layer on the CPU: off, as with none
+    asked_gpu = replace(started, n_gpu_layers=28)
+    assert settle(asked_gpu, facts, 2, None, 4, 512, available=64 << 30, offload=False)[0].flash_attn is False
+    assert settle(asked_gpu, facts, 2, None, 4, 512, available=64 << 30, offload=True)[0].flash_attn is True
 
 
 def test_a_tuned_slot_count_is_the_cap_of_auto_slots():

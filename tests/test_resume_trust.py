@@ -164,6 +164,22 @@ def test_a_context_the_job_sets_never_grows():
     assert growth.engines_for([question(300)]) is None
 
 
+def test_a_context_grown_past_the_cpu_bound_keeps_the_flash_attention_its_first_window_decided():
+    """Auto is off on a CPU up to 4,096 tokens a sequence: a streamed file whose context grew past
+    it ran the rest of its questions with flash attention on, and reported it on for them all."""
+    started = layouts.start([0], 1, 1, 4, False, STREAMED, frozenset())  # flash_attn: auto
+    dims = ModelDims(file_bytes=1 << 20, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_vocab=512)
+    facts = PromptFacts(STREAMED, 40, 0, 16384, dims)
+    lay, memory = layouts.settle(started, facts, 4, None, 16, None, 8 << 30, cores=[0])
+    plan = NodePlan.of([Node(None, "", (0,))], [started])
+    growth = ContextGrowth(PlanInputs(plan, (facts,), (8 << 30,), 4, None, None, False), replace(plan, layouts=(lay,)),
+                           [memory], "m.gguf", array("i"), GenerationParams(max_tokens=16))
+    engines = growth.engines_for([question(6000)])
+    assert engines is not None and growth.n_ctx_seq == 6017
+    assert lay.flash_attn is False and growth.plan.layouts[0].flash_attn is False
+    assert {e.flash_attn for e in engines.values()} == {False}
+
+
 def short_then_long(path: Path, n_short: int, n_long: int) -> None:
     """Short questions, then long ones: three GSM8K questions in one, about 1.7 characters a token
     in stories260K's vocabulary of 512, where the context's guess from the file's bytes counts 3."""

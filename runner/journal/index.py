@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any, Iterator, NamedTuple, Optional, Union
 
 from ..files.compact import HashIndex, IdColumn, text_key
+from .ran import read_ran
 
 BLOCK_BYTES = 1 << 22  # of the journal read at a time
 # How the header line Journal writes begins ({"ggbatch_journal": VERSION, ...}, one write): a file
@@ -41,6 +42,7 @@ class Earlier:
 
     def __init__(self, fingerprint: Optional[dict[str, Any]]) -> None:
         self.fingerprint = fingerprint  # from its header; None: the file is not a ggbatch journal
+        self.ran: Optional[dict[str, Any]] = None  # what it decided on auto (runner/journal/ran.py)
         self.rows = HashIndex()  # qid key -> row of the columns below, -1: its last answer failed
         self.qids = IdColumn()
         self.records, self.prompts, self.at = array("Q"), array("Q"), array("q")  # of each row
@@ -73,9 +75,11 @@ def read_earlier(path: str) -> Optional[Earlier]:
         if not header.endswith(b"\n") and TORN_HEADER.startswith(header[:len(TORN_HEADER)]):
             return None  # ggbatch's own, killed while writing its header (or empty): it holds nothing
         earlier = Earlier(_fingerprint(header))
-        earlier.end = f.tell()
         if earlier.fingerprint is None:
+            earlier.end = f.tell()
             return earlier
+        earlier.ran = read_ran(f)
+        earlier.end = f.tell()
         keys, rows = array("Q"), array("q")  # 8 bytes an entry (a list of ints would take 40)
         for e in read_entries(f, earlier.end):
             earlier.end = e.end

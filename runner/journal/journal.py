@@ -3,7 +3,8 @@ at 90% loses nothing and a rerun answers only what is missing.
 
     <output>.journal.jsonl
     line 1   {"ggbatch_journal": 1, "fingerprint": {setting: value, ...}}
-    line 2+  {"qid": ..., "prompt": <hash of the prompt tokens>, "record": <hash of its record>,
+    line 2   {"ggbatch_ran": {"flash_attn": false}}   what it decided on auto (runner/journal/ran.py)
+    line 3+  {"qid": ..., "prompt": <hash of the prompt tokens>, "record": <hash of its record>,
               "text": ..., ...}   one per answer
 
 The fingerprint holds everything that decides an answer (model identity, prompt and chat
@@ -38,6 +39,7 @@ from ..files.formats.token_logprobs import from_journal, to_journal
 from ..model.identity import ModelIdentity
 from ..model.versions import package_version
 from .index import Earlier, holds_answers, prompt_key, read_earlier
+from .ran import adopted, as_ran, ran_line
 
 VERSION = 1
 
@@ -208,6 +210,8 @@ class Journal:
         # qid key -> where this run's answer is in the file (appended, or reused from before)
         self._answers = HashIndex()
         self._expected: dict[str, Expected] = {}  # of the questions being answered now
+        self._new = False  # made by this run: what it decides on auto is written once (record_ran)
+        self._ran_written = False
         try:
             self._earlier = self._open(fresh, reading)  # the earlier run's entries that may be reused
             self._file = open(path, "ab")
@@ -265,6 +269,27 @@ class Journal:
                 todo.append(q)
                 self.expect(q.qid, Expected(h))
         return todo, reused
+
+    # -- what the run decides on auto --------------------------------------------------------------
+
+    def ran(self, key: str) -> Any:
+        """What the journaled run ran for a setting this run leaves on auto (so that this run runs
+        the same: runner/journal/ran.py); None for a new journal, or one that does not say."""
+        return None if self._new else adopted(self._earlier.fingerprint or {}, self._earlier.ran, key)
+
+    def record_ran(self, ran: Mapping[str, Any]) -> None:
+        """Write what this run decided on auto, once, in a journal it made, before any answer."""
+        if not self._new or self._ran_written or len(self._answers):
+            return
+        self._check_unchanged()
+        line = ran_line(ran)
+        try:
+            self._file.write(line)
+            self._file.flush()
+        except OSError as exc:
+            raise JournalError(f"{self.path}: cannot write the journal ({exc.strerror or exc})") from None
+        self._size += len(line)
+        self._ran_written = True
 
     # -- this run's answers -----------------------------------------------------------------------
 
@@ -340,16 +365,17 @@ class Journal:
         if earlier is None or not holds_answers(earlier):
             with open(self.path, "wb") as out:
                 out.write((json.dumps({"ggbatch_journal": VERSION, "fingerprint": self.fingerprint}) + "\n").encode())
+            self._new = True
             return Earlier(self.fingerprint)
-        self._check_header(earlier.fingerprint)
+        self._check_header(earlier.fingerprint, earlier.ran)
         if earlier.end < os.path.getsize(self.path):
             os.truncate(self.path, earlier.end)
         return earlier
 
-    def _check_header(self, old: Optional[dict[str, Any]]) -> None:
+    def _check_header(self, old: Optional[dict[str, Any]], ran: Optional[dict[str, Any]]) -> None:
         if old is None:
             raise StartOver(f"{self.path}: not a ggbatch journal", "remove it or {how}")
-        change = setting_change(old, self.fingerprint)
+        change = setting_change(as_ran(old, ran, self.fingerprint), self.fingerprint)
         if change is not None:
             key, was, now = change
             raise StartOver(f"{self.path}: '{key}' changed since the journaled run ({quote(was)} -> {quote(now)})",

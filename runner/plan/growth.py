@@ -52,7 +52,10 @@ class ContextGrowth:
 
     def __init__(self, inputs: PlanInputs, plan: NodePlan, memory: Sequence[MemoryPlan], model_path: str,
                  prefix: array, generation: GenerationParams) -> None:
-        self.inputs, self.plan, self.memory = inputs, plan, list(memory)
+        # flash attention is decided once, on the first window: a context grown past
+        # runner/plan/attention.py's CPU bound keeps it, as the rest of the file's answers do
+        self.inputs = replace(inputs, started=inputs.started.with_flash_attn([lay.flash_attn for lay in plan.layouts]))
+        self.plan, self.memory = plan, list(memory)
         self.model_path, self.prefix, self.generation = model_path, prefix, generation
         self.grown = False
         self._said_short = 0  # the largest context the memory could not hold, said once

@@ -276,7 +276,8 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     n_batch = batch_budget(n_batch, cache, invariant)
     pool_cells = n_ctx_seq - facts.n_prefix if unified else 0
     cpu_share = gpu.cpu_layer_share(started.n_gpu_layers, facts.dims.n_layer, offload)
-    flash = attention.flash_attn_for(started.flash_attn, started.n_gpu_layers, n_ctx_seq) and not invariant
+    on_gpu = started.n_gpu_layers if offload else 0  # a build without GPU offload keeps every layer here
+    flash = attention.flash_attn_for(started.flash_attn, on_gpu, n_ctx_seq) and not invariant
 
     def cells(s: int) -> int:
         return allocated_kv_cells(kv_cells(s, n_ctx_seq, facts.n_prefix, unified, invariant),

@@ -68,6 +68,17 @@ class NodePlan:
         return {first + i: k for k, (first, layout) in enumerate(zip(self.first_ids, self.layouts))
                 for i in range(layout.workers)}
 
+    def with_flash_attn(self, flash_attn: Sequence[Optional[bool]]) -> "NodePlan":
+        """The plan with each node's flash attention as given (decided, or as a resumed job ran it)."""
+        return replace(self, layouts=tuple(replace(lay, flash_attn=flash)
+                                           for lay, flash in zip(self.layouts, flash_attn)))
+
+    def ran_on_auto(self) -> dict[str, Any]:
+        """What a settled plan decided that a rerun must run the same (runner/journal/ran.py): flash
+        attention, where every node runs it alike."""
+        decided = {lay.flash_attn for lay in self.layouts}
+        return {"flash_attn": decided.pop()} if len(decided) == 1 else {}
+
     def whole(self) -> Layout:
         """One layout for the report and the summary: the first node's, with every node's workers."""
         first = self.layouts[0]

@@ -1,0 +1,59 @@
+"""What a journaled run decided for itself on auto, kept so that its rerun decides the same.
+
+Some settings left on auto are decided from the questions the run holds, and move the answers:
+flash attention on auto is off on a CPU up to a context per sequence (runner/plan/attention.py),
+and a rerun that holds only the questions left to answer sizes a shorter context. So the
+journal's second line says what the run decided, written once the layout is settled and before
+any answer:
+
+    line 1   {"ggbatch_journal": 1, "fingerprint": {...}}
+    line 2   {"ggbatch_ran": {"flash_attn": false}}
+
+A rerun on auto takes what the journaled run ran; a rerun that names a value is compared with it,
+as with any setting in the fingerprint. A journal written before this line existed has none: its
+rerun decides afresh, as that version did.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any, Mapping, Optional
+
+RAN = b'{"ggbatch_ran": '
+
+
+def ran_line(ran: Mapping[str, Any]) -> bytes:
+    return (json.dumps({"ggbatch_ran": dict(ran)}) + "\n").encode()
+
+
+def read_ran(f: IO[bytes]) -> Optional[dict[str, Any]]:
+    """The line at `f`'s position if it is the ran line (then `f` is after it); else None, and
+    `f` where it was. A line cut short by a kill is no ran line: the run answered nothing."""
+    at = f.tell()
+    line = f.readline()
+    if line.startswith(RAN) and line.endswith(b"\n"):
+        try:
+            ran = json.loads(line)["ggbatch_ran"]
+        except (ValueError, KeyError, TypeError):
+            ran = None
+        if isinstance(ran, dict):
+            return ran
+    f.seek(at)
+    return None
+
+
+def as_ran(old: Mapping[str, Any], ran: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The journaled run's fingerprint, to compare with the rerun's: a setting the rerun leaves
+    on auto (absent from its fingerprint) takes what the journaled run had, whatever that was; a
+    setting it names is compared with what the journaled run ran, named or decided on auto."""
+    ran = ran or {}
+    was = {**ran, **old}  # a value named in the fingerprint is what ran
+    return {key: value for key, value in was.items() if key not in ran or key in new}
+
+
+def adopted(old: Mapping[str, Any], ran: Optional[Mapping[str, Any]], key: str) -> Any:
+    """What a rerun on auto runs for `key`: the journaled run's value (named, or decided on auto),
+    or None where it is not known."""
+    if key in old:
+        return old[key]
+    return (ran or {}).get(key)
