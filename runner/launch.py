@@ -83,9 +83,8 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
            most_tokens: int, model_path: str, flash_attn: Optional[bool] = None) -> ContextGrowth:
     """The layout of the started workers, now that the prompts are known (phase 2), node by node
     on each node's memory. The context fits the largest max_tokens of any question (most_tokens)
-    and facts.longest; it grows later if questions need more (runner/plan/growth.py). Flash
-    attention is decided here once: as `flash_attn` (what a resumed journal's run ran) when given,
-    and a context grown later keeps what was decided."""
+    and facts.longest; it grows later if questions need more (runner/plan/growth.py), keeping the
+    flash attention decided here: `flash_attn` (what a resumed journal's run ran) when given."""
     if flash_attn is not None:
         started = started.with_flash_attn([flash_attn] * len(started.layouts))
     if started.layouts[0].n_gpu_layers and not prompting.info.gpu_offload:
@@ -106,4 +105,3 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
                for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
     plan = replace(started, layouts=tuple(lay for lay, _ in settled))
     return ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, prompting.generation)
-
