@@ -11,6 +11,8 @@ Its behaviour is a `Fake`, a picklable EngineFactory that goes where the real en
     Fake(raise_after=N, marker=P)           raise RuntimeError after N answers, once
     Fake(exit_every=N)                      every worker life ends with os._exit(3) after N answers
     Fake(segv_on=QID)                       crash with SIGSEGV whenever QID is admitted
+    Fake(memory_on=QID)                     ask for more memory than any address space holds whenever QID
+                                            is answered ("*": every question): MemoryError, and the worker dies
     Fake(fail_load=True)                    raise at start-up, like a model llama.cpp cannot load
     Fake(exit_after=N, marker=P, fail_load_once_marked=True)
                                             die after N answers, then fail every start-up
@@ -53,6 +55,7 @@ class Fake:
     marker: Optional[str] = None
     exit_every: Optional[int] = None
     segv_on: Optional[str] = None
+    memory_on: Optional[str] = None
     fail_load: bool = False
     fail_load_once_marked: bool = False
     started: Optional[str] = None
@@ -134,6 +137,8 @@ class FakeEngine:
                 # In this thread, as a crash in llama.cpp is: a Ray actor's worker runs in a thread,
                 # and a signal sent to the process could land on another one while this goes on.
                 signal.pthread_kill(threading.get_ident(), signal.SIGSEGV)
+            if fake.memory_on in (q.qid, "*"):
+                bytearray(1 << 44)  # 16 TiB: refused under ulimit -v, as a long prompt's buffers can be
             out.append(Answer(q.qid, f"answer to {q.qid} ({len(q.tokens)} tokens)", FinishReason.STOP,
                               len(q.tokens), 3, self.worker_id, 0.001, 0.002))
             self.answered += 1

@@ -347,8 +347,9 @@ def test_read_only_output_folder_is_exit_2_before_any_work(tmp_path, demo_model)
         r = subprocess.run(cmd(demo_model, questions, folder / "answers.json"), cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2
-        assert r.stderr.strip().splitlines() == [f"ggbatch: error: {folder / 'answers.json'}: output folder "
-                                                 f"{folder} is not writable: Read-only file system"]
+        assert r.stderr.strip().splitlines() == [f"ggbatch: error: {folder / 'answers.json'}: the folder of the "
+                                                 f"answers file (output), {folder}, is not writable: Read-only file "
+                                                 "system"]
     finally:
         subprocess.run(["umount", str(folder)], capture_output=True)
 

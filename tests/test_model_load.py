@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from ggbatch.workers.llama.load_errors import describe_load_failure
+from ggbatch.workers.llama.load_errors import describe_load_failure, memory_sign
 from helpers import ggbatch_command
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.model]
@@ -46,6 +46,14 @@ LOGGED = [  # (what llama.cpp 0.3.36 logs, the start of what the user reads)
 def test_the_logged_reason_becomes_one_line(lines, message):
     text = describe_load_failure("m.gguf", lines)
     assert text.startswith(message) and "\n" not in text
+
+
+def test_a_library_that_cannot_be_mapped_is_memory_only_under_an_address_space_limit():
+    # Without a limit (this process has none) the loader's words may mean a noexec mount or a bad
+    # file; under one, test_tokenizing sees them as the limit running out.
+    assert resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
+    assert memory_sign("libgfortran.so.5: failed to map segment from shared object") is None
+    assert memory_sign("File \"<frozen importlib._bootstrap>\", line 690 MemoryError") == "MemoryError"
 
 
 def sparse_model(path, shape="qwen3-1.7b-like"):

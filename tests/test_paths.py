@@ -76,12 +76,12 @@ def test_an_output_symlink_is_followed_and_its_journal_sits_beside_the_real_file
 
 
 def test_check_writable(tmp_path):
-    check_writable(str(tmp_path / "a.json"))
+    check_writable(str(tmp_path / "a.json"), "the plot")
     assert os.listdir(tmp_path) == []  # the probe leaves nothing behind
-    with pytest.raises(OutputError, match="does not exist"):
-        check_writable(str(tmp_path / "missing" / "a.json"))
-    with pytest.raises(OutputError, match="is a directory"):
-        check_writable(str(tmp_path))
+    with pytest.raises(OutputError, match=re.escape(f"the folder of the plot, {tmp_path / 'missing'}, does not exist")):
+        check_writable(str(tmp_path / "missing" / "a.json"), "the plot")
+    with pytest.raises(OutputError, match="the plot is a directory"):
+        check_writable(str(tmp_path), "the plot")
 
 
 def test_a_full_disk_is_refused_before_any_work(tmp_path):
@@ -98,7 +98,7 @@ def test_a_full_disk_is_refused_before_any_work(tmp_path):
             except OSError:
                 pass
         with pytest.raises(OutputError, match="No space left on device"):
-            check_writable(str(full / "a.json"))
+            check_writable(str(full / "a.json"), "the report")
     finally:
         subprocess.run(["umount", str(full)])
 
@@ -202,3 +202,28 @@ def test_a_folder_given_as_an_output_is_named_by_its_role(files, role):
     said = {"output": "the answers file (output)", "report": "the report", "errors": "the errors file (errors_output)"}
     with pytest.raises(OutputError, match=re.escape(f"{d / 'adir'}: {said[role]} is a directory, not a file")):
         paths(files, d / "a.json" if role != "output" else given["output"], given["report"], given["errors"])
+
+
+@pytest.mark.parametrize("role", ["output", "report", "errors"])
+def test_a_missing_folder_for_an_output_is_named_with_its_role(files, role):
+    d = files["dir"]
+    missing = d / "nodir" / "x.json"
+    given = {"output": d / "a.json", "report": None, "errors": None, role: missing}
+    said = {"output": "the answers file (output)", "report": "the report", "errors": "the errors file (errors_output)"}
+    with pytest.raises(OutputError, match=re.escape(f"{missing}: the folder of {said[role]}, {d / 'nodir'}, does "
+                                                    "not exist")):
+        paths(files, given["output"], given["report"], given["errors"])
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("command,role", [("run", "the report"), ("score", "the score's --json file"),
+                                          ("details", "the score's --details file"), ("merge", "the merged output")])
+def test_every_command_names_the_file_whose_folder_is_missing(tmp_path, demo_model, command, role):
+    missing = tmp_path / "nodir" / "r.json"
+    line = _writing_to(command, missing, tmp_path, demo_model)
+    if command == "run":  # the report, beside an answers file that can be written
+        line = [*line[:-1], tmp_path / "a.json", "--report", missing]
+    done = cli(*line, timeout=100)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [f"ggbatch: error: {missing}: the folder of {role}, "
+                                                f"{tmp_path / 'nodir'}, does not exist"]

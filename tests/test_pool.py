@@ -280,3 +280,51 @@ def test_a_signal_in_the_middle_of_a_send_stops_the_run_within_its_grace():
     assert backend.reentered == []
     assert pool.n_answered < 200  # what had not started decoding was never answered
     assert all(w.link is None for w in pool.workers)
+
+
+OUT_OF_MEMORY = """
+import logging, sys
+sys.path.insert(0, sys.argv[1])
+from test_pool import Fake, qs, run, specs
+logging.basicConfig(format="%(message)s")
+try:
+    pool, answers, _ = run(specs(1, Fake(memory_on=sys.argv[2])), qs(int(sys.argv[3])))
+    print(answers["q0"].error)
+except Exception as exc:
+    print(exc)
+"""
+AS_LIMIT = 4 << 30  # room for the coordinator and a worker; no room for what the fake asks
+
+
+def run_under_a_limit(memory_on, n_questions):
+    """The pool in a process of its own under ulimit -v (its workers inherit it): (what it ended
+    with, its log lines)."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+    r = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY, str(Path(__file__).parent), memory_on, str(n_questions)],
+                       capture_output=True, text=True, timeout=50,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT)))
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip(), [line for line in r.stderr.splitlines() if line.strip()]
+
+
+LIMIT_WORDS = (f" under the address-space limit of {AS_LIMIT >> 20} MiB per process (ulimit -v): "
+               "raise or remove the limit")
+
+
+def test_workers_out_of_memory_while_answering_under_ulimit_v_name_the_limit():
+    # Every question asks for more than the limit allows, as long prompts did of llama.cpp
+    # (std::bad_alloc): each death and the giving up say that the limit, not the machine, ran out.
+    ended, log = run_under_a_limit("*", 8)
+    assert ended.startswith("workers died 4 times in a row with no question answered in between (last: worker 0, ")
+    assert ended.endswith(f"MemoryError: ){LIMIT_WORDS}; giving up"), ended
+    deaths = [line for line in log if "questions go back to the queue" in line]
+    assert len(deaths) == 3 and all(f"){LIMIT_WORDS}; " in line for line in deaths), log
+
+
+def test_a_question_that_runs_out_of_memory_alone_under_ulimit_v_names_the_limit():
+    error, _ = run_under_a_limit("q0", 2)
+    assert error.startswith("a worker died 2 times while answering it alone (last: ")
+    assert error.endswith(LIMIT_WORDS), error

@@ -183,6 +183,34 @@ def test_a_model_the_tokenizer_process_cannot_load_is_a_model_error(tmp_path, de
         TokenizerProcess(str(truncated))
 
 
+UNDER_A_LIMIT = """
+import resource, sys
+from ggbatch.runner.errors import ModelError
+from ggbatch.runner.questions.tokenizing import TokenizerProcess
+limit = int(sys.argv[2]) << 20
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))  # here, not before: the tokenizer process, not this one
+try:
+    TokenizerProcess(sys.argv[1]).close()
+except ModelError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("mib", [78, 117])  # here: numpy's libraries cannot be mapped; a MemoryError in an import
+def test_a_tokenizer_process_out_of_memory_under_ulimit_v_says_so_naming_the_limit(demo_model, mib):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", UNDER_A_LIMIT, demo_model, str(mib)], capture_output=True, text=True,
+                       timeout=60)
+    said = r.stdout.strip()
+    assert said.startswith(f"not enough memory to load the vocabulary of {demo_model} (exit code 1: "), \
+        r.stdout + r.stderr
+    # the words that say memory, not a traceback's tail or numpy's advice on a bad install
+    assert said.endswith(f") under the address-space limit of {mib} MiB per process (ulimit -v): raise or remove "
+                         "the limit") and "\n" not in said, said
+    assert "File " not in said and "install" not in said, said
+
+
 # -- which characters an SPM vocabulary lacks --------------------------------------------------------
 
 PIECES = {b"a", b"b", b"\xe2\x96\x81", b"<0x41>", b"<0xC3>", b"x\xe2\x80\x99s"}  # ▁, and x’s

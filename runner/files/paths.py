@@ -151,12 +151,13 @@ def check_not_a_journal(role: str, path: str) -> None:
         raise ConfigError(f"{role} {path} is the journal or lock of another output; give another path")
 
 
-def check_writable(path: str, role: str = "output") -> None:
+def check_writable(path: str, role: str) -> None:
     """Fail before any work if a file could not be written there: the folder must exist and take
-    a small write (a full disk or a read-only mount fails here, not after the run)."""
+    a small write (a full disk or a read-only mount fails here, not after the run). `role` says
+    which of a command's files it is ("the report"): a path alone may not tell."""
     folder = Path(path).resolve().parent
     if not folder.is_dir():
-        raise OutputError(f"{path}: output folder {folder} does not exist")
+        raise OutputError(f"{path}: the folder of {role}, {folder}, does not exist")
     if Path(path).is_dir():
         raise OutputError(f"{path}: {role} is a directory, not a file")
     try:
@@ -165,7 +166,7 @@ def check_writable(path: str, role: str = "output") -> None:
             probe.flush()
             os.fsync(probe.fileno())
     except OSError as exc:
-        raise OutputError(f"{path}: output folder {folder} is not writable: {exc.strerror or exc}") from None
+        raise OutputError(f"{path}: the folder of {role}, {folder}, is not writable: {exc.strerror or exc}") from None
 
 
 def same_file(a: str, b: str) -> bool:

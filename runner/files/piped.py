@@ -67,7 +67,7 @@ def readable_input(path: str, output: str, stopped: Callable[[], int] = lambda: 
         yield path
         return
     check_not_a_stream(output)  # the output's own refusals first: nothing is read for a run that cannot write
-    check_writable(output)
+    check_writable(output, "the answers file (output)")
     with _copied(path, os.path.dirname(os.path.realpath(output)), stopped) as name:
         yield name
 

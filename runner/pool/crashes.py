@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ...workers.limits import under_address_space_limit
+from ...workers.llama.load_errors import says_memory
 from ...workers.protocol import Answer, FinishReason, Question
 from ..errors import GgbatchError, WorkerFailure
 
@@ -45,6 +46,12 @@ class Death:
 
     def __str__(self) -> str:
         return f"{self.how}: {self.words}" if self.words else self.how
+
+    def limit(self) -> str:
+        """The address-space limit's words (under_address_space_limit) where the death says memory ran
+        out (std::bad_alloc, MemoryError): under ulimit -v it is the limit that ran out, while the machine
+        may have memory to spare; '' for any other death, or without a limit."""
+        return under_address_space_limit() if says_memory(self.words) else ""
 
 
 @dataclass
@@ -79,7 +86,7 @@ class CrashBudget:
         if n < self.max_solo_deaths:
             return [], [(q,)]
         return [Answer(q.qid, "", FinishReason.ERROR, len(q.tokens), 0, death.worker_id, 0.0, 0.0,
-                       error=f"a worker died {n} times while answering it alone (last: {death})",
+                       error=f"a worker died {n} times while answering it alone (last: {death}){death.limit()}",
                        prompt_decoded=False)], []
 
     def give_up(self, death: Death, any_ready: bool, n_live: int) -> Optional[Exception]:
@@ -92,10 +99,13 @@ class CrashBudget:
                 return StartupError(f"workers cannot start: worker {death.worker_id} died while starting "
                                     f"({death})")
         if n_live == 0 and not self.may_restart(death.worker_id):
-            return WorkerFailure(f"no worker can start any more (last: worker {death.worker_id}, {death})")
+            return WorkerFailure(f"no worker can start any more (last: worker {death.worker_id}, {death})"
+                                 f"{death.limit()}")
         if self.barren_deaths > self.max_barren_deaths:
+            limit = death.limit()  # ends in advice (': raise or remove the limit'): giving up comes after it
             return WorkerFailure(f"workers died {self.barren_deaths} times in a row with no question "
-                                 f"answered in between (last: worker {death.worker_id}, {death}): giving up")
+                                 f"answered in between (last: worker {death.worker_id}, {death}){limit}"
+                                 f"{'; ' if limit else ': '}giving up")
         return None
 
     def may_restart(self, worker_id: int) -> bool:

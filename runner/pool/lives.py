@@ -119,8 +119,8 @@ class WorkerLives:
         verdict = self.crashes.give_up(death, any_ready, n_live)
         if verdict is not None:
             raise verdict  # it says which worker died and how
-        log.warning("worker %d%s died (%s); %d questions go back to the queue", death.worker_id,
-                    on_node(w.spec), death, len(lost))
+        log.warning("worker %d%s died (%s)%s; %d questions go back to the queue", death.worker_id,
+                    on_node(w.spec), death, death.limit(), len(lost))
         if not self.crashes.may_restart(w.spec.worker_id):
             log.warning("worker %d cannot start (%s): going on without it", death.worker_id, death)
             return False

@@ -31,7 +31,8 @@ import psutil
 from multiprocess.connection import wait
 
 from ...workers.helper_messages import SpellChoices, TokenizeBatch, TokenizedBatch, TokenizerLoadError, VocabInfo
-from ...workers.llama.load_errors import says_memory
+from ...workers.limits import under_address_space_limit
+from ...workers.llama.load_errors import memory_sign
 from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
 from ..child_processes import STATE_HINTS, start_child
@@ -52,7 +53,18 @@ class Rejected:
 
 
 class _Died(Exception):
-    """The tokenizer process is gone; the message says how (exit code or signal, last stderr)."""
+    """The tokenizer process is gone; the message says how (exit code or signal, last stderr).
+    Out of memory, only the words that say so: the rest of a cut stderr is a traceback's tail, or
+    advice that does not apply (numpy's "bad install" for a library it could not map under the limit)."""
+
+    def __init__(self, how: str, words: str) -> None:
+        self.memory = memory_sign(words)
+        said = self.memory or words
+        super().__init__(f"{how}: {said}" if said else how)
+
+    def limit(self) -> str:
+        """The address-space limit's words (under_address_space_limit) if it ran out of memory."""
+        return under_address_space_limit() if self.memory else ""
 
 
 class TokenizerProcess:
@@ -91,7 +103,7 @@ class TokenizerProcess:
             msg = decode(self._receive())
         except _Died as exc:
             path = self.model_path
-            raise ModelError(f"not enough memory to load the vocabulary of {path} ({exc})" if says_memory(str(exc))
+            raise ModelError(f"not enough memory to load the vocabulary of {path} ({exc}){exc.limit()}" if exc.memory
                              else f"{path}: the tokenizer process died loading the vocabulary ({exc})") from None
         finally:
             os.unlink(self._stderr_path)  # the child has it open; no name left behind
@@ -109,14 +121,14 @@ class TokenizerProcess:
         try:
             return decode(self._receive())
         except _Died as exc:
-            raise WorkerFailure(f"the tokenizer process died ({exc})") from None
+            raise WorkerFailure(f"the tokenizer process died ({exc}){exc.limit()}") from None
 
     def receive(self) -> TokenizedBatch:
         """The result of the oldest batch submitted and not yet received."""
         try:
             return decode(self._receive())
         except _Died as exc:
-            raise WorkerFailure(f"the tokenizer process died ({exc})") from None
+            raise WorkerFailure(f"the tokenizer process died ({exc}){exc.limit()}") from None
 
     def _receive(self) -> bytes:
         # Waiting on the sentinel too: a dead process is noticed at once, not by a hang.
@@ -132,7 +144,7 @@ class TokenizerProcess:
             except EOFError:
                 pass
         self._process.join()
-        raise _Died(self._how_it_died())
+        raise _Died(*self._how_it_died())
 
     def _state(self) -> str:
         """The process's state as psutil names it, with what it suggests."""
@@ -142,13 +154,12 @@ class TokenizerProcess:
             return "gone"
         return state + STATE_HINTS.get(state, "")
 
-    def _how_it_died(self) -> str:
+    def _how_it_died(self) -> tuple[str, str]:
         code = self._process.exitcode
         how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         self._stderr.seek(0, os.SEEK_END)
         self._stderr.seek(max(0, self._stderr.tell() - 600))
-        words = " ".join(self._stderr.read().decode("utf-8", "replace").split())[-300:]
-        return f"{how}: {words}" if words else how
+        return how, " ".join(self._stderr.read().decode("utf-8", "replace").split())[-300:]
 
     def close(self) -> None:
         """Kill the process (it holds nothing worth finishing); idempotent."""

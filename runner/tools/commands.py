@@ -147,7 +147,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             bench.require_matplotlib()
         except ImportError as exc:
             raise ConfigError(str(exc)) from None
-        check_writable(args.plot)
+        check_writable(args.plot, "the plot (--plot)")
     gpu_layers = _gpu_layers(args.gpu_layers)
     n_vocab = _n_vocab(model)
     requested = bool_or_auto(args.repack)
@@ -262,7 +262,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     report = plot.read_report(args.report)
     if os.path.exists(out) and os.path.samefile(out, args.report):
         raise ConfigError(f"{out}: the plot would overwrite the report it is drawn from")
-    check_writable(out)
+    check_writable(out, "the plot")
     plot.save(report, out)
     print(f"plot: {out}")
     return 0

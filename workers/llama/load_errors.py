@@ -21,10 +21,13 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
-from ..limits import under_address_space_limit
+from ..limits import address_space_limit, under_address_space_limit
 
 _MEMORY = re.compile(r"Cannot allocate memory|bad_alloc|failed to allocate|unable to allocate|"
                      r"out of memory|MemoryError|Memory allocation", re.IGNORECASE)
+# The dynamic loader's words for a library it could not map (an import of numpy's extensions):
+# under an address-space limit, the limit ran out; without one, it may be a noexec mount or a bad file.
+_MAP_FAILED = re.compile(r"failed to map segment from shared object")
 _ARCH = re.compile(r"unknown model architecture: '([^']*)'")
 _OPEN = re.compile(r"failed to open .*\((.+)\)$|failed to open [^:]+: (.+)$")
 _CORRUPT = re.compile(r"not within the file bounds|corrupted or incomplete|failed to read|"
@@ -42,7 +45,13 @@ class ModelLoadError(Exception):
 
 def says_memory(text: str) -> bool:
     """Whether an error text is about memory (llama.cpp's, the C++ runtime's or the OS's words)."""
-    return bool(_MEMORY.search(text))
+    return memory_sign(text) is not None
+
+
+def memory_sign(text: str) -> Optional[str]:
+    """The words in an error text that say memory ran out ("MemoryError", "std::bad_alloc"), or None."""
+    found = _MEMORY.search(text) or (_MAP_FAILED.search(text) if address_space_limit() is not None else None)
+    return found.group(0) if found else None
 
 
 def reasons(lines: Sequence[str]) -> list[str]:
