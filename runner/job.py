@@ -130,8 +130,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                         del first_records  # the records' fields were for rendering: a big file's largest part
                         if rest is None:
                             prompting.close()  # every question is made: the vocabulary's memory goes back
-                        growth = _settle(config, started, preparer, first, stream.longest_line, model_path,
-                                         journal)
+                        growth = _settle(config, started, preparer, first, stream.longest_line, model_path, journal)
                         pool.keep(growth.plan.node_of())
                         clock["prepared"] = time.perf_counter()
                         _start_run(watch, first, prompting, growth, pool, None if rest is None else streamed_total(
