@@ -90,6 +90,22 @@ def write_questions(path: str | Path, n: int, gold: bool = False, prefix: str = 
     return write_jsonl(path, question_records(n, gold, prefix))
 
 
+# A run's journal begins with its header (the fingerprint) and what the run decided on auto
+# (runner/journal/ran.py); its answers follow.
+JOURNAL_HEAD = 2
+
+
+def journal_entries(out: str | Path) -> int:
+    """How many answers the journal of the answers file `out` holds so far (a line being written included)."""
+    path = Path(f"{out}.journal.jsonl")
+    return max(0, len(path.read_text(encoding="utf-8").splitlines()) - JOURNAL_HEAD) if path.exists() else 0
+
+
+def journaled(path: str | Path) -> list[dict]:
+    """The entries of a journal (its answers, in file order), past its head lines."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()[JOURNAL_HEAD:]]
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "the condition",
              every: float = 0.02) -> Any:
     """Poll `condition` until it returns something truthy, which is returned; fail after `timeout` s."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from helpers import ggbatch_command
+from helpers import ggbatch_command, journaled
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model, pytest.mark.slow]
 
@@ -120,8 +120,8 @@ def test_questions_the_tokenizer_cannot_take_fail_alone_and_the_rest_is_answered
             assert isinstance(row["answer"], str) and row["answer"] and "error" not in row
     assert "answered   5/8 records, 3 failed" in r.stdout
     # Not journaled: a rerun tries them again (and they fail again), the others come from the journal.
-    journaled = [json.loads(line)["qid"] for line in Path(f"{out}.journal.jsonl").read_text().splitlines()[1:]]
-    assert sorted(journaled) == sorted(f"q{i}" for i in range(len(TOKENIZER_TRAP)) if i not in bad)
+    journaled_ids = [e["qid"] for e in journaled(f"{out}.journal.jsonl")]
+    assert sorted(journaled_ids) == sorted(f"q{i}" for i in range(len(TOKENIZER_TRAP)) if i not in bad)
     again = subprocess.run([*args, "--report", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
     assert again.returncode == 1, again.stderr

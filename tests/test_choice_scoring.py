@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import STORY_WORDS, ggbatch, write_jsonl
+from helpers import JOURNAL_HEAD, STORY_WORDS, ggbatch, write_jsonl
 from test_loglik import TOLERANCE, reference
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
@@ -108,8 +108,8 @@ def test_choices_auto_in_csv_and_a_resumed_job_writes_the_same_file(tmp_path, st
     # stopped halfway: the journal holds the first answers only, the answers file is not written yet
     journal = Path(f"{out}.journal.jsonl")
     lines = journal.read_text().splitlines(keepends=True)
-    assert len(lines) == 1 + len(records)
-    journal.write_text("".join(lines[:1 + len(records) // 2]))
+    assert len(lines) == JOURNAL_HEAD + len(records)
+    journal.write_text("".join(lines[:JOURNAL_HEAD + len(records) // 2]))
     out.unlink()
     r = run(stories, q, out, *flags, "--report", tmp_path / "rep.json")
     assert r.returncode == 0, r.stderr

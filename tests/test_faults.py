@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from conftest import ROOT
-from helpers import ggbatch_command, wait_for, write_jsonl, write_questions
+from helpers import JOURNAL_HEAD, ggbatch_command, journal_entries, journaled, wait_for, write_jsonl, write_questions
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model, pytest.mark.slow]
 
@@ -30,13 +30,6 @@ def cmd(model, questions, out, *extra, slots=4):
     return ggbatch_command("run", "--model", model, "--input", questions, "--output", out, "--workers", 2,
                            "--slots", slots, "--max-tokens", MAX_TOKENS, "--batch-invariant", "--progress", "log",
                            *extra)
-
-
-def journal_entries(out) -> int:
-    path = Path(f"{out}.journal.jsonl")
-    if not path.exists():
-        return 0
-    return max(0, len(path.read_text().splitlines()) - 1)
 
 
 def answers_by_worker(out) -> dict[int, int]:
@@ -214,7 +207,7 @@ def test_workers_killed_at_random_moments_lose_and_duplicate_nothing(long_refere
     assert kills >= 6, "the job finished before the workers could be killed: make it longer"
     assert stderr.count("died (signal 9)") == kills
     assert out.read_bytes() == expected
-    ids = [json.loads(line)["qid"] for line in Path(f"{out}.journal.jsonl").read_text().splitlines()[1:]]
+    ids = [e["qid"] for e in journaled(f"{out}.journal.jsonl")]
     assert len(ids) == len(set(ids)) == LONG_QUESTIONS  # each answer journaled exactly once
 
 
@@ -321,7 +314,7 @@ def test_disk_full_is_exit_2_and_the_journal_keeps_what_was_answered(reference, 
     assert len(errors) == 1 and "No space left on device" in errors[0], r.stderr
     assert "Traceback" not in r.stderr
     journal = Path(f"{out}.journal.jsonl").read_text().splitlines()
-    kept = [json.loads(line) for line in journal[1:] if line.endswith("}")]
+    kept = [json.loads(line) for line in journal[JOURNAL_HEAD:] if line.endswith("}")]
     assert kept  # some answers made it to disk before it filled
     # With room again (the same files moved to a bigger disk), the rerun finishes the job.
     roomy = tmp_path / "roomy"

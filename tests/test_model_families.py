@@ -34,6 +34,7 @@ from helpers import (
     chat_questions,
     engine_answers,
     ggbatch_command,
+    journal_entries,
     loaded_memory,
     passage_texts,
     repack_runs,
@@ -167,11 +168,6 @@ def run_command(model: str, questions: Path, out: Path, *extra: str) -> list[str
     return ggbatch_command("run", "--model", model, "--input", str(questions),
             "--output", str(out), "--workers", "1", "--max-tokens", "24", "--batch-invariant",
             "--system", SYSTEM, "--progress", "log", *extra)
-
-
-def journal_entries(out: Path) -> int:
-    path = Path(f"{out}.journal.jsonl")
-    return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
 
 
 def worker_pids(proc: subprocess.Popen) -> list[int]:

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from conftest import ROOT
-from helpers import ggbatch_command, wait_for, write_jsonl
-from test_faults import journal_entries, workers_of
+from helpers import ggbatch_command, journal_entries, journaled, wait_for, write_jsonl
+from test_faults import workers_of
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.model]
 
@@ -76,7 +76,7 @@ def test_a_worker_killed_while_it_holds_cached_passages_loses_nothing(quiet, tmp
     assert proc.returncode == 0, stderr
     assert "died (signal 9)" in stderr
     assert out.read_bytes() == (folder / "on.json").read_bytes()
-    ids = [json.loads(line)["qid"] for line in open(f"{out}.journal.jsonl").read().splitlines()[1:]]
+    ids = [e["qid"] for e in journaled(f"{out}.journal.jsonl")]
     assert len(ids) == len(set(ids)) == N_PASSAGES * PER_PASSAGE
 
 

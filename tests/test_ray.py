@@ -26,8 +26,8 @@ from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
 from ggbatch.workers.ray_actor import own_cores
 from ggbatch.workers.spec import WorkerSpec
+from helpers import JOURNAL_HEAD, journaled, wait_for
 from helpers import ggbatch as cli
-from helpers import wait_for
 
 ray = pytest.importorskip("ray", reason="the Ray backend's tests need ray: pip install -e '.[test]'")
 
@@ -184,7 +184,7 @@ def _kill_one_actor_when(journal: Path, min_answers: int, killed: list) -> None:
     """Wait until the run has journaled some answers, then ray.kill one of its workers."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if journal.exists() and len(journal.read_text().splitlines()) > min_answers:  # header + answers
+        if journal.exists() and len(journal.read_text().splitlines()) >= JOURNAL_HEAD + min_answers:
             actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
                       if a["name"].startswith("ggbatch-worker-")]
             if actors:
@@ -209,8 +209,8 @@ def test_ray_kill_of_an_actor_mid_job_loses_nothing(cluster, demo_model, questio
     assert killed, "the job ended before an actor could be killed"
     rows = json.loads(out.read_text())
     assert len(rows) == 48 and all(r["answer"] is not None for r in rows)
-    journaled = [json.loads(line)["qid"] for line in (tmp_path / "a.json.journal.jsonl").read_text().splitlines()[1:]]
-    assert sorted(journaled) == sorted(r["questionID"] for r in rows)  # each once: nothing twice
+    journaled_ids = [e["qid"] for e in journaled(tmp_path / "a.json.journal.jsonl")]
+    assert sorted(journaled_ids) == sorted(r["questionID"] for r in rows)  # each once: nothing twice
     assert sum(w["restarts"] for w in json.loads(report.read_text())["workers"].values()) == 1
     assert "died (Ray actor died" in done.stderr
 

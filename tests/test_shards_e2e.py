@@ -9,6 +9,7 @@ import os
 import pytest
 
 from ggbatch.runner.files.shards import shard_of
+from helpers import JOURNAL_HEAD
 from helpers import ggbatch as cli
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
@@ -77,16 +78,17 @@ def test_a_shard_rerun_after_a_crash_answers_only_what_its_journal_lacks(tmp_pat
     assert r.returncode == 0, r.stderr
     part, journal = tmp_path / "answers.shard-0-of-3.json", tmp_path / "answers.shard-0-of-3.json.journal.jsonl"
     expected = part.read_bytes()
-    # What kill -9 in the middle leaves: the header, two answers, a torn line, no answers file.
+    # What kill -9 in the middle leaves: the head lines, two answers, a torn line, no answers file.
     lines = journal.read_text(encoding="utf-8").splitlines(keepends=True)
-    journal.write_text("".join(lines[:3]) + lines[3][:25], encoding="utf-8")
+    journal.write_text("".join(lines[:JOURNAL_HEAD + 2]) + lines[JOURNAL_HEAD + 2][:25], encoding="utf-8")
     part.unlink()
     r = ggbatch(*args)
     assert r.returncode == 0, r.stderr
     assert part.read_bytes() == expected
     q = json.loads((tmp_path / "report.shard-0-of-3.json").read_text())["questions"]
     assert q["shard"] == {"index": 0, "count": 3}
-    assert (q["records"], q["from_journal"], q["answered"]) == (len(lines) - 1, 2, len(lines) - 1)
+    answers = len(lines) - JOURNAL_HEAD
+    assert (q["records"], q["from_journal"], q["answered"]) == (answers, 2, answers)
     assert "shard 0/3: " in r.stderr and f" of the {N} questions, answers to {part}" in r.stderr
 
 

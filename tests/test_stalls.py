@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 from ggbatch.runner.watch.memory_guard import LowMemoryPause
 from ggbatch.runner.watch.stalls import StallWatch
-from helpers import ggbatch_command, wait_for
+from helpers import ggbatch_command, journal_entries, wait_for
 
 
 def test_a_worker_whose_cpu_time_stops_growing_is_a_stall_once_then_recovers():
@@ -69,8 +69,7 @@ def test_a_stopped_worker_is_reported_within_seconds_and_the_job_still_finishes(
     command = ggbatch_command("run", "--model", demo_model, "--input", questions_file(32), "--output", out,
                               "--max-tokens", 64, "--workers", 1, "--slots", 2, "--progress", "log")
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    journal = tmp_path / "a.json.journal.jsonl"
-    wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) > 2, 60, "two journaled answers")
+    wait_for(lambda: journal_entries(out) >= 2, 60, "two journaled answers")
     (worker,) = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
     os.kill(worker.pid, signal.SIGSTOP)
     time.sleep(12.5)

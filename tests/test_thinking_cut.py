@@ -21,7 +21,7 @@ from ggbatch.runner.config.reasoning import answer_room_problem
 from ggbatch.runner.files.formats.rows import Row, row_fields, shown_answer
 from ggbatch.runner.journal.journal import _answer, _entry, setting_change
 from ggbatch.workers.protocol import Answer, FinishReason, Sample, Thinking
-from helpers import ggbatch, write_jsonl
+from helpers import ggbatch, journaled, write_jsonl
 
 TEXTS = ["What is two and two?", "Tell me a story about a dog.", "Why is the sky blue?"]
 
@@ -99,8 +99,7 @@ def test_a_plain_answer_cut_inside_the_thinking_is_thinking_in_every_format(thin
     assert done.returncode == 0, done.stderr
     rows = _rows(out)
     assert all(r["answer"] == "" and r["thinking"] for r in rows), rows
-    assert all(json.loads(line).get("in_thinking") for line in (tmp_path / "a.jsonl.journal.jsonl").read_text()
-               .splitlines()[1:])
+    assert all(e.get("in_thinking") for e in journaled(tmp_path / "a.jsonl.journal.jsonl"))
     again = ggbatch(*run, "--output", out)  # every answer from the journal: the same file
     assert again.returncode == 0 and _rows(out) == rows
     done = ggbatch(*run, "--output", tmp_path / "a.csv")
