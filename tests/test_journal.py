@@ -270,3 +270,31 @@ def test_a_journal_killed_before_its_first_answer_with_its_ran_line_torn_is_made
     j = Journal(str(path), {**FP, "sampling.temperature": 0.5})  # another setting: nothing to lose
     assert j.ran("flash_attn") is None
     j.close()
+
+
+@pytest.mark.parametrize("line, problem", [
+    (b'{"ggbatch_ran":{"flash_attn":false}}\n', None),  # as jq -c writes it: read as JSON, not as bytes
+    (b'{"ggbatch_ran": {"flash_attn": null}}\n', "says the run decided flash_attn null, which is not bool"),
+    (b'{"ggbatch_ran": {"flash_attn": "false"}}\n', 'says the run decided flash_attn "false", which is not bool'),
+    (b'{"ggbatch_ran": {"flash_attn": tru}}\n', "is not what ggbatch writes there"),
+    (b'{"ggbatch_ran": []}\n', "is not what ggbatch writes there"),
+    (b'{"ggbatch_ran": {"flash_attn": true, "later": 1}}\n', None),  # a later version's key is left alone
+])
+def test_a_hand_edited_ran_line_is_read_as_json_and_a_bad_value_refused(tmp_path, line, problem):
+    """Ignored, it let the rerun decide afresh without a word, and answer otherwise."""
+    path = tmp_path / "j.jsonl"
+    j = Journal(str(path), FP)
+    j.record_ran({"flash_attn": True})
+    j.split([question("q1", 1)])
+    j.append([answer("q1", "one")])
+    j.close()
+    head, _, *rest = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(head + line + b"".join(rest))
+    if problem is None:
+        j = Journal(str(path), FP)
+        assert j.ran("flash_attn") in (True, False) and j.split([question("q1", 1)])[1]["q1"].text == "one"
+        j.close()
+    else:
+        with pytest.raises(ConfigError, match=f"j.jsonl: its second line.*{problem}.*remove that line to let this "
+                                              "run decide, or pass fresh=True to start over"):
+            Journal(str(path), FP)

@@ -58,3 +58,30 @@ def test_a_job_killed_after_its_long_question_resumes_with_the_flash_attention_i
     assert (r := run(long_context_model, questions, resumed, "--flash-attn", "true")).returncode == 0, r.stderr
     refused = run(long_context_model, questions, resumed, "--flash-attn", "false")
     assert refused.returncode == 2 and "'flash_attn' changed since the journaled run (true -> false)" in refused.stderr
+
+
+def test_shards_that_decided_flash_attention_apart_are_merged_with_a_warning(tmp_path, long_context_model):
+    """Each shard decides auto for the questions it holds: the one with the long question runs
+    flash attention and the other does not, so a near-tie may part from one run's answer."""
+    questions = tmp_path / "q.jsonl"
+    lines = [{"questionID": f"q{i}", "question": f"What is {i} and {i + 1}?"} for i in range(6)]
+    lines[0]["question"] = " ".join(f"word{i % 50} and" for i in range(2200))
+    questions.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "a.jsonl"
+    for shard in ("0/2", "1/2"):
+        assert (r := run(long_context_model, questions, out, "--shard", shard)).returncode == 0, r.stderr
+    parts = [tmp_path / f"a.shard-{i}-of-2.jsonl" for i in range(2)]
+    ran = {p: json.loads(Path(f"{p}.journal.jsonl").read_text().splitlines()[1])["ggbatch_ran"] for p in parts}
+    assert sorted(r["flash_attn"] for r in ran.values()) == [False, True]
+    merged = cli("merge", "--input", questions, "--output", tmp_path / "m.jsonl", *parts, timeout=60)
+    assert merged.returncode == 0, merged.stderr
+    on = next(p for p, r in ran.items() if r["flash_attn"])
+    off = next(p for p in parts if p != on)
+    assert f"ggbatch: {on} ran flash attention and {off} did not (flash_attn: auto decides it" in merged.stderr
+    assert "set flash_attn to make the shards agree" in merged.stderr
+
+    for shard in ("0/2", "1/2"):  # set, the shards agree and the merge says nothing
+        r = run(long_context_model, questions, out, "--shard", shard, "--flash-attn", "false", "--fresh")
+        assert r.returncode == 0, r.stderr
+    merged = cli("merge", "--input", questions, "--output", tmp_path / "m.jsonl", *parts, timeout=60)
+    assert merged.returncode == 0 and "flash attention" not in merged.stderr, merged.stderr

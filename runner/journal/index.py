@@ -42,7 +42,7 @@ class Earlier:
 
     def __init__(self, fingerprint: Optional[dict[str, Any]]) -> None:
         self.fingerprint = fingerprint  # from its header; None: the file is not a ggbatch journal
-        self.ran: Optional[dict[str, Any]] = None  # what it decided on auto (runner/journal/ran.py)
+        self.ran: Any = None  # what it decided on auto, as written (runner/journal/ran.py)
         self.rows = HashIndex()  # qid key -> row of the columns below, -1: its last answer failed
         self.qids = IdColumn()
         self.records, self.prompts, self.at = array("Q"), array("Q"), array("q")  # of each row

@@ -39,7 +39,7 @@ from ..files.formats.token_logprobs import from_journal, to_journal
 from ..model.identity import ModelIdentity
 from ..model.versions import package_version
 from .index import Earlier, holds_answers, prompt_key, read_earlier
-from .ran import adopted, as_ran, ran_line
+from .ran import adopted, as_ran, ran_line, ran_problem
 
 VERSION = 1
 
@@ -375,6 +375,10 @@ class Journal:
     def _check_header(self, old: Optional[dict[str, Any]], ran: Optional[dict[str, Any]]) -> None:
         if old is None:
             raise StartOver(f"{self.path}: not a ggbatch journal", "remove it or {how}")
+        problem = ran_problem(ran)
+        if problem is not None:
+            raise StartOver(f"{self.path}: {problem}", "remove that line to let this run decide, or {how} to start "
+                            "over")
         change = setting_change(as_ran(old, ran, self.fingerprint), self.fingerprint)
         if change is not None:
             key, was, now = change

@@ -19,26 +19,44 @@ from __future__ import annotations
 import json
 from typing import IO, Any, Mapping, Optional
 
-RAN = b'{"ggbatch_ran": '
+RAN = b'{"ggbatch_ran"'
+KNOWN = {"flash_attn": bool}  # what a run may say it decided, and its type
+UNREADABLE = object()  # a ran line that is not JSON
 
 
 def ran_line(ran: Mapping[str, Any]) -> bytes:
     return (json.dumps({"ggbatch_ran": dict(ran)}) + "\n").encode()
 
 
-def read_ran(f: IO[bytes]) -> Optional[dict[str, Any]]:
-    """The line at `f`'s position if it is the ran line (then `f` is after it); else None, and
-    `f` where it was. A line cut short by a kill is no ran line: the run answered nothing."""
+def read_ran(f: IO[bytes]) -> Any:
+    """The value of the ran line at `f`'s position, as written (ran_problem says whether it is
+    one), and `f` after it; UNREADABLE for such a line that is not JSON. None where the line is no
+    ran line (an answer, in a journal written before it existed), and `f` where it was: a line
+    cut short by a kill is none either (the run answered nothing)."""
     at = f.tell()
     line = f.readline()
-    if line.startswith(RAN) and line.endswith(b"\n"):
+    if line.lstrip().startswith(RAN) and line.endswith(b"\n"):
         try:
-            ran = json.loads(line)["ggbatch_ran"]
-        except (ValueError, KeyError, TypeError):
-            ran = None
-        if isinstance(ran, dict):
-            return ran
+            written = json.loads(line)
+        except ValueError:
+            return UNREADABLE
+        if isinstance(written, dict) and "ggbatch_ran" in written:
+            return written["ggbatch_ran"]
     f.seek(at)
+    return None
+
+
+def ran_problem(ran: Any) -> Optional[str]:
+    """What is wrong with a ran line's value (a hand-edited journal), or None: a rerun would
+    otherwise decide afresh without a word, and answer otherwise. A key this version does not
+    know (a later one's) is left alone."""
+    if ran is None:
+        return None
+    if ran is UNREADABLE or not isinstance(ran, dict):
+        return "its second line, what the run decided on auto, is not what ggbatch writes there"
+    for key, kind in KNOWN.items():
+        if key in ran and not isinstance(ran[key], kind):
+            return f"its second line says the run decided {key} {json.dumps(ran[key])}, which is not {kind.__name__}"
     return None
 
 

@@ -33,7 +33,9 @@ from ..files.piped import readable_file, shown_name
 from ..files.shards import shard_in_name, shard_of
 from ..journal.journal import setting_change
 from .join import Merged, merge_rows, render_merged
-from .parts import Part, part_settings, read_part
+from .parts import Part, part_ran, part_settings, read_part
+
+log = logging.getLogger("ggbatch")
 
 SHOWN = 5  # missing ids named in the message
 
@@ -122,6 +124,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     _check_paths(output, paths, questions)
     split, absent_shards = _split(paths)
     settings = _check_one_job([p for p in paths if os.path.exists(p)])
+    _say_decided_apart([p for p in paths if os.path.exists(p)])
     order, question_fmt = None, None
     if questions is not None:
         question_file = read_question_file(questions, id_field, question_field, input_fmt)
@@ -178,6 +181,20 @@ def _check_one_job(paths: Sequence[str]) -> Optional[dict[str, Any]]:
                               f"'{key}' ({quote(was)} and {quote(now)}, as their journals say); merge the "
                               "shards of one job")
     return first[1] if first is not None else None
+
+
+def _say_decided_apart(paths: Sequence[str]) -> None:
+    """Warn of shards whose runs decided flash attention otherwise on auto (each from the
+    questions it holds: one with a long question runs it, the others do not): their greedy
+    answers at near-ties may differ from one run's. Not refused: shards may run on other machines."""
+    ran = {path: part_ran(path).get("flash_attn") for path in paths}
+    decided = {path: flash for path, flash in ran.items() if flash is not None}
+    on = [path for path, flash in decided.items() if flash]
+    off = [path for path, flash in decided.items() if not flash]
+    if on and off:
+        log.warning("%s ran flash attention and %s did not (flash_attn: auto decides it for each shard's "
+                    "questions): an answer at a near-tie may differ from one run's; set flash_attn to make the "
+                    "shards agree", on[0], off[0])
 
 
 def _split(paths: Sequence[str]) -> tuple[int, list[int]]:

@@ -27,6 +27,7 @@ from ..files.formats.csvfile import csv_rows
 from ..files.formats.detect import is_openai_output
 from ..files.inputs import detect_format, json_array, json_lines, read_text
 from ..files.paths import journal_path
+from ..journal.ran import ran_problem, read_ran
 from ..scoring.files import openai_text, row_id
 
 
@@ -45,6 +46,18 @@ def part_settings(path: str) -> Optional[dict[str, Any]]:
     settings = json.loads(json.dumps(fingerprint))
     settings.pop("shard", None)
     return settings
+
+
+def part_ran(path: str) -> dict[str, Any]:
+    """What a part's run decided on auto (runner/journal/ran.py): each shard decides for itself,
+    from the questions it holds; {} when its journal does not say."""
+    try:
+        with open(journal_path(path), "rb") as f:
+            f.readline()
+            ran = read_ran(f)
+    except OSError:
+        return {}
+    return ran if isinstance(ran, dict) and ran_problem(ran) is None else {}
 
 
 @dataclass(frozen=True)
