@@ -123,13 +123,14 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     paths, journals = _without_journals(paths)
     _check_paths(output, paths, questions)
     split, absent_shards = _split(paths)
-    settings = _check_one_job([p for p in paths if os.path.exists(p)])
-    _say_decided_apart([p for p in paths if os.path.exists(p)])
+    present = [p for p in paths if os.path.exists(p)]
+    settings = _check_one_job(present)
+    _say_decided_apart(present)
     order, question_fmt = None, None
     if questions is not None:
         question_file = read_question_file(questions, id_field, question_field, input_fmt)
         order, question_fmt = [r.qid for r in question_file.records], question_file.format
-    parts = [read_part(p, id_field) for p in paths if os.path.exists(p)]
+    parts = [read_part(p, id_field) for p in present]
     merged = merge_rows(parts, order, questions or "")
     fmt = _format(output, output_fmt, parts, question_fmt)
     check_id_column(id_field, [fmt])
@@ -188,9 +189,8 @@ def _say_decided_apart(paths: Sequence[str]) -> None:
     questions it holds: one with a long question runs it, the others do not): their greedy
     answers at near-ties may differ from one run's. Not refused: shards may run on other machines."""
     ran = {path: part_ran(path).get("flash_attn") for path in paths}
-    decided = {path: flash for path, flash in ran.items() if flash is not None}
-    on = [path for path, flash in decided.items() if flash]
-    off = [path for path, flash in decided.items() if not flash]
+    on = [path for path, flash in ran.items() if flash is True]
+    off = [path for path, flash in ran.items() if flash is False]
     if on and off:
         log.warning("%s ran flash attention and %s did not (flash_attn: auto decides it for each shard's "
                     "questions): an answer at a near-tie may differ from one run's; set flash_attn to make the "
