@@ -158,6 +158,18 @@ def test_a_job_file_in_latin_1_names_the_line_and_column_of_the_byte(tmp_path):
         load_job_file(str(path))
 
 
+def test_a_job_file_in_utf_16_is_read_with_its_mark_and_named_without_it(tmp_path):
+    """Without a mark it was YAML's "character #x0000 ('\\x00'): special characters are not allowed"."""
+    text = "model: demo\ninput: q.jsonl\noutput: a.json\nsystem: \"café\"\n"
+    path = tmp_path / "job.yaml"
+    path.write_bytes(text.encode("utf-16-le"))
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}:1: UTF-16 text without a byte order mark "
+                                          "\\(every other byte is zero\\); save the file as UTF-8"):
+        load_job_file(str(path))
+    path.write_bytes(text.encode("utf-16"))  # with its mark, as a question file may be
+    assert load_job_file(str(path))["system"] == "café"
+
+
 def test_missing_job_file(tmp_path):
     with pytest.raises(ConfigError, match="job file not found"):
         load_job_file(str(tmp_path / "nope.yaml"))
