@@ -62,7 +62,18 @@ class _Parser(argparse.ArgumentParser):
     """A mistyped flag or value is one line naming it, as every other error is, not the whole usage
     (which --help gives)."""
 
+    _words: Sequence[str] = ()
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:  # kept for error(): the words parsed
+        given = args[0] if args else kwargs.get("args")
+        self._words = list(sys.argv[1:] if given is None else given)
+        return super().parse_known_args(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
+        # argparse says a required flag is missing before it hands on the words it did not know:
+        # `--ouput X` reads as if --output had not been typed unless the misspelling is named.
+        if message.startswith("the following arguments are required"):
+            message += _did_you_mean(self, self._words, listed=False)
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
 
 
@@ -288,16 +299,20 @@ def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.A
     return cast(argparse.ArgumentParser, subparsers.choices[command])
 
 
-def _did_you_mean(command_parser: argparse.ArgumentParser, extra: Sequence[str]) -> str:
-    """The closest known flag for each unknown one (argparse offers none before Python 3.14)."""
+def _did_you_mean(command_parser: argparse.ArgumentParser, words: Sequence[str], listed: bool = True) -> str:
+    """The closest known flag for each unknown one among `words` (argparse offers none before
+    Python 3.14); a known flag, or an abbreviation argparse takes for one, gets no hint. A lone
+    hint names its flag only where the error has not `listed` the unknown words already."""
     known = [flag for action in command_parser._actions for flag in action.option_strings]
     hints = {}
-    for word in extra:
+    for word in words:
         flag = word.split("=", 1)[0]
-        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7) if flag.startswith("-") else []
+        if not flag.startswith("-") or any(k.startswith(flag) for k in known):
+            continue
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7)
         if close:
             hints[flag] = close[0]
-    if len(hints) == 1:
+    if len(hints) == 1 and listed:
         return f"; did you mean {next(iter(hints.values()))}?"
     return "".join(f"; {flag}: did you mean {close}?" for flag, close in hints.items())
 

@@ -358,5 +358,5 @@ def _report(setup: JobSetup, counts: RecordCounts, pool: WorkerPool, watch: RunW
                          watch.timeline.as_report(), watch.thread_changes)
     report = RunReport(setup, outcome)
     if setup.config.report:
-        write_atomic(setup.config.report, json.dumps(report.as_json(), indent=2) + "\n")
+        write_atomic(setup.config.report, json.dumps(report.as_json(), indent=2) + "\n", "the report")
     return report

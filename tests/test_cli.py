@@ -51,3 +51,20 @@ def test_a_misspelt_flag_is_named_with_the_closest_one_and_the_subcommands_help(
     assert "--quite: did you mean --quiet?; --output-formt: did you mean --output-format?" in two.stderr, two.stderr
     unknown = ggbatch("score", "--answers", "a", "--gold", "b", "--zzz")
     assert unknown.stderr.endswith("unrecognized arguments: --zzz (`ggbatch score --help` lists the options)\n")
+
+
+def test_a_misspelt_required_flag_is_named_with_the_closest_one(tmp_path):
+    # argparse's "required" error comes before the unknown words reach the hint
+    r = ggbatch("merge", "--ouput", tmp_path / "m.jsonl", tmp_path / "a.jsonl")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == ("ggbatch merge: error: the following arguments are required: --output; --ouput: did you "
+                        "mean --output? (`ggbatch merge --help` lists the options)\n")
+    score = ggbatch("score", "--answers", "a.jsonl", "--gld", "g.jsonl")
+    assert "required: --gold; --gld: did you mean --gold? (" in score.stderr, score.stderr
+    eval_ = ggbatch("eval", "--modle", "m.gguf", "--tasks", "x")
+    assert "required: --model; --modle: did you mean --model? (" in eval_.stderr, eval_.stderr
+    two = ggbatch("bench", "--modle", "m.gguf", "--npll", "1")
+    assert "--modle: did you mean --model?; --npll: did you mean --npl? (" in two.stderr, two.stderr
+    typed = ggbatch("merge", "--input", tmp_path / "q.jsonl", tmp_path / "a.jsonl")  # nothing misspelt
+    assert typed.stderr == ("ggbatch merge: error: the following arguments are required: --output "
+                            "(`ggbatch merge --help` lists the options)\n")

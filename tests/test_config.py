@@ -158,6 +158,37 @@ def test_a_job_file_in_latin_1_names_the_line_and_column_of_the_byte(tmp_path):
         load_job_file(str(path))
 
 
+def test_a_job_file_in_utf_16_is_read_with_its_mark_and_named_without_it(tmp_path):
+    """Without a mark it was YAML's "character #x0000 ('\\x00'): special characters are not allowed"."""
+    text = "model: demo\ninput: q.jsonl\noutput: a.json\nsystem: \"café\"\n"
+    path = tmp_path / "job.yaml"
+    path.write_bytes(text.encode("utf-16-le"))
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}:1: UTF-16 text without a byte order mark "
+                                          "\\(every other byte is zero\\); save the file as UTF-8"):
+        load_job_file(str(path))
+    path.write_bytes(text.encode("utf-16"))  # with its mark, as a question file may be
+    assert load_job_file(str(path))["system"] == "café"
+
+
+def test_a_lone_surrogate_in_a_value_is_refused_naming_the_file_and_the_key(tmp_path):
+    """It passed, and every question failed at tokenization with an error naming neither."""
+    path = job(tmp_path, 'model: m\ninput: q.jsonl\noutput: a.json\nsystem: "a\\ud800b"\n')
+    with pytest.raises(ConfigError, match=f"^{re.escape(path)}: system: U\\+D800 at character 2 is half of a "
+                                          "surrogate pair: must be text UTF-8 can write, got 'a\\\\ud800b'$"):
+        build_config([(path, load_job_file(path))])
+    nested = job(tmp_path, 'model: m\ninput: q.jsonl\noutput: a.json\nstop: ["x", "\\udfff"]\n', "nested.yaml")
+    with pytest.raises(ConfigError, match="nested.yaml: stop: U\\+DFFF at character 1"):
+        build_config([(nested, load_job_file(nested))])
+    # a flag's byte that is not UTF-8 arrives as one (surrogateescape), and is named as that byte
+    flags = {"model": "m", "input": "q.jsonl", "output": "a.json", "system": "caf\udce9"}
+    with pytest.raises(ConfigError, match=r"^command line: system: U\+DCE9 at character 4 is half of a surrogate "
+                                          r"pair \(in a command-line argument, the byte 0xe9, which is not UTF-8\)"):
+        build_config([("command line", flags)])
+    # a file's name may hold such bytes
+    assert build_config([("command line", {**flags, "system": "s", "input": "caf\udce9.jsonl"})]).input == \
+        "caf\udce9.jsonl"
+
+
 def test_missing_job_file(tmp_path):
     with pytest.raises(ConfigError, match="job file not found"):
         load_job_file(str(tmp_path / "nope.yaml"))

@@ -222,6 +222,14 @@ def test_bench_with_gpu_layers_and_where_its_steps_went(tmp_path, stories):
     assert bad.returncode == 2 and "--gpu-layers: must be an integer >= 0, all or auto" in bad.stderr
 
 
+@pytest.mark.parametrize("flag", ["--json", "--csv"])
+def test_bench_checks_its_tables_folder_before_it_runs(tmp_path, stories, flag):
+    r = cli("bench", "--model", stories, "--npl", "1", flag, str(tmp_path / "nodir" / "b.out"), timeout=60)
+    assert r.returncode == 2
+    assert f"b.out: the folder of the bench table ({flag}), {tmp_path / 'nodir'}, does not exist" in r.stderr
+    assert "PP" not in r.stdout  # no row measured: the check came first
+
+
 def test_bench_runner_row_with_several_workers(tmp_path, demo_model):
     n_cores = len(os.sched_getaffinity(0))
     r = cli("bench", "--model", demo_model, "--npp", "16", "--ntg", "4",

@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from ggbatch.runner.errors import OutputError
 from ggbatch.runner.files.formats.rows import split_thinking
 from ggbatch.runner.files.outputs import OutputSpec, Row, merge, render, write_atomic
 from helpers import answer
@@ -29,6 +30,14 @@ def test_write_atomic_leaves_no_temp_files(tmp_path):
     write_atomic(str(target), "new")
     assert target.read_text() == "new"
     assert os.listdir(tmp_path) == ["a.json"]
+
+
+def test_a_write_that_fails_names_the_file_it_was_given_as(tmp_path):
+    gone = tmp_path / "gone" / "b.json"
+    with pytest.raises(OutputError, match=r"b\.json: could not write the bench table \(--json\): No such file"):
+        write_atomic(str(gone), "{}", "the bench table (--json)")
+    with pytest.raises(OutputError, match="could not write the answers file: "):
+        write_atomic(str(gone), "[]")
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -82,6 +82,13 @@ def test_check_writable(tmp_path):
         check_writable(str(tmp_path / "missing" / "a.json"), "the plot")
     with pytest.raises(OutputError, match="the plot is a directory"):
         check_writable(str(tmp_path), "the plot")
+    (tmp_path / "q.jsonl").write_text("{}\n")
+    with pytest.raises(OutputError, match=re.escape(f"the folder of the plot, {tmp_path / 'q.jsonl'}, is a file, "
+                                                    "not a folder")):
+        check_writable(str(tmp_path / "q.jsonl" / "a.json"), "the plot")
+    with pytest.raises(OutputError, match=re.escape(f"{tmp_path / 'q.jsonl' / 'x'}, does not exist: "
+                                                    f"{tmp_path / 'q.jsonl'} is a file, not a folder")):
+        check_writable(str(tmp_path / "q.jsonl" / "x" / "a.json"), "the plot")
 
 
 def test_a_full_disk_is_refused_before_any_work(tmp_path):

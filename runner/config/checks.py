@@ -73,6 +73,28 @@ def string(optional: bool = False) -> Callable[[Any], Optional[str]]:
     return check
 
 
+def unicode_text(v: Any) -> None:
+    """ValueError for a string, in the value or in a list or mapping inside it, holding a lone
+    surrogate: YAML's and JSON's escape "\\ud800" writes one, and a command-line argument holds one
+    for each byte that is not UTF-8 (Python's surrogateescape). No UTF-8 text, a prompt included,
+    can hold it: a system prompt with one failed every question at tokenization."""
+    if isinstance(v, Mapping):
+        for item in (*v.keys(), *v.values()):
+            unicode_text(item)
+    elif isinstance(v, (list, tuple)):
+        for item in v:
+            unicode_text(item)
+    elif isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            point = ord(v[exc.start])
+            byte = f" (in a command-line argument, the byte 0x{point - 0xDC00:02x}, which is not UTF-8)" \
+                if 0xDC80 <= point <= 0xDCFF else ""
+            raise ValueError(f"U+{point:04X} at character {exc.start + 1} is half of a surrogate pair{byte}: "
+                             "must be text UTF-8 can write") from None
+
+
 def boolean(v: Any) -> bool:
     if isinstance(v, bool):
         return v

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError, quote
-from ..files.formats.textfile import not_utf8
+from ..errors import ConfigError, InputError, quote
+from ..files.formats.textfile import decoded_text
 
 # What a question file is named (runner/files/formats/detect.py); a `.json` one is an array,
 # which no job file (a mapping) is.
@@ -53,9 +53,9 @@ def _job_text(path: str) -> str:
         raise ConfigError(f"{path}: looks like a question file ({question_format}), not a job file (YAML): "
                           "give it as --input")
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(not_utf8(path, data, exc.start)) from None
+        return decoded_text(path, data)  # question files' encodings, said in the same words
+    except InputError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class UniqueKeyLoader(yaml.SafeLoader):

@@ -257,6 +257,8 @@ def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
             if key not in SCHEMA:
                 raise ConfigError(f"{source}: unknown key '{key}'")
             try:
+                if key not in PATH_KEYS:  # a file's name may hold any bytes the system allows
+                    check.unicode_text(raw)
                 value = SCHEMA[key](raw)
             except ValueError as exc:
                 raise ConfigError(f"{source}: {key}: {exc}, got {quote(raw)}{_yaml_hint(source, raw)}") from None

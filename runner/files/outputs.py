@@ -22,6 +22,7 @@ from .formats.detect import errors_format
 from .formats.openai_output import batch_line
 from .formats.rows import OutputSpec, Row, row_fields
 
+ANSWERS = "the answers file"  # what an AtomicFile's error calls its file when not told
 TEMP_SUFFIX = ".tmp"  # of the copy an AtomicFile writes beside its target, named .NAME.XXXXXXXX.tmp
 
 
@@ -99,11 +100,11 @@ def write_answers(path: str, rows: Iterable[Row], spec: OutputSpec, errors_path:
     as OpenAI splits a batch into an output and an error file); each file in input order, the
     errors file written even when empty (never a stale one): valid in its format all the same."""
     if errors_path is None:
-        with AtomicFile(path) as out:
+        with AtomicFile(path, ANSWERS) as out:
             for piece in _pieces(rows, RowText(spec)):
                 out.write(piece)
         return
-    with AtomicFile(path) as out, AtomicFile(errors_path) as errors:
+    with AtomicFile(path, ANSWERS) as out, AtomicFile(errors_path, "the errors file (errors_output)") as errors:
         answered, failed = RowText(spec), RowText(replace(spec, format=errors_format(errors_path, spec.format)))
         out.write(answered.head())
         errors.write(failed.head())
@@ -116,10 +117,11 @@ def write_answers(path: str, rows: Iterable[Row], spec: OutputSpec, errors_path:
         errors.write(failed.tail())
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str, role: str = ANSWERS) -> None:
     """Write to a temporary file beside the target, then rename: readers never see half a file.
-    A symlink is followed: the file it points to is replaced and the link stays a link."""
-    with AtomicFile(path) as out:
+    A symlink is followed: the file it points to is replaced and the link stays a link. `role`
+    says what the file is to the command, as paths.check_writable's does, for the error."""
+    with AtomicFile(path, role) as out:
         out.write(text)
 
 
@@ -128,8 +130,8 @@ class AtomicFile:
     error, fsynced first; after an error the target is left as it was. A symlink is followed:
     the file it points to is replaced and the link stays a link."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, role: str = ANSWERS) -> None:
+        self.path, self.role = path, role
         self.target = Path(os.path.realpath(path))
         self._tmp = ""
         self._file: Optional[IO[str]] = None
@@ -172,7 +174,7 @@ class AtomicFile:
 
     def _fail(self, exc: OSError) -> None:
         self._discard()
-        raise OutputError(f"{self.path}: could not write answers: {exc.strerror or exc}") from None
+        raise OutputError(f"{self.path}: could not write {self.role}: {exc.strerror or exc}") from None
 
     def _discard(self) -> None:
         if self._file is not None:

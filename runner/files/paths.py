@@ -157,7 +157,7 @@ def check_writable(path: str, role: str) -> None:
     which of a command's files it is ("the report"): a path alone may not tell."""
     folder = Path(path).resolve().parent
     if not folder.is_dir():
-        raise OutputError(f"{path}: the folder of {role}, {folder}, does not exist")
+        raise OutputError(f"{path}: the folder of {role}, {_not_a_folder(folder)}")
     if Path(path).is_dir():
         raise OutputError(f"{path}: {role} is a directory, not a file")
     try:
@@ -167,6 +167,17 @@ def check_writable(path: str, role: str) -> None:
             os.fsync(probe.fileno())
     except OSError as exc:
         raise OutputError(f"{path}: the folder of {role}, {folder}, is not writable: {exc.strerror or exc}") from None
+
+
+def _not_a_folder(folder: Path) -> str:
+    """Why `folder` is not one: a file stands where it or a folder above it would be (`--output
+    q.jsonl/a.jsonl`), or it does not exist."""
+    blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if blocker == folder:
+        return f"{folder}, is a file, not a folder"
+    if blocker is not None and not blocker.is_dir():
+        return f"{folder}, does not exist: {blocker} is a file, not a folder"
+    return f"{folder}, does not exist"
 
 
 def same_file(a: str, b: str) -> bool:

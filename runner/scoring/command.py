@@ -74,9 +74,9 @@ def cmd_score(args: argparse.Namespace) -> int:
                              args.gold_field)
     print(format_table(result))
     if args.json:
-        write_atomic(args.json, json.dumps(summary(result), indent=1) + "\n")
+        write_atomic(args.json, json.dumps(summary(result), indent=1) + "\n", "the score's --json file")
     if args.details:
-        write_atomic(args.details, details(result))
+        write_atomic(args.details, details(result), "the score's --details file")
     return 0
 
 

@@ -136,18 +136,31 @@ def _bench_sizes(args: argparse.Namespace) -> tuple[list[int], list[int], list[i
     return npp, ntg, npl
 
 
+BENCH_JSON, BENCH_CSV = "the bench table (--json)", "the bench table (--csv)"
+
+
+def _check_bench_outputs(args: argparse.Namespace) -> None:
+    """Bench's files, checked before the benchmark runs (a missing folder found after it would
+    waste the run and leave the files after it unwritten)."""
+    from . import bench
+
+    for path, role in ((args.json, BENCH_JSON), (args.csv, BENCH_CSV), (args.plot, "the plot (--plot)")):
+        if path:
+            check_writable(path, role)
+    if args.plot:
+        try:
+            bench.require_matplotlib()
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
     model = resolve_model(args.model)
     npp, ntg, npl = _bench_sizes(args)
     threads = plan_layout(usable_cores(), args.workers, args.threads, 1, 1).threads  # checks the cores
-    if args.plot:
-        try:
-            bench.require_matplotlib()
-        except ImportError as exc:
-            raise ConfigError(str(exc)) from None
-        check_writable(args.plot, "the plot (--plot)")
+    _check_bench_outputs(args)
     gpu_layers = _gpu_layers(args.gpu_layers)
     n_vocab = _n_vocab(model)
     requested = bool_or_auto(args.repack)
@@ -177,9 +190,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                    repack, gpu_layers))
         print(bench.format_table(overhead))
     if args.json:
-        write_atomic(args.json, json.dumps({"raw": rows, "runner": overhead}, indent=1) + "\n")
+        write_atomic(args.json, json.dumps({"raw": rows, "runner": overhead}, indent=1) + "\n", BENCH_JSON)
     if args.csv:
-        write_atomic(args.csv, bench.to_csv(rows))
+        write_atomic(args.csv, bench.to_csv(rows), BENCH_CSV)
     if args.plot:
         bench.plot(rows, args.plot)
         print(f"plot: {args.plot}")

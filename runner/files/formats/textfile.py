@@ -139,10 +139,18 @@ def read_text(path: str) -> str:
             data = f.read()
     except OSError as exc:
         raise cannot_read(path, exc) from None
+    if not any(data.startswith(bom) for bom, _ in BOMS):
+        no_binary(path, data[:4096])
+    return decoded_text(path, data)
+
+
+def decoded_text(path: str, data: bytes) -> str:
+    """A whole file's bytes as text: UTF-8, or UTF-16 or UTF-32 with its byte order mark; UTF-16
+    without one, or a byte that is not UTF-8, is an InputError naming the file and line (a job
+    file's reader says it as a ConfigError)."""
     for bom, encoding in BOMS:
         if data.startswith(bom):
             return _recoded(path, data, encoding)
-    no_binary(path, data[:4096])
     no_utf16(path, data[:4096].split(b"\n", 1)[0])
     try:
         return data.decode("utf-8-sig")
