@@ -256,3 +256,27 @@ def test_quantize_failure_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="failed"):
         mg.quantize(tmp_path / "broken.gguf", tmp_path / "out.gguf", "q8_0")
     assert [p.name for p in tmp_path.iterdir()] == ["broken.gguf"]
+
+
+@pytest.mark.timeout(120)
+def test_make_model_writes_through_a_link_and_refuses_streams_and_its_vocab(tmp_path: Path) -> None:
+    real, link = tmp_path / "real.gguf", tmp_path / "link.gguf"
+    real.write_text("old")
+    link.symlink_to("real.gguf")
+    done = ggbatch("make-model", "--shape", "demo", link)
+    assert done.returncode == 0 and "wrote " + str(link) in done.stdout  # the name given, not its target
+    assert link.is_symlink() and real.read_bytes()[:4] == b"GGUF"  # the link kept, its target written
+    stdout_link = tmp_path / "stdout_link"  # a link to the command's own stdout, never /dev/stdout itself
+    stdout_link.symlink_to("/proc/self/fd/1")
+    done = ggbatch("make-model", "--shape", "demo", stdout_link)
+    assert done.returncode == 2 and stdout_link.is_symlink() and done.stdout == ""
+    assert done.stderr == (f"ggbatch: error: {stdout_link}: ggbatch writes its files whole at the end, renamed "
+                           "into place (a run's answers with a journal beside them that a rerun goes on from), "
+                           "not to standard output, a pipe or a device: give a file's path\n")
+    vocab = tmp_path / "vocab.gguf"
+    vocab.write_bytes(b"GGUF" + bytes(range(256)))  # refused before it is read
+    before = hashlib.sha256(vocab.read_bytes()).hexdigest()
+    done = ggbatch("make-model", "--shape", "demo", "--vocab", vocab, link.with_name("vocab.gguf"))
+    assert done.returncode == 2 and hashlib.sha256(vocab.read_bytes()).hexdigest() == before
+    assert done.stderr == (f"ggbatch: error: the model and the vocab file (--vocab) are the same file ({vocab}): "
+                           "ggbatch would overwrite the vocab file; give another path\n")

@@ -138,10 +138,16 @@ def check_distinct(paths: JobPaths) -> None:
         for role_b, b in roles[i + 1:]:
             if same_file(a, b):
                 # roles() lists what is read before what is written: role_b is the one written
-                harm = f": ggbatch would overwrite {role_a.split(' (')[0]}" if role_b in WRITTEN else ""
-                raise ConfigError(f"{role_b} and {role_a} are the same file ({b}){harm}; give another path")
+                raise same_file_error(role_a, role_b, b, overwrites=role_b in WRITTEN)
     for role, path in paths.outputs():
         check_not_a_journal(role, path)
+
+
+def same_file_error(read_role: str, written_role: str, path: str, overwrites: bool = True) -> ConfigError:
+    """The refusal of a file written over one read (or two files of one job that are one file):
+    both roles named, and what would be lost."""
+    harm = f": ggbatch would overwrite {read_role.split(' (')[0]}" if overwrites else ""
+    return ConfigError(f"{written_role} and {read_role} are the same file ({path}){harm}; give another path")
 
 
 def check_not_a_journal(role: str, path: str) -> None:

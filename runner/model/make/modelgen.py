@@ -18,7 +18,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from ...files.paths import ggbatch_cache
+from ...files.paths import check_not_a_stream, ggbatch_cache, same_file, same_file_error
 from .gemma3_gen import Gemma3Shape
 from .gguf_random import temp_sibling as _temp_sibling
 from .gguf_random import write_random_gguf
@@ -158,15 +158,34 @@ def make_model(
     """Build a random model of a named shape; ``vocab``: GGUF to take the tokenizer from (None: demo);
     ``tie_embeddings``: override the shape's own tying (None keeps it); ``reasoning``: think or
     harmony, the demo vocabulary of a reasoning model (reasoning_vocab.py)."""
-    shape, name = _named_shape(shape_name, tie_embeddings)
+    _named_shape(shape_name, tie_embeddings)  # a bad name is refused before the output is touched
     if quant is not None and quant.lower() not in _QTYPES:
         raise ValueError(f"unknown quantization type {quant!r}; known: {', '.join(_QTYPES)}")
+    _build(checked_output(out, vocab), shape_name, vocab, quant, seed, ftype, tie_embeddings, reasoning)
+    return Path(out)
+
+
+def checked_output(out: str | os.PathLike[str], vocab: str | os.PathLike[str] | None) -> Path:
+    """The file to write for ``out``, refused before any work if it must not be written: a stream or
+    device (/dev/stdout), or the --vocab file itself.
+    A symlink is written through (its target replaced, the link kept), as the answers file is."""
+    check_not_a_stream(str(out))
+    if vocab is not None and same_file(str(out), str(vocab)):
+        raise same_file_error("the vocab file (--vocab)", "the model", str(out))
+    return Path(os.path.realpath(out))
+
+
+def _build(
+    out: Path, shape_name: str, vocab: str | os.PathLike[str] | None, quant: str | None, seed: int,
+    ftype: str, tie_embeddings: bool | None, reasoning: str | None,
+) -> Path:
+    """make_model's work on a path already checked (or ggbatch's own, the demo model's)."""
+    shape, name = _named_shape(shape_name, tie_embeddings)
     gguf_vocab = build_demo_vocab() if vocab is None else vocab_from_gguf(vocab)
     if reasoning is not None:
         if vocab is not None:
             raise ValueError("--reasoning builds on the demo vocabulary: give it without --vocab")
         gguf_vocab, name = with_reasoning(gguf_vocab, reasoning), f"{name}-{reasoning}"
-    out = Path(out)
 
     def write(path: Path) -> Path:
         return write_model_gguf(path, shape, gguf_vocab, seed, ftype, name=name)
@@ -187,5 +206,5 @@ def ensure_demo_model(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     path = Path(cache_dir or ggbatch_cache()) / DEMO_MODEL_NAME
     # Writes are atomic, so an existing file is complete; racing builders each replace it whole.
     if not path.is_file():
-        make_model(path, "demo", seed=0, ftype="f32")
+        _build(path, "demo", None, None, 0, "f32", None, None)
     return path
