@@ -280,3 +280,22 @@ def test_make_model_writes_through_a_link_and_refuses_streams_and_its_vocab(tmp_
     assert done.returncode == 2 and hashlib.sha256(vocab.read_bytes()).hexdigest() == before
     assert done.stderr == (f"ggbatch: error: the model and the vocab file (--vocab) are the same file ({vocab}): "
                            "ggbatch would overwrite the vocab file; give another path\n")
+
+
+@pytest.mark.timeout(120)
+def test_make_model_refusals_are_one_line_naming_the_file(tmp_path: Path) -> None:
+    adir, q = tmp_path / "adir", tmp_path / "q.jsonl"
+    adir.mkdir()
+    q.write_text('{"id": "1", "question": "hi"}\n')
+    cases = [
+        ([adir], f"{adir}: the model is a directory, not a file"),
+        # procfs takes no new file, even from root: the folder probe fails where the write would have
+        (["/proc/x.gguf"], "/proc/x.gguf: the folder of the model, /proc, is not writable: No such file or directory"),
+        (["--quant", "q8_0", q / "x.gguf"], f"{q / 'x.gguf'}: the folder of the model, "),
+        (["--vocab", q, tmp_path / "v.gguf"], f"{q}: not a GGUF file (GGUF magic invalid)"),
+    ]
+    for argv, said in cases:
+        done = ggbatch("make-model", "--shape", "demo", *argv)
+        assert done.returncode == 2 and done.stderr.startswith("ggbatch: error: " + said), (argv, done.stderr)
+        assert done.stderr.count("\n") == 1 and ".tmp" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "q.jsonl"]  # no temp file left

@@ -69,7 +69,12 @@ class GGUFVocab:
 
 def vocab_from_gguf(path: str | os.PathLike[str]) -> GGUFVocab:
     """Read all ``tokenizer.*`` fields of a (vocab-only or full) GGUF, e.g. ggml-vocab-qwen2.gguf."""
-    reader = gguf.GGUFReader(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, IndexError) as exc:  # gguf's own words ("GGUF magic invalid") name no file
+        raise ValueError(f"{path}: not a GGUF file ({exc})") from None
+    except OSError as exc:  # else make-model would blame its output
+        raise ValueError(f"{path}: cannot read the vocab file ({exc.strerror or exc})") from None
     known = {key: attr for attr, key, _, _ in _TOKENIZER_KEYS}
     values: dict[str, Any] = {}
     extra: dict[str, tuple[Any, gguf.GGUFValueType, gguf.GGUFValueType | None]] = {}

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 
-from ...files.paths import check_not_a_stream, ggbatch_cache, same_file, same_file_error
+from ...errors import OutputError
+from ...files.paths import check_not_a_stream, check_output, ggbatch_cache, same_file, same_file_error
 from .gemma3_gen import Gemma3Shape
 from .gguf_random import temp_sibling as _temp_sibling
 from .gguf_random import write_random_gguf
@@ -161,17 +163,24 @@ def make_model(
     _named_shape(shape_name, tie_embeddings)  # a bad name is refused before the output is touched
     if quant is not None and quant.lower() not in _QTYPES:
         raise ValueError(f"unknown quantization type {quant!r}; known: {', '.join(_QTYPES)}")
-    _build(checked_output(out, vocab), shape_name, vocab, quant, seed, ftype, tie_embeddings, reasoning)
+    target = checked_output(out, vocab)
+    try:
+        _build(target, shape_name, vocab, quant, seed, ftype, tie_embeddings, reasoning)
+    except OSError as exc:  # past the checks: a disk that filled, a folder removed meanwhile
+        raise OutputError(f"{out}: could not write the model: {exc.strerror or exc}") from None
     return Path(out)
 
 
 def checked_output(out: str | os.PathLike[str], vocab: str | os.PathLike[str] | None) -> Path:
-    """The file to write for ``out``, refused before any work if it must not be written: a stream or
-    device (/dev/stdout), or the --vocab file itself.
+    """The file to write for ``out``, refused before any work if it cannot or must not be written:
+    a stream or device (/dev/stdout), a directory, an unwritable folder, or the --vocab file itself.
     A symlink is written through (its target replaced, the link kept), as the answers file is."""
     check_not_a_stream(str(out))
     if vocab is not None and same_file(str(out), str(vocab)):
         raise same_file_error("the vocab file (--vocab)", "the model", str(out))
+    with suppress(OSError):  # make-model makes the folder; one it cannot make check_writable names
+        Path(out).resolve().parent.mkdir(parents=True, exist_ok=True)
+    check_output(str(out), "the model")
     return Path(os.path.realpath(out))
 
 
