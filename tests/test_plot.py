@@ -108,3 +108,43 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip() == "ggbatch: error: ggbatch plot needs matplotlib: pip install 'ggbatch[plot]'"
+
+
+SMALL_REPORT = {  # what plot reads of a run's report, as a one-worker run writes it
+    "model": {"path": "/models/s260.gguf"}, "layout": {"workers": 1, "threads_per_worker": 2, "slots_per_worker": 3},
+    "questions": {"answered": 3, "failed": 0}, "timings_s": {"total_s": 1.6},
+    "timeline": [{"t_s": 1.32, "done": 0, "generated_per_s": None, "workers": {}},
+                 {"t_s": 1.56, "done": 3, "generated_per_s": 199.3, "busy_slots": 3.0,
+                  "workers": {"0": {"generated_per_s": 199.3, "busy_slots": 3.0, "pss_mib": 43.0}}}]}
+
+
+def test_plot_writes_the_file_it_names_and_refuses_a_format_matplotlib_lacks(tmp_path):
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps(SMALL_REPORT))
+    r = ggbatch("plot", report, "-o", tmp_path / "noext")
+    assert r.returncode == 0 and r.stdout == f"plot: {tmp_path / 'noext'}\n", r.stderr
+    assert (tmp_path / "noext").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "noext.png").exists()
+    r = ggbatch("plot", report, "-o", tmp_path / "x.jpgg")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"ggbatch: error: {tmp_path / 'x.jpgg'}: matplotlib cannot write .jpgg files; "
+                               "give one of ") and ".png, " in r.stderr and ".pdf, " in r.stderr
+    assert not (tmp_path / "x.jpgg").exists()
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda r: r.update(model="s260.gguf"), "model must be an object, not 's260.gguf'"),
+    (lambda r: r["timings_s"].update(total_s=None), "timings_s.total_s must be a number, not null"),
+    (lambda r: r["timeline"][1].update(workers={"w0": {"done": 1}}),
+     "timeline[1].workers: 'w0' is not a worker's number"),
+    (lambda r: r["timeline"][1].pop("t_s"), "timeline[1].t_s must be a number, not missing"),
+    (lambda r: r["layout"].update(slots_per_worker="3"), "layout.slots_per_worker must be a whole number, not '3'"),
+])
+def test_plot_of_a_hand_edited_report_names_the_report_and_the_key(tmp_path, edit, said):
+    edited = json.loads(json.dumps(SMALL_REPORT))
+    edit(edited)
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps(edited))
+    r = ggbatch("plot", report, "-o", tmp_path / "x.png")
+    assert r.returncode == 2 and not (tmp_path / "x.png").exists()
+    assert r.stderr.splitlines() == [f"ggbatch: error: {report}: {said}" + (
+        ": is the report hand-edited?" if "must be" in said else "")]

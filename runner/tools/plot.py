@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, quote
 
 # (key in a timeline sample, panel title, whether each worker has its own line)
 PANELS = (("done", "questions done", False),
@@ -19,6 +19,7 @@ PANELS = (("done", "questions done", False),
           ("occupancy", "busy slots, % of the worker's slots", True),
           ("cpu_percent", "CPU % (100 = one core)", True),
           ("pss_mib", "PSS MiB", True))
+MISSING = object()  # a key absent from the report, told apart from null
 FIGSIZE = (12.0, 8.0)  # inches
 DPI = 100
 
@@ -43,10 +44,64 @@ def read_report(path: str) -> dict[str, Any]:
     if not isinstance(report, dict) or not isinstance(report.get("timeline"), list):
         raise ConfigError(f"{path}: no timeline in this report (written by `ggbatch run --report` "
                           "of an older ggbatch, or not a run report)")
-    if not any(s.get("workers") for s in report["timeline"] if isinstance(s, dict)):
+    check_what_is_drawn(path, report)
+    if not any(s.get("workers") for s in report["timeline"]):
         raise ConfigError(f"{path}: the timeline has no sample of a worker (no question was answered in "
                           "this run: all from the journal, or none to answer): nothing to draw")
     return report
+
+
+def check_what_is_drawn(path: str, report: dict[str, Any]) -> None:
+    """ConfigError naming the report and the key for a value of the wrong type among those the
+    plot reads (a report edited by hand): the one place that vouches for draw's and _title's reads."""
+    for key in ("model", "layout", "questions", "timings_s"):
+        _expect(path, key, report.get(key), dict, "an object")
+    _expect(path, "model.path", report.get("model", {}).get("path"), str, "a text")
+    # absent is drawn as 0 s; null is not a time
+    _expect(path, "timings_s.total_s", report.get("timings_s", {}).get("total_s", 0), (int, float), "a number",
+            optional=False)
+    slots = report.get("layout", {}).get("slots_per_worker")
+    _expect(path, "layout.slots_per_worker", slots, int, "a whole number")
+    for i, sample in enumerate(report["timeline"]):
+        _check_sample(path, f"timeline[{i}]", sample)
+
+
+def _check_sample(path: str, where: str, sample: Any) -> None:
+    _expect(path, where, sample, dict, "an object", optional=False)
+    _expect(path, f"{where}.t_s", sample.get("t_s", MISSING), (int, float), "a number", optional=False)
+    _expect(path, f"{where}.workers", sample.get("workers"), dict, "an object")
+    rows = [(where, sample)]
+    for worker, row in sample.get("workers", {}).items():
+        if not worker.isdigit():
+            raise ConfigError(f"{path}: {where}.workers: {quote(worker)} is not a worker's number")
+        _expect(path, f"{where}.workers.{worker}", row, dict, "an object", optional=False)
+        rows.append((f"{where}.workers.{worker}", row))
+    for name, row in rows:
+        for key in ("busy_slots", *(panel for panel, _, _ in PANELS)):
+            _expect(path, f"{name}.{key}", row.get(key), (int, float), "a number")
+
+
+def _expect(path: str, key: str, value: Any, kind: type | tuple[type, ...], what: str,
+            optional: bool = True) -> None:
+    """ConfigError unless `value` is of `kind` (None passes where the key may be absent or null;
+    MISSING is an absent key); a bool is not a number here, though Python counts it as an int."""
+    if (value is None and optional) or (isinstance(value, kind) and not isinstance(value, bool)):
+        return
+    shown = "missing" if value is MISSING else quote(value)
+    raise ConfigError(f"{path}: {key} must be {what}, not {shown}: is the report hand-edited?")
+
+
+def image_format(path: str) -> str:
+    """The format the plot is saved in, from the file's extension (none: png, and the file keeps the
+    name given: matplotlib would add .png); ConfigError listing matplotlib's own for one it cannot write."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    fmt = Path(path).suffix[1:].lower() or "png"
+    known = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in known:
+        raise ConfigError(f"{path}: matplotlib cannot write .{fmt} files; give one of "
+                          f"{', '.join('.' + ext for ext in sorted(known))}")
+    return fmt
 
 
 def workers_of(timeline: Sequence[dict[str, Any]]) -> list[str]:
@@ -112,6 +167,7 @@ def _title(report: dict[str, Any]) -> str:
 def save(report: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
+    fmt = image_format(path)
     fig = draw(report)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, format=fmt)
     plt.close(fig)
