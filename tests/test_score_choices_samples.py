@@ -221,3 +221,13 @@ def test_csv_choices_cells_and_failed_rows_score_as_their_json_twins(tmp_path):
     answers.write_text("questionID,answer,error\nc1,y,\nc2,B,\nc3,,\"cut by max_tokens\"\n", encoding="utf-8")
     result = score_files(str(answers), str(gold))
     assert details_of(result) == {"c1": ("B", "correct"), "c2": ("B", "correct"), "c3": (None, "missing")}
+
+
+def test_an_empty_csv_choices_cell_is_a_record_without_choices(tmp_path):
+    gold = tmp_path / "g.csv"  # q1 has no choices: in CSV its cell can only be empty
+    gold.write_text('questionID,question,answer,choices\nq1,a,18,\nq2,b,B,"{""A"": ""x"", ""B"": ""y""}"\n',
+                    encoding="utf-8")
+    answers = tmp_path / "a.jsonl"
+    answers.write_text('{"questionID": "q1", "answer": "18"}\n{"questionID": "q2", "answer": "B"}\n', encoding="utf-8")
+    result = score_files(str(answers), str(gold))
+    assert details_of(result) == {"q1": ("18", "correct"), "q2": ("B", "correct")}

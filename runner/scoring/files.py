@@ -179,8 +179,9 @@ def _text(where: str, row: Mapping[str, Any], field: str) -> Optional[str]:
 
 
 def _choices(where: str, value: Any) -> Optional[Choices]:
-    """A gold record's choices, in any shape runner/files/formats/choices.py reads."""
-    if value is None:
+    """A gold record's choices, in any shape runner/files/formats/choices.py reads. An empty text is
+    none: a CSV row without choices can only leave its cell empty."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
     read = read_choices(value)
     if read is None:
