@@ -299,3 +299,11 @@ def test_make_model_refusals_are_one_line_naming_the_file(tmp_path: Path) -> Non
         assert done.returncode == 2 and done.stderr.startswith("ggbatch: error: " + said), (argv, done.stderr)
         assert done.stderr.count("\n") == 1 and ".tmp" not in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "q.jsonl"]  # no temp file left
+
+
+@pytest.mark.timeout(120)
+def test_make_model_help_gives_the_size_of_the_demo_model_it_writes(tmp_path: Path) -> None:
+    written = ggbatch("make-model", "--shape", "demo", tmp_path / "d.gguf")  # the default: f16
+    size = f"{(tmp_path / 'd.gguf').stat().st_size / 2**20:.1f} MiB"
+    assert written.returncode == 0 and written.stdout.endswith(f"({size})\n")
+    assert f"demo ({size})" in " ".join(ggbatch("make-model", "--help").stdout.split())

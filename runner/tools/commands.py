@@ -38,7 +38,7 @@ def _add_make_model(sub: Any) -> None:
                                     "tests without downloading a model.")
     mm.add_argument("out", help="GGUF file to write")
     mm.add_argument("--shape", required=True,
-                    help="llama: demo (0.8 MiB), bench-28x1024 (the benchmark model: 675 MiB at f16), "
+                    help="llama: demo (0.4 MiB), bench-28x1024 (the benchmark model: 675 MiB at f16), "
                          "qwen3-0.6b-like, qwen3-1.7b-like; tiny models of other "
                          "architectures: qwen3-tiny (QK-norm), qwen3moe-tiny (experts), gemma3-tiny "
                          "(sliding window), mamba2-tiny (recurrent), lfm2-tiny, qwen35-tiny (hybrid)")
