@@ -16,7 +16,7 @@ from ..config.checks import gpu_layers as parse_gpu_layers
 from ..config.schema import MAX_SLOTS, load_job_file
 from ..errors import ConfigError, ModelError
 from ..files.outputs import write_atomic
-from ..files.paths import check_writable
+from ..files.paths import check_output, check_writable, same_file
 from ..files.piped import readable_file
 from ..model.identity import identify, resolve_model
 from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
@@ -139,14 +139,20 @@ def _bench_sizes(args: argparse.Namespace) -> tuple[list[int], list[int], list[i
 BENCH_JSON, BENCH_CSV = "the bench table (--json)", "the bench table (--csv)"
 
 
-def _check_bench_outputs(args: argparse.Namespace) -> None:
+def _check_bench_outputs(args: argparse.Namespace, model: str) -> None:
     """Bench's files, checked before the benchmark runs (a missing folder found after it would
-    waste the run and leave the files after it unwritten)."""
+    waste the run and leave the files after it unwritten): none may be the model, which writing
+    the table would destroy, nor another of them."""
     from . import bench
 
-    for path, role in ((args.json, BENCH_JSON), (args.csv, BENCH_CSV), (args.plot, "the plot (--plot)")):
-        if path:
-            check_writable(path, role)
+    outputs = [(role, path) for role, path in ((BENCH_JSON, args.json), (BENCH_CSV, args.csv),
+                                               ("the plot (--plot)", args.plot)) if path]
+    for i, (role, path) in enumerate(outputs):
+        check_output(path, role)
+        for other_role, other in [("the model (--model)", model), *outputs[:i]]:
+            if same_file(path, other):
+                harm = ": bench would overwrite the model" if other == model else ""
+                raise ConfigError(f"{path}: {role} and {other_role} are the same file{harm}; give another path")
     if args.plot:
         try:
             bench.require_matplotlib()
@@ -160,7 +166,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     npp, ntg, npl = _bench_sizes(args)
     threads = plan_layout(usable_cores(), args.workers, args.threads, 1, 1).threads  # checks the cores
-    _check_bench_outputs(args)
+    _check_bench_outputs(args, model)
     gpu_layers = _gpu_layers(args.gpu_layers)
     n_vocab = _n_vocab(model)
     requested = bool_or_auto(args.repack)
