@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from ggbatch.runner.config.schema import JobConfig, build_config
 from ggbatch.runner.files.inputs import Record
 from ggbatch.runner.model.identity import identify
 from ggbatch.runner.plan import layout, tuned
 from ggbatch.runner.tools import tune
+from helpers import ggbatch_command
 
 SHORT = {"workers": 2, "threads": 1, "slots": 32}
 LONG = {"workers": 1, "threads": 2, "slots": 4}
@@ -149,3 +153,22 @@ def test_candidates_of_a_batch_invariant_job_are_never_repacked() -> None:
                                           (3600.0, "about 60 min")])
 def test_the_rough_guess_says_seconds_under_a_minute(seconds: float, said: str) -> None:
     assert tune.said_duration(seconds) == said
+
+
+def tune_cli(tmp_path: Path, *args: object, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`ggbatch tune` with its layouts in tmp_path's own cache folder (or `cache`), on 2 sample
+    questions of 2 tokens at 2 slots: a few seconds."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache or tmp_path / "xdg")}
+    return subprocess.run(ggbatch_command("tune", *args, "--max-tokens", 2, "--slots", 2), cwd=ROOT,
+                          capture_output=True, text=True, timeout=200, env=env)
+
+
+@pytest.mark.model
+def test_tune_writes_none_of_the_job_s_files(tmp_path: Path, stories: str) -> None:
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {stories}\ninput: q.jsonl\noutput: out.jsonl\nerrors_output: errors.jsonl\n")
+    (tmp_path / "errors.jsonl").write_text("the user's own rows\n")
+    done = tune_cli(tmp_path, job_file, "--questions", 2)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "errors.jsonl").read_text() == "the user's own rows\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["errors.jsonl", "job.yaml", "xdg"]
