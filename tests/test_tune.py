@@ -172,3 +172,14 @@ def test_tune_writes_none_of_the_job_s_files(tmp_path: Path, stories: str) -> No
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "errors.jsonl").read_text() == "the user's own rows\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["errors.jsonl", "job.yaml", "xdg"]
+
+
+@pytest.mark.model
+def test_tune_refuses_a_cache_folder_it_cannot_make_before_any_trial(tmp_path: Path, stories: str) -> None:
+    (tmp_path / "a_file").write_text("x")
+    done = tune_cli(tmp_path, "--model", stories, "--questions", 2, cache=tmp_path / "a_file")
+    assert done.returncode == 2
+    assert done.stderr == (f"ggbatch: error: tune: cannot save the layout in ggbatch's cache folder "
+                           f"{tmp_path / 'a_file' / 'ggbatch'} (Not a directory: {tmp_path / 'a_file' / 'ggbatch'}): "
+                           "set XDG_CACHE_HOME to a folder this user can write\n")
+    assert done.stdout == ""  # no trial ran

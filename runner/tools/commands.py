@@ -16,7 +16,7 @@ from ..config.checks import gpu_layers as parse_gpu_layers
 from ..config.schema import MAX_SLOTS, load_job_file
 from ..errors import ConfigError, ModelError
 from ..files.outputs import write_atomic
-from ..files.paths import check_output, check_writable, same_file
+from ..files.paths import check_output, check_writable, same_file, writable_cache
 from ..files.piped import readable_file
 from ..model.identity import identify, resolve_model
 from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
@@ -236,6 +236,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError("tune: give --model or a job file with a model")
     model = resolve_model(model_arg)
     slot_options = _ints(args.slots, "--slots")
+    writable_cache("tune: cannot save the layout")  # before the trials, not after them
     n_cores = len(usable_cores())
     invariant = settings.get("batch_invariant") is True
     plain_only = tune.plain_weights_only(model, invariant)
