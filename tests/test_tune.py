@@ -175,6 +175,32 @@ def test_tune_writes_none_of_the_job_s_files(tmp_path: Path, stories: str) -> No
 
 
 @pytest.mark.model
+def test_tune_saves_nothing_when_no_trial_generated_a_token(tmp_path: Path, stories: str) -> None:
+    # questions longer than the model's context each fail: every rate is 0, no layout is fastest
+    questions = tmp_path / "long.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": "word " * 2000}) + "\n"
+                                 for i in range(2)))
+    done = tune_cli(tmp_path, "--model", stories, "--input", questions, "--questions", 2)
+    assert done.returncode == 1, done.stderr
+    assert "no trial generated a token" in done.stderr and "no layout saved" in done.stderr
+    assert "fastest" not in done.stdout and not (tmp_path / "xdg" / "ggbatch" / "layouts.json").exists()
+
+
+@pytest.mark.model
+def test_tune_says_how_many_questions_it_samples(tmp_path: Path, stories: str) -> None:
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": "Hi?"}) + "\n" for i in range(3)))
+    done = tune_cli(tmp_path, "--model", stories, "--input", questions, "--questions", 100)
+    assert done.returncode == 0, done.stderr
+    assert " on 3 questions (all the file holds; --questions 100) × 2 tokens" in done.stdout.splitlines()[0]
+    for bad in ("0", "-5"):
+        refused = tune_cli(tmp_path, "--model", stories, "--questions", bad)
+        assert refused.returncode == 2
+        assert refused.stderr == (f"ggbatch tune: error: argument --questions: expected an integer >= 1, got '{bad}' "
+                                  "(`ggbatch tune --help` lists the options)\n")
+
+
+@pytest.mark.model
 def test_tune_refuses_a_cache_folder_it_cannot_make_before_any_trial(tmp_path: Path, stories: str) -> None:
     (tmp_path / "a_file").write_text("x")
     done = tune_cli(tmp_path, "--model", stories, "--questions", 2, cache=tmp_path / "a_file")

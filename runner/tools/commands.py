@@ -8,13 +8,14 @@ import argparse
 import json
 import logging
 import os
+import tempfile
 from contextlib import nullcontext
 from typing import Any, Callable
 
 from ..config.checks import bool_or_auto
 from ..config.checks import gpu_layers as parse_gpu_layers
 from ..config.schema import MAX_SLOTS, load_job_file
-from ..errors import ConfigError, ModelError
+from ..errors import ConfigError, InputError, ModelError
 from ..files.outputs import write_atomic
 from ..files.paths import check_output, check_writable, same_file, writable_cache
 from ..files.piped import readable_file
@@ -92,6 +93,18 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--gpu-layers", default="0",
                    help="layers stored in VRAM on the first GPU: N, all, or auto (no GPU, as a job without "
                         "--devices; default 0: the CPU alone)")
+
+
+def positive_int(text: str) -> int:
+    """argparse's type for a count that must be at least 1 (0 workers divides by zero, 0 threads
+    or questions measure nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -218,7 +231,7 @@ def _add_tune(sub: Any) -> None:
     t.add_argument("job", nargs="?", help="YAML job file (its prompt and sampling settings are used)")
     t.add_argument("--model", help="GGUF model path (or from the job file)")
     t.add_argument("--input", help="questions to sample (default: built-in ones)")
-    t.add_argument("--questions", type=int, default=64, help="sample size (default 64)")
+    t.add_argument("--questions", type=positive_int, default=64, help="sample size (default 64)")
     t.add_argument("--max-tokens", dest="max_tokens", type=int, default=32,
                    help="generated tokens per question, exactly (default 32)")
     t.add_argument("--slots", default="8,16,32,64", help="slot counts to try (default 8,16,32,64)")
@@ -237,27 +250,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
     model = resolve_model(model_arg)
     slot_options = _ints(args.slots, "--slots")
     writable_cache("tune: cannot save the layout")  # before the trials, not after them
-    n_cores = len(usable_cores())
-    invariant = settings.get("batch_invariant") is True
-    plain_only = tune.plain_weights_only(model, invariant)
-    trials = tune.candidates(n_cores, slot_options, args.questions, invariant, plain_only)
-    estimate = tune.rough_seconds(os.path.getsize(model), len(trials), args.questions, args.max_tokens)
-    print(f"trying {len(trials)} layouts on {args.questions} questions × {args.max_tokens} tokens: "
-          f"{tune.said_duration(estimate)} (a rough guess)", flush=True)
-    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant, plain_only)) - len(trials)
-    if skipped:
-        print(f"  ({skipped} layouts skipped: their slots are more than {args.questions} questions can "
-              "fill; a bigger --questions tries them)", flush=True)
-
-    def show(trial: dict[str, Any]) -> None:
-        print(f"  {trial['workers']} workers × {trial['threads']} threads × {trial['slots']:>2} slots, "
-              f"weights {'repacked    ' if trial['repack'] else 'not repacked'}: "
-              f"{trial['generated_tok_s']:7.1f} generated tok/s", flush=True)
-
     log.setLevel(logging.WARNING)  # each trial's own progress lines would bury the results
-    with readable_file(args.input) if args.input else nullcontext(None) as questions:
-        choice, trials = tune.tune(model, questions, args.questions, args.max_tokens, slot_options, settings, show,
-                                   plain_only)
+    with readable_file(args.input) if args.input else nullcontext(None) as questions, \
+            tempfile.TemporaryDirectory(prefix="ggbatch-tune-") as tmp:
+        sample, n_questions = tune.write_sample(questions, args.questions, tmp, settings.get("fields.id", "questionID"),
+                                                settings.get("fields.question", "question"))
+        if not n_questions:
+            raise InputError(f"{args.input}: no questions to sample")
+        invariant = settings.get("batch_invariant") is True
+        plain_only = tune.plain_weights_only(model, invariant)
+        _say_trials(args, model, slot_options, n_questions, (invariant, plain_only))
+        choice, trials = tune.tune(model, sample, n_questions, args.max_tokens, slot_options, settings,
+                                   _show_trial, plain_only)
     n_ctx_seq = tuned.sample_context(trials)
     path = tuned.save_choice(identify(model), choice, trials, n_ctx_seq)
     print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots, "
@@ -265,6 +269,31 @@ def cmd_tune(args: argparse.Namespace) -> int:
           f"saved to {path} under context {tuned.context_bucket(n_ctx_seq)} ({n_ctx_seq} tokens per sequence "
           f"here): `auto` uses it for this model on this machine when no saved context is nearer a job's")
     return 0
+
+
+def _say_trials(args: argparse.Namespace, model: str, slot_options: list[int], n_questions: int,
+                plain: tuple[bool, bool]) -> None:
+    """What tune is about to try, on how many questions (the file's all when it holds fewer than
+    --questions), and how long it may take."""
+    from . import tune
+
+    n_cores = len(usable_cores())
+    invariant, plain_only = plain  # batch_invariant, and plain_weights_only's answer
+    trials = tune.candidates(n_cores, slot_options, n_questions, invariant, plain_only)
+    estimate = tune.rough_seconds(os.path.getsize(model), len(trials), n_questions, args.max_tokens)
+    fewer = f" (all the file holds; --questions {args.questions})" if n_questions < args.questions else ""
+    print(f"trying {len(trials)} layouts on {n_questions} questions{fewer} × {args.max_tokens} tokens: "
+          f"{tune.said_duration(estimate)} (a rough guess)", flush=True)
+    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant, plain_only)) - len(trials)
+    if skipped:
+        print(f"  ({skipped} layouts skipped: their slots are more than {n_questions} questions can "
+              "fill; a bigger --questions tries them)", flush=True)
+
+
+def _show_trial(trial: dict[str, Any]) -> None:
+    print(f"  {trial['workers']} workers × {trial['threads']} threads × {trial['slots']:>2} slots, "
+          f"weights {'repacked    ' if trial['repack'] else 'not repacked'}: "
+          f"{trial['generated_tok_s']:7.1f} generated tok/s", flush=True)
 
 
 def _add_plot(sub: Any) -> None:
