@@ -175,6 +175,16 @@ def test_tune_writes_none_of_the_job_s_files(tmp_path: Path, stories: str) -> No
 
 
 @pytest.mark.model
+def test_tune_of_a_csv_job_reads_its_own_sample_as_jsonl(tmp_path: Path, stories: str) -> None:
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {stories}\ninput: q.csv\ninput_format: csv\noutput: out.csv\noutput_format: csv\n"
+                        "fields:\n  id: id\n  question: text\n")
+    done = tune_cli(tmp_path, job_file, "--questions", 2)
+    assert done.returncode == 0, done.stderr
+    assert "fastest:" in done.stdout
+
+
+@pytest.mark.model
 def test_tune_saves_nothing_when_no_trial_generated_a_token(tmp_path: Path, stories: str) -> None:
     # questions longer than the model's context each fail: every rate is 0, no layout is fastest
     questions = tmp_path / "long.jsonl"

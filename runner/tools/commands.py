@@ -218,11 +218,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-# Tune's own (a job file's values are left out): its files, the layouts it tries (each with its
+# Tune's own (a job file's values are left out): its files and their formats (it writes none of
+# the job's; its sample is JSONL), the layouts it tries (each with its
 # own thread count throughout: threads_adapt off), and the GPU settings, since it measures CPU
 # layouts (a job with GPU layers does not use them).
-TUNE_OWNS = {"model", "model.path", "input", "output", "report", "errors_output", "workers", "threads",
-             "threads_adapt", "slots",
+TUNE_OWNS = {"model", "model.path", "input", "output", "report", "errors_output", "input_format",
+             "output_format", "workers", "threads", "threads_adapt", "slots",
              "model.repack", "max_tokens", "ignore_eos", "model.n_gpu_layers", "devices", "shard"}
 
 

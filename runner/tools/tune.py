@@ -98,6 +98,7 @@ def tune(model_path: str, sample: str, n_questions: int, max_tokens: int,
     if plain_only is None:
         plain_only = plain_weights_only(model_path, invariant)
     for layout in candidates(len(usable_cores()), slot_options, n_questions, invariant, plain_only):
+        # the sample is JSONL whatever the job's files are: its formats are tune's (TUNE_OWNS)
         config = build_config([("tune", {**settings, "model": model_path, "input": sample,
                                          "output": os.path.join(os.path.dirname(sample), "answers.jsonl"),
                                          "max_tokens": max_tokens, "ignore_eos": True,
