@@ -242,6 +242,13 @@ def test_bench_refuses_to_write_over_its_model(tmp_path, stories, flag, role):
     assert model.read_bytes() == Path(stories).read_bytes()
 
 
+@pytest.mark.parametrize("flag", ["--workers", "--threads", "--repeat"])
+def test_bench_counts_must_be_positive(stories, flag):
+    r = cli("bench", "--model", stories, flag, "0", timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"ggbatch bench: error: argument {flag}: expected an integer >= 1, got '0'")
+
+
 def test_bench_runner_row_with_several_workers(tmp_path, demo_model):
     n_cores = len(os.sched_getaffinity(0))
     r = cli("bench", "--model", demo_model, "--npp", "16", "--ntg", "4",

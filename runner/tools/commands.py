@@ -77,11 +77,11 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--npp", default="128", help="prompt tokens, comma-separated (default 128)")
     b.add_argument("--ntg", default="64", help="generated tokens, comma-separated (default 64)")
     b.add_argument("--npl", default="1,2,4,8,16", help="sequences per decode, comma-separated")
-    b.add_argument("--workers", type=int, default=1,
+    b.add_argument("--workers", type=positive_int, default=1,
                    help="worker processes in the runner measurement (default 1)")
-    b.add_argument("--threads", type=int,
+    b.add_argument("--threads", type=positive_int,
                    help="threads of the raw engine and of each worker (default: usable cores / workers)")
-    b.add_argument("--repeat", type=int, default=1,
+    b.add_argument("--repeat", type=positive_int, default=1,
                    help="runs per row; each time is the median (default 1; use 3 on a noisy machine)")
     b.add_argument("--repack", choices=["auto", "true", "false"], default="auto",
                    help="weights in llama.cpp's repacked layout (auto: as `ggbatch run` decides by CPU)")
@@ -144,8 +144,6 @@ def _bench_sizes(args: argparse.Namespace) -> tuple[list[int], list[int], list[i
     if max(npl) > MAX_SLOTS:
         raise ConfigError(f"--npl: at most {MAX_SLOTS} sequences per decode (llama.cpp's 256 sequences per "
                           f"context, less the one of the shared prefix), got {max(npl)}")
-    if args.repeat < 1:
-        raise ConfigError(f"--repeat: expected an integer >= 1, got {args.repeat}")
     return npp, ntg, npl
 
 
