@@ -230,6 +230,25 @@ def test_bench_checks_its_tables_folder_before_it_runs(tmp_path, stories, flag):
     assert "PP" not in r.stdout  # no row measured: the check came first
 
 
+@pytest.mark.parametrize(("flag", "role"), [("--json", "the bench table (--json)"),
+                                           ("--csv", "the bench table (--csv)"), ("--plot", "the plot (--plot)")])
+def test_bench_refuses_to_write_over_its_model(tmp_path, stories, flag, role):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(Path(stories).read_bytes())
+    r = cli("bench", "--model", model, "--npl", "1", flag, model, timeout=60)
+    assert r.returncode == 2 and "PP" not in r.stdout  # refused before any row
+    assert f"{model}: {role} and the model (--model) are the same file: bench would overwrite the model; give " \
+           "another path" in r.stderr
+    assert model.read_bytes() == Path(stories).read_bytes()
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--threads", "--repeat"])
+def test_bench_counts_must_be_positive(stories, flag):
+    r = cli("bench", "--model", stories, flag, "0", timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"ggbatch bench: error: argument {flag}: expected an integer >= 1, got '0'")
+
+
 def test_bench_runner_row_with_several_workers(tmp_path, demo_model):
     n_cores = len(os.sched_getaffinity(0))
     r = cli("bench", "--model", demo_model, "--npp", "16", "--ntg", "4",

@@ -47,3 +47,14 @@ def test_a_quantized_model_answers_with_the_default_weights_layout(k_quant_model
     assert layout["repack_weights"] is runs or layout["repack_weights"] is False
     if not runs:
         assert why in done.stdout
+
+
+def test_a_probe_that_cannot_run_keeps_the_weights_plain(tmp_path, monkeypatch):
+    # No disk for the probe's models: unknown is not yes. On a CPU whose repacked kernels stop it
+    # (an AMX VM), a yes here killed every worker of a Q8 model with SIGILL.
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a_file"))
+    runs, why = repacked_weights_run(cpu_flags())
+    assert runs is False
+    assert why.startswith("no probe could check that llama.cpp's repacked kernels run on this CPU (its models "
+                          "could not be written: ")

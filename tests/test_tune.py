@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from ggbatch.runner.config.schema import JobConfig, build_config
 from ggbatch.runner.files.inputs import Record
 from ggbatch.runner.model.identity import identify
 from ggbatch.runner.plan import layout, tuned
 from ggbatch.runner.tools import tune
+from helpers import ggbatch_command
 
 SHORT = {"workers": 2, "threads": 1, "slots": 32}
 LONG = {"workers": 1, "threads": 2, "slots": 4}
@@ -149,3 +153,69 @@ def test_candidates_of_a_batch_invariant_job_are_never_repacked() -> None:
                                           (3600.0, "about 60 min")])
 def test_the_rough_guess_says_seconds_under_a_minute(seconds: float, said: str) -> None:
     assert tune.said_duration(seconds) == said
+
+
+def tune_cli(tmp_path: Path, *args: object, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`ggbatch tune` with its layouts in tmp_path's own cache folder (or `cache`), on 2 sample
+    questions of 2 tokens at 2 slots: a few seconds."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache or tmp_path / "xdg")}
+    return subprocess.run(ggbatch_command("tune", *args, "--max-tokens", 2, "--slots", 2), cwd=ROOT,
+                          capture_output=True, text=True, timeout=200, env=env)
+
+
+@pytest.mark.model
+def test_tune_writes_none_of_the_job_s_files(tmp_path: Path, stories: str) -> None:
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {stories}\ninput: q.jsonl\noutput: out.jsonl\nerrors_output: errors.jsonl\n")
+    (tmp_path / "errors.jsonl").write_text("the user's own rows\n")
+    done = tune_cli(tmp_path, job_file, "--questions", 2)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "errors.jsonl").read_text() == "the user's own rows\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["errors.jsonl", "job.yaml", "xdg"]
+
+
+@pytest.mark.model
+def test_tune_of_a_csv_job_reads_its_own_sample_as_jsonl(tmp_path: Path, stories: str) -> None:
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {stories}\ninput: q.csv\ninput_format: csv\noutput: out.csv\noutput_format: csv\n"
+                        "fields:\n  id: id\n  question: text\n")
+    done = tune_cli(tmp_path, job_file, "--questions", 2)
+    assert done.returncode == 0, done.stderr
+    assert "fastest:" in done.stdout
+
+
+@pytest.mark.model
+def test_tune_saves_nothing_when_no_trial_generated_a_token(tmp_path: Path, stories: str) -> None:
+    # questions longer than the model's context each fail: every rate is 0, no layout is fastest
+    questions = tmp_path / "long.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": "word " * 2000}) + "\n"
+                                 for i in range(2)))
+    done = tune_cli(tmp_path, "--model", stories, "--input", questions, "--questions", 2)
+    assert done.returncode == 1, done.stderr
+    assert "no trial generated a token" in done.stderr and "no layout saved" in done.stderr
+    assert "fastest" not in done.stdout and not (tmp_path / "xdg" / "ggbatch" / "layouts.json").exists()
+
+
+@pytest.mark.model
+def test_tune_says_how_many_questions_it_samples(tmp_path: Path, stories: str) -> None:
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": f"q{i}", "question": "Hi?"}) + "\n" for i in range(3)))
+    done = tune_cli(tmp_path, "--model", stories, "--input", questions, "--questions", 100)
+    assert done.returncode == 0, done.stderr
+    assert " on 3 questions (all the file holds; --questions 100) × 2 tokens" in done.stdout.splitlines()[0]
+    for bad in ("0", "-5"):
+        refused = tune_cli(tmp_path, "--model", stories, "--questions", bad)
+        assert refused.returncode == 2
+        assert refused.stderr == (f"ggbatch tune: error: argument --questions: expected an integer >= 1, got '{bad}' "
+                                  "(`ggbatch tune --help` lists the options)\n")
+
+
+@pytest.mark.model
+def test_tune_refuses_a_cache_folder_it_cannot_make_before_any_trial(tmp_path: Path, stories: str) -> None:
+    (tmp_path / "a_file").write_text("x")
+    done = tune_cli(tmp_path, "--model", stories, "--questions", 2, cache=tmp_path / "a_file")
+    assert done.returncode == 2
+    assert done.stderr == (f"ggbatch: error: tune: cannot save the layout in ggbatch's cache folder "
+                           f"{tmp_path / 'a_file' / 'ggbatch'} (Not a directory: {tmp_path / 'a_file' / 'ggbatch'}): "
+                           "set XDG_CACHE_HOME to a folder this user can write\n")
+    assert done.stdout == ""  # no trial ran

@@ -37,6 +37,25 @@ def ggbatch_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ggbatch"
 
 
+def writable_cache(what: str) -> Path:
+    """ggbatch's cache folder, made if missing; OutputError, one line naming the folder, when it
+    cannot be made or written (a HOME a cron user cannot write, XDG_CACHE_HOME naming a file).
+    `what` is what needed it ("model: demo: cannot build the demo model")."""
+    folder = ggbatch_cache()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise OutputError(cache_refusal(what, exc)) from None
+    return folder
+
+
+def cache_refusal(what: str, exc: OSError) -> str:
+    return (f"{what} in ggbatch's cache folder {ggbatch_cache()} ({exc.strerror or exc}: {exc.filename}): "
+            "set XDG_CACHE_HOME to a folder this user can write")
+
+
 def journal_path(output: str) -> str:
     return output + JOURNAL_SUFFIX
 

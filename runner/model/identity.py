@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelError
-from ..files.paths import ggbatch_cache
+from ..files.paths import cache_refusal
 from .gguf_header import GGUFFormatError, GGUFLayout, read_layout
 from .hub import is_hub_name, resolve_hub_name
 
@@ -69,9 +69,7 @@ def _demo_model() -> str:
     try:
         return str(ensure_demo_model())
     except OSError as exc:
-        raise ModelError(f"model: demo: cannot build the demo model in ggbatch's cache folder {ggbatch_cache()} "
-                         f"({exc.strerror or exc}: {exc.filename}): set XDG_CACHE_HOME to a folder this user "
-                         "can write") from None
+        raise ModelError(cache_refusal("model: demo: cannot build the demo model", exc)) from None
 
 
 def check_local_model(model: str) -> None:

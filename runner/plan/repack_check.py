@@ -50,7 +50,9 @@ def repacked_weights_run(flags: frozenset[str]) -> tuple[bool, str]:
             write_atomic(str(path), json.dumps(known, indent=1) + "\n")
         except OSError:
             pass
-    return runs is not False, why
+    # unknown (no disk for the probe's models, a timeout) is not yes: repacked weights where the
+    # kernels stop the CPU kill every worker with SIGILL, plain weights only run slower
+    return runs is True, why
 
 
 def repack_refused(plain_anyway: bool = False) -> str:
@@ -87,13 +89,15 @@ def _probe() -> tuple[Optional[bool], str]:
     try:
         models = [_probe_model(folder, quant) for quant in PROBE_QUANTS]
     except (OSError, RuntimeError, ValueError) as exc:
-        return None, f"its models could not be written: {exc}"
+        return None, f"no probe could check that llama.cpp's repacked kernels run on this CPU (its models could " \
+                      f"not be written: {exc})"
     log.info("checking once that llama.cpp's repacked kernels run on this CPU (%s)", ", ".join(PROBE_QUANTS))
     try:
         done = subprocess.run([sys.executable, "-m", "ggbatch.workers.llama.repack_probe", *map(str, models)],
                               capture_output=True, timeout=PROBE_SECONDS)
     except subprocess.TimeoutExpired:
-        return None, f"the probe took over {PROBE_SECONDS} s"
+        return None, f"no probe could check that llama.cpp's repacked kernels run on this CPU (it took over " \
+                      f"{PROBE_SECONDS} s)"
     if done.returncode >= 0:
         return True, ""  # decoded (0), or a Python error of the probe's own: not a verdict on the kernels
     sig = -done.returncode

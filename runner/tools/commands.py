@@ -8,15 +8,16 @@ import argparse
 import json
 import logging
 import os
+import tempfile
 from contextlib import nullcontext
 from typing import Any, Callable
 
 from ..config.checks import bool_or_auto
 from ..config.checks import gpu_layers as parse_gpu_layers
 from ..config.schema import MAX_SLOTS, load_job_file
-from ..errors import ConfigError, ModelError
+from ..errors import ConfigError, InputError, ModelError
 from ..files.outputs import write_atomic
-from ..files.paths import check_writable
+from ..files.paths import check_output, check_writable, same_file, writable_cache
 from ..files.piped import readable_file
 from ..model.identity import identify, resolve_model
 from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
@@ -76,11 +77,11 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--npp", default="128", help="prompt tokens, comma-separated (default 128)")
     b.add_argument("--ntg", default="64", help="generated tokens, comma-separated (default 64)")
     b.add_argument("--npl", default="1,2,4,8,16", help="sequences per decode, comma-separated")
-    b.add_argument("--workers", type=int, default=1,
+    b.add_argument("--workers", type=positive_int, default=1,
                    help="worker processes in the runner measurement (default 1)")
-    b.add_argument("--threads", type=int,
+    b.add_argument("--threads", type=positive_int,
                    help="threads of the raw engine and of each worker (default: usable cores / workers)")
-    b.add_argument("--repeat", type=int, default=1,
+    b.add_argument("--repeat", type=positive_int, default=1,
                    help="runs per row; each time is the median (default 1; use 3 on a noisy machine)")
     b.add_argument("--repack", choices=["auto", "true", "false"], default="auto",
                    help="weights in llama.cpp's repacked layout (auto: as `ggbatch run` decides by CPU)")
@@ -92,6 +93,18 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--gpu-layers", default="0",
                    help="layers stored in VRAM on the first GPU: N, all, or auto (no GPU, as a job without "
                         "--devices; default 0: the CPU alone)")
+
+
+def positive_int(text: str) -> int:
+    """argparse's type for a count that must be at least 1 (0 workers divides by zero, 0 threads
+    or questions measure nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -131,22 +144,26 @@ def _bench_sizes(args: argparse.Namespace) -> tuple[list[int], list[int], list[i
     if max(npl) > MAX_SLOTS:
         raise ConfigError(f"--npl: at most {MAX_SLOTS} sequences per decode (llama.cpp's 256 sequences per "
                           f"context, less the one of the shared prefix), got {max(npl)}")
-    if args.repeat < 1:
-        raise ConfigError(f"--repeat: expected an integer >= 1, got {args.repeat}")
     return npp, ntg, npl
 
 
 BENCH_JSON, BENCH_CSV = "the bench table (--json)", "the bench table (--csv)"
 
 
-def _check_bench_outputs(args: argparse.Namespace) -> None:
+def _check_bench_outputs(args: argparse.Namespace, model: str) -> None:
     """Bench's files, checked before the benchmark runs (a missing folder found after it would
-    waste the run and leave the files after it unwritten)."""
+    waste the run and leave the files after it unwritten): none may be the model, which writing
+    the table would destroy, nor another of them."""
     from . import bench
 
-    for path, role in ((args.json, BENCH_JSON), (args.csv, BENCH_CSV), (args.plot, "the plot (--plot)")):
-        if path:
-            check_writable(path, role)
+    outputs = [(role, path) for role, path in ((BENCH_JSON, args.json), (BENCH_CSV, args.csv),
+                                               ("the plot (--plot)", args.plot)) if path]
+    for i, (role, path) in enumerate(outputs):
+        check_output(path, role)
+        for other_role, other in [("the model (--model)", model), *outputs[:i]]:
+            if same_file(path, other):
+                harm = ": bench would overwrite the model" if other == model else ""
+                raise ConfigError(f"{path}: {role} and {other_role} are the same file{harm}; give another path")
     if args.plot:
         try:
             bench.require_matplotlib()
@@ -160,7 +177,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     npp, ntg, npl = _bench_sizes(args)
     threads = plan_layout(usable_cores(), args.workers, args.threads, 1, 1).threads  # checks the cores
-    _check_bench_outputs(args)
+    _check_bench_outputs(args, model)
     gpu_layers = _gpu_layers(args.gpu_layers)
     n_vocab = _n_vocab(model)
     requested = bool_or_auto(args.repack)
@@ -199,10 +216,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-# Tune's own (a job file's values are left out): its files, the layouts it tries (each with its
+# Tune's own (a job file's values are left out): its files and their formats (it writes none of
+# the job's; its sample is JSONL), the layouts it tries (each with its
 # own thread count throughout: threads_adapt off), and the GPU settings, since it measures CPU
 # layouts (a job with GPU layers does not use them).
-TUNE_OWNS = {"model", "model.path", "input", "output", "report", "workers", "threads", "threads_adapt", "slots",
+TUNE_OWNS = {"model", "model.path", "input", "output", "report", "errors_output", "input_format",
+             "output_format", "workers", "threads", "threads_adapt", "slots",
              "model.repack", "max_tokens", "ignore_eos", "model.n_gpu_layers", "devices", "shard"}
 
 
@@ -211,7 +230,7 @@ def _add_tune(sub: Any) -> None:
     t.add_argument("job", nargs="?", help="YAML job file (its prompt and sampling settings are used)")
     t.add_argument("--model", help="GGUF model path (or from the job file)")
     t.add_argument("--input", help="questions to sample (default: built-in ones)")
-    t.add_argument("--questions", type=int, default=64, help="sample size (default 64)")
+    t.add_argument("--questions", type=positive_int, default=64, help="sample size (default 64)")
     t.add_argument("--max-tokens", dest="max_tokens", type=int, default=32,
                    help="generated tokens per question, exactly (default 32)")
     t.add_argument("--slots", default="8,16,32,64", help="slot counts to try (default 8,16,32,64)")
@@ -229,27 +248,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError("tune: give --model or a job file with a model")
     model = resolve_model(model_arg)
     slot_options = _ints(args.slots, "--slots")
-    n_cores = len(usable_cores())
-    invariant = settings.get("batch_invariant") is True
-    plain_only = tune.plain_weights_only(model, invariant)
-    trials = tune.candidates(n_cores, slot_options, args.questions, invariant, plain_only)
-    estimate = tune.rough_seconds(os.path.getsize(model), len(trials), args.questions, args.max_tokens)
-    print(f"trying {len(trials)} layouts on {args.questions} questions × {args.max_tokens} tokens: "
-          f"{tune.said_duration(estimate)} (a rough guess)", flush=True)
-    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant, plain_only)) - len(trials)
-    if skipped:
-        print(f"  ({skipped} layouts skipped: their slots are more than {args.questions} questions can "
-              "fill; a bigger --questions tries them)", flush=True)
-
-    def show(trial: dict[str, Any]) -> None:
-        print(f"  {trial['workers']} workers × {trial['threads']} threads × {trial['slots']:>2} slots, "
-              f"weights {'repacked    ' if trial['repack'] else 'not repacked'}: "
-              f"{trial['generated_tok_s']:7.1f} generated tok/s", flush=True)
-
+    writable_cache("tune: cannot save the layout")  # before the trials, not after them
     log.setLevel(logging.WARNING)  # each trial's own progress lines would bury the results
-    with readable_file(args.input) if args.input else nullcontext(None) as questions:
-        choice, trials = tune.tune(model, questions, args.questions, args.max_tokens, slot_options, settings, show,
-                                   plain_only)
+    with readable_file(args.input) if args.input else nullcontext(None) as questions, \
+            tempfile.TemporaryDirectory(prefix="ggbatch-tune-") as tmp:
+        sample, n_questions = tune.write_sample(questions, args.questions, tmp, settings.get("fields.id", "questionID"),
+                                                settings.get("fields.question", "question"))
+        if not n_questions:
+            raise InputError(f"{args.input}: no questions to sample")
+        invariant = settings.get("batch_invariant") is True
+        plain_only = tune.plain_weights_only(model, invariant)
+        _say_trials(args, model, slot_options, n_questions, (invariant, plain_only))
+        choice, trials = tune.tune(model, sample, n_questions, args.max_tokens, slot_options, settings,
+                                   _show_trial, plain_only)
     n_ctx_seq = tuned.sample_context(trials)
     path = tuned.save_choice(identify(model), choice, trials, n_ctx_seq)
     print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots, "
@@ -257,6 +268,31 @@ def cmd_tune(args: argparse.Namespace) -> int:
           f"saved to {path} under context {tuned.context_bucket(n_ctx_seq)} ({n_ctx_seq} tokens per sequence "
           f"here): `auto` uses it for this model on this machine when no saved context is nearer a job's")
     return 0
+
+
+def _say_trials(args: argparse.Namespace, model: str, slot_options: list[int], n_questions: int,
+                plain: tuple[bool, bool]) -> None:
+    """What tune is about to try, on how many questions (the file's all when it holds fewer than
+    --questions), and how long it may take."""
+    from . import tune
+
+    n_cores = len(usable_cores())
+    invariant, plain_only = plain  # batch_invariant, and plain_weights_only's answer
+    trials = tune.candidates(n_cores, slot_options, n_questions, invariant, plain_only)
+    estimate = tune.rough_seconds(os.path.getsize(model), len(trials), n_questions, args.max_tokens)
+    fewer = f" (all the file holds; --questions {args.questions})" if n_questions < args.questions else ""
+    print(f"trying {len(trials)} layouts on {n_questions} questions{fewer} × {args.max_tokens} tokens: "
+          f"{tune.said_duration(estimate)} (a rough guess)", flush=True)
+    skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant, plain_only)) - len(trials)
+    if skipped:
+        print(f"  ({skipped} layouts skipped: their slots are more than {n_questions} questions can "
+              "fill; a bigger --questions tries them)", flush=True)
+
+
+def _show_trial(trial: dict[str, Any]) -> None:
+    print(f"  {trial['workers']} workers × {trial['threads']} threads × {trial['slots']:>2} slots, "
+          f"weights {'repacked    ' if trial['repack'] else 'not repacked'}: "
+          f"{trial['generated_tok_s']:7.1f} generated tok/s", flush=True)
 
 
 def _add_plot(sub: Any) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from typing import Any, Callable, Optional, Sequence
 
 from ..config.schema import build_config
+from ..errors import GgbatchError
 from ..files.inputs import read_records
 from ..plan.layout import model_is_hybrid, usable_cores
 from ..plan.memory import MIB
@@ -61,8 +61,18 @@ def said_duration(seconds: float) -> str:
     return f"about {max(1, round(seconds / 60))} min"
 
 
-def write_sample(input_path: Optional[str], n: int, folder: str, id_field: str, question_field: str) -> str:
-    """The first n questions of the user's file (or built-in ones) as a JSONL file in folder."""
+class NothingMeasured(GgbatchError):
+    """No trial generated a token (every sample question failed): no layout is faster than
+    another, and saving one would steer every later `auto` run. Exit 1, as a run whose questions
+    failed."""
+
+    exit_code = 1
+
+
+def write_sample(input_path: Optional[str], n: int, folder: str, id_field: str, question_field: str
+                 ) -> tuple[str, int]:
+    """(a JSONL file in folder of the first n questions of the user's file, or built-in ones;
+    how many it holds: fewer than n when the file holds fewer)."""
     if input_path:
         records = [dict(r.fields) for r in read_records(input_path, id_field, question_field)[:n]]
     else:
@@ -71,42 +81,44 @@ def write_sample(input_path: Optional[str], n: int, folder: str, id_field: str, 
     path = os.path.join(folder, "sample.jsonl")
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    return path
+    return path, len(records)
 
 
-def tune(model_path: str, input_path: Optional[str], n_questions: int, max_tokens: int,
+def tune(model_path: str, sample: str, n_questions: int, max_tokens: int,
          slot_options: Sequence[int], settings: dict[str, Any],
          on_trial: Callable[[dict[str, Any]], None] = lambda trial: None, plain_only: Optional[bool] = None,
          ) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Run every candidate layout on the sample; returns (fastest layout, all trials). `plain_only`:
-    plain_weights_only's answer, when the caller has it already."""
+    """Run every candidate layout on the sample (write_sample's file of n_questions; the answers
+    go beside it); returns (fastest layout, all trials). `plain_only`: plain_weights_only's
+    answer, when the caller has it already. NothingMeasured when no trial generated a token."""
     from ..job import run_job
 
     trials: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="ggbatch-tune-") as tmp:
-        sample = write_sample(input_path, n_questions, tmp, settings.get("fields.id", "questionID"),
-                              settings.get("fields.question", "question"))
-        invariant = settings.get("batch_invariant") is True
-        if plain_only is None:
-            plain_only = plain_weights_only(model_path, invariant)
-        for layout in candidates(len(usable_cores()), slot_options, n_questions, invariant, plain_only):
-            config = build_config([("tune", {**settings, "model": model_path, "input": sample,
-                                             "output": os.path.join(tmp, "answers.jsonl"),
-                                             "max_tokens": max_tokens, "ignore_eos": True,
-                                             "workers": layout["workers"], "threads": layout["threads"],
-                                             "threads_adapt": "off",
-                                             "slots": layout["slots"], "model.repack": layout["repack"]})])
-            report = run_job(config, progress="off", fresh=True, use_tuned=False)
-            t = report.outcome.timings
-            total_s = t["total_s"]
-            assert total_s is not None  # a run that returned has its total time
-            seconds = total_s - (t["first_worker_ready_s"] or 0.0)
-            used = report.setup.layout
-            generated = report.outcome.tally.generated_tokens
-            trial = {"workers": used.workers, "threads": used.threads, "slots": used.slots,
-                     "repack": used.repack, "n_ctx_per_sequence": used.n_ctx_seq,
-                     "generated_tok_s": round(generated / seconds, 2), "wall_s": round(total_s, 2)}
-            trials.append(trial)
-            on_trial(trial)
+    invariant = settings.get("batch_invariant") is True
+    if plain_only is None:
+        plain_only = plain_weights_only(model_path, invariant)
+    for layout in candidates(len(usable_cores()), slot_options, n_questions, invariant, plain_only):
+        # the sample is JSONL whatever the job's files are: its formats are tune's (TUNE_OWNS)
+        config = build_config([("tune", {**settings, "model": model_path, "input": sample,
+                                         "output": os.path.join(os.path.dirname(sample), "answers.jsonl"),
+                                         "max_tokens": max_tokens, "ignore_eos": True,
+                                         "workers": layout["workers"], "threads": layout["threads"],
+                                         "threads_adapt": "off",
+                                         "slots": layout["slots"], "model.repack": layout["repack"]})])
+        report = run_job(config, progress="off", fresh=True, use_tuned=False)
+        t = report.outcome.timings
+        total_s = t["total_s"]
+        assert total_s is not None  # a run that returned has its total time
+        seconds = total_s - (t["first_worker_ready_s"] or 0.0)
+        used = report.setup.layout
+        generated = report.outcome.tally.generated_tokens
+        trial = {"workers": used.workers, "threads": used.threads, "slots": used.slots,
+                 "repack": used.repack, "n_ctx_per_sequence": used.n_ctx_seq,
+                 "generated_tok_s": round(generated / seconds, 2), "wall_s": round(total_s, 2)}
+        trials.append(trial)
+        on_trial(trial)
+    if not any(trial["generated_tok_s"] > 0 for trial in trials):
+        raise NothingMeasured(f"tune: no trial generated a token (every one of the {n_questions} sample questions "
+                              "failed; `ggbatch run` of them says why): no layout saved")
     best = max(trials, key=lambda r: r["generated_tok_s"])
     return {k: best[k] for k in ("workers", "threads", "slots", "repack")}, trials
