@@ -237,7 +237,7 @@ def test_bench_refuses_to_write_over_its_model(tmp_path, stories, flag, role):
     model.write_bytes(Path(stories).read_bytes())
     r = cli("bench", "--model", model, "--npl", "1", flag, model, timeout=60)
     assert r.returncode == 2 and "PP" not in r.stdout  # refused before any row
-    assert f"{model}: {role} and the model (--model) are the same file: bench would overwrite the model; give " \
+    assert f"{role} and the model (--model) are the same file ({model}): ggbatch would overwrite the model; give " \
            "another path" in r.stderr
     assert model.read_bytes() == Path(stories).read_bytes()
 

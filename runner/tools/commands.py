@@ -17,7 +17,7 @@ from ..config.checks import gpu_layers as parse_gpu_layers
 from ..config.schema import MAX_SLOTS, load_job_file
 from ..errors import ConfigError, InputError, ModelError
 from ..files.outputs import write_atomic
-from ..files.paths import check_output, check_writable, same_file, writable_cache
+from ..files.paths import check_output, check_writable, same_file, same_file_error, writable_cache
 from ..files.piped import readable_file
 from ..model.identity import identify, resolve_model
 from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
@@ -162,8 +162,7 @@ def _check_bench_outputs(args: argparse.Namespace, model: str) -> None:
         check_output(path, role)
         for other_role, other in [("the model (--model)", model), *outputs[:i]]:
             if same_file(path, other):
-                harm = ": bench would overwrite the model" if other == model else ""
-                raise ConfigError(f"{path}: {role} and {other_role} are the same file{harm}; give another path")
+                raise same_file_error(other_role, role, path, overwrites=other == model)
     if args.plot:
         try:
             bench.require_matplotlib()
