@@ -39,7 +39,7 @@ from .files.formats.rows import OutputSpec, Row
 from .files.inputs import QuestionStream, Record, open_question_file
 from .files.lock import OutputLock
 from .files.outputs import remove_stale_copies, write_answers, write_atomic
-from .files.paths import JobPaths, job_paths
+from .files.paths import REPORT, JobPaths, job_paths
 from .files.piped import readable_input
 from .files.shards import Shard, in_shard
 from .journal.index import Earlier, start_reading
@@ -358,5 +358,5 @@ def _report(setup: JobSetup, counts: RecordCounts, pool: WorkerPool, watch: RunW
                          watch.timeline.as_report(), watch.thread_changes)
     report = RunReport(setup, outcome)
     if setup.config.report:
-        write_atomic(setup.config.report, json.dumps(report.as_json(), indent=2) + "\n", "the report")
+        write_atomic(setup.config.report, json.dumps(report.as_json(), indent=2) + "\n", REPORT)
     return report

@@ -21,6 +21,7 @@ from .formats.csvfile import csv_line
 from .formats.detect import errors_format
 from .formats.openai_output import batch_line
 from .formats.rows import OutputSpec, Row, row_fields
+from .paths import ERRORS_OUTPUT
 
 ANSWERS = "the answers file"  # what an AtomicFile's error calls its file when not told
 TEMP_SUFFIX = ".tmp"  # of the copy an AtomicFile writes beside its target, named .NAME.XXXXXXXX.tmp
@@ -104,7 +105,7 @@ def write_answers(path: str, rows: Iterable[Row], spec: OutputSpec, errors_path:
             for piece in _pieces(rows, RowText(spec)):
                 out.write(piece)
         return
-    with AtomicFile(path, ANSWERS) as out, AtomicFile(errors_path, "the errors file (errors_output)") as errors:
+    with AtomicFile(path, ANSWERS) as out, AtomicFile(errors_path, ERRORS_OUTPUT) as errors:
         answered, failed = RowText(spec), RowText(replace(spec, format=errors_format(errors_path, spec.format)))
         out.write(answered.head())
         errors.write(failed.head())

@@ -26,8 +26,9 @@ from ..errors import ConfigError, OutputError
 
 JOURNAL_SUFFIX = ".journal.jsonl"
 LOCK_SUFFIX = ".lock"
-WRITTEN = {"the answers file (output)", "the report", "the errors file (errors_output)", "the output's journal",
-           "the output's lock"}
+# what a job's files are called in its refusals (check_writable's role, same_file_error's)
+OUTPUT, REPORT, ERRORS_OUTPUT = "the answers file (output)", "the report", "the errors file (errors_output)"
+WRITTEN = {OUTPUT, REPORT, ERRORS_OUTPUT, "the output's journal", "the output's lock"}
 PROBE_BYTES = 4096  # written and removed once: a full disk fails here, not after the run
 
 
@@ -91,8 +92,7 @@ class JobPaths:
 
     def outputs(self) -> list[tuple[str, str]]:
         """(what it is to the job, path) for each file the job writes at its end."""
-        named = [("the answers file (output)", self.output), ("the report", self.report),
-                 ("the errors file (errors_output)", self.errors_output)]
+        named = [(OUTPUT, self.output), (REPORT, self.report), (ERRORS_OUTPUT, self.errors_output)]
         return [(role, path) for role, path in named if path]
 
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import BinaryIO, Callable, Iterator
 
 from ..errors import InputError, Interrupted, OutputError
-from .paths import check_not_a_stream, check_writable
+from .paths import OUTPUT, check_not_a_stream, check_writable
 
 STDIN = "-"  # what --input names standard input by
 STDIN_NAME = "<stdin>"  # standard input's name in messages
@@ -67,7 +67,7 @@ def readable_input(path: str, output: str, stopped: Callable[[], int] = lambda: 
         yield path
         return
     check_not_a_stream(output)  # the output's own refusals first: nothing is read for a run that cannot write
-    check_writable(output, "the answers file (output)")
+    check_writable(output, OUTPUT)
     with _copied(path, os.path.dirname(os.path.realpath(output)), stopped) as name:
         yield name
 

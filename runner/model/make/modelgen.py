@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ...errors import OutputError
-from ...files.paths import check_not_a_stream, check_output, ggbatch_cache, same_file, same_file_error
+from ...files.paths import check_output, ggbatch_cache, same_file, same_file_error
 from .gemma3_gen import Gemma3Shape
 from .gguf_random import temp_sibling as _temp_sibling
 from .gguf_random import write_random_gguf
@@ -175,12 +175,11 @@ def checked_output(out: str | os.PathLike[str], vocab: str | os.PathLike[str] | 
     """The file to write for ``out``, refused before any work if it cannot or must not be written:
     a stream or device (/dev/stdout), a directory, an unwritable folder, or the --vocab file itself.
     A symlink is written through (its target replaced, the link kept), as the answers file is."""
-    check_not_a_stream(str(out))
-    if vocab is not None and same_file(str(out), str(vocab)):
-        raise same_file_error("the vocab file (--vocab)", "the model", str(out))
     with suppress(OSError):  # make-model makes the folder; one it cannot make check_writable names
         Path(out).resolve().parent.mkdir(parents=True, exist_ok=True)
-    check_output(str(out), "the model")
+    check_output(str(out), "the model")  # not a stream or device, not a journal, writable
+    if vocab is not None and same_file(str(out), str(vocab)):
+        raise same_file_error("the vocab file (--vocab)", "the model", str(out))
     return Path(os.path.realpath(out))
 
 
