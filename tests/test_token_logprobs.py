@@ -17,7 +17,7 @@ from ggbatch.runner.files.formats.openai_output import batch_line
 from ggbatch.runner.files.formats.openai_request import parse_request
 from ggbatch.runner.files.formats.rows import OutputSpec, Row
 from ggbatch.runner.files.formats.token_logprobs import from_journal, to_journal
-from ggbatch.workers.engine.logprobs import answer_tokens, row_logprobs
+from ggbatch.workers.engine.logprobs import answer_tokens, block_logprobs, row_logprobs
 from ggbatch.workers.protocol import (
     Answer,
     EngineConfig,
@@ -75,6 +75,23 @@ def test_row_logprobs_of_a_flat_row_take_the_k_highest_ties_by_id():
     assert [t for t, _ in top] == ref and ref[:3] == [7, 11, 19_000]
     flat = np.zeros(5_000, np.float32)
     assert [t for t, _ in row_logprobs(flat, 0, 3, np.empty_like(flat))[1]] == [0, 1, 2]
+
+def test_a_block_of_rows_gives_each_rows_own_numbers():
+    # block_logprobs works on all rows at once, in place where asked: peaked rows, a flat row
+    # (its top k from a partition) and a tie at the top, bit for bit what each row gives alone.
+    rng = np.random.default_rng(1)
+    rows = rng.normal(size=(5, 30_000)).astype(np.float32) * 2
+    rows[:3, rng.integers(0, 30_000, 20)] += 12.0
+    rows[3] = 0.0
+    rows[4, [5, 9, 77]] = rows[4].max() + 1.0
+    tokens = [int(t) for t in rng.integers(0, 30_000, 5)]
+    for k in (0, 5):
+        alone = [row_logprobs(rows[i], tokens[i], k, np.empty(30_000, np.float32)) for i in range(5)]
+        block = rows.copy()
+        assert block_logprobs(rows, tokens, k, np.empty_like(rows)) == alone
+        assert block_logprobs(block, tokens, k, block) == alone
+    assert [t for t, _ in alone[4][1][:3]] == [5, 9, 77]
+
 
 def test_answer_tokens_drops_the_tokens_inside_a_stop_string():
     pieces = [b"The", b" end", b"\n\n", b"Q", b":"]
@@ -151,13 +168,20 @@ def engine_answers(model: str, questions: list[Question], slots: int, threads: i
 @pytest.mark.model
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_engine_logprobs_equal_llama_cpp_pythons_log_softmax(demo_model, temperature):
-    """Several sequences in one batch (their rows spread over 2 threads), greedy and sampled: each
-    token's log-probability and its top 5 are those of a plain Llama(logits_all=True) evaluating
-    the same tokens, one sequence alone."""
-    prompts = [array("i", [1, 20 + i, 40 + 3 * i, 7, 90 + i]) for i in range(3)]
+@pytest.mark.parametrize("spread", [False, True])
+def test_engine_logprobs_equal_llama_cpp_pythons_log_softmax(demo_model, temperature, spread, monkeypatch):
+    """Several sequences in one batch, greedy and sampled, their rows in one thread or cut into
+    runs over 3 threads of blocks of 2: each token's log-probability and its top 5 are those of a
+    plain Llama(logits_all=True) evaluating the same tokens, one sequence alone."""
+    from ggbatch.workers.llama import sampling as host
+
+    if spread:  # the demo model's rows are small: make 5 of them worth 3 threads
+        monkeypatch.setattr(host.Sampling, "floats_per_thread", 1)
+        monkeypatch.setattr(host.Sampling, "host_threads", 3)
+        monkeypatch.setattr(host, "LOGPROB_BLOCK_ROWS", 2)
+    prompts = [array("i", [1, 20 + i, 40 + 3 * i, 7, 90 + i]) for i in range(5)]
     questions = [Question(f"q{i}", p, 11 + i) for i, p in enumerate(prompts)]
-    got = engine_answers(demo_model, questions, slots=3, threads=2, max_tokens=12, ignore_eos=True, token_logprobs=5,
+    got = engine_answers(demo_model, questions, slots=5, threads=2, max_tokens=12, ignore_eos=True, token_logprobs=5,
                          sampling=SamplingParams(temperature=temperature, top_k=20))
     for q in questions:
         entries = got[q.qid].token_logprobs

@@ -9,7 +9,7 @@ sampling settings that picked the token.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,8 +26,20 @@ MAX_CANDIDATES = 1024
 def row_logprobs(row: "np.ndarray", token: int, k: int,
                  scratch: "np.ndarray") -> tuple[float, list[tuple[int, float]]]:
     """The picked token's log-probability in one logits row, and the k most likely (token,
-    log-probability), most likely first, a tie to the lower id. `scratch`: a float32 buffer of the
-    row's length, overwritten (no allocation per row: a row of a 150k vocabulary is 600 KB).
+    log-probability), most likely first, a tie to the lower id: block_logprobs of a block of one
+    row. `scratch`: a float32 buffer of the row's length, overwritten."""
+    return block_logprobs(row[None, :], [token], k, scratch[None, :])[0]
+
+
+def block_logprobs(block: "np.ndarray", tokens: Sequence[int], k: int,
+                   scratch: "np.ndarray") -> list[tuple[float, list[tuple[int, float]]]]:
+    """row_logprobs of each row of `block` (rows × vocabulary), each pass over all the rows at once.
+    `scratch`: a float32 buffer at least the block's shape, overwritten; it may be the block
+    itself (no allocation per row: a row of a 150k vocabulary is 600 KB).
+
+    Whole-block passes matter where threads share the work (workers/llama/sampling.py): numpy lets
+    go of the GIL inside a pass and takes it back after, and a thread waits its turn at every
+    hand-over, so a few passes a block scale over cores where a dozen a row do not.
 
     The exp over the whole vocabulary is the cost (the normaliser needs every term). The top k
     are looked for among the logits near the highest; where those are too many (a flat row: a
@@ -36,20 +48,30 @@ def row_logprobs(row: "np.ndarray", token: int, k: int,
     large is a candidate, so that ties still go to the lower id."""
     import numpy as np
 
-    top = row.max()
-    shifted = np.subtract(row, top, out=scratch)
-    best: list[tuple[int, float]] = []
+    n = len(block)
+    shifted = np.subtract(block, block.max(axis=1, keepdims=True), out=scratch[:n])
+    best: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     if k > 0:
-        ids = np.flatnonzero(shifted >= -NEAR)
-        if not min(k, len(row)) <= len(ids) <= MAX_CANDIDATES:
-            n = len(row) - min(k, len(row))
-            ids = np.flatnonzero(shifted >= np.partition(shifted, n)[n])
-        values = shifted[ids]
-        best = [(int(ids[j]), float(values[j])) for j in np.lexsort((ids, -values))[:k]]
-    chosen = float(shifted[token])
-    log_z = float(np.log(np.exp(shifted, out=shifted).sum()))
-    return (round(chosen - log_z, DIGITS),
-            [(t, round(v - log_z, DIGITS)) for t, v in best])
+        near = shifted >= -NEAR
+        wanted = min(k, block.shape[1])
+        for i, count in enumerate(np.count_nonzero(near, axis=1).tolist()):
+            best[i] = _top_k(shifted[i], np.flatnonzero(near[i]) if wanted <= count <= MAX_CANDIDATES else None, k)
+    chosen = shifted[np.arange(n), list(tokens)].tolist()
+    log_z = np.log(np.exp(shifted, out=shifted).sum(axis=1)).tolist()
+    return [(round(c - z, DIGITS), [(t, round(v - z, DIGITS)) for t, v in top])
+            for c, z, top in zip(chosen, log_z, best)]
+
+
+def _top_k(shifted: "np.ndarray", near: "Optional[np.ndarray]", k: int) -> list[tuple[int, float]]:
+    """The k highest of one shifted row (ties to the lower id), given the ids within NEAR of its
+    highest, or None where those are too many or too few."""
+    import numpy as np
+
+    if near is None:
+        n = len(shifted) - min(k, len(shifted))
+        near = np.flatnonzero(shifted >= np.partition(shifted, n)[n])
+    values = shifted[near]
+    return [(int(near[j]), float(values[j])) for j in np.lexsort((near, -values))[:k]]
 
 
 def log_normalizers(logits: "np.ndarray") -> tuple["np.ndarray", "np.ndarray"]:

@@ -259,13 +259,13 @@ class LlamaEngine:
         tokens = [0] * len(rows)
         greedy = [i for i, (span, _, _) in enumerate(rows)
                   if span.seq.sampler is None and not from_logits(span.seq)]
+        n_outputs = int(np.count_nonzero(batch.arrays[3])) if batch.arrays else 0  # none: an empty batch
         if greedy:
-            n_outputs = int(np.count_nonzero(batch.arrays[3]))
             for i, token in zip(greedy, self.sampling.greedy([rows[i][2] for i in greedy], n_outputs).tolist()):
                 tokens[i] = token
         tokens = self.picker.pick_all([(span.seq, index) for span, index, _ in rows], tokens)
         out = [(span.seq, token) for (span, _, _), token in zip(rows, tokens)]
-        self.picker.record_logprobs(rows, tokens)
+        self.picker.record_logprobs(rows, tokens, n_outputs)
         self.counters.sample_s += time.perf_counter() - t0
         return out
 

@@ -108,16 +108,17 @@ class Picker:
         self.counters.grammar_resamples += again
         return token
 
-    def record_logprobs(self, rows: list[tuple[Span, int, int]], tokens: list[int]) -> None:
+    def record_logprobs(self, rows: list[tuple[Span, int, int]], tokens: list[int], n_outputs: int) -> None:
         """The picked token's log-probability (and the K most likely) for every sequence whose
-        settings ask, all rows in one pass; nothing at all when none asks."""
-        asking = [(span.seq, index, token, k) for (span, index, _), token in zip(rows, tokens)
+        settings ask, all rows in one pass; nothing at all when none asks. `rows`: (span, batch
+        position, logits row) of the decode's n_outputs rows."""
+        asking = [(span.seq, row, token, k) for (span, _, row), token in zip(rows, tokens)
                   if token >= 0 and (k := self._gen(span.seq).token_logprobs) is not None]
         if not asking:
             return
         t0 = time.perf_counter()
         got = self.sampling.token_logprobs([a[1] for a in asking], [a[2] for a in asking],
-                                           max(a[3] for a in asking))
+                                           max(a[3] for a in asking), n_outputs)
         piece = self.sampling.runner.vocab.piece
         for (seq, _, token, k), (logprob, top) in zip(asking, got):
             seq.logprobs.append(TokenLogprob(token, piece(token), logprob,

@@ -21,7 +21,7 @@ import llama_cpp
 import numpy as np
 
 from ..engine.constraints import ROOT, choice_spellings
-from ..engine.logprobs import log_normalizers, row_logprobs
+from ..engine.logprobs import block_logprobs, log_normalizers
 from ..native_stderr import stderr_captured
 from ..protocol import GenerationParams
 
@@ -102,6 +102,18 @@ def row_argmax(logits: np.ndarray, rows: list[int], pool: Optional[ThreadPoolExe
     return np.concatenate(list(pool.map(argmax, bounds[:-1], bounds[1:])))
 
 
+# Token log-probabilities go to at most this many of the worker's threads: numpy lets go of the
+# GIL inside each pass over a block and takes it back after, and the more threads wait for it,
+# the longer each hand-over. On a 16-core GPU host, 32 rows of 151,936 logits took 8.2 ms on one
+# thread, 4.4 ms spread row by row over 4 threads, 8.5 ms over 16 (and 15 ms a step inside a
+# worker); their normalisers alone, in whole-block passes, 2.0 ms over 4 threads and 1.8 over 8
+# (docs/performance/pools-and-weighing.md, "On a GPU: one H200").
+LOGPROB_THREADS = 4
+# Rows a thread works on at once: its buffer is this many rows (2.4 MB of a 151,936-token
+# vocabulary), and its passes each cover them all.
+LOGPROB_BLOCK_ROWS = 4
+
+
 class Sampling:
     """The token choice of every sequence on one ModelRunner's context. Samplers and grammars
     are made per sequence (they keep its state) and given back with free_sampler."""
@@ -128,7 +140,7 @@ class Sampling:
         self._candidates: Optional[_Candidates] = None  # made on the first grammar's first use
         self._threads = self.host_threads or len(os.sched_getaffinity(0))
         self._pool: Optional[ThreadPoolExecutor] = None  # made on first use
-        self._scratch = threading.local()  # a token log-probability row buffer per thread
+        self._scratch = threading.local()  # a token log-probability block buffer per thread
 
     def _host_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -260,23 +272,37 @@ class Sampling:
         row = self._row(batch_index)
         return max(tokens, key=lambda token: float(row[token]))
 
-    def token_logprobs(self, batch_indices: Sequence[int], tokens: Sequence[int],
-                       k: int) -> list[tuple[float, list[tuple[int, float]]]]:
-        """Each picked token's log-probability and the k most likely tokens, from the raw logits
-        rows of these batch positions (workers/engine/logprobs.py): read before any sampler, which
-        works on a copy, so the distribution is the model's own. Rows are spread over the worker's
-        cores (numpy lets go of the GIL)."""
-        work = list(zip(batch_indices, tokens))
-        if not self._spreads(len(work)):
-            return [self._token_logprobs(i, t, k) for i, t in work]
-        self._read_first(work[0][0])
-        return list(self._host_pool().map(lambda it: self._token_logprobs(it[0], it[1], k), work))
+    def token_logprobs(self, rows: Sequence[int], tokens: Sequence[int], k: int,
+                       n_outputs: int) -> list[tuple[float, list[tuple[int, float]]]]:
+        """Each picked token's log-probability and the k most likely tokens, from these rows of the
+        last decode's n_outputs raw logits rows (stored in batch order; workers/engine/logprobs.py):
+        read before any sampler, which works on a copy, so the distribution is the model's own.
+        Many rows are cut into runs for at most LOGPROB_THREADS of the worker's threads."""
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.runner.ctx),
+                                       shape=(n_outputs, self.vocab.n_tokens))
+        work = list(zip(rows, tokens))
+        n = min(self._threads, LOGPROB_THREADS, len(work) * self.vocab.n_tokens // self.floats_per_thread)
+        if n < 2:
+            return self._logprob_run(logits, work, k)
+        bounds = np.linspace(0, len(work), n + 1).astype(int).tolist()
+        runs = self._host_pool().map(lambda a, b: self._logprob_run(logits, work[a:b], k), bounds[:-1], bounds[1:])
+        return [got for run in runs for got in run]
 
-    def _token_logprobs(self, batch_index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
-        scratch = getattr(self._scratch, "row", None)
-        if scratch is None:
-            scratch = self._scratch.row = np.empty(self.vocab.n_tokens, np.float32)
-        return row_logprobs(self._row(batch_index), token, k, scratch)
+    def _logprob_run(self, logits: np.ndarray, work: list[tuple[int, int]],
+                     k: int) -> list[tuple[float, list[tuple[int, float]]]]:
+        """block_logprobs of these (row, token)s, LOGPROB_BLOCK_ROWS rows at a time, each block
+        copied into this thread's own buffer and worked on there."""
+        block = getattr(self._scratch, "block", None)
+        if block is None:
+            block = self._scratch.block = np.empty((LOGPROB_BLOCK_ROWS, self.vocab.n_tokens), np.float32)
+        out: list[tuple[float, list[tuple[int, float]]]] = []
+        for a in range(0, len(work), LOGPROB_BLOCK_ROWS):
+            part = work[a:a + LOGPROB_BLOCK_ROWS]
+            rows = block[:len(part)]
+            for j, (row, _) in enumerate(part):
+                rows[j] = logits[row]
+            out += block_logprobs(rows, [token for _, token in part], k, rows)
+        return out
 
     def close(self) -> None:
         if self._pool is not None:
