@@ -292,3 +292,20 @@ def test_eval_refuses_a_second_model_in_model_args(task_dir):
         assert done.returncode == 2, done.stderr[-2000:]
         assert done.stderr.strip().splitlines()[-1].startswith("ggbatch: error: ggbatch eval: give the GGUF model "
                                                                "once"), done.stderr[-2000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.model
+def test_eval_refuses_an_output_path_lm_eval_could_not_write_before_it_evaluates(task_dir):
+    # lm-eval writes its results after the whole evaluation and, where it cannot, warns and exits 0
+    stories = str(require(STORIES, "stories260K"))
+    (task_dir / "a_file").write_text("x")
+    for output in ("a_file/out", "a_file/deeper/results.json"):
+        cmd = ggbatch_command("eval", "--model", stories, "--include_path", str(task_dir), "--tasks", "ggb_mc",
+                              "--output_path", output)
+        done = subprocess.run(cmd, cwd=task_dir, capture_output=True, text=True, timeout=100)
+        assert done.returncode == 2, done.stderr[-2000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"ggbatch: error: {output}: the folder of lm-eval's results (--output_path), ") \
+            and f"{task_dir / 'a_file'} is a file, not a folder" in last, done.stderr[-2000:]
+        assert "Building contexts" not in done.stderr  # refused before lm-eval's work

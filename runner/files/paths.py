@@ -185,6 +185,21 @@ def check_writable(path: str, role: str) -> None:
         raise OutputError(f"{path}: the folder of {role}, {_not_a_folder(folder)}")
     if Path(path).is_dir():
         raise OutputError(f"{path}: {role} is a directory, not a file")
+    _probe_write(path, folder, role)
+
+
+def check_folder_to_make(path: str, folder_of: str, role: str) -> None:
+    """Fail before any work if `folder_of`, the folder a command makes with its parents later for
+    `path` (as lm-eval makes its --output_path's), could not hold a file: the nearest of it and
+    its parents that exists must be a folder and take a small write."""
+    folder = Path(folder_of).resolve()
+    nearest = next(p for p in (folder, *folder.parents) if p.exists())
+    if not nearest.is_dir():
+        raise OutputError(f"{path}: the folder of {role}, {_not_a_folder(folder)}")
+    _probe_write(path, nearest, role)
+
+
+def _probe_write(path: str, folder: Path, role: str) -> None:
     try:
         with tempfile.TemporaryFile(dir=folder) as probe:
             probe.write(b"\0" * PROBE_BYTES)

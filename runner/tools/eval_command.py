@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, NoReturn, Optional, Sequence
 
 from ..errors import ConfigError, quote
+from ..files.paths import check_folder_to_make
 
 INSTALL = "ggbatch eval needs lm-eval (lm-evaluation-harness): pip install 'ggbatch[eval]'"
 
@@ -42,6 +43,12 @@ def cmd_eval(args: argparse.Namespace, lm_eval_args: Sequence[str]) -> int:
     if twice:
         raise ConfigError(f"ggbatch eval: give the GGUF model once: --model {args.model} names it, "
                           f"--model_args gives {twice[0]}={quote(given.model_args[twice[0]])} too")
+    if given.output_path is not None:
+        # lm-eval makes the folder after the whole evaluation and, if it cannot write there,
+        # logs a warning and exits 0: the results would be lost without a word
+        output = Path(given.output_path)
+        check_folder_to_make(given.output_path, str(output.parent if output.suffix == ".json" else output),
+                             "lm-eval's results (--output_path)")
     if given.device is None and not config_sets_device(given.config):
         # lm-eval's own default, cuda:0, would put every layer on the GPU (GgbatchLM's device);
         # ggbatch's default keeps them off it unless asked
@@ -105,7 +112,7 @@ class _Parser(argparse.ArgumentParser):
 
 def given_options(rest: Sequence[str]) -> argparse.Namespace:
     """The lm-eval options cmd_eval looks at (--model_args merged as lm-eval merges them,
-    --device, --config, --tasks), read by lm-eval's own rules; ConfigError for a --model_args lm-eval
+    --device, --config, --tasks, --output_path), read by lm-eval's own rules; ConfigError for a --model_args lm-eval
     cannot read."""
     from lm_eval._cli.utils import MergeDictAction
 
@@ -114,6 +121,7 @@ def given_options(rest: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--device", default=None)
     parser.add_argument("--config", "-C", default=None)
     parser.add_argument("--tasks", "-t", default=None)
+    parser.add_argument("--output_path", "-o", default=None)
     try:
         return parser.parse_known_args(rest)[0]
     except ValueError as exc:  # lm-eval's JSON refusal
