@@ -138,7 +138,7 @@ def _utf8(texts: Sequence[str]) -> tuple[list[Optional[bytes]], dict[int, str]]:
             data.append(text.encode("utf-8"))
         except UnicodeEncodeError as exc:
             data.append(None)
-            errors[i] = (f"not valid Unicode text: U+{ord(text[exc.start]):04X} at character {exc.start} "
+            errors[i] = (f"not valid Unicode text: U+{ord(text[exc.start]):04X} at character {exc.start + 1} "
                          "is half of a surrogate pair")
     return data, errors
 
