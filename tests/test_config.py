@@ -187,6 +187,14 @@ def test_a_lone_surrogate_in_a_value_is_refused_naming_the_file_and_the_key(tmp_
     # a file's name may hold such bytes
     assert build_config([("command line", {**flags, "system": "s", "input": "caf\udce9.jsonl"})]).input == \
         "caf\udce9.jsonl"
+    grammar_file = tmp_path / "g\udce9.gbnf"
+    grammar_file.write_text('root ::= "a"')
+    assert build_config([("command line", {**flags, "system": "s", "answer.grammar": str(grammar_file)})]).grammar
+    # a grammar or schema written inline is text llama.cpp reads (the grammar was a traceback)
+    for key, inline in (("answer.grammar", 'root ::= "a\ud800"'), ("answer.json_schema", '{"enum": ["\ud800"]}'),
+                        ("answer.json_schema", {"enum": ["a\ud800"]})):
+        with pytest.raises(ConfigError, match=f"^command line: {key}: U\\+D800 at character"):
+            build_config([("command line", {**flags, "system": "s", key: inline})])
 
 
 def test_missing_job_file(tmp_path):

@@ -68,7 +68,7 @@ def test_bad_texts_are_rejected_where_they_are_and_the_rest_tokenize_as_in_proce
     for i, t in enumerate(texts):
         if t in BAD:
             assert got[i] == Rejected(NO_TOKEN.format(BAD[t])), i
-    assert got[9] == Rejected("not valid Unicode text: U+D800 at character 1 is half of a surrogate pair")  # counted from 1
+    assert got[9] == Rejected("not valid Unicode text: U+D800 at character 1 is half of a surrogate pair")
     assert [got[i] for i in good] == expected_tokens([texts[i] for i in good], [add_bos[i] for i in good])
     assert all(isinstance(got[i], array) and got[i].typecode == "i" for i in good)
 

@@ -257,7 +257,9 @@ def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
             if key not in SCHEMA:
                 raise ConfigError(f"{source}: unknown key '{key}'")
             try:
-                if key not in PATH_KEYS:  # a file's name may hold any bytes the system allows
+                # a file's name may hold any bytes the system allows; a schema or grammar written
+                # in the job file is text llama.cpp must read as UTF-8
+                if key not in PATH_KEYS or not isinstance(raw, str) or _inline(key, raw):
                     check.unicode_text(raw)
                 value = SCHEMA[key](raw)
             except ValueError as exc:
