@@ -167,21 +167,30 @@ def tune_cli(tmp_path: Path, *args: object, cache: Path | None = None) -> subpro
 def test_tune_writes_none_of_the_job_s_files(tmp_path: Path, stories: str) -> None:
     job_file = tmp_path / "job.yaml"
     job_file.write_text(f"model: {stories}\ninput: q.jsonl\noutput: out.jsonl\nerrors_output: errors.jsonl\n")
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps({"questionID": f"q{i}", "question": "Hi?"}) + "\n"
+                                              for i in range(2)))
     (tmp_path / "errors.jsonl").write_text("the user's own rows\n")
     done = tune_cli(tmp_path, job_file, "--questions", 2)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "errors.jsonl").read_text() == "the user's own rows\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["errors.jsonl", "job.yaml", "xdg"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["errors.jsonl", "job.yaml", "q.jsonl", "xdg"]
 
 
 @pytest.mark.model
-def test_tune_of_a_csv_job_reads_its_own_sample_as_jsonl(tmp_path: Path, stories: str) -> None:
+def test_tune_samples_a_csv_jobs_own_questions_and_tries_layouts_here(tmp_path: Path, stories: str) -> None:
+    # the job's input, read in the job's format (its name says nothing), then tune's own JSONL
+    # sample; the trials run in local processes whatever the job's backend (no Ray cluster here)
     job_file = tmp_path / "job.yaml"
-    job_file.write_text(f"model: {stories}\ninput: q.csv\ninput_format: csv\noutput: out.csv\noutput_format: csv\n"
-                        "fields:\n  id: id\n  question: text\n")
-    done = tune_cli(tmp_path, job_file, "--questions", 2)
+    job_file.write_text(f"model: {stories}\ninput: q.txt\ninput_format: csv\noutput: out.csv\noutput_format: csv\n"
+                        "fields:\n  id: id\n  question: text\nbackend: ray\nray_address: 127.0.0.1:9\n")
+    (tmp_path / "q.txt").write_text("id,text\na,Hello?\nb,Once upon a time\nc,The end?\n")
+    done = tune_cli(tmp_path, job_file, "--questions", 10)
     assert done.returncode == 0, done.stderr
+    assert " on 3 questions (all the file holds; --questions 10)" in done.stdout.splitlines()[0]
     assert "fastest:" in done.stdout
+    (tmp_path / "q.txt").write_text("id,text\n")
+    empty = tune_cli(tmp_path, job_file, "--questions", 10)
+    assert empty.returncode == 2 and f"{tmp_path / 'q.txt'}: no questions to sample" in empty.stderr, empty.stderr
 
 
 @pytest.mark.model

@@ -10,15 +10,15 @@ import logging
 import os
 import tempfile
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ..config.checks import bool_or_auto
 from ..config.checks import gpu_layers as parse_gpu_layers
-from ..config.schema import MAX_SLOTS, load_job_file
-from ..errors import ConfigError, InputError, ModelError
+from ..config.schema import MAX_SLOTS, SCHEMA, load_job_file
+from ..errors import ConfigError, InputError, ModelError, quote
 from ..files.outputs import write_atomic
 from ..files.paths import check_output, check_writable, same_file, same_file_error, writable_cache
-from ..files.piped import readable_file
+from ..files.piped import STDIN, readable_file
 from ..model.identity import identify, resolve_model
 from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
 from ..plan.repack_check import repack_refused
@@ -217,18 +217,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 # Tune's own (a job file's values are left out): its files and their formats (it writes none of
 # the job's; its sample is JSONL), the layouts it tries (each with its
-# own thread count throughout: threads_adapt off), and the GPU settings, since it measures CPU
-# layouts (a job with GPU layers does not use them).
+# own thread count throughout: threads_adapt off), and where it tries them: this machine's
+# CPU, in local processes (a job with GPU layers does not use the layouts; Ray's workers would
+# run elsewhere).
 TUNE_OWNS = {"model", "model.path", "input", "output", "report", "errors_output", "input_format",
              "output_format", "workers", "threads", "threads_adapt", "slots",
-             "model.repack", "max_tokens", "ignore_eos", "model.n_gpu_layers", "devices", "shard"}
+             "model.repack", "max_tokens", "ignore_eos", "model.n_gpu_layers", "devices", "shard",
+             "backend", "ray_address"}
 
 
 def _add_tune(sub: Any) -> None:
     t = sub.add_parser("tune", help="try layouts on a sample of your questions; `auto` then uses the fastest")
     t.add_argument("job", nargs="?", help="YAML job file (its prompt and sampling settings are used)")
     t.add_argument("--model", help="GGUF model path (or from the job file)")
-    t.add_argument("--input", help="questions to sample (default: built-in ones)")
+    t.add_argument("--input", help="questions to sample (default: the job file's input, else built-in ones)")
     t.add_argument("--questions", type=positive_int, default=64, help="sample size (default 64)")
     t.add_argument("--max-tokens", dest="max_tokens", type=int, default=32,
                    help="generated tokens per question, exactly (default 32)")
@@ -247,14 +249,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError("tune: give --model or a job file with a model")
     model = resolve_model(model_arg)
     slot_options = _ints(args.slots, "--slots")
+    source, source_format = _questions_to_sample(args, job)
     writable_cache("tune: cannot save the layout")  # before the trials, not after them
     log.setLevel(logging.WARNING)  # each trial's own progress lines would bury the results
-    with readable_file(args.input) if args.input else nullcontext(None) as questions, \
+    with readable_file(source) if source else nullcontext(None) as questions, \
             tempfile.TemporaryDirectory(prefix="ggbatch-tune-") as tmp:
         sample, n_questions = tune.write_sample(questions, args.questions, tmp, settings.get("fields.id", "questionID"),
-                                                settings.get("fields.question", "question"))
+                                                settings.get("fields.question", "question"), source_format)
         if not n_questions:
-            raise InputError(f"{args.input}: no questions to sample")
+            raise InputError(f"{source}: no questions to sample")
         invariant = settings.get("batch_invariant") is True
         plain_only = tune.plain_weights_only(model, invariant)
         _say_trials(args, model, slot_options, n_questions, (invariant, plain_only))
@@ -267,6 +270,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
           f"saved to {path} under context {tuned.context_bucket(n_ctx_seq)} ({n_ctx_seq} tokens per sequence "
           f"here): `auto` uses it for this model on this machine when no saved context is nearer a job's")
     return 0
+
+
+def _questions_to_sample(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:
+    """(the file tune samples, its format; None: built-in questions, the format its name says): the
+    job's own questions in the job's format, unless --input names others or the job reads them
+    from its standard input, which tune leaves alone."""
+    if args.input:
+        return args.input, None
+    if not job.get("input") or job["input"] == STDIN:
+        return None, None
+    fmt = job.get("input_format")
+    try:
+        return job["input"], None if fmt is None else SCHEMA["input_format"](fmt)
+    except ValueError as exc:
+        raise ConfigError(f"{args.job}: input_format: {exc}, got {quote(fmt)}") from None
 
 
 def _say_trials(args: argparse.Namespace, model: str, slot_options: list[int], n_questions: int,

@@ -69,12 +69,13 @@ class NothingMeasured(GgbatchError):
     exit_code = 1
 
 
-def write_sample(input_path: Optional[str], n: int, folder: str, id_field: str, question_field: str
-                 ) -> tuple[str, int]:
-    """(a JSONL file in folder of the first n questions of the user's file, or built-in ones;
-    how many it holds: fewer than n when the file holds fewer)."""
+def write_sample(input_path: Optional[str], n: int, folder: str, id_field: str, question_field: str,
+                 input_format: Optional[str] = None) -> tuple[str, int]:
+    """(a JSONL file in folder of the first n questions of the user's file, read as input_format
+    (None: as its name says), or built-in ones; how many it holds: fewer than n when the file
+    holds fewer)."""
     if input_path:
-        records = [dict(r.fields) for r in read_records(input_path, id_field, question_field)[:n]]
+        records = [dict(r.fields) for r in read_records(input_path, id_field, question_field, input_format)[:n]]
     else:
         records = [{id_field: f"t{i}", question_field: SAMPLE_QUESTIONS[i % len(SAMPLE_QUESTIONS)] + f" (#{i})"}
                    for i in range(n)]
