@@ -118,6 +118,7 @@ def ggbatch_side(model: str, task: str, folder: Path,
 
     t0 = time.perf_counter()
     lm = GgbatchLM(model=model, **settings)
+    calls = timed_calls(lm)
     try:
         out = evaluate(lm, task, folder)
         stats = lm.pool.stats()
@@ -126,7 +127,33 @@ def ggbatch_side(model: str, task: str, folder: Path,
     ended = time.perf_counter()
     print(f"{task} ggbatch: {ended - t0:.2f} s from the pool's start, while lm-eval builds the task, to its "
           "close", flush=True)
+    said = ", ".join(f"{name} from {start - t0:.2f} s for {took:.2f} s" for name, start, took in calls)
+    workers = "; ".join(f"worker {wid}: load {w['load_s']} s, engine steps {w['engine_step_s']} s (llama_decode "
+                        f"{w['engine_decode_s']}, picking tokens {w['engine_sample_s']})"
+                        for wid, w in stats["workers"].items())
+    print(f"{task} ggbatch: lm-eval's calls: {said}; {workers}", flush=True)
     return ended - t0, out, stats
+
+
+def timed_calls(lm: Any) -> list[tuple[str, float, float]]:
+    """(method, when it was called, how long it took) of each of lm-eval's calls on `lm`, as they
+    end: where a side's time goes beside the model's work."""
+    calls: list[tuple[str, float, float]] = []
+
+    def timing(name: str) -> Callable[..., Any]:
+        method = getattr(lm, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                calls.append((name, start, time.perf_counter() - start))
+        return timed
+
+    for name in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
+        setattr(lm, name, timing(name))
+    return calls
 
 
 def llamacpp_side(model: str, folder: Path, gpu_layers: int, in_child: bool) -> tuple[float, dict[str, Any], int]:

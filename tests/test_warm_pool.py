@@ -134,6 +134,10 @@ def test_32_threads_submitting_at_once_share_the_batches(demo_model):
     assert stats["generated_tokens"] == 32 * 16
     # Decoded one after another, 32 questions of 16 tokens take 512 steps; together about 16.
     assert stats["steps"] < 4 * 16, stats
+    # where the worker's time went: its load, then the engine's steps, llama_decode the most of them
+    times = stats["workers"][0]
+    assert 0 < times["load_s"] < 60 and 0 < times["engine_decode_s"] <= times["engine_step_s"], times
+    assert 0 < times["engine_sample_s"] < times["engine_step_s"], times
 
 
 @pytest.mark.timeout(120)

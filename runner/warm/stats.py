@@ -1,6 +1,6 @@
 """pool.stats(): the counters a job's report has, for a warm pool so far: answers, tokens and
 rates from the engines' counters (runner/pool/pool.py engine_counters), each worker's memory
-(PSS, runner/watch/monitor.py) and restarts."""
+(PSS, runner/watch/monitor.py), restarts, load time and engine time."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ..pool.pool import WorkerPool
+from ..pool.worker_run import WorkerRun
 from ..watch.watch import RunWatch
 
 
@@ -29,6 +30,15 @@ def pool_stats(workers: WorkerPool, watch: RunWatch, started: float) -> dict[str
         "workers": {run.worker_id: {"restarts": run.restarts, "pss_mib": round(usage[run.worker_id].pss / 2**20, 1)
                                     if run.worker_id in usage else None,
                                     "peak_pss_mib": round(usage[run.worker_id].peak_pss / 2**20, 1)
-                                    if run.worker_id in usage else None}
+                                    if run.worker_id in usage else None,
+                                    **_times(run)}
                     for run in workers.worker_runs()},
     }
+
+
+def _times(run: WorkerRun) -> dict[str, Any]:
+    """Where a worker's time went, its last life: from its spawn to ready (the model's load and
+    the context's), then the engine's steps, of them llama_decode and picking tokens. On a GPU
+    the model's work can be small beside the rest: these say how small."""
+    return {"load_s": None if run.load_s is None else round(run.load_s, 3),
+            **{f"engine_{part}_s": round(run.engine.get(f"{part}_s", 0.0), 3) for part in ("step", "decode", "sample")}}
