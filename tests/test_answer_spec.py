@@ -98,8 +98,12 @@ def test_a_records_own_choices():
     assert record_choices({"choices": ["yes", "no"]}, "q.jsonl:1", "q1") == ("yes", "no")
     with pytest.raises(InputError, match="q.jsonl:3: record 'q3' has no 'choices'"):
         record_choices({"question": "x"}, "q.jsonl:3", "q3")
-    with pytest.raises(InputError, match="distinct non-empty strings"):
-        record_choices({"choices": ["a", "a"]}, "q.jsonl:3", "q3")
+    # equal texts are answered (scored alike, the first wins); an empty one or equal labels are not
+    assert record_choices({"choices": ["12", "-4", "4", "12"]}, "q.jsonl:3", "q3") == ("12", "-4", "4", "12")
+    with pytest.raises(InputError, match="q.jsonl:3: record 'q3': choices must be non-empty"):
+        record_choices({"choices": ["a", ""]}, "q.jsonl:3", "q3")
+    with pytest.raises(InputError, match="labels distinct"):
+        record_choices({"choices": {"text": ["a", "b"], "label": ["A", "A"]}}, "q.jsonl:3", "q3")
 
 
 def test_a_choices_answer_needs_no_more_tokens_than_its_longest_choice_has_bytes():

@@ -194,3 +194,33 @@ def test_a_picked_choice_keeps_its_spaces_in_every_format(tmp_path, stories):
     assert run(stories, q, csv_out, *flags).returncode == 0
     with csv_out.open(newline="") as f:
         assert all(row["answer"] in choices for row in csv.DictReader(f))
+
+
+def test_equal_choice_texts_are_scored_alike_and_the_first_wins(tmp_path, stories):
+    """Equal texts in one record (MMLU's ["12", "-4", "4", "12"]) answer the run, not refuse it: in
+    every format and both scorings, the equal ones have one score and a tie goes to the first."""
+    texts = [["happy", "tree", "happy"], ["the girl", "happy", "the girl", "tree"], ["A", "B", "A"]]
+    records = [{**rec, "choices": texts[i % 3]} for i, rec in enumerate(story_records(6))]
+    q = write_jsonl(tmp_path / "q.jsonl", records)
+    sums = expected(stories, records, None)
+    for scoring, suffix in (("loglikelihood", "jsonl"), ("loglikelihood", "csv"), ("first_token", "json")):
+        out = tmp_path / f"a-{scoring}.{suffix}"
+        r = run(stories, q, out, "--choices", "auto", "--choice-scoring", scoring, "--choice-logprobs")
+        assert r.returncode == 0, r.stderr
+        if suffix == "csv":
+            with out.open(newline="") as f:
+                rows = {row["questionID"]: {**row, "choice_logprobs": json.loads(row["choice_logprobs"] or "null")}
+                        for row in csv.DictReader(f)}
+        else:
+            text = out.read_text()
+            rows = {row["questionID"]: row for row in (json.loads(text) if suffix == "json"
+                                                          else map(json.loads, text.splitlines()))}
+        for rec in records:
+            row = rows[rec["questionID"]]
+            assert row["answer"] in rec["choices"]
+            if scoring == "loglikelihood":
+                check_picks({rec["questionID"]: row}, {rec["questionID"]: sums[rec["questionID"]]})
+                assert set(row["choice_logprobs"]) == set(rec["choices"])
+    empty = write_jsonl(tmp_path / "e.jsonl", [*records[:2], {**records[2], "choices": ["A", ""]}])
+    r = run(stories, empty, tmp_path / "e.jsonl.out.jsonl", "--choices", "auto", timeout=60)
+    assert r.returncode == 2 and f"record '{records[2]['questionID']}'" in r.stderr

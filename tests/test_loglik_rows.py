@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ggbatch.workers.engine import loglik
-from ggbatch.workers.protocol import Question
+from ggbatch.workers.protocol import Question, Scored
 
 VOCAB = 12
 
@@ -72,3 +72,12 @@ def test_a_row_read_again_after_a_preemption_writes_over_the_first_reading():
     answer = loglik.finished(seqs[0], 0, None)
     assert answer is not None
     assert [s.logprob for s in answer.scored] == pytest.approx([log_softmax(again[0])[5], log_softmax(again[0])[6]])
+
+
+def test_equal_choice_texts_take_the_first_ones_score_and_the_first_wins():
+    """Rows that round two equal continuations apart (another batch row) still give equal texts one
+    score: the first's, so the pick and choice_logprobs agree."""
+    scored = (Scored(-2.0, (-2.0,), False), Scored(-3.0, (-3.0,), False), Scored(-1.5, (-1.5,), True))
+    assert loglik.alike(("12", "4", "12"), scored) == (scored[0], scored[1], scored[0])
+    assert loglik.pick_text(("12", "4", "12"), loglik.alike(("12", "4", "12"), scored)) == "12"
+    assert loglik.alike(("a", "b"), scored) == scored  # not one per choice: as it is

@@ -109,6 +109,8 @@ def test_letter_by_choice_text():
     choices = {"A": "4", "B": "8", "C": "12", "D": "6"}
     assert extract_letter("8", "ABCD", choices) == "B"
     assert extract_letter("12.", "ABCD", choices) == "C"
+    # equal texts (real MMLU rows have them): the first, as a tie's pick is
+    assert extract_letter("12", "ABCD", {"A": "12", "B": "-4", "C": "4", "D": "12"}) == "A"
 
 
 def test_auto_rule_follows_the_gold():

@@ -16,7 +16,7 @@ from openai.types.chat import ChatCompletion
 from ggbatch.runner.files.formats.openai_output import batch_line
 from ggbatch.runner.files.formats.openai_request import parse_request
 from ggbatch.runner.files.formats.rows import OutputSpec, Row
-from ggbatch.runner.files.formats.token_logprobs import from_journal, to_journal
+from ggbatch.runner.files.formats.token_logprobs import completion_logprobs, from_journal, text_offsets, to_journal
 from ggbatch.workers.engine.logprobs import answer_tokens, block_logprobs, row_logprobs
 from ggbatch.workers.protocol import (
     Answer,
@@ -130,9 +130,26 @@ def test_openai_completion_logprobs_parse_as_the_openai_types_read_them():
     body = Completion.model_validate(line["response"]["body"])
     lp = body.choices[0].logprobs
     assert lp.tokens == [" caf", "\ufffd", "\ufffd"] and lp.token_logprobs == [-0.25, -3.125, -0.0001]
-    assert lp.text_offset == [0, 4, 5]
+    assert lp.text_offset == [0, 4, 4]  # both bytes of é start at é, the completion's 5th character
     # the top alternatives, and the picked token too where it is not among them
     assert lp.top_logprobs[0] == {" caf": -0.25, "\ufffd": -1.5} and lp.top_logprobs[2] == {"\ufffd": -0.0001}
+
+
+def test_text_offsets_count_characters_of_the_decoded_completion():
+    # 旗 (E6 97 97) split in three, a broken run (one U+FFFD for E6 97), then 旗 again, a stray byte
+    pieces = [b"a", b"\xe6", b"\x97", b"\x97", b"\xe6\x97", b"x", b"\xe6", b"\x97\x97", b"\x97", b"", b"b"]
+    text = b"".join(pieces).decode("utf-8", errors="replace")
+    assert text == "a\u65d7\ufffdx\u65d7\ufffdb"
+    assert text_offsets(pieces) == [0, 1, 1, 1, 2, 3, 4, 4, 5, 6, 6]
+
+
+def test_completion_top_logprobs_keep_the_likelier_of_equal_texts_and_the_picked_tokens_own():
+    # two byte tokens both read U+FFFD: the likelier's value stays; a picked token below the top
+    # whose text is one of theirs keeps its own value
+    likelier = TokenLogprob(5, b" caf", -0.25, ((5, b" caf", -0.25), (9, b"\xc3", -1.5), (7, b"\xa9", -2.0)))
+    below = TokenLogprob(8, b"\xa0", -6.0, ((7, b"\xa9", -0.5), (9, b"\xc3", -1.0)))
+    tops = completion_logprobs([likelier, below])["top_logprobs"]
+    assert tops == [{" caf": -0.25, "\ufffd": -1.5}, {"\ufffd": -6.0}]
 
 
 def test_openai_request_logprobs_fields():

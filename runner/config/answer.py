@@ -164,8 +164,10 @@ def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str
         got = f", got {quote(fields['choices'], 80)}" if "choices" in fields else ""
         raise InputError(f"{where}: record '{qid}' has no 'choices' mapping or list (answer.choices: auto){got}")
     items = read.labels or read.texts
-    if not all(items) or len(set(items)) != len(items):
-        raise InputError(f"{where}: record '{qid}': choices must be distinct non-empty strings "
+    # Equal texts (real MMLU rows have them) are scored alike and the first of them is the
+    # answer; equal labels would leave the answer's choice unknown.
+    if not all(items) or (read.labels is not None and len(set(items)) != len(items)):
+        raise InputError(f"{where}: record '{qid}': choices must be non-empty strings, labels distinct "
                          f"(answer.choices: auto), got {quote(json.dumps(fields['choices']), 80)}")
     return items
 

@@ -10,7 +10,8 @@ score there means:
 - letter (MMLU, LSAT): on the first non-empty line, the line itself when punctuation aside it is
   one letter (`B`, `(B)`, `B.`, `**b**`) or a letter marker opening it (`B. 8`, `b) because`);
   else "answer is B" / "Answer: (B)" anywhere (the harness's chain-of-thought filters); else the
-  first line equal to one choice's text (the harness's fallback to the choice text). Only the
+  first line equal to a choice's text (the harness's fallback to the choice text; of equal
+  texts the first). Only the
   record's choice letters count (A-J without choices). Texts for choices (HellaSwag, PIQA as
   lm-eval keeps them: a list of texts, the gold answer one of them, the answers the texts
   `choice_scoring: loglikelihood` writes): a gold answer that is a choice's text names that
@@ -153,7 +154,7 @@ def extract_letter(text: str, letters: str = LETTERS, choices: Optional[Mapping[
             return found.group(1)
     if choices and first:
         same = [k for k, v in choices.items() if normalise_text(str(v)) == normalise_text(first)]
-        if len(same) == 1:
+        if same:  # equal choices: the first, as a tie's pick is
             return same[0]
     return None
 

@@ -50,8 +50,9 @@ def cut_error(seq: Sequence, gen: GenerationParams) -> str:
 
 
 def answer_logprobs(seq: Sequence, gen: GenerationParams) -> Optional[tuple[TokenLogprob, ...]]:
-    """The log-probabilities of the tokens the answer holds: not the end-of-generation token,
-    nor those wholly inside a stop string (the answer's text is cut where it begins)."""
+    """The log-probabilities of the tokens the answer holds: not the end-of-generation token, and
+    with a stop string (the answer's text is cut where it begins) the tokens that start before
+    the cut, the one it begins inside kept whole (answer_tokens)."""
     if gen.token_logprobs is None or seq.error:
         return None
     kept = seq.logprobs[:max(len(seq.output), 1 if seq.choice_scores is not None else 0)]

@@ -203,13 +203,22 @@ def answer(parent: Parent, worker_id: int, spec: Optional[AnswerSpec]) -> Answer
     q = parent.question
     n_prompt = len(q.tokens) + sum(len(c) for c in q.continuations)
     took = max(0.0, time.perf_counter() - parent.t_admit) if parent.t_admit else 0.0
-    scored = tuple(r for r in parent.results if r is not None)
     choices = spec.choices if spec is not None else ()
+    scored = alike(choices, tuple(r for r in parent.results if r is not None))
     sums = (choice_logprobs(choices, [s.logprob for s in scored]) if spec is not None and spec.logprobs
             and len(choices) == len(scored) else None)
     return Answer(q.qid, pick_text(choices, scored), FinishReason.STOP, n_prompt, 0, worker_id, took, took,
                   created=time.time(), choice_logprobs=sums, scored=scored,
                   answer_norm=pick_text(choices, scored, per_char=True) if choices else None)
+
+
+def alike(choices: tuple[str, ...], scored: tuple[Scored, ...]) -> tuple[Scored, ...]:
+    """Each choice's score, a choice equal to an earlier one given that one's: equal texts score
+    the same by definition, though another batch row may round them apart; then a tie's first wins."""
+    if len(choices) != len(scored):
+        return scored
+    first: dict[str, int] = {}
+    return tuple(scored[first.setdefault(c, i)] for i, c in enumerate(choices))
 
 
 def pick_text(choices: tuple[str, ...], scored: tuple[Scored, ...], per_char: bool = False) -> str:

@@ -13,6 +13,7 @@ hex, so a resumed answer carries the very same entries.
 
 from __future__ import annotations
 
+import codecs
 from typing import Any, Optional, Sequence
 
 from ....workers.protocol import TokenLogprob
@@ -43,18 +44,33 @@ def chat_content(entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
 
 def completion_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     """The legacy /v1/completions shape. Each position's top_logprobs maps the text of the most
-    likely tokens to their log-probability, and holds the picked token too where it is not among
-    them (OpenAI: "up to logprobs+1 elements"); text_offset: where each token's text starts in
-    the completion, in characters."""
+    likely tokens to their log-probability (of tokens of one text, the likeliest's), and holds the
+    picked token too, with its own value, where it is not among them (OpenAI: "up to logprobs+1
+    elements"); text_offset: where each token's text starts in the completion, in characters."""
     tokens = [_text(e.piece) for e in entries]
-    offsets, at = [], 0
-    for text in tokens:
-        offsets.append(at)
-        at += len(text)
     tops = []
     for e, text in zip(entries, tokens):
-        top = {_text(p): lp for _, p, lp in e.top}
-        top.setdefault(text, e.logprob)
+        top: dict[str, float] = {}
+        for _, p, lp in e.top:
+            if lp > top.get(_text(p), float("-inf")):
+                top[_text(p)] = lp
+        top[text] = e.logprob
         tops.append(top)
     return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
-            "text_offset": offsets}
+            "text_offset": text_offsets([e.piece for e in entries])}
+
+
+def text_offsets(pieces: Sequence[bytes]) -> list[int]:
+    """Each piece's start in the text all of them decode to, in characters: a piece holding part of
+    a character starts at that character (bytes E6 97 A5 split three ways all start at 旗's), so
+    the offsets count the decoded text, not each piece's own U+FFFD."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    offsets, chars = [], 0
+    for piece in pieces:
+        start: Optional[int] = None
+        for byte in piece:
+            chars += len(decoder.decode(bytes((byte,))))
+            pending = bool(decoder.getstate()[0])  # the byte waits in a character not yet complete
+            start = (chars if pending else chars - 1) if start is None else start
+        offsets.append(chars + (1 if decoder.getstate()[0] else 0) if start is None else start)
+    return offsets
