@@ -19,8 +19,8 @@ N = 192  # questions of 192 tokens, 2 slots a worker: several seconds on the dem
 LINE_COLOURS = {"k": (0, 0, 0), "C0": (31, 119, 180), "C1": (255, 127, 14)}  # matplotlib's defaults
 
 
-def ggbatch(*args, timeout=200):
-    return cli(*args, timeout=timeout)
+def ggbatch(*args, timeout=200, **kwargs):
+    return cli(*args, timeout=timeout, **kwargs)
 
 
 def colour_pixels(image, box, rgb, tolerance=40):
@@ -148,3 +148,19 @@ def test_plot_of_a_hand_edited_report_names_the_report_and_the_key(tmp_path, edi
     assert r.returncode == 2 and not (tmp_path / "x.png").exists()
     assert r.stderr.splitlines() == [f"ggbatch: error: {report}: {said}" + (
         ": is the report hand-edited?" if "must be" in said else "")]
+
+
+def test_plot_to_a_format_matplotlib_lists_but_cannot_write_here_is_one_line_and_keeps_the_old_file(tmp_path):
+    """.pgf needs a TeX (xelatex) on PATH: without one it is refused in one line, exit 2, and the
+    file already there is left as it was, with no half-written copy beside it."""
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps(SMALL_REPORT))
+    out = tmp_path / "run.pgf"
+    out.write_text("the old plot\n")
+    no_tex = {**os.environ, "PATH": os.path.dirname(sys.executable)}  # the venv's bin: python, no TeX
+    r = ggbatch("plot", report, "-o", out, env=no_tex)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(
+        f"ggbatch: error: {out}: matplotlib cannot write .pgf files here: 'xelatex' not found"), r.stderr
+    assert out.read_text() == "the old plot\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "run.pgf"]

@@ -118,24 +118,25 @@ def write_answers(path: str, rows: Iterable[Row], spec: OutputSpec, errors_path:
         errors.write(failed.tail())
 
 
-def write_atomic(path: str, text: str, role: str = ANSWERS) -> None:
+def write_atomic(path: str, text: str | bytes, role: str = ANSWERS) -> None:
     """Write to a temporary file beside the target, then rename: readers never see half a file.
     A symlink is followed: the file it points to is replaced and the link stays a link. `role`
-    says what the file is to the command, as paths.check_writable's does, for the error."""
-    with AtomicFile(path, role) as out:
+    says what the file is to the command, as paths.check_writable's does, for the error. Bytes
+    (a picture) are written as they are, text as UTF-8."""
+    with AtomicFile(path, role, binary=isinstance(text, bytes)) as out:
         out.write(text)
 
 
 class AtomicFile:
     """A file written beside its target and renamed over it when the block ends without an
     error, fsynced first; after an error the target is left as it was. A symlink is followed:
-    the file it points to is replaced and the link stays a link."""
+    the file it points to is replaced and the link stays a link. `binary`: written bytes, not text."""
 
-    def __init__(self, path: str, role: str = ANSWERS) -> None:
-        self.path, self.role = path, role
+    def __init__(self, path: str, role: str = ANSWERS, binary: bool = False) -> None:
+        self.path, self.role, self.binary = path, role, binary
         self.target = Path(os.path.realpath(path))
         self._tmp = ""
-        self._file: Optional[IO[str]] = None
+        self._file: Optional[IO[Any]] = None
 
     def __enter__(self) -> "AtomicFile":
         mode = _mode_for(self.target)
@@ -144,17 +145,17 @@ class AtomicFile:
                                              dir=self.target.resolve().parent)
             os.fchmod(fd, mode)  # mkstemp's 0600 would hide the answers from the pipeline's other users
             # newline="": the text is written as made (CSV's quoted line breaks stay as they are)
-            self._file = os.fdopen(fd, "w", encoding="utf-8", newline="")
+            self._file = os.fdopen(fd, "wb") if self.binary else os.fdopen(fd, "w", encoding="utf-8", newline="")
         except OSError as exc:
             self._fail(exc)
         return self
 
-    def _opened(self) -> IO[str]:
+    def _opened(self) -> IO[Any]:
         if self._file is None:
             raise RuntimeError(f"{self.target}: written outside its with block")
         return self._file
 
-    def write(self, text: str) -> None:
+    def write(self, text: str | bytes) -> None:
         try:
             self._opened().write(text)
         except OSError as exc:

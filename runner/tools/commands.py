@@ -328,7 +328,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     report = plot.read_report(args.report)
     if os.path.exists(out) and os.path.samefile(out, args.report):
         raise ConfigError(f"{out}: the plot would overwrite the report it is drawn from")
-    check_writable(out, "the plot")
+    check_writable(out, plot.PLOT)
     plot.save(report, out)
     print(f"plot: {out}")
     return 0

@@ -6,11 +6,13 @@ CPU (100% = one core) and PSS. Needs matplotlib (ggbatch[plot]).
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import ConfigError, quote
+from ..files.outputs import write_atomic
 
 # (key in a timeline sample, panel title, whether each worker has its own line)
 PANELS = (("done", "questions done", False),
@@ -20,6 +22,7 @@ PANELS = (("done", "questions done", False),
           ("cpu_percent", "CPU % (100 = one core)", True),
           ("pss_mib", "PSS MiB", True))
 MISSING = object()  # a key absent from the report, told apart from null
+PLOT = "the plot"  # what the output file is, in check_writable's and write_atomic's errors
 FIGSIZE = (12.0, 8.0)  # inches
 DPI = 100
 
@@ -165,9 +168,18 @@ def _title(report: dict[str, Any]) -> str:
 
 
 def save(report: dict[str, Any], path: str) -> None:
+    """The plot, drawn in memory and then written whole beside `path` and renamed: a format
+    matplotlib lists but cannot write here (.pgf without its TeX) is one line and leaves no file."""
     import matplotlib.pyplot as plt
 
     fmt = image_format(path)
     fig = draw(report)
-    fig.savefig(path, dpi=DPI, format=fmt)
-    plt.close(fig)
+    picture = io.BytesIO()
+    try:
+        fig.savefig(picture, dpi=DPI, format=fmt)
+    except (RuntimeError, OSError, ValueError) as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(f"{path}: matplotlib cannot write .{fmt} files here: {why}") from None
+    finally:
+        plt.close(fig)
+    write_atomic(path, picture.getvalue(), PLOT)
