@@ -59,6 +59,13 @@ BAD = [
     ("batch.out.jsonl", OPENAI_OUTPUT_LINE, [], "batch.out.jsonl:1: an OpenAI Batch output line (answers"),
     ("batch.out.jsonl", OPENAI_OUTPUT_LINE, ["--input-format", "openai"],
      "batch.out.jsonl:1: an OpenAI Batch output line (answers"),
+    # ...and read as CSV or a JSON array, before those readers fail on it with messages of their own
+    ("batch.out.jsonl", OPENAI_OUTPUT_LINE, ["--input-format", "csv"],
+     "batch.out.jsonl:1: an OpenAI Batch output line (answers"),
+    ("batch.out.jsonl", OPENAI_OUTPUT_LINE * 2, ["--input-format", "csv"],
+     "batch.out.jsonl:1: an OpenAI Batch output line (answers"),
+    ("batch.out.jsonl", "\n" + OPENAI_OUTPUT_LINE, ["--input-format", "json"],
+     "batch.out.jsonl:2: an OpenAI Batch output line (answers"),
 ]
 
 

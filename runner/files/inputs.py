@@ -63,8 +63,11 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
                        fmt: Optional[str] = None) -> QuestionStream:
     """The records of a question file as they are read. `fmt`: the job's input_format (None: by
     extension and content, runner/files/formats/detect.py)."""
-    requested, fmt = fmt, input_format(path, _head(path), fmt)
+    head = _head(path)
+    requested, fmt = fmt, input_format(path, head, fmt)
     hint = _openai_hint(fmt, requested)
+    if fmt in ("csv", "json"):
+        _no_batch_output(path, head)
     if fmt == "json":
         text = read_text(path)
         items = ((line, obj, json.dumps(obj, sort_keys=True).encode()) for line, obj in json_array(path, text))
@@ -86,6 +89,21 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
     longest, lines = _line_stats(path)
     return QuestionStream(fmt, _unique(path, _jsonl_records(path, id_field, question_field, known, hint), id_field),
                           longest, known, lines)
+
+
+def _no_batch_output(path: str, head: str) -> None:
+    """A batch's output file read as CSV or a JSON array is refused as record_at refuses it in the
+    other formats, before those readers fail on its first line with messages that do not say why."""
+    for number, line in enumerate(head.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return
+        if is_openai_output(obj):
+            raise InputError(f"{path}:{number}: {OUTPUT_NOT_REQUESTS}")
+        return
 
 
 def _openai_hint(fmt: str, requested: Optional[str]) -> str:
