@@ -169,7 +169,7 @@ def _add_layout_flags(a: Any) -> None:
            "--choice-scoring loglikelihood, whose numbers it moves by up to about 0.01 nats a token)")
     a("--gpu-layers", "-ngl", dest="n_gpu_layers",
       help="layers llama.cpp stores in VRAM: a number, all, or auto (all with --devices, else none); "
-           "needs a llama-cpp-python built with CUDA, Metal, ... (README, GPU offload)")
+           "needs a llama-cpp-python built with CUDA, Metal, ... (docs/guide/gpu.md)")
     a("--devices", help="GPUs, as 0,1: one worker per GPU, which sees only its own")
     a("--backend", choices=["local", "ray"],
       help="where workers live: local processes (default), or Ray actors on a cluster's nodes (needs ggbatch[ray])")

@@ -27,7 +27,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 def ggbatch(*args, timeout=240):
     """A run on one thread: beside other busy processes on a small machine, llama.cpp's threads
-    wait at every graph node for a descheduled one (README, Layout)."""
+    wait at every graph node for a descheduled one (docs/guide/layout.md)."""
     threads = ["--threads", "1"] if args[0] == "run" and "--threads" not in args else []
     return cli(*args, *threads, timeout=timeout)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,26 @@ def test_cli_reference_ignores_the_terminal_width(monkeypatch: pytest.MonkeyPatc
     assert narrow == wide
     for name in ("run", "merge", "score", "make-model", "bench", "tune", "plot"):
         assert f"## ggbatch {name}\n" in narrow
+
+
+SOURCES = ("runner", "workers", "package", "jobs", "bench", "tests")
+README_SECTION = re.compile(r'README,\s+"?([A-Za-z][\w\' -]*?)"?\s*[,).]')
+DOCS_PAGE = re.compile(r"\bdocs/[\w./-]+?\.md\b")
+
+
+def _source_texts() -> list[tuple[Path, str]]:
+    paths = (path for folder in SOURCES for path in sorted((ROOT / folder).rglob("*")))
+    return [(path, path.read_text(encoding="utf-8")) for path in paths
+            if path.suffix in (".py", ".yaml", ".yml") and ".venv" not in path.parts]
+
+
+def test_every_readme_section_and_docs_page_the_code_sends_users_to_exists() -> None:
+    """Messages, help and the example job name a README section ("README, Exit codes") or a docs
+    page: a section that moved to docs/ (GPU offload, Sharing the machine) must not stay named."""
+    headings = {line.lstrip("#").strip().lower() for line in (ROOT / "README.md").read_text(encoding="utf-8")
+                .splitlines() if line.startswith("#")}
+    missing = [f"{path.relative_to(ROOT)}: README, {section}" for path, text in _source_texts()
+               for section in README_SECTION.findall(text) if section.lower() not in headings]
+    missing += [f"{path.relative_to(ROOT)}: {page}" for path, text in _source_texts()
+                for page in DOCS_PAGE.findall(text) if not (ROOT / page).is_file()]
+    assert missing == []

@@ -24,7 +24,7 @@ GSM8K_IDS = [f"gsm8k-{i}" for i in range(1, 1320)]
 
 def test_the_split_is_a_fixed_function_of_the_id():
     # These values are part of the file format of a sharded job: a rerun, a newer Python or
-    # another machine must give every id the same shard. The README gives the formula.
+    # another machine must give every id the same shard. docs/guide/shards.md gives the formula.
     ids = ("gsm8k-1", "gsm8k-2", "gsm8k-3", "q1", "7", "007", "é")
     assert [shard_of(q, 8) for q in ids] == [4, 6, 6, 0, 2, 5, 7]
     formula = [int.from_bytes(hashlib.blake2b(q.encode("utf-8"), digest_size=8).digest(), "big") % 8 for q in ids]

@@ -15,7 +15,7 @@ from helpers import ggbatch as cli
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
 
 # One thread: on a busy 2-core machine a 2-thread worker waits at llama.cpp's barriers for
-# whichever of its threads another process descheduled (README, Layout), 10x slower here.
+# whichever of its threads another process descheduled (docs/guide/layout.md), 10x slower here.
 FLAGS = ("--max-tokens", 12, "--batch-invariant", "--workers", 1, "--threads", 1, "--progress", "off")
 N = 24
 

@@ -7,8 +7,8 @@ tokenizer, chat template and hyper-parameters; and the tensor table, so every te
 shape and place) and samples of the weights: the first and a middle block of every tensor plus
 blocks spread evenly over the file. A re-quantization changes the tensor table; a fine-tune or a
 merged adapter exported under the same name changes every weight of the tensors it touches, so
-their sampled blocks. Reading that is a few MiB whatever the model's size (measured: README,
-"Nothing lost"), where hashing a multi-GB file would take longer than a small job.
+their sampled blocks. Reading that is a few MiB whatever the model's size (measured:
+docs/guide/nothing-lost.md), where hashing a multi-GB file would take longer than a small job.
 """
 
 from __future__ import annotations

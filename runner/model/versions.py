@@ -20,7 +20,7 @@ def describe() -> str:
 
     system = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
     offload = ("yes" if llama_cpp.llama_supports_gpu_offload() else
-               "no (a CPU-only build: README, GPU offload, says how to install another)")
+               "no (a CPU-only build: docs/guide/gpu.md says how to install another)")
     lines = [f"ggbatch {package_version('ggbatch')}",
              f"llama-cpp-python {package_version('llama_cpp_python')}",
              f"llama.cpp {_llama_build()}",

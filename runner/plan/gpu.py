@@ -95,5 +95,5 @@ def vram_note(n_gpu_layers: int, offload: bool) -> str:
 def offload_warning(n_gpu_layers: int) -> str:
     """The one warning of a job asking for GPU layers from a CPU-only build."""
     return (f"model.n_gpu_layers {gpu_layers_text(n_gpu_layers)}: this llama-cpp-python build has no GPU "
-            "offload (llama_supports_gpu_offload() is false), so every layer stays on the CPU; README, "
-            "GPU offload, says how to install a CUDA or Metal build")
+            "offload (llama_supports_gpu_offload() is false), so every layer stays on the CPU; "
+            "docs/guide/gpu.md says how to install a CUDA or Metal build")

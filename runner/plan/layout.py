@@ -57,8 +57,9 @@ CHAT_TEMPLATE_TOKENS = 32  # role markers and the like that a chat template adds
 # Auto n_batch (a step's token budget, also llama.cpp's n_ubatch). With the prefix cache a prompt
 # step is a passage, or several questions' own parts each in a ubatch of its own
 # (workers/engine/ubatches.py): a larger budget takes a whole ~700-token prompt in one ubatch and more own
-# parts a step, in fewer steps (LSAT-64 on the benchmark model: 45 steps instead of 59, and
-# faster: README, the prefix cache). Without it, 512: W1/W2/W4 were measured there.
+# parts a step, in fewer steps (LSAT-64 on the benchmark model: 45 steps instead of 59, and faster:
+# docs/guide/prefix-cache.md, "n_batch 1024 with the prefix cache"). Without it, 512: W1/W2/W4 were
+# measured there.
 N_BATCH = 512
 N_BATCH_PREFIX_CACHE = 1024
 
@@ -156,7 +157,7 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
         raise ConfigError(f"threads: {threads} threads per worker exceed the {n_cores} usable cores")
     if workers is None:
         # Neither given: one worker using every core: continuous batching inside one context shares
-        # the weight reads across all sequences, which several smaller workers cannot (see README).
+        # the weight reads across all sequences, which several smaller workers cannot (docs/guide/layout.md).
         workers = 1 if threads is None else max(1, n_cores // threads)
     if threads is None:
         threads = max(1, n_cores // workers)

@@ -2,7 +2,7 @@
 
 A worker loads its model for a second or more before its first step, and that first step carries
 the prompts: the longest steps of a run, and beside busy processes the slowest at the layout's
-thread count (README, Sharing the machine). Measured per monitor tick, contention is seen 2 s
+thread count (docs/guide/sharing.md). Measured per monitor tick, contention is seen 2 s
 after the run starts, by when that step is under way at the old count and has to be waited out.
 Measured from the job's start to the worker's Ready, it is seen before the step, and
 runner/watch/thread_controller.py decides on it with the same rule it applies afterwards.

@@ -5,7 +5,7 @@ and why.
 Why change them: llama.cpp's threads meet at a barrier for every graph node, so when another
 process takes one of a worker's cores, every thread waits for the descheduled one (and OpenMP's
 barrier spins meanwhile). Beside one busy loop on 2 cores, 2 threads ran W1 2.4× slower than on a
-quiet machine and 1 thread 1.8× slower (README, Sharing the machine): fewer threads, each with a
+quiet machine and 1 thread 1.8× slower (docs/performance/sharing.md): fewer threads, each with a
 core to itself, beat more threads taking turns.
 
 The signal is the other load on the worker's cores: the cores' busy time (everything but idle
