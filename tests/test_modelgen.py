@@ -270,8 +270,8 @@ def test_make_model_writes_through_a_link_and_refuses_streams_and_its_vocab(tmp_
     stdout_link.symlink_to("/proc/self/fd/1")
     done = ggbatch("make-model", "--shape", "demo", stdout_link)
     assert done.returncode == 2 and stdout_link.is_symlink() and done.stdout == ""
-    assert done.stderr == (f"ggbatch: error: {stdout_link}: ggbatch writes its files whole at the end, renamed "
-                           "into place (a run's answers with a journal beside them that a rerun goes on from), "
+    # a model's own words: it has no journal, unlike a run's answers
+    assert done.stderr == (f"ggbatch: error: {stdout_link}: ggbatch writes the model whole, renamed into place, "
                            "not to standard output, a pipe or a device: give a file's path\n")
     vocab = tmp_path / "vocab.gguf"
     vocab.write_bytes(b"GGUF" + bytes(range(256)))  # refused before it is read
@@ -287,18 +287,24 @@ def test_make_model_refusals_are_one_line_naming_the_file(tmp_path: Path) -> Non
     adir, q = tmp_path / "adir", tmp_path / "q.jsonl"
     adir.mkdir()
     q.write_text('{"id": "1", "question": "hi"}\n')
+    short, cut = tmp_path / "short.gguf", tmp_path / "cut.gguf"
+    short.write_text("hi\n")
+    cut.write_bytes((MODELS / "stories260K.gguf").read_bytes()[:3000])  # its header cut short
     cases = [
         ([adir], f"{adir}: the model is a directory, not a file"),
         # procfs takes no new file, even from root: the folder probe fails where the write would have
         (["/proc/x.gguf"], "/proc/x.gguf: the folder of the model, /proc, is not writable: No such file or directory"),
         (["--quant", "q8_0", q / "x.gguf"], f"{q / 'x.gguf'}: the folder of the model, "),
-        (["--vocab", q, tmp_path / "v.gguf"], f"{q}: not a GGUF file (GGUF magic invalid)"),
+        (["--vocab", q, tmp_path / "v.gguf"], f"{q}: not a GGUF file (no GGUF magic at the start)\n"),
+        # under 4 bytes (numpy's words on the array's size were the reason) and a GGUF cut short
+        (["--vocab", short, tmp_path / "v.gguf"], f"{short}: not a GGUF file (no GGUF magic at the start)\n"),
+        (["--vocab", cut, tmp_path / "v.gguf"], f"{cut}: the vocab file is truncated or corrupt (not a whole GGUF)\n"),
     ]
     for argv, said in cases:
         done = ggbatch("make-model", "--shape", "demo", *argv)
         assert done.returncode == 2 and done.stderr.startswith("ggbatch: error: " + said), (argv, done.stderr)
         assert done.stderr.count("\n") == 1 and ".tmp" not in done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "q.jsonl"]  # no temp file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "cut.gguf", "q.jsonl", "short.gguf"]  # no temp file
 
 
 @pytest.mark.timeout(120)

@@ -190,7 +190,11 @@ def test_a_descriptor_name_is_refused_though_it_points_at_a_log_file(tmp_path, d
                               stderr=appended, timeout=100)
     text = log.read_text()
     assert done.returncode == 2 and text.startswith("OLD LOG LINE\n"), text
-    assert f"{stream}: ggbatch writes its files whole" in text and "not to standard output" in text
+    # each command names its own file; only a run's answers have a journal to speak of
+    written = {"run": "its files whole at the end", "score": "the score's --json file whole",
+               "details": "the score's --details file whole", "merge": "the merged output whole"}[command]
+    assert f"{stream}: ggbatch writes {written}, renamed into place" in text and "not to standard output" in text
+    assert ("journal" in text) == (command == "run"), text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "cron.log", "gold.jsonl"]
 
 

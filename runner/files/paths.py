@@ -113,22 +113,24 @@ def job_paths(input_path: str, model: str, output: str, report: Optional[str] = 
 
 def check_output(path: str, role: str = "the output") -> None:
     """What every command checks of a file it writes (run's outputs, merge's --output, score's
-    --json and --details): not a stream, not a journal or lock, and writable."""
-    check_not_a_stream(path)
+    --json and --details, make-model's model): not a stream, not a journal or lock, and writable."""
+    check_not_a_stream(path, role)
     check_not_a_journal(role, os.path.realpath(path))
     check_writable(path, role)
 
 
-def check_not_a_stream(path: str) -> None:
+def check_not_a_stream(path: str, role: Optional[str] = None) -> None:
     """OutputError for standard output (`-`, /dev/stdout, /dev/fd/1, /proc/self/fd/1), a pipe or
     a device: a job's files are written whole at the end (renamed into place), the answers with a
     journal beside them that a rerun goes on from. /dev/stdout is refused whatever fd 1 is: were
-    it a log file (`>> cron.log`), following the link would rename the answers over the log."""
+    it a log file (`>> cron.log`), following the link would rename the answers over the log.
+    `role`: what another command's file is (check_writable's words: "the model"); None, a run's."""
     if path == "-" or _through_a_descriptor(path) or (os.path.exists(path) and not os.path.isfile(path)
                                                       and not os.path.isdir(path)):
-        raise OutputError(f"{path}: ggbatch writes its files whole at the end, renamed into place (a run's "
-                          "answers with a journal beside them that a rerun goes on from), not to standard output, "
-                          "a pipe or a device: give a file's path")
+        what = (f"{role} whole, renamed into place" if role else "its files whole at the end, renamed into place "
+                "(a run's answers with a journal beside them that a rerun goes on from)")
+        raise OutputError(f"{path}: ggbatch writes {what}, not to standard output, a pipe or a device: "
+                          "give a file's path")
 
 
 def _through_a_descriptor(path: str) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Union
 
 MAGIC = b"GGUF"
+NO_MAGIC = "no GGUF magic at the start"  # why a file is not a GGUF, in every refusal of one
 DEFAULT_ALIGNMENT = 32
 STRING, ARRAY = 8, 9  # gguf_type values with a length of their own
 # gguf_type -> size in bytes of one scalar value
@@ -121,7 +122,7 @@ def read_layout(path: str) -> GGUFLayout:
 
 def _parse(cur: _Cursor) -> GGUFLayout:
     if cur.take(4) != MAGIC:
-        raise GGUFFormatError("no GGUF magic at the start")
+        raise GGUFFormatError(NO_MAGIC)
     version = cur.u32()
     if version < 2:
         raise GGUFFormatError(f"GGUF version {version} is too old (v2 and later are read)")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import ModelError
 from ..files.paths import cache_refusal
-from .gguf_header import GGUFFormatError, GGUFLayout, read_layout
+from .gguf_header import NO_MAGIC, GGUFFormatError, GGUFLayout, read_layout
 from .hub import is_hub_name, resolve_hub_name
 
 BLOCK = 4096  # bytes sampled at each place
@@ -56,7 +56,7 @@ def resolve_model(model: str) -> str:
     except OSError as exc:
         raise ModelError(f"{model}: cannot read the model file ({exc.strerror or exc})") from None
     if magic != b"GGUF":
-        raise ModelError(f"{model}: not a GGUF file (no GGUF magic at the start)")
+        raise ModelError(f"{model}: not a GGUF file ({NO_MAGIC})")
     return str(path)
 
 

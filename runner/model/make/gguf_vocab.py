@@ -13,6 +13,8 @@ from typing import Any
 
 import gguf
 
+from ..gguf_header import MAGIC, NO_MAGIC
+
 _V = gguf.GGUFValueType
 # GGUFVocab attribute <-> GGUF key, with the value types llama.cpp expects (it checks them).
 _TOKENIZER_KEYS: list[tuple[str, str, gguf.GGUFValueType, gguf.GGUFValueType | None]] = [
@@ -70,9 +72,15 @@ class GGUFVocab:
 def vocab_from_gguf(path: str | os.PathLike[str]) -> GGUFVocab:
     """Read all ``tokenizer.*`` fields of a (vocab-only or full) GGUF, e.g. ggml-vocab-qwen2.gguf."""
     try:
+        with open(path, "rb") as f:
+            if f.read(4) != MAGIC:  # else numpy's words on a file under 4 bytes, gguf's on the rest
+                raise ValueError(f"{path}: not a GGUF file ({NO_MAGIC})")
         reader = gguf.GGUFReader(path)
-    except (ValueError, IndexError) as exc:  # gguf's own words ("GGUF magic invalid") name no file
-        raise ValueError(f"{path}: not a GGUF file ({exc})") from None
+    except (ValueError, IndexError) as exc:
+        if str(exc).startswith(f"{path}: "):
+            raise
+        # a GGUF cut short: gguf's and numpy's words (array sizes and dtypes) name no file
+        raise ValueError(f"{path}: the vocab file is truncated or corrupt (not a whole GGUF)") from None
     except OSError as exc:  # else make-model would blame its output
         raise ValueError(f"{path}: cannot read the vocab file ({exc.strerror or exc})") from None
     known = {key: attr for attr, key, _, _ in _TOKENIZER_KEYS}
