@@ -10,7 +10,7 @@ from array import array
 import jsonschema
 import pytest
 
-from conftest import DATA, MODELS, require
+from conftest import DATA, MODELS, ROOT, require
 from ggbatch import GgbatchError, build_config
 from ggbatch import answer as ggbatch_answer
 from helpers import ggbatch as cli
@@ -249,3 +249,18 @@ def test_resume_refuses_answers_made_under_other_choices(tmp_path, demo_model, q
     assert r.returncode == 2 and "'answer.choices' changed since the journaled run" in r.stderr
     r = ggbatch("run", "--model", demo_model, "--input", q, "--output", out, "--choices", "A,B", "--fresh")
     assert r.returncode == 0 and {a["answer"] for a in json.loads(out.read_text())} <= {"A", "B"}
+
+
+def test_the_choice_logprobs_example_of_answers_md_reproduces(tmp_path):
+    """docs/guide/answers.md quotes one answers row of TinyStories-656K with its choice_logprobs
+    and the command that wrote it: that command, run, writes that row."""
+    page = (ROOT / "docs" / "guide" / "answers.md").read_text(encoding="utf-8")
+    row = re.search(r'`(\{"questionID": "mmlu-abstract_algebra-1", "answer": "B", "choice_logprobs": [^`]*)`', page)
+    command = re.search(r"`ggbatch (run --model TinyStories-656K-Q8_0\.gguf[^`]*)`", page)
+    assert row and command, "answers.md no longer holds the TinyStories-656K example and its command"
+    model = require(MODELS / "TinyStories-656K-Q8_0.gguf", "the model of answers.md's example")
+    questions, _ = sample(MMLU, 1, tmp_path)
+    paths = {"TinyStories-656K-Q8_0.gguf": model, "mmlu.jsonl": questions, "a.jsonl": tmp_path / "a.jsonl"}
+    r = ggbatch(*(paths.get(word, word) for word in command.group(1).split()))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "a.jsonl").read_text(encoding="utf-8") == row.group(1) + "\n"
