@@ -23,8 +23,9 @@ pytestmark = pytest.mark.model
 CALLER = textwrap.dedent("""
     import sys, psutil, ggbatch
     if __name__ == "__main__":
-        with ggbatch.Pool(model=sys.argv[1], max_tokens=4000, ignore_eos=True, workers=1) as pool:
-            future = pool.submit("Once upon a time")
+        # work for far longer than the test takes to send its signal, however loaded the machine
+        with ggbatch.Pool(model=sys.argv[1], max_tokens=2000, ignore_eos=True, workers=1) as pool:
+            future = pool.submit_many([f"Once upon a time {i}" for i in range(256)])
             print(" ".join(str(p.pid) for p in psutil.Process().children(recursive=True)), flush=True)
             future.result()
 """)
