@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
 from ggbatch.workers.ray_actor import own_cores
 from ggbatch.workers.spec import WorkerSpec
-from helpers import JOURNAL_HEAD, journaled, wait_for
+from helpers import JOURNAL_HEAD, ggbatch_command, journaled, wait_for
 from helpers import ggbatch as cli
 
 ray = pytest.importorskip("ray", reason="the Ray backend's tests need ray: pip install -e '.[test]'")
@@ -213,6 +214,29 @@ def test_ray_kill_of_an_actor_mid_job_loses_nothing(cluster, demo_model, questio
     assert sorted(journaled_ids) == sorted(r["questionID"] for r in rows)  # each once: nothing twice
     assert sum(w["restarts"] for w in json.loads(report.read_text())["workers"].values()) == 1
     assert "died (Ray actor died" in done.stderr
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_sigterm_on_a_ray_run_exits_143_with_the_answers_written(cluster, demo_model, questions_file, tmp_path):
+    """ray.init puts in its own SIGTERM handler (exit 15, no answers file): the run's is put back."""
+    out = tmp_path / "a.json"
+    proc = subprocess.Popen(ggbatch_command("run", "--model", demo_model, "--input", questions_file(200), "--output",
+                                            out, "--max-tokens", "64", "--slots", "2", "--progress", "off",
+                                            "--backend", "ray", "--ray-address", cluster),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        journal = tmp_path / "a.json.journal.jsonl"
+        wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) >= JOURNAL_HEAD + 2,
+                 timeout=90, what="some answers")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert "stopped by signal 15" in stderr and "SIGTERM received" not in stderr
+    rows = json.loads(out.read_text())
+    assert len(rows) == 200 and sum(r["answer"] is not None for r in rows) >= 2
 
 
 @pytest.mark.slow

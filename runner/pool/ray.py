@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 import uuid
-from typing import Any, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence
 
 from ...workers.native_stderr import stderr_captured
 from ...workers.protocol import Ready, decode, encode
@@ -150,11 +153,29 @@ def connect(address: Optional[str]) -> bool:
         # Workers at the coordinator's niceness, not Ray's default 15 (workers/ray_actor.py pin_process).
         options.update(num_cpus=len(usable_cores()), _system_config={"worker_niceness": 0})
     try:
-        ray.init(address=address or "local", **options)
+        with signals_kept():
+            ray.init(address=address or "local", **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"ray_address {address}" if address else "backend ray: a Ray instance of the job's own"
         raise ConfigError(f"{where}: {str(exc).splitlines()[0]}") from None
     return True
+
+
+@contextmanager
+def signals_kept() -> Iterator[None]:
+    """ray.init puts in a SIGTERM handler of its own (sys.exit(15)), and its core worker Ray's C++
+    stack dump, over the one a run holds (runner/pool/signals.py: exit 143, every answer so far
+    written); it has no option not to, so the handlers held before it are put back after it."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread holds them
+        yield
+        return
+    held = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in held.items():
+            if handler is not None:  # None: a handler not set from Python, which it cannot put back
+                signal.signal(s, handler)
 
 
 class RayLink:
