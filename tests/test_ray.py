@@ -258,6 +258,30 @@ def _one_question(tmp_path: Path) -> str:
     return str(q)
 
 
+@pytest.mark.parametrize("given", ["RAY_ADDRESS", "ray_current_cluster"])
+def test_auto_resolving_to_a_dead_address_is_one_line_and_exit_2_in_seconds(given, tmp_path, demo_model):
+    """`auto` is resolved as ray.init resolves it, then checked as an address given is: ray.init
+    alone would retry it for minutes. The address file is in a Ray folder of the test's own."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = str(tmp_path)
+    if given == "RAY_ADDRESS":
+        env["RAY_ADDRESS"] = "127.0.0.1:1"
+    else:
+        from ray._private.services import find_gcs_addresses
+        if find_gcs_addresses():  # for auto, Ray prefers one running here (this module's own) to the file
+            pytest.skip("a Ray cluster runs on this machine")
+        (tmp_path / "ray").mkdir()
+        (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")
+    started = time.monotonic()
+    done = cli("run", "--model", demo_model, "--input", _one_question(tmp_path), "--output", str(tmp_path / "a.json"),
+               "--backend", "ray", "--ray-address", "auto", env=env, timeout=60)
+    assert done.returncode == 2 and time.monotonic() - started < 20
+    [line] = done.stderr.strip().splitlines()
+    source = "RAY_ADDRESS" if given == "RAY_ADDRESS" else tmp_path / "ray" / "ray_current_cluster"
+    assert line.startswith("ggbatch: error: ray_address auto (") and f":1, from {source}): cannot connect" in line
+    assert not (tmp_path / "a.json").exists()
+
+
 def test_an_address_where_another_server_answers_is_one_line_and_exit_2_in_seconds(tmp_path, demo_model):
     """An HTTP server (the dashboard's port, a typo) accepts the connection: ray.init would retry
     it for minutes, printing Ray's C++ warnings."""
