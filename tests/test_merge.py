@@ -166,10 +166,15 @@ def test_openai_parts_into_another_format_are_told_the_way_that_fits_how_it_was_
 
 
 def test_an_id_field_the_rows_write_themselves_is_refused(tmp_path):
-    """`--id-field answer`: the merged rows' answers would overwrite their ids."""
+    """`--id-field answer`: the merged rows' answers would overwrite their ids. Refused before the
+    files are read, as a run refuses it: read by it, parts whose answers are alike clash first."""
     part = write_jsonl(tmp_path / "a.jsonl", [{"answer": "q1", "question": "x"}])
-    with pytest.raises(ConfigError, match=r"^fields.id \(--id-field\): 'answer' is one of the fields ggbatch "):
-        merge_files(str(tmp_path / "m.jsonl"), [str(part)], id_field="answer")
+    questions = write_jsonl(tmp_path / "gq.jsonl", [{"questionID": f"q{i}", "question": "?", "answer": f"x{i}"}
+                                                    for i in (1, 2)])
+    alike = write_jsonl(tmp_path / "part.jsonl", [{"questionID": f"q{i}", "answer": "same"} for i in (1, 2)])
+    for parts, given in (([part], None), ([alike], questions)):
+        with pytest.raises(ConfigError, match=r"^fields.id \(--id-field\): 'answer' is one of the fields ggbatch "):
+            merge_files(str(tmp_path / "m.jsonl"), [str(p) for p in parts], given and str(given), id_field="answer")
     assert not (tmp_path / "m.jsonl").exists()
 
 
