@@ -142,6 +142,15 @@ def test_duplicate_ids_are_refused_naming_both_files(tmp_path):
     assert not (tmp_path / "m.csv").exists()
 
 
+def test_an_id_twice_in_one_part_is_refused_naming_its_lines(tmp_path):
+    dup = write_jsonl(tmp_path / "dup.jsonl", [{"questionID": "b", "answer": "0"}, {"questionID": "a", "answer": "1"},
+                                               {"questionID": "a", "answer": "2"}])
+    with pytest.raises(InputError) as refused:
+        merge_files(str(tmp_path / "d.jsonl"), [str(dup)])
+    assert str(refused.value) == f"id 'a' appears twice in {dup}, at lines 2 and 3"
+    assert not (tmp_path / "d.jsonl").exists()
+
+
 def test_an_id_the_question_file_does_not_have_is_refused(tmp_path):
     questions, _, parts = write_job(tmp_path, "json")
     stray = tmp_path / "stray.json"
