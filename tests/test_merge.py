@@ -142,6 +142,15 @@ def test_duplicate_ids_are_refused_naming_both_files(tmp_path):
     assert not (tmp_path / "m.csv").exists()
 
 
+def test_an_id_twice_in_one_part_is_refused_naming_its_lines(tmp_path):
+    dup = write_jsonl(tmp_path / "dup.jsonl", [{"questionID": "b", "answer": "0"}, {"questionID": "a", "answer": "1"},
+                                               {"questionID": "a", "answer": "2"}])
+    with pytest.raises(InputError) as refused:
+        merge_files(str(tmp_path / "d.jsonl"), [str(dup)])
+    assert str(refused.value) == f"id 'a' appears twice in {dup}, at lines 2 and 3"
+    assert not (tmp_path / "d.jsonl").exists()
+
+
 def test_an_id_the_question_file_does_not_have_is_refused(tmp_path):
     questions, _, parts = write_job(tmp_path, "json")
     stray = tmp_path / "stray.json"
@@ -166,10 +175,15 @@ def test_openai_parts_into_another_format_are_told_the_way_that_fits_how_it_was_
 
 
 def test_an_id_field_the_rows_write_themselves_is_refused(tmp_path):
-    """`--id-field answer`: the merged rows' answers would overwrite their ids."""
+    """`--id-field answer`: the merged rows' answers would overwrite their ids. Refused before the
+    files are read, as a run refuses it: read by it, parts whose answers are alike clash first."""
     part = write_jsonl(tmp_path / "a.jsonl", [{"answer": "q1", "question": "x"}])
-    with pytest.raises(ConfigError, match=r"^fields.id \(--id-field\): 'answer' is one of the fields ggbatch "):
-        merge_files(str(tmp_path / "m.jsonl"), [str(part)], id_field="answer")
+    questions = write_jsonl(tmp_path / "gq.jsonl", [{"questionID": f"q{i}", "question": "?", "answer": f"x{i}"}
+                                                    for i in (1, 2)])
+    alike = write_jsonl(tmp_path / "part.jsonl", [{"questionID": f"q{i}", "answer": "same"} for i in (1, 2)])
+    for parts, given in (([part], None), ([alike], questions)):
+        with pytest.raises(ConfigError, match=r"^fields.id \(--id-field\): 'answer' is one of the fields ggbatch "):
+            merge_files(str(tmp_path / "m.jsonl"), [str(p) for p in parts], given and str(given), id_field="answer")
     assert not (tmp_path / "m.jsonl").exists()
 
 

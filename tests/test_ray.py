@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
 from ggbatch.workers.ray_actor import own_cores
 from ggbatch.workers.spec import WorkerSpec
-from helpers import JOURNAL_HEAD, journaled, wait_for
+from helpers import JOURNAL_HEAD, ggbatch_command, journaled, wait_for
 from helpers import ggbatch as cli
 
 ray = pytest.importorskip("ray", reason="the Ray backend's tests need ray: pip install -e '.[test]'")
@@ -215,6 +216,29 @@ def test_ray_kill_of_an_actor_mid_job_loses_nothing(cluster, demo_model, questio
     assert "died (Ray actor died" in done.stderr
 
 
+@pytest.mark.model
+@pytest.mark.slow
+def test_sigterm_on_a_ray_run_exits_143_with_the_answers_written(cluster, demo_model, questions_file, tmp_path):
+    """ray.init puts in its own SIGTERM handler (exit 15, no answers file): the run's is put back."""
+    out = tmp_path / "a.json"
+    proc = subprocess.Popen(ggbatch_command("run", "--model", demo_model, "--input", questions_file(200), "--output",
+                                            out, "--max-tokens", "64", "--slots", "2", "--progress", "off",
+                                            "--backend", "ray", "--ray-address", cluster),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        journal = tmp_path / "a.json.journal.jsonl"
+        wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) >= JOURNAL_HEAD + 2,
+                 timeout=90, what="some answers")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert "stopped by signal 15" in stderr and "SIGTERM received" not in stderr
+    rows = json.loads(out.read_text())
+    assert len(rows) == 200 and sum(r["answer"] is not None for r in rows) >= 2
+
+
 @pytest.mark.slow
 def test_a_bad_ray_address_is_one_line_and_exit_2(tmp_path, demo_model):
     q = tmp_path / "q.jsonl"
@@ -232,6 +256,30 @@ def _one_question(tmp_path: Path) -> str:
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"questionID": "q1", "question": "Hi?"}) + "\n")
     return str(q)
+
+
+@pytest.mark.parametrize("given", ["RAY_ADDRESS", "ray_current_cluster"])
+def test_auto_resolving_to_a_dead_address_is_one_line_and_exit_2_in_seconds(given, tmp_path, demo_model):
+    """`auto` is resolved as ray.init resolves it, then checked as an address given is: ray.init
+    alone would retry it for minutes. The address file is in a Ray folder of the test's own."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = str(tmp_path)
+    if given == "RAY_ADDRESS":
+        env["RAY_ADDRESS"] = "127.0.0.1:1"
+    else:
+        from ray._private.services import find_gcs_addresses
+        if find_gcs_addresses():  # for auto, Ray prefers one running here (this module's own) to the file
+            pytest.skip("a Ray cluster runs on this machine")
+        (tmp_path / "ray").mkdir()
+        (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")
+    started = time.monotonic()
+    done = cli("run", "--model", demo_model, "--input", _one_question(tmp_path), "--output", str(tmp_path / "a.json"),
+               "--backend", "ray", "--ray-address", "auto", env=env, timeout=60)
+    assert done.returncode == 2 and time.monotonic() - started < 20
+    [line] = done.stderr.strip().splitlines()
+    source = "RAY_ADDRESS" if given == "RAY_ADDRESS" else tmp_path / "ray" / "ray_current_cluster"
+    assert line.startswith("ggbatch: error: ray_address auto (") and f":1, from {source}): cannot connect" in line
+    assert not (tmp_path / "a.json").exists()
 
 
 def test_an_address_where_another_server_answers_is_one_line_and_exit_2_in_seconds(tmp_path, demo_model):

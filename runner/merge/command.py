@@ -120,6 +120,11 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
                 id_field: str = "questionID", question_field: Optional[str] = None) -> MergeOutcome:
     """Merge the parts into `output` (written even when incomplete: MergeOutcome.problems says
     why). InputError or ConfigError for a merge that is refused; nothing is written then."""
+    # An id field the rows write themselves is refused before any file is read, as a run refuses
+    # it: read with it, the parts fail first on what it does to them (ids clashing, or unknown).
+    # OUT's format is taken from its name or --output-format alone, the parts unread: so OpenAI
+    # Batch parts (keyed by custom_id) merged into a .jsonl are refused it too, not a real use.
+    check_id_column(id_field, [output_format(output, output_fmt, "json")])
     paths, journals = _without_journals(paths)
     _check_paths(output, paths, questions)
     split, absent_shards = _split(paths)
@@ -133,7 +138,6 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     parts = [read_part(p, id_field) for p in present]
     merged = merge_rows(parts, order, questions or "")
     fmt = _format(output, output_fmt, parts, question_fmt)
-    check_id_column(id_field, [fmt])
     write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings))
     return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
                         absent_shards, journals)

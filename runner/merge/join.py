@@ -50,11 +50,16 @@ def merge_rows(parts: Sequence[Part], order: Optional[Sequence[str]] = None, que
     order. An id in two parts, or not in the question file, is an InputError naming its lines."""
     rows: dict[str, PartRow] = {}
     for part in parts:
+        own: set[str] = set()  # this part's ids: one twice in it is no matter of two parts
         for row in part.rows:
+            if row.qid in own:
+                raise InputError(f"id {quote(row.qid)} appears twice in {part.path}, at lines "
+                                 f"{_line(rows[row.qid])} and {_line(row)}")
             if row.qid in rows:
                 raise InputError(f"id {quote(row.qid)} is in two parts: {rows[row.qid].where} and {row.where} "
                                  "(a part given twice, or parts of two different splits?)")
             rows[row.qid] = row
+            own.add(row.qid)
     if order is None:
         return Merged(list(rows.items()))
     known = set(order)
@@ -62,6 +67,10 @@ def merge_rows(parts: Sequence[Part], order: Optional[Sequence[str]] = None, que
         if row.qid not in known:
             raise InputError(f"{row.where}: id {quote(row.qid)} is not in the question file {questions}")
     return Merged([(qid, rows.get(qid)) for qid in order])
+
+
+def _line(row: PartRow) -> str:
+    return row.where.rpartition(":")[2]  # where: file:line
 
 
 def render_merged(merged: Merged, fmt: str, id_field: str = "questionID", columns: Sequence[str] = (),

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 import uuid
-from typing import Any, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence
 
 from ...workers.native_stderr import stderr_captured
 from ...workers.protocol import Ready, decode, encode
@@ -63,24 +66,58 @@ def import_ray() -> Any:
     return ray
 
 
-def check_address(address: str) -> None:
-    """One line and exit 2 for an address with no Ray head behind it, in seconds, not minutes."""
+def check_address(address: str, shown: Optional[str] = None) -> None:
+    """One line and exit 2 for an address with no Ray head behind it, in seconds, not minutes.
+    shown: how the messages name it (what `auto` resolved to, and where from); None: the address."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError(f"ray_address: must be auto or HOST:PORT (a Ray head's GCS address, as "
-                          f"`ray start --head` prints it), got {address!r}")
-    first = _first_answer(address, host, int(port))
+                          f"`ray start --head` prints it), got {shown or address!r}")
+    where = f"ray_address {shown or address}"
+    first = _first_answer(where, host, int(port))
     if len(first) < 4 or first[3] != HTTP2_SETTINGS:
-        raise ConfigError(f"ray_address {address}: {_what_answered(first)}, not a Ray head; {GIVE_GCS}")
-    _check_gcs(address)
+        raise ConfigError(f"{where}: {_what_answered(first)}, not a Ray head; {GIVE_GCS}")
+    _check_gcs(address, where, token_taken=shown is not None)
 
 
-def _first_answer(address: str, host: str, port: int) -> bytes:
+def resolve_auto() -> tuple[str, str]:
+    """What `auto` joins, as ray.init resolves it (Ray's own helper: RAY_ADDRESS; else the one Ray
+    cluster running on this machine; else the address file the last `ray start` here wrote, which
+    also picks among several running here), and how to name it in a message. A Ray without that
+    helper gives ("", ""): ray.init alone resolves it."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+        from ray._private.utils import get_ray_address_file, read_ray_address
+    except ImportError:
+        return "", ""
+    try:
+        address = canonicalize_bootstrap_address("auto")
+    except (ConnectionError, ValueError) as exc:  # no cluster found: ray.init's own words
+        raise ConfigError(f"ray_address auto: {str(exc).splitlines()[0]}") from None
+    if not address:
+        return "", ""
+    source = ("RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else
+              get_ray_address_file(None) if _canonical(read_ray_address(None)) == address
+              else "the Ray cluster running here")
+    return address, f"auto ({address}, from {source})"
+
+
+def _canonical(address: Optional[str]) -> Optional[str]:
+    """An address as Ray's helper writes it (its host resolved); None for none, or one it refuses."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        return canonicalize_bootstrap_address(address) if address else None
+    except ValueError:
+        return None
+
+
+def _first_answer(where: str, host: str, port: int) -> bytes:
     """What the server there sends first to a gRPC client's greeting (b"": nothing in time)."""
     try:
         conn = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
-        raise ConfigError(f"ray_address {address}: cannot connect ({exc.strerror or exc}); is a Ray head "
+        raise ConfigError(f"{where}: cannot connect ({exc.strerror or exc}); is a Ray head "
                           "running there (`ray start --head`)?") from None
     with conn:
         try:
@@ -98,12 +135,13 @@ def _what_answered(first: bytes) -> str:
     return f"another server answers there ({said!r})" if said else "another server answers there"
 
 
-def _check_gcs(address: str) -> None:
+def _check_gcs(address: str, where: str, token_taken: bool = False) -> None:
     """A gRPC server that is not Ray's GCS fails Ray's first question to one: the cluster's id.
     Asked through Ray's C++ GCS client (not a public API: a Ray without it skips this check),
     whose warning line on failure says what its exception says, so it is taken aside. A GCS that
     wants a token (Ray's token authentication) this process does not give would refuse ray.init
-    too, after its retries: ray.init takes the token for an address only with RAY_AUTH_MODE=token."""
+    too, after its retries: ray.init takes the token for an address only with RAY_AUTH_MODE=token
+    (token_taken: `auto`, for which it takes the token by itself)."""
     import ray._raylet
     from ray.exceptions import AuthenticationError, RayError
 
@@ -114,11 +152,13 @@ def _check_gcs(address: str) -> None:
         try:
             standalone(address, None, int(CONNECT_TIMEOUT_S * 1000))
         except AuthenticationError:
-            raise ConfigError(f"ray_address {address}: the Ray head there wants its token (Ray's token "
+            if token_taken:
+                return
+            raise ConfigError(f"{where}: the Ray head there wants its token (Ray's token "
                               "authentication): run with RAY_AUTH_MODE=token, the cluster's token in "
                               "~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH") from None
         except RayError as exc:
-            raise ConfigError(f"ray_address {address}: a gRPC server answers there, but not a Ray head's GCS "
+            raise ConfigError(f"{where}: a gRPC server answers there, but not a Ray head's GCS "
                               f"({_rpc_error(exc)}); {GIVE_GCS}") from None
 
 
@@ -141,7 +181,11 @@ def connect(address: Optional[str]) -> bool:
     ray = import_ray()
     if ray.is_initialized():
         return False
-    if address not in (None, "auto"):
+    if address == "auto":
+        resolved, shown = resolve_auto()
+        if resolved:
+            check_address(resolved, shown)
+    elif address is not None:
         check_address(address)
     # No dashboard (a server of its own), and no copying of the workers' output to this terminal:
     # the coordinator owns it, and llama.cpp's log goes to Ray's worker log files.
@@ -150,11 +194,29 @@ def connect(address: Optional[str]) -> bool:
         # Workers at the coordinator's niceness, not Ray's default 15 (workers/ray_actor.py pin_process).
         options.update(num_cpus=len(usable_cores()), _system_config={"worker_niceness": 0})
     try:
-        ray.init(address=address or "local", **options)
+        with signals_kept():
+            ray.init(address=address or "local", **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"ray_address {address}" if address else "backend ray: a Ray instance of the job's own"
         raise ConfigError(f"{where}: {str(exc).splitlines()[0]}") from None
     return True
+
+
+@contextmanager
+def signals_kept() -> Iterator[None]:
+    """ray.init puts in a SIGTERM handler of its own (sys.exit(15)), and its core worker Ray's C++
+    stack dump, over the one a run holds (runner/pool/signals.py: exit 143, every answer so far
+    written); it has no option not to, so the handlers held before it are put back after it."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread holds them
+        yield
+        return
+    held = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in held.items():
+            if handler is not None:  # None: a handler not set from Python, which it cannot put back
+                signal.signal(s, handler)
 
 
 class RayLink:
