@@ -4,6 +4,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -240,6 +241,21 @@ def test_bench_refuses_to_write_over_its_model(tmp_path, stories, flag, role):
     assert f"{role} and the model (--model) are the same file ({model}): ggbatch would overwrite the model; give " \
            "another path" in r.stderr
     assert model.read_bytes() == Path(stories).read_bytes()
+
+
+def test_bench_plot_refuses_a_format_before_it_runs_and_leaves_no_half_picture(tmp_path, stories):
+    # a format matplotlib does not know: refused before any row is measured
+    r = cli("bench", "--model", stories, "--npl", "1", "--no-runner", "--plot", str(tmp_path / "b.pngg"), timeout=60)
+    assert r.returncode == 2 and "PP" not in r.stdout
+    assert f"{tmp_path / 'b.pngg'}: matplotlib cannot write .pngg files; give one of" in r.stderr
+    # one it knows but cannot write here (.pgf without a TeX): one line after the table, no file
+    no_tex = {**os.environ, "PATH": os.path.dirname(sys.executable)}
+    r = cli("bench", "--model", stories, "--npp", "8", "--ntg", "2", "--npl", "1", "--no-runner",
+            "--plot", str(tmp_path / "b.pgf"), timeout=120, env=no_tex)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"ggbatch: error: {tmp_path / 'b.pgf'}: matplotlib cannot "
+                                                        "write .pgf files here: 'xelatex' not found")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("flag", ["--workers", "--threads", "--repeat"])

@@ -26,6 +26,7 @@ from ...workers.spec import WorkerSpec
 from ..plan import layout as layouts
 from ..plan.layout import Layout, kv_unified_for, plan_layout, step_budget, usable_cores
 from ..pool.pool import WorkerPool
+from .plot import write_figure
 
 COLUMNS = ["PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"]
 
@@ -161,8 +162,9 @@ def require_matplotlib() -> None:
         raise ImportError("--plot needs matplotlib: pip install 'ggbatch[plot]'") from None
 
 
-def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
-    """S_TG and S against B, one line per (PP, TG), as a PNG."""
+def plot(rows: Sequence[dict[str, Any]], path: str, role: str) -> None:
+    """S_TG and S against B, one line per (PP, TG), in the format `path`'s extension names (PNG
+    without one; plot.write_figure). `role`: what the file is to the command, for an error."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -181,5 +183,4 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    write_figure(fig, path, role, dpi=120)

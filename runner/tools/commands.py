@@ -86,7 +86,8 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--repack", choices=["auto", "true", "false"], default="auto",
                    help="weights in llama.cpp's repacked layout (auto: as `ggbatch run` decides by CPU)")
     b.add_argument("--json", help="also write the rows here as JSON")
-    b.add_argument("--plot", help="also draw S_TG and S against B into this PNG (needs ggbatch[plot])")
+    b.add_argument("--plot", help="also draw S_TG and S against B into this image, in the format its extension names "
+                   "(PNG without one; needs ggbatch[plot])")
     b.add_argument("--csv", help="also write the rows here as CSV")
     b.add_argument("--no-runner", dest="runner", action="store_false",
                    help="skip the runner-overhead measurement")
@@ -147,7 +148,7 @@ def _bench_sizes(args: argparse.Namespace) -> tuple[list[int], list[int], list[i
     return npp, ntg, npl
 
 
-BENCH_JSON, BENCH_CSV = "the bench table (--json)", "the bench table (--csv)"
+BENCH_JSON, BENCH_CSV, BENCH_PLOT = "the bench table (--json)", "the bench table (--csv)", "the plot (--plot)"
 
 
 def _check_bench_outputs(args: argparse.Namespace, model: str) -> None:
@@ -157,7 +158,7 @@ def _check_bench_outputs(args: argparse.Namespace, model: str) -> None:
     from . import bench
 
     outputs = [(role, path) for role, path in ((BENCH_JSON, args.json), (BENCH_CSV, args.csv),
-                                               ("the plot (--plot)", args.plot)) if path]
+                                               (BENCH_PLOT, args.plot)) if path]
     for i, (role, path) in enumerate(outputs):
         check_output(path, role)
         for other_role, other in [("the model (--model)", model), *outputs[:i]]:
@@ -168,6 +169,9 @@ def _check_bench_outputs(args: argparse.Namespace, model: str) -> None:
             bench.require_matplotlib()
         except ImportError as exc:
             raise ConfigError(str(exc)) from None
+        from .plot import image_format
+
+        image_format(args.plot)  # a format matplotlib does not know, refused before the benchmark
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -210,7 +214,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.csv:
         write_atomic(args.csv, bench.to_csv(rows), BENCH_CSV)
     if args.plot:
-        bench.plot(rows, args.plot)
+        bench.plot(rows, args.plot, BENCH_PLOT)
         print(f"plot: {args.plot}")
     return 0
 

@@ -168,18 +168,29 @@ def _title(report: dict[str, Any]) -> str:
 
 
 def save(report: dict[str, Any], path: str) -> None:
-    """The plot, drawn in memory and then written whole beside `path` and renamed: a format
-    matplotlib lists but cannot write here (.pgf without its TeX) is one line and leaves no file."""
+    """The run's plot, written to `path` (write_figure)."""
+    image_format(path)  # before drawing: a format matplotlib does not know is refused at once
+    write_figure(draw(report), path, PLOT, DPI)
+
+
+def write_figure(fig: Any, path: str, role: str, dpi: int) -> None:
+    """A matplotlib figure drawn in memory, in the format `path`'s extension names, then written
+    whole beside `path` and renamed; the figure is closed. A format matplotlib lists but cannot
+    write here (.pgf without its TeX) is one line and leaves no file. `role`: what the file is to
+    the command, for the error."""
     import matplotlib.pyplot as plt
 
-    fmt = image_format(path)
-    fig = draw(report)
     picture = io.BytesIO()
     try:
-        fig.savefig(picture, dpi=DPI, format=fmt)
+        fmt = image_format(path)
+    except ConfigError:
+        plt.close(fig)
+        raise
+    try:
+        fig.savefig(picture, dpi=dpi, format=fmt)
     except (RuntimeError, OSError, ValueError) as exc:
         why = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError(f"{path}: matplotlib cannot write .{fmt} files here: {why}") from None
     finally:
         plt.close(fig)
-    write_atomic(path, picture.getvalue(), PLOT)
+    write_atomic(path, picture.getvalue(), role)
