@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import psutil
 import pytest
@@ -21,8 +22,11 @@ pytestmark = pytest.mark.model
 
 
 CALLER = textwrap.dedent("""
-    import sys, psutil, ggbatch
+    import signal, sys, psutil, ggbatch
     if __name__ == "__main__":
+        # Ctrl-C as a terminal's program gets it, whatever this test's runner was started with
+        # (a shell's background job, `cmd &`, starts with SIGINT ignored, and so do its children)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         # work for far longer than the test takes to send its signal, however loaded the machine
         with ggbatch.Pool(model=sys.argv[1], max_tokens=2000, ignore_eos=True, workers=1) as pool:
             future = pool.submit_many([f"Once upon a time {i}" for i in range(256)])
@@ -39,8 +43,12 @@ def test_ctrl_c_in_the_caller_ends_every_worker_and_leaks_nothing(demo_model, tm
                             stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert pids
+    time.sleep(1)  # the caller waits in future.result() by then, its pool's threads at work
     os.kill(proc.pid, signal.SIGINT)
+    sent = time.monotonic()
     _, err = proc.communicate(timeout=60)
+    # heard while the call is far from answered (a wait for it heard Ctrl-C only once it was)
+    assert time.monotonic() - sent < 20
     assert "KeyboardInterrupt" in err and "leaked" not in err, err
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                              for p in pids), 10, "the pool's processes to end")
