@@ -169,9 +169,9 @@ def _check_bench_outputs(args: argparse.Namespace, model: str) -> None:
             bench.require_matplotlib()
         except ImportError as exc:
             raise ConfigError(str(exc)) from None
-        from .plot import image_format
+        from .plot import check_writable_format
 
-        image_format(args.plot)  # a format matplotlib does not know, refused before the benchmark
+        check_writable_format(args.plot)  # .xyz, or .pgf without TeX, refused before the benchmark
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
