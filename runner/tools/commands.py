@@ -60,7 +60,9 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     from ..model.make import modelgen
 
     if args.vocab and not os.path.isfile(args.vocab):
-        raise ConfigError(f"{args.vocab}: vocab file not found")
+        folder = os.path.isdir(args.vocab)
+        why = "the vocab file (--vocab) is a directory, not a file" if folder else "vocab file not found"
+        raise ConfigError(f"{args.vocab}: {why}")
     try:
         path = modelgen.make_model(args.out, args.shape, vocab=args.vocab, quant=args.quant, seed=args.seed,
                                    tie_embeddings=args.tie_embeddings, reasoning=args.reasoning)
