@@ -66,6 +66,10 @@ BAD = [
      "batch.out.jsonl:1: an OpenAI Batch output line (answers"),
     ("batch.out.jsonl", "\n" + OPENAI_OUTPUT_LINE, ["--input-format", "json"],
      "batch.out.jsonl:2: an OpenAI Batch output line (answers"),
+    # ...and named .csv or .json under the default format: the same (it was "name it .jsonl", and
+    # a renamed file only then said why)
+    ("bo.csv", OPENAI_OUTPUT_LINE, [], "bo.csv:1: an OpenAI Batch output line (answers"),
+    ("bo.json", "\n" + OPENAI_OUTPUT_LINE, [], "bo.json:2: an OpenAI Batch output line (answers"),
 ]
 
 

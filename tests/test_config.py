@@ -197,6 +197,33 @@ def test_a_lone_surrogate_in_a_value_is_refused_naming_the_file_and_the_key(tmp_
             build_config([("command line", {**flags, "system": "s", key: inline})])
 
 
+def test_a_lone_surrogate_written_as_an_escape_in_a_schema_or_grammar_is_refused(tmp_path, monkeypatch):
+    """JSON's "\\ud800" and GBNF's \\uD800 are ASCII text: they passed, and the grammar made every
+    answer three U+FFFD under a schema it claimed they met."""
+    monkeypatch.chdir(tmp_path)
+    flags = {"model": "m", "input": "q.jsonl", "output": "a.json"}
+    schema_file = Path("s.json")
+    schema_file.write_text('{"type": "object", "properties": {"\\ud800": {"type": "integer"}}}')
+    grammar_file = Path("g.gbnf")
+    grammar_file.write_text('root ::= "a" [\\U0000DFFF] # a comment may say \\uD800\n')
+    for key, value, message in (
+            ("answer.json_schema", '{"enum": ["\\ud800"]}', "U\\+D800 at character 1 is half of a surrogate pair"),
+            ("answer.json_schema", str(schema_file), "U\\+D800 at character 1 is half of a surrogate pair"),
+            ("answer.grammar", 'root ::= "\\ud800"', "the escape .ud800 at character 11 names U\\+D800, which is half"),
+            ("answer.grammar", str(grammar_file), "the escape \\\\U0000DFFF at character 15 names U\\+DFFF"),
+            ("answer.grammar", 'root ::= "\\U00110000"', "the escape .U00110000 at character 11 names U\\+110000, "
+                                                        "which is past")):
+        with pytest.raises(ConfigError, match=f"^command line: {key}: {message}.*, got {re.escape(repr(value))}$"):
+            build_config([("command line", {**flags, key: value})])
+    # as a quoted string in a job file, and the file named
+    path = job(tmp_path, 'model: m\ninput: q.jsonl\noutput: a.json\nanswer:\n'
+                         '  json_schema: \'{"enum": ["\\ud800"]}\'\n')
+    with pytest.raises(ConfigError, match=f"^{re.escape(path)}: answer.json_schema: U\\+D800"):
+        build_config([(path, load_job_file(path))])
+    # an escaped backslash before u is no escape, nor is an escape in a comment
+    assert build_config([("command line", {**flags, "answer.grammar": 'root ::= "\\\\ud800" # \\ud800'})]).grammar
+
+
 def test_missing_job_file(tmp_path):
     with pytest.raises(ConfigError, match="job file not found"):
         load_job_file(str(tmp_path / "nope.yaml"))

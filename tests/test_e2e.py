@@ -248,11 +248,12 @@ def test_bench_plot_refuses_a_format_before_it_runs_and_leaves_no_half_picture(t
     r = cli("bench", "--model", stories, "--npl", "1", "--no-runner", "--plot", str(tmp_path / "b.pngg"), timeout=60)
     assert r.returncode == 2 and "PP" not in r.stdout
     assert f"{tmp_path / 'b.pngg'}: matplotlib cannot write .pngg files; give one of" in r.stderr
-    # one it knows but cannot write here (.pgf without a TeX): one line after the table, no file
+    # one it knows but cannot write here (.pgf without a TeX): refused before any row too (it came
+    # after the whole benchmark), one line, and neither the table nor the plot is written
     no_tex = {**os.environ, "PATH": os.path.dirname(sys.executable)}
     r = cli("bench", "--model", stories, "--npp", "8", "--ntg", "2", "--npl", "1", "--no-runner",
-            "--plot", str(tmp_path / "b.pgf"), timeout=120, env=no_tex)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+            "--plot", str(tmp_path / "b.pgf"), "--json", str(tmp_path / "b.json"), timeout=120, env=no_tex)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "PP" not in r.stdout, (r.stdout, r.stderr)
     assert r.stderr.strip().splitlines()[-1].startswith(f"ggbatch: error: {tmp_path / 'b.pgf'}: matplotlib cannot "
                                                         "write .pgf files here: 'xelatex' not found")
     assert list(tmp_path.iterdir()) == []

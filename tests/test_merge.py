@@ -149,6 +149,12 @@ def test_an_id_twice_in_one_part_is_refused_naming_its_lines(tmp_path):
         merge_files(str(tmp_path / "d.jsonl"), [str(dup)])
     assert str(refused.value) == f"id 'a' appears twice in {dup}, at lines 2 and 3"
     assert not (tmp_path / "d.jsonl").exists()
+    # a JSON array on one line: its items, not "lines 1 and 1"
+    one_line = tmp_path / "dup.json"
+    one_line.write_text('[{"questionID":"a","answer":"x"},{"questionID":"b","answer":"y"},{"questionID":"a"}]')
+    with pytest.raises(InputError) as refused:
+        merge_files(str(tmp_path / "d.json"), [str(one_line)])
+    assert str(refused.value) == f"id 'a' appears twice in {one_line}, at items 1 and 3 of the array (both on line 1)"
 
 
 def test_an_id_the_question_file_does_not_have_is_refused(tmp_path):

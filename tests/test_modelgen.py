@@ -299,6 +299,8 @@ def test_make_model_refusals_are_one_line_naming_the_file(tmp_path: Path) -> Non
         # under 4 bytes (numpy's words on the array's size were the reason) and a GGUF cut short
         (["--vocab", short, tmp_path / "v.gguf"], f"{short}: not a GGUF file (no GGUF magic at the start)\n"),
         (["--vocab", cut, tmp_path / "v.gguf"], f"{cut}: the vocab file is truncated or corrupt (not a whole GGUF)\n"),
+        # a folder was "vocab file not found"
+        (["--vocab", adir, tmp_path / "v.gguf"], f"{adir}: the vocab file (--vocab) is a directory, not a file\n"),
     ]
     for argv, said in cases:
         done = ggbatch("make-model", "--shape", "demo", *argv)

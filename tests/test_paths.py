@@ -238,3 +238,27 @@ def test_every_command_names_the_file_whose_folder_is_missing(tmp_path, demo_mod
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [f"ggbatch: error: {missing}: the folder of {role}, "
                                                 f"{tmp_path / 'nodir'}, does not exist"]
+
+
+@pytest.mark.parametrize("role", ["the plot", "the bench table (--json)", "the merged output"])
+def test_a_path_ending_in_a_separator_is_refused_as_a_folders_name(tmp_path, role):
+    """`-o pl/` wrote a file named pl, and said it wrote pl/."""
+    with pytest.raises(OutputError, match=re.escape(f"{tmp_path}/pl/: {role} is a folder's name (it ends in /); "
+                                                    "give a file's path")):
+        check_writable(f"{tmp_path}/pl/", role)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("flags,said", [
+    (["run", "--output", "ansd/"], "ansd/: the answers file (output)"),
+    (["run", "--output", "a.jsonl", "--report", "rp/"], "rp/: the report"),
+    (["bench", "--npl", "1", "--no-runner", "--plot", "bd/"], "bd/: the plot (--plot)")])
+def test_an_output_ending_in_a_separator_is_refused_naming_its_role(tmp_path, stories, flags, said):
+    (tmp_path / "q.jsonl").write_text('{"questionID": "a", "question": "Hi?"}\n')
+    given = [*flags, "--model", stories] + (["--input", "q.jsonl", "--max-tokens", "2"] if flags[0] == "run" else [])
+    done = subprocess.run(ggbatch_command(*given), cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 2 and "PP" not in done.stdout, (done.stdout, done.stderr)
+    assert done.stderr.strip().splitlines() == [f"ggbatch: error: {said} is a folder's name (it ends in /); "
+                                                "give a file's path"], done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.jsonl"]

@@ -277,9 +277,26 @@ def test_auto_resolving_to_a_dead_address_is_one_line_and_exit_2_in_seconds(give
                "--backend", "ray", "--ray-address", "auto", env=env, timeout=60)
     assert done.returncode == 2 and time.monotonic() - started < 20
     [line] = done.stderr.strip().splitlines()
-    source = "RAY_ADDRESS" if given == "RAY_ADDRESS" else tmp_path / "ray" / "ray_current_cluster"
-    assert line.startswith("ggbatch: error: ray_address auto (") and f":1, from {source}): cannot connect" in line
+    # named as the user set it (Ray's helper turns 127.0.0.1 into this machine's address)
+    source = "RAY_ADDRESS=127.0.0.1:1" if given == "RAY_ADDRESS" else \
+        f"{tmp_path / 'ray' / 'ray_current_cluster'}, which holds 127.0.0.1:1"
+    assert line.startswith(f"ggbatch: error: ray_address auto ({source}") and ":1): cannot connect" in line, line
     assert not (tmp_path / "a.json").exists()
+
+
+@pytest.mark.parametrize("given,said", [
+    ("notahost:abc", "RAY_ADDRESS 'notahost:abc' is not HOST:PORT (a Ray head's GCS address"),
+    ("ray://127.0.0.1:10001", "RAY_ADDRESS 'ray://127.0.0.1:10001' is a Ray Client (ray://) address, which ggbatch "
+                              "does not join")])
+def test_auto_with_a_ray_address_it_cannot_join_names_ray_address(given, said, tmp_path, demo_model):
+    """They were `must be auto or HOST:PORT ..., got 'auto (notahost:abc, from RAY_ADDRESS)'`, to a
+    user who gave auto, and Ray's `Invalid address format: ray://...`, naming no RAY_ADDRESS."""
+    env = {**os.environ, "RAY_ADDRESS": given, "RAY_TMPDIR": str(tmp_path)}
+    done = cli("run", "--model", demo_model, "--input", _one_question(tmp_path), "--output", str(tmp_path / "a.json"),
+               "--backend", "ray", "--ray-address", "auto", env=env, timeout=60)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"ggbatch: error: ray_address auto: {said}"), line
 
 
 def test_an_address_where_another_server_answers_is_one_line_and_exit_2_in_seconds(tmp_path, demo_model):

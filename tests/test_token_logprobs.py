@@ -141,6 +141,10 @@ def test_text_offsets_count_characters_of_the_decoded_completion():
     text = b"".join(pieces).decode("utf-8", errors="replace")
     assert text == "a\u65d7\ufffdx\u65d7\ufffdb"
     assert text_offsets(pieces) == [0, 1, 1, 1, 2, 3, 4, 4, 5, 6, 6]
+    # an empty piece inside a character starts at it, as the character's other pieces do (it was
+    # past it: [0, 1, 0], offsets going back), and inside a broken run at its U+FFFD
+    assert text_offsets([b"\xe6", b"", b"\x97\xa5"]) == [0, 0, 0]
+    assert text_offsets([b"\xe6\x97", b"", b"x"]) == [0, 0, 1]
 
 
 def test_completion_top_logprobs_keep_the_likelier_of_equal_texts_and_the_picked_tokens_own():

@@ -226,6 +226,9 @@ def json_schema(v: Any) -> str:
             raise ValueError(f"not valid JSON ({exc})") from None
     if not isinstance(v, Mapping):
         raise ValueError(f"must be {SCHEMA_FORMS}")
+    # JSON's escape "\ud800" writes a lone surrogate into ASCII text: the grammar would answer its
+    # bytes, which no JSON reader reads back as the schema's string
+    unicode_text(v)
     return json.dumps(v, sort_keys=True, separators=(",", ":"))
 
 
@@ -266,6 +269,29 @@ def grammar(v: Any) -> str:
             v = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"cannot read the grammar file ({getattr(exc, 'strerror', None) or exc})") from None
+    gbnf_escapes(v)
     if not ROOT_RULE.search(v):
         raise ValueError("has no `root` rule: an answer is what `root` matches (root ::= ...)")
     return v
+
+
+# GBNF's literals ("..." and [...]) and comments; llama.cpp's parser reads \uXXXX and \UXXXXXXXX
+# in a literal as a code point, and writes whatever it names as UTF-8 bytes
+GBNF_LITERAL = re.compile(r'#[^\n]*|"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]', re.DOTALL)
+GBNF_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|.)", re.DOTALL)
+
+
+def gbnf_escapes(text: str) -> None:
+    """ValueError for a GBNF escape naming no character (a surrogate's half, or past U+10FFFF):
+    the grammar would make the model write bytes that are not UTF-8."""
+    for literal in GBNF_LITERAL.finditer(text):
+        if literal.group().startswith("#"):
+            continue
+        for escape in GBNF_ESCAPE.finditer(literal.group()):
+            digits = escape.group(1) or escape.group(2)
+            point = int(digits, 16) if digits else 0
+            why = "is half of a surrogate pair" if 0xD800 <= point <= 0xDFFF else \
+                "is past the last code point, U+10FFFF" if point > 0x10FFFF else None
+            if why is not None:
+                raise ValueError(f"the escape {escape.group()} at character {literal.start() + escape.start() + 1} "
+                                 f"names U+{point:04X}, which {why}: must be text UTF-8 can write")

@@ -64,10 +64,10 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
     """The records of a question file as they are read. `fmt`: the job's input_format (None: by
     extension and content, runner/files/formats/detect.py)."""
     head = _head(path)
+    if fmt in (None, "csv", "json"):  # by extension too (.csv, .json), before its format's reader refuses it
+        _no_batch_output(path, head)
     requested, fmt = fmt, input_format(path, head, fmt)
     hint = _openai_hint(fmt, requested)
-    if fmt in ("csv", "json"):
-        _no_batch_output(path, head)
     if fmt == "json":
         text = read_text(path)
         items = ((line, obj, json.dumps(obj, sort_keys=True).encode()) for line, obj in json_array(path, text))

@@ -99,9 +99,10 @@ class JobPaths:
 def job_paths(input_path: str, model: str, output: str, report: Optional[str] = None,
               job_file: Optional[str] = None, errors_output: Optional[str] = None) -> JobPaths:
     """The job's files, outputs resolved through symlinks, checked: distinct and writable."""
-    for path in (output, report, errors_output):
+    for role, path in ((OUTPUT, output), (REPORT, report), (ERRORS_OUTPUT, errors_output)):
         if path:
             check_not_a_stream(path)
+            check_file_name(path, role)  # before realpath, which drops a trailing slash
     paths = JobPaths(input_path, model, os.path.realpath(output),
                      os.path.realpath(report) if report else None, job_file,
                      os.path.realpath(errors_output) if errors_output else None)
@@ -187,7 +188,15 @@ def check_writable(path: str, role: str) -> None:
         raise OutputError(f"{path}: the folder of {role}, {_not_a_folder(folder)}")
     if Path(path).is_dir():
         raise OutputError(f"{path}: {role} is a directory, not a file")
+    check_file_name(path, role)
     _probe_write(path, folder, role)
+
+
+def check_file_name(path: str, role: str) -> None:
+    """OutputError for a path ending in a separator (`-o plots/`): it names a folder, and a file
+    written there would drop the separator and take the folder's name."""
+    if path.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
+        raise OutputError(f"{path}: {role} is a folder's name (it ends in {path[-1]}); give a file's path")
 
 
 def check_folder_to_make(path: str, folder_of: str, role: str) -> None:

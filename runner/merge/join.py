@@ -53,8 +53,7 @@ def merge_rows(parts: Sequence[Part], order: Optional[Sequence[str]] = None, que
         own: set[str] = set()  # this part's ids: one twice in it is no matter of two parts
         for row in part.rows:
             if row.qid in own:
-                raise InputError(f"id {quote(row.qid)} appears twice in {part.path}, at lines "
-                                 f"{_line(rows[row.qid])} and {_line(row)}")
+                raise InputError(f"id {quote(row.qid)} appears twice in {part.path}, at {_places(rows[row.qid], row)}")
             if row.qid in rows:
                 raise InputError(f"id {quote(row.qid)} is in two parts: {rows[row.qid].where} and {row.where} "
                                  "(a part given twice, or parts of two different splits?)")
@@ -71,6 +70,14 @@ def merge_rows(parts: Sequence[Part], order: Optional[Sequence[str]] = None, que
 
 def _line(row: PartRow) -> str:
     return row.where.rpartition(":")[2]  # where: file:line
+
+
+def _places(first: PartRow, second: PartRow) -> str:
+    """Where two rows of one part are: their lines, or, on one line (a JSON array written on one),
+    their places in the array."""
+    if _line(first) != _line(second):
+        return f"lines {_line(first)} and {_line(second)}"
+    return f"items {first.item} and {second.item} of the array (both on line {_line(first)})"
 
 
 def render_merged(merged: Merged, fmt: str, id_field: str = "questionID", columns: Sequence[str] = (),

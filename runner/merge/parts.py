@@ -67,6 +67,7 @@ class PartRow:
     answered: bool  # holds an answer (no error)
     fields: Optional[dict[str, Any]] = None  # json, jsonl, csv
     line: Optional[str] = None  # openai: the output line as it is
+    item: int = 0  # json: its place in the array, from 1 (items of one line share `where`)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ def read_part(path: str, id_field: str = "questionID") -> Part:
                 for line, row in csv_rows(path, text, {id_field: "--id-field"})]
         return Part(path, fmt, rows, tuple(next(csv.reader(io.StringIO(text, newline="")), [])))
     items = json_array(path, text) if fmt == "json" else json_lines(path, text)
-    return Part(path, fmt, [_row(f"{path}:{line}", obj, id_field) for line, obj in items])
+    return Part(path, fmt, [_row(f"{path}:{line}", obj, id_field, item)
+                            for item, (line, obj) in enumerate(items, start=1)])
 
 
 def part_format(path: str, text: str) -> str:
@@ -110,11 +112,11 @@ def part_format(path: str, text: str) -> str:
     return fmt
 
 
-def _row(where: str, obj: Any, id_field: str) -> PartRow:
+def _row(where: str, obj: Any, id_field: str, item: int = 0) -> PartRow:
     if not isinstance(obj, dict):
         raise InputError(f"{where}: each answer must be a JSON object, got {type(obj).__name__}")
     answered = obj.get("answer") is not None and not obj.get("error")
-    return PartRow(row_id(where, obj, id_field), where, answered, fields=obj)
+    return PartRow(row_id(where, obj, id_field), where, answered, fields=obj, item=item)
 
 
 def _openai_rows(path: str, text: str) -> Iterable[PartRow]:

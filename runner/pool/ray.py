@@ -71,13 +71,17 @@ def check_address(address: str, shown: Optional[str] = None) -> None:
     shown: how the messages name it (what `auto` resolved to, and where from); None: the address."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError(f"ray_address: must be auto or HOST:PORT (a Ray head's GCS address, as "
-                          f"`ray start --head` prints it), got {shown or address!r}")
+        if shown is not None:  # auto's, which the user did give: the value it found is at fault
+            raise ConfigError(f"ray_address {shown}: not {HOST_PORT}")
+        raise ConfigError(f"ray_address: must be auto or {HOST_PORT}, got {address!r}")
     where = f"ray_address {shown or address}"
     first = _first_answer(where, host, int(port))
     if len(first) < 4 or first[3] != HTTP2_SETTINGS:
         raise ConfigError(f"{where}: {_what_answered(first)}, not a Ray head; {GIVE_GCS}")
     _check_gcs(address, where, token_taken=shown is not None)
+
+
+HOST_PORT = "HOST:PORT (a Ray head's GCS address, as `ray start --head` prints it)"
 
 
 def resolve_auto() -> tuple[str, str]:
@@ -90,16 +94,31 @@ def resolve_auto() -> tuple[str, str]:
         from ray._private.utils import get_ray_address_file, read_ray_address
     except ImportError:
         return "", ""
+    given = os.environ.get("RAY_ADDRESS", "")
+    if given not in ("", "auto", "local"):  # Ray's own words would name neither it nor its fault
+        _check_env_address(given)
     try:
         address = canonicalize_bootstrap_address("auto")
     except (ConnectionError, ValueError) as exc:  # no cluster found: ray.init's own words
         raise ConfigError(f"ray_address auto: {str(exc).splitlines()[0]}") from None
     if not address:
         return "", ""
-    source = ("RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else
-              get_ray_address_file(None) if _canonical(read_ray_address(None)) == address
+    # named as the user set it: Ray's helper turns a loopback host into this machine's address
+    written = (read_ray_address(None) or "").strip()
+    source = (f"RAY_ADDRESS={given}" if given not in ("", "auto") else
+              f"{get_ray_address_file(None)}, which holds {written}" if _canonical(written) == address
               else "the Ray cluster running here")
-    return address, f"auto ({address}, from {source})"
+    return address, f"auto ({source}{'' if source.endswith(address) else f', which Ray resolves to {address}'})"
+
+
+def _check_env_address(given: str) -> None:
+    """ConfigError for a RAY_ADDRESS that `auto` cannot join, naming it."""
+    if given.startswith("ray://"):
+        raise ConfigError(f"ray_address auto: RAY_ADDRESS {given!r} is a Ray Client (ray://) address, which ggbatch "
+                          f"does not join: set RAY_ADDRESS to the head's {HOST_PORT}, or unset it")
+    host, _, port = given.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"ray_address auto: RAY_ADDRESS {given!r} is not {HOST_PORT}")
 
 
 def _canonical(address: Optional[str]) -> Optional[str]:

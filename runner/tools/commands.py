@@ -60,7 +60,9 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     from ..model.make import modelgen
 
     if args.vocab and not os.path.isfile(args.vocab):
-        raise ConfigError(f"{args.vocab}: vocab file not found")
+        folder = os.path.isdir(args.vocab)
+        why = "the vocab file (--vocab) is a directory, not a file" if folder else "vocab file not found"
+        raise ConfigError(f"{args.vocab}: {why}")
     try:
         path = modelgen.make_model(args.out, args.shape, vocab=args.vocab, quant=args.quant, seed=args.seed,
                                    tie_embeddings=args.tie_embeddings, reasoning=args.reasoning)
@@ -169,9 +171,9 @@ def _check_bench_outputs(args: argparse.Namespace, model: str) -> None:
             bench.require_matplotlib()
         except ImportError as exc:
             raise ConfigError(str(exc)) from None
-        from .plot import image_format
+        from .plot import check_writable_format
 
-        image_format(args.plot)  # a format matplotlib does not know, refused before the benchmark
+        check_writable_format(args.plot)  # .xyz, or .pgf without TeX, refused before the benchmark
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

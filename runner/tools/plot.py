@@ -180,17 +180,30 @@ def write_figure(fig: Any, path: str, role: str, dpi: int) -> None:
     the command, for the error."""
     import matplotlib.pyplot as plt
 
-    picture = io.BytesIO()
     try:
-        fmt = image_format(path)
-    except ConfigError:
+        picture = _drawn(fig, path, dpi)
+    finally:
         plt.close(fig)
-        raise
+    write_atomic(path, picture, role)
+
+
+def check_writable_format(path: str) -> None:
+    """ConfigError, as write_figure gives it, unless matplotlib can write `path`'s format here: a
+    figure of one character is drawn in memory (an empty one would not show that .pgf's TeX is
+    missing: TeX is started to measure text), so a command that draws after its work refuses first."""
+    from matplotlib.figure import Figure
+
+    probe = Figure(figsize=(0.2, 0.2))
+    probe.text(0, 0, "x")
+    _drawn(probe, path, 10)
+
+
+def _drawn(fig: Any, path: str, dpi: int) -> bytes:
+    fmt = image_format(path)
+    picture = io.BytesIO()
     try:
         fig.savefig(picture, dpi=dpi, format=fmt)
     except (RuntimeError, OSError, ValueError) as exc:
         why = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError(f"{path}: matplotlib cannot write .{fmt} files here: {why}") from None
-    finally:
-        plt.close(fig)
-    write_atomic(path, picture.getvalue(), role)
+    return picture.getvalue()

@@ -63,7 +63,8 @@ def completion_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
 def text_offsets(pieces: Sequence[bytes]) -> list[int]:
     """Each piece's start in the text all of them decode to, in characters: a piece holding part of
     a character starts at that character (bytes E6 97 A5 split three ways all start at 旗's), so
-    the offsets count the decoded text, not each piece's own U+FFFD."""
+    the offsets count the decoded text, not each piece's own U+FFFD. An empty piece starts where
+    the next character does."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     offsets, chars = [], 0
     for piece in pieces:
@@ -72,5 +73,7 @@ def text_offsets(pieces: Sequence[bytes]) -> list[int]:
             chars += len(decoder.decode(bytes((byte,))))
             pending = bool(decoder.getstate()[0])  # the byte waits in a character not yet complete
             start = (chars if pending else chars - 1) if start is None else start
-        offsets.append(chars + (1 if decoder.getstate()[0] else 0) if start is None else start)
+        # an empty piece starts where the next character does: one pending (its bytes begun) is
+        # at `chars` too, whether it completes or comes out as U+FFFD, so offsets never decrease
+        offsets.append(chars if start is None else start)
     return offsets
