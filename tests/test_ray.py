@@ -101,6 +101,10 @@ def test_ray_settings_are_checked():
         build_config([("t", {**base, "backend": "spark"})])
     with pytest.raises(ConfigError, match="ray_address: must be auto or HOST:PORT"):
         build_config([("t", {**base, "backend": "ray", "ray_address": "10.0.0.1"})])
+    # its host:port looks like one; ray.init would say only `Invalid address format`
+    with pytest.raises(ConfigError, match=r"^t: ray_address: is a Ray Client \(ray://\) address, which ggbatch "
+                                          "does not join: give the head's HOST:PORT"):
+        build_config([("t", {**base, "backend": "ray", "ray_address": "ray://10.0.0.1:10001"})])
     with pytest.raises(ConfigError, match="ray_address: auto is for backend: ray"):
         build_config([("t", {**base, "ray_address": "auto"})])
 

@@ -179,6 +179,9 @@ def ray_address(v: Any) -> Optional[str]:
     """auto (the cluster this machine belongs to) or HOST:PORT, a Ray head's GCS address."""
     if v is None:
         return None
+    if isinstance(v, str) and v.startswith("ray://"):  # its host:port would pass the check below
+        raise ValueError("is a Ray Client (ray://) address, which ggbatch does not join: give the head's "
+                         "HOST:PORT (its GCS address, as `ray start --head` prints it)")
     if not isinstance(v, str) or not (v == "auto" or (":" in v and v.rpartition(":")[2].isdigit()
                                                      and v.rpartition(":")[0])):
         raise ValueError("must be auto or HOST:PORT (a Ray head's address, as `ray start --head` prints it)")
