@@ -283,13 +283,13 @@ def test_make_model_writes_through_a_link_and_refuses_streams_and_its_vocab(tmp_
 
 
 @pytest.mark.timeout(120)
-def test_make_model_refusals_are_one_line_naming_the_file(tmp_path: Path) -> None:
+def test_make_model_refusals_are_one_line_naming_the_file(tmp_path: Path, demo_model: str) -> None:
     adir, q = tmp_path / "adir", tmp_path / "q.jsonl"
     adir.mkdir()
     q.write_text('{"id": "1", "question": "hi"}\n')
     short, cut = tmp_path / "short.gguf", tmp_path / "cut.gguf"
     short.write_text("hi\n")
-    cut.write_bytes((MODELS / "stories260K.gguf").read_bytes()[:3000])  # its header cut short
+    cut.write_bytes(Path(demo_model).read_bytes()[:3000])  # its header cut short
     cases = [
         ([adir], f"{adir}: the model is a directory, not a file"),
         # procfs takes no new file, even from root: the folder probe fails where the write would have

@@ -14,7 +14,8 @@ from helpers import write_questions
 
 pytestmark = pytest.mark.timeout(240)
 
-N = 192  # questions of 192 tokens, 2 slots a worker: several seconds on the demo model with 2 workers
+N = 192  # questions of TOKENS tokens, 2 slots a worker: about 10 s on the demo model with 2 workers
+TOKENS = 512  # a CPU sample needs an interval: the plot's CPU panel has a line, not one dot a worker
 
 LINE_COLOURS = {"k": (0, 0, 0), "C0": (31, 119, 180), "C1": (255, 127, 14)}  # matplotlib's defaults
 
@@ -40,7 +41,7 @@ def real_run(tmp_path_factory, demo_model):
     workers = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
     report = tmp / "r.json"
     r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp / "a.json", "--report", report,
-                "--max-tokens", 192, "--ignore-eos", "--workers", workers, "--slots", 2)
+                "--max-tokens", TOKENS, "--ignore-eos", "--workers", workers, "--slots", 2)
     assert r.returncode == 0, r.stderr
     return report, json.loads(report.read_text()), workers
 
@@ -58,7 +59,7 @@ def test_the_report_holds_a_timeline_whose_totals_are_the_runs(real_run):
     assert set(end["workers"]) == {str(w) for w in range(workers)}
     # The engines' counters are whole at the end: every generated token, and every prompt token
     # decoded (the shared prefix is decoded once per worker, outside the questions' count).
-    assert end["generated_tokens"] == rep["tokens"]["generated"] == N * 192
+    assert end["generated_tokens"] == rep["tokens"]["generated"] == N * TOKENS
     assert end["prompt_tokens"] == rep["tokens"]["prompt"] - N * rep["layout"]["shared_prefix_tokens"]
     for w in end["workers"].values():
         assert w["pss_mib"] > 0 and w["threads"] >= 1
