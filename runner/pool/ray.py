@@ -69,13 +69,13 @@ def import_ray() -> Any:
 def check_address(address: str, shown: Optional[str] = None) -> None:
     """One line and exit 2 for an address with no Ray head behind it, in seconds, not minutes.
     shown: how the messages name it (what `auto` resolved to, and where from); None: the address."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    host_port = _host_port(address)
+    if host_port is None:
         if shown is not None:  # auto's, which the user did give: the value it found is at fault
             raise ConfigError(f"ray_address {shown}: not {HOST_PORT}")
         raise ConfigError(f"ray_address: must be auto or {HOST_PORT}, got {address!r}")
     where = f"ray_address {shown or address}"
-    first = _first_answer(where, host, int(port))
+    first = _first_answer(where, *host_port)
     if len(first) < 4 or first[3] != HTTP2_SETTINGS:
         raise ConfigError(f"{where}: {_what_answered(first)}, not a Ray head; {GIVE_GCS}")
     _check_gcs(address, where, token_taken=shown is not None)
@@ -116,9 +116,14 @@ def _check_env_address(given: str) -> None:
     if given.startswith("ray://"):
         raise ConfigError(f"ray_address auto: RAY_ADDRESS {given!r} is a Ray Client (ray://) address, which ggbatch "
                           f"does not join: set RAY_ADDRESS to the head's {HOST_PORT}, or unset it")
-    host, _, port = given.rpartition(":")
-    if not host or not port.isdigit():
+    if _host_port(given) is None:
         raise ConfigError(f"ray_address auto: RAY_ADDRESS {given!r} is not {HOST_PORT}")
+
+
+def _host_port(address: str) -> Optional[tuple[str, int]]:
+    """(host, port) of a HOST:PORT address; None for anything else."""
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
 
 
 def _canonical(address: Optional[str]) -> Optional[str]:
