@@ -9,7 +9,9 @@ Its behaviour is a `Fake`, a picklable EngineFactory that goes where the real en
     Fake(slow=0.01)                         sleep per step (seconds)
     Fake(exit_after=N, marker=P)            os._exit(3) after N answers, once (P marks that it happened)
     Fake(raise_after=N, marker=P)           raise RuntimeError after N answers, once
-    Fake(exit_every=N)                      every worker life ends with os._exit(3) after N answers
+    Fake(exit_every=N)                      every worker life ends with os._exit(3) after N answers, at its
+                                            first step holding two questions or more (a death holding one
+                                            alone is what a question that kills workers looks like)
     Fake(segv_on=QID)                       crash with SIGSEGV whenever QID is admitted
     Fake(memory_on=QID)                     ask for more memory than any address space holds whenever QID
                                             is answered ("*": every question): MemoryError, and the worker dies
@@ -125,8 +127,12 @@ class FakeEngine:
             Path(fake.started).touch()
         if fake.first_step_threads_to and self.steps == 1:
             Path(fake.first_step_threads_to).write_text(str(self._threads))
-        if fake.exit_every and self.answered >= fake.exit_every:
-            os._exit(3)  # after the last answers went out, holding the next ones
+        if fake.exit_every and self.answered >= fake.exit_every and len(self.waiting) > 1:
+            # After the last answers went out, holding the next ones: a random kill between answers.
+            # Dying at once holds whatever came next, and a lone suspect retried on a worker due to
+            # die would be failed as a killer after two such deaths (the pool is right to: see
+            # runner/pool/crashes.py).
+            os._exit(3)
         if fake.slow:
             time.sleep(fake.slow)
         out, self.refused = self.refused, []
