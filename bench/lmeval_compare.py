@@ -120,19 +120,35 @@ def ggbatch_side(model: str, task: str, folder: Path,
     lm = GgbatchLM(model=model, **settings)
     calls = timed_calls(lm)
     try:
-        out = evaluate(lm, task, folder)
+        out, evaluating = timed_evaluate(lm, task, folder)
         stats = lm.pool.stats()
     finally:
         lm.pool.close()
     ended = time.perf_counter()
     print(f"{task} ggbatch: {ended - t0:.2f} s from the pool's start, while lm-eval builds the task, to its "
           "close", flush=True)
-    said = ", ".join(f"{name} from {start - t0:.2f} s for {took:.2f} s" for name, start, took in calls)
     workers = "; ".join(f"worker {wid}: load {w['load_s']} s, engine steps {w['engine_step_s']} s (llama_decode "
                         f"{w['engine_decode_s']}, picking tokens {w['engine_sample_s']})"
                         for wid, w in stats["workers"].items())
-    print(f"{task} ggbatch: lm-eval's calls: {said}; {workers}", flush=True)
+    print(f"{task} ggbatch: {where_time_went(calls, t0, evaluating)}; {workers}", flush=True)
     return ended - t0, out, stats
+
+
+def timed_evaluate(lm: Any, task: str, folder: Path, **kwargs: Any) -> tuple[dict[str, Any], float]:
+    """(lm-eval's output, how long simple_evaluate took)."""
+    start = time.perf_counter()
+    out = evaluate(lm, task, folder, **kwargs)
+    return out, time.perf_counter() - start
+
+
+def where_time_went(calls: list[tuple[str, float, float]], t0: float, evaluating: float) -> str:
+    """Each of lm-eval's calls on the model (when, how long), and lm-eval's own time around them:
+    simple_evaluate's time less the calls'. That part is the same work whatever the backend (the
+    task's requests built from its templates, the metrics), so no backend makes a side faster than
+    its whole time divided by it."""
+    said = ", ".join(f"{name} from {start - t0:.2f} s for {took:.2f} s" for name, start, took in calls)
+    own = evaluating - sum(took for _, _, took in calls)
+    return f"lm-eval's calls: {said}; lm-eval's own time {own:.2f} s of simple_evaluate's {evaluating:.2f} s"
 
 
 def timed_calls(lm: Any) -> list[tuple[str, float, float]]:
@@ -162,9 +178,13 @@ def llamacpp_side(model: str, folder: Path, gpu_layers: int, in_child: bool) -> 
 
     t0 = time.perf_counter()
     lm = LlamaCppOnceLM(model, n_threads=os.cpu_count(), n_gpu_layers=gpu_layers, in_child=in_child)
+    calls = timed_calls(lm)
     try:
-        out = evaluate(lm, "mmlu_val_local", folder)
-        return time.perf_counter() - t0, out, lm.tokens_computed
+        out, evaluating = timed_evaluate(lm, "mmlu_val_local", folder)
+        took = time.perf_counter() - t0
+        print(f"mmlu_val_local peer: {took:.2f} s from the model's load; {where_time_went(calls, t0, evaluating)}",
+              flush=True)
+        return took, out, lm.tokens_computed
     finally:
         lm.close()
 
@@ -172,6 +192,7 @@ def llamacpp_side(model: str, folder: Path, gpu_layers: int, in_child: bool) -> 
 def server_side(model: str, folder: Path, gpu_layers: int, port: int = 18111) -> tuple[float, dict[str, Any]]:
     """(seconds of lm-eval's local-completions run against the loaded server, lm-eval's output)."""
     import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
+    from lm_eval.api.registry import get_model
 
     # The server's weights as ggbatch's plan has them here (bench/plain_weights.py).
     serve = ("import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); import plain_weights; "
@@ -185,8 +206,14 @@ def server_side(model: str, folder: Path, gpu_layers: int, port: int = 18111) ->
         args = {"model": "bench", "base_url": f"http://127.0.0.1:{port}/v1/completions", "num_concurrent": 1,
                 "tokenized_requests": False, "tokenizer_backend": None, "max_retries": 1, "timeout": 3600}
         t0 = time.perf_counter()
-        out = evaluate("local-completions", "gsm8k_local", folder, model_args=args)
-        return time.perf_counter() - t0, out
+        # The model made here as simple_evaluate would make it from its name, so its calls are timed.
+        lm = get_model("local-completions").create_from_arg_obj(args, {"batch_size": None, "max_batch_size": None,
+                                                                      "device": None})
+        calls = timed_calls(lm)
+        out, evaluating = timed_evaluate(lm, "gsm8k_local", folder)
+        took = time.perf_counter() - t0
+        print(f"gsm8k_local peer: {took:.2f} s; {where_time_went(calls, t0, evaluating)}", flush=True)
+        return took, out
     finally:
         server.terminate()
         server.wait(30)
