@@ -166,6 +166,28 @@ def test_a_shared_context_is_computed_once(stories):
     assert stats["prompt_computed"] < every / 2
 
 
+def test_a_questions_context_is_computed_once_however_many_questions_wait(stories):
+    """Twenty questions of four continuations of several tokens each, as many slots, a step
+    computing a few contexts: a question's continuations wait behind its first one and take the
+    context it leaves in its slot, and no other question's copy takes that slot meanwhile (which
+    once made such a run compute its contexts 1.5-2 times over)."""
+    import random
+
+    rng = random.Random(5)
+    tok = tokenizer_of(stories)
+    pairs = []
+    for _ in range(20):
+        context = list(tok.tokenize(" ".join(rng.choice(STORY_WORDS) for _ in range(90))))
+        pairs += [(context, list(tok.tokenize(" " + " ".join(rng.choice(STORY_WORDS) for _ in range(3)),
+                                              add_bos=False))) for _ in range(4)]
+    tok.close()
+    stats: dict = {}
+    engine_scores(stories, pairs, slots=20, stats=stats, grouped=True, prefix_cache=True, kv_unified=False)
+    contexts = {tuple(ctx) for ctx, _ in pairs}
+    once = sum(len(c) for c in contexts) + sum(len(cont) + 1 for _, cont in pairs)
+    assert stats["prompt_computed"] <= once, (stats["prompt_computed"], once)
+
+
 def letter_pairs(model: str, n_contexts: int = 5) -> list[tuple[list, list]]:
     """MMLU's shape: contexts each with four one-token continuations, the first of them the
     context's greedy next token (so is_greedy is seen true as well as false)."""

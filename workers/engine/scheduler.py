@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from array import array
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -81,6 +81,12 @@ class Scheduler:
         self.contents = contents
         self.memory = memory
         self.prefix_id = invariant.prefix_seq_id(slots, batch_invariant)  # where the shared prefix is
+        # A scored question's continuations wait together, each a sequence starting from the context
+        # the first one leaves in its slot (workers/engine/loglik.py): how many of each question's
+        # wait, and which free slot keeps whose context (_wanted).
+        # Keyed by the question's loglik.Parent itself (held, so never confused with a later one).
+        self.waiting_continuations: Counter[object] = Counter()
+        self.context_of: dict[int, object] = {}
 
     @property
     def n_unfinished(self) -> int:
@@ -88,6 +94,11 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self._count_waiting(seq, 1)
+
+    def _count_waiting(self, seq: Sequence, n: int) -> None:
+        if seq.scoring is not None:
+            self.waiting_continuations[seq.scoring.parent] += n
 
     def admit(self) -> list[Sequence]:
         """Move waiting sequences into free slots, in order, each with where its KV starts
@@ -114,6 +125,7 @@ class Scheduler:
             if self.kv_budget is not None and self.running and self.kv_reserved + need > self.kv_budget:
                 break  # wait for a running sequence to finish and give its cells back
             del self.waiting[i]
+            self._count_waiting(seq, -1)
             self.free_ids.remove(slot)
             heapq.heapify(self.free_ids)
             if start.source in wanted:
@@ -123,6 +135,7 @@ class Scheduler:
             if self.contents:
                 for slot in (seq.seq_id, *seq.fork_ids):
                     self.contents.forget(slot)
+                    self.context_of.pop(slot, None)
             seq.kv_reserved = need
             self.kv_reserved += need
             self.running.append(seq)
@@ -146,10 +159,17 @@ class Scheduler:
 
     def _wanted(self) -> dict[int, int]:
         """With the prefix cache: free slot -> waiting questions that start best from what it keeps
-        (the first few: those admitted soon)."""
+        (the first few: those admitted soon; and a scored question's continuations still waiting,
+        wherever they are in the queue, for the slot keeping its context: given to another
+        question's copy, the context would be computed again)."""
         if not self.contents:
             return {}
-        return self.contents.wanted_kept(itertools.islice(self.waiting, 2 * len(self.free_ids)), self.running)
+        wanted = self.contents.wanted_kept(itertools.islice(self.waiting, 2 * len(self.free_ids)), self.running)
+        for slot in self.free_ids:
+            question = self.context_of.get(slot)
+            if question is not None and self.waiting_continuations[question] and slot in self.contents.kept:
+                wanted.setdefault(slot, self.waiting_continuations[question])
+        return wanted
 
     def _slot_for(self, seq: Sequence, wanted: dict[int, int]) -> int:
         """The lowest free slot; with the prefix cache the one whose kept prompt this question
@@ -188,6 +208,7 @@ class Scheduler:
                 break  # in order, or the free slot keeps a prompt a waiting question starts from
             old = top.seq_id
             top.seq_id = heapq.heapreplace(self.free_ids, old)
+            self.context_of.pop(top.seq_id, None)
             moves.append((top, old))
         return moves
 
@@ -237,6 +258,7 @@ class Scheduler:
         """Forget the sequences not yet admitted (stopping); returns how many."""
         n = len(self.waiting)
         self.waiting.clear()
+        self.waiting_continuations.clear()
         return n
 
     def release(self, seq: Sequence) -> None:
@@ -244,6 +266,10 @@ class Scheduler:
         self.running.remove(seq)
         for slot in (seq.seq_id, *seq.fork_ids):  # slots held for samples that never forked go back too
             heapq.heappush(self.free_ids, slot)
+        if seq.scoring is not None:
+            self.context_of[seq.seq_id] = seq.scoring.parent
+        else:
+            self.context_of.pop(seq.seq_id, None)
         seq.fork_ids = []
         self.kv_reserved -= seq.kv_reserved
         seq.kv_reserved = 0
@@ -257,6 +283,7 @@ class Scheduler:
         self.release(seq)
         seq.reset_to_waiting()
         self.waiting.appendleft(seq)
+        self._count_waiting(seq, 1)
         return seq, slot
 
 
