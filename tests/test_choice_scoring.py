@@ -93,6 +93,20 @@ def test_sums_match_llama_cpp_python_and_the_picks_are_acc_and_acc_norm(tmp_path
     assert rep["generation"]["answer"]["choice_scoring"] == "loglikelihood"
 
 
+def test_with_the_prefix_cache_off_the_summary_says_what_the_choices_computed(tmp_path, stories):
+    # each choice of several tokens computes its prompt then: more than the prompts hold, which
+    # the summary says (it said nothing of it without the cache)
+    q = write_jsonl(tmp_path / "q.jsonl", story_records(4))
+    r = run(stories, q, tmp_path / "a.jsonl", "--choices", ",".join(CHOICES), "--choice-scoring", "loglikelihood",
+            "--prefix-cache", "off", "--report", tmp_path / "rep.json")
+    assert r.returncode == 0, r.stderr
+    cache = json.loads((tmp_path / "rep.json").read_text())["prefix_cache"]
+    assert cache["prompt_tokens_computed"] > cache["prompt_tokens"]
+    share = 100 * cache["computed_share"]
+    said = f"{cache['prompt_tokens_computed']} prompt tokens computed ({share:.0f}%: prefix cache off)"
+    assert said in r.stdout + r.stderr, r.stdout
+
+
 def test_choices_auto_in_csv_and_a_resumed_job_writes_the_same_file(tmp_path, stories):
     records = story_records(12, auto=True)
     q = write_jsonl(tmp_path / "q.jsonl", records)

@@ -242,10 +242,15 @@ def _gpu_summary(report: RunReport) -> str:
 
 
 def _cache_summary(cache: dict[str, Any]) -> str:
-    if not cache["active"]:
-        return ""
-    return (f"; {cache['prompt_tokens_computed']} prompt tokens computed "
-            f"({100 * (cache['computed_share'] or 0):.0f}%: prefix cache, {cache['hits']} hits)")
+    """The prompt tokens computed beside the prompts' own count: always with the prefix cache, and
+    without it where they are more (choices of several tokens each compute their prompt then)."""
+    share = cache["computed_share"]
+    if cache["active"]:
+        return (f"; {cache['prompt_tokens_computed']} prompt tokens computed "
+                f"({100 * (share or 0):.0f}%: prefix cache, {cache['hits']} hits)")
+    if share is not None and share > 1.0:
+        return f"; {cache['prompt_tokens_computed']} prompt tokens computed ({100 * share:.0f}%: prefix cache off)"
+    return ""
 
 
 def _threads_summary(changes: Sequence[Mapping[str, Any]]) -> list[str]:
