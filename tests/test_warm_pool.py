@@ -36,6 +36,21 @@ def test_a_warm_pool_answers_calls_as_answer_does_and_leaves_no_process(demo_mod
 
 
 @pytest.mark.timeout(120)
+def test_stats_count_the_answers_callers_got_failures_apart(demo_model):
+    """stats()["answered"] counted prompts finished, failures included: a duplicate question
+    counted once, a prompt too long for the context as answered."""
+    with ggbatch.Pool(model=demo_model, max_tokens=4, workers=1, model__n_ctx=64) as pool:
+        first = pool.answer(["Once upon a time", "The little dog", "Once upon a time"])
+        after_first = pool.stats()
+        second = pool.answer([" ".join(["the little dog ran home"] * 40), "A cat"])
+        after_second = pool.stats()
+    assert [a.error is None for a in first] == [True, True, True]
+    assert [a.error is None for a in second] == [False, True]
+    assert (after_first["answered"], after_first["failed"]) == (3, 0)
+    assert (after_second["answered"], after_second["failed"]) == (4, 1)
+
+
+@pytest.mark.timeout(120)
 def test_overrides_change_one_call_only(demo_model):
     with ggbatch.Pool(model=demo_model, max_tokens=8) as pool:
         short = pool.answer(["Once upon a time"], max_tokens=2)

@@ -100,6 +100,10 @@ class Calls:
         self._numbers = itertools.count()
         self._open: dict[str, tuple[Call, str]] = {}  # pool's qid -> (call, the caller's id)
         self._ended: Optional[BaseException] = None
+        # what the callers were given, one per id of a call (an identical prompt's too), as a job's
+        # report counts records: with an answer, with an error (pool.stats())
+        self.answered = 0
+        self.failed = 0
 
     def open(self, answered_as: Sequence[tuple[str, str]], questions: Sequence[Question],
              rejected: dict[str, Answer], on_answered: Optional[Callable[[list[str]], None]] = None,
@@ -151,6 +155,10 @@ class Calls:
             made = answer if answer is not None and answer.error is None else None
             rows.append(replace(answered(qid, fields), scored=answer.scored if answer is not None else None,
                                 completion=made.text if made is not None else None))
+        failed = sum(row.error is not None for row in rows)
+        with self._lock:
+            self.answered += len(rows) - failed
+            self.failed += failed
         if not call.future.done():
             call.future.set_result(rows)
 

@@ -78,7 +78,7 @@ class Progress:
         self._total = total
         self._estimate: Optional[int] = None  # a streamed file's questions in all, until its last window is in
         self.max_tokens = 0  # per answer: the expected length before any answer is in
-        self.done = 0
+        self.done = 0  # questions finished, answered or failed
         self.failed = 0
         self.done_tokens = 0  # generated tokens of the finished answers
         self.generated = 0  # generated tokens, finished answers or not (the engines' counters)
@@ -166,9 +166,10 @@ class Progress:
             self._last_log = time.perf_counter()
             elapsed = self._last_log - self._t0
             rate = self.done / elapsed if elapsed > 0 else 0.0
-            log.info("%d/%s%d answered (%d failed), %.2f q/s, %.1f generated tok/s, %.1f prompt tok/s, ETA %s",
-                     self.done, "" if self._estimate is None else "~", self.total, self.failed, rate, gen_s, prompt_s,
-                     f"{eta:.0f} s" if eta is not None else "?")
+            # answered and failed apart, as the summary says them: a failure is no answer
+            log.info("%d/%s%d done: %d answered, %d failed, %.2f q/s, %.1f generated tok/s, %.1f prompt tok/s, "
+                     "ETA %s", self.done, "" if self._estimate is None else "~", self.total, self.done - self.failed,
+                     self.failed, rate, gen_s, prompt_s, f"{eta:.0f} s" if eta is not None else "?")
 
     def close(self) -> None:
         if self._bar is not None:
