@@ -141,7 +141,6 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                         counts = _write_answers(config, preparer, journal, ended,
                                                 _output_spec(config, preparer, formats[1], clock["started_at"]))
                         setup = _setup(config, model, preparer, growth, formats)
-                        watch.tally.add(preparer.made.rejected.values(), made=False)
                     _say_cut(counts)
     report = _report(setup, counts, pool, watch, clock)
     if ended is not None:
@@ -340,7 +339,8 @@ def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ende
         for qid, first in preparer.maker.ids.answered_as():
             rejected = made.rejected.get(qid)
             answer = rejected or journal.answer(first)
-            counts.count(answer, from_journal=rejected is None and answer is not None and first in made.from_journal)
+            counts.count(qid, answer,
+                         from_journal=rejected is None and answer is not None and first in made.from_journal)
             yield Row(qid, answer, f"not answered: {why}" if answer is None else answer.error)
 
     write_answers(config.output, rows(), spec, config.errors_output)

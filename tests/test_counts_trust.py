@@ -106,6 +106,23 @@ def test_latency_is_null_not_zero_when_no_answer_was_timed(tmp_path, demo_model)
 
 @pytest.mark.model
 @pytest.mark.timeout(240)
+def test_the_reports_errors_name_every_failed_record_duplicates_included(tmp_path, demo_model):
+    """Two records of one prompt too long for the context: `failed` said 2, `errors` named one."""
+    long = "word " * 300
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"questionID": "ok", "question": "Once upon a time"},
+                                                   {"questionID": "long-1", "question": long},
+                                                   {"questionID": "long-2", "question": long}])
+    report = tmp_path / "r.json"
+    r = run(demo_model, questions, tmp_path / "a.json", "--n-ctx", 64, "--max-tokens", 4, "--report", report)
+    assert r.returncode == 1, r.stderr
+    rep = json.loads(report.read_text())
+    assert rep["questions"]["failed"] == 2
+    assert [e["questionID"] for e in rep["errors"]] == ["long-1", "long-2"]
+    assert rep["errors"][0]["error"] == rep["errors"][1]["error"] and "prompt has" in rep["errors"][0]["error"]
+
+
+@pytest.mark.model
+@pytest.mark.timeout(240)
 def test_untokenizable_duplicates_are_counted_by_record_and_as_one_prompt(tmp_path):
     from conftest import MODELS, require
 

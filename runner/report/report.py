@@ -124,7 +124,7 @@ class RunReport:
                 "llama_cpp_python_version": self.versions["llama_cpp_python"],
                 "model": self.setup.model.as_report(), "layout": self._layout(),
                 "generation": self._generation(), "questions": self._questions(),
-                "errors": [{"questionID": qid, "error": error} for qid, error in self.outcome.tally.errors],
+                "errors": [{"questionID": qid, "error": error} for qid, error in self.outcome.records.errors],
                 **self._throughput(), "timings_s": self._timings(),
                 "workers": {str(w.worker_id): self._worker(w) for w in self.outcome.workers},
                 "prefix_cache": self._prefix_cache(), "memory": self._memory(), "threads": self._threads(),
