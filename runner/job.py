@@ -287,6 +287,7 @@ def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], fe
             feed.read_rest()
         return exc
     finally:
+        watch.end(pool)
         STOP.detach()  # the pool is done: a signal from now on ends the run as it is written
         if feed is not None:
             feed.close()
