@@ -135,6 +135,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                         clock["prepared"] = time.perf_counter()
                         _start_run(watch, first, prompting, growth, pool, None if rest is None else streamed_total(
                             first, stream.records_guess, config.shard, journal.kept, len(preparer.made.from_journal)))
+                        watch.progress.resumed(journal.kept)
                         ended = _answer(pool, first, growth.engines(), _feed(preparer, rest, window, watch, pool,
                                                                              growth), window, watch)
                         preparer.say()

@@ -146,3 +146,18 @@ def test_a_streamed_file_shows_its_estimated_total_until_its_last_window_is_in(c
     said = [r.getMessage() for r in caplog.records]
     assert said[0].startswith("0/~8789 done") and said[-1].startswith("0/8700 done")
     assert p.total == 8700
+
+
+def test_a_resumed_runs_line_says_its_total_is_what_is_left(caplog):
+    """300 questions, 151 in the journal: the line said `0/149 answered`, as if 149 were all."""
+    p = Progress(0, stream=io.StringIO(), mode="log", log_every_s=0.0)
+    p.total, p.max_tokens, p.slots = 149, 100, 4
+    p.resumed(151)
+    logger = logging.getLogger("ggbatch")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="ggbatch"):
+            p.tick()
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert caplog.records[-1].getMessage().startswith("0/149 left (151 in the journal) done: 0 answered, ")

@@ -4,6 +4,7 @@ closed, left open: test_warm_pool_lifetime.py). The real engine on the demo mode
 engine where the model does not matter. Every test has a hard timeout: a hang is a failure."""
 
 import threading
+import time
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 
@@ -44,10 +45,15 @@ def test_stats_count_the_answers_callers_got_failures_apart(demo_model):
         after_first = pool.stats()
         second = pool.answer([" ".join(["the little dog ran home"] * 40), "A cat"])
         after_second = pool.stats()
+        time.sleep(1.0)
+        idle = pool.stats()
     assert [a.error is None for a in first] == [True, True, True]
     assert [a.error is None for a in second] == [False, True]
     assert (after_first["answered"], after_first["failed"]) == (3, 0)
     assert (after_second["answered"], after_second["failed"]) == (4, 1)
+    # a rate of the time answering: the pool's idle second leaves it as it was (it fell by a third)
+    assert idle["generated_tokens_per_s"] == after_second["generated_tokens_per_s"] > 0
+    assert idle["answering_s"] == after_second["answering_s"] < idle["elapsed_s"] - 1.0
 
 
 @pytest.mark.timeout(120)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -104,6 +105,9 @@ class Calls:
         # report counts records: with an answer, with an error (pool.stats())
         self.answered = 0
         self.failed = 0
+        # wall time with a question at the workers: a rate over the pool's age would fall while it idles
+        self._busy_s = 0.0
+        self._busy_since: Optional[float] = None
 
     def open(self, answered_as: Sequence[tuple[str, str]], questions: Sequence[Question],
              rejected: dict[str, Answer], on_answered: Optional[Callable[[list[str]], None]] = None,
@@ -117,6 +121,8 @@ class Calls:
         with self._lock:
             if self._ended is not None:
                 raise self._ended
+            if questions and not self._open:
+                self._busy_since = time.perf_counter()
             for q in questions:
                 self._open[prefix + q.qid] = (call, q.qid)
         if not questions:
@@ -138,6 +144,8 @@ class Calls:
                     heard.setdefault(id(call), (call.on_answered, []))[1].append(qid)
                 if call.waiting == 0:
                     done.append(call)
+            if not self._open:
+                self._idle()
         for tell, qids in heard.values():
             try:
                 tell(qids)
@@ -168,9 +176,23 @@ class Calls:
             self._ended = self._ended or why
             calls = {id(call): call for call, _ in self._open.values()}
             self._open.clear()
+            self._idle()
         for call in calls.values():
             if not call.future.done():
                 call.future.set_exception(why)
+
+    def _idle(self) -> None:
+        """No question is open any more (under the lock): the time answering stops."""
+        if self._busy_since is not None:
+            self._busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+
+    @property
+    def answering_s(self) -> float:
+        """Seconds some question of a call was at the workers, in all."""
+        with self._lock:
+            since = self._busy_since
+            return self._busy_s + (time.perf_counter() - since if since is not None else 0.0)
 
     @property
     def n_open(self) -> int:

@@ -19,6 +19,7 @@ def pool_stats(workers: WorkerPool, watch: RunWatch, calls: Calls, started: floa
     generated = sum(c.generated_tokens for c in counters.values())
     prompt = sum(c.prompt_tokens for c in counters.values())
     usage = watch.monitor.workers
+    answering = calls.answering_s
     return {
         # the answers the calls gave back, one per question asked (an identical prompt's too), as
         # a job's report counts records: without an error, with one
@@ -27,7 +28,9 @@ def pool_stats(workers: WorkerPool, watch: RunWatch, calls: Calls, started: floa
         "generated_tokens": generated, "prompt_tokens_computed": prompt,
         "steps": sum(c.steps for c in counters.values()),
         "busy_slots": sum(c.busy_slots for c in counters.values()),
-        "elapsed_s": round(elapsed, 3), "generated_tokens_per_s": round(generated / elapsed, 2),
+        # per second answering (a call's question at the workers): the pool's idle time left out
+        "elapsed_s": round(elapsed, 3), "answering_s": round(answering, 3),
+        "generated_tokens_per_s": round(generated / answering, 2) if answering > 0 else 0.0,
         # each change of a worker's llama.cpp threads (threads_adapt), as a job's report lists them
         "thread_changes": list(watch.thread_changes),
         "workers": {run.worker_id: {"restarts": run.restarts, "pss_mib": round(usage[run.worker_id].pss / 2**20, 1)

@@ -63,8 +63,8 @@ class AnswerTally:
 class RecordCounts:
     """The records of the input by what the answers file says of each: answered, failed (an
     error), not answered (the run ended first); how many took their answer from the journal,
-    and each one's finish reason. Every count is of records, duplicates included, so they add up
-    to the records of the input."""
+    and each one's finish reason (each sample's, for a question with several). Every other count
+    is of records, duplicates included, so they add up to the records of the input."""
 
     answered: int = 0
     failed: int = 0
@@ -87,7 +87,8 @@ class RecordCounts:
         if answer is None:
             self.not_answered += 1
             return
-        self.finish_reasons[answer.finish_reason.value] += 1
+        # each sample of a question asking for several (n > 1) ended its own way
+        self.finish_reasons.update(s.finish_reason.value for s in answer.samples or (answer,))
         self.from_journal += from_journal
         if answer.error is None:
             self.answered += 1
