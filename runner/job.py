@@ -135,13 +135,13 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                         clock["prepared"] = time.perf_counter()
                         _start_run(watch, first, prompting, growth, pool, None if rest is None else streamed_total(
                             first, stream.records_guess, config.shard, journal.kept, len(preparer.made.from_journal)))
+                        watch.progress.resumed(journal.kept)
                         ended = _answer(pool, first, growth.engines(), _feed(preparer, rest, window, watch, pool,
                                                                              growth), window, watch)
                         preparer.say()
                         counts = _write_answers(config, preparer, journal, ended,
                                                 _output_spec(config, preparer, formats[1], clock["started_at"]))
                         setup = _setup(config, model, preparer, growth, formats)
-                        watch.tally.add(preparer.made.rejected.values(), made=False)
                     _say_cut(counts)
     report = _report(setup, counts, pool, watch, clock)
     if ended is not None:
@@ -288,6 +288,7 @@ def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], fe
             feed.read_rest()
         return exc
     finally:
+        watch.end(pool)
         STOP.detach()  # the pool is done: a signal from now on ends the run as it is written
         if feed is not None:
             feed.close()
@@ -340,7 +341,8 @@ def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ende
         for qid, first in preparer.maker.ids.answered_as():
             rejected = made.rejected.get(qid)
             answer = rejected or journal.answer(first)
-            counts.count(answer, from_journal=rejected is None and answer is not None and first in made.from_journal)
+            counts.count(qid, answer,
+                         from_journal=rejected is None and answer is not None and first in made.from_journal)
             yield Row(qid, answer, f"not answered: {why}" if answer is None else answer.error)
 
     write_answers(config.output, rows(), spec, config.errors_output)

@@ -166,7 +166,8 @@ class FakeEngine:
     def stats(self) -> dict[str, float]:
         # As the real engine counts: 3 tokens generated per answer, the first two fed back.
         return {"steps": float(self.steps), "busy_slots": float(self.busy),
-                "generated_tokens": 3.0 * self.answered, "batch_tokens": float(self.prompt_tokens + 2 * self.answered)}
+                "generated_tokens": 3.0 * self.answered, "batch_tokens": float(self.prompt_tokens + 2 * self.answered),
+                "prompt_computed": float(self.prompt_tokens)}
 
     def drop_waiting(self) -> int:
         n = len(self.waiting)

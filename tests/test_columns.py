@@ -6,8 +6,8 @@ from ggbatch.runner.files import compact as columns
 from ggbatch.runner.files.compact import HashIndex, IdColumn, IdSet, text_key
 from ggbatch.runner.files.formats.rows import OutputSpec, Row
 from ggbatch.runner.files.outputs import render
-from ggbatch.runner.watch.tally import AnswerTally
-from ggbatch.workers.protocol import Answer, FinishReason
+from ggbatch.runner.watch.tally import AnswerTally, RecordCounts
+from ggbatch.workers.protocol import Answer, FinishReason, Sample
 
 
 def test_ids_come_back_in_order_whatever_their_characters():
@@ -87,12 +87,19 @@ def test_the_tally_counts_what_the_report_says():
     tally.add([Answer("a", "x", FinishReason.STOP, 10, 4, 0, 0.5, 1.0),
                Answer("b", "", FinishReason.ERROR, 5, 0, 1, 0.0, 0.3, error="boom"),
                Answer("c", "y", FinishReason.LENGTH, 7, 2, 1, 0.2, 2.0)])
-    tally.add([Answer("d", "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error="cannot tokenize")], made=False)
     assert tally.made == 3
-    assert tally.errors == [("b", "boom"), ("d", "cannot tokenize")]
     assert (tally.prompt_tokens, tally.generated_tokens) == (22, 6)
     assert list(tally.latency_s) == [1.0, 2.0] and list(tally.ttft_s) == [0.5, 0.2]
     assert tally.of_worker(1) == {"questions": 2, "generated_tokens": 2}
+
+
+def test_finish_reasons_count_every_sample_of_a_question_with_several():
+    """A line whose samples ended `stop` and `length` counted as `stop` only (its first sample)."""
+    samples = (Sample("a", FinishReason.STOP, 2), Sample("bb", FinishReason.LENGTH, 8))
+    counts = RecordCounts()
+    counts.count("q0", Answer("q0", "a", FinishReason.STOP, 3, 10, 0, 0.1, 0.5, samples=samples))
+    counts.count("q1", Answer("q1", "c", FinishReason.LENGTH, 3, 8, 0, 0.1, 0.5))
+    assert counts.finish_reasons == {"stop": 1, "length": 2} and counts.answered == 2
 
 
 def _add_from_two_threads(index: HashIndex, n: int) -> None:

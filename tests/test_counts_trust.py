@@ -85,6 +85,44 @@ def test_prompt_tokens_count_only_prompts_decoded_and_refused_ones_apart(tmp_pat
 
 @pytest.mark.model
 @pytest.mark.timeout(240)
+def test_latency_is_null_not_zero_when_no_answer_was_timed(tmp_path, demo_model):
+    """An all-failed run, and a rerun served from the journal, said `latency p50 0.00 s`."""
+    failing = write_jsonl(tmp_path / "f.jsonl", [{"questionID": "long", "question": "word " * 300}])
+    report = tmp_path / "r.json"
+    r = run(demo_model, failing, tmp_path / "f.json", "--n-ctx", 64, "--report", report)
+    assert r.returncode == 1, r.stderr
+    rep = json.loads(report.read_text())
+    nothing = {"p50": None, "p95": None, "max": None}
+    assert rep["latency_s"] == rep["ttft_s"] == nothing
+    assert "latency    n/a (no answer of this run was timed" in r.stdout and "0.00 s, p95" not in r.stdout
+    good = write_jsonl(tmp_path / "g.jsonl", [{"questionID": "a", "question": "Once upon a time"}])
+    out = tmp_path / "g.json"
+    first = run(demo_model, good, out, "--max-tokens", 4, "--report", report)
+    assert first.returncode == 0 and json.loads(report.read_text())["latency_s"]["max"] > 0, first.stderr
+    again = run(demo_model, good, out, "--max-tokens", 4, "--report", report)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(report.read_text())["latency_s"] == nothing and "latency    n/a" in again.stdout
+
+
+@pytest.mark.model
+@pytest.mark.timeout(240)
+def test_the_reports_errors_name_every_failed_record_duplicates_included(tmp_path, demo_model):
+    """Two records of one prompt too long for the context: `failed` said 2, `errors` named one."""
+    long = "word " * 300
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"questionID": "ok", "question": "Once upon a time"},
+                                                   {"questionID": "long-1", "question": long},
+                                                   {"questionID": "long-2", "question": long}])
+    report = tmp_path / "r.json"
+    r = run(demo_model, questions, tmp_path / "a.json", "--n-ctx", 64, "--max-tokens", 4, "--report", report)
+    assert r.returncode == 1, r.stderr
+    rep = json.loads(report.read_text())
+    assert rep["questions"]["failed"] == 2
+    assert [e["questionID"] for e in rep["errors"]] == ["long-1", "long-2"]
+    assert rep["errors"][0]["error"] == rep["errors"][1]["error"] and "prompt has" in rep["errors"][0]["error"]
+
+
+@pytest.mark.model
+@pytest.mark.timeout(240)
 def test_untokenizable_duplicates_are_counted_by_record_and_as_one_prompt(tmp_path):
     from conftest import MODELS, require
 

@@ -115,8 +115,8 @@ def test_kill_9_of_the_coordinator_then_rerun_gives_identical_output(reference, 
 
 def test_sigterm_stops_within_5_seconds_and_the_rerun_completes(reference, tmp_path):
     model, questions, expected = reference
-    out = tmp_path / "answers.json"
-    proc = subprocess.Popen(cmd(model, questions, out), cwd=ROOT, stdout=subprocess.PIPE,
+    out, report = tmp_path / "answers.json", tmp_path / "r.json"
+    proc = subprocess.Popen(cmd(model, questions, out, "--report", report), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     wait_for(lambda: journal_entries(out) >= 4, what="some journaled answers")
     t0 = time.time()
@@ -132,6 +132,11 @@ def test_sigterm_stops_within_5_seconds_and_the_rerun_completes(reference, tmp_p
     assert len(rows) == N_QUESTIONS and sum(r["answer"] is not None for r in rows) >= 4
     assert all(r["error"] == "not answered: the run was stopped by signal 15 first" for r in rows
                if r["answer"] is None)
+    # the timeline ends with the run, as a finished run's does (it stopped at its last 2 s sample)
+    stopped = json.loads(report.read_text())
+    end = stopped["timeline"][-1]
+    assert end["done"] == stopped["questions"]["answered"] + stopped["questions"]["failed"]
+    assert end["generated_tokens"] >= stopped["tokens"]["generated"]
     r = subprocess.run(cmd(model, questions, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert out.read_bytes() == expected

@@ -58,9 +58,10 @@ def test_the_report_holds_a_timeline_whose_totals_are_the_runs(real_run):
     end = timeline[-1]
     assert set(end["workers"]) == {str(w) for w in range(workers)}
     # The engines' counters are whole at the end: every generated token, and every prompt token
-    # decoded (the shared prefix is decoded once per worker, outside the questions' count).
+    # decoded, as the report's prompt_tokens_computed counts them (the shared prefix once per
+    # worker; the timeline left it out, and said 9 fewer a worker)
     assert end["generated_tokens"] == rep["tokens"]["generated"] == N * TOKENS
-    assert end["prompt_tokens"] == rep["tokens"]["prompt"] - N * rep["layout"]["shared_prefix_tokens"]
+    assert end["prompt_tokens"] == rep["prefix_cache"]["prompt_tokens_computed"]
     for w in end["workers"].values():
         assert w["pss_mib"] > 0 and w["threads"] >= 1
 

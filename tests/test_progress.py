@@ -90,8 +90,23 @@ def test_log_line_says_generated_and_prompt_rates_and_the_eta(caplog):
     finally:
         logger.removeHandler(caplog.handler)
     line = caplog.records[-1].getMessage()
-    assert line.startswith("0/4 answered (0 failed), 0.00 q/s, ")
+    assert line.startswith("0/4 done: 0 answered, 0 failed, 0.00 q/s, ")
     assert "generated tok/s" in line and "prompt tok/s" in line and "ETA ? " not in line
+
+
+def test_log_line_says_failed_questions_apart_from_answered(caplog):
+    """Every question failing printed `3/4 answered (3 failed)`; the summary says 0 answered."""
+    p = Progress(0, stream=io.StringIO(), mode="log", log_every_s=0.0)
+    p.total, p.max_tokens, p.slots = 4, 100, 4
+    p.answered([make_answer(q, error="cut") for q in "abc"] + [answer("d", 3)])
+    logger = logging.getLogger("ggbatch")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="ggbatch"):
+            p.tick()
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert caplog.records[-1].getMessage().startswith("4/4 done: 1 answered, 3 failed, ")
 
 
 def test_without_token_counters_the_eta_comes_from_finished_questions():
@@ -129,5 +144,20 @@ def test_a_streamed_file_shows_its_estimated_total_until_its_last_window_is_in(c
     finally:
         logger.removeHandler(caplog.handler)
     said = [r.getMessage() for r in caplog.records]
-    assert said[0].startswith("0/~8789 answered") and said[-1].startswith("0/8700 answered")
+    assert said[0].startswith("0/~8789 done") and said[-1].startswith("0/8700 done")
     assert p.total == 8700
+
+
+def test_a_resumed_runs_line_says_its_total_is_what_is_left(caplog):
+    """300 questions, 151 in the journal: the line said `0/149 answered`, as if 149 were all."""
+    p = Progress(0, stream=io.StringIO(), mode="log", log_every_s=0.0)
+    p.total, p.max_tokens, p.slots = 149, 100, 4
+    p.resumed(151)
+    logger = logging.getLogger("ggbatch")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="ggbatch"):
+            p.tick()
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert caplog.records[-1].getMessage().startswith("0/149 left (151 in the journal) done: 0 answered, ")

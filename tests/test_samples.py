@@ -182,6 +182,9 @@ def test_n_samples_compute_the_prompts_once_and_resume_and_rerun_the_same(demo_m
     cache = {n: r["prefix_cache"] for n, r in reports.items()}
     assert cache[8]["prompt_tokens_computed"] <= cache[1]["prompt_tokens_computed"]
     assert cache[8]["sample_forks"] == 7 * 4 and reports[8]["layout"]["slots_per_worker"] >= 8
+    # the timeline's prompt tokens are the same count (they missed a token for each forked sample)
+    assert [reports[n]["timeline"][-1]["prompt_tokens"] for n in (1, 8)] == [c["prompt_tokens_computed"]
+                                                                             for c in cache.values()]
     rows = [json.loads(line) for line in (tmp_path / "n8.jsonl").read_text().splitlines()]
     assert all(isinstance(r["answer"], list) and len(r["answer"]) == 8 for r in rows)
     one = [json.loads(line) for line in (tmp_path / "n1.jsonl").read_text().splitlines()]

@@ -1,6 +1,10 @@
-"""The run's timeline (pure): rates from counters, bounded length, totals kept through thinning."""
+"""The run's timeline (pure): rates from counters, bounded length, totals kept through thinning,
+the last sample of a stopped run."""
 
 from ggbatch.runner.watch.timeline import MIB, Sample, Timeline, WorkerPoint
+from ggbatch.runner.watch.watch import RunWatch
+from ggbatch.workers.protocol import EngineStats
+from helpers import answer as make_answer
 
 
 def point(generated, prompt=0, steps=0, busy=0, cpu=0.0, pss=100 * MIB, threads=3):
@@ -39,3 +43,28 @@ def test_a_long_run_is_thinned_to_a_bounded_length_and_keeps_its_totals():
     assert all(r["workers"]["0"]["generated_per_s"] == 10.0 and r["workers"]["0"]["busy_slots"] == 8.0
                for r in later)
     assert [r["t_s"] for r in rows] == sorted(r["t_s"] for r in rows)
+
+
+class _StoppedPool:
+    """What RunWatch reads of a pool a stop ended: not finished, its engines' counters as last
+    sent (0.5 s behind the answers)."""
+
+    finished = False
+
+    def engine_counters(self):
+        return {0: EngineStats(0, steps=3, busy_slots=3, generated_tokens=2, prompt_tokens=40)}
+
+    def llama_threads(self):
+        return {}
+
+
+def test_a_stopped_run_ends_its_timeline_with_a_sample_holding_its_answers_tokens():
+    """A stopped run's timeline ended at its last 2-second sample (40 of 96 questions), and a
+    sample could say 128 generated tokens for 64 answers of 16."""
+    watch = RunWatch("off", adapt_threads=False)
+    watch.start_run(2, 16, 1)
+    watch.on_answers([make_answer("a", tokens=16), make_answer("b", tokens=16)])
+    watch.end(_StoppedPool())
+    last = watch.timeline.as_report()[-1]
+    assert len(watch.timeline.samples) == 2 and last["done"] == 2
+    assert last["generated_tokens"] == 32 and last["prompt_tokens"] == 40

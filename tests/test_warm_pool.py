@@ -4,6 +4,7 @@ closed, left open: test_warm_pool_lifetime.py). The real engine on the demo mode
 engine where the model does not matter. Every test has a hard timeout: a hang is a failure."""
 
 import threading
+import time
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,6 +34,26 @@ def test_a_warm_pool_answers_calls_as_answer_does_and_leaves_no_process(demo_mod
     assert [a.id for a in first] == ["0", "1"] and all(a.text and a.error is None for a in first)
     assert again[0].text == first[0].text and one.text == first[1].text
     assert [a.text for a in ggbatch.answer(["Once upon a time"], model=demo_model, max_tokens=8)] == [first[0].text]
+
+
+@pytest.mark.timeout(120)
+def test_stats_count_the_answers_callers_got_failures_apart(demo_model):
+    """stats()["answered"] counted prompts finished, failures included: a duplicate question
+    counted once, a prompt too long for the context as answered."""
+    with ggbatch.Pool(model=demo_model, max_tokens=4, workers=1, model__n_ctx=64) as pool:
+        first = pool.answer(["Once upon a time", "The little dog", "Once upon a time"])
+        after_first = pool.stats()
+        second = pool.answer([" ".join(["the little dog ran home"] * 40), "A cat"])
+        after_second = pool.stats()
+        time.sleep(1.0)
+        idle = pool.stats()
+    assert [a.error is None for a in first] == [True, True, True]
+    assert [a.error is None for a in second] == [False, True]
+    assert (after_first["answered"], after_first["failed"]) == (3, 0)
+    assert (after_second["answered"], after_second["failed"]) == (4, 1)
+    # a rate of the time answering: the pool's idle second leaves it as it was (it fell by a third)
+    assert idle["generated_tokens_per_s"] == after_second["generated_tokens_per_s"] > 0
+    assert idle["answering_s"] == after_second["answering_s"] < idle["elapsed_s"] - 1.0
 
 
 @pytest.mark.timeout(120)

@@ -24,7 +24,6 @@ from .engine.interface import Engine
 from .llama.load_errors import ModelLoadError
 from .protocol import (
     STATS_EVERY_S,
-    Answer,
     AnswerBatch,
     Chunk,
     Configure,
@@ -150,7 +149,7 @@ def _serve(engine: Engine, spec: WorkerSpec, tasks: Any, results: Any) -> None:
         if engine.n_unfinished:
             answers = engine.step()
             # Before the answers: the coordinator's totals are whole when the last answer arrives.
-            stats.after_step(engine, answers)
+            stats.after_step(engine)
             if answers:
                 results.send_bytes(encode(AnswerBatch(spec.worker_id, tuple(answers), engine.stats())))
 
@@ -169,24 +168,21 @@ class _StatsSender:
         self.worker_id = worker_id
         self.results = results
         self.next_at = 0.0
-        self.finished = 0  # questions this engine finished with a decoded prompt
 
-    def after_step(self, engine: Engine, answers: list[Answer]) -> None:
-        self.finished += sum(a.error is None for a in answers)
+    def after_step(self, engine: Engine) -> None:
         now = time.monotonic()
         if now >= self.next_at or engine.n_unfinished == 0:
             self.next_at = now + STATS_EVERY_S
-            self.results.send_bytes(encode(engine_stats(self.worker_id, engine.stats(), self.finished)))
+            self.results.send_bytes(encode(engine_stats(self.worker_id, engine.stats())))
 
 
-def engine_stats(worker_id: int, counters: dict[str, float], finished: int) -> EngineStats:
-    """The message from the engine's counters. Each generated token but a sequence's last is fed
-    back as one decode token, so the prompt tokens decoded are batch_tokens - generated_tokens +
-    finished sequences (each running sequence counts one short until it finishes)."""
-    generated = int(counters.get("generated_tokens", 0))
-    prompt = int(counters.get("batch_tokens", 0)) - generated + finished
+def engine_stats(worker_id: int, counters: dict[str, float]) -> EngineStats:
+    """The message from the engine's counters. Prompt tokens are the engine's own count of those
+    it decoded (`prompt_computed`, the report's prompt_tokens_computed): one owner, where a
+    formula from the batch's tokens missed the shared prefix, each sample's fork and each
+    answer cut under a grammar."""
     return EngineStats(worker_id, int(counters.get("steps", 0)), int(counters.get("busy_slots", 0)),
-                       generated, max(0, prompt))
+                       int(counters.get("generated_tokens", 0)), int(counters.get("prompt_computed", 0)))
 
 
 def _messages(tasks: Any, block: bool) -> list[Any]:

@@ -299,7 +299,7 @@ class EngineStats:
     steps: int
     busy_slots: int  # summed over steps: busy_slots / steps is the mean occupancy
     generated_tokens: int
-    prompt_tokens: int  # prompt tokens decoded (the shared prefix, decoded once, not counted)
+    prompt_tokens: int  # prompt tokens decoded, the shared prefix's included (the engine's prompt_computed)
 
 
 STATS_EVERY_S = 0.5

@@ -27,10 +27,11 @@ from ..watch.monitor import UsageSummary
 from ..watch.tally import AnswerTally, RecordCounts
 
 
-def percentiles(values: Sequence[float]) -> dict[str, float]:
-    """p50 / p95 / max (nearest-rank), rounded to milliseconds."""
+def percentiles(values: Sequence[float]) -> dict[str, Optional[float]]:
+    """p50 / p95 / max (nearest-rank), rounded to milliseconds; None with nothing timed (every
+    answer failed, or came from the journal): 0.00 s would read as instant answers."""
     if not values:
-        return {"p50": 0.0, "p95": 0.0, "max": 0.0}
+        return {"p50": None, "p95": None, "max": None}
     s = sorted(values)
     def pick(q: float) -> float:
         return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
@@ -123,7 +124,7 @@ class RunReport:
                 "llama_cpp_python_version": self.versions["llama_cpp_python"],
                 "model": self.setup.model.as_report(), "layout": self._layout(),
                 "generation": self._generation(), "questions": self._questions(),
-                "errors": [{"questionID": qid, "error": error} for qid, error in self.outcome.tally.errors],
+                "errors": [{"questionID": qid, "error": error} for qid, error in self.outcome.records.errors],
                 **self._throughput(), "timings_s": self._timings(),
                 "workers": {str(w.worker_id): self._worker(w) for w in self.outcome.workers},
                 "prefix_cache": self._prefix_cache(), "memory": self._memory(), "threads": self._threads(),
@@ -301,8 +302,7 @@ def format_summary(report: RunReport) -> str:
         f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)"
         + (f", {t['prompt_refused']} prompt tokens refused (not decoded)" if t["prompt_refused"] else "")
         + _cache_summary(data["prefix_cache"]),
-        f"latency    p50 {data['latency_s']['p50']:.2f} s, p95 {data['latency_s']['p95']:.2f} s, "
-        f"max {data['latency_s']['max']:.2f} s",
+        _latency_summary(data["latency_s"]),
     ]
     lines += _threads_summary(data["threads"]["changes"])
     for wid, w in data["workers"].items():
@@ -310,6 +310,12 @@ def format_summary(report: RunReport) -> str:
         lines.append(f"worker {wid}   {where}cores {w['cores']}, {w['questions']} questions, "
                      f"{w.get('mean_cpu_percent', 0):.0f}% CPU, peak PSS {w.get('peak_pss_mib', 0):.0f} MiB")
     return "\n".join(lines)
+
+
+def _latency_summary(latency: Mapping[str, Optional[float]]) -> str:
+    if latency["max"] is None:
+        return "latency    n/a (no answer of this run was timed: each failed, or came from the journal)"
+    return f"latency    p50 {latency['p50']:.2f} s, p95 {latency['p95']:.2f} s, max {latency['max']:.2f} s"
 
 
 def _answer_shape(config: JobConfig) -> Optional[dict[str, Any]]:

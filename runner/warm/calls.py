@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -100,6 +101,13 @@ class Calls:
         self._numbers = itertools.count()
         self._open: dict[str, tuple[Call, str]] = {}  # pool's qid -> (call, the caller's id)
         self._ended: Optional[BaseException] = None
+        # what the callers were given, one per id of a call (an identical prompt's too), as a job's
+        # report counts records: with an answer, with an error (pool.stats())
+        self.answered = 0
+        self.failed = 0
+        # wall time with a question at the workers: a rate over the pool's age would fall while it idles
+        self._busy_s = 0.0
+        self._busy_since: Optional[float] = None
 
     def open(self, answered_as: Sequence[tuple[str, str]], questions: Sequence[Question],
              rejected: dict[str, Answer], on_answered: Optional[Callable[[list[str]], None]] = None,
@@ -113,6 +121,8 @@ class Calls:
         with self._lock:
             if self._ended is not None:
                 raise self._ended
+            if questions and not self._open:
+                self._busy_since = time.perf_counter()
             for q in questions:
                 self._open[prefix + q.qid] = (call, q.qid)
         if not questions:
@@ -134,6 +144,8 @@ class Calls:
                     heard.setdefault(id(call), (call.on_answered, []))[1].append(qid)
                 if call.waiting == 0:
                     done.append(call)
+            if not self._open:
+                self._idle()
         for tell, qids in heard.values():
             try:
                 tell(qids)
@@ -151,6 +163,10 @@ class Calls:
             made = answer if answer is not None and answer.error is None else None
             rows.append(replace(answered(qid, fields), scored=answer.scored if answer is not None else None,
                                 completion=made.text if made is not None else None))
+        failed = sum(row.error is not None for row in rows)
+        with self._lock:
+            self.answered += len(rows) - failed
+            self.failed += failed
         if not call.future.done():
             call.future.set_result(rows)
 
@@ -160,9 +176,23 @@ class Calls:
             self._ended = self._ended or why
             calls = {id(call): call for call, _ in self._open.values()}
             self._open.clear()
+            self._idle()
         for call in calls.values():
             if not call.future.done():
                 call.future.set_exception(why)
+
+    def _idle(self) -> None:
+        """No question is open any more (under the lock): the time answering stops."""
+        if self._busy_since is not None:
+            self._busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+
+    @property
+    def answering_s(self) -> float:
+        """Seconds some question of a call was at the workers, in all."""
+        with self._lock:
+            since = self._busy_since
+            return self._busy_s + (time.perf_counter() - since if since is not None else 0.0)
 
     @property
     def n_open(self) -> int:

@@ -357,7 +357,7 @@ class Pool:
 
     def stats(self) -> dict[str, Any]:
         """The report's counters so far: answers, tokens, rates, each worker's memory and restarts."""
-        return pool_stats(self._workers, self._watch, self._watch.started)
+        return pool_stats(self._workers, self._watch, self._calls, self._watch.started)
 
     def close(self) -> None:
         """Answer the calls still open, then stop every worker; idempotent, and a close from

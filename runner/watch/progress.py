@@ -78,7 +78,8 @@ class Progress:
         self._total = total
         self._estimate: Optional[int] = None  # a streamed file's questions in all, until its last window is in
         self.max_tokens = 0  # per answer: the expected length before any answer is in
-        self.done = 0
+        self.done = 0  # questions finished, answered or failed
+        self.journaled = 0  # answers an earlier run of the job left in the journal: not in the total
         self.failed = 0
         self.done_tokens = 0  # generated tokens of the finished answers
         self.generated = 0  # generated tokens, finished answers or not (the engines' counters)
@@ -108,6 +109,13 @@ class Progress:
         self._rates.add(self._t0, 0, 0)  # the engines' counters start with the run
         if self._bar is not None:
             self._bar.reset(total=value)
+
+    def resumed(self, journaled: int) -> None:
+        """The run resumes a job whose journal holds this many answers: the total is the
+        questions left, and the bar and the line say so."""
+        self.journaled = journaled
+        if journaled and self._bar is not None:
+            self._bar.set_description_str(f"{journaled} in the journal, left", refresh=False)
 
     def expect(self, estimate: int) -> None:
         """A streamed file holds about this many questions to answer in all (from its line count,
@@ -166,9 +174,11 @@ class Progress:
             self._last_log = time.perf_counter()
             elapsed = self._last_log - self._t0
             rate = self.done / elapsed if elapsed > 0 else 0.0
-            log.info("%d/%s%d answered (%d failed), %.2f q/s, %.1f generated tok/s, %.1f prompt tok/s, ETA %s",
-                     self.done, "" if self._estimate is None else "~", self.total, self.failed, rate, gen_s, prompt_s,
-                     f"{eta:.0f} s" if eta is not None else "?")
+            # answered and failed apart, as the summary says them: a failure is no answer
+            log.info("%d/%s%d %sdone: %d answered, %d failed, %.2f q/s, %.1f generated tok/s, %.1f prompt tok/s, "
+                     "ETA %s", self.done, "" if self._estimate is None else "~", self.total,
+                     f"left ({self.journaled} in the journal) " if self.journaled else "", self.done - self.failed,
+                     self.failed, rate, gen_s, prompt_s, f"{eta:.0f} s" if eta is not None else "?")
 
     def close(self) -> None:
         if self._bar is not None:

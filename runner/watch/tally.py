@@ -2,9 +2,8 @@
 go to the journal (runner/journal/journal.py) and are not kept, so a run of millions of questions holds
 a few numbers per answer here (its latency and time to first token), not the answers.
 
-    answers of this run ─▶ add(made=True)    counts, tokens, latencies, per worker
-    refused before any worker saw them ─▶ add(made=False)    counts only
-    each record as the answers file is written ─▶ RecordCounts    the report's questions.*
+    answers of this run ─▶ add    counts, tokens, latencies, per worker
+    each record as the answers file is written ─▶ RecordCounts    the report's questions.* and errors
 
 The work of this run is counted by prompt (identical prompts are answered once); what the run
 came to is counted by record, the lines of the input a user counts (RecordCounts).
@@ -28,7 +27,6 @@ class AnswerTally:
 
     def __init__(self) -> None:
         self.made = 0  # by a worker in this run
-        self.errors: list[tuple[str, str]] = []  # (qid, error), the first FIRST_ERRORS
         self.prompt_tokens = 0  # of the answers made whose prompt was decoded
         self.refused_tokens = 0  # of those made without decoding their prompt (too long, ...)
         self.generated_tokens = 0
@@ -36,13 +34,10 @@ class AnswerTally:
         self.ttft_s = array("d")  # of those that generated a token
         self.by_worker: dict[int, list[int]] = {}  # worker id -> [answers, generated tokens]
 
-    def add(self, answers: Iterable[Answer], made: bool = True) -> None:
-        """made: answered by a worker here (False: refused before any worker saw it)."""
+    def add(self, answers: Iterable[Answer]) -> None:
+        """Answers a worker made in this run."""
         for a in answers:
-            if a.error is not None and len(self.errors) < FIRST_ERRORS:
-                self.errors.append((a.qid, a.error))
-            if made:
-                self._made(a)
+            self._made(a)
 
     def _made(self, a: Answer) -> None:
         self.made += 1
@@ -68,8 +63,8 @@ class AnswerTally:
 class RecordCounts:
     """The records of the input by what the answers file says of each: answered, failed (an
     error), not answered (the run ended first); how many took their answer from the journal,
-    and each one's finish reason. Every count is of records, duplicates included, so they add up
-    to the records of the input."""
+    and each one's finish reason (each sample's, for a question with several). Every other count
+    is of records, duplicates included, so they add up to the records of the input."""
 
     answered: int = 0
     failed: int = 0
@@ -83,13 +78,17 @@ class RecordCounts:
     # samples cut so, of questions their other samples answered (null in the answers' lists)
     cut_samples: int = 0
     first_cut_sample: Optional[str] = None
+    # (the record's id, its error) of the first FIRST_ERRORS failed records: a duplicate of a
+    # failed prompt is named too, as `failed` counts it
+    errors: list[tuple[str, str]] = field(default_factory=list)
 
-    def count(self, answer: Optional[Answer], from_journal: bool = False) -> None:
-        """One record and its answer (None: it has none)."""
+    def count(self, qid: str, answer: Optional[Answer], from_journal: bool = False) -> None:
+        """One record (its id) and its answer (None: it has none)."""
         if answer is None:
             self.not_answered += 1
             return
-        self.finish_reasons[answer.finish_reason.value] += 1
+        # each sample of a question asking for several (n > 1) ended its own way
+        self.finish_reasons.update(s.finish_reason.value for s in answer.samples or (answer,))
         self.from_journal += from_journal
         if answer.error is None:
             self.answered += 1
@@ -98,6 +97,8 @@ class RecordCounts:
             self.first_cut_sample = self.first_cut_sample or (answer.qid if cut else None)
             return
         self.failed += 1
+        if len(self.errors) < FIRST_ERRORS:
+            self.errors.append((qid, answer.error))
         if was_cut(answer):
             self.cut += 1
             self.first_cut = self.first_cut or answer.qid

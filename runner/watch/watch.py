@@ -92,12 +92,21 @@ class RunWatch:
         if self.answers is not None:
             self.answers.sync()
         counters = pool.engine_counters()
-        self.progress.tokens(sum(c.generated_tokens for c in counters.values()),
+        # the engines send their counters every 0.5 s, the answers come at once: never fewer
+        # tokens than the answers in hold
+        self.progress.tokens(max(sum(c.generated_tokens for c in counters.values()), self.tally.generated_tokens),
                              sum(c.prompt_tokens for c in counters.values()))
         t = time.perf_counter() - self.started
         if self.timeline.due(t) or pool.finished:
             self.timeline.add(self._sample(t, counters, pool.llama_threads()))
         self.progress.tick()
+
+    def end(self, pool: Any) -> None:
+        """The timeline's last sample, for a run the pool did not finish (a stop, a worker's
+        failure): a finished pool's last tick took it."""
+        if not pool.finished:
+            self.timeline.add(self._sample(time.perf_counter() - self.started, pool.engine_counters(),
+                                           pool.llama_threads()))
 
     def on_threads(self, msg: ThreadsSet) -> None:
         """A worker's answer to a change of its llama.cpp threads: logged and reported once made."""
@@ -156,7 +165,8 @@ class RunWatch:
         points = {}
         for wid in sorted(set(counters) | set(self.monitor.workers)):
             c, usage = counters.get(wid), self.monitor.workers.get(wid)
-            points[wid] = WorkerPoint(c.generated_tokens if c else 0, c.prompt_tokens if c else 0,
+            generated = max(c.generated_tokens if c else 0, self.tally.of_worker(wid)["generated_tokens"])
+            points[wid] = WorkerPoint(generated, c.prompt_tokens if c else 0,
                                       c.steps if c else 0, c.busy_slots if c else 0,
                                       usage.total_cpu_s if usage else None, usage.pss if usage else 0,
                                       usage.threads if usage else 0,
