@@ -94,17 +94,31 @@ def test_sums_match_llama_cpp_python_and_the_picks_are_acc_and_acc_norm(tmp_path
 
 
 def test_with_the_prefix_cache_off_the_summary_says_what_the_choices_computed(tmp_path, stories):
-    # each choice of several tokens computes its prompt then: more than the prompts hold, which
-    # the summary says (it said nothing of it without the cache)
+    # batch-invariant, each choice of several tokens computes its prompt (no fork from the first):
+    # more than the prompts hold, which the summary says (it said nothing of it without the cache)
     q = write_jsonl(tmp_path / "q.jsonl", story_records(4))
     r = run(stories, q, tmp_path / "a.jsonl", "--choices", ",".join(CHOICES), "--choice-scoring", "loglikelihood",
-            "--prefix-cache", "off", "--report", tmp_path / "rep.json")
+            "--prefix-cache", "off", "--batch-invariant", "--report", tmp_path / "rep.json")
     assert r.returncode == 0, r.stderr
     cache = json.loads((tmp_path / "rep.json").read_text())["prefix_cache"]
     assert cache["prompt_tokens_computed"] > cache["prompt_tokens"]
     share = 100 * cache["computed_share"]
     said = f"{cache['prompt_tokens_computed']} prompt tokens computed ({share:.0f}%: prefix cache off)"
     assert said in r.stdout + r.stderr, r.stdout
+
+
+def test_a_prompt_is_computed_once_for_its_choices_with_the_prefix_cache_off(tmp_path, stories):
+    # the other choices fork from the first one's KV: the prompt once, each choice its own tokens
+    # and the prompt's last one, as with the cache; the sums as with the cache, bit for bit
+    records = story_records(6)
+    q = write_jsonl(tmp_path / "q.jsonl", records)
+    flags = ("--choices", ",".join(CHOICES), "--choice-scoring", "loglikelihood", "--choice-logprobs")
+    r = run(stories, q, tmp_path / "off.jsonl", *flags, "--prefix-cache", "off", "--report", tmp_path / "rep.json")
+    assert r.returncode == 0, r.stderr
+    cache = json.loads((tmp_path / "rep.json").read_text())["prefix_cache"]
+    assert cache["prompt_tokens_computed"] <= cache["prompt_tokens"] + len(CHOICES) * len(records)
+    assert run(stories, q, tmp_path / "on.jsonl", *flags).returncode == 0
+    assert rows_of(tmp_path / "off.jsonl") == rows_of(tmp_path / "on.jsonl")
 
 
 def test_choices_auto_in_csv_and_a_resumed_job_writes_the_same_file(tmp_path, stories):

@@ -33,6 +33,7 @@ from helpers import (
     answers_after_starts,
     chat_questions,
     engine_answers,
+    engine_run,
     ggbatch_command,
     loaded_memory,
     passage_texts,
@@ -151,6 +152,38 @@ def test_engine_answers_as_alone_on_plain_shared_and_passage_prompts(arch_models
                              prefix_cache=True, **weights)
         assert got == want["passages"]
         assert stats["memory"] is ARCHS[name][1] and stats["prefix_hits"] == 0 and stats["kept_tokens_peak"] == 0
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_scored_continuations_fork_from_their_contexts_state(arch_models, arch_tokenizers, name):
+    """A state cannot be cut back, so a question's continuations once each computed the context:
+    now the others fork from the first one's state (copied whole) once the context but its last
+    token is in. The context is computed once, and every sum is as with one slot, where each
+    continuation computes it alone."""
+    from ggbatch.workers.protocol import EngineConfig, GenerationParams
+
+    model, tok = arch_models[name], arch_tokenizers[name]
+    contexts = [tok.tokenize(" ".join(WORDS[(i + k) % len(WORDS)] for k in range(30))) for i in range(5)]
+    continuations = tuple(tok.tokenize(f" the {w} ran home", add_bos=False) for w in WORDS[:4])
+    qs = [Question(f"c{i}", ctx, 0, continuations=continuations) for i, ctx in enumerate(contexts)]
+
+    def scored(slots: int, stats: dict) -> dict[str, list[float]]:
+        config = EngineConfig(model, 1, slots, 512, 256, array("i"), GenerationParams(max_tokens=1),
+                              kv_unified=False, flash_attn=False, repack=False)
+        answers = engine_run(config, qs, stats)
+        return {qid: [s.logprob for s in a.scored] for qid, a in answers.items()}
+
+    forked, alone_ = {}, {}
+    got, want = scored(8, forked), scored(1, alone_)
+    assert got.keys() == want.keys()
+    for qid, sums in got.items():
+        assert sums == pytest.approx(want[qid], abs=1e-5)
+    # each continuation: its tokens but the last, and the context's last
+    own = sum(len(c) for c in continuations) * len(qs)
+    assert forked["prompt_computed"] <= sum(len(c) - 1 for c in contexts) + own, forked["prompt_computed"]
+    assert alone_["prompt_computed"] > 3 * sum(len(c) for c in contexts)  # the context once per continuation
 
 
 @pytest.mark.model

@@ -11,13 +11,15 @@
       ─▶ each row's log-softmax at the next token, and whether that token is the row's argmax
       ─▶ when every continuation is in: one Answer with a Scored per continuation
 
-The continuations of one context share its KV as any prompts that share a start do: the
-scheduler starts a prompt from the longest prefix a stream holds (workers/engine/prefix_cache.py),
-stopping before the context's last token (its logits score the first continuation token), so a
-context goes through the model once per worker and each longer continuation costs as many tokens
-as it has (the context's last, its own but its last). A multiple-choice question on letters (MMLU
-as lm-eval asks it) is one sequence, the context alone: no copy of the context's KV, no step of
-its own for any choice.
+The continuations of one context share its KV: the first one's sequence holds a slot for each
+of the others, and once its context but the last token is in, they fork from its KV (a copy of
+the whole stream, which recurrent memory allows too) and each goes on alone. So a context goes
+through the model once, with or without the prefix cache, and each longer continuation costs as
+many tokens as it has (the context's last, its own but its last). Where the context is held
+already when the first is admitted (the prefix cache: another question's, or a kept slot's), the
+others start from that KV as it does instead. A multiple-choice question on letters (MMLU as
+lm-eval asks it) is one sequence, the context alone: no copy of the context's KV, no step of its
+own for any choice.
 
 Pure bookkeeping and numpy: the engine (workers/llama/engine.py) hands the logits rows in.
 """
@@ -77,12 +79,13 @@ class Parent:
     t_admit: float = 0.0
 
 
-def sequences(question: Question) -> tuple[Parent, list[Sequence]]:
+def sequences(question: Question, forks: int = 0) -> tuple[Parent, list[Sequence]]:
     """The sequences that score a question's continuations: one per continuation of two tokens
     or more (its prompt the context and the continuation but its last token: carrier), and the
     one-token continuations ride on the first sequence, read on its row of the context's last
     token (with no longer continuation, the first one-token continuation's sequence carries
-    them); an empty continuation is scored without the model."""
+    them); an empty continuation is scored without the model. Up to `forks` of the others fork
+    from the first one's KV (held on it: with_forks); the rest are returned to queue."""
     conts = question.continuations
     parent = Parent(question, len(conts), [None] * len(conts))
     for i, cont in enumerate(conts):
@@ -93,7 +96,22 @@ def sequences(question: Question) -> tuple[Parent, list[Sequence]]:
     one_token = [i for i, cont in enumerate(conts) if len(cont) == 1]
     carriers = longer or one_token[:1]
     riders = tuple((i, conts[i][0]) for i in one_token if i not in carriers)
-    return parent, [carrier(parent, i, riders if k == 0 else ()) for k, i in enumerate(carriers)]
+    return parent, with_forks([carrier(parent, i, riders if k == 0 else ()) for k, i in enumerate(carriers)], forks)
+
+
+def with_forks(seqs: list[Sequence], most: int) -> list[Sequence]:
+    """The sequences to queue: the first holding up to `most` of the others, to fork from its KV
+    once its context but the last token is in (its logits score every continuation's first token,
+    so each computes that one itself); none where that leaves nothing to share."""
+    if len(seqs) < 2 or most <= 0:
+        return seqs
+    first = seqs[0]
+    assert first.scoring is not None
+    fork_at = len(first.context) - 1
+    if fork_at < 1:
+        return seqs
+    first.forks, first.fork_at = seqs[1:1 + most], fork_at
+    return [first, *seqs[1 + most:]]
 
 
 def carrier(parent: Parent, i: int, riders: tuple[tuple[int, int], ...]) -> Sequence:
@@ -107,14 +125,15 @@ def carrier(parent: Parent, i: int, riders: tuple[tuple[int, int], ...]) -> Sequ
                     scoring=Scoring(parent, i, fed, cont, riders))
 
 
-def admit(question: Question, n_ctx_seq: int, worker_id: int,
-          spec: Optional[AnswerSpec]) -> tuple[list[Sequence], Optional[Answer]]:
-    """The sequences that score a question's continuations, or its Answer at once: an error when
-    it cannot be scored, its scores when every continuation is empty (scored without the model)."""
+def admit(question: Question, n_ctx_seq: int, worker_id: int, spec: Optional[AnswerSpec],
+          forks: int = 0) -> tuple[list[Sequence], Optional[Answer]]:
+    """The sequences that score a question's continuations (`forks`: how many may fork from the
+    first: sequences), or its Answer at once: an error when it cannot be scored, its scores when
+    every continuation is empty (scored without the model)."""
     why = problem(question, n_ctx_seq)
     if why is not None:
         return [], rejected(question, worker_id, why)
-    parent, seqs = sequences(question)
+    parent, seqs = sequences(question, forks)
     return seqs, (answer(parent, worker_id, spec) if not seqs else None)
 
 

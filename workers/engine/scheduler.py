@@ -118,6 +118,8 @@ class Scheduler:
             if self.contents and self.contents.wanted_soon(seq.context, self.running) >= start.n + MIN_WAIT_GAIN:
                 i += 1
                 continue
+            if seq.forks and start.n >= seq.fork_at:
+                self._unfork(seq, i + 1)
             n_slots = seq.slots_wanted
             if len(self.free_ids) < n_slots:
                 break  # a question of several samples waits for a slot for each (kept in order)
@@ -142,15 +144,24 @@ class Scheduler:
             admitted.append(seq)
         return admitted
 
+    def _unfork(self, seq: Sequence, at: int) -> None:
+        """Its context is held already (another question's, or a kept slot's): its continuations
+        wait beside it, each to start from that KV as it does, rather than fork from it."""
+        for k, child in enumerate(seq.forks):
+            self.waiting.insert(at + k, child)
+            self._count_waiting(child, 1)
+        seq.forks = []
+
     def _max_new(self, seq: Sequence) -> int:
         own = seq.question.generation  # a question's own max_tokens, else the job's
         return own.max_tokens if own else self.max_new_tokens
 
     def fork(self, parent: Sequence, child: Sequence, slot: int) -> None:
-        """A sample's sequence takes a slot its parent held, with the parent's whole prompt in it
-        (the caller copies the KV), and its share of the parent's KV reservation."""
+        """A sample's or a continuation's sequence takes a slot its parent held, with the prompt
+        tokens the parent has in (the caller copies the KV: a sample's whole prompt, a
+        continuation's context but its last token), and its share of the parent's KV reservation."""
         parent.fork_ids.remove(slot)
-        child.admit(slot, parent.n_prompt)
+        child.admit(slot, parent.n_cached)
         child.t_admit = parent.t_admit
         share = self._max_new(parent)
         parent.kv_reserved -= share
@@ -237,7 +248,7 @@ class Scheduler:
             if budget <= 0:
                 break
             if seq.phase is Phase.PREFILL:
-                n = ubatches.chunk_len(seq.n_prompt - seq.n_cached, budget, min_chunk)
+                n = ubatches.chunk_len(seq.prefill_end - seq.n_cached, budget, min_chunk)
                 if n:
                     spans.append(Span(seq, seq.n_cached, n, seq.n_cached + n == seq.n_prompt))
                     budget -= n

@@ -45,6 +45,10 @@ class Sequence:
     sample: int = 0
     samples: Optional[SampleSet] = None
     fork_ids: list[int] = field(default_factory=list)
+    # A scored question's other continuations (workers/engine/loglik.py), forked from this one's KV
+    # into the slots it holds once `fork_at` prompt tokens are in: its context but the last token.
+    forks: list["Sequence"] = field(default_factory=list)
+    fork_at: int = 0
     t_admit: float = 0.0
     t_first: float = 0.0
     finish: Optional[FinishReason] = None
@@ -72,9 +76,16 @@ class Sequence:
 
     @property
     def slots_wanted(self) -> int:
-        """Slots it takes at admission: its own, and one for each other sample still to fork."""
+        """Slots it takes at admission: its own, and one for each other sample or continuation
+        still to fork."""
         forking = self.samples is not None and self.sample == 0 and not self.samples.forked
-        return self.samples.n if forking and self.samples is not None else 1
+        return self.samples.n if forking and self.samples is not None else 1 + len(self.forks)
+
+    @property
+    def prefill_end(self) -> int:
+        """Where its prompt's next chunks stop: the fork point while continuations wait to fork
+        from its KV, else the prompt's end."""
+        return self.fork_at if self.forks else self.n_prompt
 
     def forks_now(self) -> bool:
         """Its prompt is in and it holds slots for the other samples: they fork from its KV now."""

@@ -118,7 +118,9 @@ class LlamaEngine:
     def add(self, question: Question) -> None:
         gen = question.generation or self.gen
         if question.continuations:  # scored, not generated (workers/engine/loglik.py)
-            seqs, ready = loglik.admit(question, self.n_ctx_seq, self.worker_id, gen.answer)
+            # Batch-invariant mode leaves every prompt MIN_ROWS tokens of its own: no forks there.
+            forks = 0 if self.invariant else self.slots - 1
+            seqs, ready = loglik.admit(question, self.n_ctx_seq, self.worker_id, gen.answer, forks)
             for seq in seqs:
                 self.sched.add(seq)
             self._rejected += [ready] if ready is not None else []
@@ -141,6 +143,7 @@ class LlamaEngine:
         done += self._admit()
         busy = len(self.sched.running)
         batch = self._decode_with_room()
+        self._fork_continuations(batch.spans)
         done += self._score(batch)
         vocab = self.runner.vocab
         picked = self._sample(batch)
@@ -228,6 +231,17 @@ class LlamaEngine:
                 self.picker.prepare(child)
                 out.append((Span(child, span.start_pos, span.n, True), index, row))
         return out
+
+    def _fork_continuations(self, spans: list[Span]) -> None:
+        """A scored question's first sequence whose context but the last token just went in: the
+        other continuations fork from its KV into the slots it held (workers/engine/loglik.py)."""
+        for span in spans:
+            parent = span.seq
+            if parent.forks and parent.n_cached >= parent.fork_at:
+                for child, slot in zip(parent.forks, list(parent.fork_ids)):
+                    self.sched.fork(parent, child, slot)
+                    self.kv.fork(parent.seq_id, slot, sample=False)
+                parent.forks = []
 
     def _score(self, batch: Batch) -> list[Answer]:
         """Read the rows the scored prompts of this batch asked for; the answers of the questions

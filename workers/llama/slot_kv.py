@@ -63,16 +63,20 @@ class SlotKv:
         if seq.source not in (-1, self.prefix_id):
             self.counters.prefix_hits += 1
 
-    def fork(self, parent: int, slot: int) -> None:
-        """A slot a question's parent sequence held gets a copy of its KV, the whole prompt (a
-        sample forking, workers/engine/samples.py): whatever the slot held goes first (a copy into
-        a unified pool adds cells to what the sequence has), then the whole sequence is copied, as
-        _copy_prefix (a partial range aborts between streams; on recurrent memory only the whole
-        state can be copied)."""
+    def fork(self, parent: int, slot: int, sample: bool = True) -> None:
+        """A slot a question's parent sequence held gets a copy of its KV: a sample's whole prompt
+        (workers/engine/samples.py), or a scored continuation's context but its last token
+        (workers/engine/loglik.py). Whatever the slot held goes first (a copy into a unified pool
+        adds cells to what the sequence has), then the whole sequence is copied, as _copy_prefix
+        (a partial range aborts between streams; on recurrent memory only the whole state can be
+        copied)."""
         self.remove(slot)
         self.runner.seq_cp(parent, slot, -1, -1)
         self._forget(slot)
-        self.counters.sample_forks += 1
+        if sample:
+            self.counters.sample_forks += 1
+        else:
+            self.counters.stream_copies += 1
 
     def move(self, seq: Sequence, old_id: int) -> None:
         """A busy sequence moved down to a lower slot (Scheduler.compact): a whole-stream copy (a
