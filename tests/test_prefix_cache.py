@@ -4,9 +4,9 @@ pure, no model."""
 from array import array
 
 from ggbatch.workers.engine.invariant import MIN_ROWS
-from ggbatch.workers.engine.prefix_cache import MIN_WAIT_GAIN, SlotContents, Start
+from ggbatch.workers.engine.prefix_cache import MIN_WAIT_GAIN, SlotContents, Start, shared_len
 from ggbatch.workers.engine.scheduler import Scheduler
-from ggbatch.workers.engine.sequence import Phase, Sequence
+from ggbatch.workers.engine.sequence import Phase, Sequence, common_prefix_len
 from ggbatch.workers.protocol import Question
 
 PREFIX = array("i", range(1, 6))  # 5 tokens every prompt starts with
@@ -24,6 +24,20 @@ def running(slot: int, tokens: array, n_cached: int) -> Sequence:
     if n_cached == len(tokens):
         seq.phase = Phase.DECODE
     return seq
+
+
+def test_a_waiting_prompts_common_prefixes_are_remembered_by_the_held_array_itself():
+    known: dict = {}
+    mine, held, again = prompt(1, 0), prompt(1, 3), prompt(2, 0)
+    assert shared_len(mine, held, known) == common_prefix_len(mine, held) == 105
+    assert shared_len(mine, again, known) == 5
+    assert len(known) == 2 and known[id(held)] == (held, 105)
+    # an equal array is another held prompt: its own entry, the same length; the one remembered
+    # is kept alive beside its length, so its id is never another array's while it is there
+    twin = array("i", held)
+    assert shared_len(mine, twin, known) == 105 and known[id(twin)][0] is twin and len(known) == 3
+    known[id(twin)] = (held, 7)  # an entry under this id for another array is not believed
+    assert shared_len(mine, twin, known) == 105
 
 
 def test_a_new_prompt_starts_from_the_longest_prefix_held_anywhere():

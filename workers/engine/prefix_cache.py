@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Optional
 
 from . import invariant
 from .sequence import Phase, Sequence, common_prefix_len
@@ -48,6 +48,25 @@ def start_len(common: int, n_prompt: int, n_held: int, batch_invariant: bool) ->
     return min(common, n_prompt - 1)
 
 
+# A waiting prompt's common prefix lengths with token arrays held in KV, by the array's id, the
+# array kept beside its length so that the id cannot be another array's while it is remembered.
+Known = dict[int, tuple[array, int]]
+
+
+def shared_len(prompt: array, held: array, known: Optional[Known]) -> int:
+    """common_prefix_len(prompt, held), remembered in `known` (Sequence.known_prefixes): a
+    question waiting through many steps is compared with the same held prompts at each admission,
+    and with a hundred prompts held those comparisons were most of a step's own work."""
+    if known is None:
+        return common_prefix_len(prompt, held)
+    seen = known.get(id(held))
+    if seen is not None and seen[0] is held:
+        return seen[1]
+    n = common_prefix_len(prompt, held)
+    known[id(held)] = (held, n)
+    return n
+
+
 class SlotContents:
     """What each KV stream holds of which prompt, and the best start for a new prompt."""
 
@@ -71,12 +90,12 @@ class SlotContents:
     def kept_tokens(self) -> int:
         return sum(len(t) for t in self.kept.values())
 
-    def start(self, prompt: array, slot: int, running: Iterable[Sequence]) -> Start:
+    def start(self, prompt: array, slot: int, running: Iterable[Sequence], known: Optional[Known] = None) -> Start:
         """The longest usable prefix for `prompt` about to go into `slot`; its own slot's kept
-        cells win a tie (no copy)."""
+        cells win a tie (no copy). `known`: the prompt's common prefixes found so far (shared_len)."""
         best = Start(-1, 0)
         for source, held, n_held in self._held(running):
-            common = min(common_prefix_len(prompt, held), n_held)
+            common = min(shared_len(prompt, held, known), n_held)
             n = start_len(common, len(prompt), n_held, self.batch_invariant)
             if n > best.n or (n == best.n and n > 0 and source == slot):
                 best = Start(source, n)
@@ -88,17 +107,17 @@ class SlotContents:
         (several continuations of one context, or questions on one passage, each start from it)."""
         wanted: dict[int, int] = {}
         for seq in waiting:
-            start = self.start(seq.context, -1, running)
+            start = self.start(seq.context, -1, running, seq.known_prefixes)
             if start.source in self.kept:
                 wanted[start.source] = wanted.get(start.source, 0) + 1
         return wanted
 
-    def wanted_soon(self, prompt: array, running: Iterable[Sequence]) -> int:
+    def wanted_soon(self, prompt: array, running: Iterable[Sequence], known: Optional[Known] = None) -> int:
         """Tokens of `prompt` that a running sequence's prompt, still going in, will offer."""
         best = 0
         for seq in running:
             if seq.phase is Phase.PREFILL:
-                n = start_len(common_prefix_len(prompt, seq.prompt), len(prompt), seq.n_prompt,
+                n = start_len(shared_len(prompt, seq.prompt, known), len(prompt), seq.n_prompt,
                               self.batch_invariant)
                 if n > seq.n_cached:
                     best = max(best, n)

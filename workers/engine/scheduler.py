@@ -115,7 +115,8 @@ class Scheduler:
                 i += 1
                 continue
             start = self._start(seq, slot)
-            if self.contents and self.contents.wanted_soon(seq.context, self.running) >= start.n + MIN_WAIT_GAIN:
+            if (self.contents and self.contents.wanted_soon(seq.context, self.running, seq.known_prefixes)
+                    >= start.n + MIN_WAIT_GAIN):
                 i += 1
                 continue
             if seq.forks and start.n >= seq.fork_at:
@@ -128,6 +129,7 @@ class Scheduler:
                 break  # wait for a running sequence to finish and give its cells back
             del self.waiting[i]
             self._count_waiting(seq, -1)
+            seq.known_prefixes.clear()
             self.free_ids.remove(slot)
             heapq.heapify(self.free_ids)
             if start.source in wanted:
@@ -189,7 +191,7 @@ class Scheduler:
         if not wanted:
             return self.free_ids[0]
         assert self.contents is not None
-        own = self.contents.start(seq.context, -1, self.running).source
+        own = self.contents.start(seq.context, -1, self.running, seq.known_prefixes).source
         if own in self.free_ids:
             return own
         return next((slot for slot in sorted(self.free_ids) if not wanted.get(slot)), -1)
@@ -198,7 +200,7 @@ class Scheduler:
         # A scored prompt's context only: the rows of its scored tokens must be computed.
         context = seq.context
         if self.contents:
-            return self.contents.start(context, slot, self.running)
+            return self.contents.start(context, slot, self.running, seq.known_prefixes)
         n = start_len(common_prefix_len(context, self.prefix), len(context), len(self.prefix),
                       self.batch_invariant)
         n = self.memory.start_len(n, len(self.prefix))

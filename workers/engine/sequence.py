@@ -49,6 +49,8 @@ class Sequence:
     # into the slots it holds once `fork_at` prompt tokens are in: its context but the last token.
     forks: list["Sequence"] = field(default_factory=list)
     fork_at: int = 0
+    # While it waits, its context's common prefix lengths with prompts held in KV (prefix_cache.shared_len)
+    known_prefixes: dict[int, tuple[array, int]] = field(default_factory=dict)
     t_admit: float = 0.0
     t_first: float = 0.0
     finish: Optional[FinishReason] = None
