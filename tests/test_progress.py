@@ -1,8 +1,10 @@
 """Progress that moves: live token rates and the time left from tokens (pure, no processes)."""
 
+import contextlib
 import io
 import logging
 import time
+from typing import Any, Iterator
 
 from ggbatch.runner.watch.progress import Progress
 from ggbatch.runner.watch.rates import RateWindow, eta_s, expected_length, generating, tokens_left
@@ -13,6 +15,17 @@ from helpers import answer as make_answer
 def answer(qid, tokens):
     return make_answer(qid, finish=FinishReason.LENGTH, prompt_tokens=10, tokens=tokens, latency_s=1.0)
 
+
+@contextlib.contextmanager
+def logged(caplog: Any) -> Iterator[None]:
+    """ggbatch's log records at INFO into caplog (its logger does not propagate to the root)."""
+    logger = logging.getLogger("ggbatch")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="ggbatch"):
+            yield
+    finally:
+        logger.removeHandler(caplog.handler)
 
 def test_rates_are_over_the_last_window_only():
     w = RateWindow(window_s=5.0)
@@ -82,13 +95,8 @@ def test_log_line_says_generated_and_prompt_rates_and_the_eta(caplog):
     p.tokens(0, 400)
     time.sleep(0.05)
     p.tokens(40, 400)
-    logger = logging.getLogger("ggbatch")
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.INFO, logger="ggbatch"):
-            p.tick()
-    finally:
-        logger.removeHandler(caplog.handler)
+    with logged(caplog):
+        p.tick()
     line = caplog.records[-1].getMessage()
     assert line.startswith("0/4 done: 0 answered, 0 failed, 0.00 q/s, ")
     assert "generated tok/s" in line and "prompt tok/s" in line and "ETA ? " not in line
@@ -99,13 +107,8 @@ def test_log_line_says_failed_questions_apart_from_answered(caplog):
     p = Progress(0, stream=io.StringIO(), mode="log", log_every_s=0.0)
     p.total, p.max_tokens, p.slots = 4, 100, 4
     p.answered([make_answer(q, error="cut") for q in "abc"] + [answer("d", 3)])
-    logger = logging.getLogger("ggbatch")
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.INFO, logger="ggbatch"):
-            p.tick()
-    finally:
-        logger.removeHandler(caplog.handler)
+    with logged(caplog):
+        p.tick()
     assert caplog.records[-1].getMessage().startswith("4/4 done: 1 answered, 3 failed, ")
 
 
@@ -134,15 +137,10 @@ def test_a_streamed_file_shows_its_estimated_total_until_its_last_window_is_in(c
     p.total = 8000
     p.expect(8789)
     assert p.total == 8789
-    logger = logging.getLogger("ggbatch")
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.INFO, logger="ggbatch"):
-            p.tick()
-            p.grow(700, last=True)  # the file held fewer than its lines said
-            p.tick()
-    finally:
-        logger.removeHandler(caplog.handler)
+    with logged(caplog):
+        p.tick()
+        p.grow(700, last=True)  # the file held fewer than its lines said
+        p.tick()
     said = [r.getMessage() for r in caplog.records]
     assert said[0].startswith("0/~8789 done") and said[-1].startswith("0/8700 done")
     assert p.total == 8700
@@ -153,11 +151,6 @@ def test_a_resumed_runs_line_says_its_total_is_what_is_left(caplog):
     p = Progress(0, stream=io.StringIO(), mode="log", log_every_s=0.0)
     p.total, p.max_tokens, p.slots = 149, 100, 4
     p.resumed(151)
-    logger = logging.getLogger("ggbatch")
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.INFO, logger="ggbatch"):
-            p.tick()
-    finally:
-        logger.removeHandler(caplog.handler)
+    with logged(caplog):
+        p.tick()
     assert caplog.records[-1].getMessage().startswith("0/149 left (151 in the journal) done: 0 answered, ")
