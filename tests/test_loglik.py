@@ -188,6 +188,35 @@ def test_a_questions_context_is_computed_once_however_many_questions_wait(storie
     assert stats["prompt_computed"] <= once, (stats["prompt_computed"], once)
 
 
+@pytest.mark.parametrize("slots, context, continuations", [
+    (1, [1], ([5, 6, 7], [8, 9])),  # a context of one token: nothing to start from, nothing to fork
+    (1, [1, 30, 40], ([5, 6, 7], [8, 9])),
+    (2, [1, 30, 40], ([5, 6, 7], [8, 9], [10, 11], [12, 13])),
+    (3, [1, 30, 40], ([5, 6, 7], [8, 9], [10, 11], [12, 13])),
+])
+def test_questions_on_one_context_are_all_answered_whatever_the_slots(stories, slots, context, continuations):
+    """Two questions on the same context, more continuations than slots: a free slot keeping a
+    context was held for continuations that would never start from it, and with nothing running
+    the engine waited for good (lm-eval's rolling windows at slots=1: every first window is BOS)."""
+    from ggbatch.workers.llama.engine import LlamaEngine
+
+    engine = LlamaEngine(EngineConfig(stories, 1, slots, 128, 64, array("i"), GenerationParams(max_tokens=1),
+                                      kv_unified=False, flash_attn=False, prefix_cache=True, repack=False), 0)
+    try:
+        for k in range(2):
+            engine.add(Question(f"q{k}", array("i", context), 0,
+                                continuations=tuple(array("i", c) for c in continuations)))
+        got = {}
+        for _ in range(100):
+            got.update((a.qid, a) for a in engine.step())
+            if not engine.n_unfinished:
+                break
+        assert sorted(got) == ["q0", "q1"] and all(a.error is None for a in got.values()), engine.sched.waiting
+        assert got["q0"].scored == got["q1"].scored
+    finally:
+        engine.close()
+
+
 def letter_pairs(model: str, n_contexts: int = 5) -> list[tuple[list, list]]:
     """MMLU's shape: contexts each with four one-token continuations, the first of them the
     context's greedy next token (so is_greedy is seen true as well as false)."""

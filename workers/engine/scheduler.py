@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from array import array
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -85,7 +85,7 @@ class Scheduler:
         # the first one leaves in its slot (workers/engine/loglik.py): how many of each question's
         # wait, and which free slot keeps whose context (_wanted).
         # Keyed by the question's loglik.Parent itself (held, so never confused with a later one).
-        self.waiting_continuations: Counter[object] = Counter()
+        self.waiting_continuations: dict[object, list[Sequence]] = {}
         self.context_of: dict[int, object] = {}
 
     @property
@@ -97,17 +97,32 @@ class Scheduler:
         self._count_waiting(seq, 1)
 
     def _count_waiting(self, seq: Sequence, n: int) -> None:
-        if seq.scoring is not None:
-            self.waiting_continuations[seq.scoring.parent] += n
+        if seq.scoring is None:
+            return
+        waiting = self.waiting_continuations.setdefault(seq.scoring.parent, [])
+        if n > 0:
+            waiting.append(seq)
+        else:
+            waiting.remove(seq)
+            if not waiting:
+                del self.waiting_continuations[seq.scoring.parent]
 
     def admit(self) -> list[Sequence]:
         """Move waiting sequences into free slots, in order, each with where its KV starts
         (`n_cached` prompt tokens from sequence `source`: the caller copies them into its slot).
         With the prefix cache, a question that a prompt still going in will soon serve better
         lets the next ones go first (prefix_cache.MIN_WAIT_GAIN)."""
+        admitted = self._admit_pass(self._wanted())
+        if not admitted and not self.running and self.waiting and self.free_ids:
+            # Nothing runs that could change what the free slots keep: holding them for the
+            # questions that start from them would wait for good if none can take them now.
+            admitted = self._admit_pass({})
+        return admitted
+
+    def _admit_pass(self, wanted: dict[int, int]) -> list[Sequence]:
+        """admit(), the free slots that `wanted` names held for the questions that start from them."""
         admitted: list[Sequence] = []
         i = 0
-        wanted = self._wanted()
         while self.free_ids and i < len(self.waiting):
             seq = self.waiting[i]
             slot = self._slot_for(seq, wanted)
@@ -179,9 +194,13 @@ class Scheduler:
             return {}
         wanted = self.contents.wanted_kept(itertools.islice(self.waiting, 2 * len(self.free_ids)), self.running)
         for slot in self.free_ids:
-            question = self.context_of.get(slot)
-            if question is not None and self.waiting_continuations[question] and slot in self.contents.kept:
-                wanted.setdefault(slot, self.waiting_continuations[question])
+            waiting = self.waiting_continuations.get(self.context_of.get(slot))
+            if waiting and slot not in wanted and slot in self.contents.kept:
+                # held only for a continuation that starts from it: one that starts elsewhere (a
+                # context of one token, a prefix held as far elsewhere) would never take it
+                first = waiting[0]
+                if self.contents.start(first.context, -1, self.running, first.known_prefixes).source == slot:
+                    wanted[slot] = len(waiting)
         return wanted
 
     def _slot_for(self, seq: Sequence, wanted: dict[int, int]) -> int:
