@@ -53,6 +53,15 @@ def test_every_continuation_scored_under_its_own_index():
     assert [len(s.token_logprobs) for s in answer.scored] == [1, 2, 0, 1]
 
 
+def test_of_tokens_tied_at_a_rows_top_only_the_first_is_greedy():
+    # lm-eval's is_greedy is logits.argmax() == the token, and argmax takes the first of a tie (a
+    # random-weight model's row after BOS can be all zeros): one-token continuations read from the
+    # context's row, and a longer one's tokens each from its own row
+    rows = np.zeros((8, VOCAB), dtype=np.float32)
+    _, answer = score(question([0], [3], [7], [0, 0], [5, 0]), rows)
+    assert [s.is_greedy for s in answer.scored] == [True, False, False, True, False]
+
+
 def test_all_one_token_continuations_are_one_sequence_of_the_context():
     rows = np.random.default_rng(2).normal(size=(4, VOCAB)).astype(np.float32)
     seqs, answer = score(question([4], [5], [4], [11]), rows)

@@ -190,14 +190,26 @@ def token_scores(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, n
     """Per row, the log-softmax at its target token, and whether the target is the row's argmax."""
     top, log_z = log_normalizers(logits)
     picked = logits[np.arange(len(targets)), targets].astype(np.float64)
-    return picked - log_z, picked >= top
+    greedy = picked >= top
+    for i in np.flatnonzero(greedy):
+        greedy[i] = first_max(logits[i]) == targets[i]
+    return picked - log_z, greedy
 
 
 def row_scores(row: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One row's log-softmax at each of several tokens, and whether each is the row's argmax."""
     top, log_z = log_normalizers(row[None, :])
     picked = row[tokens].astype(np.float64)
-    return picked - log_z[0], picked >= top[0]
+    greedy = picked >= top[0]
+    if greedy.any():
+        greedy &= tokens == first_max(row)
+    return picked - log_z[0], greedy
+
+
+def first_max(row: np.ndarray) -> int:
+    """The row's argmax as lm-eval takes it (torch's and numpy's argmax): the first of a tie, so
+    that of tokens tied at the top only that one is greedy."""
+    return int(np.argmax(row))
 
 
 def finished(seq: Sequence, worker_id: int, spec: Optional[AnswerSpec]) -> Optional[Answer]:
