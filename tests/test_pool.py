@@ -123,6 +123,8 @@ def test_engine_counters_add_up_over_a_workers_lives():
     assert total.steps == w.earlier.steps + w.live.steps
     assert total.generated_tokens == w.earlier.generated_tokens + w.live.generated_tokens
     assert total.generated_tokens > w.live.generated_tokens  # the earlier lives count too
+    # and in the report: each life's last counters, sent with its last answers, summed
+    assert pool.worker_runs()[0].engine["generated_tokens"] == 3 * 200
 
 
 def threads_run(fake, ask):

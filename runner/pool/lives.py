@@ -23,7 +23,7 @@ from ...workers.spec import WorkerSpec
 from .backend import Backend
 from .crashes import CrashBudget, Death
 from .log_dirs import make_log_dir
-from .worker_state import WorkerState, added, on_node
+from .worker_state import WorkerState, on_node
 from .worker_threads import ThreadCount
 
 log = logging.getLogger("ggbatch")
@@ -91,7 +91,7 @@ class WorkerLives:
             # It holds nothing, and its counters came before its last answers: nothing is lost by
             # ending it at once, and the loop never waits for a worker still loading the model.
             self.stop(w, graceful=False)
-            w.earlier, w.live = added(w.earlier, w.live), None
+            w.end_life()
             w.outdated = False
             if w.spec.worker_id not in self.leaving:
                 self.start(w)
@@ -112,7 +112,7 @@ class WorkerLives:
         death = Death(w.spec.worker_id, how, w.last_error or words, before_ready=w.ready is None)
         lost = list(w.in_flight.values())
         w.in_flight.clear()
-        w.earlier, w.live = added(w.earlier, w.live), None
+        w.end_life()
         w.solo, w.last_error = False, ""
         requeue(*self.crashes.death(death, lost))
         n_live = sum(x.link is not None for x in workers)

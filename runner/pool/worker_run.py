@@ -15,7 +15,7 @@ class WorkerRun:
     restarts: int
     load_s: Optional[float]  # spawn to ready, last life
     n_threads: Optional[int]  # as llama.cpp reports it
-    engine: Mapping[str, float]  # the engine's step counters, last life
+    engine: Mapping[str, float]  # the engine's step counters, all its lives
     device: Optional[int] = None  # the GPU it was given (--devices)
     n_gpu_layers: Optional[int] = None  # what llama.cpp was given (negative: all layers)
     gpu_layers: Optional[int] = None  # layers llama.cpp says it offloaded

@@ -6,7 +6,7 @@ and its earlier lives' summed), and how it reads in the report and the log.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Mapping, Optional
 
 from ...workers.protocol import EngineStats, Question, Ready
 from ...workers.spec import WorkerSpec
@@ -26,7 +26,8 @@ class WorkerState:
     wants: int = 0
     in_flight: dict[str, Question] = field(default_factory=dict)
     solo: bool = False  # holds one group of suspects and nothing else (runner/pool/crashes.py)
-    engine_stats: dict[str, float] = field(default_factory=dict)
+    engine_stats: dict[str, float] = field(default_factory=dict)  # this life's engine counters, as last sent
+    engine_earlier: dict[str, float] = field(default_factory=dict)  # its earlier lives' (lives_total)
     live: Optional[EngineStats] = None  # this life's counters, as last sent
     earlier: Optional[EngineStats] = None  # the counters of its earlier lives, summed
     restarts: int = 0
@@ -34,11 +35,21 @@ class WorkerState:
     last_error: str = ""  # the WorkerError it sent, if any, in this life
     threads: ThreadCount = field(default_factory=ThreadCount)  # llama.cpp's, in this life
 
+    def end_life(self) -> None:
+        """Its life ended (a death, or a restart with a new engine): its counters join its earlier
+        lives', so the report counts the work it did before as well."""
+        self.earlier, self.live = added(self.earlier, self.live), None
+        self.engine_earlier, self.engine_stats = lives_total(self.engine_earlier, self.engine_stats), {}
+
+    def engine_totals(self) -> dict[str, float]:
+        """Its engine's counters over all its lives."""
+        return lives_total(self.engine_earlier, self.engine_stats)
+
 
 def worker_run(w: WorkerState) -> WorkerRun:
     """What the worker did, for the report."""
     return WorkerRun(w.spec.worker_id, w.spec.cores, w.restarts, w.ready.load_s if w.ready else None,
-                     w.ready.n_threads if w.ready else None, dict(w.engine_stats), w.spec.device,
+                     w.ready.n_threads if w.ready else None, w.engine_totals(), w.spec.device,
                      w.ready.n_gpu_layers if w.ready else None, w.ready.gpu_layers if w.ready else None,
                      node(w.spec), w.ready.memory if w.ready else None)
 
@@ -51,6 +62,12 @@ def node(spec: WorkerSpec) -> Optional[dict[str, str]]:
 def on_node(spec: WorkerSpec) -> str:
     """Where a worker lives, for a log line: "" for a local process."""
     return f" (on node {spec.node_ip} {spec.node_id[:12]})" if spec.node_id else ""
+
+
+def lives_total(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+    """Two lives' engine counters (workers/engine/step_counters.py): summed, a peak the larger."""
+    return {k: max(a.get(k, 0.0), b.get(k, 0.0)) if k.endswith("_peak") else a.get(k, 0.0) + b.get(k, 0.0)
+            for k in {**a, **b}}
 
 
 def added(a: Optional[EngineStats], b: Optional[EngineStats]) -> Optional[EngineStats]:

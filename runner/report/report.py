@@ -178,8 +178,8 @@ class RunReport:
                 "mean_slot_occupancy": round(busy / (steps * self.setup.layout.slots), 3) if steps else None}
 
     def _prefix_cache(self) -> dict[str, Any]:
-        """Prompt tokens computed against those in the questions answered here (workers' last
-        lives: a restarted worker's earlier counters are gone), and what the cache held."""
+        """Prompt tokens computed against those in the questions answered here (every life of each
+        worker, as far as each sent its counters before it ended), and what the cache held."""
         engines = [w.engine for w in self.outcome.workers]
         def total(key: str) -> int:
             return int(sum(e.get(key, 0.0) for e in engines))

@@ -43,8 +43,8 @@ def pool_stats(workers: WorkerPool, watch: RunWatch, calls: Calls, started: floa
 
 
 def _times(run: WorkerRun) -> dict[str, Any]:
-    """Where a worker's time went, its last life: from its spawn to ready (the model's load and
-    the context's), then the engine's steps, of them llama_decode and picking tokens. On a GPU
+    """Where a worker's time went: from its spawn to ready in its last life (the model's load and
+    the context's), then the engine's steps over all its lives, of them llama_decode and picking tokens. On a GPU
     the model's work can be small beside the rest: these say how small."""
     return {"load_s": None if run.load_s is None else round(run.load_s, 3),
             **{f"engine_{part}_s": round(run.engine.get(f"{part}_s", 0.0), 3) for part in ("step", "decode", "sample")}}
