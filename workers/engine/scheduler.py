@@ -94,13 +94,14 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-        self._count_waiting(seq, 1)
+        self._track_waiting(seq, True)
 
-    def _count_waiting(self, seq: Sequence, n: int) -> None:
+    def _track_waiting(self, seq: Sequence, waits: bool) -> None:
+        """A scored sequence joins (waits) or leaves its question's waiting continuations."""
         if seq.scoring is None:
             return
         waiting = self.waiting_continuations.setdefault(seq.scoring.parent, [])
-        if n > 0:
+        if waits:
             waiting.append(seq)
         else:
             waiting.remove(seq)
@@ -143,7 +144,7 @@ class Scheduler:
             if self.kv_budget is not None and self.running and self.kv_reserved + need > self.kv_budget:
                 break  # wait for a running sequence to finish and give its cells back
             del self.waiting[i]
-            self._count_waiting(seq, -1)
+            self._track_waiting(seq, False)
             seq.known_prefixes.clear()
             self.free_ids.remove(slot)
             heapq.heapify(self.free_ids)
@@ -166,7 +167,7 @@ class Scheduler:
         wait beside it, each to start from that KV as it does, rather than fork from it."""
         for k, child in enumerate(seq.forks):
             self.waiting.insert(at + k, child)
-            self._count_waiting(child, 1)
+            self._track_waiting(child, True)
         seq.forks = []
 
     def _max_new(self, seq: Sequence) -> int:
@@ -315,7 +316,7 @@ class Scheduler:
         self.release(seq)
         seq.reset_to_waiting()
         self.waiting.appendleft(seq)
-        self._count_waiting(seq, 1)
+        self._track_waiting(seq, True)
         return seq, slot
 
 

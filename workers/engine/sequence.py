@@ -90,8 +90,9 @@ class Sequence:
         return self.fork_at if self.forks else self.n_prompt
 
     def forks_now(self) -> bool:
-        """Its prompt is in and it holds slots for the other samples: they fork from its KV now."""
-        return bool(self.fork_ids) and self.phase is Phase.PREFILL and self.n_cached >= self.n_prompt
+        """It holds slots for the other samples or continuations, and its prompt is in as far as
+        they fork from (prefill_end): they fork from its KV now."""
+        return bool(self.fork_ids) and self.phase is Phase.PREFILL and self.n_cached >= self.prefill_end
 
     @property
     def context(self) -> array:

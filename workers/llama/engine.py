@@ -237,7 +237,7 @@ class LlamaEngine:
         other continuations fork from its KV into the slots it held (workers/engine/loglik.py)."""
         for span in spans:
             parent = span.seq
-            if parent.forks and parent.n_cached >= parent.fork_at:
+            if parent.forks and parent.forks_now():
                 for child, slot in zip(parent.forks, list(parent.fork_ids)):
                     self.sched.fork(parent, child, slot)
                     self.kv.fork(parent.seq_id, slot, sample=False)
