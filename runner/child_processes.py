@@ -7,6 +7,12 @@ a thread that then ends (a pipeline's set-up thread, Pool.starting's) would have
 tokenizer killed under it. So a child is started from the main thread, or else from one daemon
 thread kept for that (a daemon: never joined, it ends with the process and only then are the
 children told).
+
+A spawned child imports the caller's script again (as `__mp_main__`) before it runs: a script
+that starts ggbatch outside `if __name__ == "__main__":` starts it again in every child, where
+multiprocess refuses to start a process from a process still starting. Such a child leaves at
+once with UNGUARDED_MAIN_EXIT, which its parent reads as the script's mistake (exit_reason), not
+as a tokenizer or worker that died loading the model.
 """
 
 from __future__ import annotations
@@ -17,11 +23,18 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
+from multiprocess import process as mp_process
+
 # What a child's process state (psutil's name for it) says of a child that holds work and makes
 # no progress: said after the state by the stall messages (runner/watch/stalls.py, the tokenizer's)
 STATE_HINTS = {"stopped": ": SIGSTOP or a debugger? SIGCONT resumes it",
                "disk-sleep": ": waiting on the disk, swapping?",
                "tracing-stop": ": stopped by a debugger"}
+
+UNGUARDED_MAIN_EXIT = 86
+UNGUARDED_MAIN = ("the script starts ggbatch when it is imported: ggbatch's processes are spawned and import "
+                  "the script again, so the call must sit under `if __name__ == \"__main__\":` "
+                  "(docs/guide/python-api.md)")
 
 _requests: "queue.SimpleQueue[tuple[Callable[[], None], Future[None]]]" = queue.SimpleQueue()
 _starter: Optional[threading.Thread] = None
@@ -39,7 +52,10 @@ os.register_at_fork(after_in_child=_forget_starter)
 
 
 def start_child(process: Any) -> None:
-    """process.start() (a multiprocess Process) from a thread that outlives the child."""
+    """process.start() (a multiprocess Process) from a thread that outlives the child. In a
+    child of ours still importing the caller's script, the script's mistake: leave at once."""
+    if getattr(mp_process.current_process(), "_inheriting", False):
+        os._exit(UNGUARDED_MAIN_EXIT)
     if threading.current_thread() is threading.main_thread():
         process.start()
         return
@@ -66,3 +82,10 @@ def _serve() -> None:
             done.set_exception(exc)
         else:
             done.set_result(None)
+
+
+def exit_reason(code: Optional[int]) -> str:
+    """How a child ended, from its exit code: "signal 9", "exit code 1", or the script's mistake."""
+    if code == UNGUARDED_MAIN_EXIT:
+        return UNGUARDED_MAIN
+    return f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"

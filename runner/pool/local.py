@@ -23,7 +23,7 @@ from multiprocess.connection import wait as wait_any
 from ...workers.main import worker_main
 from ...workers.protocol import decode, encode
 from ...workers.spec import WorkerSpec
-from ..child_processes import start_child
+from ..child_processes import exit_reason, start_child
 from ..plan.nodes import Node, local_node
 from .backend import Event
 from .crashes import last_words
@@ -68,9 +68,7 @@ class LocalLink:
     def how_it_died(self) -> tuple[str, str]:
         """(how: "signal 9", "exit code 1"; its last words on stderr)."""
         self.process.join()
-        code = self.process.exitcode
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return how, last_words(self.spec.log_path)
+        return exit_reason(self.process.exitcode), last_words(self.spec.log_path)
 
     def drain(self) -> list[Any]:
         """Every whole message in the pipe; a torn one (the worker died writing it) or a closed

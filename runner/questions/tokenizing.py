@@ -35,8 +35,8 @@ from ...workers.limits import under_address_space_limit
 from ...workers.llama.load_errors import memory_sign
 from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
-from ..child_processes import STATE_HINTS, start_child
-from ..errors import ModelError, WorkerFailure
+from ..child_processes import STATE_HINTS, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, exit_reason, start_child
+from ..errors import ConfigError, ModelError, WorkerFailure
 
 log = logging.getLogger("ggbatch")
 
@@ -102,6 +102,8 @@ class TokenizerProcess:
         try:
             msg = decode(self._receive())
         except _Died as exc:
+            if self._process.exitcode == UNGUARDED_MAIN_EXIT:
+                raise ConfigError(UNGUARDED_MAIN) from None
             path = self.model_path
             raise ModelError(f"not enough memory to load the vocabulary of {path} ({exc}){exc.limit()}" if exc.memory
                              else f"{path}: the tokenizer process died loading the vocabulary ({exc})") from None
@@ -155,8 +157,7 @@ class TokenizerProcess:
         return state + STATE_HINTS.get(state, "")
 
     def _how_it_died(self) -> tuple[str, str]:
-        code = self._process.exitcode
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        how = exit_reason(self._process.exitcode)
         self._stderr.seek(0, os.SEEK_END)
         self._stderr.seek(max(0, self._stderr.tell() - 600))
         return how, " ".join(self._stderr.read().decode("utf-8", "replace").split())[-300:]
