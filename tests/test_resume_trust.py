@@ -240,3 +240,24 @@ def test_workers_busy_with_a_window_start_again_with_a_larger_context_and_lose_n
     assert streamed.read_bytes() == one.read_bytes()
     assert said.text.count("the context per sequence grows from") >= 3
     assert [w["restarts"] for w in report.as_json()["workers"].values()] == [0, 0]  # a larger context is no crash
+
+
+@pytest.mark.timeout(300)
+def test_a_fresh_run_refused_before_it_begins_leaves_the_earlier_journal_whole(tmp_path, demo_model):
+    """--fresh throws the earlier answers away only once the new run begins: one refused for
+    its template (exit 2, nothing answered) leaves them to the next run, which resumes."""
+    questions, out = tmp_path / "q.jsonl", tmp_path / "a.jsonl"
+    write_lines(questions, [{"questionID": f"q{i}", "question": f"Question {i}?"} for i in range(3)])
+    args = ("--model", demo_model, "--input", questions, "--output", out, "--max-tokens", 4)
+    assert (r := ggbatch(*args)).returncode == 0, r.stderr
+    journal = Path(f"{out}.journal.jsonl")
+    earlier = journal.read_bytes()
+    r = ggbatch(*args, "--fresh", "--template", "{{ questoin }}")
+    assert r.returncode == 2 and "no field 'questoin'" in r.stderr, r.stderr
+    assert journal.read_bytes() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "a.jsonl.journal.jsonl", "q.jsonl"]
+    r = ggbatch(*args)
+    assert r.returncode == 0 and "resuming: 3 answers" in r.stderr, r.stderr
+    assert (r := ggbatch(*args, "--fresh")).returncode == 0, r.stderr
+    assert "resuming" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "a.jsonl.journal.jsonl", "q.jsonl"]

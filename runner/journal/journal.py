@@ -22,6 +22,7 @@ without answering anything, and a job whose question file grew answers only the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -42,6 +43,7 @@ from .index import Earlier, holds_answers, prompt_key, read_earlier
 from .ran import adopted, as_ran, ran_line, ran_problem
 
 VERSION = 1
+PENDING_SUFFIX = ".fresh"  # a fresh run's journal until the run begins (Journal._take_place)
 
 
 def prompt_hash(tokens: array, own: Optional[GenerationParams] = None) -> str:
@@ -212,11 +214,15 @@ class Journal:
         self._expected: dict[str, Expected] = {}  # of the questions being answered now
         self._new = False  # made by this run: what it decides on auto is written once (record_ran)
         self._ran_written = False
+        # A fresh run's new journal, made beside the earlier one and put in its place at its first
+        # write: a run refused before it starts (a template error in its first window) loses nothing.
+        self._pending: Optional[str] = None
         try:
             self._earlier = self._open(fresh, reading)  # the earlier run's entries that may be reused
-            self._file = open(path, "ab")
+            written = self._pending or path
+            self._file = open(written, "ab")
             self._size = self._file.tell()
-            self._reader = open(path, "rb")
+            self._reader = open(written, "rb")
         except OSError as exc:
             raise OutputError(f"{path}: cannot write the journal: {exc.strerror or exc}") from None
         self.kept = self._earlier.kept  # entries kept from the earlier run
@@ -284,6 +290,7 @@ class Journal:
         self._check_unchanged()
         line = ran_line(ran)
         try:
+            self._take_place()
             self._file.write(line)
             self._file.flush()
         except OSError as exc:
@@ -306,6 +313,7 @@ class Journal:
             at += len(line)
         self._check_unchanged()
         try:
+            self._take_place()
             self._file.write(b"".join(lines))
             self._file.flush()  # in the kernel's hands now: survives kill -9 of this process
         except OSError as exc:
@@ -315,6 +323,12 @@ class Journal:
         for key, place in places:
             self._answers.add(key, place)
         self._size = at
+
+    def _take_place(self) -> None:
+        """The run has begun: a fresh journal replaces the earlier one (the open files follow it)."""
+        if self._pending is not None:
+            os.replace(self._pending, self.path)
+            self._pending = None
 
     def _check_unchanged(self) -> None:
         """The file still ends where this run's last append did. Cut short or written to by another
@@ -352,6 +366,9 @@ class Journal:
                 f.close()
             except OSError:
                 pass  # a failed append has already said so; everything flushed before it is kept
+        if self._pending is not None:  # never begun: the earlier journal stays as it was
+            with contextlib.suppress(OSError):
+                os.unlink(self._pending)
 
     # -- the earlier run's file ---------------------------------------------------------------------
 
@@ -361,9 +378,13 @@ class Journal:
         follows half a line. An earlier journal holding no answer (a run refused for its input
         after the header was written, or whose every answer failed) is replaced whatever its
         settings: nothing in it can be lost, and the setting it names was often the fix."""
+        with contextlib.suppress(OSError):  # one a run killed before it began left (the output's lock is held)
+            os.unlink(self.path + PENDING_SUFFIX)
         earlier = None if fresh else reading.result() if reading is not None else read_earlier(self.path)
         if earlier is None or not holds_answers(earlier):
-            with open(self.path, "wb") as out:
+            if fresh and os.path.exists(self.path):
+                self._pending = self.path + PENDING_SUFFIX
+            with open(self._pending or self.path, "wb") as out:
                 out.write((json.dumps({"ggbatch_journal": VERSION, "fingerprint": self.fingerprint}) + "\n").encode())
             self._new = True
             return Earlier(self.fingerprint)
