@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
@@ -31,6 +32,7 @@ STATE_HINTS = {"stopped": ": SIGSTOP or a debugger? SIGCONT resumes it",
                "disk-sleep": ": waiting on the disk, swapping?",
                "tracing-stop": ": stopped by a debugger"}
 
+CHILD_BLOCKED = (signal.SIGINT, signal.SIGTERM)  # until the child ignores them itself
 UNGUARDED_MAIN_EXIT = 86
 UNGUARDED_MAIN = ("the script starts ggbatch when it is imported: ggbatch's processes are spawned and import "
                   "the script again, so the call must sit under `if __name__ == \"__main__\":` "
@@ -57,12 +59,25 @@ def start_child(process: Any) -> None:
     if getattr(mp_process.current_process(), "_inheriting", False):
         os._exit(UNGUARDED_MAIN_EXIT)
     if threading.current_thread() is threading.main_thread():
-        process.start()
+        _start_shielded(process)
         return
     done: Future[None] = Future()
-    _requests.put((process.start, done))
+    _requests.put((lambda: _start_shielded(process), done))
     _ensure_starter()
     done.result()
+
+
+def _start_shielded(process: Any) -> None:
+    """process.start() with SIGINT and SIGTERM blocked in this thread, so that the child starts
+    with them blocked: a Ctrl-C (or systemd's or Slurm's SIGTERM) reaches the whole process group,
+    and would otherwise kill a child still importing its modules, before it can ignore them
+    (workers/main.py leave_signals_to_parent). Sent to this process meanwhile, a signal waits for
+    the mask to be given back, or goes to another thread: it is not lost."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_BLOCKED)
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _ensure_starter() -> None:

@@ -247,6 +247,31 @@ def test_sigterm_in_the_first_moments_ends_the_run_as_documented(tmp_path, demo_
     assert documented >= 2  # from 0.8 s at the latest, ggbatch holds the signal
 
 
+@pytest.mark.model
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_whole_group_while_the_children_start_ends_the_run_as_documented(tmp_path, demo_model,
+                                                                                        signum):
+    """A terminal's Ctrl-C (systemd's and Slurm's SIGTERM too) reaches every process of the
+    group: the children still starting too, which used to die of it (a traceback each, exit 2,
+    "the tokenizer process died loading the vocabulary"). Now the coordinator alone answers it."""
+    questions = write_questions(tmp_path / "q.jsonl", 40)
+    for moment in (0.0, 0.15):
+        out = tmp_path / f"a-{moment}.json"
+        proc = subprocess.Popen(ggbatch_cmd("run", *flags(demo_model, questions, out, "--max-tokens", 64)), cwd=ROOT,
+                                start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # the first child: the tokenizer or a worker, spawned (a fresh interpreter importing its modules)
+        deadline = time.monotonic() + 60
+        while not psutil.Process(proc.pid).children() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.005)
+        time.sleep(moment)
+        os.killpg(proc.pid, signum)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + signum, f"at {moment} s: {stderr}"
+        assert f"stopped by signal {signum}" in stderr and "Traceback" not in stderr and "died" not in stderr, stderr
+        assert [r["questionID"] for r in json.loads(out.read_text())] == [f"q{i}" for i in range(40)]
+
+
 # -- messages say values as the user wrote them; grammar and schema flags read files
 
 

@@ -46,9 +46,7 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
     """Entry point of a worker process. Takes only picklable config; loads the model here.
     `results` is the writing end of a pipe of this worker's own: no lock shared with the other
     workers, so being killed in the middle of a message can never block them."""
-    # The coordinator owns shutdown: Ctrl-C reaches the whole process group, but only the
-    # coordinator decides what happens to in-flight questions.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    leave_signals_to_parent()
     die_with_parent()
     _redirect_stderr(spec.log_path)
     if not run_worker(spec, tasks, results):
@@ -94,6 +92,18 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
         if engine is not None:
             engine.close()
         return False
+
+
+def leave_signals_to_parent() -> None:
+    """Ignore SIGINT and SIGTERM. A terminal's Ctrl-C reaches the whole process group, and so
+    do systemd's and Slurm's SIGTERM, but the coordinator decides what happens to the questions
+    in flight (it ends its children itself, and a coordinator killed takes them with it:
+    die_with_parent). Both came blocked from the coordinator (runner/child_processes.py), so
+    that neither could kill this process while it started; ignoring one discards it if it came."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for s in signals:
+        signal.signal(s, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
 def die_with_parent() -> None:

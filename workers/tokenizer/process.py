@@ -26,7 +26,7 @@ from array import array
 from typing import Any, Optional, Sequence, Union
 
 from ..helper_messages import SpellChoices, TokenizeBatch, TokenizedBatch, TokenizerLoadError
-from ..main import die_with_parent
+from ..main import die_with_parent, leave_signals_to_parent
 from ..protocol import decode, encode
 from .fork import Round, TokenizingFork
 
@@ -38,7 +38,7 @@ def tokenizer_main(model_path: str, stderr_path: str, requests: Any, results: An
     """Entry point of the tokenizer process: load the vocabulary, then answer TokenizeBatch
     requests until killed. stderr goes to `stderr_path`, where the coordinator reads it if this
     process dies and where this process reads a dead fork's last words."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides what Ctrl-C does
+    leave_signals_to_parent()
     die_with_parent()
     _name_process(PROCESS_NAME)
     fd = os.open(stderr_path, os.O_RDWR | os.O_APPEND)  # read back too: a dead fork's last words
