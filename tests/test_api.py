@@ -119,6 +119,10 @@ def test_the_python_snippets_of_the_readme_and_the_api_page_run_after_the_quick_
         done = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True,
                               timeout=140)
         assert done.returncode == 0, block + done.stderr
+        if block is blocks[0]:  # the README's run writes a report of its own: the quick start's stays
+            reports = {n: json.loads((tmp_path / n).read_text())["generation"]["max_tokens"]
+                       for n in ("jobs/example-report.json", "example-report-64.json")}
+            assert reports == {"jobs/example-report.json": 48, "example-report-64.json": 64}
     assert done.stdout.split() == ["16", "12"]  # build_config's layers: the later one's max_tokens
 
 
