@@ -252,3 +252,24 @@ def test_equal_choice_texts_are_scored_alike_and_the_first_wins(tmp_path, storie
     empty = write_jsonl(tmp_path / "e.jsonl", [*records[:2], {**records[2], "choices": ["A", ""]}])
     r = run(stories, empty, tmp_path / "e.jsonl.out.jsonl", "--choices", "auto", timeout=60)
     assert r.returncode == 2 and f"record '{records[2]['questionID']}'" in r.stderr
+
+
+def test_labels_scored_behind_a_prompt_that_does_not_show_their_texts_are_warned_of(tmp_path, demo_model):
+    """MMLU lists its choices in the question and lm-eval scores the letters; ARC does not, and
+    lm-eval scores the texts. Labelled choices are scored by their labels: where the prompt does
+    not show a choice's text, the run says so, once, with what to do."""
+    arc = {"questionID": "arc1", "question": "Once upon a time there was a little",
+           "choices": {"text": ["girl", "dog house", "cat", "boy"], "label": ["A", "B", "C", "D"]}}
+    mmlu = {"questionID": "m1", "choices": {"A": "girl", "B": "dog house", "C": "cat", "D": "boy"},
+            "question": "Once upon a time there was a little\n\nA. girl\nB. dog house\nC. cat\nD. boy"}
+    for records, warned in (([mmlu, {**mmlu, "questionID": "m2"}], False),
+                            ([mmlu, arc, {**arc, "questionID": "arc2"}], True)):
+        write_jsonl(tmp_path / "q.jsonl", records)
+        r = run(demo_model, tmp_path / "q.jsonl", tmp_path / f"a-{warned}.jsonl", "--choices", "auto",
+                "--choice-scoring", "loglikelihood")
+        assert r.returncode == 0, r.stderr
+        said = [line for line in r.stderr.splitlines() if "scored by their labels" in line]
+        assert said == ([f"ggbatch: {tmp_path / 'q.jsonl'}:2: record 'arc1': its choices are scored by their labels "
+                         "(answer.choice_scoring: loglikelihood), but its prompt does not show the choice 'girl' that "
+                         "one of them stands for: to score the choices' texts, as lm-eval's ARC and OpenBookQA do, "
+                         "give 'choices' as a list of texts (said once)"] if warned else []), r.stderr

@@ -172,6 +172,16 @@ def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str
     return items
 
 
+def label_unseen(fields: Mapping[str, Any], prompt: str) -> Optional[str]:
+    """For a record whose own choices are labelled (MMLU's mapping, ARC's text and label): a
+    choice text its prompt does not show, so that the label scored for it stands for nothing the
+    model has read; None when the prompt shows them all, or the choices are a bare list."""
+    read = read_choices(fields.get("choices"))
+    if read is None or read.labels is None:
+        return None
+    return next((text for text in read.texts if text not in prompt), None)
+
+
 def with_choices(gen: GenerationParams, choices: tuple[str, ...]) -> GenerationParams:
     """The job's settings for a question of its own choices (answer.choices: auto)."""
     assert gen.answer is not None

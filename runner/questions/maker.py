@@ -14,6 +14,7 @@ is its messages through the chat template (/v1/chat/completions) or its prompt a
 
 from __future__ import annotations
 
+import logging
 import zlib
 from array import array
 from collections import Counter, deque
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Protocol, Sequence, Union
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
-from ..config.answer import format_grammar, record_choices, room_for_choices, with_choices
+from ..config.answer import format_grammar, label_unseen, record_choices, room_for_choices, with_choices
 from ..config.reasoning import answer_room_problem, effort_problem, scoring_context, with_effort
 from ..config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError, quote
@@ -42,6 +43,8 @@ from .continuations import continuation_text, pair_texts, split_pair
 from .prompting import template_opens_block
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
 from .tokenizing import Rejected, TokenizerProcess, tokenize_all
+
+log = logging.getLogger("ggbatch")
 
 CHECK_MASK = (1 << 31) - 1
 INDEX_MASK = (1 << 32) - 1
@@ -97,6 +100,7 @@ class QuestionMaker:
         self.made = QuestionSet(IdSet(self.ids), IdSet(self.ids), IdSet(self.ids))
         self._failed_prompts: set[int] = set()  # key64 of the prompts the tokenizer refused (and settings)
         self._opens_block: Optional[bool] = None  # whether the chat template opens the thinking block
+        self._said_unseen = False  # _say_unseen_labels, once a run
 
     def make(self, records: Sequence[Record]) -> list[Question]:
         """The questions of these records still to answer, in file order; the rest are answers
@@ -115,6 +119,7 @@ class QuestionMaker:
                     continue
                 choices = self._scored_choices(rec)
                 if choices:  # a line's own settings change the budget only, not the block
+                    self._say_unseen_labels(rec, text)
                     text = scoring_context(text, self.job.thinking)
                 waiting.append((rec, index, text, choices))
                 bos = self.builder.needs_bos(text)
@@ -140,6 +145,20 @@ class QuestionMaker:
             return ()
         answer = (self._own_generation(rec) or self.job).answer
         return answer.choices if answer is not None else ()
+
+    def _say_unseen_labels(self, rec: Record, prompt: str) -> None:
+        """Warn, once a run, of labelled choices scored by their labels behind a prompt that
+        does not show what they stand for: lm-eval's MMLU lists its choices in the question and
+        scores the letters, its ARC and OpenBookQA do not and score the texts."""
+        if self._said_unseen or rec.request is not None or self.config.choices != CHOICES_AUTO:
+            return
+        unseen = label_unseen(rec.fields, prompt)
+        if unseen is not None:
+            self._said_unseen = True
+            log.warning("%s: record '%s': its choices are scored by their labels (answer.choice_scoring: "
+                        "loglikelihood), but its prompt does not show the choice %s that one of them stands for: to "
+                        "score the choices' texts, as lm-eval's ARC and OpenBookQA do, give 'choices' as a list of "
+                        "texts (said once)", self.where(rec), rec.qid, quote(unseen, 60))
 
     def take_unmade(self, records: Sequence[Record]) -> None:
         """Records a stopped run never made into questions (runner/questions/feed.py read_rest):
