@@ -173,6 +173,25 @@ def test_choices_the_vocabulary_cannot_spell_are_exit_2_naming_the_choice(tmp_pa
 
 @pytest.mark.model
 @pytest.mark.timeout(120)
+def test_a_records_own_choice_the_vocabulary_cannot_spell_fails_that_record_naming_it(tmp_path):
+    """answer.choices auto: the record's choices are the data's, checked as the records come, so
+    one the model cannot write fails its record (it could never have won) and the others go on."""
+    model = require(TINYSTORIES, "TinyStories' vocabulary, without '/' or byte tokens")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": qid, "question": "Once", "choices": choices}) + "\n"
+                                 for qid, choices in (("u", ["dog", "c/d", "cat"]), ("ok", ["dog", "cat"]))))
+    out = tmp_path / "a.jsonl"
+    r = subprocess.run(ggbatch_cmd("run", *flags(str(model), questions, out, "--choices", "auto")), cwd=ROOT,
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 1, r.stderr
+    rows = {row["questionID"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rows["u"] == {"questionID": "u", "answer": None, "error": "its choice 'c/d' cannot be an answer: the "
+                         "model's vocabulary has no token for U+002F / (and no byte fallback)"}
+    assert rows["ok"]["answer"] in ("dog", "cat")
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
 def test_choices_spelled_with_byte_tokens_are_answered(tmp_path, demo_model):
     # the demo vocabulary has all 256 byte tokens: α is two of them, and the grammar can write it
     questions = write_questions(tmp_path / "q.jsonl", 2)

@@ -107,7 +107,7 @@ class QuestionMaker:
         the journal holds, aliases of identical prompts, or errors (self.made)."""
         questions: list[Question] = []
         # rendered, waiting for their tokens (and their choices, scored as continuations)
-        waiting: deque[tuple[Record, int, str, tuple[str, ...]]] = deque()
+        waiting: deque[tuple[Record, int, str, tuple[str, ...], tuple[str, ...]]] = deque()
         first, journaled = self._take_in(records)
 
         def prompts() -> Iterator[tuple[str, bool]]:
@@ -121,16 +121,20 @@ class QuestionMaker:
                 if choices:  # a line's own settings change the budget only, not the block
                     self._say_unseen_labels(rec, text)
                     text = scoring_context(text, self.job.thinking)
-                waiting.append((rec, index, text, choices))
+                spelt = () if choices else self._own_choices(rec)
+                waiting.append((rec, index, text, choices, spelt))
                 bos = self.builder.needs_bos(text)
                 for piece in pair_texts_of(text, choices):
                     yield piece, bos
+                for choice in spelt:
+                    yield choice, False
 
         # The prompts are rendered as the tokenizer process takes them (rendering overlaps tokenizing).
         tokenized = tokenize_all(self.tokenizers, prompts())
         for tokens in tokenized:
-            rec, index, text, choices = waiting.popleft()
+            rec, index, text, choices, spelt = waiting.popleft()
             tokens, continuations = split_tokens(tokens, [next(tokenized) for _ in choices])
+            tokens = unspellable(spelt, [next(tokenized) for _ in spelt]) or tokens
             if isinstance(tokens, Rejected):
                 self._count_failed(rec, text)
             question = self.add(rec, index, tokens, continuations)
@@ -145,6 +149,15 @@ class QuestionMaker:
             return ()
         answer = (self._own_generation(rec) or self.job).answer
         return answer.choices if answer is not None else ()
+
+    def _own_choices(self, rec: Record) -> tuple[str, ...]:
+        """A record's own choices (answer.choices: auto) its answer is generated among: each goes
+        through the tokenizer too, as the job's own list does before the run (check_spellable),
+        so that one the vocabulary cannot write fails the record by name, not by never winning."""
+        if rec.request is not None or self.config.choices != CHOICES_AUTO:
+            return ()
+        own = self._own_generation(rec)
+        return own.answer.choices if own is not None and own.answer is not None else ()
 
     def _say_unseen_labels(self, rec: Record, prompt: str) -> None:
         """Warn, once a run, of labelled choices scored by their labels behind a prompt that
@@ -328,6 +341,14 @@ def pair_texts_of(prompt: str, choices: tuple[str, ...]) -> list[str]:
         return [prompt]
     pairs = [pair_texts(prompt, continuation_text(choice)) for choice in choices]
     return [pairs[0][0]] + [whole for _, whole in pairs]
+
+
+def unspellable(choices: tuple[str, ...], tokenized: list[Union[array, Rejected]]) -> Optional[Rejected]:
+    """The first of a record's own choices the tokenizer refused, as the record's failure."""
+    for choice, tokens in zip(choices, tokenized):
+        if isinstance(tokens, Rejected):
+            return Rejected(f"its choice {quote(choice)} cannot be an answer: {tokens.reason}")
+    return None
 
 
 def split_tokens(context: Union[array, Rejected], wholes: list[Union[array, Rejected]]
