@@ -31,14 +31,14 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ...workers.protocol import Answer, FinishReason, GenerationParams, Question, Sample
+from ...workers.protocol import Answer, GenerationParams, Question
 from ..config.schema import CHOICES_AUTO, FIRST_TOKEN, LOGLIKELIHOOD, JobConfig, flash_attn_auto
 from ..errors import JournalError, OutputError, StartOver, quote
 from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
-from ..files.formats.token_logprobs import from_journal, to_journal
 from ..model.identity import ModelIdentity
 from ..model.versions import package_version
+from .entries import answer_of, entry_of
 from .index import Earlier, holds_answers, prompt_key, read_earlier
 from .ran import adopted, as_ran, ran_line, ran_problem
 
@@ -148,46 +148,6 @@ def _first_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[tu
         elif old.get(key) != new.get(key):
             return key, was, now
     return None
-
-
-def _entry(answer: Answer, prompt: str, record: str) -> dict[str, Any]:
-    entry: dict[str, Any] = {"qid": answer.qid, "prompt": prompt, "record": record, "text": answer.text,
-                             "finish_reason": answer.finish_reason.value, "prompt_tokens": answer.prompt_tokens,
-                             "completion_tokens": answer.completion_tokens, "worker_id": answer.worker_id,
-                             "ttft_s": round(answer.ttft_s, 4), "latency_s": round(answer.latency_s, 4),
-                             "error": answer.error, "created": answer.created,
-                             "choice_logprobs": answer.choice_logprobs}
-    # after "error": runner/journal/index.py finds that key by a regex
-    if answer.token_logprobs is not None:
-        entry["token_logprobs"] = to_journal(answer.token_logprobs)
-    if answer.answer_norm is not None:
-        entry["answer_norm"] = answer.answer_norm
-    if answer.in_thinking:  # only when set: an entry without it (any older one) ended after its thinking
-        entry["in_thinking"] = True
-    if answer.samples is not None:
-        entry["samples"] = [[s.text, s.finish_reason.value, s.completion_tokens,
-                             to_journal(s.token_logprobs) if s.token_logprobs is not None else None]
-                            + ([s.in_thinking, s.error] if s.error else [True] if s.in_thinking else [])
-                            for s in answer.samples]
-    return entry
-
-
-def _answer(e: Mapping[str, Any]) -> Answer:
-    return Answer(e["qid"], e["text"], FinishReason(e["finish_reason"]), e["prompt_tokens"],
-                  e["completion_tokens"], e["worker_id"], e["ttft_s"], e["latency_s"], e["error"],
-                  e.get("created", 0.0), e.get("choice_logprobs"),
-                  token_logprobs=from_journal(e.get("token_logprobs")), samples=_samples(e.get("samples")),
-                  answer_norm=e.get("answer_norm"), in_thinking=e.get("in_thinking", False))
-
-
-def _samples(data: Optional[list[list[Any]]]) -> Optional[tuple[Sample, ...]]:
-    """[text, finish_reason, completion_tokens, token_logprobs] per sample, then whether it ended
-    inside its thinking (true, or left out when not and it has an answer) and why it has no answer
-    (left out when it has one)."""
-    if data is None:
-        return None
-    return tuple(Sample(s[0], FinishReason(s[1]), s[2], from_journal(s[3]), bool(s[4:5] and s[4]),
-                        s[5] if len(s) > 5 else None) for s in data)
 
 
 @dataclass(frozen=True)
@@ -307,7 +267,7 @@ class Journal:
         at = self._size
         for a in answers:
             expected = self._expected.pop(a.qid, None) or Expected("")
-            line = (json.dumps(_entry(a, expected.prompt, expected.record), ensure_ascii=False) + "\n").encode()
+            line = (json.dumps(entry_of(a, expected.prompt, expected.record), ensure_ascii=False) + "\n").encode()
             lines.append(line)
             places.append((text_key(a.qid), at))
             at += len(line)
@@ -350,7 +310,7 @@ class Journal:
             e = json.loads(self._reader.readline())
         except ValueError:
             return None
-        return _answer(e) if isinstance(e, dict) and e.get("qid") == qid else None  # another id with the same key
+        return answer_of(e) if isinstance(e, dict) and e.get("qid") == qid else None  # another id with the same key
 
     def sync(self) -> None:
         """Make what was appended survive a power cut too (a killed process loses nothing anyway)."""

@@ -13,7 +13,11 @@ ggbatch.lm_eval (package/lm_eval.py) both tokenize through here.
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from array import array
+from typing import Optional, Sequence, TypeVar, Union
+
+from ..errors import quote
+from .tokenizing import Rejected
 
 TARGET_DELIMITER = " "  # lm-eval's default between a context and a multiple-choice target
 
@@ -38,3 +42,43 @@ def pair_texts(context: str, continuation: str) -> tuple[str, str]:
 def split_pair(whole: T, context: T) -> tuple[T, T]:
     """(context tokens, continuation tokens): the whole's tokens split at the context's length."""
     return context, whole[len(context):]  # type: ignore[return-value]  # a slice of T is a T for list and array
+
+
+def pair_texts_of(prompt: str, choices: tuple[str, ...]) -> list[str]:
+    """What a prompt sends the tokenizer: the prompt alone, or with choices scored as its
+    continuations the context and each context + continuation, as lm-eval encodes them."""
+    if not choices:
+        return [prompt]
+    pairs = [pair_texts(prompt, continuation_text(choice)) for choice in choices]
+    return [pairs[0][0]] + [whole for _, whole in pairs]
+
+
+def unspellable(choices: tuple[str, ...], tokenized: list[Union[array, Rejected]]) -> Optional[Rejected]:
+    """The first of a record's own choices the tokenizer refused, as the record's failure."""
+    for choice, tokens in zip(choices, tokenized):
+        if isinstance(tokens, Rejected):
+            return Rejected(f"its choice {quote(choice)} cannot be an answer: {tokens.reason}")
+    return None
+
+
+def split_tokens(context: Union[array, Rejected], wholes: list[Union[array, Rejected]]
+                 ) -> tuple[Union[array, Rejected], tuple[array, ...]]:
+    """(the context's tokens, each continuation's) from what the tokenizer gave pair_texts_of's
+    texts, or the first Rejected among them."""
+    for tokens in (context, *wholes):
+        if isinstance(tokens, Rejected):
+            return tokens, ()
+    assert isinstance(context, array)
+    return context, tuple(split_pair(whole, context)[1] for whole in wholes if isinstance(whole, array))
+
+
+def scored_tokens(context: array, continuations: tuple[array, ...]) -> array:
+    """What identifies a question's prompt in its hash: its tokens, and each continuation after a
+    separator no vocabulary holds (equal contexts with other continuations are other questions)."""
+    if not continuations:
+        return context
+    out = array("i", context)
+    for cont in continuations:
+        out.append(-1)
+        out.extend(cont)
+    return out

@@ -39,7 +39,7 @@ from ..files.formats.own_settings import (
 )
 from ..files.formats.record import Record
 from ..journal.journal import Expected, prompt_hash, prompt_key, record_hash
-from .continuations import continuation_text, pair_texts, split_pair
+from .continuations import pair_texts_of, scored_tokens, split_tokens, unspellable
 from .prompting import template_opens_block
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
 from .tokenizing import Rejected, TokenizerProcess, tokenize_all
@@ -332,46 +332,6 @@ class QuestionMaker:
 
     def _fail(self, qid: str, why: str) -> None:
         self.made.rejected[qid] = Answer(qid, "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error=why)
-
-
-def pair_texts_of(prompt: str, choices: tuple[str, ...]) -> list[str]:
-    """What a prompt sends the tokenizer: the prompt alone, or with choices scored as its
-    continuations the context and each context + continuation, as lm-eval encodes them."""
-    if not choices:
-        return [prompt]
-    pairs = [pair_texts(prompt, continuation_text(choice)) for choice in choices]
-    return [pairs[0][0]] + [whole for _, whole in pairs]
-
-
-def unspellable(choices: tuple[str, ...], tokenized: list[Union[array, Rejected]]) -> Optional[Rejected]:
-    """The first of a record's own choices the tokenizer refused, as the record's failure."""
-    for choice, tokens in zip(choices, tokenized):
-        if isinstance(tokens, Rejected):
-            return Rejected(f"its choice {quote(choice)} cannot be an answer: {tokens.reason}")
-    return None
-
-
-def split_tokens(context: Union[array, Rejected], wholes: list[Union[array, Rejected]]
-                 ) -> tuple[Union[array, Rejected], tuple[array, ...]]:
-    """(the context's tokens, each continuation's) from what the tokenizer gave pair_texts_of's
-    texts, or the first Rejected among them."""
-    for tokens in (context, *wholes):
-        if isinstance(tokens, Rejected):
-            return tokens, ()
-    assert isinstance(context, array)
-    return context, tuple(split_pair(whole, context)[1] for whole in wholes if isinstance(whole, array))
-
-
-def scored_tokens(context: array, continuations: tuple[array, ...]) -> array:
-    """What identifies a question's prompt in its hash: its tokens, and each continuation after a
-    separator no vocabulary holds (equal contexts with other continuations are other questions)."""
-    if not continuations:
-        return context
-    out = array("i", context)
-    for cont in continuations:
-        out.append(-1)
-        out.extend(cont)
-    return out
 
 
 def _format_problem(settings: QuestionSettings) -> Optional[str]:
