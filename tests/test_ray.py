@@ -350,8 +350,10 @@ def ray_start(tmp_path):
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     address_file = Path(folder) / "ray" / "ray_current_cluster"
     try:
-        wait_for(address_file.exists, timeout=90, what="`ray start --head` to write its address")
-        yield env, address_file.read_text().strip()
+        # Ray makes the file, then writes it: on a loaded machine it was once read empty between the two
+        address = wait_for(lambda: address_file.exists() and address_file.read_text().strip(), timeout=90,
+                           what="`ray start --head` to write its address")
+        yield env, address
     finally:
         head.terminate()
         head.wait(timeout=60)
