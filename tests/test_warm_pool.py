@@ -90,7 +90,11 @@ def test_a_bad_call_is_said_of_the_method_called(demo_model):
                  (lambda: pool.submit({"text": "Hi"}), "ggbatch.Pool.submit(): question: "),
                  (lambda: pool.submit("Hi", max_tokenz=3), "ggbatch.Pool.submit(): "),
                  (lambda: pool.submit_many(["Hi", 5]), "ggbatch.Pool.submit_many(): questions[1] must be a string"),
-                 (lambda: pool.answer(["Hi", 5]), "ggbatch.Pool.answer(): questions[1] must be a string")]
+                 (lambda: pool.answer(["Hi", 5]), "ggbatch.Pool.answer(): questions[1] must be a string"),
+                 # an error between two of the call's keys, not of one: it named no method
+                 (lambda: pool.answer(["Hi"], sampling={"n": 3, "temperature": 0.7}, choices=["yes", "no"]),
+                  "ggbatch.Pool.answer(): sampling.n: 3 samples of answer.choices answered from the logits"),
+                 (lambda: pool.submit("Hi", sampling={"temperature": -1}), "ggbatch.Pool.submit(): sampling.")]
         for call, said in calls:
             with pytest.raises(ggbatch.GgbatchError) as err:
                 call()
