@@ -111,9 +111,48 @@ def test_eval_says_in_one_line_a_task_lm_eval_lacks_or_a_data_set_it_cannot_reac
         cmd = ggbatch_command("eval", "--model", model, "--tasks", tasks, "--limit", "2", "--model_args", "workers=1")
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200)
         assert done.returncode == 2, done.stderr[-3000:]
-        assert "Traceback" not in done.stderr
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
         last = done.stderr.strip().splitlines()[-1]
         assert last.startswith("ggbatch: error: " + said), last
+
+
+BAD_TASK = """task: bad_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: bad.jsonl
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{context}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: "{{gold}}"
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.mark.timeout(240)
+def test_eval_says_in_one_line_a_data_file_the_datasets_library_cannot_read(tmp_path):
+    """A .jsonl line that is not JSON ended in three tracebacks and status 1, the last saying only
+    'An error occurred while generating the dataset'."""
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
+    from conftest import STORIES, require
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "bad.yaml").write_text(BAD_TASK)
+    (tmp_path / "bad.jsonl").write_text('{"context": "a", "choices": ["x", "y"], "gold": 0}\n{"context": broken\n')
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    cmd = ggbatch_command("eval", "--model", require(STORIES, "stories260K"), "--include_path", "tasks",
+                          "--tasks", "bad_mc", "--model_args", "workers=1")
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200)
+    assert done.returncode == 2, done.stderr[-3000:]
+    # lm-eval's and the datasets library's tracebacks are gone. (The model's processes, still
+    # starting when the run ends, can print their own: a separate race, not checked here.)
+    assert "DatasetGenerationError" not in done.stderr and "lm_eval" not in done.stderr, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("ggbatch: error: ")]
+    assert len(said) == 1 and said[0].startswith("ggbatch: error: ggbatch eval --tasks bad_mc: cannot load the "
+                                                 f"task's data set: {tmp_path / 'bad.jsonl'}: "), said
+    assert "Trailing data at position" in said[0], said
 
 
 def test_generate_until_returns_the_continuation_as_llama_cpp_python_makes_it(lm):

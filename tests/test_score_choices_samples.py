@@ -231,3 +231,23 @@ def test_an_empty_csv_choices_cell_is_a_record_without_choices(tmp_path):
     answers.write_text('{"questionID": "q1", "answer": "18"}\n{"questionID": "q2", "answer": "B"}\n', encoding="utf-8")
     result = score_files(str(answers), str(gold))
     assert details_of(result) == {"q1": ("18", "correct"), "q2": ("B", "correct")}
+
+
+def test_a_null_first_sample_is_a_missing_answer_and_still_an_invalid_vote(tmp_path):
+    """A first sample cut short scored as an invalid answer and showed as "" in --details, where
+    with n = 1 it would have failed its question: missing, null."""
+    gold = write_jsonl(tmp_path / "gold.jsonl", [{"questionID": q, "answer": "5"} for q in "abc"])
+    answers = write_jsonl(tmp_path / "ans.jsonl", [{"questionID": "a", "answer": [None, "5", "5"]},
+                                                   {"questionID": "b", "answer": None},
+                                                   {"questionID": "c", "answer": [None, None, "5"]}])
+    details = tmp_path / "d.jsonl"
+    done = ggbatch("score", "--answers", answers, "--gold", gold, "--details", details, "--json", tmp_path / "s.json",
+                   timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = {row["id"]: row for row in map(json.loads, details.read_text().splitlines())}
+    assert {q: (row["status"], row["answer"]) for q, row in rows.items()} == {
+        "a": ("missing", None), "b": ("missing", None), "c": ("missing", None)}
+    got = json.loads((tmp_path / "s.json").read_text())
+    assert (got["overall"]["invalid"], got["overall"]["missing"], got["overall"]["correct"]) == (0, 3, 0)
+    # the votes: a's two fives beat its null; c's two nulls are one [invalid] value that wins
+    assert got["samples"]["maj_correct"] == 1

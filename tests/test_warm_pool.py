@@ -56,6 +56,20 @@ def test_stats_count_the_answers_callers_got_failures_apart(demo_model):
     assert idle["answering_s"] == after_second["answering_s"] < idle["elapsed_s"] - 1.0
 
 
+
+@pytest.mark.timeout(120)
+def test_the_pools_age_counts_from_pool_its_workers_load_included(demo_model):
+    """elapsed_s counted from the watch's start, after the workers, the tokenizer and the layout:
+    a pool said it was younger than its own worker's load."""
+    before = time.perf_counter()
+    with ggbatch.Pool(model=demo_model, max_tokens=4, workers=1) as pool:
+        stats = pool.stats()
+        age = time.perf_counter() - before
+    load = stats["workers"][0]["load_s"]
+    assert load is not None and load <= stats["elapsed_s"] <= age
+    # what Pool() took before the workers were asked to start is small: all but it is counted
+    assert stats["elapsed_s"] >= age - 0.25, (stats["elapsed_s"], age)
+
 @pytest.mark.timeout(120)
 def test_overrides_change_one_call_only(demo_model):
     with ggbatch.Pool(model=demo_model, max_tokens=8) as pool:
@@ -76,7 +90,11 @@ def test_a_bad_call_is_said_of_the_method_called(demo_model):
                  (lambda: pool.submit({"text": "Hi"}), "ggbatch.Pool.submit(): question: "),
                  (lambda: pool.submit("Hi", max_tokenz=3), "ggbatch.Pool.submit(): "),
                  (lambda: pool.submit_many(["Hi", 5]), "ggbatch.Pool.submit_many(): questions[1] must be a string"),
-                 (lambda: pool.answer(["Hi", 5]), "ggbatch.Pool.answer(): questions[1] must be a string")]
+                 (lambda: pool.answer(["Hi", 5]), "ggbatch.Pool.answer(): questions[1] must be a string"),
+                 # an error between two of the call's keys, not of one: it named no method
+                 (lambda: pool.answer(["Hi"], sampling={"n": 3, "temperature": 0.7}, choices=["yes", "no"]),
+                  "ggbatch.Pool.answer(): sampling.n: 3 samples of answer.choices answered from the logits"),
+                 (lambda: pool.submit("Hi", sampling={"temperature": -1}), "ggbatch.Pool.submit(): sampling.")]
         for call, said in calls:
             with pytest.raises(ggbatch.GgbatchError) as err:
                 call()

@@ -74,8 +74,9 @@ def score(gold: Sequence[Gold], answers: Mapping[str, Answered], rule: str,
 
 
 def first_sample(answer: Answered) -> Optional[str]:
-    """The answer's first sample; one without an answer is invalid (""), not missing."""
-    return (answer[0] or "") if isinstance(answer, list) else answer
+    """The answer's first sample: the accuracy is what n = 1 gets, and a sample cut short (null)
+    fails its question at n = 1, so a null first sample is missing as a failed question is."""
+    return answer[0] if isinstance(answer, list) else answer
 
 
 def plural(n: int, noun: str) -> str:

@@ -58,7 +58,7 @@ def cmd_eval(args: argparse.Namespace, lm_eval_args: Sequence[str]) -> int:
     sys.argv = ["lm_eval", "run", "--model", "ggbatch", "--model_args", json.dumps({"model": args.model}), *rest]
     try:
         cli_evaluate()
-    except (ValueError, OSError) as exc:
+    except Exception as exc:  # one the command could not run as given is said in one line; the rest keep theirs
         error = usage_error(exc, given.tasks)
         if error is None:
             raise
@@ -80,9 +80,15 @@ def usage_error(exc: Exception, tasks: Optional[str]) -> Optional[ConfigError]:
         missing = str(exc)[len(TASKS_NOT_FOUND):]
         return ConfigError(f"ggbatch eval: lm-eval has no task named {missing} (`lm-eval ls tasks` lists "
                            "them; a task of your own: --include_path DIR with its YAML)")
-    if not isinstance(exc, OSError) or not raised_in(exc.__traceback__, "datasets."):
+    if not raised_in(exc.__traceback__, "datasets."):
         return None
-    where = f"ggbatch eval --tasks {tasks}: cannot load the task's data set: {one_line(exc)}"
+    where = f"ggbatch eval --tasks {tasks}: cannot load the task's data set: "
+    unreadable = data_file_error(exc)
+    if unreadable is not None:
+        return ConfigError(where + unreadable)
+    if not isinstance(exc, OSError):
+        return None
+    where += one_line(exc)
     if not isinstance(exc, ConnectionError):  # datasets' DatasetNotFoundError, a missing data file
         return ConfigError(where)
     from datasets import config
@@ -93,6 +99,39 @@ def usage_error(exc: Exception, tasks: Optional[str]) -> Optional[ConfigError]:
     return ConfigError(f"{where}; {why}{LOCAL_TASKS}")
 
 
+def data_file_error(exc: Exception) -> Optional[str]:
+    """What a data file the datasets library could not read says (a .jsonl line that is not JSON):
+    its DatasetGenerationError says only "An error occurred while generating the dataset", so the
+    words are its cause's (and that cause's own, the reader's last try: "Trailing data at
+    position 51"), after the file where the reader names it. None for any other exception."""
+    from datasets.exceptions import DatasetGenerationError
+
+    if not isinstance(exc, DatasetGenerationError):
+        return None
+    words: list[str] = []
+    cause: Optional[BaseException] = exc.__cause__ or exc
+    while cause is not None and len(words) < 2:
+        if one_line(cause) and one_line(cause) not in words:
+            words.append(one_line(cause))
+        cause = cause.__cause__ or cause.__context__
+    file = reading_file(exc.__cause__)
+    return (f"{file}: " if file else "") + "; ".join(words or [one_line(exc)])
+
+
+def reading_file(exc: Optional[BaseException]) -> Optional[str]:
+    """The data file the datasets library's reader had open when it raised `exc` (its `file`
+    variable, in the innermost of its frames that has one), or None: the exception says not."""
+    tb = exc.__traceback__ if exc is not None else None
+    file = None
+    while tb is not None:
+        name = tb.tb_frame.f_globals.get("__name__", "")
+        value = tb.tb_frame.f_locals.get("file")
+        if str(name).startswith("datasets.packaged_modules.") and isinstance(value, str):
+            file = value
+        tb = tb.tb_next
+    return file
+
+
 def raised_in(tb: Optional[TracebackType], package: str) -> bool:
     """Whether the innermost frame of the traceback is in a module of `package` ("datasets.")."""
     last = None
@@ -101,7 +140,7 @@ def raised_in(tb: Optional[TracebackType], package: str) -> bool:
     return last is not None and str(last.tb_frame.f_globals.get("__name__", "")).startswith(package)
 
 
-def one_line(exc: Exception) -> str:
+def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 

@@ -75,7 +75,14 @@ class Variants:
         base = self._layer
         if any(k in call for k in ANSWER_KEYS):
             base = {k: v for k, v in base.items() if k not in ANSWER_KEYS}
-        config = build_config([(self._source, base), (where, call)])
+        try:
+            config = build_config([(self._source, base), (where, call)])
+        except ConfigError as exc:
+            # A key's own error names the call; one between keys (sampling.n with choices) names
+            # none, and the pool's own settings passed these checks: it is the call's too.
+            if str(exc).startswith(f"{where}: "):
+                raise
+            raise ConfigError(f"{where}: {exc}") from None
         answer = job_answer(config)
         generation = self._prompting.generation_for(config, answer)
         builder = (self._prompting.builder if config.system == self.default.config.system

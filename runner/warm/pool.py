@@ -18,6 +18,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from array import array
 from concurrent.futures import Future
 from contextlib import ExitStack
@@ -53,7 +54,6 @@ from .stats import pool_stats
 
 # the job's keys that name files: a pool takes questions and gives answers
 POOL_OWN = ("input", "output", "input_format", "output_format", "errors_output", "shard", "report")
-
 
 SOURCE = "ggbatch.Pool()"  # how errors name a pool made by its constructor
 log = logging.getLogger("ggbatch")
@@ -146,6 +146,7 @@ class Pool:
 
     def _open(self, config: JobConfig, layer: Mapping[str, Any], records: list[Record],
               engine_factory: EngineFactory) -> None:
+        began = time.perf_counter()  # the pool's age (stats' elapsed_s) counts its start-up and load too
         since_start = SinceStart() if config.threads_adapt == "auto" else None
         model_path = resolve_model(config.model)
         model, answer = identify(model_path), job_answer(config)
@@ -161,7 +162,7 @@ class Pool:
         growth = settle(config, started, self._prompting, facts, prefix, most, model_path)
         self._workers.keep(growth.plan.node_of())
         self._watch = self._resources.enter_context(
-            RunWatch("off", adapt_threads=since_start is not None, answers=self._calls, since_start=since_start))
+            RunWatch("off", began, since_start is not None, self._calls, since_start))
         self._watch.start_run(0, self._prompting.generation.max_tokens,
                               sum(lay.workers * lay.slots for lay in growth.plan.layouts), self._workers)
         self._intake = Submissions(growth, self._workers.reconfigure)
