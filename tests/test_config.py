@@ -67,6 +67,13 @@ def test_auto_values(tmp_path):
     ("n: 2\n", "unknown key 'n' (did you mean 'sampling.n'? write it under sampling:)"),
     ("sampling:\n  max_tokens: 3\n", "unknown key 'max_tokens' in sampling (did you mean 'max_tokens'? write it "
                                      "at the top level)"),
+    # written with its dot: the hint in that spelling too
+    ("sampling.tmperature: 0\n", "unknown key 'sampling.tmperature' (did you mean 'sampling.temperature'?)"),
+    ("model.n_ctxx: 512\n", "unknown key 'model.n_ctxx' (did you mean 'model.n_ctx'?)"),
+    ("samplng.temperature: 0\n", "unknown key 'samplng.temperature' (did you mean 'sampling.temperature'?)"),
+    ("sampling.n_ctx: 512\n", "unknown key 'sampling.n_ctx' (did you mean 'model.n_ctx'?)"),
+    ("sampling.workers: 2\n", "unknown key 'sampling.workers' (did you mean 'workers'?)"),
+    ("sampling.temperature: -1\n", "sampling.temperature: must be >= 0.0, got -1"),
     ("sampling:\n  temperature: -1\n", "sampling.temperature: must be >= 0.0, got -1"),
     ("workers: two\n", "workers: must be an integer or auto, got 'two'"),
     ("workers: 0\n", "workers: must be >= 1, got 0"),

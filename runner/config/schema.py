@@ -207,6 +207,8 @@ def _not_a_mapping(source: str, section: str, value: Any) -> ConfigError:
 def _key_hint(key: str, prefix: str) -> str:
     """A key of another section (`n` for sampling.n) is named with its place; else the closest
     key of this level, if one is close."""
+    if "." in key and not prefix:
+        return _dotted_hint(key)
     elsewhere = [k for k in SCHEMA if k.rsplit(".", 1)[-1] == key and k != prefix + key]
     if elsewhere:
         place, _, _ = elsewhere[0].rpartition(".")
@@ -214,6 +216,17 @@ def _key_hint(key: str, prefix: str) -> str:
     known = [k[len(prefix):] for k in SCHEMA if k.startswith(prefix) and "." not in k[len(prefix):]]
     known += [s for s in SECTIONS if not prefix and s not in known]
     hint = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean '{hint[0]}'?)" if hint else ""
+
+
+def _dotted_hint(key: str) -> str:
+    """A key written with its dot (`sampling.tmperature: 0`), named back in that spelling: its name
+    under another section (`samplng.temperature`, `answer.temperature`: 'sampling.temperature'),
+    else the closest dotted key. The level-by-level search finds nothing for it: no top-level key
+    is close to a name with a section in it."""
+    leaf = key.rsplit(".", 1)[-1]
+    elsewhere = [k for k in SCHEMA if k.rsplit(".", 1)[-1] == leaf]
+    hint = elsewhere or difflib.get_close_matches(key, [k for k in SCHEMA if "." in k], n=1)
     return f" (did you mean '{hint[0]}'?)" if hint else ""
 
 

@@ -21,10 +21,10 @@ from ..errors import InputError
 from .compact import HashIndex, key64, text_key
 from .formats.csvfile import csv_rows
 from .formats.detect import detect_format, input_format, is_openai_output
-from .formats.jsonfile import json_array, json_lines
+from .formats.jsonfile import json_array, json_lines, loads
 from .formats.openai_input import OUTPUT_NOT_REQUESTS, openai_record, say_models
 from .formats.record import Record, checked_id
-from .formats.textfile import decoded, no_binary, open_bytes, read_text, split_lone_cr
+from .formats.textfile import decoded, no_binary, no_utf16, open_bytes, read_text, split_lone_cr
 
 __all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "record_at", "read_question_file",
            "read_records", "read_text", "detect_format", "json_array", "json_lines"]
@@ -205,12 +205,9 @@ def _json_lines(path: str) -> Iterator[tuple[int, str, bytes]]:
 
 
 def _json(path: str, number: int, text: str) -> Any:
-    try:
-        # without its line break: an object left open is reported at the end of its own line,
-        # not at column 1 of the next (the decoder's line 2)
-        return json.loads(text.rstrip("\r\n"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{number}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+    # without its line break: an object left open is reported at the end of its own line,
+    # not at column 1 of the next (the decoder's line 2)
+    return loads(f"{path}:{number}", text.rstrip("\r\n"))
 
 
 def _lines(path: str, keep_raw: bool = False) -> Iterator[Any]:
@@ -242,6 +239,9 @@ def _head(path: str) -> str:
         elif len(data) == HEAD_BYTES and b"\n" in data:
             data = data[:data.rindex(b"\n") + 1]
     no_binary(path, data[:4096])  # before its bytes, decoded with replacements, look like CSV to detection
+    # so is UTF-16 without a byte order mark: big-endian starts with a zero byte, not "{" or "[", and
+    # its commas made detection call a .jsonl file CSV before the reader could say what it is
+    no_utf16(path, data[:4096].split(b"\n", 1)[0])
     return data.decode("utf-8-sig", "replace")
 
 

@@ -93,7 +93,7 @@ def read_part(path: str, id_field: str = "questionID") -> Part:
         rows = [_row(f"{path}:{line}", csv_fields(f"{path}:{line}", row, id_field), id_field)
                 for line, row in csv_rows(path, text, {id_field: "--id-field"})]
         return Part(path, fmt, rows, tuple(next(csv.reader(io.StringIO(text, newline="")), [])))
-    items = json_array(path, text) if fmt == "json" else json_lines(path, text)
+    items = json_array(path, text, finite=False) if fmt == "json" else json_lines(path, text, finite=False)
     return Part(path, fmt, [_row(f"{path}:{line}", obj, id_field, item)
                             for item, (line, obj) in enumerate(items, start=1)])
 
@@ -121,7 +121,7 @@ def _row(where: str, obj: Any, id_field: str, item: int = 0) -> PartRow:
 
 def _openai_rows(path: str, text: str) -> Iterable[PartRow]:
     lines = text.split("\n")  # as json_lines splits: its line numbers index this
-    for number, obj in json_lines(path, text):
+    for number, obj in json_lines(path, text, finite=False):
         where = f"{path}:{number}"
         if not isinstance(obj, dict):
             raise InputError(f"{where}: each line of OpenAI Batch output must be a JSON object, "

@@ -39,7 +39,8 @@ def read_rows(path: str, what: str) -> Iterator[tuple[int, Any]]:
     fmt = detect_format(path, text, what=what)
     if fmt == "csv":
         return csv_rows(path, text)
-    return json_array(path, text) if fmt == "json" else json_lines(path, text)
+    finite = what != "answers file"  # ggbatch's answers may hold a logprob of -Infinity; gold files are questions
+    return json_array(path, text, finite) if fmt == "json" else json_lines(path, text, finite)
 
 
 # An answer's text, or the texts of its samples (sampling.n), in sample order (None: a sample
