@@ -80,8 +80,9 @@ def json_array(path: str, text: str, finite: bool = True) -> Iterator[tuple[int,
     i = _skip_ws(text, i + 1)
     if i < len(text) and text[i] == "]":
         return
+    line, counted = 1, 0  # the line breaks before `counted`, counted on from there: not from 0 each time
     while True:
-        line = text.count("\n", 0, i) + 1
+        line, counted = line + text.count("\n", counted, i), i
         obj, i = _element(path, text, i, line, finite)
         yield line, obj
         i = _skip_ws(text, i)
