@@ -30,7 +30,7 @@ def test_json_array_with_line_numbers(tmp_path):
 def test_json_array_elements_of_many_lines_each_say_the_line_they_start_on(tmp_path):
     """Counted on from the element before (a 20,000-record array took 6 s when each element
     counted its line breaks from the file's start)."""
-    records = [{"questionID": f"q{i}", "question": "line\n" * (i % 3)} for i in range(50)]
+    records = [{"questionID": f"q{i}", "question": "line\n" * (i % 3) + "end"} for i in range(50)]
     path = write(tmp_path, "q.json", "[\n" + ",\n".join(json.dumps(r, indent=1) for r in records) + "\n]\n")
     starts = [2]
     for r in records[:-1]:
