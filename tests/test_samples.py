@@ -283,14 +283,14 @@ def test_a_cut_sample_keeps_the_others_and_only_all_cut_or_a_crash_fails_the_que
 
 def test_a_sample_without_an_answer_is_null_in_rows_and_kept_by_the_journal():
     from ggbatch.runner.files.formats.rows import Row, row_fields
-    from ggbatch.runner.journal.journal import _answer, _entry
+    from ggbatch.runner.journal.entries import answer_of, entry_of
     from ggbatch.workers.protocol import Sample
 
     samples = (Sample("yes", FinishReason.STOP, 1), Sample("", FinishReason.LENGTH, 4, error="cut"),
                Sample("of", FinishReason.LENGTH, 4, in_thinking=True))
     answer = Answer("q", "yes", FinishReason.STOP, 5, 9, 0, 0.1, 0.2, samples=samples)
     assert row_fields(Row("q", answer, None), "questionID", False) == {"questionID": "q", "answer": ["yes", None, ""]}
-    assert _answer(_entry(answer, "p", "r")).samples == samples
+    assert answer_of(entry_of(answer, "p", "r")).samples == samples
 
 
 GRAMMAR = 'root ::= "yes" | "no, because of many many reasons"'  # "yes" ends in time, the other is cut

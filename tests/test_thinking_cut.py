@@ -19,7 +19,8 @@ import pytest
 
 from ggbatch.runner.config.reasoning import answer_room_problem
 from ggbatch.runner.files.formats.rows import Row, row_fields, shown_answer
-from ggbatch.runner.journal.journal import _answer, _entry, setting_change
+from ggbatch.runner.journal.entries import answer_of, entry_of
+from ggbatch.runner.journal.journal import setting_change
 from ggbatch.workers.protocol import Answer, FinishReason, Sample, Thinking
 from helpers import ggbatch, journaled, write_jsonl
 
@@ -43,14 +44,14 @@ def test_row_fields_and_the_journal_keep_in_thinking_and_read_an_old_entry_as_cl
     cut = Answer("q1", "of part", FinishReason.LENGTH, 9, 8, 0, 0.0, 0.0, in_thinking=True,
                  samples=(Sample("of part", FinishReason.LENGTH, 8, in_thinking=True),
                           Sample("x</think> y", FinishReason.STOP, 5)))
-    entry = json.loads(json.dumps(_entry(cut, "p", "r")))
-    back = _answer(entry)
+    entry = json.loads(json.dumps(entry_of(cut, "p", "r")))
+    back = answer_of(entry)
     assert back.in_thinking and [s.in_thinking for s in back.samples] == [True, False]
     assert row_fields(Row("q1", back), "questionID", True) == {
         "questionID": "q1", "answer": ["", "y"], "thinking": ["of part", "x"]}
     old = {k: v for k, v in entry.items() if k not in ("in_thinking", "samples")}  # written before the key
-    assert not _answer(old).in_thinking
-    assert row_fields(Row("q1", _answer(old)), "questionID", True) == {"questionID": "q1", "answer": "of part"}
+    assert not answer_of(old).in_thinking
+    assert row_fields(Row("q1", answer_of(old)), "questionID", True) == {"questionID": "q1", "answer": "of part"}
 
 
 def test_a_budget_that_leaves_no_token_for_the_answer_is_named_with_its_keys():
