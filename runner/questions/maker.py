@@ -117,11 +117,10 @@ class QuestionMaker:
                 text = self.prompt(rec, index)
                 if text is None:
                     continue
-                choices = self._scored_choices(rec)
+                choices, spelt = self._tokenized_choices(rec)
                 if choices:  # a line's own settings change the budget only, not the block
                     self._say_unseen_labels(rec, text)
                     text = scoring_context(text, self.job.thinking)
-                spelt = () if choices else self._own_choices(rec)
                 waiting.append((rec, index, text, choices, spelt))
                 bos = self.builder.needs_bos(text)
                 for piece in pair_texts_of(text, choices):
@@ -142,22 +141,20 @@ class QuestionMaker:
                 questions.append(question)
         return questions
 
-    def _scored_choices(self, rec: Record) -> tuple[str, ...]:
-        """The choices scored as continuations of this record's prompt (answer.choice_scoring:
-        loglikelihood), or none: its answer is generated."""
-        if self.config.choice_scoring != LOGLIKELIHOOD:
-            return ()
-        answer = (self._own_generation(rec) or self.job).answer
-        return answer.choices if answer is not None else ()
-
-    def _own_choices(self, rec: Record) -> tuple[str, ...]:
-        """A record's own choices (answer.choices: auto) its answer is generated among: each goes
-        through the tokenizer too, as the job's own list does before the run (check_spellable),
-        so that one the vocabulary cannot write fails the record by name, not by never winning."""
-        if rec.request is not None or self.config.choices != CHOICES_AUTO:
-            return ()
+    def _tokenized_choices(self, rec: Record) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the choices scored as continuations of this record's prompt (answer.choice_scoring:
+        loglikelihood), the record's own choices (answer.choices: auto) its answer is generated
+        among). The second go through the tokenizer alone, as the job's own list does before the
+        run (check_spellable), so that one the vocabulary cannot write fails the record by name,
+        not by never winning; the first are spelt as continuations anyway."""
         own = self._own_generation(rec)
-        return own.answer.choices if own is not None and own.answer is not None else ()
+        answer = (own or self.job).answer
+        if answer is None:
+            return (), ()
+        if self.config.choice_scoring == LOGLIKELIHOOD:
+            return answer.choices, ()
+        records_own = own is not None and rec.request is None and self.config.choices == CHOICES_AUTO
+        return (), answer.choices if records_own else ()
 
     def _say_unseen_labels(self, rec: Record, prompt: str) -> None:
         """Warn, once a run, of labelled choices scored by their labels behind a prompt that
@@ -237,7 +234,7 @@ class QuestionMaker:
         log-likelihood generates nothing, so it needs no room (a line held to its own
         response_format in such a job is generated, and does)."""
         assert rec.request is not None
-        scored = bool(self._scored_choices(rec))
+        scored = bool(self._tokenized_choices(rec)[0])
         return (effort_problem(rec.request.settings.reasoning_effort, self.job, scored)
                 or (None if scored else self._room_problem(rec)))
 
