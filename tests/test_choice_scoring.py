@@ -254,22 +254,43 @@ def test_equal_choice_texts_are_scored_alike_and_the_first_wins(tmp_path, storie
     assert r.returncode == 2 and f"record '{records[2]['questionID']}'" in r.stderr
 
 
-def test_labels_scored_behind_a_prompt_that_does_not_show_their_texts_are_warned_of(tmp_path, demo_model):
+def scored(model, tmp_path, name: str, records: list[dict], *choices: str) -> tuple[dict[str, dict], str]:
+    """Each record's row of a log-likelihood run with choice_logprobs, and the run's stderr."""
+    write_jsonl(tmp_path / f"{name}.jsonl", records)
+    r = run(model, tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl", "--choices", *(choices or ["auto"]),
+            "--choice-scoring", "loglikelihood", "--choice-logprobs")
+    assert r.returncode == 0, r.stderr
+    rows = map(json.loads, (tmp_path / f"{name}.out.jsonl").read_text().splitlines())
+    return {row["questionID"]: row for row in rows}, r.stderr
+
+
+def test_labelled_choices_a_prompt_does_not_list_are_scored_by_their_texts_and_answered_by_label(tmp_path,
+                                                                                               demo_model):
     """MMLU lists its choices in the question and lm-eval scores the letters; ARC does not, and
-    lm-eval scores the texts. Labelled choices are scored by their labels: where the prompt does
-    not show a choice's text, the run says so, once, with what to do."""
-    arc = {"questionID": "arc1", "question": "Once upon a time there was a little",
-           "choices": {"text": ["girl", "dog house", "cat", "boy"], "label": ["A", "B", "C", "D"]}}
-    mmlu = {"questionID": "m1", "choices": {"A": "girl", "B": "dog house", "C": "cat", "D": "boy"},
-            "question": "Once upon a time there was a little\n\nA. girl\nB. dog house\nC. cat\nD. boy"}
-    for records, warned in (([mmlu, {**mmlu, "questionID": "m2"}], False),
-                            ([mmlu, arc, {**arc, "questionID": "arc2"}], True)):
-        write_jsonl(tmp_path / "q.jsonl", records)
-        r = run(demo_model, tmp_path / "q.jsonl", tmp_path / f"a-{warned}.jsonl", "--choices", "auto",
-                "--choice-scoring", "loglikelihood")
-        assert r.returncode == 0, r.stderr
-        said = [line for line in r.stderr.splitlines() if "scored by their labels" in line]
-        assert said == ([f"ggbatch: {tmp_path / 'q.jsonl'}:2: record 'arc1': its choices are scored by their labels "
-                         "(answer.choice_scoring: loglikelihood), but its prompt does not show the choice 'girl' that "
-                         "one of them stands for: to score the choices' texts, as lm-eval's ARC and OpenBookQA do, "
-                         "give 'choices' as a list of texts (said once)"] if warned else []), r.stderr
+    lm-eval scores the texts. A record's labelled choices its prompt does not list beside their
+    labels are scored by their texts (acc_norm divides by the text's length) and answered by
+    label; listed ones are scored by their labels. The first is said once."""
+    texts = ["girl", "dog house", "cat", "boy", "girl"]  # equal texts score alike; the first wins a tie
+    labels = ["A", "B", "C", "D", "E"]
+    question = "Once upon a time there was a little"
+    arc = [{"questionID": f"arc{i}", "question": f"{question} {word}", "choices": {"text": texts, "label": labels}}
+           for i, word in enumerate(["", "big", "happy"])]
+    rows, said = scored(demo_model, tmp_path, "arc", arc)
+    by_text, _ = scored(demo_model, tmp_path, "texts", [{**rec, "choices": texts} for rec in arc])
+    for rec in arc:
+        row, plain = rows[rec["questionID"]], by_text[rec["questionID"]]
+        assert row["choice_logprobs"] == {label: plain["choice_logprobs"][text] for label, text in zip(labels, texts)}
+        assert row["answer"] == labels[texts.index(plain["answer"])]
+        assert row["answer_norm"] == labels[texts.index(plain["answer_norm"])]
+    assert [line for line in said.splitlines() if "scored" in line] == [
+        f"ggbatch: {tmp_path / 'arc.jsonl'}:1: record 'arc0': its prompt does not list its choices beside their "
+        "labels, so their texts are scored and their labels answered (as lm-eval's ARC; said once)"]
+
+    listing = "\n\n" + "\n".join(f"{label}. {text}" for label, text in zip(labels, texts))
+    mmlu = [{**rec, "question": rec["question"] + listing} for rec in arc]
+    rows, said = scored(demo_model, tmp_path, "mmlu", mmlu)
+    by_label, _ = scored(demo_model, tmp_path, "letters", [{k: v for k, v in rec.items() if k != "choices"}
+                                                            for rec in mmlu], ",".join(labels))
+    assert "scored" not in said
+    for rec in mmlu:
+        assert rows[rec["questionID"]]["choice_logprobs"] == by_label[rec["questionID"]]["choice_logprobs"]

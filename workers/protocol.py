@@ -179,6 +179,9 @@ class AnswerSpec:
     grammar: Optional[str] = None
     logprobs: bool = False  # choices answered from the logits: write choice_logprobs
     choice_logits: bool = True  # False: single-token choices take the grammar path too
+    # Choices scored by log-likelihood as other texts than the answers they stand for: a record's
+    # labels answered, each scored by its text (ARC's, whose prompt does not list them); () the choices.
+    texts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

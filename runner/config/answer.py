@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import replace
 from typing import Any, Mapping, Optional
 
@@ -172,20 +173,25 @@ def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str
     return items
 
 
-def label_unseen(fields: Mapping[str, Any], prompt: str) -> Optional[str]:
-    """For a record whose own choices are labelled (MMLU's mapping, ARC's text and label): a
-    choice text its prompt does not show, so that the label scored for it stands for nothing the
-    model has read; None when the prompt shows them all, or the choices are a bare list."""
+def scored_texts(fields: Mapping[str, Any], prompt: str) -> tuple[str, ...]:
+    """What a record's own labelled choices (MMLU's mapping, ARC's text and label) are scored as
+    by log-likelihood: their texts, when its prompt does not list each text beside its label
+    (ARC and OpenBookQA, whose texts lm-eval scores), so that no label stands for text the model
+    has not read; () when it lists them (MMLU's "A. 4", whose letters lm-eval scores), or the
+    choices are a bare list (the texts are the choices)."""
     read = read_choices(fields.get("choices"))
     if read is None or read.labels is None:
-        return None
-    return next((text for text in read.texts if text not in prompt), None)
+        return ()
+    listed = all(re.search(rf"(?<!\w){re.escape(label)}(?:[.):\]]\s*|\s+){re.escape(text)}", prompt)
+                 for label, text in zip(read.labels, read.texts))
+    return () if listed else read.texts
 
 
-def with_choices(gen: GenerationParams, choices: tuple[str, ...]) -> GenerationParams:
-    """The job's settings for a question of its own choices (answer.choices: auto)."""
+def with_choices(gen: GenerationParams, choices: tuple[str, ...], texts: tuple[str, ...] = ()) -> GenerationParams:
+    """The job's settings for a question of its own choices (answer.choices: auto), scored as
+    `texts` where they are not the choices themselves (scored_texts)."""
     assert gen.answer is not None
-    return room_for_choices(replace(gen, answer=replace(gen.answer, choices=choices)), gen.max_tokens)
+    return room_for_choices(replace(gen, answer=replace(gen.answer, choices=choices, texts=texts)), gen.max_tokens)
 
 
 def room_for_choices(gen: GenerationParams, max_tokens: int) -> GenerationParams:

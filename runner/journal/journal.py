@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ...workers.protocol import Answer, GenerationParams, Question
+from ...workers.protocol import Answer, AnswerSpec, GenerationParams, Question
 from ..config.schema import CHOICES_AUTO, FIRST_TOKEN, LOGLIKELIHOOD, JobConfig, flash_attn_auto
 from ..errors import JournalError, OutputError, StartOver, quote
 from ..files.compact import HashIndex, text_key
@@ -72,7 +72,7 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             # auto, it is named (auto left out: journals written before it was fingerprinted stay valid)
             **({"flash_attn": config.flash_attn} if config.flash_attn != flash_auto else {}),
             # fixed choices, a schema's or a job's grammar: an answer made under others is not reused
-            "answer": asdict(generation.answer) if generation.answer is not None else None,
+            "answer": answer_settings(generation.answer),
             # a reasoning model's block and budget: a forced end makes other answers (left out
             # for a model that does not think, whose journals it does not concern)
             **({"reasoning": asdict(generation.thinking)} if generation.thinking is not None else {}),
@@ -90,6 +90,16 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
                if config.choice_scoring == LOGLIKELIHOOD and generation.thinking is not None else {}),
             # one sample (the default) is left out: journals written before n existed stay valid
             **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items() if k != "n" or v != 1}}
+
+
+def answer_settings(answer: Optional[AnswerSpec]) -> Optional[dict[str, Any]]:
+    """The job's answer.* settings as its fingerprint holds them: AnswerSpec.texts, a record's
+    own (never the job's), is left out, as journals written before it have it."""
+    if answer is None:
+        return None
+    settings = asdict(answer)
+    del settings["texts"]
+    return settings
 
 
 # the fingerprint's keys left out at their default (so that older journals stay valid): a change

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Protocol, Sequence, Union
 
 from ...workers.protocol import Answer, FinishReason, GenerationParams, Question
-from ..config.answer import format_grammar, label_unseen, record_choices, room_for_choices, with_choices
+from ..config.answer import format_grammar, record_choices, room_for_choices, scored_texts, with_choices
 from ..config.reasoning import answer_room_problem, effort_problem, scoring_context, with_effort
 from ..config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError, quote
@@ -100,14 +100,14 @@ class QuestionMaker:
         self.made = QuestionSet(IdSet(self.ids), IdSet(self.ids), IdSet(self.ids))
         self._failed_prompts: set[int] = set()  # key64 of the prompts the tokenizer refused (and settings)
         self._opens_block: Optional[bool] = None  # whether the chat template opens the thinking block
-        self._said_unseen = False  # _say_unseen_labels, once a run
+        self._said_texts = False  # _say_texts_scored, once a run
 
     def make(self, records: Sequence[Record]) -> list[Question]:
         """The questions of these records still to answer, in file order; the rest are answers
         the journal holds, aliases of identical prompts, or errors (self.made)."""
         questions: list[Question] = []
         # rendered, waiting for their tokens (and their choices, scored as continuations)
-        waiting: deque[tuple[Record, int, str, tuple[str, ...], tuple[str, ...]]] = deque()
+        waiting: deque[tuple[Record, int, str, Optional[GenerationParams], tuple[str, ...], tuple[str, ...]]] = deque()
         first, journaled = self._take_in(records)
 
         def prompts() -> Iterator[tuple[str, bool]]:
@@ -117,11 +117,12 @@ class QuestionMaker:
                 text = self.prompt(rec, index)
                 if text is None:
                     continue
-                choices, spelt = self._tokenized_choices(rec)
+                own = self._own_generation(rec, text)
+                choices, spelt = self._tokenized_choices(rec, own)
                 if choices:  # a line's own settings change the budget only, not the block
-                    self._say_unseen_labels(rec, text)
+                    self._say_texts_scored(rec, own)
                     text = scoring_context(text, self.job.thinking)
-                waiting.append((rec, index, text, choices, spelt))
+                waiting.append((rec, index, text, own, choices, spelt))
                 bos = self.builder.needs_bos(text)
                 for piece in pair_texts_of(text, choices):
                     yield piece, bos
@@ -131,44 +132,40 @@ class QuestionMaker:
         # The prompts are rendered as the tokenizer process takes them (rendering overlaps tokenizing).
         tokenized = tokenize_all(self.tokenizers, prompts())
         for tokens in tokenized:
-            rec, index, text, choices, spelt = waiting.popleft()
+            rec, index, text, own, choices, spelt = waiting.popleft()
             tokens, continuations = split_tokens(tokens, [next(tokenized) for _ in choices])
             tokens = unspellable(spelt, [next(tokenized) for _ in spelt]) or tokens
             if isinstance(tokens, Rejected):
-                self._count_failed(rec, text)
-            question = self.add(rec, index, tokens, continuations)
+                self._count_failed(rec, text, own)
+            question = self.add(rec, index, tokens, own, continuations)
             if question is not None:
                 questions.append(question)
         return questions
 
-    def _tokenized_choices(self, rec: Record) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(the choices scored as continuations of this record's prompt (answer.choice_scoring:
+    def _tokenized_choices(self, rec: Record, own: Optional[GenerationParams]
+                           ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the texts scored as continuations of this record's prompt (answer.choice_scoring:
         loglikelihood), the record's own choices (answer.choices: auto) its answer is generated
-        among). The second go through the tokenizer alone, as the job's own list does before the
-        run (check_spellable), so that one the vocabulary cannot write fails the record by name,
-        not by never winning; the first are spelt as continuations anyway."""
-        own = self._own_generation(rec)
+        among), `own` its own generation. The second go through the tokenizer alone, as the job's
+        own list does before the run (check_spellable), so that one the vocabulary cannot write
+        fails the record by name, not by never winning; the first are spelt as continuations anyway."""
         answer = (own or self.job).answer
         if answer is None:
             return (), ()
         if self.config.choice_scoring == LOGLIKELIHOOD:
-            return answer.choices, ()
+            return answer.texts or answer.choices, ()
         records_own = own is not None and rec.request is None and self.config.choices == CHOICES_AUTO
         return (), answer.choices if records_own else ()
 
-    def _say_unseen_labels(self, rec: Record, prompt: str) -> None:
-        """Warn, once a run, of labelled choices scored by their labels behind a prompt that
-        does not show what they stand for: lm-eval's MMLU lists its choices in the question and
-        scores the letters, its ARC and OpenBookQA do not and score the texts."""
-        if self._said_unseen or rec.request is not None or self.config.choices != CHOICES_AUTO:
+    def _say_texts_scored(self, rec: Record, own: Optional[GenerationParams]) -> None:
+        """Say, once a run, that labelled choices are scored by their texts and answered by their
+        labels: lm-eval's MMLU lists its choices in the question and scores the letters, its ARC
+        and OpenBookQA do not and score the texts (runner/config/answer.py scored_texts)."""
+        if self._said_texts or own is None or own.answer is None or not own.answer.texts:
             return
-        unseen = label_unseen(rec.fields, prompt)
-        if unseen is not None:
-            self._said_unseen = True
-            log.warning("%s: record '%s': its choices are scored by their labels (answer.choice_scoring: "
-                        "loglikelihood), but its prompt does not show the choice %s that one of them stands for: to "
-                        "score the choices' texts, as lm-eval's ARC and OpenBookQA do, give 'choices' as a list of "
-                        "texts (said once)", self.where(rec), rec.qid, quote(unseen, 60))
+        self._said_texts = True
+        log.info("%s: record '%s': its prompt does not list its choices beside their labels, so their texts are "
+                 "scored and their labels answered (as lm-eval's ARC; said once)", self.where(rec), rec.qid)
 
     def take_unmade(self, records: Sequence[Record]) -> None:
         """Records a stopped run never made into questions (runner/questions/feed.py read_rest):
@@ -234,7 +231,7 @@ class QuestionMaker:
         log-likelihood generates nothing, so it needs no room (a line held to its own
         response_format in such a job is generated, and does)."""
         assert rec.request is not None
-        scored = bool(self._tokenized_choices(rec)[0])
+        scored = bool(self._tokenized_choices(rec, self._own_generation(rec))[0])
         return (effort_problem(rec.request.settings.reasoning_effort, self.job, scored)
                 or (None if scored else self._room_problem(rec)))
 
@@ -254,14 +251,13 @@ class QuestionMaker:
             self._opens_block = template_opens_block(self.builder, self.job.thinking)
         return answer_room_problem(own.thinking, own.max_tokens, (tokens, budget), self._opens_block)
 
-    def add(self, rec: Record, index: int, tokens: Union[array, Rejected],
+    def add(self, rec: Record, index: int, tokens: Union[array, Rejected], own: Optional[GenerationParams],
             continuations: tuple[array, ...] = ()) -> Optional[Question]:
         """The question to answer, or None: it failed, takes an identical prompt's answer, or the
-        journal holds its answer."""
+        journal holds its answer. `own`: its own generation (_own_generation)."""
         if isinstance(tokens, Rejected):
             self._fail(rec.qid, tokens.reason)
             return None
-        own = self._own_generation(rec)
         h = prompt_hash(scored_tokens(tokens, continuations), own)
         # Identical prompts are answered once, but only when greedy and asked with equal settings
         # (in the hash): with sampling each question has its own seed, so duplicates are meant to differ.
@@ -294,10 +290,9 @@ class QuestionMaker:
         if own is not None:
             self._count_own(own)
 
-    def _count_failed(self, rec: Record, text: str) -> None:
+    def _count_failed(self, rec: Record, text: str, own: Optional[GenerationParams]) -> None:
         """A prompt the tokenizer refused is one of the unique prompts once, as an identical
         prompt it could take would be answered once (greedy, equal settings)."""
-        own = self._own_generation(rec)
         if is_greedy(own or self.job):
             key = key64(text.encode("utf-8", "surrogatepass") + (settings_key(own) if own is not None else b""))
             if key in self._failed_prompts:
@@ -308,12 +303,16 @@ class QuestionMaker:
     def _count_own(self, own: GenerationParams) -> None:
         self.made.own_settings.update(describe_own([own]))
 
-    def _own_generation(self, rec: Record) -> Optional[GenerationParams]:
+    def _own_generation(self, rec: Record, prompt: Optional[str] = None) -> Optional[GenerationParams]:
+        """A record's settings where they are not the job's: a line's own, or a record's own
+        choices; given its rendered prompt, those choices scored as what it shows of them
+        (scored_texts; a record's journaled answer, reused without rendering, needs none)."""
         if rec.request is None:
             if self.config.choices != CHOICES_AUTO or self.job.answer is None:
                 return None
             choices = record_choices(rec.fields, self.where(rec), rec.qid)
-            return with_choices(self.job, choices)
+            scoring = self.config.choice_scoring == LOGLIKELIHOOD
+            return with_choices(self.job, choices, scored_texts(rec.fields, prompt) if scoring and prompt else ())
         # A chat prompt on the plain template stops before inventing the next question; a raw
         # completion prompt has no template to stop at.
         template_stop = PLAIN_STOP if self.builder.is_plain and rec.request.prompt is None else ()

@@ -235,29 +235,32 @@ def answer(parent: Parent, worker_id: int, spec: Optional[AnswerSpec]) -> Answer
     n_prompt = len(q.tokens) + sum(len(c) for c in q.continuations)
     took = max(0.0, time.perf_counter() - parent.t_admit) if parent.t_admit else 0.0
     choices = spec.choices if spec is not None else ()
-    scored = alike(choices, tuple(r for r in parent.results if r is not None))
+    texts = (spec.texts if spec is not None else ()) or choices
+    scored = alike(texts, tuple(r for r in parent.results if r is not None))
     sums = (choice_logprobs(choices, [s.logprob for s in scored]) if spec is not None and spec.logprobs
             and len(choices) == len(scored) else None)
     return Answer(q.qid, pick_text(choices, scored), FinishReason.STOP, n_prompt, 0, worker_id, took, took,
                   created=time.time(), choice_logprobs=sums, scored=scored,
-                  answer_norm=pick_text(choices, scored, per_char=True) if choices else None)
+                  answer_norm=pick_text(choices, scored, per_char=texts) if choices else None)
 
 
-def alike(choices: tuple[str, ...], scored: tuple[Scored, ...]) -> tuple[Scored, ...]:
-    """Each choice's score, a choice equal to an earlier one given that one's: equal texts score
-    the same by definition, though another batch row may round them apart; then a tie's first wins."""
-    if len(choices) != len(scored):
+def alike(texts: tuple[str, ...], scored: tuple[Scored, ...]) -> tuple[Scored, ...]:
+    """Each choice's score, a choice whose text equals an earlier one's given that one's: equal
+    texts score the same by definition, though another batch row may round them apart; then a
+    tie's first wins."""
+    if len(texts) != len(scored):
         return scored
     first: dict[str, int] = {}
-    return tuple(scored[first.setdefault(c, i)] for i, c in enumerate(choices))
+    return tuple(scored[first.setdefault(c, i)] for i, c in enumerate(texts))
 
 
-def pick_text(choices: tuple[str, ...], scored: tuple[Scored, ...], per_char: bool = False) -> str:
+def pick_text(choices: tuple[str, ...], scored: tuple[Scored, ...], per_char: tuple[str, ...] = ()) -> str:
     """The answer's text: with fixed choices (one continuation each) the one of the highest
-    log-likelihood (lm-eval's acc pick; a tie goes to the first, as numpy's argmax), or per_char
-    of the highest log-likelihood divided by the choice's length in characters (acc_norm: lm-eval
-    divides by len() of the choice as its task lists it, without the target delimiter); else empty."""
+    log-likelihood (lm-eval's acc pick; a tie goes to the first, as numpy's argmax), or, given
+    the texts scored (`per_char`), of the highest log-likelihood divided by its text's length in
+    characters (acc_norm: lm-eval divides by len() of the choice as its task lists it, without
+    the target delimiter); else empty."""
     if len(choices) != len(scored) or not scored:
         return ""
-    scores = [s.logprob / len(c) if per_char else s.logprob for c, s in zip(choices, scored)]
+    scores = [s.logprob / len(t) for t, s in zip(per_char, scored)] if per_char else [s.logprob for s in scored]
     return choices[max(range(len(scores)), key=lambda i: (scores[i], -i))]

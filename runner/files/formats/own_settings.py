@@ -90,6 +90,8 @@ def settings_key(gen: GenerationParams) -> bytes:
         del data["sampling"]["n"]
     if data["token_logprobs"] is None:
         del data["token_logprobs"]
+    if data["answer"] is not None and not data["answer"]["texts"]:
+        del data["answer"]["texts"]  # choices scored as themselves
     if gen.thinking is None:
         del data["thinking"]  # a model that does not think: the hash its journals were written with
     if gen.response_format is not None:
