@@ -146,9 +146,9 @@ def test_eval_says_in_one_line_a_data_file_the_datasets_library_cannot_read(tmp_
                           "--tasks", "bad_mc", "--model_args", "workers=1")
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200)
     assert done.returncode == 2, done.stderr[-3000:]
-    # lm-eval's and the datasets library's tracebacks are gone. (The model's processes, still
-    # starting when the run ends, can print their own: a separate race, not checked here.)
-    assert "DatasetGenerationError" not in done.stderr and "lm_eval" not in done.stderr, done.stderr[-3000:]
+    # lm-eval's and the datasets library's tracebacks are gone, and so are the model's processes'
+    # (still starting when the run ends, they printed their own, or the run waited on them for good)
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("ggbatch: error: ")]
     assert len(said) == 1 and said[0].startswith("ggbatch: error: ggbatch eval --tasks bad_mc: cannot load the "
                                                  f"task's data set: {tmp_path / 'bad.jsonl'}: "), said

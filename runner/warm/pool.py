@@ -82,6 +82,19 @@ class Untokenizable(InputError):
         self.name, self.reason = name, reason
 
 
+def _close_at_exit(starting: "Future[Pool]") -> None:
+    """A pool still starting when the interpreter exits (ggbatch eval stopped by a task's error
+    while the model loads) is waited for, then closed as one left open is (Pool._at_exit).
+    Otherwise the interpreter ends under children still reading what they were started with
+    (multiprocess's SemLock traceback, each), or multiprocess's exit handler waits for good on
+    workers no one stops. Registered after multiprocess's handler, it runs before it."""
+    try:
+        pool = starting.result()
+    except BaseException:  # it never started: nothing of it is left running
+        return
+    pool._at_exit()
+
+
 class Pool:
     """Workers and a model held across calls. `with ggbatch.Pool(model="m.gguf", max_tokens=64) as
     pool: pool.answer(["2+2?"])`. Settings are the job's keys that name no file."""
@@ -96,8 +109,9 @@ class Pool:
         """Pool(), returning at once: the settings and a local model file are checked here (a
         typo or a missing file raises now), the workers, the tokenizer and the model start in a
         thread meanwhile; the Future holds the pool, or why it could not start. It is running from
-        the start, so it cannot be cancelled: close the pool it gives. For a caller with work of
-        its own first: lm-eval builds its tasks while the model loads (ggbatch.lm_eval)."""
+        the start, so it cannot be cancelled: close the pool it gives (a process that exits
+        meanwhile waits for the start, then closes it). For a caller with work of its own first:
+        lm-eval builds its tasks while the model loads (ggbatch.lm_eval)."""
         config, layer = _configured(model, settings)
         check_local_model(config.model)
         future: Future[Pool] = Future()
@@ -109,9 +123,8 @@ class Pool:
             except BaseException as exc:  # the caller hears it from the Future
                 future.set_exception(exc)
 
-        # A daemon: a caller that exits without taking its pool does not wait for the model to
-        # load (the workers and the tokenizer die with this process: workers/main.py).
         threading.Thread(target=start, name="ggbatch-pool-start", daemon=True).start()
+        atexit.register(_close_at_exit, future)
         return future
 
     @classmethod
