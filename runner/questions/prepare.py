@@ -137,7 +137,7 @@ def check_sample_slots(slots: Sequence[int], samples: int, config: JobConfig) ->
     fewest = min(slots, default=samples)
     if fewest >= samples:
         return
-    why = (f"--slots is {config.slots}" if config.slots is not None
+    why = (f"slots is {config.slots} (--slots)" if config.slots is not None
            else f"the memory plan leaves a worker {fewest} slots")
     raise ConfigError(f"sampling.n: {samples} samples of a question decode together in {samples} slots, but {why}: "
                       "give more slots, or fewer samples")
