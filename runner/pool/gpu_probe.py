@@ -17,6 +17,7 @@ import multiprocess as mp
 from ...workers.helper_messages import GpuMemory
 from ...workers.llama.gpu_memory import report_gpus
 from ...workers.protocol import decode
+from ..child_processes import start_child
 
 log = logging.getLogger("ggbatch")
 
@@ -30,7 +31,7 @@ def free_gpu_memory() -> tuple[GpuMemory, ...]:
     ctx = mp.get_context("spawn")
     results, child_end = ctx.Pipe(duplex=False)
     process = ctx.Process(target=report_gpus, args=(child_end,), name="ggbatch-gpus", daemon=True)
-    process.start()
+    start_child(process)  # shielded from a Ctrl-C to the group while it starts, as every child
     child_end.close()
     try:
         if results.poll(PROBE_TIMEOUT):
