@@ -88,6 +88,8 @@ def _close_at_exit(starting: "Future[Pool]") -> None:
     Otherwise the interpreter ends under children still reading what they were started with
     (multiprocess's SemLock traceback, each), or multiprocess's exit handler waits for good on
     workers no one stops. Registered after multiprocess's handler, it runs before it."""
+    if not starting.done():  # the caller has had its last word (often an error): the start is no news
+        log.setLevel(logging.ERROR)
     try:
         pool = starting.result()
     except BaseException:  # it never started: nothing of it is left running
