@@ -30,7 +30,7 @@ _API = {
     "answer": "ggbatch.runner.api",
     "Answered": "ggbatch.runner.api",
     "Pool": "ggbatch.runner.warm.pool",
-    "PoolClosed": "ggbatch.runner.warm.pool",
+    "PoolClosed": "ggbatch.runner.warm.pool_errors",
     "job_config": "ggbatch.runner.api",
     "RunReport": "ggbatch.runner.report.report",
     "GgbatchError": "ggbatch.runner.errors",

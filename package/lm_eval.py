@@ -65,7 +65,8 @@ from ggbatch.runner.tools.lm_eval_requests import (
     within_context,
 )
 from ggbatch.runner.warm.calls import Answered
-from ggbatch.runner.warm.pool import SOURCE, Pool, Untokenizable
+from ggbatch.runner.warm.pool import SOURCE, Pool
+from ggbatch.runner.warm.pool_errors import Untokenizable
 from ggbatch.workers.protocol import Question
 
 log = logging.getLogger("ggbatch")

@@ -30,7 +30,7 @@ from ...workers.protocol import Answer, Question
 from ..config.answer import job_answer
 from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
-from ..errors import ConfigError, GgbatchError, InputError, WorkerFailure
+from ..errors import ConfigError, WorkerFailure
 from ..files.inputs import Record
 from ..launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
 from ..model.identity import check_local_model, identify, resolve_model
@@ -49,6 +49,7 @@ from .events import PoolEvents
 from .facts import call_facts, probe_records, warm_facts
 from .intake import Submissions
 from .overrides import Variant, Variants
+from .pool_errors import PoolClosed, Untokenizable
 from .records import caller_namer, caller_records, caller_rows, check_vocabulary
 from .stats import pool_stats
 
@@ -69,25 +70,10 @@ def _configured(model: str, settings: dict[str, Any]) -> tuple[JobConfig, dict[s
     return build_config([(SOURCE, layer)]), layer
 
 
-class PoolClosed(GgbatchError):
-    """The pool was closed (or its workers could not go on) before the call was answered."""
-
-
-class Untokenizable(InputError):
-    """A text Pool.tokenize was given that the model's tokenizer cannot take: `name` says which
-    (as the caller named it), `reason` why, so a caller can say it in its own words."""
-
-    def __init__(self, where: str, name: str, reason: str) -> None:
-        super().__init__(f"{where}: {name}: the model's tokenizer cannot take its text: {reason}")
-        self.name, self.reason = name, reason
-
-
 def _close_at_exit(starting: "Future[Pool]") -> None:
-    """A pool still starting when the interpreter exits (ggbatch eval stopped by a task's error
-    while the model loads) is waited for, then closed as one left open is (Pool._at_exit).
-    Otherwise the interpreter ends under children still reading what they were started with
-    (multiprocess's SemLock traceback, each), or multiprocess's exit handler waits for good on
-    workers no one stops. Registered after multiprocess's handler, it runs before it."""
+    """A pool still starting at exit (ggbatch eval stopped by a task's error) is waited for, then
+    closed as one left open is: else children still starting print multiprocess's SemLock
+    traceback, or its exit handler (run after this one) waits for good on workers no one stops."""
     if not starting.done():  # the caller has had its last word (often an error): the start is no news
         log.setLevel(logging.ERROR)
     try:
@@ -142,9 +128,7 @@ class Pool:
     def _start(self, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
                engine_factory: EngineFactory) -> None:
         self._source, self._config, self._closed = source, config, False
-        # the pool's workers, tokenizer and loop thread are this process's: a forked child that
-        # inherits the pool would wait for good on the parent's tokenizer pipe
-        self._owner = os.getpid()
+        self._owner = os.getpid()  # a forked child's copy would wait for good on the tokenizer pipe
         self._groups = 0  # prefix groups numbered so far (submit_questions)
         # One tokenizer process: calls are made one at a time, and each is handed to the pool's
         # loop before a close can begin (a close answers the calls made before it).
