@@ -32,7 +32,7 @@ from ..workers.llama.factory import LLAMA_ENGINE
 from ..workers.protocol import EngineConfig
 from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
-from .errors import Interrupted, JournalError, WorkerFailure
+from .errors import Interrupted, JournalError, ModelError, WorkerFailure
 from .files.formats.cells import check_id_column
 from .files.formats.detect import errors_format, output_format
 from .files.formats.rows import OutputSpec, Row
@@ -115,7 +115,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
             started = start_layout(config, model, first_records, STREAMED if rest is not None else len(first_records),
                                    use_tuned, backend.nodes())
             with WorkerPool(worker_specs(started, model_path, engine_factory), backend=backend,
-                            keep_answers=False) as pool:
+                            keep_answers=False, model=model) as pool:
                 STOP.attach(pool)
                 if first_records and not pool.stopping:
                     pool.start()  # the workers load the model while the questions are prepared
@@ -283,7 +283,7 @@ def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], fe
         if first.questions or feed is not None:
             pool.run(first.questions, engine, feed, feed_below=window // 2, events=watch)
         return Interrupted(STOP.signum) if STOP.signum else None
-    except (WorkerFailure, Interrupted, JournalError) as exc:
+    except (WorkerFailure, Interrupted, JournalError, ModelError) as exc:
         if feed is not None:
             feed.read_rest()
         return exc

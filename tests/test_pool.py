@@ -330,3 +330,45 @@ def test_a_question_that_runs_out_of_memory_alone_under_ulimit_v_names_the_limit
     error, _ = run_under_a_limit("q0", 2)
     assert error.startswith("a worker died 2 times while answering it alone (last: ")
     assert error.endswith(LIMIT_WORDS), error
+
+
+@pytest.mark.model
+def test_a_model_file_replaced_during_the_run_is_not_loaded_again(tmp_path, demo_model):
+    """A re-download renamed over the model file, then a worker death: the restarted worker
+    loaded the new file and answered the rest of the run with it, silently (exit 0, the journal
+    naming the first file). The run now stops with one line saying so, and keeps what it made."""
+    import json
+    import os
+    import shutil
+    import threading
+
+    from ggbatch import build_config, run_job
+    from ggbatch.runner.errors import ModelError
+    from ggbatch.runner.model.make.modelgen import make_model
+    from helpers import wait_for
+
+    model, started = tmp_path / "model.gguf", tmp_path / "started"
+    shutil.copy(demo_model, model)
+    other = make_model(tmp_path / "other.gguf", "demo", seed=1, ftype="f32")
+    q, out = tmp_path / "q.jsonl", tmp_path / "a.jsonl"
+    write_jsonl(q, [{"questionID": f"q{i}", "question": f"Question {i}?"} for i in range(60)])
+    # one answer a step, 0.05 s each: the worker dies at its 20th answer, a second after its first step
+    fake = Fake(slow=0.05, exit_after=20, marker=str(tmp_path / "died"), started=str(started))
+    config = build_config([("t", {"model": str(model), "input": str(q), "output": str(out), "workers": 1,
+                                  "slots": 1})])
+
+    def swap() -> None:
+        wait_for(started.exists, 30, "the worker's first step")
+        os.replace(other, model)
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    with pytest.raises(ModelError, match="model.gguf: the model file changed while the run went on"):
+        run_job(config, engine_factory=fake, progress="log")
+    swapper.join()
+    assert (tmp_path / "died").exists()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]  # what it made is written
+    assert [r["questionID"] for r in rows] == [f"q{i}" for i in range(60)]
+    journaled = (tmp_path / "a.jsonl.journal.jsonl").read_text().count('"qid"')
+    assert sum(r["answer"] is not None for r in rows) == journaled >= 19  # all it sent before its death
+    assert all("the model file changed" in r["error"] for r in rows if r["answer"] is None), rows[-1]

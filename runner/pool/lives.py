@@ -16,10 +16,12 @@ import logging
 import os
 import shutil
 import time
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from ...workers.protocol import Answer, Configure, EngineConfig, Question, Stop
 from ...workers.spec import WorkerSpec
+from ..errors import ModelError
+from ..model.identity import ModelIdentity, identify
 from .backend import Backend
 from .crashes import CrashBudget, Death
 from .log_dirs import make_log_dir
@@ -34,8 +36,10 @@ Requeue = Callable[[list[Answer], list[tuple[Question, ...]]], None]
 
 
 class WorkerLives:
-    def __init__(self, backend: Backend[Any], n_workers: int, max_solo_deaths: int, max_barren_deaths: int) -> None:
+    def __init__(self, backend: Backend[Any], n_workers: int, max_solo_deaths: int, max_barren_deaths: int,
+                 model: Optional[ModelIdentity] = None) -> None:
         self.backend = backend
+        self.model = model  # the file the run's answers come from (its journal's fingerprint holds it)
         self.crashes = CrashBudget(n_workers, max_solo_deaths, max_barren_deaths)
         self.log_dir = make_log_dir()
         self.engines: Union[EngineConfig, Mapping[int, EngineConfig], None] = None  # from the run on
@@ -53,6 +57,7 @@ class WorkerLives:
 
     def start(self, w: WorkerState) -> None:
         """A new life of the worker."""
+        self._check_model(w.spec)
         if w.spec.log_path:
             open(w.spec.log_path, "w").close()  # last words are this life's only
         w.link = self.backend.start(w.spec)
@@ -60,6 +65,19 @@ class WorkerLives:
         w.threads = ThreadCount()
         if self.engines is not None:  # a restart during the run: configure it at once
             w.link.send(Configure(self.engine_of(w)))
+
+    def _check_model(self, spec: WorkerSpec) -> None:
+        """A worker loads its model file at each start (after a death, for a larger context): one
+        replaced meanwhile (a re-download or a new quantization renamed over it) would answer the
+        rest of the run with another model, silently. A Ray node's file is that node's own."""
+        if self.model is None or spec.node_id is not None:
+            return
+        now = identify(spec.model_path)
+        if (now.size_bytes, now.digest) != (self.model.size_bytes, self.model.digest):
+            raise ModelError(f"{spec.model_path}: the model file changed while the run went on, and a worker was "
+                             "to load it again: no answer comes from the new file. The journal keeps the answers "
+                             "made so far: put the first file back and run the same command again to finish, or "
+                             "start over on the new one with --fresh")
 
     def stop(self, w: WorkerState, graceful: bool, timeout: float = 5.0) -> None:
         if w.link is not None:

@@ -58,6 +58,7 @@ from ...workers.protocol import (
 )
 from ...workers.spec import WorkerSpec
 from ..errors import Interrupted, ModelError
+from ..model.identity import ModelIdentity
 from .backend import Backend
 from .dispatch import next_chunk
 from .intake import Feed, WindowIntake
@@ -92,17 +93,19 @@ class WorkerPool:
                  max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None,
                  backend: Optional[Backend[Any]] = None,
                  on_threads: Optional[Callable[[ThreadsSet], None]] = None, keep_answers: bool = True,
-                 on_ready: Optional[Callable[["WorkerPool", Ready], None]] = None) -> None:
+                 on_ready: Optional[Callable[["WorkerPool", Ready], None]] = None,
+                 model: Optional[ModelIdentity] = None) -> None:
         """max_solo_deaths, max_barren_deaths: see runner/pool/crashes.py. backend: where workers live
         (default: local processes, runner/pool/local.py). on_threads: called with a worker's
         answer to set_threads; on_ready: with each Ready (a worker has loaded and built its
         engine). keep_answers: keep every answer in `answers` (the job keeps them in
         its journal instead, through on_answers). The callbacks may instead come with run()'s
-        `events`, when who hears of the run is made after the workers start."""
+        `events`, when who hears of the run is made after the workers start. model: the file
+        the run answers with, checked at each worker's start (runner/pool/lives.py)."""
         self._backend: Backend[Any] = backend or LocalBackend()
         self._on_threads = on_threads
         self._on_ready = on_ready
-        self._lives = WorkerLives(self._backend, len(specs), max_solo_deaths, max_barren_deaths or 0)
+        self._lives = WorkerLives(self._backend, len(specs), max_solo_deaths, max_barren_deaths or 0, model)
         self.workers = [WorkerState(replace(spec, log_path=self._lives.log_path(spec))) for spec in specs]
         self._on_answers = on_answers  # called with each batch of new answers
         self._on_tick = on_tick

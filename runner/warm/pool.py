@@ -152,7 +152,8 @@ class Pool:
         backend = self._resources.enter_context(open_backend(config))
         started = start_layout(config, model, records, len(records) or STREAMED, True, backend.nodes())
         self._workers = self._resources.enter_context(
-            WorkerPool(worker_specs(started, model_path, engine_factory), backend=backend, keep_answers=False))
+            WorkerPool(worker_specs(started, model_path, engine_factory), backend=backend, keep_answers=False,
+                       model=model))
         self._workers.start()  # the model loads while the tokenizer starts
         self._prompting = self._resources.enter_context(Prompting(config, model_path, answer))
         self._variants = Variants(layer, self._source, config, self._prompting, self._make_lock)
