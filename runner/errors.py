@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
-from typing import Any
+import resource
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 
 def quote(value: Any, limit: int = 60) -> str:
@@ -80,3 +83,18 @@ class Interrupted(GgbatchError):
         super().__init__(f"interrupted by signal {signum}")
         self.signum = signum
         self.exit_code = 128 + signum  # 130 for SIGINT, 143 for SIGTERM
+
+
+@contextmanager
+def open_files_limit_named() -> Iterator[None]:
+    """An OSError for the process's open-files limit (`ulimit -n`), reached while a child's pipes
+    are made, as one line naming the limit: Python's own is a traceback from deep in multiprocess."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno != errno.EMFILE:
+            raise
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        raise GgbatchError(f"too many open files: this process may hold {soft} (ulimit -n), and each worker and "
+                           "the tokenizer process take about 6 for their pipes: raise the limit (ulimit -n 4096) "
+                           "or run fewer workers") from None

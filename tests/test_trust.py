@@ -100,3 +100,13 @@ def test_a_tight_ulimit_v_is_one_line_naming_the_limit(tmp_path, demo_model, que
     line = one_error_line(r)
     assert "address-space limit of 150 MiB per process (ulimit -v)" in line
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("limit,workers", [(16, 1), (24, 2)])
+def test_a_tight_ulimit_n_is_one_line_naming_the_limit(tmp_path, demo_model, questions, limit, workers):
+    """Too few file descriptors for the workers' and the tokenizer's pipes ended in 50 lines of
+    multiprocess's traceback, exit 1."""
+    r = ggbatch("--model", demo_model, "--input", questions, "--output", tmp_path / "a.json", "--workers", workers,
+                "--threads", 1, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)))
+    line = one_error_line(r)
+    assert f"too many open files: this process may hold {limit} (ulimit -n)" in line

@@ -24,6 +24,7 @@ from ...workers.main import worker_main
 from ...workers.protocol import decode, encode
 from ...workers.spec import WorkerSpec
 from ..child_processes import exit_reason, start_child
+from ..errors import open_files_limit_named
 from ..plan.nodes import Node, local_node
 from .backend import Event
 from .crashes import last_words
@@ -35,11 +36,12 @@ class LocalLink:
 
     def __init__(self, ctx: Any, spec: WorkerSpec) -> None:
         self.spec = spec
-        self.tasks = ctx.Queue()
-        self.results, writer = ctx.Pipe(duplex=False)
-        self.process = ctx.Process(target=worker_main, args=(spec, self.tasks, writer),
-                                   name=f"ggbatch-worker-{spec.worker_id}", daemon=True)
-        start_child(self.process)
+        with open_files_limit_named():
+            self.tasks = ctx.Queue()
+            self.results, writer = ctx.Pipe(duplex=False)
+            self.process = ctx.Process(target=worker_main, args=(spec, self.tasks, writer),
+                                       name=f"ggbatch-worker-{spec.worker_id}", daemon=True)
+            start_child(self.process)
         writer.close()  # the worker holds the only writing end: its death closes the pipe
 
     @property

@@ -36,7 +36,7 @@ from ...workers.llama.load_errors import memory_sign
 from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
 from ..child_processes import STATE_HINTS, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, exit_reason, start_child
-from ..errors import ConfigError, ModelError, WorkerFailure
+from ..errors import ConfigError, ModelError, WorkerFailure, open_files_limit_named
 
 log = logging.getLogger("ggbatch")
 
@@ -84,14 +84,16 @@ class TokenizerProcess:
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
-        fd, self._stderr_path = tempfile.mkstemp(prefix="ggbatch-tokenizer-", suffix=".log")
-        self._stderr = os.fdopen(fd, "rb")  # the process's stderr, read only if it dies
-        self._requests = ctx.Queue()
-        self._results, child_end = ctx.Pipe(duplex=False)
+        with open_files_limit_named():
+            fd, self._stderr_path = tempfile.mkstemp(prefix="ggbatch-tokenizer-", suffix=".log")
+            self._stderr = os.fdopen(fd, "rb")  # the process's stderr, read only if it dies
+            self._requests = ctx.Queue()
+            self._results, child_end = ctx.Pipe(duplex=False)
         self._process = ctx.Process(target=tokenizer_main, name="ggbatch-tokenizer", daemon=True,
                                     args=(self.model_path, self._stderr_path, self._requests, child_end))
         try:
-            start_child(self._process)
+            with open_files_limit_named():
+                start_child(self._process)
             child_end.close()  # ours: with the child's copy closed by its death, the pipe says EOF
             self.info = self._handshake()
         except BaseException:
