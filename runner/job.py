@@ -32,7 +32,7 @@ from ..workers.llama.factory import LLAMA_ENGINE
 from ..workers.protocol import EngineConfig
 from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
-from .errors import Interrupted, JournalError, ModelError, WorkerFailure
+from .errors import Interrupted, JournalError, ModelError, OutputError, WorkerFailure
 from .files.formats.cells import check_id_column
 from .files.formats.detect import errors_format, output_format
 from .files.formats.rows import OutputSpec, Row
@@ -331,7 +331,8 @@ def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ende
     """Whatever ended the run, the answers file holds every answer and says of each question
     left without one why (or errors_output does, when set). Rows are made as they are written,
     each answer read back from the journal; each is counted as it is written, so the report
-    says what the file says."""
+    says what the file says. A run the journal ended that cannot write the answers either (no
+    room for them) says the journal's error first, then the answers'."""
     why = ("no answer came back" if ended is None else
            f"the run was stopped by signal {ended.signum} first" if isinstance(ended, Interrupted) else
            "the journal could not take more answers" if isinstance(ended, JournalError) else str(ended))
@@ -345,7 +346,12 @@ def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ende
                          from_journal=rejected is None and answer is not None and first in made.from_journal)
             yield Row(qid, answer, f"not answered: {why}" if answer is None else answer.error)
 
-    write_answers(config.output, rows(), spec, config.errors_output)
+    try:
+        write_answers(config.output, rows(), spec, config.errors_output)
+    except OutputError as exc:
+        if isinstance(ended, JournalError):  # (a full disk) its line says what to do: make room, run again
+            raise JournalError(f"{ended}; writing the answers failed too: {exc}") from None
+        raise
     return counts
 
 

@@ -1,9 +1,11 @@
 import json
+import resource
 from array import array
+from contextlib import contextmanager
 
 import pytest
 
-from ggbatch.runner.errors import ConfigError
+from ggbatch.runner.errors import ConfigError, JournalError
 from ggbatch.runner.journal.journal import Journal, changed_setting, setting_change
 from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, Question
 from helpers import answer as make_answer
@@ -298,3 +300,43 @@ def test_a_hand_edited_ran_line_is_read_as_json_and_a_bad_value_refused(tmp_path
         with pytest.raises(ConfigError, match=f"j.jsonl: its second line.*{problem}.*remove that line to let this "
                                               "run decide, or pass fresh=True to start over"):
             Journal(str(path), FP)
+
+
+@contextmanager
+def file_size_limit(limit):
+    """ulimit -f for this process (Python ignores SIGXFSZ: a write past it fails with EFBIG)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_write_cut_part_way_keeps_the_answers_whose_lines_reached_the_file_whole(tmp_path):
+    """One message's answers go out in one write; a full disk or ulimit -f takes part of it. The
+    lines before the cut are in the file (a rerun resumes from them), so they are this run's answers
+    too: before, none of them was, and the answers file wrote them 'not answered'."""
+    qids = [f"q{i}" for i in range(5)]
+    sizing = tmp_path / "sizing.jsonl"
+    j = Journal(str(sizing), FP)
+    start = sizing.stat().st_size
+    j.split([question("q0", 1)])
+    j.append([answer("q0", "answer q0")])
+    line = sizing.stat().st_size - start  # every line is as long: ids and texts of one length
+    j.close()
+    path = tmp_path / "j.jsonl"
+    j = Journal(str(path), FP)
+    j.split([question(q, i) for i, q in enumerate(qids)])
+    with file_size_limit(start + 2 * line + line // 2), pytest.raises(JournalError, match=r"cannot append to the "
+                                                                      r"journal \(File too large\)"):
+        j.append([answer(q, f"answer {q}") for q in qids])
+    assert [a and a.text for a in map(j.answer, qids)] == ["answer q0", "answer q1", None, None, None]
+    j.close()
+    assert path.stat().st_size == start + 2 * line + line // 2  # the cut third line is still there
+    j = Journal(str(path), FP)  # the rerun resumes from the two whole lines, and drops the cut one
+    todo, reused = j.split([question(q, i) for i, q in enumerate(qids)])
+    assert j.kept == 2 and sorted(reused) == ["q0", "q1"] and [q.qid for q in todo] == qids[2:]
+    j.append([answer(q, f"again {q}") for q in qids[2:]])
+    j.close()
+    assert [json.loads(e)["qid"] for e in path.read_text().splitlines()[1:]] == qids  # after the header

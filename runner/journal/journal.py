@@ -23,6 +23,7 @@ without answering anything, and a job whose question file grew answers only the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -190,7 +191,9 @@ class Journal:
         try:
             self._earlier = self._open(fresh, reading)  # the earlier run's entries that may be reused
             written = self._pending or path
-            self._file = open(written, "ab")
+            # unbuffered: a write that fails part way says how much reached the file (append), and
+            # leaves nothing behind in a buffer that a later flush would add after it
+            self._file = open(written, "ab", buffering=0)
             self._size = self._file.tell()
             self._reader = open(written, "rb")
         except OSError as exc:
@@ -261,8 +264,7 @@ class Journal:
         line = ran_line(ran)
         try:
             self._take_place()
-            self._file.write(line)
-            self._file.flush()
+            self._write(line)
         except OSError as exc:
             raise JournalError(f"{self.path}: cannot write the journal ({exc.strerror or exc})") from None
         self._size += len(line)
@@ -271,28 +273,46 @@ class Journal:
     # -- this run's answers -----------------------------------------------------------------------
 
     def append(self, answers: Sequence[Answer]) -> None:
-        """Append answers (those of one worker message) with one write and one flush; each is
-        this run's answer once the write has succeeded."""
+        """Append answers (those of one worker message) with one write; each is this run's answer
+        once its line is in the file. A write that fails part way (a full disk, ulimit -f) still
+        keeps the lines before the cut: a rerun resumes from them, so the answers file has them too.
+        The cut line left after them is dropped by the rerun (runner/journal/index.py read_entries)."""
         lines, places = [], []
         at = self._size
         for a in answers:
             expected = self._expected.pop(a.qid, None) or Expected("")
             line = (json.dumps(entry_of(a, expected.prompt, expected.record), ensure_ascii=False) + "\n").encode()
             lines.append(line)
-            places.append((text_key(a.qid), at))
             at += len(line)
+            places.append((text_key(a.qid), at - len(line), at))
         self._check_unchanged()
+        done = [0]  # the bytes of these lines that reached the file
+        error: Optional[OSError] = None
         try:
             self._take_place()
-            self._file.write(b"".join(lines))
-            self._file.flush()  # in the kernel's hands now: survives kill -9 of this process
+            self._write(b"".join(lines), done)  # in the kernel's hands now: survives kill -9 of this process
         except OSError as exc:
-            raise JournalError(f"{self.path}: cannot append to the journal ({exc.strerror or exc}); every answer "
+            error = exc  # said below, once the lines before it are kept
+        reached = self._size + done[0]
+        for key, place, end in places:
+            if end <= reached:  # whole in the file
+                self._answers.add(key, place)
+                self._size = end
+        if error is not None:
+            raise JournalError(f"{self.path}: cannot append to the journal ({error.strerror or error}); every answer "
                                "written before this one is kept: make room, then run the same command again to "
                                "finish") from None
-        for key, place in places:
-            self._answers.add(key, place)
-        self._size = at
+
+    def _write(self, data: bytes, done: Optional[list[int]] = None) -> None:
+        """All of `data` to the file, or OSError; `done[0]` counts the bytes that reached it (a
+        write may take part of them before the next one fails)."""
+        done = [0] if done is None else done
+        view = memoryview(data)
+        while done[0] < len(data):
+            n = self._file.write(view[done[0]:])
+            if not n:  # only a non-blocking file says None; 0 would never end
+                raise OSError(errno.EIO, "the journal took none of a write")
+            done[0] += n
 
     def _take_place(self) -> None:
         """The run has begun: a fresh journal replaces the earlier one (the open files follow it)."""
