@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import tempfile
 import threading
 import time
 from array import array
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,10 +24,8 @@ import pytest
 from fake_engine import Fake
 from ggbatch.runner.config.schema import build_config
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.plan.nodes import nodes_from_ray
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
-from ggbatch.workers.ray_actor import own_cores
 from ggbatch.workers.spec import WorkerSpec
 from helpers import JOURNAL_HEAD, ggbatch_command, journaled, wait_for
 from helpers import ggbatch as cli
@@ -71,26 +71,6 @@ def run_pool(n_workers, fake, n_questions):
 
 
 # -- pure parts ---------------------------------------------------------------------------------
-
-
-def test_nodes_from_ray_keeps_live_nodes_with_cpus_head_first():
-    infos = [
-        {"NodeID": "b" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.2",
-         "Resources": {"CPU": 16.0, "memory": 64 * 2**30}},
-        {"NodeID": "a" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.9",
-         "Resources": {"CPU": 2.0, "memory": 8 * 2**30, "node:__internal_head__": 1.0}},
-        {"NodeID": "c" * 56, "Alive": False, "NodeManagerAddress": "10.0.0.3", "Resources": {"CPU": 16.0}},
-        {"NodeID": "d" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.4", "Resources": {"GPU": 1.0}},
-    ]
-    nodes = nodes_from_ray(infos)
-    assert [n.ip for n in nodes] == ["10.0.0.9", "10.0.0.2"]
-    assert nodes[1].cores == tuple(range(16)) and nodes[1].memory == 64 * 2**30
-
-
-def test_a_worker_maps_its_planned_positions_onto_its_node_usable_cores():
-    assert own_cores((0, 1), [4, 5, 6, 7]) == (4, 5)
-    assert own_cores((2, 3), [7, 6, 5, 4]) == (6, 7)
-    assert own_cores((2,), [3, 9]) == (3,)  # Ray counted more CPUs than the process may use: wraps
 
 
 def test_ray_settings_are_checked():
@@ -392,3 +372,20 @@ def test_node_plan_numbers_workers_across_nodes_and_keeps_their_ids_when_a_node_
     whole = plan.whole()
     assert whole.workers == 9 and whole.cores[0] == (0, 1) and whole.cores[-1] == (14, 15)
     assert (share(180, small, [small, big]), share(180, big, [small, big])) == (20, 160)
+
+
+def test_workers_a_node_puts_on_the_same_cores_are_said_to_share_them(cluster, caplog):
+    """`ray start --num-cpus` above a node's cores: workers planned on positions past its usable
+    cores wrap round onto cores another worker runs on, where their threads contend, without a word."""
+    backend, specs, engine = ray_specs(2, Fake(slow=0.02))  # both ready before the questions run out
+    usable = len(os.sched_getaffinity(0))  # the actors' too: they run on this machine
+    specs = [replace(specs[0], cores=(0,)), replace(specs[1], cores=(usable,))]  # position `usable` wraps to core 0
+    caplog.set_level(logging.WARNING, logger="ggbatch")
+    pool = WorkerPool(specs, backend=backend)
+    assert len(pool.run(qs(200), engine)) == 200
+    said = [r.getMessage() for r in caplog.records if "Ray counts more CPUs" in r.getMessage()]
+    assert len(said) == 1 and "with other workers" in said[0], said
+
+    caplog.clear()  # positions apart on cores apart: nothing to say
+    run_pool(2, Fake(), 20)
+    assert not [r for r in caplog.records if "Ray counts more CPUs" in r.getMessage()]

@@ -65,7 +65,7 @@ from .intake import Feed, WindowIntake
 from .lives import WorkerLives
 from .local import LocalBackend
 from .worker_run import WorkerRun
-from .worker_state import WorkerState, added, worker_run
+from .worker_state import WorkerState, added, on_node, worker_run
 from .worker_threads import WorkerThreads
 
 log = logging.getLogger("ggbatch")
@@ -121,6 +121,7 @@ class WorkerPool:
         self._stop_deadline = 0.0
         self.first_ready_at: Optional[float] = None
         self._memory_noted = False  # what recurrent or hybrid memory changes is said once a run
+        self._cores_noted = False  # a Ray node counting more CPUs than it has, said once a run
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -321,10 +322,7 @@ class WorkerPool:
                 self.first_ready_at = time.perf_counter()
             log.debug("worker %d: ready in %.2f s (pid %d, cores %s)", msg.worker_id, msg.load_s,
                       msg.pid, msg.cores)
-            note = MemoryKind(msg.memory).note()
-            if note and not self._memory_noted:
-                log.info("%s", note)
-                self._memory_noted = True
+            self._say_once(w, msg)
             if self._on_ready:
                 self._on_ready(self, msg)
         elif isinstance(msg, WorkerError):
@@ -334,6 +332,25 @@ class WorkerPool:
                 # The model or its context cannot be made: every worker would fail the same way.
                 raise ModelError(msg.message)
 
+    def _say_once(self, w: WorkerState, msg: Ready) -> None:
+        """What a worker's start shows that the run should hear, once: what recurrent or hybrid
+        memory changes; a Ray node that counts more CPUs than its processes may use (`ray start
+        --num-cpus` above its cores), where workers planned on cores apart share the same ones."""
+        note = MemoryKind(msg.memory).note()
+        if note and not self._memory_noted:
+            log.info("%s", note)
+            self._memory_noted = True
+        if w.spec.node_id is None or self._cores_noted:
+            return
+        taken = {c for other in self.workers if other is not w and other.ready is not None
+                 and other.spec.node_id == w.spec.node_id for c in other.ready.cores}
+        shared = taken & set(msg.cores)
+        if len(msg.cores) < len(w.spec.cores) or shared:
+            log.warning("worker %d%s: planned on %d cores of its own, it runs on %s%s: Ray counts more CPUs on that "
+                        "node than its processes may use (ray start --num-cpus above its cores?)", msg.worker_id,
+                        on_node(w.spec), len(w.spec.cores), ",".join(map(str, msg.cores)),
+                        " with other workers" if shared else "")
+            self._cores_noted = True
     def _record(self, answers: Sequence[Answer]) -> None:
         # A requeued question may come back twice (its first worker's answer arriving after the
         # worker was given up on): keep the first.
