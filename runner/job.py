@@ -123,7 +123,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                     journal = _open_journal(paths, config, model, prompting, fresh, reading)
                     preparer = Preparer(config, prompting, journal)
                     with RunWatch(progress, clock["start"], since_start is not None, journal,
-                                  since_start=since_start) as watch:
+                                  since_start=since_start, on_memory=preparer.note.memory_known) as watch:
                         if config.choices != CHOICES_AUTO:  # lines answered before need not be parsed
                             stream.known.qids_of = journal.records_known
                         first = preparer.window(first_records, last=rest is None)

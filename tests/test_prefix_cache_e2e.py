@@ -101,3 +101,47 @@ def test_questions_too_long_for_the_context_share_nothing(tmp_path, demo_model):
     assert (cache["groups"], cache["grouped_questions"]) == (2, 6)  # the short passages' questions
     assert 0 < cache["shareable_tokens"] < cache["prompt_tokens"]
     assert "2 groups of questions share a prefix (6 questions;" in done.stderr
+
+
+def _one_passage_job(tmp_path, model, name):
+    passage = "Passage: The quick brown fox jumps over the lazy dog near the river bank every morning."
+    rows = [{"questionID": f"p{i}", "question": f"{passage} {q}"} for i, q in enumerate(("Who?", "When?", "Where?"))]
+    questions = write_jsonl(tmp_path / "q.jsonl", rows + [{"questionID": "x", "question": "Something else"}])
+    done = subprocess.run(ggbatch_command("run", "--model", model, "--input", questions, "--output",
+                                          tmp_path / f"{name}.jsonl", "--report", tmp_path / f"{name}.json",
+                                          "--max-tokens", 2, "--progress", "off"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return done.stderr, json.loads((tmp_path / f"{name}.json").read_text())["prefix_cache"]
+
+
+def test_the_log_claims_the_groups_saving_only_where_the_models_memory_lets_the_cache_run(
+        demo_model, arch_models, tmp_path):
+    said, cache = _one_passage_job(tmp_path, demo_model, "demo")
+    assert cache["active"] and cache["groups"] == 1
+    line = next(x for x in said.splitlines() if "prefix cache: " in x)
+    assert f"1 group of questions shares a prefix (3 questions; {cache['shareable_tokens']} prompt tokens" in line
+    # recurrent memory: the cache is off, the workers' note says so, and no saving is claimed
+    said, cache = _one_passage_job(tmp_path, arch_models["mamba2-tiny"], "mamba2")
+    assert not cache["active"] and cache["hits"] == 0
+    assert "need not be computed again" not in said and said.count("the prefix cache is off") == 1, said
+
+
+def test_the_groups_line_waits_for_the_models_memory(caplog):
+    from ggbatch.runner.questions.prefix_groups import Sharing
+    from ggbatch.runner.questions.prepare import SharingNote
+
+    caplog.set_level("INFO", logger="ggbatch")
+    for memory, said in (("attention", 2), ("hybrid", 0), ("recurrent", 0)):
+        caplog.clear()
+        note = SharingNote()
+        note.add(Sharing(1, 3, 96))
+        note.add(Sharing(2, 5, 40))
+        assert not caplog.records  # not known yet: nothing said
+        note.memory_known(memory)
+        note.memory_known("attention")  # the first worker's word counts
+        note.add(Sharing(1, 2, 10))  # a later window, said as it comes
+        assert [r.getMessage() for r in caplog.records][:1] == (
+            ["prefix cache: 3 groups of questions share a prefix (8 questions; 136 prompt tokens need not be "
+             "computed again)"] if said else [])
+        assert len(caplog.records) == said

@@ -17,11 +17,13 @@ comes within seconds of the start.
 from __future__ import annotations
 
 import logging
+import threading
 from array import array
 from dataclasses import dataclass, replace
 from typing import Iterator, Optional, Sequence
 
 from ...workers.engine.fits import length_problem
+from ...workers.engine.memory_kind import MemoryKind
 from ...workers.engine.sequence import common_prefix_len
 from ...workers.protocol import GenerationParams, Question
 from ..config.schema import LOGLIKELIHOOD, JobConfig
@@ -57,6 +59,7 @@ class Preparer:
                                    prompting.info.n_vocab, journal)
         self.groups = 0  # groups numbered so far: each window's numbers follow the last's
         self.sharing = Sharing(0, 0, 0)  # summed over the windows
+        self.note = SharingNote()  # the log's line on them, once the model's memory is known
 
     @property
     def generation(self) -> GenerationParams:
@@ -72,9 +75,8 @@ class Preparer:
         if sharing is not None and sharing.groups:
             questions = [replace(q, group=q.group + self.groups) if q.group else q for q in questions]
             self.groups += sharing.groups
-            self.sharing = Sharing(*(a + b for a, b in zip((self.sharing.groups, self.sharing.grouped,
-                                                             self.sharing.shareable),
-                                                            (sharing.groups, sharing.grouped, sharing.shareable))))
+            self.sharing = summed(self.sharing, sharing)
+            self.note.add(sharing)
         return Window(questions, sharing, len(records), last)
 
     def windows(self, records: Iterator[Record], size: int = WINDOW) -> Iterator[Window]:
@@ -157,10 +159,49 @@ def order(questions: list[Question], grouped: bool, limit: int = 0) -> tuple[lis
     # the prefix of every prompt, as the workers are given it (runner/questions/prepare.py facts)
     n_prefix = len(common_prefix([q.tokens for q in questions])) if len(questions) > 1 else 0
     placed, sharing = grouped_order([q.tokens for q in fitting], n_prefix)
-    if sharing.groups:
-        log.info("prefix cache: %d groups of questions share a prefix (%d questions; %d prompt tokens "
-                 "need not be computed again)", sharing.groups, sharing.grouped, sharing.shareable)
     return [replace(fitting[i], group=group) if group else fitting[i] for i, group in placed] + too_long, sharing
+
+
+class SharingNote:
+    """The log's line on what the prefix cache's groups save, said once the model's memory is known
+    (the first worker's Ready): on a recurrent or hybrid memory the cache is off and saves nothing
+    beyond the job's prefix, which the workers' note says instead (workers/engine/memory_kind.py),
+    so the line is not said there. Groups found before that are said together, later ones as they
+    are found (a streamed file's windows, made in the feed's thread: hence the lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._memory: Optional[MemoryKind] = None
+        self._unsaid = Sharing(0, 0, 0)
+
+    def add(self, sharing: Optional[Sharing]) -> None:
+        if sharing is None or not sharing.groups:
+            return
+        with self._lock:
+            if self._memory is None:
+                self._unsaid = summed(self._unsaid, sharing)
+            else:
+                say_sharing(sharing, self._memory)
+
+    def memory_known(self, memory: str) -> None:
+        """The model's memory, as a worker's engine found it (Ready.memory); the first one counts."""
+        with self._lock:
+            if self._memory is None:
+                self._memory = MemoryKind(memory)
+                say_sharing(self._unsaid, self._memory)
+
+
+def summed(a: Sharing, b: Sharing) -> Sharing:
+    return Sharing(a.groups + b.groups, a.grouped + b.grouped, a.shareable + b.shareable)
+
+
+def say_sharing(sharing: Sharing, memory: MemoryKind) -> None:
+    """The saving the groups bring, where the model's memory lets the prefix cache run."""
+    if sharing.groups and memory.prefix_cache:
+        one = sharing.groups == 1
+        log.info("prefix cache: %d group%s of questions share%s a prefix (%d questions; %d prompt tokens "
+                 "need not be computed again)", sharing.groups, "" if one else "s", "s" if one else "",
+                 sharing.grouped, sharing.shareable)
 
 
 def check_requests(config: JobConfig, first: Sequence[Record]) -> None:

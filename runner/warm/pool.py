@@ -38,7 +38,7 @@ from ..plan.growth import ContextGrowth
 from ..plan.layout import PromptFacts
 from ..pool.pool import WorkerPool
 from ..questions.maker import QuestionMaker
-from ..questions.prepare import order
+from ..questions.prepare import SharingNote, order
 from ..questions.prompting import Prompting
 from ..questions.prompts import question_field_read, template_fields
 from ..questions.tokenizing import tokenize_all
@@ -129,7 +129,7 @@ class Pool:
                engine_factory: EngineFactory) -> None:
         self._source, self._config, self._closed = source, config, False
         self._owner = os.getpid()  # a forked child's copy would wait for good on the tokenizer pipe
-        self._groups = 0  # prefix groups numbered so far (submit_questions)
+        self._groups, self._sharing = 0, SharingNote()  # prefix groups numbered so far (submit_questions), their line
         # One tokenizer process: calls are made one at a time, and each is handed to the pool's
         # loop before a close can begin (a close answers the calls made before it).
         self._make_lock = threading.RLock()
@@ -162,7 +162,7 @@ class Pool:
         growth = settle(config, started, self._prompting, facts, prefix, most, model_path)
         self._workers.keep(growth.plan.node_of())
         self._watch = self._resources.enter_context(
-            RunWatch("off", began, since_start is not None, self._calls, since_start))
+            RunWatch("off", began, since_start is not None, self._calls, since_start, self._sharing.memory_known))
         self._watch.start_run(0, self._prompting.generation.max_tokens,
                               sum(lay.workers * lay.slots for lay in growth.plan.layouts), self._workers)
         self._intake = Submissions(growth, self._workers.reconfigure)
@@ -262,7 +262,8 @@ class Pool:
         self._check_usable(f"{self._source}.submit_questions()")
         for question in questions:
             check_vocabulary(question, self._prompting.info.n_vocab, f"{self._source}.submit_questions()")
-        ordered, _ = order(list(questions), self._config.prefix_cache == "auto")
+        ordered, sharing = order(list(questions), self._config.prefix_cache == "auto")
+        self._sharing.add(sharing)
         with self._make_lock:
             self._check_usable(f"{self._source}.submit_questions()")  # closed meanwhile
             ordered = [replace(q, group=q.group + self._groups) if q.group else q for q in ordered]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import psutil
 
@@ -41,11 +41,13 @@ class AnswerSink(Protocol):
 
 class RunWatch:
     def __init__(self, progress: str, started: Optional[float] = None, adapt_threads: bool = True,
-                 answers: Optional[AnswerSink] = None, since_start: Optional[SinceStart] = None) -> None:
+                 answers: Optional[AnswerSink] = None, since_start: Optional[SinceStart] = None,
+                 on_memory: Optional[Callable[[str], None]] = None) -> None:
         """started: time.perf_counter() when the job started (the timeline's zero); adapt_threads:
         change llama.cpp's thread count under contention (the job's threads_adapt); answers:
         where they go (None: counted only); since_start: the cores' times taken before any worker
-        started (runner/watch/startup_load.py; None: now)."""
+        started (runner/watch/startup_load.py; None: now); on_memory: told the model's memory with
+        each worker's Ready (runner/questions/prepare.py SharingNote)."""
         self.progress = Progress(0, mode=progress)
         self.monitor = Monitor()
         self.memory_pause = LowMemoryPause(psutil.virtual_memory().total)
@@ -61,6 +63,7 @@ class RunWatch:
         self.answers = answers
         self.tally = AnswerTally()  # the answers are in the journal; the report needs their numbers
         self.started = time.perf_counter() if started is None else started
+        self.on_memory = on_memory
 
     def start_run(self, total: int, max_tokens: int, slots: int, pool: Any = None) -> None:
         """The questions left to answer are known: the progress line and the timeline start.
@@ -136,6 +139,8 @@ class RunWatch:
         controller's first evidence (runner/watch/startup_load.py), so that on a busy machine its first
         step, the prompts, already runs fewer threads. Once per worker: a restarted one is left to
         the ticks, the interval since the start being mostly the run's by then."""
+        if self.on_memory is not None:
+            self.on_memory(msg.memory)
         if self._since_start is None or msg.worker_id in self._judged_ready:
             return
         self._judged_ready.add(msg.worker_id)

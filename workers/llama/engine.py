@@ -152,8 +152,7 @@ class LlamaEngine:
                 if token < 0:
                     seq.error = "the answer's grammar allows no token of this model's vocabulary here"
                 done += self._finish(seq)  # a choice is answered in one position, no decode step
-            elif seq.accept(token, vocab.piece(token, special=seq.think is not None and token in seq.think.marks),
-                            vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
+            elif seq.accept(token, self.picker.piece(seq, token), vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
                 done += self._finish(seq)
         self.counters.generated_tokens += len(picked)
         self.counters.step(batch.spans, busy, time.perf_counter() - t0)

@@ -121,10 +121,16 @@ class Picker:
                                            max(a[3] for a in asking), n_outputs)
         piece = self.sampling.runner.vocab.piece
         for (seq, _, token, k), (logprob, top) in zip(asking, got):
-            seq.logprobs.append(TokenLogprob(token, piece(token), logprob,
+            seq.logprobs.append(TokenLogprob(token, self.piece(seq, token), logprob,
                                              tuple((t, piece(t), lp) for t, lp in top[:k])))
         self.counters.logprob_tokens += len(asking)
         self.counters.logprob_s += time.perf_counter() - t0
+
+    def piece(self, seq: Sequence, token: int) -> bytes:
+        """A picked token's text as the answer's text spells it: a thinking block's markers (gpt-oss's
+        control tokens among them) written out, so that the coordinator finds where the thinking
+        ends in the entries as in the text (runner/files/formats/rows.py answer_logprobs)."""
+        return self.sampling.runner.vocab.piece(token, special=seq.think is not None and token in seq.think.marks)
 
     def _gen(self, seq: Sequence) -> GenerationParams:
         return seq.question.generation or self.gen

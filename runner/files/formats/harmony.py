@@ -39,6 +39,18 @@ def split_harmony(text: str) -> Optional[tuple[Optional[str], str]]:
     return _message(before).strip(), answer
 
 
+def harmony_span(text: str) -> Optional[tuple[int, int]]:
+    """Where split_harmony's answer (the final channel's message) lies in `text`, in characters:
+    after the channel's header, up to the token that ends it; (len, len) when there is none yet;
+    None when the text is not a harmony output."""
+    if split_harmony(text) is None:
+        return None
+    final = FINAL.search(text)
+    if final is None:
+        return len(text), len(text)
+    return final.end(), final.end() + len(_message(text[final.end():]))
+
+
 def _message(text: str) -> str:
     """A message's content: up to the token that ends it."""
     cut = min((i for i in (text.find(end) for end in ENDS) if i != -1), default=len(text))

@@ -21,8 +21,8 @@ import hashlib
 from typing import Any
 
 from ....workers.protocol import Answer, FinishReason, Sample
-from .rows import OutputSpec, Row, shown_answer
-from .token_logprobs import chat_content, completion_logprobs
+from .rows import OutputSpec, Row, answer_logprobs, shown_answer
+from .token_logprobs import completion_logprobs
 
 
 def batch_line(row: Row, spec: OutputSpec) -> dict[str, Any]:
@@ -88,6 +88,8 @@ def _chat_choice(index: int, sample: Sample, picked: bool) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": None if sample.error else text, "refusal": None}
     if thinking is not None:  # always, as vLLM's and llama-server's reasoning parsers give it
         message["reasoning_content"] = thinking  # where vLLM and DeepSeek's API put it
+    # the content's own tokens: not the thinking that reasoning_content holds
     tokens = sample.token_logprobs
-    logprobs = {"content": chat_content(tokens), "refusal": None} if tokens is not None else None
+    logprobs = {"content": answer_logprobs(sample.text, tokens, sample.in_thinking),
+                "refusal": None} if tokens is not None else None
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": _finish(sample)}

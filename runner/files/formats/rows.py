@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Container, Optional, Sequence
 
-from ....workers.protocol import Answer, Sample
-from .harmony import split_harmony
-from .token_logprobs import chat_content
+from ....workers.protocol import Answer, Sample, TokenLogprob
+from .harmony import harmony_span, split_harmony
+from .token_logprobs import chat_content, spelling
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,24 @@ def split_thinking(text: str) -> tuple[Optional[str], str]:
     harmony = split_harmony(text)
     if harmony is not None:
         return harmony
-    end = text.find("</think>")
-    if end == -1:
+    end = thinking_end(text)
+    if end is None:
         return None, text
     start = text.find("<think>")
+    thinking = text[start + len("<think>") if start != -1 else 0:end - len("</think>")]
+    return thinking.strip(), text[end:]
+
+
+def thinking_end(text: str) -> Optional[int]:
+    """Where the answer begins after a `<think>` block at the start of `text` (just past its
+    `</think>`), or None when it has none."""
+    end = text.find("</think>")
+    if end == -1:
+        return None
+    start = text.find("<think>")
     if start != -1 and (start > end or text[:start].strip()):
-        return None, text  # a tag in the middle of an answer is the answer's business
-    thinking = text[start + len("<think>") if start != -1 else 0:end]
-    return thinking.strip(), text[end + len("</think>"):]
+        return None  # a tag in the middle of an answer is the answer's business
+    return end + len("</think>")
 
 
 def unfinished_thinking(text: str) -> str:
@@ -76,6 +86,28 @@ def shown_answer(text: str, picked: bool, in_thinking: bool = False) -> tuple[Op
     return thinking, answer.strip()
 
 
+def answer_span(text: str, picked: bool = False, in_thinking: bool = False) -> tuple[int, int]:
+    """Where the answer shown_answer gives lies in `text`, in characters, before its surrounding
+    whitespace is stripped: after a reasoning model's thinking block (and harmony's final header),
+    empty when the output ended inside the thinking."""
+    if picked:
+        return 0, len(text)
+    if in_thinking:
+        return len(text), len(text)
+    harmony = harmony_span(text)
+    if harmony is not None:
+        return harmony
+    return thinking_end(text) or 0, len(text)
+
+
+def answer_logprobs(text: str, entries: Sequence[TokenLogprob], in_thinking: bool = False) -> list[dict[str, Any]]:
+    """The token log-probabilities of the answer's own tokens, as chat_content writes them: a
+    reasoning model's thinking block, and the end of it ggbatch wrote when the budget ran out,
+    are no part of the answer (the entries cover every generated token: /v1/completions text
+    keeps the thinking)."""
+    return chat_content(spelling(entries, *answer_span(text, False, in_thinking)))
+
+
 def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
     """{id: ..., "answer": ...} (and "thinking" if asked), or {id, "answer": None, "error": why}.
     A reasoning model's `<think>` block is taken out of the answer."""
@@ -93,7 +125,7 @@ def row_fields(row: Row, id_field: str, keep_thinking: bool) -> dict[str, Any]:
     if row.answer.choice_logprobs is not None:
         out["choice_logprobs"] = row.answer.choice_logprobs
     if row.answer.token_logprobs is not None:
-        out["token_logprobs"] = chat_content(row.answer.token_logprobs)
+        out["token_logprobs"] = answer_logprobs(row.answer.text, row.answer.token_logprobs, row.answer.in_thinking)
     return out
 
 
@@ -105,5 +137,5 @@ def _sample_fields(out: dict[str, Any], samples: Sequence[Sample], keep_thinking
     if keep_thinking and any(thinking is not None for thinking, _ in split):
         out["thinking"] = [thinking for thinking, _ in split]
     if any(s.token_logprobs is not None for s in samples):
-        out["token_logprobs"] = [chat_content(s.token_logprobs or ()) for s in samples]
+        out["token_logprobs"] = [answer_logprobs(s.text, s.token_logprobs or (), s.in_thinking) for s in samples]
     return out

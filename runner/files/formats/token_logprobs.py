@@ -77,3 +77,16 @@ def text_offsets(pieces: Sequence[bytes]) -> list[int]:
         # at `chars` too, whether it completes or comes out as U+FFFD, so offsets never decrease
         offsets.append(chars if start is None else start)
     return offsets
+
+
+def spelling(entries: Sequence[TokenLogprob], start: int, end: int) -> tuple[TokenLogprob, ...]:
+    """The entries of the tokens that spell characters start to end of the text all of them
+    decode to: a token that runs into the span from before it is kept whole, as are a character's
+    byte tokens; an empty piece counts where the next character starts. Nothing when the span is
+    empty."""
+    if start >= end:
+        return ()
+    offsets = text_offsets([e.piece for e in entries])
+    ends = offsets[1:] + [len(b"".join(e.piece for e in entries).decode("utf-8", errors="replace"))]
+    return tuple(e for e, first, last in zip(entries, offsets, ends)
+                 if first < end and (first >= start or last > start))
