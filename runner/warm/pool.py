@@ -130,8 +130,7 @@ class Pool:
         self._source, self._config, self._closed = source, config, False
         self._owner = os.getpid()  # a forked child's copy would wait for good on the tokenizer pipe
         self._groups, self._sharing = 0, SharingNote()  # prefix groups numbered so far (submit_questions), their line
-        # One tokenizer process: calls are made one at a time, and each is handed to the pool's
-        # loop before a close can begin (a close answers the calls made before it).
+        # calls are made one at a time, each handed to the loop before a close begins (which answers it)
         self._make_lock = threading.RLock()
         self._close_lock = threading.Lock()  # a second close() waits for the first to end
         self._ready = threading.Event()
@@ -151,9 +150,9 @@ class Pool:
         model, answer = identify(model_path), job_answer(config)
         backend = self._resources.enter_context(open_backend(config))
         started = start_layout(config, model, records, len(records) or STREAMED, True, backend.nodes())
-        self._workers = self._resources.enter_context(
-            WorkerPool(worker_specs(started, model_path, engine_factory), backend=backend, keep_answers=False,
-                       model=model))
+        specs = worker_specs(started, model_path, engine_factory)
+        self._workers = self._resources.enter_context(WorkerPool(specs, backend=backend, keep_answers=False,
+                                                                 model=model))
         self._workers.start()  # the model loads while the tokenizer starts
         self._prompting = self._resources.enter_context(Prompting(config, model_path, answer))
         self._variants = Variants(layer, self._source, config, self._prompting, self._make_lock)
