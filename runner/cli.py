@@ -174,8 +174,8 @@ def _add_layout_flags(a: Any) -> None:
     a("--backend", choices=["local", "ray"],
       help="where workers live: local processes (default), or Ray actors on a cluster's nodes (needs ggbatch[ray])")
     a("--ray-address", dest="ray_address",
-      help="with --backend ray: auto or HOST:PORT of the cluster to join; none: start a Ray instance of "
-           "its own on this machine, even where a cluster runs")
+      help="with --backend ray: auto or HOST:PORT of the cluster to join; left out: start a Ray instance "
+           "of its own on this machine, even where a cluster runs")
     a("--n-batch", dest="n_batch", help="token budget of one decode step, or auto (512; 1024 with the prefix cache)")
 
 

@@ -6,7 +6,7 @@ import errno
 import json
 import resource
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 
 def quote(value: Any, limit: int = 60) -> str:
@@ -35,6 +35,16 @@ class GgbatchError(Exception):
 
 class ConfigError(GgbatchError):
     pass
+
+
+class KeysError(ConfigError):
+    """A refusal of settings that do not hold together, or of one checked after the config is
+    built (workers against the cores): `keys`, the dotted keys it is about, let whoever knows
+    where each was set name the job file, as a key's own error does."""
+
+    def __init__(self, message: str, keys: Sequence[str]) -> None:
+        super().__init__(message)
+        self.keys = tuple(keys)
 
 
 class StartOver(ConfigError):

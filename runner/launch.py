@@ -18,7 +18,8 @@ import psutil
 
 from ..workers.engine.interface import EngineFactory
 from ..workers.spec import WorkerSpec
-from .config.schema import JobConfig
+from .config.schema import JobConfig, said_in_files
+from .errors import KeysError
 from .files.inputs import Record
 from .model.identity import ModelIdentity
 from .plan import gpu, tuned
@@ -60,11 +61,14 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
     choice = tuned.for_job(config, model, records) if use_tuned and local and not n_gpu_layers else None
     hybrid = layouts.model_is_hybrid(model.path)
     refused = repack_refused(config.repack is False or config.batch_invariant or hybrid)
-    layouts_ = [replace(layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
-                                      share(n_records, node, nodes), layouts.cpu_flags(), choice, config.devices,
-                                      n_gpu_layers, config.batch_invariant, hybrid, refused),
-                          flash_attn=config.flash_attn)
-                for node in nodes]
+    try:
+        layouts_ = [replace(layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
+                                          share(n_records, node, nodes), layouts.cpu_flags(), choice,
+                                          config.devices, n_gpu_layers, config.batch_invariant, hybrid, refused),
+                              flash_attn=config.flash_attn)
+                    for node in nodes]
+    except KeysError as exc:  # workers or threads past the cores: named after the job file that set them
+        raise said_in_files(config, exc) from None
     if not local:
         log.info("backend ray: %s", "; ".join(f"{node.describe()}: {lay.workers} × {lay.threads} threads"
                                               for node, lay in zip(nodes, layouts_)))

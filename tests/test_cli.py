@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -68,3 +69,18 @@ def test_a_misspelt_required_flag_is_named_with_the_closest_one(tmp_path):
     typed = ggbatch("merge", "--input", tmp_path / "q.jsonl", tmp_path / "a.jsonl")  # nothing misspelt
     assert typed.stderr == ("ggbatch merge: error: the following arguments are required: --output "
                             "(`ggbatch merge --help` lists the options)\n")
+
+
+def test_the_help_offers_no_ray_address_the_check_refuses():
+    """`run --help` offered `--ray-address none` (an instance of the job's own), which was refused:
+    leaving the flag out is how (docs/guide/ray.md), and a `none` given says so."""
+    entry = " ".join(ggbatch("run", "--help").stdout.split()).rsplit("--ray-address RAY_ADDRESS", 1)[1]
+    entry = re.split(r" --[\w-]+ [A-Z_]{2,} ", entry)[0]  # up to the next flag's entry
+    assert "auto or HOST:PORT" in entry and "left out: start a Ray instance of its own" in entry, entry
+    assert "none" not in entry, entry
+    given = ggbatch("run", "--model", "m.gguf", "--input", "q.jsonl", "--output", "a.jsonl", "--backend", "ray",
+                    "--ray-address", "none")
+    assert given.returncode == 2 and given.stderr == (
+        "ggbatch: error: command line: ray_address: must be auto or HOST:PORT (a Ray head's address, as `ray start "
+        "--head` prints it); for a Ray instance of the job's own on this machine leave ray_address (--ray-address) "
+        "out, got 'none'\n"), given.stderr

@@ -286,3 +286,25 @@ def test_file_formats_and_the_errors_file(tmp_path):
     assert config.errors_output == str(tmp_path / "failed.jsonl")  # beside the job file, like every path
     auto = build_config([("flags", {"model": "m", "input": "i", "output": "o", "input_format": "auto"})])
     assert (auto.input_format, auto.output_format, auto.errors_output) == (None, None, None)
+
+
+@pytest.mark.parametrize("text,flags,message", [
+    ("ray_address: auto\n", {}, "ray_address: auto is for backend: ray (--backend ray), the backend is local"),
+    ("backend: ray\nray_address: auto\n", {"backend": "local"}, "ray_address: auto is for backend: ray"),
+    ("sampling: {n: 3}\n", {}, "sampling.n: 3 samples need sampling.temperature > 0"),
+    ("answer: {choices: [A, B], grammar: 'root ::= \"x\"'}\n", {}, "answer.choices and answer.grammar: give one"),
+    ("answer: {logprobs: true}\n", {}, "answer.logprobs: needs answer.choices"),
+])
+def test_errors_between_keys_name_the_job_file_that_set_them(tmp_path, text, flags, message):
+    """They named the key alone (`ray_address: auto is for ...`) where a key's own error says `j.yaml: key: ...`."""
+    path = job(tmp_path, "model: m\ninput: i\noutput: o\n" + text)
+    with pytest.raises(ConfigError) as err:
+        build_config([(path, load_job_file(path)), ("command line", flags)])
+    assert str(err.value).startswith(f"{path}: {message}"), str(err.value)
+
+
+def test_an_error_between_keys_the_command_line_set_names_no_job_file(tmp_path):
+    """The file's ray_address is replaced by the flag's; the backend is the default's."""
+    path = job(tmp_path, "model: m\ninput: i\noutput: o\nray_address: auto\n")
+    with pytest.raises(ConfigError, match=r"^ray_address: 10.0.0.1:6379 is for backend: ray"):
+        build_config([(path, load_job_file(path)), ("command line", {"ray_address": "10.0.0.1:6379"})])

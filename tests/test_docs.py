@@ -81,3 +81,17 @@ def test_every_readme_section_and_docs_page_the_code_sends_users_to_exists() -> 
     missing += [f"{path.relative_to(ROOT)}: {page}" for path, text in _source_texts()
                 for page in DOCS_PAGE.findall(text) if not (ROOT / page).is_file()]
     assert missing == []
+
+
+def test_contributing_names_every_module_that_calls_llama_cpp() -> None:
+    """The convention named two modules where six import llama_cpp, all six allowed by pyproject.toml's
+    import-linter contract: the page, the code and the contract name the same modules."""
+    page = " ".join((ROOT / "docs" / "contributing.md").read_text(encoding="utf-8").split())
+    sentence = next(s for s in page.split(". ") if "call llama.cpp" in s)
+    named = set(re.findall(r"`((?:runner|workers)/[\w/]+\.py)`", sentence))
+    importing = {str(p.relative_to(ROOT)) for folder in ("runner", "workers", "package")
+                 for p in (ROOT / folder).rglob("*.py")
+                 if re.search(r"^\s*(import|from) llama_cpp\b", p.read_text(encoding="utf-8"), re.M)}
+    contract = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    allowed = {m.replace(".", "/") + ".py" for m in re.findall(r'"ggbatch\.([\w.]+) -> llama_cpp"', contract)}
+    assert named == importing == allowed and len(named) == 6, (named, importing, allowed)

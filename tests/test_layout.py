@@ -15,6 +15,7 @@ from ggbatch.runner.plan.layout import (
 )
 from ggbatch.runner.questions.maker import question_seed
 from ggbatch.runner.questions.prepare import common_prefix
+from helpers import ggbatch
 
 
 def test_auto_uses_one_worker_on_every_core():
@@ -42,6 +43,24 @@ def test_threads_given_derives_workers():
 def test_never_more_threads_than_cores(workers, threads, message):
     with pytest.raises(ConfigError, match=message):
         plan_layout([0, 1], workers, threads, None, 10)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_too_many_workers_or_threads_from_a_job_file_name_the_file(tmp_path, demo_model):
+    """Checked against the cores once the job is built, they named the key alone, where the key's
+    own check (workers: 0) names the file; a flag that replaces the file's key names none."""
+    n = len(os.sched_getaffinity(0)) + 1
+    (tmp_path / "q.jsonl").write_text('{"questionID": "a", "question": "Hi?"}\n')
+    job = tmp_path / "j.yaml"
+    for setting, said in ((f"workers: {n}", f"workers: {n} workers need at least {n} cores"),
+                          (f"threads: {n}", f"threads: {n} threads per worker exceed the")):
+        job.write_text(f"model: {demo_model}\ninput: q.jsonl\noutput: a.jsonl\n{setting}\n")
+        done = ggbatch("run", job, "-q")
+        assert done.returncode == 2 and done.stderr.startswith(f"ggbatch: error: {job}: {said}"), done.stderr
+    done = ggbatch("run", job, "-q", "--threads", n)
+    assert done.returncode == 2 and done.stderr.startswith(f"ggbatch: error: threads: {n} threads"), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["j.yaml", "q.jsonl"]
 
 
 def test_auto_slots_never_exceed_questions_per_worker():

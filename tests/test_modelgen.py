@@ -306,6 +306,10 @@ def test_make_model_refusals_are_one_line_naming_the_file(tmp_path: Path, demo_m
         done = ggbatch("make-model", "--shape", "demo", *argv)
         assert done.returncode == 2 and done.stderr.startswith("ggbatch: error: " + said), (argv, done.stderr)
         assert done.stderr.count("\n") == 1 and ".tmp" not in done.stderr
+    # named, and before any work (the vocab is not read): it was numpy's "expected non-negative integer"
+    done = ggbatch("make-model", "--shape", "demo", "--seed", "-1", "--vocab", q, tmp_path / "s.gguf")
+    assert done.returncode == 2 and done.stderr == ("ggbatch make-model: error: argument --seed: expected an integer "
+                                                    ">= 0, got '-1' (`ggbatch make-model --help` lists the options)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "cut.gguf", "q.jsonl", "short.gguf"]  # no temp file
 
 

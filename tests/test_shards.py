@@ -11,13 +11,14 @@ from collections import Counter
 import pytest
 
 from ggbatch.runner.config.schema import build_config
-from ggbatch.runner.errors import ConfigError
+from ggbatch.runner.errors import ConfigError, OutputError
 from ggbatch.runner.files.formats.record import Record
 from ggbatch.runner.files.shards import Shard, in_shard, parse_shard, shard_in_name, shard_of, shard_path
 from ggbatch.runner.journal.journal import Journal, fingerprint
 from ggbatch.runner.model.identity import ModelIdentity
 from ggbatch.workers.protocol import GenerationParams, Question
 from helpers import answer as make_answer
+from helpers import ggbatch_command
 
 GSM8K_IDS = [f"gsm8k-{i}" for i in range(1, 1320)]
 
@@ -146,6 +147,27 @@ def test_a_bad_shard_setting_is_one_line_naming_the_key(monkeypatch):
     with pytest.raises(ConfigError, match=r"^command line: shard: auto reads SLURM_ARRAY_TASK_ID and "
                                           r"SLURM_ARRAY_TASK_COUNT, .*, got 'auto'$"):
         config(shard="auto")
+
+
+@pytest.mark.parametrize("key,stream", [("output", "-"), ("output", "/dev/stdout"), ("report", "-"),
+                                        ("errors_output", "/dev/fd/1"), ("output", "/dev/null")])
+def test_a_shard_refuses_standard_output_and_devices_as_a_run_without_one_does(key, stream):
+    """`-` renamed after the shard was `-.shard-0-of-1`, a plain file's name that passed."""
+    with pytest.raises(OutputError, match=rf"^{stream}: ggbatch writes .* not to standard output, a pipe or a device"):
+        config(shard="0/1", **{key: stream})
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flags", [["--output", "-"], ["--output", "/dev/stdout"], ["--report", "-"]])
+def test_the_cli_with_a_shard_refuses_standard_output_and_writes_nothing(tmp_path, stories, flags):
+    """Refused before any work: the run used to answer into `./-.shard-1-of-2` (or /dev/stdout.shard-1-of-2)."""
+    (tmp_path / "q.jsonl").write_text('{"questionID": "a", "question": "Hi?"}\n{"questionID": "b", "question": "Ho"}\n')
+    command = ggbatch_command("run", "--model", stories, "--input", "q.jsonl", "--output", "a.jsonl", *flags,
+                              "--shard", "1/2", "--max-tokens", 2, "--workers", 1, "-q")
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 2 and "not to standard output, a pipe or a device" in done.stderr, done.stderr
+    assert done.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["q.jsonl"]
 
 
 def test_a_shards_journal_refuses_another_shard(tmp_path):

@@ -53,7 +53,11 @@ def test_context_bucket_is_the_power_of_two_above_with_a_floor(n_ctx_seq: int, b
 
 
 def test_nearest_bucket_by_ratio() -> None:
-    assert tuned.nearest_bucket([256, 4096], 300) == 256  # 512: one doubling from 256, three from 4096
+    assert tuned.nearest_bucket([256, 4096], 300) == 256  # 1.2x from 256, 13.7x from 4096
+    # the job's context, not its bucket (512, one doubling from each): 272 is 1.06x from 256, 3.8x from 1024
+    for n_ctx_seq in (257, 272, 302, 392, 511):
+        assert tuned.nearest_bucket([256, 1024], n_ctx_seq) == 256, n_ctx_seq
+    assert tuned.nearest_bucket([256, 1024], 520) == 1024  # 2.03x from 256, 1.97x from 1024
     assert tuned.nearest_bucket([256, 4096], 2100) == 4096
     assert tuned.nearest_bucket([256, 4096], 100_000) == 4096
     assert tuned.nearest_bucket([256, 4096], 1024) == 4096  # equally near: the larger context's
@@ -87,6 +91,8 @@ def test_a_tune_per_context_keeps_the_others(cache: Path, model: str) -> None:
     assert list(entry["contexts"]) == ["256", "4096"]
     assert tuned.load_choice(identify(model), 4000) == (4096, LONG)
     assert tuned.load_choice(identify(model), 150) == (256, SHORT)
+    tuned.save_choice(identify(model), LONG, [{"n_ctx_per_sequence": 634}], 634)
+    assert tuned.load_choice(identify(model), 272) == (256, SHORT)  # 1.06x from 256, 3.8x from 1024
     tuned.save_choice(identify(model), SHORT, [], 4000)  # a new tune at the same context replaces only that one
     assert tuned.load_choice(identify(model), 4000) == (4096, SHORT)
     assert tuned.load_choice(identify(model), 150) == (256, SHORT)

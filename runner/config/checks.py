@@ -184,8 +184,13 @@ def ray_address(v: Any) -> Optional[str]:
                          "HOST:PORT (its GCS address, as `ray start --head` prints it)")
     if not isinstance(v, str) or not (v == "auto" or (":" in v and v.rpartition(":")[2].isdigit()
                                                      and v.rpartition(":")[0])):
-        raise ValueError("must be auto or HOST:PORT (a Ray head's address, as `ray start --head` prints it)")
+        raise ValueError("must be auto or HOST:PORT (a Ray head's address, as `ray start --head` prints it)"
+                         + (OWN_RAY if v == "none" else ""))
     return v
+
+
+# `none` is no value: leaving the key out is how a job gets a Ray instance of its own (ray.md)
+OWN_RAY = "; for a Ray instance of the job's own on this machine leave ray_address (--ray-address) out"
 
 
 def stop(v: Any) -> tuple[str, ...]:

@@ -14,12 +14,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import yaml
 
 from ...workers.protocol import SamplingParams
-from ..errors import ConfigError, quote
+from ..errors import ConfigError, KeysError, quote
 from ..files.formats import FORMATS
+from ..files.paths import check_not_a_stream
 from ..files.piped import STDIN
 from ..files.shards import Shard, shard_path
 from ..model.hub import is_hub_name
 from . import checks as check
+from .between_keys import check_between_keys
 from .checks import AUTO, CHOICES_AUTO, FIRST_TOKEN, LOGLIKELIHOOD
 from .job_yaml import read_job_yaml
 
@@ -81,6 +83,8 @@ class JobConfig:
     grammar: Optional[str] = None
     backend: str = "local"  # where workers live: local processes, or Ray actors (runner/pool/ray.py)
     ray_address: Optional[str] = None  # the Ray cluster to join (HOST:PORT or auto); None: start one here
+    # setting (a field, or sampling.<field>) -> the job file that set it, for the errors between keys
+    from_files: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
 # dotted key -> (JobConfig field or "sampling.<field>", check)
@@ -230,6 +234,11 @@ def _dotted_hint(key: str) -> str:
     return f" (did you mean '{hint[0]}'?)" if hint else ""
 
 
+class JobFileLayer(dict[str, Any]):
+    """A layer read from a job file (load_job_file): its keys' errors between keys name the file,
+    a layer of flags or keywords' do not (each key's own error names its source either way)."""
+
+
 def load_job_file(path: str) -> dict[str, Any]:
     """Read a YAML job file into flat dotted keys, paths made relative to the file's folder."""
     p = Path(path)
@@ -247,7 +256,7 @@ def load_job_file(path: str) -> dict[str, Any]:
             if key.startswith("model") and is_hub_name(value) and not (base / value).exists():
                 continue  # a Hugging Face model name (runner/model/hub.py), not a path beside the job file
             flat[key] = str(base / value)
-    return flat
+    return JobFileLayer(flat)
 
 
 def _inline(key: str, value: str) -> bool:
@@ -265,8 +274,10 @@ def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
     Each layer is (source name for errors, {dotted key: value})."""
     values: dict[str, Any] = {}
     sampling: dict[str, Any] = {}
+    from_files: dict[str, str] = {}
     for source, layer in layers:
         for key, raw in layer.items():
+            _note_file(from_files, key, source if isinstance(layer, JobFileLayer) else None)
             if key not in SCHEMA:
                 raise ConfigError(f"{source}: unknown key '{key}'")
             try:
@@ -281,12 +292,31 @@ def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
                 sampling[key.split(".", 1)[1]] = value
             else:
                 values[_TARGET.get(key, key)] = value
-    config = replace(JobConfig(), **values, sampling=SamplingParams(**sampling))
+    config = replace(JobConfig(), **values, sampling=SamplingParams(**sampling), from_files=from_files)
     for key in ("model", "input", "output"):
         if not getattr(config, key):
             raise ConfigError(f"missing required setting '{key}' (give it in {_job_file(layers)} or as --{key})")
-    _check_answer(config)
+    try:
+        check_between_keys(config)
+    except KeysError as exc:
+        raise said_in_files(config, exc) from None
     return _shard_files(_scoring_defaults(config))
+
+
+def _note_file(from_files: dict[str, str], key: str, job_file: Optional[str]) -> None:
+    """Where a setting now comes from: a later layer of flags or keywords takes it from the file."""
+    if job_file is None:
+        from_files.pop(_TARGET.get(key, key), None)
+    else:
+        from_files[_TARGET.get(key, key)] = job_file
+
+
+def said_in_files(config: JobConfig, error: KeysError) -> ConfigError:
+    """The error between keys named after the job file that set them (`j.yaml: ray_address: ...`),
+    as a key's own error is; unchanged where none came from a file."""
+    files = dict.fromkeys(config.from_files[target] for target in (_TARGET.get(k, k) for k in error.keys)
+                          if target in config.from_files)
+    return ConfigError(f"{' and '.join(files)}: {error}") if files else error
 
 
 def _job_file(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
@@ -306,39 +336,6 @@ def _yaml_hint(source: str, raw: Any) -> str:
     return ""
 
 
-def _check_answer(config: JobConfig) -> None:
-    given = [key for key, value in (("answer.choices", config.choices), ("answer.json_schema", config.json_schema),
-                                    ("answer.grammar", config.grammar)) if value]
-    if len(given) > 1:
-        raise ConfigError(f"{' and '.join(given)}: give one of them (an answer is one choice, JSON or a grammar's)")
-    if config.choice_logprobs and not config.choices:
-        raise ConfigError("answer.logprobs: needs answer.choices (log-probabilities are the choices')")
-    if config.choice_logprobs and not config.choice_logits and config.choice_scoring != LOGLIKELIHOOD:
-        raise ConfigError("answer.logprobs with answer.choice_logits: false: every answer is generated and no choice "
-                          "has a log-probability; leave choice_logits on, or score the choices "
-                          f"(answer.choice_scoring: {LOGLIKELIHOOD})")
-    _check_scoring(config)
-    _check_samples(config)
-    _check_backend(config)
-
-
-def _check_scoring(config: JobConfig) -> None:
-    """Log-likelihood scoring needs the choices it scores, and gives one answer per question, which
-    no token is generated for."""
-    if config.choice_scoring != LOGLIKELIHOOD:
-        return
-    if not config.choices:
-        raise ConfigError(f"answer.choice_scoring: {LOGLIKELIHOOD} scores each of answer.choices as a continuation "
-                          "of the prompt: give answer.choices (--choices A,B,C,D or auto)")
-    if config.sampling.n > 1:
-        raise ConfigError(f"sampling.n: {config.sampling.n} samples with answer.choice_scoring: {LOGLIKELIHOOD} "
-                          "would be the same scores: log-likelihoods are not sampled")
-    if config.token_logprobs is not None:
-        raise ConfigError(f"answer.token_logprobs: {config.token_logprobs} with answer.choice_scoring: "
-                          f"{LOGLIKELIHOOD}: no token is generated; each choice's log-probability is "
-                          "answer.logprobs (--choice-logprobs)")
-
-
 def flash_attn_auto(choice_scoring: str) -> Optional[bool]:
     """What flash_attn: auto is for a job: off for log-likelihood scoring (llama.cpp's CPU flash
     attention moves a log-likelihood by up to about 0.01 nats a token: it rounds K and V to F16),
@@ -352,31 +349,16 @@ def _scoring_defaults(config: JobConfig) -> JobConfig:
     return config
 
 
-def _check_samples(config: JobConfig) -> None:
-    """n samples that could only be n copies of one answer are refused rather than computed."""
-    n = config.sampling.n
-    if n > 1 and config.sampling.temperature <= 0:
-        raise ConfigError(f"sampling.n: {n} samples need sampling.temperature > 0 (--temperature); greedy "
-                          f"decoding would give {n} identical answers")
-    if n > 1 and config.choices and config.choice_logits:
-        raise ConfigError(f"sampling.n: {n} samples of answer.choices answered from the logits would be "
-                          "the same most likely choice: set answer.choice_logits: false to sample the choices")
-
-
-def _check_backend(config: JobConfig) -> None:
-    """Settings that make sense with one backend only."""
-    if config.ray_address is not None and config.backend != "ray":
-        raise ConfigError(f"ray_address: {config.ray_address} is for backend: ray (--backend ray), "
-                          f"the backend is {config.backend}")
-    if config.backend == "ray" and config.devices:
-        raise ConfigError("devices: GPUs are not laid out on the Ray backend (yet); use backend: local")
-
-
 def _shard_files(config: JobConfig) -> JobConfig:
     """A shard writes files of its own (answers.shard-2-of-8.jsonl, and its journal beside it), so
     every task of a job array can run the same job file."""
     if config.shard is None:
         return config
+    for path in (config.output, config.report, config.errors_output):
+        if path:
+            # `-` or /dev/stdout renamed after the shard (`-.shard-0-of-2`, /dev/stdout.shard-0-of-2)
+            # would pass as a plain file's name: the path as given is what is refused
+            check_not_a_stream(path)
     shard = config.shard
     return replace(config, output=config.output and shard_path(config.output, shard),
                    report=config.report and shard_path(config.report, shard),

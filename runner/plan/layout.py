@@ -30,7 +30,7 @@ from ...workers.engine.invariant import kv_streams
 from ...workers.helper_messages import GpuMemory
 from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
 from ..config.checks import AUTO
-from ..errors import ConfigError
+from ..errors import ConfigError, KeysError
 from ..model.gguf_header import GGUFFormatError, read_hparams
 from . import attention, gpu, vram
 from .layers import hybrid_memory
@@ -151,10 +151,10 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
     sequence) limits auto slots on long sequences."""
     n_cores = len(cores)
     if workers is not None and workers > n_cores:
-        raise ConfigError(f"workers: {workers} workers need at least {workers} cores, "
-                          f"{n_cores} are usable here")
+        raise KeysError(f"workers: {workers} workers need at least {workers} cores, "
+                        f"{n_cores} are usable here", ("workers",))
     if threads is not None and threads > n_cores:
-        raise ConfigError(f"threads: {threads} threads per worker exceed the {n_cores} usable cores")
+        raise KeysError(f"threads: {threads} threads per worker exceed the {n_cores} usable cores", ("threads",))
     if workers is None:
         # Neither given: one worker using every core: continuous batching inside one context shares
         # the weight reads across all sequences, which several smaller workers cannot (docs/guide/layout.md).
@@ -162,8 +162,8 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
     if threads is None:
         threads = max(1, n_cores // workers)
     if workers * threads > n_cores:
-        raise ConfigError(f"workers × threads = {workers} × {threads} = {workers * threads} "
-                          f"exceeds the {n_cores} usable cores")
+        raise KeysError(f"workers × threads = {workers} × {threads} = {workers * threads} "
+                        f"exceeds the {n_cores} usable cores", ("workers", "threads"))
     if slots is None:
         by_kv = MAX_AUTO_POOL_CELLS // pool_cells_per_slot if pool_cells_per_slot > 0 else max_auto_slots
         slots = max(1, min(max_auto_slots, max(4, by_kv), math.ceil(n_questions / workers)))
@@ -208,20 +208,22 @@ def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: froz
     runner/plan/repack_check.py)."""
     if batch_invariant:
         if requested:
-            raise ConfigError("model.repack: true cannot be combined with batch_invariant: llama.cpp's "
-                              "repacked kernels give a row another result in another batch")
+            raise KeysError("model.repack: true cannot be combined with batch_invariant: llama.cpp's "
+                            "repacked kernels give a row another result in another batch",
+                            ("model.repack", "batch_invariant"))
         return False, "batch_invariant"
     wanted, why = _wanted(requested, tuned, flags, slots)
     if not wanted:
         return False, why
     if hybrid:  # the model, then the CPU: either way plain, the reason said
         if requested:
-            raise ConfigError("model.repack: true cannot be used with this hybrid model (attention and recurrent "
-                              "layers): llama.cpp's repacked kernels mix the sequences of a batch on it")
+            raise KeysError("model.repack: true cannot be used with this hybrid model (attention and recurrent "
+                            "layers): llama.cpp's repacked kernels mix the sequences of a batch on it",
+                            ("model.repack",))
         return False, "hybrid model: repacked kernels mix its sequences"
     if refused:
         if requested:
-            raise ConfigError(f"model.repack: true: {refused}; leave it auto or false")
+            raise KeysError(f"model.repack: true: {refused}; leave it auto or false", ("model.repack",))
         return False, refused
     return True, why
 

@@ -56,8 +56,10 @@ def context_bucket(n_ctx_seq: int) -> int:
 
 def nearest_bucket(buckets: Iterable[int], n_ctx_seq: int) -> int | None:
     """The saved bucket nearest to this context by ratio (log2 distance); between two equally near
-    the larger, whose layout was measured with more KV per sequence. None if nothing is saved."""
-    target = math.log2(context_bucket(n_ctx_seq))
+    the larger, whose layout was measured with more KV per sequence. None if nothing is saved.
+    The job's own context is compared, not its bucket: rounded up first, every job of 257-511
+    tokens was as near 1024 as 256 (both one doubling from 512) and took 1024's layout."""
+    target = math.log2(max(n_ctx_seq, MIN_CONTEXT_BUCKET))
     return min(buckets, key=lambda b: (abs(math.log2(b) - target), -b), default=None)
 
 

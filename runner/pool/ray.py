@@ -84,6 +84,11 @@ def check_address(address: str, shown: Optional[str] = None) -> None:
 HOST_PORT = "HOST:PORT (a Ray head's GCS address, as `ray start --head` prints it)"
 
 
+NO_CLUSTER = ("ray_address auto: no Ray cluster to join: none runs on this machine and RAY_ADDRESS names none; "
+              "start one (`ray start --head`), give ray_address (--ray-address) as HOST:PORT, or leave it out "
+              "for a Ray instance of the job's own")
+
+
 def resolve_auto() -> tuple[str, str]:
     """What `auto` joins, as ray.init resolves it (Ray's own helper: RAY_ADDRESS; else the one Ray
     cluster running on this machine; else the address file the last `ray start` here wrote, which
@@ -99,7 +104,9 @@ def resolve_auto() -> tuple[str, str]:
         _check_env_address(given)
     try:
         address = canonicalize_bootstrap_address("auto")
-    except (ConnectionError, ValueError) as exc:  # no cluster found: ray.init's own words
+    except ConnectionError:  # Ray's words name its own `--address` flag, which ggbatch has not
+        raise ConfigError(NO_CLUSTER) from None
+    except ValueError as exc:
         raise ConfigError(f"ray_address auto: {str(exc).splitlines()[0]}") from None
     if not address:
         return "", ""

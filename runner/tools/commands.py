@@ -50,7 +50,8 @@ def _add_make_model(sub: Any) -> None:
     mm.add_argument("--tie-embeddings", dest="tie_embeddings", action="store_true", default=None,
                     help="no output.weight: the logits use the token embeddings, as in Qwen3-0.6B/1.7B "
                          "(always so for the qwen3-*-like shapes)")
-    mm.add_argument("--seed", type=int, default=0)
+    # a negative seed got numpy's "expected non-negative integer", naming no option, after the vocab was read
+    mm.add_argument("--seed", type=non_negative_int, default=0)
     mm.add_argument("--reasoning", choices=["think", "harmony"],
                     help="a reasoning model's vocabulary and chat template, opening its thinking block: "
                          "<think>...</think>, or gpt-oss's harmony channels")
@@ -101,12 +102,22 @@ def _add_bench(sub: Any) -> None:
 def positive_int(text: str) -> int:
     """argparse's type for a count that must be at least 1 (0 workers divides by zero, 0 threads
     or questions measure nothing)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse's type for a random seed (numpy takes none below 0)."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    """argparse's error (`argument --seed: ...`) names the option, where the value's user would not."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
     return value
 
 
