@@ -218,10 +218,10 @@ def test_tune_says_how_many_questions_it_samples(tmp_path: Path, stories: str) -
     done = tune_cli(tmp_path, "--model", stories, "--input", questions, "--questions", 100)
     assert done.returncode == 0, done.stderr
     assert " on 3 questions (all the file holds; --questions 100) × 2 tokens" in done.stdout.splitlines()[0]
-    for bad in ("0", "-5"):
-        refused = tune_cli(tmp_path, "--model", stories, "--questions", bad)
+    for flag, bad in (("--questions", "0"), ("--questions", "-5"), ("--max-tokens", "0"), ("--max-tokens", "-3")):
+        refused = tune_cli(tmp_path, "--model", stories, flag, bad)
         assert refused.returncode == 2
-        assert refused.stderr == (f"ggbatch tune: error: argument --questions: expected an integer >= 1, got '{bad}' "
+        assert refused.stderr == (f"ggbatch tune: error: argument {flag}: expected an integer >= 1, got '{bad}' "
                                   "(`ggbatch tune --help` lists the options)\n")
 
 

@@ -249,7 +249,7 @@ def _add_tune(sub: Any) -> None:
     t.add_argument("--model", help="GGUF model path (or from the job file)")
     t.add_argument("--input", help="questions to sample (default: the job file's input, else built-in ones)")
     t.add_argument("--questions", type=positive_int, default=64, help="sample size (default 64)")
-    t.add_argument("--max-tokens", dest="max_tokens", type=int, default=32,
+    t.add_argument("--max-tokens", dest="max_tokens", type=positive_int, default=32,
                    help="generated tokens per question, exactly (default 32)")
     t.add_argument("--slots", default="8,16,32,64", help="slot counts to try (default 8,16,32,64)")
 
