@@ -192,6 +192,22 @@ def test_a_records_own_choice_the_vocabulary_cannot_spell_fails_that_record_nami
 
 @pytest.mark.model
 @pytest.mark.timeout(120)
+def test_a_schema_whose_first_character_the_vocabulary_cannot_write_is_refused_before_any_question(tmp_path):
+    """Every question ran, then failed with 'the answer's grammar allows no token of this model's
+    vocabulary here' (exit 1): the vocabulary has no '{', which every object starts with."""
+    model = require(TINYSTORIES, "TinyStories' vocabulary, without '{' or byte tokens")
+    questions, out, schema = write_questions(tmp_path / "q.jsonl", 2), tmp_path / "a.jsonl", tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+    r = subprocess.run(ggbatch_cmd("run", *flags(str(model), questions, out, "--json-schema", schema)), cwd=ROOT,
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 2 and not out.exists(), r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "ggbatch: error: answer.json_schema: every answer to it starts with '{': the model's vocabulary has no "
+        "token for U+007B { (and no byte fallback), so no answer can be written")
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
 def test_choices_spelled_with_byte_tokens_are_answered(tmp_path, demo_model):
     # the demo vocabulary has all 256 byte tokens: α is two of them, and the grammar can write it
     questions = write_questions(tmp_path / "q.jsonl", 2)

@@ -46,22 +46,55 @@ def job_answer(config: JobConfig) -> Optional[AnswerSpec]:
 
 def check_spellable(tokenizer: Any, choices: tuple[str, ...], unknown_token: Optional[str]) -> None:
     """ConfigError naming the first choice the model's vocabulary cannot write: no answer could
-    be that choice, and every question would fail at run time with the grammar's error. The
-    choices go once through the tokenizer process (runner/questions/tokenizing.py), which says which text
-    its vocabulary lacks a character of; a tokenizer that reads a character as its unknown token
+    be that choice, and every question would fail at run time with the grammar's error."""
+    refused = unwritable(tokenizer, choices, unknown_token)
+    if refused is not None:
+        raise ConfigError(f"answer.choices: {quote(refused[0])}: {refused[1]}, so no answer can be this choice")
+
+
+def check_schema_opener(tokenizer: Any, schema_text: str, unknown_token: Optional[str]) -> None:
+    """ConfigError when the model's vocabulary cannot write the character every answer to the
+    job's JSON schema starts with ('{' for an object): each question would run, then fail at its
+    first token with the grammar's error (a toy vocabulary of a few thousand tokens, without byte
+    tokens, may lack it)."""
+    opener = schema_opener(schema_text)
+    refused = unwritable(tokenizer, (opener,), unknown_token) if opener else None
+    if refused is not None:
+        raise ConfigError(f"answer.json_schema: every answer to it starts with {quote(refused[0])}: {refused[1]}, "
+                          "so no answer can be written")
+
+
+def schema_opener(schema_text: str) -> Optional[str]:
+    """The character every JSON value the schema admits starts with, by its root's type (an
+    object's properties mean an object); None where that is not one character."""
+    try:
+        schema = json.loads(schema_text)
+    except ValueError:
+        return None
+    if not isinstance(schema, dict):
+        return None
+    kind = schema.get("type", "object" if "properties" in schema else None)
+    return {"object": "{", "array": "[", "string": '"'}.get(kind) if isinstance(kind, str) else None
+
+
+def unwritable(tokenizer: Any, texts: tuple[str, ...], unknown_token: Optional[str]) -> Optional[tuple[str, str]]:
+    """(the first text the model's vocabulary cannot write, why), or None. The texts go once
+    through the tokenizer process (runner/questions/tokenizing.py), which says which text its
+    vocabulary lacks a character of; a tokenizer that reads a character as its unknown token
     cannot write it either."""
-    tokenizer.submit(choices, [False] * len(choices))
+    tokenizer.submit(texts, [False] * len(texts))
     got = tokenizer.receive()
     unknown = int(unknown_token) if unknown_token is not None and unknown_token.lstrip("-").isdigit() else None
     start = 0
-    for i, choice in enumerate(choices):
+    for i, text in enumerate(texts):
         count = max(got.counts[i], 0)
         why = got.errors.get(i)
         if why is None and unknown is not None and unknown in got.tokens[start:start + count]:
             why = "the model's tokenizer reads a character of it as its unknown token"
         if why is not None:
-            raise ConfigError(f"answer.choices: {quote(choice)}: {why}, so no answer can be this choice")
+            return text, why
         start += count
+    return None
 
 
 def check_logprob_choices(tokenizer: Any, choices: tuple[str, ...]) -> None:

@@ -18,7 +18,7 @@ from typing import Optional
 
 from ...workers.helper_messages import VocabInfo
 from ...workers.protocol import AnswerSpec, GenerationParams, Thinking
-from ..config.answer import check_logprob_choices, check_spellable, choice_tokens
+from ..config.answer import check_logprob_choices, check_schema_opener, check_spellable, choice_tokens
 from ..config.reasoning import (
     answer_room_problem,
     block_opened,
@@ -69,8 +69,11 @@ class Prompting:
     def generation_for(self, config: JobConfig, answer: Optional[AnswerSpec]) -> GenerationParams:
         """Every answer's settings under this config; fixed choices are checked against the
         vocabulary (ConfigError naming the first it cannot spell)."""
+        unknown = self.info.metadata.get("tokenizer.ggml.unknown_token_id")
+        if answer is not None and config.json_schema is not None:
+            check_schema_opener(self.tokenizer, config.json_schema, unknown)
         if answer is not None and answer.choices:
-            check_spellable(self.tokenizer, answer.choices, self.info.metadata.get("tokenizer.ggml.unknown_token_id"))
+            check_spellable(self.tokenizer, answer.choices, unknown)
             if answer.logprobs and config.choice_scoring != LOGLIKELIHOOD:
                 check_logprob_choices(self.tokenizer, answer.choices)
         stop = config.stop or (PLAIN_STOP if self.template is None else ())
