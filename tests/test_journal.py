@@ -210,8 +210,9 @@ def test_flash_attn_set_otherwise_than_auto_is_fingerprinted_and_a_change_refuse
     j.split([question("q1", 1)])
     j.append([answer("q1")])
     j.close()
-    with pytest.raises(ConfigError, match=r"'flash_attn' changed since the journaled run \(true -> 'auto'\)"):
-        Journal(path, printed(**scored))
+    j = Journal(path, printed(**scored))  # on auto: as the journaled run ran, named or not
+    assert j.ran("flash_attn") is True
+    j.close()
 
 
 def test_a_journal_that_scored_choices_inside_the_open_thinking_block_is_refused(tmp_path):
@@ -274,6 +275,30 @@ def test_a_journal_killed_before_its_first_answer_with_its_ran_line_torn_is_made
     j.close()
 
 
+@pytest.mark.parametrize("settings, ran", [({}, True), ({"batch_invariant": True}, False),
+                                            ({"answer.choice_scoring": "loglikelihood"}, False)])
+def test_a_journal_of_a_version_before_the_ran_line_is_resumed_as_that_version_ran(tmp_path, settings, ran):
+    """Such a version ran flash attention on (but batch-invariant, or scoring by log-likelihood):
+    a rerun on auto decided afresh, off on a CPU, and the resumed file mixed answers computed
+    both ways (a choice's log-probability moved in the fifth digit)."""
+    path = tmp_path / "j.jsonl"
+    j = Journal(str(path), {**FP, **settings})
+    j.split([question("q1", 1)])
+    j.append([answer("q1", "one")])
+    j.close()
+    path.write_bytes(path.read_bytes().replace(b'{"ggbatch_ran": {}}\n', b""))  # as the older version wrote it
+    assert b"ggbatch_ran" not in path.read_bytes()
+    j = Journal(str(path), {**FP, **settings})
+    assert j.ran("flash_attn") is ran and j.split([question("q1", 1)])[1]["q1"].text == "one"
+    j.close()
+    with pytest.raises(ConfigError, match=f"'flash_attn' changed since the journaled run \\({str(ran).lower()} -> "):
+        Journal(str(path), {**FP, **settings, "flash_attn": not ran})
+    Journal(str(tmp_path / "new.jsonl"), FP).close()  # a journal without answers yet: the run decides
+    j = Journal(str(tmp_path / "new.jsonl"), FP)
+    assert j.ran("flash_attn") is None
+    j.close()
+
+
 @pytest.mark.parametrize("line, problem", [
     (b'{"ggbatch_ran":{"flash_attn":false}}\n', None),  # as jq -c writes it: read as JSON, not as bytes
     (b'{"ggbatch_ran": {"flash_attn": null}}\n', "says the run decided flash_attn null, which is not bool"),
@@ -297,8 +322,9 @@ def test_a_hand_edited_ran_line_is_read_as_json_and_a_bad_value_refused(tmp_path
         assert j.ran("flash_attn") in (True, False) and j.split([question("q1", 1)])[1]["q1"].text == "one"
         j.close()
     else:
-        with pytest.raises(ConfigError, match=f"j.jsonl: its second line.*{problem}.*remove that line to let this "
-                                              "run decide, or pass fresh=True to start over"):
+        with pytest.raises(ConfigError, match=f"j.jsonl: its second line.*{problem}.*remove that line \\(its "
+                                              "answers are then taken for a version's before that line\\), or pass "
+                                              "fresh=True to start over"):
             Journal(str(path), FP)
 
 

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any, Iterator, NamedTuple, Optional, Union
 
 from ..files.compact import HashIndex, IdColumn, text_key
-from .ran import read_ran
+from .ran import legacy_ran, read_ran
 
 BLOCK_BYTES = 1 << 22  # of the journal read at a time
 # How the header line Journal writes begins ({"ggbatch_journal": VERSION, ...}, one write): a file
@@ -90,6 +90,8 @@ def read_earlier(path: str) -> Optional[Earlier]:
             earlier.prompts.extend(itertools.compress(e.prompts, e.ok))
             earlier.records.extend(itertools.compress(e.records, e.ok))
             earlier.at.extend(itertools.compress(e.at, e.ok))
+    if earlier.ran is None and keys:  # answers without a ran line: an older version's
+        earlier.ran = legacy_ran(earlier.fingerprint)
     # The keys are added together: one sort of each index, not one every MERGE_AT entries.
     earlier.rows.add_many(keys, rows)
     # A line is known by its record hash only while its row is its id's answer: not after the id

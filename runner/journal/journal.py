@@ -388,8 +388,8 @@ class Journal:
             raise StartOver(f"{self.path}: not a ggbatch journal", "remove it or {how}")
         problem = ran_problem(ran)
         if problem is not None:
-            raise StartOver(f"{self.path}: {problem}", "remove that line to let this run decide, or {how} to start "
-                            "over")
+            raise StartOver(f"{self.path}: {problem}", "remove that line (its answers are then taken for a "
+                            "version's before that line), or {how} to start over")
         change = setting_change(as_ran(old, ran, self.fingerprint), self.fingerprint)
         if change is not None:
             key, was, now = change

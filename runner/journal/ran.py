@@ -10,8 +10,9 @@ any answer:
     line 2   {"ggbatch_ran": {"flash_attn": false}}
 
 A rerun on auto takes what the journaled run ran; a rerun that names a value is compared with it,
-as with any setting in the fingerprint. A journal written before this line existed has none: its
-rerun decides afresh, as that version did.
+as with any setting in the fingerprint. A journal with answers but no such line was written by a
+version before it existed, and those ran flash attention on unless it was named off, the job was
+batch-invariant, or it scored choices by log-likelihood (legacy_ran): its rerun runs the same.
 """
 
 from __future__ import annotations
@@ -75,3 +76,11 @@ def adopted(old: Mapping[str, Any], ran: Optional[Mapping[str, Any]], key: str) 
     if key in old:
         return old[key]
     return (ran or {}).get(key)
+
+
+def legacy_ran(old: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run that wrote answers but no ran line decided: flash attention, which every such
+    version (before flash_attn: auto could be off on a CPU) ran on, but for a batch-invariant job
+    and for log-likelihood scoring (auto: off). Named in its fingerprint, the name stands."""
+    off = bool(old.get("batch_invariant")) or old.get("answer.choice_scoring") == "loglikelihood"
+    return {"flash_attn": not off}

@@ -27,7 +27,7 @@ from ..files.formats.csvfile import csv_rows
 from ..files.formats.detect import is_openai_output
 from ..files.inputs import detect_format, json_array, json_lines, read_text
 from ..files.paths import journal_path
-from ..journal.ran import ran_problem, read_ran
+from ..journal.ran import legacy_ran, ran_problem, read_ran
 from ..scoring.files import openai_text, row_id
 
 
@@ -55,6 +55,8 @@ def part_ran(path: str) -> dict[str, Any]:
         with open(journal_path(path), "rb") as f:
             f.readline()
             ran = read_ran(f)
+            if ran is None and f.readline():  # answers without a ran line: an older version's
+                ran = legacy_ran(part_settings(path) or {})
     except OSError:
         return {}
     return ran if isinstance(ran, dict) and ran_problem(ran) is None else {}
