@@ -42,8 +42,9 @@ from .files.outputs import remove_stale_copies, write_answers, write_atomic
 from .files.paths import REPORT, JobPaths, job_paths
 from .files.piped import readable_input
 from .files.shards import Shard, in_shard
+from .journal.fingerprint import fingerprint
 from .journal.index import Earlier, start_reading
-from .journal.journal import Journal, fingerprint
+from .journal.journal import Journal
 from .launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
 from .model.identity import ModelIdentity, identify, resolve_model
 from .plan import layout as layouts

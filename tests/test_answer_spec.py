@@ -12,7 +12,8 @@ from ggbatch.runner.config.answer import choice_tokens, record_choices, schema_g
 from ggbatch.runner.config.schema import CHOICES_AUTO, build_config, load_job_file
 from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.files.formats.own_settings import settings_key
-from ggbatch.runner.journal.journal import changed_setting, prompt_hash
+from ggbatch.runner.journal.fingerprint import changed_setting
+from ggbatch.runner.journal.journal import prompt_hash
 from ggbatch.workers.engine.constraints import best_choice, choice_grammar, choice_logprobs, choice_text, gbnf_literal
 from ggbatch.workers.protocol import AnswerSpec, GenerationParams
 

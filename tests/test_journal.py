@@ -6,7 +6,8 @@ from contextlib import contextmanager
 import pytest
 
 from ggbatch.runner.errors import ConfigError, JournalError
-from ggbatch.runner.journal.journal import Journal, changed_setting, setting_change
+from ggbatch.runner.journal.fingerprint import changed_setting, setting_change
+from ggbatch.runner.journal.journal import Journal
 from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, Question
 from helpers import answer as make_answer
 
@@ -192,7 +193,7 @@ def test_a_line_is_known_by_its_hash_only_while_its_answer_stands(tmp_path):
 
 def test_flash_attn_set_otherwise_than_auto_is_fingerprinted_and_a_change_refused(tmp_path):
     from ggbatch import build_config
-    from ggbatch.runner.journal.journal import fingerprint
+    from ggbatch.runner.journal.fingerprint import fingerprint
     from ggbatch.runner.model.identity import ModelIdentity
 
     model = ModelIdentity("m.gguf", 1, 0, "abc")
@@ -220,7 +221,7 @@ def test_a_journal_that_scored_choices_inside_the_open_thinking_block_is_refused
     the thinking's first words: those journals hold other scores (and their records are reused
     without their prompts made again), so they are refused, with the reason."""
     from ggbatch import build_config
-    from ggbatch.runner.journal.journal import fingerprint
+    from ggbatch.runner.journal.fingerprint import fingerprint
     from ggbatch.runner.model.identity import ModelIdentity
     from ggbatch.workers.protocol import Thinking
 

@@ -14,7 +14,8 @@ from ggbatch.runner.config.schema import build_config
 from ggbatch.runner.errors import ConfigError, OutputError
 from ggbatch.runner.files.formats.record import Record
 from ggbatch.runner.files.shards import Shard, in_shard, parse_shard, shard_in_name, shard_of, shard_path
-from ggbatch.runner.journal.journal import Journal, fingerprint
+from ggbatch.runner.journal.fingerprint import fingerprint
+from ggbatch.runner.journal.journal import Journal
 from ggbatch.runner.model.identity import ModelIdentity
 from ggbatch.workers.protocol import GenerationParams, Question
 from helpers import answer as make_answer

@@ -20,7 +20,7 @@ import pytest
 from ggbatch.runner.config.reasoning import answer_room_problem
 from ggbatch.runner.files.formats.rows import Row, row_fields, shown_answer
 from ggbatch.runner.journal.entries import answer_of, entry_of
-from ggbatch.runner.journal.journal import setting_change
+from ggbatch.runner.journal.fingerprint import setting_change
 from ggbatch.workers.protocol import Answer, FinishReason, Sample, Thinking
 from helpers import ggbatch, journaled, write_jsonl
 

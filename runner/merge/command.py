@@ -31,7 +31,7 @@ from ..files.outputs import write_atomic
 from ..files.paths import JOURNAL_SUFFIX, check_output, journal_path, same_file
 from ..files.piped import readable_file, shown_name
 from ..files.shards import shard_in_name, shard_of
-from ..journal.journal import setting_change
+from ..journal.fingerprint import setting_change
 from .join import Merged, merge_rows, render_merged
 from .parts import Part, part_ran, part_settings, read_part
 
