@@ -8,7 +8,7 @@ from array import array
 import pytest
 
 from ggbatch.runner.cli import _flag_layer, build_parser
-from ggbatch.runner.config.answer import choice_tokens, record_choices, schema_grammar, with_choices
+from ggbatch.runner.config.answer import choice_tokens, record_choices, schema_grammar, scored_texts, with_choices
 from ggbatch.runner.config.schema import CHOICES_AUTO, build_config, load_job_file
 from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.files.formats.own_settings import settings_key
@@ -131,3 +131,20 @@ def test_an_unconvertible_schema_says_why():
     with pytest.raises(ValueError, match="cannot turn this JSON schema into a grammar"):
         schema_grammar(json.dumps({"type": "object", "properties": {"a": {"$ref": "#/defs/missing"}}}))
     assert "root ::=" in schema_grammar(json.dumps({"type": "object"}))
+
+
+ARC = {"choices": {"text": ["girl", "dog house"], "label": ["A", "B"]}}
+
+
+@pytest.mark.parametrize("prompt, texts", [
+    ("Once upon a time there was a little", ("girl", "dog house")),  # ARC: not listed, the texts are scored
+    ("a little\n\nA. girl\nB. dog house", ()),  # MMLU's listing: the labels are
+    ("a little\n(A) girl (B) dog house", ()),
+    ("a little\nA: girl\nB: dog house", ()),
+    ("a little\nA - girl\nB - dog house", ()),  # was read as not listed: the texts scored behind letters shown
+    ("a little girl in a dog house", ("girl", "dog house")),  # the texts, but beside no label
+    ("a little\nA. girl", ("girl", "dog house")),  # one listed, not both
+])
+def test_labelled_choices_are_scored_by_their_texts_unless_the_prompt_lists_them_beside_their_labels(prompt, texts):
+    assert scored_texts(ARC, prompt) == texts
+    assert scored_texts({"choices": ["girl", "dog house"]}, prompt) == ()  # a bare list: the texts are the choices

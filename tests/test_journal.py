@@ -237,9 +237,39 @@ def test_a_journal_that_scored_choices_inside_the_open_thinking_block_is_refused
     j.split([question("q1", 1)])
     j.append([answer("q1")])
     j.close()
-    with pytest.raises(ConfigError, match=r"'answer.choice_scoring_context' changed since the journaled run "
-                                          r"\('the prompt as rendered' -> 'after an empty thinking block'\)"):
+    with pytest.raises(ConfigError, match=r"j.jsonl: the ggbatch version that wrote it scored a thinking model's "
+                                          "choices inside the open thinking block; this version scores them after "
+                                          "an empty thinking block: its answers are not this one's; pass fresh=True"):
         Journal(path, now)
+
+
+def test_a_journal_that_scored_labelled_choices_by_their_labels_is_refused_in_words(tmp_path):
+    """A record's labelled choices its prompt does not list are scored by their texts now (ARC):
+    a resume took the journaled label-scored answers and scored the rest by text, one file mixing
+    both, exit 0. (An older version resuming this one's journal finds the key it lacks: refused.)"""
+    from ggbatch import build_config
+    from ggbatch.runner.journal.fingerprint import fingerprint
+    from ggbatch.runner.model.identity import ModelIdentity
+
+    def printed(**settings):
+        config = build_config([("test", {"model": "m.gguf", "input": "q.jsonl", "output": "a.jsonl", **settings})])
+        return fingerprint(config, ModelIdentity("m.gguf", 1, 0, "abc"), GenerationParams(), "t")
+
+    now = printed(**{"answer.choices": "auto", "answer.choice_scoring": "loglikelihood"})
+    assert "answer.labelled_choices" not in printed(**{"answer.choices": "auto"})  # generated among the labels
+    assert "answer.labelled_choices" not in printed(**{"answer.choices": ["A", "B"],
+                                                      "answer.choice_scoring": "loglikelihood"})  # the job's own
+    path = str(tmp_path / "j.jsonl")
+    j = Journal(path, {k: v for k, v in now.items() if k != "answer.labelled_choices"})  # an older version's
+    j.split([question("q1", 1)])
+    j.append([answer("q1")])
+    j.close()
+    with pytest.raises(ConfigError) as refused:
+        Journal(path, now)
+    assert str(refused.value) == (f"{path}: the ggbatch version that wrote it scored a record's labelled choices by "
+                                  "their labels; this version scores them by their texts, unless the prompt lists "
+                                  "them beside their labels: its answers are not this one's; pass fresh=True to "
+                                  "start over")
 
 
 def test_what_auto_decided_is_journaled_and_a_rerun_on_auto_runs_the_same(tmp_path):

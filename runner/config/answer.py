@@ -215,7 +215,7 @@ def scored_texts(fields: Mapping[str, Any], prompt: str) -> tuple[str, ...]:
     read = read_choices(fields.get("choices"))
     if read is None or read.labels is None:
         return ()
-    listed = all(re.search(rf"(?<!\w){re.escape(label)}(?:[.):\]]\s*|\s+){re.escape(text)}", prompt)
+    listed = all(re.search(rf"(?<!\w){re.escape(label)}(?:\s*[.):\]-]\s*|\s+){re.escape(text)}", prompt)
                  for label, text in zip(read.labels, read.texts))
     return () if listed else read.texts
 

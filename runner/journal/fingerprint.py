@@ -48,6 +48,10 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             # scoring_context); journals that scored inside the open block have no such key, and are refused
             **({"answer.choice_scoring_context": SCORED_AFTER_EMPTY_BLOCK}
                if config.choice_scoring == LOGLIKELIHOOD and generation.thinking is not None else {}),
+            # a record's labelled choices scored by their texts where its prompt does not list them
+            # (runner/config/answer.py scored_texts); journals that scored the labels have no such key
+            **({"answer.labelled_choices": TEXTS_UNLESS_LISTED}
+               if config.choice_scoring == LOGLIKELIHOOD and config.choices == CHOICES_AUTO else {}),
             # one sample (the default) is left out: journals written before n existed stay valid
             **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items() if k != "n" or v != 1}}
 
@@ -65,8 +69,24 @@ def answer_settings(answer: Optional[AnswerSpec]) -> Optional[dict[str, Any]]:
 # the fingerprint's keys left out at their default (so that older journals stay valid): a change
 # names the default rather than null
 LEFT_OUT = {"fields.id": "questionID", "answer.choice_scoring": FIRST_TOKEN, "sampling.n": 1, "flash_attn": "auto",
-            "answer.choice_scoring_context": "the prompt as rendered"}
+            "answer.choice_scoring_context": "inside the open thinking block",
+            "answer.labelled_choices": "their labels"}
 SCORED_AFTER_EMPTY_BLOCK = "after an empty thinking block"
+TEXTS_UNLESS_LISTED = "their texts, unless the prompt lists them beside their labels"
+
+# What ggbatch itself decides, not a setting: a change is another version's way, said as such
+# (`answer.choice_scoring_context` is no key a user sets).
+RULES = {"answer.choice_scoring_context": ("scored a thinking model's choices", "scores them"),
+         "answer.labelled_choices": ("scored a record's labelled choices by", "scores them by")}
+
+
+def rule_change(key: str, was: Any, now: Any) -> Optional[str]:
+    """A change of one of ggbatch's own rules between the version that wrote a journal and this
+    one, in words; None for a setting."""
+    if key not in RULES:
+        return None
+    then, today = RULES[key]
+    return f"the ggbatch version that wrote it {then} {was}; this version {today} {now}: its answers are not this one's"
 
 
 # the fingerprint's names that are not the job key which sets them: a change names the job key

@@ -37,7 +37,7 @@ from ..errors import JournalError, OutputError, StartOver, quote
 from ..files.compact import HashIndex, text_key
 from ..files.formats.own_settings import settings_key
 from .entries import answer_of, entry_of
-from .fingerprint import as_written, setting_change
+from .fingerprint import as_written, rule_change, setting_change
 from .index import Earlier, holds_answers, prompt_key, read_earlier
 from .ran import adopted, as_ran, ran_line, ran_problem
 
@@ -285,5 +285,6 @@ class Journal:
         change = setting_change(as_ran(old, ran, self.fingerprint), self.fingerprint)
         if change is not None:
             key, was, now = change
-            raise StartOver(f"{self.path}: '{key}' changed since the journaled run ({quote(was)} -> {quote(now)})",
-                            "{how} to start over")
+            said = rule_change(key, was, now) or (f"'{key}' changed since the journaled run "
+                                                  f"({quote(was)} -> {quote(now)})")
+            raise StartOver(f"{self.path}: {said}", "{how} to start over")
