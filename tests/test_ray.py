@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from fake_engine import Fake
-from ggbatch.runner.config.schema import build_config
 from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
@@ -71,22 +70,6 @@ def run_pool(n_workers, fake, n_questions):
 
 
 # -- pure parts ---------------------------------------------------------------------------------
-
-
-def test_ray_settings_are_checked():
-    base = {"model": "m.gguf", "input": "q.jsonl", "output": "a.json"}
-    config = build_config([("t", {**base, "backend": "ray", "ray_address": "10.0.0.1:6379"})])
-    assert config.ray_address == "10.0.0.1:6379"
-    with pytest.raises(ConfigError, match="backend: must be local or ray"):
-        build_config([("t", {**base, "backend": "spark"})])
-    with pytest.raises(ConfigError, match="ray_address: must be auto or HOST:PORT"):
-        build_config([("t", {**base, "backend": "ray", "ray_address": "10.0.0.1"})])
-    # its host:port looks like one; ray.init would say only `Invalid address format`
-    with pytest.raises(ConfigError, match=r"^t: ray_address: is a Ray Client \(ray://\) address, which ggbatch "
-                                          "does not join: give the head's HOST:PORT"):
-        build_config([("t", {**base, "backend": "ray", "ray_address": "ray://10.0.0.1:10001"})])
-    with pytest.raises(ConfigError, match="ray_address: auto is for backend: ray"):
-        build_config([("t", {**base, "ray_address": "auto"})])
 
 
 # -- the pool on Ray actors, with the fake engine -----------------------------------------------
@@ -394,3 +377,15 @@ def test_workers_a_node_puts_on_the_same_cores_are_said_to_share_them(cluster, c
     caplog.clear()  # positions apart on cores apart: nothing to say
     run_pool(2, Fake(), 20)
     assert not [r for r in caplog.records if "Ray counts more CPUs" in r.getMessage()]
+
+
+def test_a_worker_runs_no_more_threads_than_the_cores_its_positions_wrap_onto(cluster):
+    """Four threads planned on a 2-core node that Ray counts as 4 CPUs ran four llama.cpp threads
+    on two cores (OMP_NUM_THREADS said 2)."""
+    backend, specs, engine = ray_specs(1)
+    usable = len(os.sched_getaffinity(0))
+    readies = []
+    pool = WorkerPool([replace(specs[0], cores=(0, usable))], backend=backend,  # both positions: core 0
+                      on_ready=lambda _, msg: readies.append(msg))
+    assert len(pool.run(qs(10), replace(engine, n_threads=2))) == 10
+    assert [(r.cores, r.n_threads) for r in readies] == [((0,), 1)]

@@ -17,7 +17,8 @@ import queue
 import signal
 import time
 import traceback
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Any, Optional, Sequence
 
 from .devices import visible_device_env
 from .engine.interface import Engine
@@ -27,6 +28,7 @@ from .protocol import (
     AnswerBatch,
     Chunk,
     Configure,
+    EngineConfig,
     EngineStats,
     Ready,
     SetThreads,
@@ -78,7 +80,7 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
             return True
         t1 = time.perf_counter()
         stage = "configure"
-        engine = spec.engine_factory.build(first.engine, spec.worker_id)
+        engine = spec.engine_factory.build(within_cores(first.engine, spec.cores), spec.worker_id)
         stage = "run"
         results.send_bytes(encode(Ready(spec.worker_id, os.getpid(), load_s + time.perf_counter() - t1,
                                         engine.n_threads, tuple(sorted(os.sched_getaffinity(0))), n_gpu_layers,
@@ -92,6 +94,13 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
         if engine is not None:
             engine.close()
         return False
+
+
+def within_cores(config: EngineConfig, cores: Sequence[int]) -> EngineConfig:
+    """No more threads than the cores the worker runs on: a Ray actor's planned positions wrap
+    round onto fewer where Ray counts more CPUs than the node's processes may use (`ray start
+    --num-cpus` above its cores), and more threads than cores only wait for each other."""
+    return replace(config, n_threads=len(cores)) if 0 < len(cores) < config.n_threads else config
 
 
 def leave_signals_to_parent() -> None:
@@ -155,7 +164,7 @@ def _serve(engine: Engine, spec: WorkerSpec, tasks: Any, results: Any) -> None:
                     engine.add(question)
                 asked = False
             elif isinstance(msg, SetThreads):
-                results.send_bytes(encode(set_threads(engine, spec.worker_id, msg.n)))
+                results.send_bytes(encode(set_threads(engine, spec.worker_id, min(msg.n, len(spec.cores) or msg.n))))
         if engine.n_unfinished:
             answers = engine.step()
             # Before the answers: the coordinator's totals are whole when the last answer arrives.
