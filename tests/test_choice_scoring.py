@@ -294,3 +294,25 @@ def test_labelled_choices_a_prompt_does_not_list_are_scored_by_their_texts_and_a
     assert "scored" not in said
     for rec in mmlu:
         assert rows[rec["questionID"]]["choice_logprobs"] == by_label[rec["questionID"]]["choice_logprobs"]
+
+
+def test_a_labelled_choice_of_empty_text_and_auto_choices_of_openai_lines_are_refused(tmp_path, demo_model):
+    """A labelled choice whose text is empty, now scored, killed every worker it reached
+    (ZeroDivisionError five times, then each record failed); OpenAI Batch lines, which carry no
+    choices, were answered with free text under --choices auto, exit 0."""
+    for i, choices in enumerate(({"text": ["a", ""], "label": ["A", "B"]}, {"A": "c", "B": ""})):
+        rows = [{"questionID": "q0", "question": "x?", "choices": {"A": "a", "B": "b"}},
+                {"questionID": "q1", "question": "y?", "choices": choices}]
+        write_jsonl(tmp_path / f"e{i}.jsonl", rows)
+        r = run(demo_model, tmp_path / f"e{i}.jsonl", tmp_path / f"e{i}.out.jsonl", "--choices", "auto",
+                "--choice-scoring", "loglikelihood", timeout=60)
+        assert r.returncode == 2 and "died" not in r.stderr, r.stderr
+        assert f"e{i}.jsonl:2: record 'q1': choices must be non-empty strings" in r.stderr.splitlines()[-1]
+    line = {"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "Which says meow? A. a dog B. a cat"}], "max_tokens": 8}}
+    write_jsonl(tmp_path / "b.jsonl", [line])
+    r = run(demo_model, tmp_path / "b.jsonl", tmp_path / "b.out.jsonl", "--choices", "auto", timeout=60)
+    assert r.returncode == 2 and not (tmp_path / "b.out.jsonl").exists(), r.stderr
+    assert r.stderr.splitlines()[-1] == (f"ggbatch: error: answer.choices: auto takes each record's own 'choices', "
+                                         f"and {tmp_path / 'b.jsonl'} holds OpenAI Batch requests, whose lines carry "
+                                         "none: list the choices (--choices A,B,C,D)")

@@ -200,7 +200,7 @@ def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str
     items = read.labels or read.texts
     # Equal texts (real MMLU rows have them) are scored alike and the first of them is the
     # answer; equal labels would leave the answer's choice unknown.
-    if not all(items) or (read.labels is not None and len(set(items)) != len(items)):
+    if not all(items) or not all(read.texts) or (read.labels is not None and len(set(items)) != len(items)):
         raise InputError(f"{where}: record '{qid}': choices must be non-empty strings, labels distinct "
                          f"(answer.choices: auto), got {quote(json.dumps(fields['choices']), 80)}")
     return items

@@ -26,7 +26,7 @@ from ...workers.engine.fits import length_problem
 from ...workers.engine.memory_kind import MemoryKind
 from ...workers.engine.sequence import common_prefix_len
 from ...workers.protocol import GenerationParams, Question
-from ..config.schema import LOGLIKELIHOOD, JobConfig
+from ..config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
 from ..files.inputs import Record
 from ..journal.journal import Journal
@@ -205,9 +205,16 @@ def say_sharing(sharing: Sharing, memory: MemoryKind) -> None:
 
 
 def check_requests(config: JobConfig, first: Sequence[Record]) -> None:
-    if config.prompt_template is not None and first and first[0].request is not None:
+    """Job settings an OpenAI Batch file's lines cannot take: a template over their fields, and
+    each record's own choices (a line carries messages, not choices)."""
+    if not first or first[0].request is None:
+        return
+    if config.prompt_template is not None:
         raise ConfigError(f"prompt.template: {config.input} holds OpenAI Batch requests, which bring their own "
                           "messages; remove prompt.template")
+    if config.choices == CHOICES_AUTO:
+        raise ConfigError(f"answer.choices: auto takes each record's own 'choices', and {config.input} holds OpenAI "
+                          "Batch requests, whose lines carry none: list the choices (--choices A,B,C,D)")
 
 
 def common_prefix(prompts: Sequence[array]) -> array:

@@ -262,5 +262,5 @@ def pick_text(choices: tuple[str, ...], scored: tuple[Scored, ...], per_char: tu
     the target delimiter); else empty."""
     if len(choices) != len(scored) or not scored:
         return ""
-    scores = [s.logprob / len(t) for t, s in zip(per_char, scored)] if per_char else [s.logprob for s in scored]
+    scores = [s.logprob / (len(t) or 1) for t, s in zip(per_char, scored)] if per_char else [s.logprob for s in scored]
     return choices[max(range(len(scores)), key=lambda i: (scores[i], -i))]
