@@ -3,6 +3,7 @@ one shard), the shard spec and Slurm's array variables, the shard's file names, 
 and the journal that refuses another shard's output."""
 
 import hashlib
+import re
 import subprocess
 import sys
 from array import array
@@ -156,6 +157,14 @@ def test_a_shard_refuses_standard_output_and_devices_as_a_run_without_one_does(k
     """`-` renamed after the shard was `-.shard-0-of-1`, a plain file's name that passed."""
     with pytest.raises(OutputError, match=rf"^{stream}: ggbatch writes .* not to standard output, a pipe or a device"):
         config(shard="0/1", **{key: stream})
+
+
+@pytest.mark.parametrize("key,role", [("output", "the answers file (output)"), ("report", "the report"),
+                                      ("errors_output", "the errors file (errors_output)")])
+def test_a_shard_refuses_a_folders_name_as_a_run_without_one_does(key, role):
+    """`out/` renamed after the shard was `out.shard-0-of-2`, written beside the folder, exit 0."""
+    with pytest.raises(OutputError, match=rf"^out/: {re.escape(role)} is a folder's name \(it ends in /\)"):
+        config(shard="0/2", **{key: "out/"})
 
 
 @pytest.mark.model

@@ -16,7 +16,7 @@ import yaml
 from ...workers.protocol import SamplingParams
 from ..errors import ConfigError, KeysError, quote
 from ..files.formats import FORMATS
-from ..files.paths import check_not_a_stream
+from ..files.paths import ERRORS_OUTPUT, OUTPUT, REPORT, check_file_name, check_not_a_stream
 from ..files.piped import STDIN
 from ..files.shards import Shard, shard_path
 from ..model.hub import is_hub_name
@@ -354,11 +354,12 @@ def _shard_files(config: JobConfig) -> JobConfig:
     every task of a job array can run the same job file."""
     if config.shard is None:
         return config
-    for path in (config.output, config.report, config.errors_output):
+    for role, path in ((OUTPUT, config.output), (REPORT, config.report), (ERRORS_OUTPUT, config.errors_output)):
         if path:
-            # `-` or /dev/stdout renamed after the shard (`-.shard-0-of-2`, /dev/stdout.shard-0-of-2)
+            # `-`, /dev/stdout or `out/` renamed after the shard (`-.shard-0-of-2`, out.shard-0-of-2)
             # would pass as a plain file's name: the path as given is what is refused
             check_not_a_stream(path)
+            check_file_name(path, role)
     shard = config.shard
     return replace(config, output=config.output and shard_path(config.output, shard),
                    report=config.report and shard_path(config.report, shard),
