@@ -303,6 +303,16 @@ def test_errors_between_keys_name_the_job_file_that_set_them(tmp_path, text, fla
     assert str(err.value).startswith(f"{path}: {message}"), str(err.value)
 
 
+def test_an_error_between_keys_begun_by_a_flags_key_names_the_files_key_after_it(tmp_path):
+    """`j.yaml: sampling.n: 3 samples ...` sent the user looking for sampling.n in a file only
+    the flag --n set; the file's key is named where it is."""
+    path = job(tmp_path, "model: m\ninput: i\noutput: o\nanswer: {choice_scoring: loglikelihood, choices: [a, b]}\n")
+    with pytest.raises(ConfigError) as err:
+        build_config([(path, load_job_file(path)), ("command line", {"sampling.n": 3, "sampling.temperature": 0.5})])
+    assert str(err.value) == ("sampling.n: 3 samples with answer.choice_scoring: loglikelihood would be the same "
+                              f"scores: log-likelihoods are not sampled (answer.choice_scoring from {path})")
+
+
 def test_an_error_between_keys_the_command_line_set_names_no_job_file(tmp_path):
     """The file's ray_address is replaced by the flag's; the backend is the default's."""
     path = job(tmp_path, "model: m\ninput: i\noutput: o\nray_address: auto\n")

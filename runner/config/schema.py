@@ -312,11 +312,16 @@ def _note_file(from_files: dict[str, str], key: str, job_file: Optional[str]) ->
 
 
 def said_in_files(config: JobConfig, error: KeysError) -> ConfigError:
-    """The error between keys named after the job file that set them (`j.yaml: ray_address: ...`),
-    as a key's own error is; unchanged where none came from a file."""
-    files = dict.fromkeys(config.from_files[target] for target in (_TARGET.get(k, k) for k in error.keys)
-                          if target in config.from_files)
-    return ConfigError(f"{' and '.join(files)}: {error}") if files else error
+    """The error between keys named after the job file that set the key it begins with
+    (`j.yaml: ray_address: ...`), as a key's own error is; the other keys a file set said after
+    it (`sampling.n: 3 samples with ... (answer.choice_scoring from j.yaml)`, n a flag's);
+    unchanged where none came from a file."""
+    sources = {key: config.from_files.get(_TARGET.get(key, key)) for key in error.keys}
+    first = sources.get(error.keys[0]) if error.keys else None
+    if first is not None:
+        return ConfigError(f"{first}: {error}")
+    others = "; ".join(f"{key} from {source}" for key, source in sources.items() if source is not None)
+    return ConfigError(f"{error} ({others})") if others else error
 
 
 def _job_file(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
