@@ -4,13 +4,9 @@ naming its keys, so the error names the job file that set them, as a key's own e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..errors import KeysError
 from .checks import LOGLIKELIHOOD
-
-if TYPE_CHECKING:
-    from .schema import JobConfig
+from .job_config import JobConfig
 
 
 def check_between_keys(config: JobConfig) -> None:
