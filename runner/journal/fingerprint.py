@@ -82,7 +82,10 @@ RULES = {"answer.choice_scoring_context": ("scored a thinking model's choices", 
 
 def rule_change(key: str, was: Any, now: Any) -> Optional[str]:
     """A change of one of ggbatch's own rules between the version that wrote a journal and this
-    one, in words; None for a setting."""
+    one, in words, or of the answer's grammar, which a schema's converted grammar would show as
+    pages of GBNF; None for any other setting (named as written)."""
+    if key == "answer.grammar":
+        return "the answer's grammar (answer.json_schema, or answer.grammar) changed since the journaled run"
     if key not in RULES:
         return None
     then, today = RULES[key]
