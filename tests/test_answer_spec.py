@@ -8,7 +8,14 @@ from array import array
 import pytest
 
 from ggbatch.runner.cli import _flag_layer, build_parser
-from ggbatch.runner.config.answer import choice_tokens, record_choices, schema_grammar, scored_texts, with_choices
+from ggbatch.runner.config.answer import (
+    choice_tokens,
+    record_choices,
+    schema_grammar,
+    schema_openers,
+    scored_texts,
+    with_choices,
+)
 from ggbatch.runner.config.schema import CHOICES_AUTO, build_config, load_job_file
 from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.files.formats.own_settings import settings_key
@@ -148,3 +155,19 @@ ARC = {"choices": {"text": ["girl", "dog house"], "label": ["A", "B"]}}
 def test_labelled_choices_are_scored_by_their_texts_unless_the_prompt_lists_them_beside_their_labels(prompt, texts):
     assert scored_texts(ARC, prompt) == texts
     assert scored_texts({"choices": ["girl", "dog house"]}, prompt) == ()  # a bare list: the texts are the choices
+
+
+@pytest.mark.parametrize("schema, openers", [
+    ({"type": "object"}, ("{",)),
+    ({"properties": {"a": {"type": "integer"}}}, ("{",)),
+    ({"$ref": "#/$defs/o", "$defs": {"o": {"type": "object"}}}, ("{",)),  # each of these ran every question,
+    ({"anyOf": [{"type": "object"}, {"type": "array"}]}, ("[", "{")),     # then failed it: only a root `type`
+    ({"type": ["object", "array"]}, ("[", "{")),                          # was read
+    ({"allOf": [{"type": "object"}]}, ("{",)),
+    ({"enum": ["a", "b"]}, ('"',)),
+    ({"type": "integer"}, ()),  # digits and a minus: not checked
+    ({"anyOf": [{"type": "object"}, {"type": "integer"}]}, ()),
+    ({}, ()),
+])
+def test_the_characters_a_schemas_answers_may_start_with_are_found_through_its_wrappers(schema, openers):
+    assert schema_openers(json.dumps(schema)) == openers

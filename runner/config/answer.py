@@ -53,28 +53,59 @@ def check_spellable(tokenizer: Any, choices: tuple[str, ...], unknown_token: Opt
 
 
 def check_schema_opener(tokenizer: Any, schema_text: str, unknown_token: Optional[str]) -> None:
-    """ConfigError when the model's vocabulary cannot write the character every answer to the
-    job's JSON schema starts with ('{' for an object): each question would run, then fail at its
+    """ConfigError when the model's vocabulary cannot write any character an answer to the job's
+    JSON schema may start with ('{' for an object): each question would run, then fail at its
     first token with the grammar's error (a toy vocabulary of a few thousand tokens, without byte
-    tokens, may lack it)."""
-    opener = schema_opener(schema_text)
-    refused = unwritable(tokenizer, (opener,), unknown_token) if opener else None
-    if refused is not None:
-        raise ConfigError(f"answer.json_schema: every answer to it starts with {quote(refused[0])}: {refused[1]}, "
-                          "so no answer can be written")
+    tokens, may lack them)."""
+    openers = schema_openers(schema_text)
+    refused = [unwritable(tokenizer, (opener,), unknown_token) for opener in openers]
+    first = refused[0] if refused else None
+    if first is not None and all(refused):
+        starts = " or ".join(quote(opener) for opener in openers)
+        raise ConfigError(f"answer.json_schema: every answer to it starts with {starts}: {first[1]}, so no answer "
+                          "can be written")
 
 
-def schema_opener(schema_text: str) -> Optional[str]:
-    """The character every JSON value the schema admits starts with, by its root's type (an
-    object's properties mean an object); None where that is not one character."""
+def schema_openers(schema_text: str) -> tuple[str, ...]:
+    """The characters a JSON value the schema admits may start with ('{', '[' or '"'), by its
+    root's type, through $ref, allOf, anyOf and oneOf, a list of types, const and enum (an
+    object's properties mean an object); () where another may (a number, true) or it cannot tell."""
     try:
         schema = json.loads(schema_text)
     except ValueError:
+        return ()
+    found = _openers(schema, schema, 0)
+    return tuple(sorted(found)) if found and found <= set(OPENERS.values()) else ()
+
+
+OPENERS = {"object": "{", "array": "[", "string": '"'}
+
+
+def _openers(node: Any, root: Any, depth: int) -> Optional[set[str]]:
+    """The first characters of the values `node` admits; None: any, or not known."""
+    if not isinstance(node, dict) or depth > 16:
         return None
-    if not isinstance(schema, dict):
-        return None
-    kind = schema.get("type", "object" if "properties" in schema else None)
-    return {"object": "{", "array": "[", "string": '"'}.get(kind) if isinstance(kind, str) else None
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, dict) else None
+        return _openers(target, root, depth + 1)
+    if "const" in node or "enum" in node:
+        values = [node["const"]] if "const" in node else node["enum"] if isinstance(node["enum"], list) else []
+        return {json.dumps(v)[:1] for v in values} or None
+    for branch in node.get("allOf") or []:
+        found = _openers(branch, root, depth + 1)
+        if found is not None:
+            return found
+    branches = node.get("anyOf") or node.get("oneOf")
+    if isinstance(branches, list) and branches:
+        each = [_openers(b, root, depth + 1) for b in branches]
+        known = [f for f in each if f is not None]
+        return set().union(*known) if len(known) == len(each) else None
+    kind = node.get("type", "object" if "properties" in node else None)
+    kinds = kind if isinstance(kind, list) else [kind] if isinstance(kind, str) else []
+    return {OPENERS.get(k, "?") for k in kinds if isinstance(k, str)} or None
 
 
 def unwritable(tokenizer: Any, texts: tuple[str, ...], unknown_token: Optional[str]) -> Optional[tuple[str, str]]:
