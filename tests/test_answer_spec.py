@@ -171,3 +171,22 @@ def test_labelled_choices_are_scored_by_their_texts_unless_the_prompt_lists_them
 ])
 def test_the_characters_a_schemas_answers_may_start_with_are_found_through_its_wrappers(schema, openers):
     assert schema_openers(json.dumps(schema)) == openers
+
+
+def test_an_arc_column_pandas_wrote_from_a_hugging_face_dataset_is_read(tmp_path):
+    """Its lists are numpy arrays there: `{'text': array(['a dog', 'a cat'], dtype=object), ...}`,
+    refused as 'no choices mapping or list' though answers.md promises pandas' to_csv spelling."""
+    import csv
+
+    np, pd = pytest.importorskip("numpy"), pytest.importorskip("pandas")
+    choices = {"text": np.array(["a dog", "a cat, or (a) [lion]"], dtype=object),
+               "label": np.array(["A", "B"], dtype=object)}
+    pd.DataFrame([{"id": "q1", "choices": choices}]).to_csv(tmp_path / "arc.csv", index=False)
+    with open(tmp_path / "arc.csv", newline="") as f:
+        cell = next(csv.DictReader(f))["choices"]
+    assert "array([" in cell
+    assert record_choices({"choices": cell}, "arc.csv:2", "q1") == ("A", "B")
+    assert scored_texts({"choices": cell}, "Which says meow?") == ("a dog", "a cat, or (a) [lion]")
+    uneven = {"choices": {"text": ["a", "b", "c"], "label": ["A", "B"]}}
+    with pytest.raises(InputError, match=r"^f.jsonl:1: record 'q1': its 'choices' must hold as many labels as texts"):
+        record_choices(uneven, "f.jsonl:1", "q1")

@@ -227,6 +227,10 @@ def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str
     read = read_choices(fields.get("choices"))
     if read is None:
         got = f", got {quote(fields['choices'], 80)}" if "choices" in fields else ""
+        value = fields.get("choices")
+        if isinstance(value, Mapping) and set(value) == {"text", "label"}:
+            raise InputError(f"{where}: record '{qid}': its 'choices' must hold as many labels as texts, each a list "
+                             f"(answer.choices: auto){got}")
         raise InputError(f"{where}: record '{qid}' has no 'choices' mapping or list (answer.choices: auto){got}")
     items = read.labels or read.texts
     # Equal texts (real MMLU rows have them) are scored alike and the first of them is the

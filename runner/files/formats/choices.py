@@ -6,13 +6,15 @@
     ["4", "8"]                                    no labels: the texts are what is answered
     {"text": ["4", "8"], "label": ["A", "B"]}     labels A, B (Hugging Face's ARC, OpenBookQA, CommonsenseQA)
     '["4", "8"]', "['4', '8']", '{"A": "4"}'      any of these as text: a CSV cell (JSON, or the Python
-                                                  spelling pandas' to_csv writes for a list or a dict)
+                                                  spelling pandas' to_csv writes for a list or a dict,
+                                                  numpy's array([...], dtype=object) inside it too)
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -62,6 +64,11 @@ def _literal(text: str) -> Any:
     except ValueError:
         pass
     try:
-        return ast.literal_eval(stripped)  # literals only: never runs code
+        return ast.literal_eval(NUMPY_ARRAY.sub(r"\1", stripped))  # literals only: never runs code
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return text
+
+
+# A Hugging Face dataset's ARC-style column through pandas' to_csv: its lists are numpy arrays,
+# `{'text': array(['a dog', 'a cat'], dtype=object), 'label': array(['A', 'B'], dtype=object)}`
+NUMPY_ARRAY = re.compile(r"\barray\((\[.*?\])(?:,\s*dtype=[\w.]+)?\)", re.S)
