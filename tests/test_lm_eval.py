@@ -155,6 +155,32 @@ def test_eval_says_in_one_line_a_data_file_the_datasets_library_cannot_read(tmp_
     assert "Trailing data at position" in said[0], said
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name, yaml_text, said", [
+    ("bad_field", BAD_TASK.replace("bad_mc", "bad_field").replace("bad.jsonl", "good.jsonl")
+     .replace("{{choices}}", "{{options}}"),
+     "ggbatch eval --tasks bad_field: the task's templates name what its data does not hold: 'options' is undefined"),
+    ("bad_yaml", "task: bad_yaml\ndataset_path: json\n  dataset_kwargs: [\n",
+     "ggbatch eval: lm-eval has no task named bad_yaml: tasks/bad.yaml:3: not a task lm-eval can read (mapping "
+     "values are not allowed here)"),
+])
+def test_eval_says_in_one_line_a_task_whose_yaml_or_templates_are_wrong(tmp_path, name, yaml_text, said):
+    """A template naming a field the data lacks was lm-eval's 55-line traceback, exit 1; a task
+    YAML that does not parse was 'lm-eval has no task named bad_yaml', with --include_path given."""
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
+    from conftest import STORIES, require
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "bad.yaml").write_text(yaml_text)
+    (tmp_path / "good.jsonl").write_text('{"context": "The cat", "choices": ["sat", "ran"], "gold": 0}\n')
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    cmd = ggbatch_command("eval", "--model", require(STORIES, "stories260K"), "--include_path", "tasks",
+                          "--tasks", name, "--model_args", "workers=1")
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == f"ggbatch: error: {said}"
+
+
 def test_generate_until_returns_the_continuation_as_llama_cpp_python_makes_it(lm):
     import llama_cpp
     from lm_eval.api.instance import Instance

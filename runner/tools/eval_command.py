@@ -59,7 +59,7 @@ def cmd_eval(args: argparse.Namespace, lm_eval_args: Sequence[str]) -> int:
     try:
         cli_evaluate()
     except Exception as exc:  # one the command could not run as given is said in one line; the rest keep theirs
-        error = usage_error(exc, given.tasks)
+        error = usage_error(exc, given.tasks, given.include_path)
         if error is None:
             raise
         raise error from None
@@ -71,15 +71,20 @@ LOCAL_TASKS = ("or use a task over local files (dataset_path: json; docs/guide/e
                "'Tasks over local files')")
 
 
-def usage_error(exc: Exception, tasks: Optional[str]) -> Optional[ConfigError]:
+def usage_error(exc: Exception, tasks: Optional[str], include_path: Optional[str] = None) -> Optional[ConfigError]:
     """The one line for what lm-eval raises when the command cannot run as given: a task it does
     not know, a data set the datasets library cannot reach. None for anything else, which is a bug
     and keeps its traceback: the same exception types come from many other places, so each is
     matched by lm-eval's message or by where the datasets library raised it."""
     if isinstance(exc, ValueError) and str(exc).startswith(TASKS_NOT_FOUND):
         missing = str(exc)[len(TASKS_NOT_FOUND):]
-        return ConfigError(f"ggbatch eval: lm-eval has no task named {missing} (`lm-eval ls tasks` lists "
-                           "them; a task of your own: --include_path DIR with its YAML)")
+        broken = unreadable_yaml(include_path)  # lm-eval leaves such a file out with a warning
+        return ConfigError(f"ggbatch eval: lm-eval has no task named {missing}" + (
+            f": {broken}" if broken else " (`lm-eval ls tasks` lists them; a task of your own: --include_path DIR "
+            "with its YAML)"))
+    if (type(exc).__module__, type(exc).__name__) == ("jinja2.exceptions", "UndefinedError"):  # a task's template
+        return ConfigError(f"ggbatch eval --tasks {tasks}: the task's templates name what its data does not hold: "
+                           f"{one_line(exc)}")
     if not raised_in(exc.__traceback__, "datasets."):
         return None
     where = f"ggbatch eval --tasks {tasks}: cannot load the task's data set: "
@@ -97,6 +102,26 @@ def usage_error(exc: Exception, tasks: Optional[str]) -> Optional[ConfigError]:
            "with the network, " if config.HF_DATASETS_OFFLINE else
            "no network? HF_DATASETS_OFFLINE=1 uses the data sets already in the datasets cache, ")
     return ConfigError(f"{where}; {why}{LOCAL_TASKS}")
+
+
+def unreadable_yaml(folder: Optional[str]) -> Optional[str]:
+    """The first task YAML under --include_path that is not YAML, and why, with its line (lm-eval's
+    own tags, `!function`, read as anything); None where every one reads."""
+    import yaml
+
+    class Tolerant(yaml.SafeLoader):
+        pass
+
+    Tolerant.add_multi_constructor("", lambda loader, suffix, node: None)
+    files = sorted(Path(folder).rglob("*.y*ml")) if folder and Path(folder).is_dir() else []
+    for file in files:
+        try:
+            yaml.load(file.read_text(encoding="utf-8"), Loader=Tolerant)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            return f"{file}{line}: not a task lm-eval can read ({getattr(exc, 'problem', None) or one_line(exc)})"
+    return None
 
 
 def data_file_error(exc: Exception) -> Optional[str]:
@@ -161,6 +186,7 @@ def given_options(rest: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--config", "-C", default=None)
     parser.add_argument("--tasks", "-t", default=None)
     parser.add_argument("--output_path", "-o", default=None)
+    parser.add_argument("--include_path", default=None)
     try:
         return parser.parse_known_args(rest)[0]
     except ValueError as exc:  # lm-eval's JSON refusal
