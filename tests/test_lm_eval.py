@@ -131,20 +131,27 @@ metric_list:
 """
 
 
-@pytest.mark.timeout(240)
-def test_eval_says_in_one_line_a_data_file_the_datasets_library_cannot_read(tmp_path):
-    """A .jsonl line that is not JSON ended in three tracebacks and status 1, the last saying only
-    'An error occurred while generating the dataset'."""
+def eval_local_task(tmp_path, name: str, task_yaml: str, data: dict[str, str]) -> subprocess.CompletedProcess:
+    """`ggbatch eval` of one task of `task_yaml` in tmp_path/tasks, over the data files given, offline."""
     pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
     from conftest import STORIES, require
 
     (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "bad.yaml").write_text(BAD_TASK)
-    (tmp_path / "bad.jsonl").write_text('{"context": "a", "choices": ["x", "y"], "gold": 0}\n{"context": broken\n')
+    (tmp_path / "tasks" / "bad.yaml").write_text(task_yaml)
+    for file, text in data.items():
+        (tmp_path / file).write_text(text)
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     cmd = ggbatch_command("eval", "--model", require(STORIES, "stories260K"), "--include_path", "tasks",
-                          "--tasks", "bad_mc", "--model_args", "workers=1")
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200)
+                          "--tasks", name, "--model_args", "workers=1")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200)
+
+
+@pytest.mark.timeout(240)
+def test_eval_says_in_one_line_a_data_file_the_datasets_library_cannot_read(tmp_path):
+    """A .jsonl line that is not JSON ended in three tracebacks and status 1, the last saying only
+    'An error occurred while generating the dataset'."""
+    done = eval_local_task(tmp_path, "bad_mc", BAD_TASK, {
+        "bad.jsonl": '{"context": "a", "choices": ["x", "y"], "gold": 0}\n{"context": broken\n'})
     assert done.returncode == 2, done.stderr[-3000:]
     # lm-eval's and the datasets library's tracebacks are gone, and so are the model's processes'
     # (still starting when the run ends, they printed their own, or the run waited on them for good)
@@ -167,16 +174,8 @@ def test_eval_says_in_one_line_a_data_file_the_datasets_library_cannot_read(tmp_
 def test_eval_says_in_one_line_a_task_whose_yaml_or_templates_are_wrong(tmp_path, name, yaml_text, said):
     """A template naming a field the data lacks was lm-eval's 55-line traceback, exit 1; a task
     YAML that does not parse was 'lm-eval has no task named bad_yaml', with --include_path given."""
-    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
-    from conftest import STORIES, require
-
-    (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "bad.yaml").write_text(yaml_text)
-    (tmp_path / "good.jsonl").write_text('{"context": "The cat", "choices": ["sat", "ran"], "gold": 0}\n')
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    cmd = ggbatch_command("eval", "--model", require(STORIES, "stories260K"), "--include_path", "tasks",
-                          "--tasks", name, "--model_args", "workers=1")
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200)
+    done = eval_local_task(tmp_path, name, yaml_text,
+                           {"good.jsonl": '{"context": "The cat", "choices": ["sat", "ran"], "gold": 0}\n'})
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == f"ggbatch: error: {said}"
 
