@@ -80,7 +80,8 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
             return True
         t1 = time.perf_counter()
         stage = "configure"
-        engine = spec.engine_factory.build(within_cores(first.engine, spec.cores), spec.worker_id)
+        engine_config = within_cores(first.engine, spec.cores) if spec.node_id is not None else first.engine
+        engine = spec.engine_factory.build(engine_config, spec.worker_id)
         stage = "run"
         results.send_bytes(encode(Ready(spec.worker_id, os.getpid(), load_s + time.perf_counter() - t1,
                                         engine.n_threads, tuple(sorted(os.sched_getaffinity(0))), n_gpu_layers,
@@ -97,9 +98,11 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
 
 
 def within_cores(config: EngineConfig, cores: Sequence[int]) -> EngineConfig:
-    """No more threads than the cores the worker runs on: a Ray actor's planned positions wrap
-    round onto fewer where Ray counts more CPUs than the node's processes may use (`ray start
-    --num-cpus` above its cores), and more threads than cores only wait for each other."""
+    """No more threads than the cores a Ray actor runs on: its planned positions wrap round onto
+    fewer where Ray counts more CPUs than the node's processes may use (`ray start --num-cpus`
+    above its cores), and more threads than cores only wait for each other. (A local worker's
+    cores are its planned threads; the thread controller's later changes are the coordinator's
+    to bound.)"""
     return replace(config, n_threads=len(cores)) if 0 < len(cores) < config.n_threads else config
 
 
@@ -164,7 +167,7 @@ def _serve(engine: Engine, spec: WorkerSpec, tasks: Any, results: Any) -> None:
                     engine.add(question)
                 asked = False
             elif isinstance(msg, SetThreads):
-                results.send_bytes(encode(set_threads(engine, spec.worker_id, min(msg.n, len(spec.cores) or msg.n))))
+                results.send_bytes(encode(set_threads(engine, spec.worker_id, msg.n)))
         if engine.n_unfinished:
             answers = engine.step()
             # Before the answers: the coordinator's totals are whole when the last answer arrives.
