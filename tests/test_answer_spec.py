@@ -102,12 +102,12 @@ def test_best_choice_takes_the_highest_and_the_earliest_of_equals():
 
 
 def test_a_records_own_choices():
-    assert record_choices({"choices": {"A": "4", "B": "8"}}, "q.jsonl:1", "q1") == ("A", "B")
-    assert record_choices({"choices": ["yes", "no"]}, "q.jsonl:1", "q1") == ("yes", "no")
+    assert record_choices({"choices": {"A": "4", "B": "8"}}, "q.jsonl:1", "q1").answered == ("A", "B")
+    assert record_choices({"choices": ["yes", "no"]}, "q.jsonl:1", "q1").answered == ("yes", "no")
     with pytest.raises(InputError, match="q.jsonl:3: record 'q3' has no 'choices'"):
         record_choices({"question": "x"}, "q.jsonl:3", "q3")
     # equal texts are answered (scored alike, the first wins); an empty one or equal labels are not
-    assert record_choices({"choices": ["12", "-4", "4", "12"]}, "q.jsonl:3", "q3") == ("12", "-4", "4", "12")
+    assert record_choices({"choices": ["12", "-4", "4", "12"]}, "q.jsonl:3", "q3").answered == ("12", "-4", "4", "12")
     with pytest.raises(InputError, match="q.jsonl:3: record 'q3': choices must be non-empty"):
         record_choices({"choices": ["a", ""]}, "q.jsonl:3", "q3")
     with pytest.raises(InputError, match="labels distinct"):
@@ -153,8 +153,9 @@ ARC = {"choices": {"text": ["girl", "dog house"], "label": ["A", "B"]}}
     ("a little\nA. girl", ("girl", "dog house")),  # one listed, not both
 ])
 def test_labelled_choices_are_scored_by_their_texts_unless_the_prompt_lists_them_beside_their_labels(prompt, texts):
-    assert scored_texts(ARC, prompt) == texts
-    assert scored_texts({"choices": ["girl", "dog house"]}, prompt) == ()  # a bare list: the texts are the choices
+    assert scored_texts(record_choices(ARC, "q.jsonl:1", "q1"), prompt) == texts
+    bare = record_choices({"choices": ["girl", "dog house"]}, "q.jsonl:1", "q1")
+    assert scored_texts(bare, prompt) == ()  # a bare list: the texts are the choices
 
 
 @pytest.mark.parametrize("schema, openers", [
@@ -185,8 +186,9 @@ def test_an_arc_column_pandas_wrote_from_a_hugging_face_dataset_is_read(tmp_path
     with open(tmp_path / "arc.csv", newline="") as f:
         cell = next(csv.DictReader(f))["choices"]
     assert "array([" in cell
-    assert record_choices({"choices": cell}, "arc.csv:2", "q1") == ("A", "B")
-    assert scored_texts({"choices": cell}, "Which says meow?") == ("a dog", "a cat, or (a) [lion]")
+    read = record_choices({"choices": cell}, "arc.csv:2", "q1")
+    assert read.answered == ("A", "B")
+    assert scored_texts(read, "Which says meow?") == ("a dog", "a cat, or (a) [lion]")
     uneven = {"choices": {"text": ["a", "b", "c"], "label": ["A", "B"]}}
     with pytest.raises(InputError, match=r"^f.jsonl:1: record 'q1': its 'choices' must hold as many labels as texts"):
         record_choices(uneven, "f.jsonl:1", "q1")

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional
 
 from ...workers.protocol import AnswerSpec, GenerationParams, ResponseFormat
 from ..errors import ConfigError, InputError, quote
-from ..files.formats.choices import read_choices
+from ..files.formats.choices import Choices, read_choices
 from .reasoning import thinking_room
 from .schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 
@@ -220,10 +220,11 @@ def format_grammar(fmt: ResponseFormat) -> str:
     return gbnf
 
 
-def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str, ...]:
+def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> Choices:
     """A record's own choices (answer.choices: auto), in any shape runner/files/formats/choices.py
-    reads: its labels (MMLU's {"A": "4", "B": "8"} and ARC's {"text": [...], "label": [...]} give
-    A, B), or the texts of a bare list."""
+    reads, read once: answered by their labels (MMLU's {"A": "4", "B": "8"} and ARC's
+    {"text": [...], "label": [...]} give A, B) or the texts of a bare list (Choices.answered),
+    and scored by what scored_texts finds of them in the prompt."""
     read = read_choices(fields.get("choices"))
     if read is None:
         got = f", got {quote(fields['choices'], 80)}" if "choices" in fields else ""
@@ -232,23 +233,22 @@ def record_choices(fields: Mapping[str, Any], where: str, qid: str) -> tuple[str
             raise InputError(f"{where}: record '{qid}': its 'choices' must hold as many labels as texts, each a list "
                              f"(answer.choices: auto){got}")
         raise InputError(f"{where}: record '{qid}' has no 'choices' mapping or list (answer.choices: auto){got}")
-    items = read.labels or read.texts
+    items = read.answered
     # Equal texts (real MMLU rows have them) are scored alike and the first of them is the
     # answer; equal labels would leave the answer's choice unknown.
     if not all(items) or not all(read.texts) or (read.labels is not None and len(set(items)) != len(items)):
         raise InputError(f"{where}: record '{qid}': choices must be non-empty strings, labels distinct "
                          f"(answer.choices: auto), got {quote(json.dumps(fields['choices']), 80)}")
-    return items
+    return read
 
 
-def scored_texts(fields: Mapping[str, Any], prompt: str) -> tuple[str, ...]:
+def scored_texts(read: Choices, prompt: str) -> tuple[str, ...]:
     """What a record's own labelled choices (MMLU's mapping, ARC's text and label) are scored as
     by log-likelihood: their texts, when its prompt does not list each text beside its label
     (ARC and OpenBookQA, whose texts lm-eval scores), so that no label stands for text the model
     has not read; () when it lists them (MMLU's "A. 4", whose letters lm-eval scores), or the
     choices are a bare list (the texts are the choices)."""
-    read = read_choices(fields.get("choices"))
-    if read is None or read.labels is None:
+    if read.labels is None:
         return ()
     listed = all(re.search(rf"(?<!\w){re.escape(label)}(?:\s*[.):\]-]\s*|\s+){re.escape(text)}", prompt)
                  for label, text in zip(read.labels, read.texts))

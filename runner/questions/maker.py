@@ -310,9 +310,9 @@ class QuestionMaker:
         if rec.request is None:
             if self.config.choices != CHOICES_AUTO or self.job.answer is None:
                 return None
-            choices = record_choices(rec.fields, self.where(rec), rec.qid)
+            read = record_choices(rec.fields, self.where(rec), rec.qid)
             scoring = self.config.choice_scoring == LOGLIKELIHOOD
-            return with_choices(self.job, choices, scored_texts(rec.fields, prompt) if scoring and prompt else ())
+            return with_choices(self.job, read.answered, scored_texts(read, prompt) if scoring and prompt else ())
         # A chat prompt on the plain template stops before inventing the next question; a raw
         # completion prompt has no template to stop at.
         template_stop = PLAIN_STOP if self.builder.is_plain and rec.request.prompt is None else ()

@@ -26,6 +26,11 @@ class Choices:
     texts: tuple[str, ...]
     labels: Optional[tuple[str, ...]]  # None: a bare list, answered by its texts
 
+    @property
+    def answered(self) -> tuple[str, ...]:
+        """What an answer among them is: their labels, or the texts of a bare list."""
+        return self.labels or self.texts
+
     def by_label(self) -> dict[str, str]:
         """label -> text; a bare list is labelled A, B, ... in order, and past the tenth by its
         position from 1 ("11", "12", ...), which no letter names."""
