@@ -58,11 +58,10 @@ def check_schema_opener(tokenizer: Any, schema_text: str, unknown_token: Optiona
     first token with the grammar's error (a toy vocabulary of a few thousand tokens, without byte
     tokens, may lack them)."""
     openers = schema_openers(schema_text)
-    refused = [unwritable(tokenizer, (opener,), unknown_token) for opener in openers]
-    first = refused[0] if refused else None
-    if first is not None and all(refused):
+    refused = refusals(tokenizer, openers, unknown_token) if openers else []  # one round trip for all
+    if refused and all(why is not None for why in refused):
         starts = " or ".join(quote(opener) for opener in openers)
-        raise ConfigError(f"answer.json_schema: every answer to it starts with {starts}: {first[1]}, so no answer "
+        raise ConfigError(f"answer.json_schema: every answer to it starts with {starts}: {refused[0]}, so no answer "
                           "can be written")
 
 
@@ -109,7 +108,13 @@ def _openers(node: Any, root: Any, depth: int) -> Optional[set[str]]:
 
 
 def unwritable(tokenizer: Any, texts: tuple[str, ...], unknown_token: Optional[str]) -> Optional[tuple[str, str]]:
-    """(the first text the model's vocabulary cannot write, why), or None. The texts go once
+    """(the first text the model's vocabulary cannot write, why), or None."""
+    return next(((text, why) for text, why in zip(texts, refusals(tokenizer, texts, unknown_token))
+                 if why is not None), None)
+
+
+def refusals(tokenizer: Any, texts: tuple[str, ...], unknown_token: Optional[str]) -> list[Optional[str]]:
+    """Why the model's vocabulary cannot write each text (None: it can). The texts go once
     through the tokenizer process (runner/questions/tokenizing.py), which says which text its
     vocabulary lacks a character of; a tokenizer that reads a character as its unknown token
     cannot write it either."""
@@ -117,15 +122,15 @@ def unwritable(tokenizer: Any, texts: tuple[str, ...], unknown_token: Optional[s
     got = tokenizer.receive()
     unknown = int(unknown_token) if unknown_token is not None and unknown_token.lstrip("-").isdigit() else None
     start = 0
-    for i, text in enumerate(texts):
+    out: list[Optional[str]] = []
+    for i in range(len(texts)):
         count = max(got.counts[i], 0)
         why = got.errors.get(i)
         if why is None and unknown is not None and unknown in got.tokens[start:start + count]:
             why = "the model's tokenizer reads a character of it as its unknown token"
-        if why is not None:
-            return text, why
+        out.append(why)
         start += count
-    return None
+    return out
 
 
 def check_logprob_choices(tokenizer: Any, choices: tuple[str, ...]) -> None:
