@@ -37,8 +37,16 @@ def part_settings(path: str) -> Optional[dict[str, Any]]:
     job by design; None when the part has no readable journal beside it (a part copied alone)."""
     try:
         with open(journal_path(path), "rb") as f:
-            header = json.loads(f.readline())
-    except (OSError, ValueError):
+            return _settings(f.readline())
+    except OSError:
+        return None
+
+
+def _settings(header_line: bytes) -> Optional[dict[str, Any]]:
+    """part_settings from a journal's first line, as read."""
+    try:
+        header = json.loads(header_line)
+    except ValueError:
         return None
     fingerprint = header.get("fingerprint") if isinstance(header, dict) else None
     if not isinstance(fingerprint, dict):
@@ -52,11 +60,11 @@ def part_ran(path: str) -> dict[str, Any]:
     """What a part's run decided on auto (runner/journal/ran.py): each shard decides for itself,
     from the questions it holds; {} when its journal does not say."""
     try:
-        with open(journal_path(path), "rb") as f:
-            f.readline()
+        with open(journal_path(path), "rb") as f:  # one read: the header, then the ran line
+            header = f.readline()
             ran = read_ran(f)
             if ran is None and f.readline():  # answers without a ran line: an older version's
-                ran = legacy_ran(part_settings(path) or {})
+                ran = legacy_ran(_settings(header) or {})
     except OSError:
         return {}
     return ran if isinstance(ran, dict) and ran_problem(ran) is None else {}
