@@ -15,7 +15,7 @@ import functools
 import json
 import re
 from dataclasses import replace
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from ...workers.protocol import AnswerSpec, GenerationParams, ResponseFormat
 from ..errors import ConfigError, InputError, quote
@@ -44,7 +44,7 @@ def job_answer(config: JobConfig) -> Optional[AnswerSpec]:
     return None
 
 
-def check_spellable(tokenizer: Any, choices: tuple[str, ...], unknown_token: Optional[str]) -> None:
+def check_spellable(tokenizer: Any, choices: tuple[str, ...], unknown_token: Optional[int]) -> None:
     """ConfigError naming the first choice the model's vocabulary cannot write: no answer could
     be that choice, and every question would fail at run time with the grammar's error."""
     refused = unwritable(tokenizer, choices, unknown_token)
@@ -52,7 +52,7 @@ def check_spellable(tokenizer: Any, choices: tuple[str, ...], unknown_token: Opt
         raise ConfigError(f"answer.choices: {quote(refused[0])}: {refused[1]}, so no answer can be this choice")
 
 
-def check_schema_opener(tokenizer: Any, schema_text: str, unknown_token: Optional[str]) -> None:
+def check_schema_opener(tokenizer: Any, schema_text: str, unknown_token: Optional[int]) -> None:
     """ConfigError when the model's vocabulary cannot write any character an answer to the job's
     JSON schema may start with ('{' for an object): each question would run, then fail at its
     first token with the grammar's error (a toy vocabulary of a few thousand tokens, without byte
@@ -107,28 +107,45 @@ def _openers(node: Any, root: Any, depth: int) -> Optional[set[str]]:
     return {OPENERS.get(k, "?") for k in kinds if isinstance(k, str)} or None
 
 
-def unwritable(tokenizer: Any, texts: tuple[str, ...], unknown_token: Optional[str]) -> Optional[tuple[str, str]]:
+UNKNOWN_TOKEN_KEY = "tokenizer.ggml.unknown_token_id"
+
+
+def unknown_token_id(value: Optional[str]) -> Optional[int]:
+    """The vocabulary's unknown token, from its GGUF metadata value (UNKNOWN_TOKEN_KEY, as text);
+    None when the model names none."""
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+
+
+def spelling_problem(tokens: Union[Sequence[int], str], unknown_token: Optional[int]) -> Optional[str]:
+    """Why the model's vocabulary cannot write a text, from what its tokenizer made of it (its
+    tokens, or a str: why the tokenizer process refused it, such as the characters the vocabulary
+    lacks), or None. A tokenizer that reads a character as its unknown token cannot write it
+    either. The one rule for the job's choices and schema openers (refusals) and for a record's
+    own choices (runner/questions/continuations.py unspellable), so that both refuse alike."""
+    if isinstance(tokens, str):
+        return tokens
+    if unknown_token is not None and unknown_token in tokens:
+        return "the model's tokenizer reads a character of it as its unknown token"
+    return None
+
+
+def unwritable(tokenizer: Any, texts: tuple[str, ...], unknown_token: Optional[int]) -> Optional[tuple[str, str]]:
     """(the first text the model's vocabulary cannot write, why), or None."""
     return next(((text, why) for text, why in zip(texts, refusals(tokenizer, texts, unknown_token))
                  if why is not None), None)
 
 
-def refusals(tokenizer: Any, texts: tuple[str, ...], unknown_token: Optional[str]) -> list[Optional[str]]:
-    """Why the model's vocabulary cannot write each text (None: it can). The texts go once
-    through the tokenizer process (runner/questions/tokenizing.py), which says which text its
-    vocabulary lacks a character of; a tokenizer that reads a character as its unknown token
-    cannot write it either."""
+def refusals(tokenizer: Any, texts: tuple[str, ...], unknown_token: Optional[int]) -> list[Optional[str]]:
+    """Why the model's vocabulary cannot write each text (spelling_problem; None: it can). The
+    texts go once through the tokenizer process (runner/questions/tokenizing.py), which says which
+    text its vocabulary lacks a character of."""
     tokenizer.submit(texts, [False] * len(texts))
     got = tokenizer.receive()
-    unknown = int(unknown_token) if unknown_token is not None and unknown_token.lstrip("-").isdigit() else None
     start = 0
     out: list[Optional[str]] = []
     for i in range(len(texts)):
         count = max(got.counts[i], 0)
-        why = got.errors.get(i)
-        if why is None and unknown is not None and unknown in got.tokens[start:start + count]:
-            why = "the model's tokenizer reads a character of it as its unknown token"
-        out.append(why)
+        out.append(spelling_problem(got.errors.get(i, got.tokens[start:start + count]), unknown_token))
         start += count
     return out
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from array import array
 from typing import Optional, Sequence, TypeVar, Union
 
+from ..config.answer import spelling_problem
 from ..errors import quote
 from .tokenizing import Rejected
 
@@ -53,11 +54,14 @@ def pair_texts_of(prompt: str, choices: tuple[str, ...]) -> list[str]:
     return [pairs[0][0]] + [whole for _, whole in pairs]
 
 
-def unspellable(choices: tuple[str, ...], tokenized: list[Union[array, Rejected]]) -> Optional[Rejected]:
-    """The first of a record's own choices the tokenizer refused, as the record's failure."""
+def unspellable(choices: tuple[str, ...], tokenized: list[Union[array, Rejected]],
+                unknown_token: Optional[int]) -> Optional[Rejected]:
+    """The first of a record's own choices the model cannot write, as the record's failure: by the
+    rule the job's own choices are checked by (runner/config/answer.py spelling_problem)."""
     for choice, tokens in zip(choices, tokenized):
-        if isinstance(tokens, Rejected):
-            return Rejected(f"its choice {quote(choice)} cannot be an answer: {tokens.reason}")
+        why = spelling_problem(tokens.reason if isinstance(tokens, Rejected) else tokens, unknown_token)
+        if why is not None:
+            return Rejected(f"its choice {quote(choice)} cannot be an answer: {why}")
     return None
 
 

@@ -86,11 +86,13 @@ class QuestionMaker:
     remembered across windows (which prompts were seen, the journal) is kept compact."""
 
     def __init__(self, builder: PromptBuilder, tokenizers: list[TokenizerProcess], config: JobConfig,
-                 job: GenerationParams, n_vocab: int, journal: Reuse,
+                 job: GenerationParams, n_vocab: int, unknown_token: Optional[int], journal: Reuse,
                  where: Optional[Callable[[Record], str]] = None) -> None:
-        """`where`: how an error names a record (default: its file and line; a pool's call: the
-        caller's questions[i])."""
+        """`unknown_token`: the vocabulary's (Prompting.unknown_token), which no record's own choice
+        may be read as; `where`: how an error names a record (default: its file and line; a pool's
+        call: the caller's questions[i])."""
         self.builder, self.tokenizers, self.config, self.job, self.n_vocab = builder, tokenizers, config, job, n_vocab
+        self.unknown_token = unknown_token
         self.journal = journal
         self.where = where or (lambda rec: f"{config.input}:{rec.line}")
         # Identical prompts: the prompt hash's first 64 bits -> (31 more bits << 32) | index in
@@ -134,7 +136,7 @@ class QuestionMaker:
         for tokens in tokenized:
             rec, index, text, own, choices, spelt = waiting.popleft()
             tokens, continuations = split_tokens(tokens, [next(tokenized) for _ in choices])
-            tokens = unspellable(spelt, [next(tokenized) for _ in spelt]) or tokens
+            tokens = unspellable(spelt, [next(tokenized) for _ in spelt], self.unknown_token) or tokens
             if isinstance(tokens, Rejected):
                 self._count_failed(rec, text, own)
             question = self.add(rec, index, tokens, own, continuations)

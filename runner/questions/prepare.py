@@ -56,7 +56,7 @@ class Preparer:
         self.config = config
         self.prompting = prompting
         self.maker = QuestionMaker(prompting.builder, [prompting.tokenizer], config, prompting.generation,
-                                   prompting.info.n_vocab, journal)
+                                   prompting.info.n_vocab, prompting.unknown_token, journal)
         self.groups = 0  # groups numbered so far: each window's numbers follow the last's
         self.sharing = Sharing(0, 0, 0)  # summed over the windows
         self.note = SharingNote()  # the log's line on them, once the model's memory is known

@@ -18,7 +18,14 @@ from typing import Optional
 
 from ...workers.helper_messages import VocabInfo
 from ...workers.protocol import AnswerSpec, GenerationParams, Thinking
-from ..config.answer import check_logprob_choices, check_schema_opener, check_spellable, choice_tokens
+from ..config.answer import (
+    UNKNOWN_TOKEN_KEY,
+    check_logprob_choices,
+    check_schema_opener,
+    check_spellable,
+    choice_tokens,
+    unknown_token_id,
+)
 from ..config.reasoning import (
     answer_room_problem,
     block_opened,
@@ -46,6 +53,7 @@ class Prompting:
         try:
             info = self.tokenizer.info
             self.info: VocabInfo = info
+            self.unknown_token = unknown_token_id(info.metadata.get(UNKNOWN_TOKEN_KEY))
             template, self.chat_template = chat_template(config, info.chat_template)
             self.template = template
             self.builder = self.builder_for(config)
@@ -69,7 +77,7 @@ class Prompting:
     def generation_for(self, config: JobConfig, answer: Optional[AnswerSpec]) -> GenerationParams:
         """Every answer's settings under this config; fixed choices are checked against the
         vocabulary (ConfigError naming the first it cannot spell)."""
-        unknown = self.info.metadata.get("tokenizer.ggml.unknown_token_id")
+        unknown = self.unknown_token
         if answer is not None and config.json_schema is not None:
             check_schema_opener(self.tokenizer, config.json_schema, unknown)
         if answer is not None and answer.choices:

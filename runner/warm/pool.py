@@ -322,7 +322,7 @@ class Pool:
 
         def make() -> tuple[QuestionMaker, list[Question]]:
             maker = QuestionMaker(variant.builder, [self._prompting.tokenizer], variant.config, variant.generation,
-                                  self._prompting.info.n_vocab, NoReuse(),
+                                  self._prompting.info.n_vocab, self._prompting.unknown_token, NoReuse(),
                                   where=lambda rec: f"{where}: {name(rec.line - 1)}")  # caller_records' lines
             return maker, maker.make(records)
 
