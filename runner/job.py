@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 from ..workers.llama.factory import LLAMA_ENGINE
 from ..workers.protocol import EngineConfig
 from .config.answer import job_answer
-from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
+from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig, model_said_in_file
 from .errors import Interrupted, JournalError, ModelError, OutputError, WorkerFailure
 from .files.formats.cells import check_id_column
 from .files.formats.detect import errors_format, output_format
@@ -98,13 +98,19 @@ def _readable(config: JobConfig) -> Iterator[JobConfig]:
         yield replace(config, input=name)
 
 
+def _model(config: JobConfig) -> tuple[str, ModelIdentity]:
+    """The model's file and identity; a refusal names the job file and key that gave the model."""
+    with model_said_in_file(config):
+        path = resolve_model(config.model)
+        return path, identify(path)
+
+
 def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh: bool,
          use_tuned: bool, job_file: Optional[str], window: int) -> RunReport:
     clock = {"start": time.perf_counter(), "started_at": time.time()}
-    model_path = resolve_model(config.model)
+    model_path, model = _model(config)
     paths = job_paths(config.input, model_path, config.output, config.report, job_file, config.errors_output)
     config = replace(config, output=paths.output, report=paths.report, errors_output=paths.errors_output)
-    model = identify(model_path)
     answer = job_answer(config)  # a bad schema or grammar: exit 2 before any worker starts
     since_start = SinceStart() if config.threads_adapt == "auto" else None  # the cores before any worker starts
     with _locked(config):

@@ -202,3 +202,26 @@ def test_run_with_a_hub_name_offline(hub, tmp_path, questions_file, name, file):
     r = ggbatch_run(env, "--model", "owner/repo:Q2_K", "--input", questions_file(3), "--output", tmp_path / "b.json")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "matches Q2_K" in r.stderr
     assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("written, said", [
+    ("model: nope.gguf", "{job}: model: {folder}/nope.gguf: model file not found"),
+    ("model: {path: job.yaml}", "{job}: model.path: {folder}/job.yaml: not a GGUF file (no GGUF magic at the start)"),
+    ("model: hf:owner/repo/absent.gguf", "{job}: model: hf:owner/repo/absent.gguf: not in the Hugging Face cache "
+                                         "({cache}) and HF_HUB_OFFLINE is set"),
+])
+def test_a_model_a_job_file_names_is_refused_naming_the_file_and_its_key(hub, tmp_path, questions_file, written,
+                                                                         said):
+    """The job key's refusal read as the flag's: the user was not told it came from the job file."""
+    cache, _, env = hub
+    job = tmp_path / "job.yaml"
+    job.write_text(f"{written}\ninput: {questions_file(3)}\noutput: a.json\n")
+    said = said.format(job=job, folder=tmp_path, cache=cache)
+    for command in (("run", job), ("tune", job)):
+        r = cli(*command, env=env)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert r.stderr.startswith(f"ggbatch: error: {said}"), r.stderr
+    for command in (("run", job, "--model", "other.gguf"), ("tune", job, "--model", "other.gguf")):
+        r = cli(*command, env=env)  # the flag's model, which the user typed there: named as typed
+        assert r.returncode == 2 and r.stderr == "ggbatch: error: other.gguf: model file not found\n", r.stderr
+    assert not (tmp_path / "a.json").exists()

@@ -180,6 +180,26 @@ def test_eval_says_in_one_line_a_task_whose_yaml_or_templates_are_wrong(tmp_path
     assert done.stderr.strip().splitlines()[-1] == f"ggbatch: error: {said}"
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("tasks, target, said", [
+    ("bad_mc", "5", "the gold answer (doc_to_target) of its first document is choice 5, but doc_to_choice gives 2 "
+     "choices (0 to 1)"),
+    ("good_mc,bad_mc", "-3", "task bad_mc: the gold answer (doc_to_target) of its first document is choice -3, "
+     "but doc_to_choice gives 2 choices (0 to 1)"),
+])
+def test_eval_says_in_one_line_a_gold_answer_out_of_its_choices(tmp_path, tasks, target, said):
+    """A gold index past the choices (doc_to_target: 5 of ["a", "b"]) ended in an IndexError
+    traceback, exit 1."""
+    task = (BAD_TASK.replace("bad.jsonl", "good.jsonl").replace('"{{choices}}"', '["a", "b"]')
+            .replace('"{{gold}}"', target))
+    good = BAD_TASK.replace("bad_mc", "good_mc").replace("bad.jsonl", "good.jsonl")
+    # beside another task, which is right: the line names the one that is wrong
+    done = eval_local_task(tmp_path, tasks, task, {"tasks/good.yaml": good, "good.jsonl": (
+        '{"context": "The cat", "choices": ["sat", "ran"], "gold": 0}\n')})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == f"ggbatch: error: ggbatch eval --tasks {tasks}: {said}"
+
+
 def test_generate_until_returns_the_continuation_as_llama_cpp_python_makes_it(lm):
     import llama_cpp
     from lm_eval.api.instance import Instance

@@ -255,3 +255,38 @@ def test_a_glob_that_also_matches_the_journals_merges_the_parts(tmp_path):
     assert out.read_bytes() == whole and outcome.parts == 3 and outcome.journals == 3
     with pytest.raises(ConfigError, match=r"shard-1-of-3.jsonl.journal.jsonl: a run's journal, not an answers file"):
         merge_files(str(out), [parts[0], journals[1]], questions)
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("answer.labelled_choices", "their texts, unless the prompt lists them beside their labels",
+     "the ggbatch version that answered {0} scored a record's labelled choices by their texts, unless the prompt "
+     "lists them beside their labels, and the one that answered {1} scored them by their labels"),
+    ("answer.choice_scoring_context", "after an empty thinking block",
+     "the ggbatch version that answered {0} scored a thinking model's choices after an empty thinking block, and "
+     "the one that answered {1} scored them inside the open thinking block"),
+])
+def test_parts_whose_journals_differ_in_ggbatch_own_rules_are_refused_in_words(tmp_path, key, value, said):
+    """A key ggbatch writes for itself (no setting a user gives) was named as 'answer.labelled_choices':
+    said in words, as a run's resume refusal says it (runner/journal/fingerprint.py RULES)."""
+    questions, _, parts = write_job(tmp_path, "jsonl", count=2)
+    settings = {"model": "abc", "max_tokens": 8, "answer": {"choices": [], "grammar": None}}
+    for part, fingerprint in zip(parts, ({**settings, key: value}, settings)):  # the second: an older version's
+        with open(f"{part}.journal.jsonl", "w") as f:
+            f.write(json.dumps({"ggbatch_journal": 1, "fingerprint": fingerprint}) + "\n")
+    with pytest.raises(ConfigError) as refused:
+        merge_files(str(tmp_path / "m.jsonl"), parts, questions)
+    assert str(refused.value) == (f"parts of two jobs: {said.format(*parts)} (as their journals say); merge the "
+                                  "shards of one job")
+
+
+def test_parts_of_two_answer_grammars_are_refused_without_the_grammars_text(tmp_path):
+    questions, _, parts = write_job(tmp_path, "jsonl", count=2)
+    for part, grammar in zip(parts, ('root ::= "{" ws "}"\nws ::= [ \\t]*', 'root ::= "[" "]"')):
+        answer = {"choices": [], "grammar": grammar}
+        with open(f"{part}.journal.jsonl", "w") as f:
+            f.write(json.dumps({"ggbatch_journal": 1, "fingerprint": {"model": "abc", "answer": answer}}) + "\n")
+    with pytest.raises(ConfigError) as refused:
+        merge_files(str(tmp_path / "m.jsonl"), parts, questions)
+    assert str(refused.value) == (f"parts of two jobs: {parts[0]} and {parts[1]} were answered with different "
+                                  "grammars (answer.json_schema, or answer.grammar, as their journals say); merge "
+                                  "the shards of one job")

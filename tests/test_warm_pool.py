@@ -191,6 +191,21 @@ def test_a_worker_killed_during_a_call_is_restarted_and_the_call_answered(demo_m
 
 
 @pytest.mark.timeout(120)
+def test_questions_cancelled_before_a_worker_had_them_are_not_answered(demo_model):
+    """fut.cancel() returned True, and the worker spent its tokens on the question all the same."""
+    with ggbatch.Pool(model=demo_model, workers=1, slots=1, engine_factory=Fake(slow=0.5)) as pool:
+        futures = [pool.submit(f"q{i}") for i in range(8)]  # the worker holds 2: a batch, and its refill
+        many = pool.submit_many(["a", "b"])
+        cancelled = [f.cancel() for f in futures[3:] + [many]]
+        kept = [f.result(timeout=60) for f in futures[:3]]
+        last = pool.submit("last").result(timeout=60)  # after the cancelled ones: they were not waited for
+    stats = pool.stats()
+    assert cancelled == [True] * 6 and all(a.text and a.error is None for a in kept + [last])
+    # the fake engine's 3 tokens an answer, and 1 step each (1 slot): 4 questions answered, no more
+    assert (stats["generated_tokens"], stats["steps"], stats["answered"]) == (3 * 4, 4, 4)
+
+
+@pytest.mark.timeout(120)
 def test_a_tokenizer_process_killed_from_outside_is_started_again(demo_model):
     """The kernel's out-of-memory killer may pick the tokenizer process: the pool's next call
     starts a new one and is answered, as a killed worker's questions are."""

@@ -142,8 +142,10 @@ def test_a_cancelled_submit_is_let_go_without_a_traceback(demo_model, caplog):
         assert given_up.cancel()
         kept = pool.submit("The little dog")
         assert kept.result(timeout=60).text
-        wait_for(lambda: pool.stats()["answered"] == 2, 60, "the cancelled question's answer to come")
-    assert given_up.cancelled()
+    # the pool closed once the worker had answered what it held: the cancelled question too, if
+    # it had it already (its answer dropped), else it was never answered
+    stats = pool.stats()
+    assert given_up.cancelled() and stats["answered"] == 1 and stats["generated_tokens"] in (64, 128), stats
     assert "InvalidStateError" not in caplog.text and "exception calling callback" not in caplog.text, caplog.text
 
 

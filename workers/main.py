@@ -18,7 +18,7 @@ import signal
 import time
 import traceback
 from dataclasses import replace
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from .devices import visible_device_env
 from .engine.interface import Engine
@@ -28,7 +28,6 @@ from .protocol import (
     AnswerBatch,
     Chunk,
     Configure,
-    EngineConfig,
     EngineStats,
     Ready,
     SetThreads,
@@ -80,7 +79,7 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
             return True
         t1 = time.perf_counter()
         stage = "configure"
-        engine_config = within_cores(first.engine, spec.cores) if spec.node_id is not None else first.engine
+        engine_config = replace(first.engine, n_threads=within_cores(spec, first.engine.n_threads))
         engine = spec.engine_factory.build(engine_config, spec.worker_id)
         stage = "run"
         results.send_bytes(encode(Ready(spec.worker_id, os.getpid(), load_s + time.perf_counter() - t1,
@@ -97,13 +96,14 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
         return False
 
 
-def within_cores(config: EngineConfig, cores: Sequence[int]) -> EngineConfig:
-    """No more threads than the cores a Ray actor runs on: its planned positions wrap round onto
-    fewer where Ray counts more CPUs than the node's processes may use (`ray start --num-cpus`
-    above its cores), and more threads than cores only wait for each other. (A local worker's
-    cores are its planned threads; the thread controller's later changes are the coordinator's
-    to bound.)"""
-    return replace(config, n_threads=len(cores)) if 0 < len(cores) < config.n_threads else config
+def within_cores(spec: WorkerSpec, n_threads: int) -> int:
+    """No more threads than the cores a Ray actor runs on, at its start and at each later change
+    (SetThreads): its planned positions wrap round onto fewer where Ray counts more CPUs than the
+    node's processes may use (`ray start --num-cpus` above its cores), and more threads than cores
+    only wait for each other. A local worker's n_threads as given: its cores are its planned
+    threads, and the pool's tests set the two apart on purpose."""
+    on_ray = spec.node_id is not None
+    return len(spec.cores) if on_ray and 0 < len(spec.cores) < n_threads else n_threads
 
 
 def leave_signals_to_parent() -> None:
@@ -167,7 +167,7 @@ def _serve(engine: Engine, spec: WorkerSpec, tasks: Any, results: Any) -> None:
                     engine.add(question)
                 asked = False
             elif isinstance(msg, SetThreads):
-                results.send_bytes(encode(set_threads(engine, spec.worker_id, msg.n)))
+                results.send_bytes(encode(set_threads(engine, spec.worker_id, within_cores(spec, msg.n))))
         if engine.n_unfinished:
             answers = engine.step()
             # Before the answers: the coordinator's totals are whole when the last answer arrives.

@@ -61,5 +61,6 @@ class JobConfig:
     grammar: Optional[str] = None
     backend: str = "local"  # where workers live: local processes, or Ray actors (runner/pool/ray.py)
     ray_address: Optional[str] = None  # the Ray cluster to join (HOST:PORT or auto); None: start one here
-    # setting (a field, or sampling.<field>) -> the job file that set it, for the errors between keys
+    # key as a job file wrote it (model.path, sampling.n) -> that file, for the errors between keys
+    # and the model's (runner/config/schema.py set_in_file)
     from_files: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)

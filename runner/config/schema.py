@@ -7,14 +7,15 @@ to the job file's folder; relative paths given as flags are relative to the curr
 from __future__ import annotations
 
 import difflib
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import yaml
 
 from ...workers.protocol import SamplingParams
-from ..errors import ConfigError, KeysError, quote
+from ..errors import ConfigError, KeysError, ModelError, quote
 from ..files.formats import FORMATS
 from ..files.paths import ERRORS_OUTPUT, OUTPUT, REPORT, check_file_name, check_not_a_stream
 from ..files.piped import STDIN
@@ -251,11 +252,34 @@ def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
 
 
 def _note_file(from_files: dict[str, str], key: str, job_file: Optional[str]) -> None:
-    """Where a setting now comes from: a later layer of flags or keywords takes it from the file."""
-    if job_file is None:
-        from_files.pop(_TARGET.get(key, key), None)
-    else:
-        from_files[_TARGET.get(key, key)] = job_file
+    """Where a setting now comes from, by the key that set it (model or model.path): a later
+    layer of flags or keywords takes it from the file."""
+    for written in [k for k in from_files if _TARGET.get(k, k) == _TARGET.get(key, key)]:
+        del from_files[written]
+    if job_file is not None:
+        from_files[key] = job_file
+
+
+def set_in_file(config: JobConfig, key: str) -> Optional[tuple[str, str]]:
+    """(the job file, the key as it wrote it) that set the setting `key` names (`model` is set by
+    model or model.path), or None where flags or keywords set it, or nothing did."""
+    target = _TARGET.get(key, key)
+    return next(((file, written) for written, file in config.from_files.items()
+                 if _TARGET.get(written, written) == target), None)
+
+
+@contextmanager
+def model_said_in_file(config: JobConfig) -> Iterator[None]:
+    """The model's refusals (a missing file, not a GGUF, a Hub name that cannot be resolved) named
+    after the job file and key that gave the model, as a key's own error is: they begin with the
+    path, and read as the --model flag's would. Unchanged where a flag or keyword gave it."""
+    try:
+        yield
+    except ModelError as exc:
+        where = set_in_file(config, "model")
+        if where is None:
+            raise
+        raise ModelError(f"{where[0]}: {where[1]}: {exc}") from None
 
 
 def said_in_files(config: JobConfig, error: KeysError) -> ConfigError:
@@ -263,7 +287,7 @@ def said_in_files(config: JobConfig, error: KeysError) -> ConfigError:
     (`j.yaml: ray_address: ...`), as a key's own error is; the other keys a file set said after
     it (`sampling.n: 3 samples with ... (answer.choice_scoring from j.yaml)`, n a flag's);
     unchanged where none came from a file."""
-    sources = {key: config.from_files.get(_TARGET.get(key, key)) for key in error.keys}
+    sources = {key: (set_in_file(config, key) or (None,))[0] for key in error.keys}
     first = sources.get(error.keys[0]) if error.keys else None
     if first is not None:
         return ConfigError(f"{first}: {error}")

@@ -75,9 +75,11 @@ SCORED_AFTER_EMPTY_BLOCK = "after an empty thinking block"
 TEXTS_UNLESS_LISTED = "their texts, unless the prompt lists them beside their labels"
 
 # What ggbatch itself decides, not a setting: a change is another version's way, said as such
-# (`answer.choice_scoring_context` is no key a user sets).
-RULES = {"answer.choice_scoring_context": ("scored a thinking model's choices", "scores them"),
-         "answer.labelled_choices": ("scored a record's labelled choices by", "scores them by")}
+# (`answer.choice_scoring_context` is no key a user sets): (how a version scored, how this one
+# scores, how another version scored, said after the first)
+RULES = {"answer.choice_scoring_context": ("scored a thinking model's choices", "scores them", "scored them"),
+         "answer.labelled_choices": ("scored a record's labelled choices by", "scores them by", "scored them by")}
+GRAMMAR = "(answer.json_schema, or answer.grammar)"
 
 
 def rule_change(key: str, was: Any, now: Any) -> Optional[str]:
@@ -85,11 +87,23 @@ def rule_change(key: str, was: Any, now: Any) -> Optional[str]:
     one, in words, or of the answer's grammar, which a schema's converted grammar would show as
     pages of GBNF; None for any other setting (named as written)."""
     if key == "answer.grammar":
-        return "the answer's grammar (answer.json_schema, or answer.grammar) changed since the journaled run"
+        return f"the answer's grammar {GRAMMAR} changed since the journaled run"
     if key not in RULES:
         return None
-    then, today = RULES[key]
+    then, today, _ = RULES[key]
     return f"the ggbatch version that wrote it {then} {was}; this version {today} {now}: its answers are not this one's"
+
+
+def parts_rule_change(key: str, was: Any, now: Any, first: str, second: str) -> Optional[str]:
+    """rule_change between two parts of a merge (`ggbatch merge`), as their journals say it; None
+    for any other setting (named as written)."""
+    if key == "answer.grammar":
+        return f"{first} and {second} were answered with different grammars {GRAMMAR[:-1]}, as their journals say)"
+    if key not in RULES:
+        return None
+    then, _, again = RULES[key]
+    return (f"the ggbatch version that answered {first} {then} {was}, and the one that answered {second} "
+            f"{again} {now} (as their journals say)")
 
 
 # the fingerprint's names that are not the job key which sets them: a change names the job key

@@ -31,7 +31,7 @@ from ..files.outputs import write_atomic
 from ..files.paths import JOURNAL_SUFFIX, check_output, journal_path, same_file
 from ..files.piped import readable_file, shown_name
 from ..files.shards import shard_in_name, shard_of
-from ..journal.fingerprint import setting_change
+from ..journal.fingerprint import parts_rule_change, setting_change
 from .join import Merged, merge_rows, render_merged
 from .parts import Part, part_ran, part_settings, read_part
 
@@ -182,9 +182,11 @@ def _check_one_job(paths: Sequence[str]) -> Optional[dict[str, Any]]:
         change = setting_change(first[1], settings)
         if change is not None:
             key, was, now = change
-            raise ConfigError(f"parts of two jobs: {first[0]} and {path} were answered with different "
-                              f"'{key}' ({quote(was)} and {quote(now)}, as their journals say); merge the "
-                              "shards of one job")
+            # ggbatch's own rules and a grammar in words, as a run's resume refusal says them
+            said = parts_rule_change(key, was, now, first[0], path) or (
+                f"{first[0]} and {path} were answered with different '{key}' ({quote(was)} and {quote(now)}, "
+                "as their journals say)")
+            raise ConfigError(f"parts of two jobs: {said}; merge the shards of one job")
     return first[1] if first is not None else None
 
 

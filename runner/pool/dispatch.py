@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 from ...workers.protocol import Question
 from ..questions.prefix_groups import whole_groups
@@ -40,3 +40,14 @@ def even_share(w: WorkerState, live: Sequence[WorkerState], n_pending: int) -> i
     share, takes the rest when it asks, as it does when it runs low."""
     open_questions = n_pending + sum(len(x.in_flight) for x in live)
     return math.ceil(open_questions / max(1, len(live))) - len(w.in_flight)
+
+
+def withdraw(pending: deque[Question], qids: Collection[str]) -> list[str]:
+    """Take the questions `qids` names off `pending` (in place; the others keep their order): the
+    ids taken. Those already handed out are not pending, and are answered."""
+    taken = [q.qid for q in pending if q.qid in qids] if qids else []
+    if taken:
+        kept = [q for q in pending if q.qid not in qids]
+        pending.clear()
+        pending.extend(kept)
+    return taken

@@ -13,7 +13,7 @@ to come, it looks again every FEED_WAIT_S rather than waiting a whole monitor ti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence
+from typing import Collection, Optional, Protocol, Sequence
 
 from ...workers.protocol import Question
 
@@ -34,6 +34,10 @@ class Feed(Protocol):
     def wake_fd(self) -> Optional[int]:
         """A file descriptor made readable when poll() has something new or done changes (the
         pool's wait drains it); None: the feed is polled every FEED_WAIT_S."""
+
+    def withdrawn(self) -> Collection[str]:
+        """Questions it gave that are no longer asked (a warm pool's cancelled calls): the pool
+        hands out none of them not handed out yet."""
 
 
 @dataclass
@@ -58,6 +62,9 @@ class WindowIntake:
     @property
     def wake_fd(self) -> Optional[int]:
         return self.feed.wake_fd if self.feed is not None else None
+
+    def withdrawn(self) -> Collection[str]:
+        return self.feed.withdrawn() if self.feed is not None else ()
 
     def wait_s(self, timeout: float, feeding: bool, n_pending: int) -> float:
         """How long the pool may wait for its workers: FEED_WAIT_S at most while it has nothing to

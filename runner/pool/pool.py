@@ -60,7 +60,7 @@ from ...workers.spec import WorkerSpec
 from ..errors import Interrupted, ModelError
 from ..model.identity import ModelIdentity
 from .backend import Backend
-from .dispatch import next_chunk
+from .dispatch import next_chunk, withdraw
 from .intake import Feed, WindowIntake
 from .lives import WorkerLives
 from .local import LocalBackend
@@ -191,6 +191,7 @@ class WorkerPool:
                 feeding = windows.to_come and not self._stop_signal
                 if feeding:
                     self._add(windows.take(len(self._pending)))
+                self._open.difference_update(withdraw(self._pending, windows.withdrawn()))  # no longer asked
                 timeout = max(0.0, min(next_tick, self._stop_deadline or next_tick) - time.perf_counter())
                 self._wait_once(windows.wait_s(timeout, feeding, len(self._pending)), windows.wake_fd)
                 if time.perf_counter() >= next_tick:

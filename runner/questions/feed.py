@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Collection, Iterator, Optional, Union
 
 from ...workers.protocol import Question
 from ..errors import GgbatchError
@@ -53,6 +53,10 @@ class QuestionFeed:
         self.done = item.last
         self._on_window(item)
         return item.questions
+
+    def withdrawn(self) -> Collection[str]:
+        """A job's questions are all asked to the end."""
+        return ()
 
     def _make(self) -> None:
         try:

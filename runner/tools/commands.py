@@ -259,12 +259,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from . import tune
 
     job = load_job_file(args.job) if args.job else {}
-    model_arg = args.model or job.get("model.path") or job.get("model")
     # The job's prompt and sampling settings shape the trials; the layout and files are tune's.
     settings = {k: v for k, v in job.items() if k not in TUNE_OWNS}
-    if not model_arg:
-        raise ConfigError("tune: give --model or a job file with a model")
-    model = resolve_model(model_arg)
+    model = _tune_model(args, job)
     slot_options = _ints(args.slots, "--slots")
     source, source_format = _questions_to_sample(args, job)
     writable_cache("tune: cannot save the layout")  # before the trials, not after them
@@ -287,6 +284,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
           f"saved to {path} under context {tuned.context_bucket(n_ctx_seq)} ({n_ctx_seq} tokens per sequence "
           f"here): `auto` uses it for this model on this machine when no saved context is nearer a job's")
     return 0
+
+
+def _tune_model(args: argparse.Namespace, job: dict[str, Any]) -> str:
+    """The model tune tries: --model, else the job file's, whose refusal names the file and key
+    (a run's does: runner/config/schema.py model_said_in_file)."""
+    if args.model:
+        return resolve_model(args.model)
+    key = "model.path" if job.get("model.path") else "model"
+    if not job.get(key):
+        raise ConfigError("tune: give --model or a job file with a model")
+    try:
+        return resolve_model(job[key])
+    except ModelError as exc:
+        raise ModelError(f"{args.job}: {key}: {exc}") from None
 
 
 def _questions_to_sample(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:

@@ -85,6 +85,9 @@ def usage_error(exc: Exception, tasks: Optional[str], include_path: Optional[str
     if (type(exc).__module__, type(exc).__name__) == ("jinja2.exceptions", "UndefinedError"):  # a task's template
         return ConfigError(f"ggbatch eval --tasks {tasks}: the task's templates name what its data does not hold: "
                            f"{one_line(exc)}")
+    gold = gold_out_of_choices(exc, tasks)
+    if gold is not None:
+        return ConfigError(f"ggbatch eval --tasks {tasks}: {gold}")
     if not raised_in(exc.__traceback__, "datasets."):
         return None
     where = f"ggbatch eval --tasks {tasks}: cannot load the task's data set: "
@@ -102,6 +105,27 @@ def usage_error(exc: Exception, tasks: Optional[str], include_path: Optional[str
            "with the network, " if config.HF_DATASETS_OFFLINE else
            "no network? HF_DATASETS_OFFLINE=1 uses the data sets already in the datasets cache, ")
     return ConfigError(f"{where}; {why}{LOCAL_TASKS}")
+
+
+def gold_out_of_choices(exc: Exception, tasks: Optional[str]) -> Optional[str]:
+    """What is wrong where lm-eval's task raised IndexError trying its first document's gold answer
+    (doc_to_target, an index) on its choices (doc_to_choice): the index past them, in words;
+    None for any other exception. Read from that frame's own variables, as lm-eval says no more."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if not isinstance(exc, IndexError) or tb is None:
+        return None
+    frame = tb.tb_frame
+    target, choices = frame.f_locals.get("test_target"), frame.f_locals.get("test_choice")
+    if (frame.f_globals.get("__name__") != "lm_eval.api.task" or frame.f_code.co_name != "__init__"
+            or not isinstance(target, int) or not isinstance(choices, list)):
+        return None
+    task = getattr(getattr(frame.f_locals.get("self"), "config", None), "task", None)
+    # the task named where --tasks names others (several, or a group)
+    named = f"task {task}: " if task and task != tasks else ""
+    return (f"{named}the gold answer (doc_to_target) of its first document is choice {target}, but doc_to_choice "
+            f"gives {len(choices)} choices (0 to {len(choices) - 1})")
 
 
 def unreadable_yaml(folder: Optional[str]) -> Optional[str]:

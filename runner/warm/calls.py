@@ -95,8 +95,10 @@ class Call:
 class Calls:
     """The open calls, by the pool's question ids."""
 
-    def __init__(self, id_field: str, keep_thinking: bool) -> None:
-        self._id_field, self._keep_thinking = id_field, keep_thinking
+    def __init__(self, id_field: str, keep_thinking: bool, withdraw: Callable[[list[str]], None]) -> None:
+        """withdraw: told the pool's ids of a cancelled call's questions no answer came for yet
+        (runner/warm/intake.py Submissions.withdraw: those no worker has are dropped)."""
+        self._id_field, self._keep_thinking, self._withdraw = id_field, keep_thinking, withdraw
         self._lock = threading.Lock()
         self._numbers = itertools.count()
         self._open: dict[str, tuple[Call, str]] = {}  # pool's qid -> (call, the caller's id)
@@ -127,7 +129,18 @@ class Calls:
                 self._open[prefix + q.qid] = (call, q.qid)
         if not questions:
             self._resolve(call)
-        return future, [replace(q, qid=prefix + q.qid) for q in questions]
+        sent = [replace(q, qid=prefix + q.qid) for q in questions]
+        future.add_done_callback(lambda f: self._cancelled([q.qid for q in sent]) if f.cancelled() else None)
+        return future, sent
+
+    def _cancelled(self, qids: list[str]) -> None:
+        """A call whose caller cancelled its Future: no answer is waited for, and its questions no
+        worker has are not answered (those a worker has are, and their answers dropped)."""
+        with self._lock:
+            unanswered = [qid for qid in qids if self._open.pop(qid, None) is not None]
+            if not self._open:
+                self._idle()
+        self._withdraw(unanswered)
 
     def append(self, answers: list[Answer]) -> None:
         done: list[Call] = []
@@ -169,6 +182,23 @@ class Calls:
             self.failed += failed
         if not call.future.done():
             call.future.set_result(rows)
+
+    def one(self, many: "Future[list[Answered]]") -> "Future[Answered]":
+        """A call of one question (Pool.submit) as a Future of its answer; cancelling it cancels the call."""
+        one: Future[Answered] = Future()
+
+        def done(f: "Future[list[Answered]]") -> None:
+            if not one.set_running_or_notify_cancel():
+                return  # the caller cancelled: its call was too
+            exc = f.exception()
+            if exc is not None:
+                one.set_exception(exc)
+            else:
+                one.set_result(f.result()[0])
+
+        one.add_done_callback(lambda f: many.cancel() if f.cancelled() else None)
+        many.add_done_callback(done)
+        return one
 
     def end(self, why: BaseException) -> None:
         """No answer will come any more: every open call fails with `why`, and so does every new one."""

@@ -18,6 +18,7 @@ class Submissions:
         self._growth, self._reconfigure = growth, reconfigure
         self._lock = threading.Lock()
         self._waiting: list[Question] = []
+        self._withdrawn: set[str] = set()  # cancelled after their poll: the pool's run drops them if pending
         self._finishing = False
         self._cancelled: Optional[BaseException] = None
         self._wake = WakePipe()  # the loop waits for a call, a finish or a cancel, not polls
@@ -48,6 +49,23 @@ class Submissions:
         engines = self._growth.engines_for(taken)
         if engines is not None:
             self._reconfigure(engines)
+        return taken
+
+    def withdraw(self, qids: Sequence[str]) -> None:
+        """(A caller's thread) questions whose call was cancelled: dropped here if not polled yet,
+        else by the pool's run, if no worker has them (withdrawn)."""
+        if not qids:
+            return
+        with self._lock:
+            gone = set(qids)
+            self._withdrawn |= gone - {q.qid for q in self._waiting}
+            self._waiting = [q for q in self._waiting if q.qid not in gone]
+        self._wake.wake()
+
+    def withdrawn(self) -> set[str]:
+        """(The loop thread) the questions withdrawn since the last time, once polled."""
+        with self._lock:
+            taken, self._withdrawn = self._withdrawn, set()
         return taken
 
     def finish(self) -> None:

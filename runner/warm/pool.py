@@ -156,7 +156,7 @@ class Pool:
         self._workers.start()  # the model loads while the tokenizer starts
         self._prompting = self._resources.enter_context(Prompting(config, model_path, answer))
         self._variants = Variants(layer, self._source, config, self._prompting, self._make_lock)
-        self._calls = Calls(config.id_field, config.keep_thinking)
+        self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids))
         facts, prefix, most = self._facts(records)
         growth = settle(config, started, self._prompting, facts, prefix, most, model_path)
         self._workers.keep(growth.plan.node_of())
@@ -237,20 +237,7 @@ class Pool:
 
     def submit(self, question: Union[str, Mapping[str, Any]], **overrides: Any) -> "Future[Answered]":
         """One question's answer, as a Future; the calls of many threads share the workers' batches."""
-        many = self._submit([question], overrides, self._method("submit"), single=True)
-        one: Future[Answered] = Future()
-
-        def done(f: "Future[list[Answered]]") -> None:
-            if not one.set_running_or_notify_cancel():
-                return  # the caller cancelled: no one waits for this answer (its question was answered all the same)
-            exc = f.exception()
-            if exc is not None:
-                one.set_exception(exc)
-            else:
-                one.set_result(f.result()[0])
-
-        many.add_done_callback(done)
-        return one
+        return self._calls.one(self._submit([question], overrides, self._method("submit"), single=True))
 
     def submit_questions(self, questions: Sequence[Question],
                          on_answered: Optional[Callable[[list[str]], None]] = None) -> "Future[list[Answered]]":
