@@ -53,11 +53,19 @@ def _forget_starter() -> None:
 os.register_at_fork(after_in_child=_forget_starter)
 
 
-def start_child(process: Any) -> None:
-    """process.start() (a multiprocess Process) from a thread that outlives the child. In a
-    child of ours still importing the caller's script, the script's mistake: leave at once."""
+def leave_if_importing_script() -> None:
+    """In a child of ours still importing the caller's script, that script starting ggbatch is
+    its mistake: leave at once, before making anything (a queue or lock made here would stay
+    registered with the resource tracker the parent shares, which then warns of leaked
+    semaphores after the parent's one-line error)."""
     if getattr(mp_process.current_process(), "_inheriting", False):
         os._exit(UNGUARDED_MAIN_EXIT)
+
+
+def start_child(process: Any) -> None:
+    """process.start() (a multiprocess Process) from a thread that outlives the child
+    (leave_if_importing_script first)."""
+    leave_if_importing_script()
     if threading.current_thread() is threading.main_thread():
         _start_shielded(process)
         return

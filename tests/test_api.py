@@ -127,16 +127,20 @@ def test_the_python_snippets_of_the_readme_and_the_api_page_run_after_the_quick_
 
 
 @pytest.mark.parametrize("call", ["ggbatch.answer(['2+2?'], model=MODEL, max_tokens=2)",
-                                  "ggbatch.Pool(model=MODEL, max_tokens=2).close()"])
+                                  "ggbatch.Pool(model=MODEL, max_tokens=2).close()",
+                                  "ggbatch.run(model=MODEL, input='q.jsonl', output='a.jsonl', max_tokens=2)"])
 def test_a_script_starting_ggbatch_without_the_main_guard_is_told_so(tmp_path, demo_model, call):
     """Spawned processes import the script again: without `if __name__ == "__main__":` each
-    child would start ggbatch anew. The error says so, not that a process died loading the model."""
+    child would start ggbatch anew. The error says so, not that a process died loading the model,
+    and it is the last line: the child leaves before it makes a lock, which the resource tracker
+    would report as leaked semaphores after it."""
+    (tmp_path / "q.jsonl").write_text('{"questionID": "1", "question": "2+2?"}\n')
     (tmp_path / "script.py").write_text(f"import ggbatch\nMODEL = {demo_model!r}\n{call}\n")
     done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
-    last = done.stderr.strip().splitlines()
-    assert any(line.startswith("ggbatch.runner.errors.ConfigError: the script starts ggbatch when it is imported")
-               and 'if __name__ == \"__main__\":' in line for line in last), done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ggbatch.runner.errors.ConfigError: the script starts ggbatch when it is imported")
+    assert 'if __name__ == \"__main__\":' in last, done.stderr
     assert "died" not in done.stderr and "bootstrapping phase" not in done.stderr, done.stderr
 
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 from ...workers.llama.factory import LLAMA_ENGINE
 from ...workers.protocol import Answer, Question
+from ..child_processes import leave_if_importing_script
 from ..config.answer import job_answer
 from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
@@ -127,6 +128,7 @@ class Pool:
 
     def _start(self, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
                engine_factory: EngineFactory) -> None:
+        leave_if_importing_script()
         self._source, self._config, self._closed = source, config, False
         self._owner = os.getpid()  # a forked child's copy would wait for good on the tokenizer pipe
         self._groups, self._sharing = 0, SharingNote()  # prefix groups numbered so far (submit_questions), their line
