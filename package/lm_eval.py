@@ -52,6 +52,7 @@ from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.questions.continuations import pair_texts, split_pair
 from ggbatch.runner.questions.prompts import PLAIN_TEMPLATE
 from ggbatch.runner.tools.lm_eval_requests import (
+    check_model_args,
     checked_max_length,
     device_settings,
     generation_of,
@@ -59,6 +60,7 @@ from ggbatch.runner.tools.lm_eval_requests import (
     request_names,
     request_seeds,
     say_cut,
+    say_shrunk,
     scored_window,
     setting,
     unanswered,
@@ -87,6 +89,7 @@ class GgbatchLM(TemplateLM):
         path = model or pretrained
         if not path or (model and pretrained and model != pretrained):
             raise ConfigError("ggbatch.lm_eval: give the GGUF model once: model=PATH (or pretrained=PATH)")
+        check_model_args(settings)
         n_ctx = setting(settings, "model", "n_ctx")
         self._n_ctx = n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) else None
         self._max_length = checked_max_length(max_length, path, self._n_ctx)
@@ -245,15 +248,17 @@ class GgbatchLM(TemplateLM):
         max_gen_toks 0 is the empty text, nothing generated."""
         names = request_names(requests)
         tokens = self._tokenize([req.args[0] for req in requests], names)
-        seeds = request_seeds(self._seed, [req.args for req in requests])
-        questions, cut = [], 0
+        seeds = request_seeds(self._seed, [(getattr(req, "task_name", None), req.args) for req in requests])
+        questions, cut, shrunk = [], 0, 0
         for i, (req, toks) in enumerate(zip(requests, tokens)):
             generation = generation_of(req.args[1], names[i])
             if generation.max_tokens > 0:
                 kept, most = generation_window(toks, generation.max_tokens, self.max_length)
-                cut += len(kept) < len(toks)
+                cut += len(kept) < len(toks) and most == generation.max_tokens
+                shrunk += most < generation.max_tokens
                 questions.append(Question(f"{i}", kept, seeds[i], replace(generation, max_tokens=most)))
         say_cut("generate_until", cut, len(requests), "the context's last max_length - max_gen_toks tokens")
+        say_shrunk(shrunk, len(requests), self.max_length)
         out = [""] * len(requests)
         answers = self._answers(questions, [1] * len(questions), "generate_until", disable_tqdm) if questions else []
         for question, answered in zip(questions, answers):

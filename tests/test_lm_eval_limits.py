@@ -6,6 +6,7 @@ command's --model_args, --device and max_length checks. Real lm-eval over tasks 
 llama.cpp on ../shared's TinyStories-656K (512-token context) and stories260K (2048)."""
 
 import json
+import logging
 import subprocess
 from array import array
 
@@ -112,12 +113,15 @@ def test_gen_kwargs_that_are_not_numbers_are_refused_in_one_line_naming_them():
 
 
 def test_a_requests_seed_is_its_own_whatever_else_the_call_holds():
-    a, b, c = ("Once", {"until": []}), ("Upon", {"until": []}), ("Once", {"until": ["."]})
+    a, b, c = [("t", args) for args in (("Once", {"until": []}), ("Upon", {"until": []}), ("Once", {"until": ["."]}))]
     alone, mixed = request_seeds(0, [a]), request_seeds(0, [b, c, a])
     assert alone[0] == mixed[2] and len(set(mixed)) == 3
     repeats = request_seeds(0, [a, a, a])  # lm-eval's `repeats`: each copy its own sample
     assert repeats[0] == alone[0] and len(set(repeats)) == 3
     assert request_seeds(7, [a]) != alone  # the settings' sampling.seed
+    # another task with the same prompt is no repeat: each task's doc keeps the sample it has alone
+    other = ("u", a[1])
+    assert request_seeds(0, [other, a]) == [alone[0], alone[0]]
 
 
 def test_max_length_beyond_the_models_context_is_refused_at_construction():
@@ -131,6 +135,25 @@ def test_max_length_beyond_the_models_context_is_refused_at_construction():
         GgbatchLM(model=tiny, max_length=300, model__n_ctx=256)
     with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.lm_eval model_args: unknown key 'wokers'"):
         GgbatchLM(model=tiny, wokers=2)
+
+
+@pytest.mark.parametrize("setting, said", [
+    ({"max_lenght": 64}, r"unknown key 'max_lenght' \(did you mean 'max_length'\?\); the keyword arguments: .*"
+                         r"max_length, .*pretrained, .*sampling__seed"),
+    ({"max_tokens": 2}, r"max_tokens is not used: lm-eval's requests decide it, through a task's generation_kwargs "
+                        r"max_gen_toks \(--gen_kwargs max_gen_toks=N\)$"),
+    ({"sampling__temperature": 1.5}, r"sampling__temperature is not used: .* do_sample, temperature"),
+    ({"sampling": {"seed": 3, "top_k": 2}}, r"sampling is not used: .*only sampling.seed is a model_args setting$"),
+    ({"stop": "a"}, r"stop is not used: .* until"),
+    ({"output": "o.jsonl"}, r"output is not used: lm-eval's tasks give the questions and it writes the results"),
+])
+def test_model_args_that_lm_evals_requests_decide_or_lm_eval_names_are_said_so(setting, said):
+    """Settings lm-eval's requests decide (the generation: each request's gen_kwargs) would do
+    nothing: refused in one line saying what does it; a typo of one of lm-eval's own names
+    (max_length) is told that name. Before any process starts."""
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.lm_eval model_args: " + said):
+        GgbatchLM(model=str(require(TINY, "TinyStories-656K")), **setting)
+    GgbatchLM(model=str(require(TINY, "TinyStories-656K")), sampling={"seed": 3}, max_length=64).pool.close()
 
 
 # -- on real models -----------------------------------------------------------------------------
@@ -249,6 +272,19 @@ def test_a_context_near_the_window_keeps_room_for_max_gen_toks(stories_lm):
                                            request("generate_until", (context, {"until": [], "max_gen_toks": 0}))])
     assert len(stories_lm.tok_encode(got, add_special_tokens=False)) >= 18, got
     assert none == ""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.model
+def test_a_max_gen_toks_of_max_length_or_more_is_said_with_the_room_its_answer_gets(tiny_lm, caplog):
+    """lm-eval's maybe_truncate rule (the context's last max_length - 1 tokens, the room left to
+    generate) said as that rule: not as max_length - max_gen_toks, which is below 0 here."""
+    with caplog.at_level(logging.WARNING, logger="ggbatch"):
+        tiny_lm.generate_until([request("generate_until", (STORY * 30, {"until": [], "max_gen_toks": 600}))])
+    said = [r.getMessage() for r in caplog.records if "generate_until requests" in r.getMessage()]
+    assert said == ["ggbatch.lm_eval: 1 of 1 generate_until requests ask for max_gen_toks of max_length (512) or more: "
+                    "each keeps at most its context's last 511 tokens and generates in the room left, as few as 1 "
+                    "token (lm-eval's maybe_truncate rule)"]
 
 
 # -- ggbatch eval --------------------------------------------------------------------------------

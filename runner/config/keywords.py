@@ -80,10 +80,16 @@ def check_keywords(source: str, settings: Mapping[str, Any], own: tuple[str, ...
             raise ConfigError(f"{source}: {name}= is not taken here: {source[:-2]} makes its own files "
                               "and returns the answers (use ggbatch.run() to write files)")
         if top not in valid:
-            hint = _leaf_hint(top, 1.0) or difflib.get_close_matches(top, valid, n=1) or _leaf_hint(top)
-            raise ConfigError(f"{source}: unknown key '{name}'"
-                              + (f" (did you mean '{hint[0]}'?)" if hint else "")
-                              + f"; the keyword arguments: {', '.join(sorted([*valid, *also]))}")
+            raise ConfigError(f"{source}: {unknown_key(name, [*valid, *also])}")
+
+
+def unknown_key(name: str, valid: list[str]) -> str:
+    """The words for a keyword argument that is none of `valid`: the one meant, where one is close
+    (a job key inside a section first: n_gpu_layers -> model__n_gpu_layers), and the valid ones."""
+    top = key_parts(name)[0]
+    hint = _leaf_hint(top, 1.0) or difflib.get_close_matches(top, valid, n=1) or _leaf_hint(top)
+    return (f"unknown key '{name}'" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+            + f"; the keyword arguments: {', '.join(sorted(valid))}")
 
 
 def _leaf_hint(name: str, cutoff: float = 0.6) -> list[str]:

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import GenerationParams, SamplingParams
-from ..config.keywords import key_parts
+from ..config.keywords import key_parts, keywords, unknown_key
 from ..errors import ConfigError, InputError, quote
 from ..model.gguf_header import GGUFFormatError, read_hparams
 from ..questions.maker import question_seed
+from ..warm.pool import POOL_OWN
 
 log = logging.getLogger("ggbatch")
 
@@ -66,22 +67,31 @@ def say_cut(what: str, cut: int, total: int, how: str) -> None:
                     "Hugging Face and vLLM models cut them", cut, total, what, how)
 
 
+def say_shrunk(shrunk: int, total: int, max_length: int) -> None:
+    """One warning a call for the generate_until requests whose max_gen_toks left their context no
+    room (generation_window's second rule): their answers are shorter than they asked."""
+    if shrunk:
+        log.warning("ggbatch.lm_eval: %d of %d generate_until requests ask for max_gen_toks of max_length (%d) or "
+                    "more: each keeps at most its context's last %d tokens and generates in the room left, as few as "
+                    "1 token (lm-eval's maybe_truncate rule)", shrunk, total, max_length, max_length - 1)
+
+
 def unanswered(what: str, name: str, error: Optional[str]) -> InputError:
     """The one-line error that ends a run where a request could not be answered."""
     return InputError(f"ggbatch.lm_eval: {name} ({what}) could not be answered: {error or 'no answer came back'}")
 
 
-def request_seeds(job_seed: int, args: Sequence[tuple[Any, ...]]) -> list[int]:
+def request_seeds(job_seed: int, requests: Sequence[tuple[Optional[str], tuple[Any, ...]]]) -> list[int]:
     """Each generate_until request's sampling seed, from the settings' sampling.seed and what the
     request is (its context and gen_kwargs; a repeat of it, as lm-eval sends a task's `repeats`,
-    by its place among its copies): a doc's sample stays the same under another --limit or mix of
-    tasks."""
-    seen: dict[str, int] = {}
+    by its place among its task's copies): a doc's sample stays the same under another --limit or
+    mix of tasks, another task with the same prompt included. `requests`: (task name, args)."""
+    seen: dict[tuple[Optional[str], str], int] = {}
     seeds = []
-    for context, gen_kwargs in args:
+    for task, (context, gen_kwargs) in requests:
         digest = hashlib.sha256(json.dumps([context, gen_kwargs], sort_keys=True, default=str).encode()).hexdigest()
-        seen[digest] = seen.get(digest, -1) + 1
-        seeds.append(question_seed(job_seed, f"{digest}:{seen[digest]}"))
+        seen[task, digest] = seen.get((task, digest), -1) + 1
+        seeds.append(question_seed(job_seed, f"{digest}:{seen[task, digest]}"))
     return seeds
 
 
@@ -95,6 +105,50 @@ def setting(settings: Mapping[str, Any], section: str, key: str) -> Any:
         if parts == [section] and isinstance(value, Mapping):
             return value.get(key)
     return None
+
+
+# The pool's settings that lm-eval's requests decide for themselves, and what does it instead: each
+# request's generation is its task's generation_kwargs (runner/tools/lm_eval_requests.py
+# generation_of), what is asked and scored the task's. Given in model_args they would do nothing.
+DECIDED_BY_REQUESTS = {
+    "max_tokens": "a task's generation_kwargs max_gen_toks (--gen_kwargs max_gen_toks=N)",
+    "stop": "a task's generation_kwargs until (--gen_kwargs until=...)",
+    "ignore_eos": "a task's generation_kwargs max_gen_toks and until (an answer ends at the model's end of text)",
+    "sampling": "a task's generation_kwargs do_sample, temperature, top_k, top_p, min_p and repetition_penalty "
+                "(--gen_kwargs do_sample=true,temperature=0.7); only sampling.seed is a model_args setting",
+    "answer": "the task's output_type and metrics",
+    "fields": "the task's doc_to_text and doc_to_target",
+    "reasoning": "lm-eval's requests (an answer is the model's text as generated; a task's filters take the answer "
+                 "from it)",
+    "keep_thinking": "lm-eval's requests (an answer is the model's text as generated; a task's filters take the "
+                     "answer from it)",
+}
+# GgbatchLM's own keyword arguments beside the pool's settings (lm-eval's names)
+LM_KEYWORDS = ("model", "pretrained", "max_length", "batch_size", "max_batch_size", "device")
+
+
+def check_model_args(settings: Mapping[str, Any]) -> None:
+    """ConfigError, named as lm-eval's model_args, for a key that is no setting of the model
+    (the one meant, among the pool's keys and lm-eval's own: max_length) or one that lm-eval's
+    requests decide, which would do nothing (DECIDED_BY_REQUESTS)."""
+    valid = sorted({k for k in keywords() if k not in POOL_OWN and k not in DECIDED_BY_REQUESTS} | set(LM_KEYWORDS))
+    for name, value in settings.items():
+        parts = key_parts(name)
+        top = parts[0]
+        if name == "engine_factory":  # Pool's from Python (a test's fake engine), no setting
+            continue
+        if top == "sampling":
+            given = parts[1:] or (list(value) if isinstance(value, Mapping) else [""])
+            if all(leaf == "seed" for leaf in given):
+                continue
+        if top in DECIDED_BY_REQUESTS and top not in LM_KEYWORDS:
+            raise ConfigError(f"ggbatch.lm_eval model_args: {name} is not used: lm-eval's requests decide it, "
+                              f"through {DECIDED_BY_REQUESTS[top]}")
+        if top in POOL_OWN:
+            raise ConfigError(f"ggbatch.lm_eval model_args: {name} is not used: lm-eval's tasks give the questions "
+                              "and it writes the results (--output_path)")
+        if top not in valid:
+            raise ConfigError(f"ggbatch.lm_eval model_args: {unknown_key(name, [*valid, 'sampling__seed'])}")
 
 
 def checked_max_length(max_length: Any, path: str, n_ctx: Optional[int]) -> Optional[int]:
