@@ -225,3 +225,39 @@ def test_a_pool_used_from_a_forked_child_says_so_at_once(demo_model, tmp_path):
     assert len(refused) == 3 and all("this pool belongs to process" in s for s in refused), done.stdout
     assert refused[0].startswith("child: ggbatch.Pool.submit_many(): this pool belongs to process "), done.stdout
     assert said[-2:] == ["exit 0", "parent: True"], done.stdout + done.stderr
+
+
+IN_CALLBACKS = textwrap.dedent("""
+    import sys, threading
+    import ggbatch
+    if __name__ == "__main__":
+        pool = ggbatch.Pool(model=sys.argv[1], workers=1, max_tokens=4)
+        nested, closed = [], threading.Event()
+
+        def ask_again(future):  # asyncio's and other callback code's way: the pool called from a callback
+            nested.append(pool.answer(["The little dog"])[0].text)
+            pool.submit("A cat").add_done_callback(close_there)
+
+        def close_there(future):
+            try:
+                pool.close()
+                print("closed in a callback:", future.result().text is not None, flush=True)
+            finally:
+                closed.set()
+
+        pool.submit("Once upon a time").add_done_callback(ask_again)
+        print("answered:", closed.wait(60) and nested[0] is not None, flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_futures_callback_may_call_the_pool_and_close_it(demo_model, tmp_path):
+    """A Future's callbacks ran on the pool's loop thread: a call made in one waited there for
+    an answer only that thread could give (the pool hung, and so did the process's exit), and
+    close() in one raised 'cannot join current thread'."""
+    script = tmp_path / "callbacks.py"
+    script.write_text(IN_CALLBACKS)
+    done = subprocess.run([sys.executable, str(script), demo_model], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=90)
+    assert done.stdout.split("\n")[:2] == ["closed in a callback: True", "answered: True"], done.stderr
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "leaked" not in done.stderr, done.stderr

@@ -6,7 +6,8 @@ the pool's run is one long WorkerPool.run whose feed is the calls (runner/warm/i
 
     caller threads: answer / submit ─▶ records ─▶ questions (tokenizer, under a lock) ─▶ Calls.open
                                                                       └▶ Submissions.put
-    loop thread:    WorkerPool.run(feed=Submissions) ─▶ workers ─▶ RunWatch ─▶ Calls.append ─▶ Future
+    loop thread:    WorkerPool.run(feed=Submissions) ─▶ workers ─▶ RunWatch ─▶ Calls.append ─▶ Resolver
+    resolver threads: Future.set_result ─▶ its done-callbacks (which may call the pool: not on the loop)
 
 close() (or leaving `with`): the calls still open are answered, then every worker stops; leaving
 on an exception (Ctrl-C included) cancels them instead and kills the workers at once.
@@ -52,6 +53,7 @@ from .intake import Submissions
 from .overrides import Variant, Variants
 from .pool_errors import PoolClosed, Untokenizable
 from .records import caller_namer, caller_records, caller_rows, check_vocabulary
+from .resolver import Resolver
 from .stats import pool_stats
 
 # the job's keys that name files: a pool takes questions and gives answers
@@ -158,7 +160,9 @@ class Pool:
         self._workers.start()  # the model loads while the tokenizer starts
         self._prompting = self._resources.enter_context(Prompting(config, model_path, answer))
         self._variants = Variants(layer, self._source, config, self._prompting, self._make_lock)
-        self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids))
+        self._resolver = Resolver("ggbatch-pool-answers")
+        self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids),
+                            self._resolver)
         facts, prefix, most = self._facts(records)
         growth = settle(config, started, self._prompting, facts, prefix, most, model_path)
         self._workers.keep(growth.plan.node_of())
@@ -376,6 +380,7 @@ class Pool:
                 self._intake.cancel(PoolClosed(f"{self._source}: the pool was closed"))
                 self._thread.join()
             self._intake.close()
+            self._resolver.close()  # every Future resolved when close() returns
 
     def __enter__(self) -> "Pool":
         return self
