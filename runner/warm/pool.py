@@ -229,7 +229,8 @@ class Pool:
                                  question_field_read(self._config.prompt_template, self._config.question_field),
                                  where, single)
         with self._make_lock:
-            variant = self._variants.of(overrides, where)
+            # a call's new choices are checked through the tokenizer process: one that died restarts
+            variant = self._tokenizing(lambda: self._variants.of(overrides, where), where)
             maker, rejected, made = self._make(records, variant, where, single)
             future, sent = self._calls.open(list(maker.ids.answered_as()), made, rejected)
             self._intake.put(sent)
