@@ -3,6 +3,7 @@ thread while a call is made, left open at exit, Ctrl-C in the caller, a cancelle
 from a forked child. Real processes on the demo model (the fake engine where the model does
 not matter); every test has a hard timeout: a hang is a failure."""
 
+import gc
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import psutil
 import pytest
@@ -77,6 +79,28 @@ def test_a_background_start_refuses_typos_at_once_and_hands_over_what_failed_lat
     starting = ggbatch.Pool.starting(model=demo_model, workers=1, engine_factory=Fake(fail_load=True))
     with pytest.raises(ggbatch.GgbatchError, match="fake engine refused to load"):
         starting.result(timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_a_closed_background_pool_lets_go_of_its_pipes_and_semaphores(demo_model):
+    """Pool.starting's exit handler kept every pool it started, closed or not, until the process
+    exited: two pipe fds and three semaphores each, so a long-running process ran out of fds."""
+    def started() -> ggbatch.Pool:
+        pool = ggbatch.Pool.starting(model=demo_model, workers=1, max_tokens=2).result(timeout=60)
+        assert pool.answer(["Once upon a time"])[0].text
+        return pool
+
+    started().close()  # what a process makes once, whichever pool is first
+    gc.collect()
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        pool = started()
+        pool.close()
+        closed = weakref.ref(pool)
+        del pool
+        gc.collect()
+        assert closed() is None, gc.get_referrers(closed())
+    assert len(os.listdir("/proc/self/fd")) <= fds
 
 
 @pytest.mark.timeout(120)

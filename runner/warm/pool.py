@@ -54,6 +54,7 @@ from .overrides import Variant, Variants
 from .pool_errors import PoolClosed, Untokenizable
 from .records import caller_namer, caller_records, caller_rows, check_vocabulary
 from .resolver import Resolver
+from .starting import start_in_thread
 from .stats import pool_stats
 
 # the job's keys that name files: a pool takes questions and gives answers
@@ -71,19 +72,6 @@ def _configured(model: str, settings: dict[str, Any]) -> tuple[JobConfig, dict[s
     # input and output are placeholders: a pool has no files
     layer = settings_layer({"model": model, "input": "-", "output": "-", **settings}, SOURCE)
     return build_config([(SOURCE, layer)]), layer
-
-
-def _close_at_exit(starting: "Future[Pool]") -> None:
-    """A pool still starting at exit (ggbatch eval stopped by a task's error) is waited for, then
-    closed as one left open is: else children still starting print multiprocess's SemLock
-    traceback, or its exit handler (run after this one) waits for good on workers no one stops."""
-    if not starting.done():  # the caller has had its last word (often an error): the start is no news
-        log.setLevel(logging.ERROR)
-    try:
-        pool = starting.result()
-    except BaseException:  # it never started: nothing of it is left running
-        return
-    pool._at_exit()
 
 
 class Pool:
@@ -105,18 +93,7 @@ class Pool:
         lm-eval builds its tasks while the model loads (ggbatch.lm_eval)."""
         config, layer = _configured(model, settings)
         check_local_model(config.model)
-        future: Future[Pool] = Future()
-        future.set_running_or_notify_cancel()  # a pool half started has no one else to close it
-
-        def start() -> None:
-            try:
-                future.set_result(cls.for_call(config, layer, SOURCE, [], engine_factory))
-            except BaseException as exc:  # the caller hears it from the Future
-                future.set_exception(exc)
-
-        threading.Thread(target=start, name="ggbatch-pool-start", daemon=True).start()
-        atexit.register(_close_at_exit, future)
-        return future
+        return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory))
 
     @classmethod
     def for_call(cls, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
