@@ -45,6 +45,9 @@ def answer(questions: Union[str, Iterable[Question]], *, model: str, resume_dir:
     With `resume_dir` the questions, answers and journal are kept there, as a job's files, so
     calling again after a crash answers only what is missing."""
     check_keywords("ggbatch.answer()", settings, ANSWER_OWN, also=("resume_dir",))
+    if resume_dir is None and "report" in settings:  # only a resumable call runs as a job, which writes it
+        raise ConfigError("ggbatch.answer(): report= is written only with resume_dir= (a job's files, kept "
+                          "there); without it answer() writes no file: give resume_dir=, or drop report=")
     # input and output are this function's own: placeholders, as a pool has no files
     layer = settings_layer({"model": model, "input": "-", "output": "-", **settings}, "ggbatch.answer()")
     config = build_config([("ggbatch.answer()", layer)])

@@ -78,8 +78,17 @@ def test_answer_can_keep_its_files_to_resume(tmp_path, demo_model):
     folder = tmp_path / "work"
     first = ggbatch.answer(["Once upon a time"], model=demo_model, max_tokens=6, resume_dir=str(folder))
     assert (folder / "answers.jsonl.journal.jsonl").exists()
-    second = ggbatch.answer(["Once upon a time", "The cat"], model=demo_model, max_tokens=6, resume_dir=str(folder))
+    second = ggbatch.answer(["Once upon a time", "The cat"], model=demo_model, max_tokens=6, resume_dir=str(folder),
+                            report=str(tmp_path / "r.json"))
     assert second[0].text == first[0].text and second[1].text
+    assert json.loads((tmp_path / "r.json").read_text())["questions"]["records"] == 2  # the report asked for
+
+
+def test_answer_refuses_a_report_it_would_not_write(tmp_path, demo_model):
+    """answer(report=) without resume_dir was taken, and no file written: no word of it."""
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): report= is written only with resume_dir="):
+        ggbatch.answer(["Once upon a time"], model=demo_model, max_tokens=4, report=str(tmp_path / "r.json"))
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_a_changed_setting_is_refused_in_the_callers_own_terms(tmp_path, demo_model, questions_file):

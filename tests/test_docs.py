@@ -95,3 +95,21 @@ def test_contributing_names_every_module_that_calls_llama_cpp() -> None:
     contract = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     allowed = {m.replace(".", "/") + ".py" for m in re.findall(r'"ggbatch\.([\w.]+) -> llama_cpp"', contract)}
     assert named == importing == allowed and len(named) == 6, (named, importing, allowed)
+
+
+def test_the_keys_pipelines_says_a_pool_takes_are_keywords_it_takes() -> None:
+    """The page listed "layout, sampling, prompt, answer, limits": Pool(layout=...) is refused
+    as an unknown key, and no `limits` key exists."""
+    from ggbatch.runner.config.keywords import check_keywords
+    from ggbatch.runner.errors import ConfigError
+    from ggbatch.runner.warm.pool import POOL_OWN, SOURCE
+
+    page = " ".join((ROOT / "docs" / "guide" / "pipelines.md").read_text(encoding="utf-8").split())
+    taken, refused = re.search(r"The pool takes [^(]*\(([^)]*)\)(?:[^(]*\(([^)]*)\))?", page).groups()
+    names = [n.strip(" `.") for n in taken.split(",") if n.strip(" `.")]
+    assert len(names) >= 5, names
+    for name in names:
+        check_keywords(SOURCE, {name: None}, POOL_OWN)  # ConfigError: not a keyword Pool() takes
+    for name in [n.strip(" `.") for n in (refused or "").split(",") if n.strip(" `.")]:
+        with pytest.raises(ConfigError, match="is not taken here"):
+            check_keywords(SOURCE, {name: None}, POOL_OWN)

@@ -206,11 +206,14 @@ def test_questions_cancelled_before_a_worker_had_them_are_not_answered(demo_mode
 
 
 @pytest.mark.timeout(120)
-def test_a_tokenizer_process_killed_from_outside_is_started_again(demo_model):
+@pytest.mark.parametrize("overrides", [{}, {"choices": ["dog", "cat"]}])
+def test_a_tokenizer_process_killed_from_outside_is_started_again(demo_model, overrides):
     """The kernel's out-of-memory killer may pick the tokenizer process: the pool's next call
-    starts a new one and is answered, as a killed worker's questions are."""
+    starts a new one and is answered, as a killed worker's questions are. A call with choices
+    not seen before checks them through the tokenizer first: it raised WorkerFailure, each time."""
     with ggbatch.Pool(model=demo_model, max_tokens=4) as pool:
-        first = pool.answer(["Once upon a time"])[0].text
+        first = pool.answer(["Once upon a time"], **overrides)[0].text
+        overrides = {"choices": ["dog", "bird"]} if overrides else {}  # choices whose check is not cached
 
         def tokenizers() -> list[psutil.Process]:
             return [p for p in psutil.Process().children() if p.name().startswith("ggbatch-tokeni")]
@@ -218,7 +221,8 @@ def test_a_tokenizer_process_killed_from_outside_is_started_again(demo_model):
         (tokenizer,) = tokenizers()
         tokenizer.kill()
         tokenizer.wait(timeout=10)
-        assert pool.answer(["Once upon a time"])[0].text == first
+        again = pool.answer(["Once upon a time"], **overrides)[0]
+        assert again.error is None and (again.text == first if not overrides else again.text in ("dog", "bird"))
         assert len(pool.tokenize(["The little dog"])[0]) > 1
         assert [p.pid for p in tokenizers()] != [tokenizer.pid]
 

@@ -3,6 +3,7 @@ thread while a call is made, left open at exit, Ctrl-C in the caller, a cancelle
 from a forked child. Real processes on the demo model (the fake engine where the model does
 not matter); every test has a hard timeout: a hang is a failure."""
 
+import gc
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import psutil
 import pytest
@@ -77,6 +79,28 @@ def test_a_background_start_refuses_typos_at_once_and_hands_over_what_failed_lat
     starting = ggbatch.Pool.starting(model=demo_model, workers=1, engine_factory=Fake(fail_load=True))
     with pytest.raises(ggbatch.GgbatchError, match="fake engine refused to load"):
         starting.result(timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_a_closed_background_pool_lets_go_of_its_pipes_and_semaphores(demo_model):
+    """Pool.starting's exit handler kept every pool it started, closed or not, until the process
+    exited: two pipe fds and three semaphores each, so a long-running process ran out of fds."""
+    def started() -> ggbatch.Pool:
+        pool = ggbatch.Pool.starting(model=demo_model, workers=1, max_tokens=2).result(timeout=60)
+        assert pool.answer(["Once upon a time"])[0].text
+        return pool
+
+    started().close()  # what a process makes once, whichever pool is first
+    gc.collect()
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        pool = started()
+        pool.close()
+        closed = weakref.ref(pool)
+        del pool
+        gc.collect()
+        assert closed() is None, gc.get_referrers(closed())
+    assert len(os.listdir("/proc/self/fd")) <= fds
 
 
 @pytest.mark.timeout(120)
@@ -225,3 +249,39 @@ def test_a_pool_used_from_a_forked_child_says_so_at_once(demo_model, tmp_path):
     assert len(refused) == 3 and all("this pool belongs to process" in s for s in refused), done.stdout
     assert refused[0].startswith("child: ggbatch.Pool.submit_many(): this pool belongs to process "), done.stdout
     assert said[-2:] == ["exit 0", "parent: True"], done.stdout + done.stderr
+
+
+IN_CALLBACKS = textwrap.dedent("""
+    import sys, threading
+    import ggbatch
+    if __name__ == "__main__":
+        pool = ggbatch.Pool(model=sys.argv[1], workers=1, max_tokens=4)
+        nested, closed = [], threading.Event()
+
+        def ask_again(future):  # asyncio's and other callback code's way: the pool called from a callback
+            nested.append(pool.answer(["The little dog"])[0].text)
+            pool.submit("A cat").add_done_callback(close_there)
+
+        def close_there(future):
+            try:
+                pool.close()
+                print("closed in a callback:", future.result().text is not None, flush=True)
+            finally:
+                closed.set()
+
+        pool.submit("Once upon a time").add_done_callback(ask_again)
+        print("answered:", closed.wait(60) and nested[0] is not None, flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_futures_callback_may_call_the_pool_and_close_it(demo_model, tmp_path):
+    """A Future's callbacks ran on the pool's loop thread: a call made in one waited there for
+    an answer only that thread could give (the pool hung, and so did the process's exit), and
+    close() in one raised 'cannot join current thread'."""
+    script = tmp_path / "callbacks.py"
+    script.write_text(IN_CALLBACKS)
+    done = subprocess.run([sys.executable, str(script), demo_model], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=90)
+    assert done.stdout.split("\n")[:2] == ["closed in a callback: True", "answered: True"], done.stderr
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "leaked" not in done.stderr, done.stderr

@@ -1,7 +1,8 @@
 """A warm pool's open calls: each call's questions go to the workers under ids of the pool's own
 (two calls from two threads may both name a question "0"), and its Future is resolved when the
 last of them is answered. This is the pool's answer sink (runner/watch/watch.py AnswerSink), fed
-from the pool's loop thread; calls are opened from the callers' threads.
+from the pool's loop thread; calls are opened from the callers' threads, and their Futures
+resolved on the resolver's (runner/warm/resolver.py), where a done-callback may call the pool.
 
     call (caller's ids) ─▶ questions as "<call>/<id>" ─▶ workers ─▶ append(answers) ─▶ Future
     an identical prompt in the call: takes its first's answer; a prompt the tokenizer refused: its error
@@ -15,11 +16,13 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer, Question, Scored
 from ..files.formats.rows import Row, row_fields
 from ..journal.journal import Expected
+from .resolver import Resolver, settle
 
 log = logging.getLogger("ggbatch")
 
@@ -95,10 +98,13 @@ class Call:
 class Calls:
     """The open calls, by the pool's question ids."""
 
-    def __init__(self, id_field: str, keep_thinking: bool, withdraw: Callable[[list[str]], None]) -> None:
+    def __init__(self, id_field: str, keep_thinking: bool, withdraw: Callable[[list[str]], None],
+                 resolver: Resolver) -> None:
         """withdraw: told the pool's ids of a cancelled call's questions no answer came for yet
-        (runner/warm/intake.py Submissions.withdraw: those no worker has are dropped)."""
+        (runner/warm/intake.py Submissions.withdraw: those no worker has are dropped); resolver:
+        where the Futures are resolved, off the loop thread (runner/warm/resolver.py)."""
         self._id_field, self._keep_thinking, self._withdraw = id_field, keep_thinking, withdraw
+        self._resolver = resolver
         self._lock = threading.Lock()
         self._numbers = itertools.count()
         self._open: dict[str, tuple[Call, str]] = {}  # pool's qid -> (call, the caller's id)
@@ -127,8 +133,8 @@ class Calls:
                 self._busy_since = time.perf_counter()
             for q in questions:
                 self._open[prefix + q.qid] = (call, q.qid)
-        if not questions:
-            self._resolve(call)
+        if not questions:  # the caller's own thread: its Future is done when open() returns
+            settle(future, self._rows(call))
         sent = [replace(q, qid=prefix + q.qid) for q in questions]
         future.add_done_callback(lambda f: self._cancelled([q.qid for q in sent]) if f.cancelled() else None)
         return future, sent
@@ -165,9 +171,11 @@ class Calls:
             except Exception:  # the caller's progress bar must not stop the pool's loop
                 log.exception("a call's on_answered failed; its answers go on")
         for call in done:
-            self._resolve(call)
+            rows = self._rows(call)
+            self._resolver.hand(partial(settle, call.future, rows))
 
-    def _resolve(self, call: Call) -> None:
+    def _rows(self, call: Call) -> list[Answered]:
+        """The call's answers, in its order, counted as given to the caller."""
         rows = []
         for qid, first in zip(call.ids, call.takes):
             answer = call.got.get(first)
@@ -180,8 +188,7 @@ class Calls:
         with self._lock:
             self.answered += len(rows) - failed
             self.failed += failed
-        if not call.future.done():
-            call.future.set_result(rows)
+        return rows
 
     def one(self, many: "Future[list[Answered]]") -> "Future[Answered]":
         """A call of one question (Pool.submit) as a Future of its answer; cancelling it cancels the call."""
@@ -208,8 +215,7 @@ class Calls:
             self._open.clear()
             self._idle()
         for call in calls.values():
-            if not call.future.done():
-                call.future.set_exception(why)
+            self._resolver.hand(partial(settle, call.future, error=why))
 
     def _idle(self) -> None:
         """No question is open any more (under the lock): the time answering stops."""

@@ -6,7 +6,8 @@ the pool's run is one long WorkerPool.run whose feed is the calls (runner/warm/i
 
     caller threads: answer / submit ─▶ records ─▶ questions (tokenizer, under a lock) ─▶ Calls.open
                                                                       └▶ Submissions.put
-    loop thread:    WorkerPool.run(feed=Submissions) ─▶ workers ─▶ RunWatch ─▶ Calls.append ─▶ Future
+    loop thread:    WorkerPool.run(feed=Submissions) ─▶ workers ─▶ RunWatch ─▶ Calls.append ─▶ Resolver
+    resolver threads: Future.set_result ─▶ its done-callbacks (which may call the pool: not on the loop)
 
 close() (or leaving `with`): the calls still open are answered, then every worker stops; leaving
 on an exception (Ctrl-C included) cancels them instead and kills the workers at once.
@@ -52,6 +53,8 @@ from .intake import Submissions
 from .overrides import Variant, Variants
 from .pool_errors import PoolClosed, Untokenizable
 from .records import caller_namer, caller_records, caller_rows, check_vocabulary
+from .resolver import Resolver
+from .starting import start_in_thread
 from .stats import pool_stats
 
 # the job's keys that name files: a pool takes questions and gives answers
@@ -69,19 +72,6 @@ def _configured(model: str, settings: dict[str, Any]) -> tuple[JobConfig, dict[s
     # input and output are placeholders: a pool has no files
     layer = settings_layer({"model": model, "input": "-", "output": "-", **settings}, SOURCE)
     return build_config([(SOURCE, layer)]), layer
-
-
-def _close_at_exit(starting: "Future[Pool]") -> None:
-    """A pool still starting at exit (ggbatch eval stopped by a task's error) is waited for, then
-    closed as one left open is: else children still starting print multiprocess's SemLock
-    traceback, or its exit handler (run after this one) waits for good on workers no one stops."""
-    if not starting.done():  # the caller has had its last word (often an error): the start is no news
-        log.setLevel(logging.ERROR)
-    try:
-        pool = starting.result()
-    except BaseException:  # it never started: nothing of it is left running
-        return
-    pool._at_exit()
 
 
 class Pool:
@@ -103,18 +93,7 @@ class Pool:
         lm-eval builds its tasks while the model loads (ggbatch.lm_eval)."""
         config, layer = _configured(model, settings)
         check_local_model(config.model)
-        future: Future[Pool] = Future()
-        future.set_running_or_notify_cancel()  # a pool half started has no one else to close it
-
-        def start() -> None:
-            try:
-                future.set_result(cls.for_call(config, layer, SOURCE, [], engine_factory))
-            except BaseException as exc:  # the caller hears it from the Future
-                future.set_exception(exc)
-
-        threading.Thread(target=start, name="ggbatch-pool-start", daemon=True).start()
-        atexit.register(_close_at_exit, future)
-        return future
+        return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory))
 
     @classmethod
     def for_call(cls, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
@@ -158,7 +137,9 @@ class Pool:
         self._workers.start()  # the model loads while the tokenizer starts
         self._prompting = self._resources.enter_context(Prompting(config, model_path, answer))
         self._variants = Variants(layer, self._source, config, self._prompting, self._make_lock)
-        self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids))
+        self._resolver = Resolver("ggbatch-pool-answers")
+        self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids),
+                            self._resolver)
         facts, prefix, most = self._facts(records)
         growth = settle(config, started, self._prompting, facts, prefix, most, model_path)
         self._workers.keep(growth.plan.node_of())
@@ -225,7 +206,8 @@ class Pool:
                                  question_field_read(self._config.prompt_template, self._config.question_field),
                                  where, single)
         with self._make_lock:
-            variant = self._variants.of(overrides, where)
+            # a call's new choices are checked through the tokenizer process: one that died restarts
+            variant = self._tokenizing(lambda: self._variants.of(overrides, where), where)
             maker, rejected, made = self._make(records, variant, where, single)
             future, sent = self._calls.open(list(maker.ids.answered_as()), made, rejected)
             self._intake.put(sent)
@@ -376,6 +358,7 @@ class Pool:
                 self._intake.cancel(PoolClosed(f"{self._source}: the pool was closed"))
                 self._thread.join()
             self._intake.close()
+            self._resolver.close()  # every Future resolved when close() returns
 
     def __enter__(self) -> "Pool":
         return self
