@@ -72,6 +72,7 @@ class Resolver:
         called) and the threads have ended; a close from a callback waits for the others only."""
         me = threading.current_thread()
         with self._cond:
-            self._cond.notify_all()
             while self._jobs or self._threads - {me}:
+                # a thread that finished its job after the last notify waits IDLE_S: wake it again
+                self._cond.notify_all()
                 self._cond.wait(0.1)
