@@ -42,9 +42,8 @@ def _stopped_as_signals_do(call: Callable[[], T]) -> T:
         return call()
     except Interrupted as exc:
         signum = exc.signum
-    # Past the except, the stop's traceback is let go, and with it the run's frames and the queues
-    # they held, whose semaphores are then released before SIGTERM ends the process (else the
-    # resource tracker's "leaked semaphore" warning); and a KeyboardInterrupt has no context.
+    # Past the except, the stop's traceback (and the run's frames it holds) is let go, and a
+    # KeyboardInterrupt raised here has no Interrupted as its context.
     STOP.pass_on(signum)
     raise Interrupted(signum)  # the caller's own handler returned: the run is stopped all the same
 

@@ -225,3 +225,41 @@ def test_a_pool_used_from_a_forked_child_says_so_at_once(demo_model, tmp_path):
     assert len(refused) == 3 and all("this pool belongs to process" in s for s in refused), done.stdout
     assert refused[0].startswith("child: ggbatch.Pool.submit_many(): this pool belongs to process "), done.stdout
     assert said[-2:] == ["exit 0", "parent: True"], done.stdout + done.stderr
+
+
+IN_CHILDREN = textwrap.dedent("""
+    import multiprocessing, sys, ggbatch
+    from concurrent.futures import ProcessPoolExecutor
+
+    def with_pool(i):
+        with ggbatch.Pool(model=sys.argv[1], max_tokens=3, workers=1) as pool:
+            return pool.answer([f"x{i}"])[0].error
+
+    def with_answer(i):
+        return ggbatch.answer([f"y{i}"], model=sys.argv[1], max_tokens=3, workers=1)[0].error
+
+    if __name__ == "__main__":
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as ex:
+            print(list(ex.map(with_pool, range(2))), flush=True)
+        with multiprocessing.get_context("spawn").Pool(1) as mp_pool:  # its children are terminated
+            print(mp_pool.map(with_answer, range(1)), flush=True)
+        child = multiprocessing.get_context("fork").Process(target=with_answer, args=(0,))
+        child.start()
+        child.join()
+        print(child.exitcode)
+""")
+
+
+@pytest.mark.timeout(240)
+def test_a_pool_closed_in_a_multiprocessing_child_leaves_no_semaphore_behind(demo_model, tmp_path):
+    """A child of multiprocessing or ProcessPoolExecutor leaves through os._exit (or is
+    terminated), which runs none of the finalizers multiprocess releases a queue's semaphores by:
+    each pool (or answer()) closed there made the resource tracker warn "There appear to be 3
+    leaked semaphore objects". close() releases them itself."""
+    script = tmp_path / "children.py"
+    script.write_text(IN_CHILDREN)
+    done = subprocess.run([sys.executable, str(script), demo_model], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=200)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == ["[None, None]", "[None]", "0", ""], done.stderr
+    assert "leaked" not in done.stderr, done.stderr

@@ -21,7 +21,6 @@ included: it sets flags or raises, and never sends, writes or logs itself.
 
 from __future__ import annotations
 
-import gc
 import signal
 import sys
 import threading
@@ -81,7 +80,6 @@ class StopRequests:
         signals) leaves the caller's Interrupted to be raised."""
         if self._previous is not None or threading.current_thread() is not threading.main_thread():
             return
-        gc.collect()  # a queue left in a reference cycle releases its semaphores (no "leaked" warning at SIGTERM's end)
         for stream in (sys.stdout, sys.stderr):  # what the script printed, before SIGTERM's end
             try:
                 stream.flush()
