@@ -46,9 +46,13 @@ _starter_lock = threading.Lock()
 
 def _forget_starter() -> None:
     """In a forked child the starter thread is gone (and the lock may be held by a thread that
-    is): the child makes its own when it needs one."""
+    is): the child makes its own when it needs one. The processes multiprocess lists as children
+    are the parent's (a pool's workers and tokenizer): a child of os.fork() that kept them tried
+    to join them as it exited ("AssertionError: can only join a child process", a traceback at
+    a normal exit). A multiprocess child forgets them in the same way as it starts."""
     global _requests, _starter, _starter_lock
     _requests, _starter, _starter_lock = queue.SimpleQueue(), None, threading.Lock()
+    mp_process._children = set()
 
 
 os.register_at_fork(after_in_child=_forget_starter)

@@ -227,6 +227,39 @@ def test_a_pool_used_from_a_forked_child_says_so_at_once(demo_model, tmp_path):
     assert said[-2:] == ["exit 0", "parent: True"], done.stdout + done.stderr
 
 
+OS_FORKED = textwrap.dedent("""
+    import os, sys
+    import ggbatch
+
+    if __name__ == "__main__":
+        pool = ggbatch.Pool(model=sys.argv[1], workers=1, max_tokens=4)
+        if os.fork() == 0:
+            try:
+                pool.answer(["Tom"])
+            except ggbatch.PoolClosed:
+                print("child: PoolClosed", flush=True)
+            sys.exit(0)  # a normal exit: the interpreter's atexit callbacks run
+        _, status = os.wait()
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+        print("parent:", pool.answer(["Tom"])[0].error, flush=True)
+        pool.close()
+""")
+
+
+@pytest.mark.timeout(180)
+def test_a_child_of_os_fork_ends_quietly_beside_the_parents_pool(demo_model, tmp_path):
+    """A child of os.fork() made while a pool was open ended with multiprocess's traceback
+    ("AssertionError: can only join a child process"): its exit tried to join the pool's processes,
+    which are the parent's, not its own."""
+    script = tmp_path / "os_forked.py"
+    script.write_text(OS_FORKED)
+    done = subprocess.run([sys.executable, str(script), demo_model], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=150)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == ["child: PoolClosed", "child exit 0", "parent: None", ""], done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
 IN_CHILDREN = textwrap.dedent("""
     import multiprocessing, sys, ggbatch
     from concurrent.futures import ProcessPoolExecutor
