@@ -10,6 +10,7 @@ guard (a notebook does not).
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -58,7 +59,8 @@ def run(job_file: Optional[str] = None, *, fresh: bool = False, progress: str = 
     return _stopped_as_signals_do(lambda: run_job(config, progress=progress, fresh=fresh, job_file=job_file))
 
 
-def answer(questions: Union[str, Iterable[Question]], *, model: str, resume_dir: Optional[str] = None,
+def answer(questions: Union[str, Iterable[Question]], *, model: str,
+           resume_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
            **settings: Any) -> list[Answered]:
     """Answer questions held in memory: strings, or records (mappings with an id and a question
     field, and any fields prompt.template uses); one string is one question. A pool opened for
@@ -70,6 +72,9 @@ def answer(questions: Union[str, Iterable[Question]], *, model: str, resume_dir:
     layer = settings_layer({"model": model, "input": "-", "output": "-", **settings}, "ggbatch.answer()")
     config = build_config([("ggbatch.answer()", layer)])
     rows = caller_rows(questions, config.id_field, config.question_field, "ggbatch.answer()")
+    if resume_dir is not None and not isinstance(resume_dir, (str, os.PathLike)):
+        raise ConfigError(f"ggbatch.answer(): resume_dir: must be a folder's path (a string or a Path), "
+                          f"got {type(resume_dir).__name__}")
     if resume_dir is not None:
         return _answer_resumable(config, rows, Path(resume_dir))
     records = caller_records(rows, config.id_field, question_field_read(config.prompt_template, config.question_field),

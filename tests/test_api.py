@@ -196,3 +196,25 @@ def test_a_signal_stopping_a_job_from_python_goes_on_as_the_signal_does(tmp_path
     assert "errors.Interrupted" not in err and "leaked" not in err, err
     written = tmp_path / ("a.jsonl" if how == "run" else "rd/answers.jsonl")
     assert len(written.read_text().splitlines()) == n
+
+
+@pytest.mark.timeout(120)
+def test_settings_checked_as_they_are_used_name_the_job_file_and_the_callers_mistakes_are_said(demo_model,
+                                                                                                 tmp_path):
+    """A job file's schema, grammar or template refused as it was used named the key alone
+    (`ggbatch: error: answer.json_schema: ...`, job-files.md: every error names the file and the
+    key); answer(resume_dir=5) was Python's TypeError from deep inside; a record without an id
+    was blamed as a duplicate of the id another one gave, its index."""
+    (tmp_path / "q.jsonl").write_text('{"questionID": "a", "question": "Hi"}\n')
+    job = tmp_path / "job.yaml"
+    for text, said in [("answer:\n  json_schema: {type: nonsense}\n", "answer.json_schema: cannot turn"),
+                       ("answer:\n  grammar: 'root ::= ('\n", "answer.grammar: not a grammar"),
+                       ("prompt:\n  template: '{{ nope'\n", "prompt.template: line 1: ")]:
+        job.write_text(f"model: {demo_model}\ninput: q.jsonl\noutput: a.json\nworkers: 1\n{text}")
+        with pytest.raises(ggbatch.GgbatchError) as err:
+            ggbatch.run(str(job), progress="off")
+        assert str(err.value).startswith(f"{job}: {said}"), str(err.value)
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): resume_dir: must be a folder's path"):
+        ggbatch.answer(["x"], model=demo_model, resume_dir=5)
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): questions\[0\] has no questionID, so "):
+        ggbatch.answer(["x", {"questionID": "0", "question": "y"}], model=demo_model, resume_dir=str(tmp_path / "r"))
