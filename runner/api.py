@@ -10,15 +10,17 @@ guard (a notebook does not).
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
 from .config.keywords import check_keywords, job_config, settings_layer
 from .config.schema import JobConfig, build_config
-from .errors import ConfigError, InputError, StartOver
+from .errors import ConfigError, InputError, Interrupted, StartOver
 from .job import run_job
+from .pool.signals import STOP
 from .questions.prompts import question_field_read
 from .report.report import RunReport
 from .warm.calls import Answered, answered
@@ -28,16 +30,37 @@ from .warm.records import Question, caller_records, caller_rows
 # answer()'s own files: the caller gives questions and gets answers back, not files
 ANSWER_OWN = ("input", "output", "input_format", "output_format", "errors_output", "shard")
 
+T = TypeVar("T")
+
+
+def _stopped_as_signals_do(call: Callable[[], T]) -> T:
+    """`call`, a job run from Python; a SIGINT or SIGTERM that stopped it (its answers written)
+    then ends the script as that signal does without ggbatch, as a plain answer() or a pool call
+    does and as the command line's exit code says: KeyboardInterrupt for Ctrl-C (exit 130 when
+    nothing catches it), SIGTERM's end (143). Interrupted only where the caller's own handler
+    returned: cron, systemd and Slurm read exit 1 as a failure, not a stop."""
+    try:
+        return call()
+    except Interrupted as exc:
+        signum = exc.signum
+    # Past the except, the stop's traceback (and the run's frames it holds) is let go, and a
+    # KeyboardInterrupt raised here has no Interrupted as its context.
+    STOP.pass_on(signum)
+    raise Interrupted(signum)  # the caller's own handler returned: the run is stopped all the same
+
 
 def run(job_file: Optional[str] = None, *, fresh: bool = False, progress: str = "auto",
         **settings: Any) -> RunReport:
     """Run a job, as `ggbatch run [JOB.yaml] [flags]` does, and return its report. Settings are
     the job file's keys (model, input, output, max_tokens, sampling={...}, ...). Raises
-    ggbatch.GgbatchError (its exit_code is what the command line would return)."""
-    return run_job(job_config(job_file, **settings), progress=progress, fresh=fresh, job_file=job_file)
+    ggbatch.GgbatchError (its exit_code is what the command line would return); a SIGINT or
+    SIGTERM stops the run, writes its answers, and goes on as that signal does (KeyboardInterrupt)."""
+    config = job_config(job_file, **settings)
+    return _stopped_as_signals_do(lambda: run_job(config, progress=progress, fresh=fresh, job_file=job_file))
 
 
-def answer(questions: Union[str, Iterable[Question]], *, model: str, resume_dir: Optional[str] = None,
+def answer(questions: Union[str, Iterable[Question]], *, model: str,
+           resume_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
            **settings: Any) -> list[Answered]:
     """Answer questions held in memory: strings, or records (mappings with an id and a question
     field, and any fields prompt.template uses); one string is one question. A pool opened for
@@ -52,6 +75,9 @@ def answer(questions: Union[str, Iterable[Question]], *, model: str, resume_dir:
     layer = settings_layer({"model": model, "input": "-", "output": "-", **settings}, "ggbatch.answer()")
     config = build_config([("ggbatch.answer()", layer)])
     rows = caller_rows(questions, config.id_field, config.question_field, "ggbatch.answer()")
+    if resume_dir is not None and not isinstance(resume_dir, (str, os.PathLike)):
+        raise ConfigError(f"ggbatch.answer(): resume_dir: must be a folder's path (a string or a Path), "
+                          f"got {type(resume_dir).__name__}")
     if resume_dir is not None:
         return _answer_resumable(config, rows, Path(resume_dir))
     records = caller_records(rows, config.id_field, question_field_read(config.prompt_template, config.question_field),
@@ -69,8 +95,9 @@ def _answer_resumable(config: JobConfig, rows: list[dict[str, Any]], folder: Pat
     questions_path.write_text("".join(lines), encoding="utf-8")
     # this function's own files, in formats it reads back whatever the settings say
     try:
-        run_job(replace(config, input=str(questions_path), output=str(output), input_format="jsonl",
-                        output_format="jsonl", errors_output=None), progress="off")
+        job = replace(config, input=str(questions_path), output=str(output), input_format="jsonl",
+                      output_format="jsonl", errors_output=None)
+        _stopped_as_signals_do(lambda: run_job(job, progress="off"))
     except StartOver as exc:  # answer() has no fresh=: its journal is resume_dir's
         raise exc.said_as("use another resume_dir (or empty this one)") from None
     except (InputError, ConfigError) as exc:

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
 from multiprocess import process as mp_process
+from multiprocess import util as mp_util
 
 # What a child's process state (psutil's name for it) says of a child that holds work and makes
 # no progress: said after the state by the stall messages (runner/watch/stalls.py, the tokenizer's)
@@ -45,9 +46,13 @@ _starter_lock = threading.Lock()
 
 def _forget_starter() -> None:
     """In a forked child the starter thread is gone (and the lock may be held by a thread that
-    is): the child makes its own when it needs one."""
+    is): the child makes its own when it needs one. The processes multiprocess lists as children
+    are the parent's (a pool's workers and tokenizer): a child of os.fork() that kept them tried
+    to join them as it exited ("AssertionError: can only join a child process", a traceback at
+    a normal exit). A multiprocess child forgets them in the same way as it starts."""
     global _requests, _starter, _starter_lock
     _requests, _starter, _starter_lock = queue.SimpleQueue(), None, threading.Lock()
+    mp_process._children = set()
 
 
 os.register_at_fork(after_in_child=_forget_starter)
@@ -60,6 +65,21 @@ def leave_if_importing_script() -> None:
     semaphores after the parent's one-line error)."""
     if getattr(mp_process.current_process(), "_inheriting", False):
         os._exit(UNGUARDED_MAIN_EXIT)
+
+
+def release_queue(tasks: Any) -> None:
+    """Close a multiprocess Queue to a child that has ended, and release its semaphores now. They
+    are named ones, which multiprocess unlinks (and crosses off the resource tracker's list) only
+    when the queue is collected or as the interpreter exits: a pool's objects refer to each other,
+    so only the GC collects them, and a multiprocessing or ProcessPoolExecutor child using a pool
+    leaves through os._exit, which runs neither. The tracker then warned of leaked semaphores."""
+    tasks.close()
+    tasks.cancel_join_thread()  # nobody reads it any more: what it holds is dropped
+    locks = {id(lock) for lock in (tasks._rlock, tasks._wlock, tasks._sem) if lock is not None}
+    for finalizer in list(mp_util._finalizer_registry.values()):
+        held = getattr(finalizer, "_weakref", None)  # a Finalize made without an object has none
+        if held is not None and id(held()) in locks:
+            finalizer()  # its handles stay valid (the feeder thread may still hold one): the name goes
 
 
 def start_child(process: Any) -> None:

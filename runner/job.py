@@ -32,7 +32,7 @@ from ..workers.llama.factory import LLAMA_ENGINE
 from ..workers.protocol import EngineConfig
 from .child_processes import leave_if_importing_script
 from .config.answer import job_answer
-from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig, model_said_in_file
+from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig, key_said_in_file, model_said_in_file
 from .errors import Interrupted, JournalError, ModelError, OutputError, WorkerFailure
 from .files.formats.cells import check_id_column
 from .files.formats.detect import errors_format, output_format
@@ -87,7 +87,7 @@ def run_job(config: JobConfig, engine_factory: EngineFactory = LLAMA_ENGINE,
     questions at a time; a file of more streams. SIGINT and SIGTERM are the run's from its start
     (runner/pool/signals.py): a stop at any moment writes the answers file and raises Interrupted."""
     leave_if_importing_script()  # a script's unguarded ggbatch.run(), in a child importing it again
-    with STOP.run(), _readable(config) as config:
+    with STOP.run(), _readable(config) as config, key_said_in_file(config):
         return _run(config, engine_factory, progress, fresh, use_tuned, job_file, window)
 
 

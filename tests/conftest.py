@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,12 @@ MODELS = SHARED / "models"
 DATA = SHARED / "data"
 STORIES = MODELS / "stories260K.gguf"
 GSM8K = DATA / "gsm8k" / "questions.jsonl"
+
+# Ctrl-C reaches the processes the tests start as it reaches a terminal's: a runner started as a
+# shell's background job (`cmd &`) ignores SIGINT and so would they, as ggbatch leaves an ignored
+# signal ignored (runner/pool/signals.py). A handled signal is the default again in a child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 sys.path.insert(0, str(ROOT / "tests"))  # spawned workers import tests' fake engine from here
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 import ggbatch
-from helpers import ROOT, ggbatch_command
+from helpers import ROOT, ggbatch_command, wait_for, write_questions
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
 
@@ -155,3 +157,73 @@ def test_a_script_starting_ggbatch_without_the_main_guard_is_told_so(tmp_path, d
 
 def python_blocks(markdown: str) -> list[str]:
     return [part.split("```")[0] for part in markdown.split("```python\n")[1:]]
+
+
+STOPPED = """
+import signal, sys, ggbatch
+if __name__ == "__main__":
+    how, sig = sys.argv[1], sys.argv[2]
+    # Ctrl-C as a terminal's program gets it, or ignored as a shell's background job starts
+    # (whatever this test's runner was started with)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if sig == "ignored" else signal.default_int_handler)
+    settings = dict(model={model!r}, max_tokens=2000, ignore_eos=True, workers=1, threads=1)
+    try:
+        if how == "run":
+            ggbatch.run(input="q.jsonl", output="a.jsonl", progress="off", **settings)
+        else:
+            rows = ggbatch.answer([f"Once upon a time {{i}}" for i in range({n})], resume_dir="rd", **settings)
+            print("answered", sum(a.error is None for a in rows))
+    except KeyboardInterrupt:
+        if how == "run":
+            raise  # uncaught, as most scripts leave it
+        print("caught KeyboardInterrupt")
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how, sig, n, code, last", [
+    ("answer", "SIGINT", 64, 0, "caught KeyboardInterrupt"),  # except KeyboardInterrupt catches Ctrl-C
+    ("run", "SIGINT", 64, -signal.SIGINT, ""),  # uncaught: Python's exit by SIGINT (130), not 1
+    ("answer", "SIGTERM", 64, -signal.SIGTERM, ""),  # SIGTERM's own end (143)
+    ("answer", "ignored", 8, 0, "answered 8"),  # SIGINT ignored at the call stays ignored
+])
+def test_a_signal_stopping_a_job_from_python_goes_on_as_the_signal_does(tmp_path, demo_model, how, sig, n, code,
+                                                                         last):
+    """ggbatch.run() and answer(resume_dir=) raised Interrupted (exit 1, "failed" to cron and
+    Slurm) where a plain answer() is ended by the signal itself, and took SIGINT even where the
+    script ignored it. The answers file is written first, whatever comes after."""
+    write_questions(tmp_path / "q.jsonl", n)
+    (tmp_path / "script.py").write_text(STOPPED.format(model=demo_model, n=n))
+    proc = subprocess.Popen([sys.executable, "script.py", how, sig], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    journal = tmp_path / ("a.jsonl.journal.jsonl" if how == "run" else "rd/answers.jsonl.journal.jsonl")
+    wait_for(journal.exists, 120, "the run's journal")
+    time.sleep(1.5)  # the run under way: each question takes far longer
+    proc.send_signal(signal.SIGTERM if sig == "SIGTERM" else signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code and out.strip().endswith(last), err
+    assert "errors.Interrupted" not in err and "leaked" not in err, err
+    written = tmp_path / ("a.jsonl" if how == "run" else "rd/answers.jsonl")
+    assert len(written.read_text().splitlines()) == n
+
+
+@pytest.mark.timeout(120)
+def test_settings_checked_as_they_are_used_name_the_job_file_and_the_callers_mistakes_are_said(demo_model,
+                                                                                                 tmp_path):
+    """A job file's schema, grammar or template refused as it was used named the key alone
+    (`ggbatch: error: answer.json_schema: ...`, job-files.md: every error names the file and the
+    key); answer(resume_dir=5) was Python's TypeError from deep inside; a record without an id
+    was blamed as a duplicate of the id another one gave, its index."""
+    (tmp_path / "q.jsonl").write_text('{"questionID": "a", "question": "Hi"}\n')
+    job = tmp_path / "job.yaml"
+    for text, said in [("answer:\n  json_schema: {type: nonsense}\n", "answer.json_schema: cannot turn"),
+                       ("answer:\n  grammar: 'root ::= ('\n", "answer.grammar: not a grammar"),
+                       ("prompt:\n  template: '{{ nope'\n", "prompt.template: line 1: ")]:
+        job.write_text(f"model: {demo_model}\ninput: q.jsonl\noutput: a.json\nworkers: 1\n{text}")
+        with pytest.raises(ggbatch.GgbatchError) as err:
+            ggbatch.run(str(job), progress="off")
+        assert str(err.value).startswith(f"{job}: {said}"), str(err.value)
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): resume_dir: must be a folder's path"):
+        ggbatch.answer(["x"], model=demo_model, resume_dir=5)
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): questions\[0\] has no questionID, so "):
+        ggbatch.answer(["x", {"questionID": "0", "question": "y"}], model=demo_model, resume_dir=str(tmp_path / "r"))

@@ -3,6 +3,7 @@ settings, many threads at once, a worker or tokenizer killed during a call (its 
 closed, left open: test_warm_pool_lifetime.py). The real engine on the demo model, the fake
 engine where the model does not matter. Every test has a hard timeout: a hang is a failure."""
 
+import pickle
 import threading
 import time
 from array import array
@@ -100,6 +101,35 @@ def test_a_bad_call_is_said_of_the_method_called(demo_model):
                 call()
             assert str(err.value).startswith(said), str(err.value)
         assert pool.submit("Hi").result(timeout=60).text is not None  # the pool still answers
+
+
+@pytest.mark.timeout(120)
+def test_settings_checked_as_they_are_used_are_said_of_the_call_and_its_keyword(demo_model):
+    """A schema, grammar or template refused as it was used named the job key alone
+    (`answer.json_schema: ...`), neither the call nor its keyword; pickling a pool named a lock,
+    tokenize took a string as its characters and a number as an AttributeError, and a record
+    without an id, numbered by its index, was blamed as a duplicate of the id another one gave."""
+    for settings, said in [({"answer": {"json_schema": {"type": "nonsense"}}}, "ggbatch.Pool(): answer.json_schema: "),
+                           ({"prompt": {"template": "{{ nope"}}, "ggbatch.Pool(): prompt.template: line 1: ")]:
+        with pytest.raises(ggbatch.GgbatchError) as err:
+            ggbatch.Pool(model=demo_model, workers=1, **settings)
+        assert str(err.value).startswith(said), str(err.value)
+    with ggbatch.Pool(model=demo_model, max_tokens=4, workers=1) as pool:
+        calls = [(lambda: pool.answer(["Hi"], schema={"type": "nonsense"}), "ggbatch.Pool.answer(): schema: cannot"),
+                 (lambda: pool.submit("Hi", grammar="root ::= ("), "ggbatch.Pool.submit(): grammar: not a grammar"),
+                 (lambda: pool.tokenize(["Hi", 5]), "ggbatch.Pool.tokenize(): texts[1] must be a string, got int"),
+                 (lambda: pool.answer([{"questionID": "1", "question": "x"}, {"question": "y"}]),
+                  "ggbatch.Pool.answer(): questions[1] has no questionID, so its index, '1', is its id, which "
+                  "questions[0] gives as its own")]
+        for call, said in calls:
+            with pytest.raises(ggbatch.GgbatchError) as err:
+                call()
+            assert str(err.value).startswith(said), str(err.value)
+        with pytest.raises(TypeError, match=r"^ggbatch.Pool\(\): a pool cannot be pickled"):
+            pickle.dumps(pool)
+        assert pool.tokenize("Hi there") == pool.tokenize(["Hi there"])  # one string, one text
+        rows = pool.answer([{"questionID": "a", "question": "x"}, {"question": "y"}])  # no number taken
+        assert [a.id for a in rows] == ["a", "1"]
 
 
 @pytest.mark.timeout(120)

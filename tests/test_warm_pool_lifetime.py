@@ -285,3 +285,74 @@ def test_a_futures_callback_may_call_the_pool_and_close_it(demo_model, tmp_path)
                           cwd=str(tmp_path), timeout=90)
     assert done.stdout.split("\n")[:2] == ["closed in a callback: True", "answered: True"], done.stderr
     assert done.returncode == 0 and "Traceback" not in done.stderr and "leaked" not in done.stderr, done.stderr
+
+
+OS_FORKED = textwrap.dedent("""
+    import os, sys
+    import ggbatch
+
+    if __name__ == "__main__":
+        pool = ggbatch.Pool(model=sys.argv[1], workers=1, max_tokens=4)
+        if os.fork() == 0:
+            try:
+                pool.answer(["Tom"])
+            except ggbatch.PoolClosed:
+                print("child: PoolClosed", flush=True)
+            sys.exit(0)  # a normal exit: the interpreter's atexit callbacks run
+        _, status = os.wait()
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+        print("parent:", pool.answer(["Tom"])[0].error, flush=True)
+        pool.close()
+""")
+
+
+@pytest.mark.timeout(180)
+def test_a_child_of_os_fork_ends_quietly_beside_the_parents_pool(demo_model, tmp_path):
+    """A child of os.fork() made while a pool was open ended with multiprocess's traceback
+    ("AssertionError: can only join a child process"): its exit tried to join the pool's processes,
+    which are the parent's, not its own."""
+    script = tmp_path / "os_forked.py"
+    script.write_text(OS_FORKED)
+    done = subprocess.run([sys.executable, str(script), demo_model], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=150)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == ["child: PoolClosed", "child exit 0", "parent: None", ""], done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+IN_CHILDREN = textwrap.dedent("""
+    import multiprocessing, sys, ggbatch
+    from concurrent.futures import ProcessPoolExecutor
+
+    def with_pool(i):
+        with ggbatch.Pool(model=sys.argv[1], max_tokens=3, workers=1) as pool:
+            return pool.answer([f"x{i}"])[0].error
+
+    def with_answer(i):
+        return ggbatch.answer([f"y{i}"], model=sys.argv[1], max_tokens=3, workers=1)[0].error
+
+    if __name__ == "__main__":
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as ex:
+            print(list(ex.map(with_pool, range(2))), flush=True)
+        with multiprocessing.get_context("spawn").Pool(1) as mp_pool:  # its children are terminated
+            print(mp_pool.map(with_answer, range(1)), flush=True)
+        child = multiprocessing.get_context("fork").Process(target=with_answer, args=(0,))
+        child.start()
+        child.join()
+        print(child.exitcode)
+""")
+
+
+@pytest.mark.timeout(240)
+def test_a_pool_closed_in_a_multiprocessing_child_leaves_no_semaphore_behind(demo_model, tmp_path):
+    """A child of multiprocessing or ProcessPoolExecutor leaves through os._exit (or is
+    terminated), which runs none of the finalizers multiprocess releases a queue's semaphores by:
+    each pool (or answer()) closed there made the resource tracker warn "There appear to be 3
+    leaked semaphore objects". close() releases them itself."""
+    script = tmp_path / "children.py"
+    script.write_text(IN_CHILDREN)
+    done = subprocess.run([sys.executable, str(script), demo_model], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=200)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == ["[None, None]", "[None]", "0", ""], done.stderr
+    assert "leaked" not in done.stderr, done.stderr

@@ -282,6 +282,22 @@ def model_said_in_file(config: JobConfig) -> Iterator[None]:
         raise ModelError(f"{where[0]}: {where[1]}: {exc}") from None
 
 
+@contextmanager
+def key_said_in_file(config: JobConfig) -> Iterator[None]:
+    """A key's refusal found only as its value is used (a JSON schema no grammar comes from, a
+    grammar llama.cpp refuses, a template that does not parse) begins with the key: named after
+    the job file that set it, as a key's own error is (`job.yaml: answer.json_schema: ...`).
+    Unchanged where a flag or keyword set it."""
+    try:
+        yield
+    except ConfigError as exc:
+        key, _, rest = str(exc).partition(": ")
+        where = set_in_file(config, key) if type(exc) is ConfigError and rest else None
+        if where is None:
+            raise
+        raise ConfigError(f"{where[0]}: {where[1]}: {rest}") from None
+
+
 def said_in_files(config: JobConfig, error: KeysError) -> ConfigError:
     """The error between keys named after the job file that set the key it begins with
     (`j.yaml: ray_address: ...`), as a key's own error is; the other keys a file set said after

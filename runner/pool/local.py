@@ -23,7 +23,7 @@ from multiprocess.connection import wait as wait_any
 from ...workers.main import worker_main
 from ...workers.protocol import decode, encode
 from ...workers.spec import WorkerSpec
-from ..child_processes import exit_reason, start_child
+from ..child_processes import exit_reason, release_queue, start_child
 from ..errors import open_files_limit_named
 from ..plan.nodes import Node, local_node
 from .backend import Event
@@ -62,8 +62,7 @@ class LocalLink:
             self.process.kill()
         self.process.join()
         if self.tasks is not None:
-            self.tasks.close()
-            self.tasks.cancel_join_thread()
+            release_queue(self.tasks)
             self.tasks = None
         self._close_results()
 

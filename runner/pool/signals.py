@@ -13,6 +13,8 @@ The handlers go in before anything starts a process or makes a temporary file (f
 `ggbatch run`, before the command line is even read: runner/entry.py), so no signal finds the
 run half-built, and every stop leaves no process and no temporary file behind. Only the main
 thread can own signal handlers; elsewhere (a notebook's worker thread) signals keep their own.
+A signal the process ignores as the run starts (SIG_IGN: a shell's background job, `cmd &`, starts
+with SIGINT ignored) stays ignored, as Python itself leaves it.
 A handler runs between two lines of whatever the main thread was doing, a send to a worker
 included: it sets flags or raises, and never sends, writes or logs itself.
 """
@@ -20,6 +22,7 @@ included: it sets flags or raises, and never sends, writes or logs itself.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Protocol
@@ -50,9 +53,10 @@ class StopRequests:
         them back with uninstall()."""
         if self._previous is not None or threading.current_thread() is not threading.main_thread():
             return False
-        self._previous = {s: signal.getsignal(s) for s in SIGNALS}
+        # an ignored signal is the caller's choice (nohup, a background job): it stays ignored
+        self._previous = {s: signal.getsignal(s) for s in SIGNALS if signal.getsignal(s) != signal.SIG_IGN}
         self.signum = 0
-        for s in SIGNALS:
+        for s in self._previous:
             signal.signal(s, self._on_signal)
         return True
 
@@ -67,6 +71,21 @@ class StopRequests:
         pending, self.signum = self.signum, 0
         if pending:
             signal.raise_signal(pending)
+
+    def pass_on(self, signum: int) -> None:
+        """A stop that ended a run started from Python (ggbatch.run, answer(resume_dir=)), its
+        answers written, given to the caller's own handler as if the signal came now: Python's
+        raises KeyboardInterrupt for SIGINT, and SIGTERM's default ends the process (exit 143), as
+        the signal would without ggbatch. A handler that returns (or ggbatch still holding the
+        signals) leaves the caller's Interrupted to be raised."""
+        if self._previous is not None or threading.current_thread() is not threading.main_thread():
+            return
+        for stream in (sys.stdout, sys.stderr):  # what the script printed, before SIGTERM's end
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):  # closed, or None (pythonw)
+                pass
+        signal.raise_signal(signum)
 
     @contextmanager
     def run(self) -> Iterator["StopRequests"]:

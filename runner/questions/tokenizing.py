@@ -35,7 +35,7 @@ from ...workers.limits import under_address_space_limit
 from ...workers.llama.load_errors import memory_sign
 from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
-from ..child_processes import STATE_HINTS, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, exit_reason, start_child
+from ..child_processes import STATE_HINTS, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, exit_reason, release_queue, start_child
 from ..errors import ConfigError, ModelError, WorkerFailure, open_files_limit_named
 
 log = logging.getLogger("ggbatch")
@@ -170,8 +170,7 @@ class TokenizerProcess:
             self._process.kill()
         if self._process.pid is not None:
             self._process.join()
-        self._requests.close()
-        self._requests.cancel_join_thread()
+        release_queue(self._requests)
         self._results.close()
         self._stderr.close()
         if os.path.exists(self._stderr_path):

@@ -10,9 +10,11 @@ reused as far as a prompt agrees with it (workers/slot_kv.py).
 from __future__ import annotations
 
 import json
+import re
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ...workers.protocol import GenerationParams
 from ..config.answer import job_answer
@@ -83,9 +85,28 @@ class Variants:
             if str(exc).startswith(f"{where}: "):
                 raise
             raise ConfigError(f"{where}: {exc}") from None
-        answer = job_answer(config)
-        generation = self._prompting.generation_for(config, answer)
+        with said_by_call(where, overrides):  # a schema or grammar is checked only as it is used
+            answer = job_answer(config)
+            generation = self._prompting.generation_for(config, answer)
         builder = (self._prompting.builder if config.system == self.default.config.system
                    else self._prompting.builder_for(config))
         return Variant(config, builder, generation, generation != self.default.generation)
 
+
+@contextmanager
+def said_by_call(where: str, overrides: Mapping[str, Any]) -> Iterator[None]:
+    """A ConfigError about a call's setting, found as it is used (a schema that is no grammar,
+    a grammar llama.cpp refuses), named after the call and the keyword it gave, as a keyword's
+    own error is: `ggbatch.Pool.answer(): schema: ...`, not the job key `answer.json_schema: ...`.
+    Another refusal (the script's missing `__main__` guard) is not the call's: left as it is."""
+    try:
+        yield
+    except ConfigError as exc:
+        said = str(exc)
+        if type(exc) is not ConfigError or not re.match(r"[a-z_]+(\.[a-z_]+)*: ", said):
+            raise
+        for keyword, key in OVERRIDES.items():
+            if keyword in overrides and said.startswith(f"{key.replace('__', '.')}: "):
+                said = f"{keyword}: {said.split(': ', 1)[1]}"
+                break
+        raise ConfigError(f"{where}: {said}") from None

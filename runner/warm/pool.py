@@ -50,9 +50,9 @@ from .calls import Answered, Calls, NoReuse
 from .events import PoolEvents
 from .facts import call_facts, probe_records, warm_facts
 from .intake import Submissions
-from .overrides import Variant, Variants
+from .overrides import Variant, Variants, said_by_call
 from .pool_errors import PoolClosed, Untokenizable
-from .records import caller_namer, caller_records, caller_rows, check_vocabulary
+from .records import caller_namer, caller_records, caller_rows, caller_texts, check_vocabulary
 from .resolver import Resolver
 from .starting import start_in_thread
 from .stats import pool_stats
@@ -128,14 +128,16 @@ class Pool:
         began = time.perf_counter()  # the pool's age (stats' elapsed_s) counts its start-up and load too
         since_start = SinceStart() if config.threads_adapt == "auto" else None
         model_path = resolve_model(config.model)
-        model, answer = identify(model_path), job_answer(config)
+        with said_by_call(self._source, {}):  # a schema, grammar or template is checked as it is used
+            model, answer = identify(model_path), job_answer(config)
         backend = self._resources.enter_context(open_backend(config))
         started = start_layout(config, model, records, len(records) or STREAMED, True, backend.nodes())
         specs = worker_specs(started, model_path, engine_factory)
         self._workers = self._resources.enter_context(WorkerPool(specs, backend=backend, keep_answers=False,
                                                                  model=model))
         self._workers.start()  # the model loads while the tokenizer starts
-        self._prompting = self._resources.enter_context(Prompting(config, model_path, answer))
+        with said_by_call(self._source, {}):
+            self._prompting = self._resources.enter_context(Prompting(config, model_path, answer))
         self._variants = Variants(layer, self._source, config, self._prompting, self._make_lock)
         self._resolver = Resolver("ggbatch-pool-answers")
         self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids),
@@ -242,7 +244,7 @@ class Pool:
             self._intake.put(sent)
         return future
 
-    def tokenize(self, texts: Sequence[str], add_bos: bool = True,
+    def tokenize(self, texts: Union[str, Sequence[str]], add_bos: bool = True,
                  names: Optional[Sequence[str]] = None) -> list[array]:
         """Each text's tokens by the model's tokenizer (special tokens written in it parsed as such),
         BOS first if asked and the text does not start with the BOS text already (a chat template
@@ -250,7 +252,7 @@ class Pool:
         each text (ggbatch.lm_eval's task and doc); without, the text's index."""
         where = self._method("tokenize")
         self._check_usable(where)
-        asked = [(t, add_bos and self._prompting.builder.needs_bos(t)) for t in texts]
+        asked = [(t, add_bos and self._prompting.builder.needs_bos(t)) for t in caller_texts(texts, where)]
         out = self._tokenizing(lambda: list(tokenize_all([self._prompting.tokenizer], asked)), where)
         bad = next(((i, t) for i, t in enumerate(out) if not isinstance(t, array)), None)
         if bad is not None:
@@ -359,6 +361,11 @@ class Pool:
                 self._thread.join()
             self._intake.close()
             self._resolver.close()  # every Future resolved when close() returns
+
+    def __reduce__(self) -> Any:
+        # Python's own refusal names a lock deep inside ('_thread.lock'), not the pool
+        raise TypeError(f"{self._source}: a pool cannot be pickled (sent to another process): its workers are "
+                        "this process's; make a pool in the process that uses it (docs/guide/python-api.md)")
 
     def __enter__(self) -> "Pool":
         return self

@@ -27,7 +27,7 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
         raise ConfigError(f"{source}: questions must be a string or a list of strings and records "
                           f"(mappings), got {type(questions).__name__}"
                           + (" (for one record, pass [record])" if isinstance(questions, Mapping) else ""))
-    rows = []
+    rows, numbered = [], []
     name = caller_namer(single)
     for i, q in enumerate(questions):
         if isinstance(q, str):
@@ -36,12 +36,27 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
             rows.append({id_field: str(i), **q})
         else:
             raise ConfigError(f"{source}: {name(i)} must be a string or a mapping, got {type(q).__name__}")
+        if isinstance(q, str) or id_field not in q:
+            numbered.append(i)
+    _refuse_number_taken(rows, numbered, id_field, source, name)
     for i, row in enumerate(rows):
         try:  # what a question file could not hold is refused here too (a set, a date)
             json.dumps(row)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {name(i)}: {exc}") from None
     return rows
+
+
+def _refuse_number_taken(rows: list[dict[str, Any]], numbered: list[int], id_field: str, source: str,
+                         name: Callable[[int], str]) -> None:
+    """A question without an id is numbered by its index; one whose number another question
+    gives as its own id is said to be the one without an id, not blamed as a duplicate of an id
+    the caller wrote once."""
+    given = {str(row[id_field]): i for i, row in enumerate(rows) if i not in set(numbered)}
+    for i in numbered:
+        if str(i) in given:
+            raise InputError(f"{source}: {name(i)} has no {id_field}, so its index, '{i}', is its id, which "
+                             f"{name(given[str(i)])} gives as its own: give every question its {id_field}, or none")
 
 
 def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: Optional[str], source: str,
@@ -57,6 +72,16 @@ def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: Op
         seen[rec.qid] = i
         records.append(rec)
     return records
+
+
+def caller_texts(texts: Union[str, Iterable[str]], where: str) -> list[str]:
+    """Pool.tokenize's texts: one string is one text (as answer()'s one question is one question,
+    not its characters), and each must be a string (a number was an AttributeError from inside)."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise ConfigError(f"{where}: texts[{bad}] must be a string, got {type(texts[bad]).__name__}")
+    return texts
 
 
 def caller_namer(single: bool) -> Callable[[int], str]:
