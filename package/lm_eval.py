@@ -44,7 +44,7 @@ from tqdm import tqdm
 try:
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 except ImportError as exc:  # lm-eval is the optional extra ggbatch[eval]
     raise ImportError("ggbatch.lm_eval needs lm-eval: pip install 'ggbatch[eval]'") from exc
 
@@ -57,6 +57,7 @@ from ggbatch.runner.tools.lm_eval_requests import (
     device_settings,
     generation_of,
     generation_window,
+    request_identity,
     request_names,
     request_seeds,
     say_cut,
@@ -104,6 +105,20 @@ class GgbatchLM(TemplateLM):
         except ConfigError as exc:
             raise ConfigError(str(exc).replace(f"{SOURCE}: ", "ggbatch.lm_eval model_args: ", 1)) from None
         self._model = path
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any],
+                            additional_config: Optional[dict[str, Any]] = None) -> "GgbatchLM":
+        """lm-eval's way in: model_args beside its own --batch_size, --max_batch_size and --device,
+        which it passes as well (whether given or not); a key model_args gives too is model_args'
+        (TemplateLM's merge raised TypeError 'got multiple values' there)."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str,
+                               additional_config: Optional[dict[str, Any]] = None) -> "GgbatchLM":
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     @property
     def pool(self) -> Pool:
@@ -248,7 +263,7 @@ class GgbatchLM(TemplateLM):
         max_gen_toks 0 is the empty text, nothing generated."""
         names = request_names(requests)
         tokens = self._tokenize([req.args[0] for req in requests], names)
-        seeds = request_seeds(self._seed, [(getattr(req, "task_name", None), req.args) for req in requests])
+        seeds = request_seeds(self._seed, [(request_identity(req), req.args) for req in requests])
         questions, cut, shrunk = [], 0, 0
         for i, (req, toks) in enumerate(zip(requests, tokens)):
             generation = generation_of(req.args[1], names[i])

@@ -113,15 +113,18 @@ def test_gen_kwargs_that_are_not_numbers_are_refused_in_one_line_naming_them():
 
 
 def test_a_requests_seed_is_its_own_whatever_else_the_call_holds():
-    a, b, c = [("t", args) for args in (("Once", {"until": []}), ("Upon", {"until": []}), ("Once", {"until": ["."]}))]
+    a, b, c = [(("t", 0, 0), args) for args in (("Once", {"until": []}), ("Upon", {"until": []}),
+                                                ("Once", {"until": ["."]}))]
     alone, mixed = request_seeds(0, [a]), request_seeds(0, [b, c, a])
     assert alone[0] == mixed[2] and len(set(mixed)) == 3
-    repeats = request_seeds(0, [a, a, a])  # lm-eval's `repeats`: each copy its own sample
+    repeats = request_seeds(0, [a, a, a])  # lm-eval's `repeats`: copies of one instance, each its own sample
     assert repeats[0] == alone[0] and len(set(repeats)) == 3
     assert request_seeds(7, [a]) != alone  # the settings' sampling.seed
-    # another task with the same prompt is no repeat: each task's doc keeps the sample it has alone
-    other = ("u", a[1])
-    assert request_seeds(0, [other, a]) == [alone[0], alone[0]]
+    # another task's, or another document's, request with the same prompt is no repeat: each keeps
+    # the sample it has alone (under --samples, --limit or another mix of tasks)
+    assert request_seeds(0, [(("u", 0, 0), a[1]), a]) == [alone[0], alone[0]]
+    assert request_seeds(0, [a, (("t", 2, 0), a[1])]) == [alone[0], alone[0]]
+    assert request_seeds(0, [(None, a[1])] * 2)[0] == alone[0]  # no identity (Python's own requests)
 
 
 def test_max_length_beyond_the_models_context_is_refused_at_construction():
@@ -138,8 +141,10 @@ def test_max_length_beyond_the_models_context_is_refused_at_construction():
 
 
 @pytest.mark.parametrize("setting, said", [
-    ({"max_lenght": 64}, r"unknown key 'max_lenght' \(did you mean 'max_length'\?\); the keyword arguments: .*"
-                         r"max_length, .*pretrained, .*sampling__seed"),
+    ({"max_lenght": 64}, r"unknown key 'max_lenght' \(did you mean 'max_length'\?\); the keys: .*"
+                         r"max_length, .*pretrained, .*sampling.seed"),
+    ({"n_gpu_layers": 1}, r"unknown key 'n_gpu_layers' \(did you mean 'model.n_gpu_layers'\?\)"),
+    ({"temperature": 1}, r"temperature is not used: .* do_sample, temperature"),
     ({"max_tokens": 2}, r"max_tokens is not used: lm-eval's requests decide it, through a task's generation_kwargs "
                         r"max_gen_toks \(--gen_kwargs max_gen_toks=N\)$"),
     ({"sampling__temperature": 1.5}, r"sampling__temperature is not used: .* do_sample, temperature"),
@@ -154,6 +159,19 @@ def test_model_args_that_lm_evals_requests_decide_or_lm_eval_names_are_said_so(s
     with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.lm_eval model_args: " + said):
         GgbatchLM(model=str(require(TINY, "TinyStories-656K")), **setting)
     GgbatchLM(model=str(require(TINY, "TinyStories-656K")), sampling={"seed": 3}, max_length=64).pool.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.model
+def test_batch_size_and_device_in_model_args_beside_lm_evals_own_are_taken():
+    """lm-eval passes its --batch_size, --max_batch_size and --device beside model_args, whether
+    given or not: the same key in model_args was lm-eval's TypeError traceback."""
+    lm = GgbatchLM.create_from_arg_string(f"model={require(TINY, 'TinyStories-656K')},batch_size=4,device=cpu",
+                                          {"batch_size": 1, "max_batch_size": None, "device": "cuda"})
+    try:
+        assert lm.max_length == 512  # its pool started: the model's context read
+    finally:
+        lm.pool.close()
 
 
 # -- on real models -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import GenerationParams, SamplingParams
 from ..config.keywords import key_parts, keywords, unknown_key
+from ..config.schema import SCHEMA
 from ..errors import ConfigError, InputError, quote
 from ..model.gguf_header import GGUFFormatError, read_hparams
 from ..questions.maker import question_seed
@@ -81,18 +82,28 @@ def unanswered(what: str, name: str, error: Optional[str]) -> InputError:
     return InputError(f"ggbatch.lm_eval: {name} ({what}) could not be answered: {error or 'no answer came back'}")
 
 
-def request_seeds(job_seed: int, requests: Sequence[tuple[Optional[str], tuple[Any, ...]]]) -> list[int]:
+def request_seeds(job_seed: int, requests: Sequence[tuple[Any, tuple[Any, ...]]]) -> list[int]:
     """Each generate_until request's sampling seed, from the settings' sampling.seed and what the
-    request is (its context and gen_kwargs; a repeat of it, as lm-eval sends a task's `repeats`,
-    by its place among its task's copies): a doc's sample stays the same under another --limit or
-    mix of tasks, another task with the same prompt included. `requests`: (task name, args)."""
-    seen: dict[tuple[Optional[str], str], int] = {}
+    request is (its context and gen_kwargs), and a repeat of one request (lm-eval sends a task's
+    `repeats` as copies of one instance) by its place among its copies: a document's sample stays
+    the same under another --limit, --samples or mix of tasks, and documents with the same prompt
+    get the same samples. `requests`: (the request's identity, such as lm-eval's task, document and
+    index, its args); copies of one identity are its repeats."""
+    seen: dict[tuple[Any, str], int] = {}
     seeds = []
-    for task, (context, gen_kwargs) in requests:
+    for identity, (context, gen_kwargs) in requests:
         digest = hashlib.sha256(json.dumps([context, gen_kwargs], sort_keys=True, default=str).encode()).hexdigest()
-        seen[task, digest] = seen.get((task, digest), -1) + 1
-        seeds.append(question_seed(job_seed, f"{digest}:{seen[task, digest]}"))
+        seen[identity, digest] = seen.get((identity, digest), -1) + 1
+        seeds.append(question_seed(job_seed, f"{digest}:{seen[identity, digest]}"))
     return seeds
+
+
+def request_identity(request: Any) -> Any:
+    """What tells lm-eval's copies of one request (its `repeats`) from another document's request
+    with the same prompt: its task, document and index; None where it gives none (all the
+    call's equal requests are then repeats of one)."""
+    task = getattr(request, "task_name", None)
+    return None if task is None else (task, getattr(request, "doc_id", None), getattr(request, "idx", None))
 
 
 def setting(settings: Mapping[str, Any], section: str, key: str) -> Any:
@@ -141,6 +152,8 @@ def check_model_args(settings: Mapping[str, Any]) -> None:
             given = parts[1:] or (list(value) if isinstance(value, Mapping) else [""])
             if all(leaf == "seed" for leaf in given):
                 continue
+        if top != "seed" and f"sampling.{top}" in SCHEMA:  # temperature= meant sampling.temperature
+            top = "sampling"
         if top in DECIDED_BY_REQUESTS and top not in LM_KEYWORDS:
             raise ConfigError(f"ggbatch.lm_eval model_args: {name} is not used: lm-eval's requests decide it, "
                               f"through {DECIDED_BY_REQUESTS[top]}")
@@ -148,7 +161,9 @@ def check_model_args(settings: Mapping[str, Any]) -> None:
             raise ConfigError(f"ggbatch.lm_eval model_args: {name} is not used: lm-eval's tasks give the questions "
                               "and it writes the results (--output_path)")
         if top not in valid:
-            raise ConfigError(f"ggbatch.lm_eval model_args: {unknown_key(name, [*valid, 'sampling__seed'])}")
+            said = unknown_key(name, [*valid, "sampling.seed"]).replace("__", ".").replace(  # model_args' own words
+                "the keyword arguments", "the keys")
+            raise ConfigError(f"ggbatch.lm_eval model_args: {said}")
 
 
 def checked_max_length(max_length: Any, path: str, n_ctx: Optional[int]) -> Optional[int]:
