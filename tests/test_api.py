@@ -227,3 +227,22 @@ def test_settings_checked_as_they_are_used_name_the_job_file_and_the_callers_mis
         ggbatch.answer(["x"], model=demo_model, resume_dir=5)
     with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): questions\[0\] has no questionID, so "):
         ggbatch.answer(["x", {"questionID": "0", "question": "y"}], model=demo_model, resume_dir=str(tmp_path / "r"))
+
+
+@pytest.mark.timeout(120)
+def test_a_chat_template_that_does_not_parse_is_said_as_its_key_after_the_file_or_call(demo_model, tmp_path):
+    """prompt.chat_template's syntax error said only `chat template: line 1: ...`: no job file, no
+    key, no call, where prompt.template's says `job.yaml: prompt.template: line 1: ...`."""
+    (tmp_path / "q.jsonl").write_text('{"questionID": "a", "question": "Hi"}\n')
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: {demo_model}\ninput: q.jsonl\noutput: a.json\nworkers: 1\n"
+                   "prompt:\n  chat_template: '{% if %}'\n")
+    said = "prompt.chat_template: line 1: "
+    for call, where in [(lambda: ggbatch.run(str(job), progress="off"), f"{job}: "),
+                        (lambda: ggbatch.Pool(model=demo_model, workers=1, prompt={"chat_template": "{% if %}"}),
+                         "ggbatch.Pool(): "),
+                        (lambda: ggbatch.answer(["a"], model=demo_model, prompt__chat_template="{% if %}"),
+                         "ggbatch.answer(): ")]:
+        with pytest.raises(ggbatch.GgbatchError) as err:
+            call()
+        assert str(err.value).startswith(where + said), str(err.value)
