@@ -302,7 +302,8 @@ def key_said_in_file(config: JobConfig) -> Iterator[None]:
 def key_said_by_call(source: str, given: Mapping[str, Any]) -> Iterator[None]:
     """key_said_in_file's rule for a key a function's keyword set (`given`: its layer's keys), so
     that such a refusal names the call as the call's other keyword errors do:
-    `ggbatch.run(): answer.grammar: ...`. Unchanged where a job file set the key (named already)."""
+    `ggbatch.run(): answer.grammar: ...`. Unchanged where a job file set the key (named already).
+    `ggbatch tune job.yaml` names its job file by it: its settings are that file's alone."""
     try:
         yield
     except ConfigError as exc:
