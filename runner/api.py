@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
 from .config.keywords import check_keywords, job_config, settings_layer
-from .config.schema import JobConfig, build_config
+from .config.schema import JobConfig, build_config, key_said_by_call
 from .errors import ConfigError, InputError, Interrupted, StartOver
 from .job import run_job
 from .pool.signals import STOP
@@ -56,7 +56,10 @@ def run(job_file: Optional[str] = None, *, fresh: bool = False, progress: str = 
     ggbatch.GgbatchError (its exit_code is what the command line would return); a SIGINT or
     SIGTERM stops the run, writes its answers, and goes on as that signal does (KeyboardInterrupt)."""
     config = job_config(job_file, **settings)
-    return _stopped_as_signals_do(lambda: run_job(config, progress=progress, fresh=fresh, job_file=job_file))
+    # a keyword's schema, grammar or template refused as it is used is said of this call, as its
+    # other keywords' errors are
+    with key_said_by_call("ggbatch.run()", settings_layer(settings, "ggbatch.run()")):
+        return _stopped_as_signals_do(lambda: run_job(config, progress=progress, fresh=fresh, job_file=job_file))
 
 
 def answer(questions: Union[str, Iterable[Question]], *, model: str,
@@ -78,8 +81,9 @@ def answer(questions: Union[str, Iterable[Question]], *, model: str,
     if resume_dir is not None and not isinstance(resume_dir, (str, os.PathLike)):
         raise ConfigError(f"ggbatch.answer(): resume_dir: must be a folder's path (a string or a Path), "
                           f"got {type(resume_dir).__name__}")
-    if resume_dir is not None:
-        return _answer_resumable(config, rows, Path(resume_dir))
+    if resume_dir is not None:  # run as a job: its keywords' errors said of this call, as a pool's are
+        with key_said_by_call("ggbatch.answer()", layer):
+            return _answer_resumable(config, rows, Path(resume_dir))
     records = caller_records(rows, config.id_field, question_field_read(config.prompt_template, config.question_field),
                              "ggbatch.answer()")
     with Pool.for_call(config, layer, "ggbatch.answer()", records) as pool:

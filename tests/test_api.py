@@ -227,3 +227,45 @@ def test_settings_checked_as_they_are_used_name_the_job_file_and_the_callers_mis
         ggbatch.answer(["x"], model=demo_model, resume_dir=5)
     with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): questions\[0\] has no questionID, so "):
         ggbatch.answer(["x", {"questionID": "0", "question": "y"}], model=demo_model, resume_dir=str(tmp_path / "r"))
+
+
+@pytest.mark.timeout(120)
+def test_a_chat_template_that_does_not_parse_is_said_as_its_key_after_the_file_or_call(demo_model, tmp_path):
+    """prompt.chat_template's syntax error said only `chat template: line 1: ...`: no job file, no
+    key, no call, where prompt.template's says `job.yaml: prompt.template: line 1: ...`."""
+    (tmp_path / "q.jsonl").write_text('{"questionID": "a", "question": "Hi"}\n')
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: {demo_model}\ninput: q.jsonl\noutput: a.json\nworkers: 1\n"
+                   "prompt:\n  chat_template: '{% if %}'\n")
+    said = "prompt.chat_template: line 1: "
+    for call, where in [(lambda: ggbatch.run(str(job), progress="off"), f"{job}: "),
+                        (lambda: ggbatch.Pool(model=demo_model, workers=1, prompt={"chat_template": "{% if %}"}),
+                         "ggbatch.Pool(): "),
+                        (lambda: ggbatch.answer(["a"], model=demo_model, prompt__chat_template="{% if %}"),
+                         "ggbatch.answer(): ")]:
+        with pytest.raises(ggbatch.GgbatchError) as err:
+            call()
+        assert str(err.value).startswith(where + said), str(err.value)
+
+
+@pytest.mark.timeout(120)
+def test_a_keywords_schema_grammar_or_template_refused_as_used_names_run_or_answer(demo_model, tmp_path):
+    """ggbatch.run(answer__grammar=...) said `answer.grammar: ...` without the call, while its
+    max_tokens=-1 said `ggbatch.run(): max_tokens: ...`; so did answer(resume_dir=), a job too."""
+    (tmp_path / "q.jsonl").write_text('{"questionID": "a", "question": "Hi"}\n')
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: {demo_model}\ninput: q.jsonl\noutput: a.json\nworkers: 1\n"
+                   "answer:\n  grammar: 'root ::= \"a\"'\n")
+    files = dict(model=demo_model, input=str(tmp_path / "q.jsonl"), output=str(tmp_path / "a.json"), workers=1)
+    calls = [(lambda: ggbatch.run(**files, answer={"json_schema": {"type": "nonsense"}}),
+              "ggbatch.run(): answer.json_schema: cannot turn"),
+             (lambda: ggbatch.run(**files, prompt__template="{% if %}"), "ggbatch.run(): prompt.template: line 1: "),
+             (lambda: ggbatch.run(str(job), answer__grammar="root ::= ("),  # the keyword overrides the file's
+              "ggbatch.run(): answer.grammar: not a grammar"),
+             (lambda: ggbatch.answer(["a"], model=demo_model, resume_dir=str(tmp_path / "r"),
+                                     answer__grammar="root ::= ("),
+              "ggbatch.answer(): answer.grammar: not a grammar")]
+    for call, said in calls:
+        with pytest.raises(ggbatch.GgbatchError) as err:
+            call()
+        assert str(err.value).startswith(said), str(err.value)

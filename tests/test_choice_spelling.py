@@ -53,3 +53,24 @@ def test_a_choice_read_as_the_unknown_token_is_refused_from_the_job_and_from_a_r
     assert rows["u"] == {"questionID": "u", "answer": None,
                          "error": f"its choice '<unk>' cannot be an answer: {UNKNOWN}"}
     assert rows["ok"]["answer"] in ("dog", "cat")
+
+
+@pytest.mark.model
+@pytest.mark.timeout(180)
+def test_a_records_unknown_token_choice_fails_it_under_loglikelihood_scoring_too(tmp_path):
+    """Scored as continuations, a record's own '<unk>' was scored as the unknown token and lost
+    (rc 0, answered 'yes'); the job's same list was refused, and first_token scoring failed the record."""
+    model = require(TINYSTORIES, "TinyStories' SPM vocabulary, whose unknown token is '<unk>'")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"questionID": qid, "question": "Once", "choices": choices}) + "\n"
+                                 for qid, choices in (("u", ["<unk>", "yes"]), ("ok", ["dog", "cat"]))))
+    out = tmp_path / "a.jsonl"
+    r = subprocess.run(ggbatch_cmd("run", "--model", model, "--input", questions, "--output", out, "--workers", 1,
+                                   "--choices", "auto", "--choice-scoring", "loglikelihood", "--choice-logprobs"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert r.returncode == 1, r.stderr
+    rows = {row["questionID"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rows["u"] == {"questionID": "u", "answer": None,
+                         "error": f"its choice '<unk>' cannot be an answer: {UNKNOWN}"}
+    assert rows["ok"]["answer"] in ("dog", "cat")
+    assert set(rows["ok"]["choice_logprobs"]) == {"dog", "cat"}

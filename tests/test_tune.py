@@ -234,3 +234,19 @@ def test_tune_refuses_a_cache_folder_it_cannot_make_before_any_trial(tmp_path: P
                            f"{tmp_path / 'a_file' / 'ggbatch'} (Not a directory: {tmp_path / 'a_file' / 'ggbatch'}): "
                            "set XDG_CACHE_HOME to a folder this user can write\n")
     assert done.stdout == ""  # no trial ran
+
+
+@pytest.mark.model
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("key, said", [("answer:\n  json_schema: {type: frob}\n", "answer.json_schema: cannot turn"),
+                                       ("answer:\n  grammar: 'root ::= foo'\n", "answer.grammar: not a grammar"),
+                                       ("prompt:\n  template: '{% if %}'\n", "prompt.template: line 1: ")])
+def test_tune_names_the_job_file_of_a_key_refused_as_it_is_used(tmp_path: Path, stories: str, key: str,
+                                                                 said: str) -> None:
+    """`ggbatch run job.yaml` says `job.yaml: answer.json_schema: ...`; tune said the key alone."""
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"model: {stories}\ninput: q.jsonl\noutput: out.jsonl\n{key}")
+    (tmp_path / "q.jsonl").write_text(json.dumps({"questionID": "a", "question": "Hi?"}) + "\n")
+    done = tune_cli(tmp_path, job_file, "--questions", 1)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(f"ggbatch: error: {job_file}: {said}"), done.stderr

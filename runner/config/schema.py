@@ -298,6 +298,22 @@ def key_said_in_file(config: JobConfig) -> Iterator[None]:
         raise ConfigError(f"{where[0]}: {where[1]}: {rest}") from None
 
 
+@contextmanager
+def key_said_by_call(source: str, given: Mapping[str, Any]) -> Iterator[None]:
+    """key_said_in_file's rule for a key a function's keyword set (`given`: its layer's keys), so
+    that such a refusal names the call as the call's other keyword errors do:
+    `ggbatch.run(): answer.grammar: ...`. Unchanged where a job file set the key (named already).
+    `ggbatch tune job.yaml` names its job file by it: its settings are that file's alone."""
+    try:
+        yield
+    except ConfigError as exc:
+        key, _, rest = str(exc).partition(": ")
+        keywords = {_TARGET.get(k, k) for k in given}
+        if type(exc) is not ConfigError or not rest or _TARGET.get(key, key) not in keywords:
+            raise
+        raise ConfigError(f"{source}: {exc}") from None
+
+
 def said_in_files(config: JobConfig, error: KeysError) -> ConfigError:
     """The error between keys named after the job file that set the key it begins with
     (`j.yaml: ray_address: ...`), as a key's own error is; the other keys a file set said after

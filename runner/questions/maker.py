@@ -150,13 +150,15 @@ class QuestionMaker:
         loglikelihood), the record's own choices (answer.choices: auto) its answer is generated
         among), `own` its own generation. The second go through the tokenizer alone, as the job's
         own list does before the run (check_spellable), so that one the vocabulary cannot write
-        fails the record by name, not by never winning; the first are spelt as continuations anyway."""
+        fails the record by name, not by never winning. Scored as continuations, the record's own
+        are spelt alone too: a continuation read as the unknown token would be scored as that token."""
         answer = (own or self.job).answer
         if answer is None:
             return (), ()
-        if self.config.choice_scoring == LOGLIKELIHOOD:
-            return answer.texts or answer.choices, ()
         records_own = own is not None and rec.request is None and self.config.choices == CHOICES_AUTO
+        if self.config.choice_scoring == LOGLIKELIHOOD:
+            scored = answer.texts or answer.choices
+            return scored, scored if records_own else ()
         return (), answer.choices if records_own else ()
 
     def _say_texts_scored(self, rec: Record, own: Optional[GenerationParams]) -> None:

@@ -72,7 +72,8 @@ class Prompting:
         """The prompt builder of these settings (system prompt, prompt.template, template kwargs)."""
         info = self.info
         return PromptBuilder(self.template, config.system, config.prompt_template, config.question_field,
-                             info.bos_text, info.eos_text, config.template_kwargs)
+                             info.bos_text, info.eos_text, config.template_kwargs,
+                             "prompt.chat_template" if self.chat_template == "job" else "chat template")
 
     def generation_for(self, config: JobConfig, answer: Optional[AnswerSpec]) -> GenerationParams:
         """Every answer's settings under this config; fixed choices are checked against the

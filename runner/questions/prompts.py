@@ -107,7 +107,7 @@ def _undefined_name(message: str) -> str:
     return quoted[-2] if len(quoted) >= 3 else message
 
 
-def open_final(rendered: str, final: str) -> str:
+def open_final(rendered: str, final: str, key: str = "chat template") -> str:
     """The rendered conversation cut right after its last message's text, dropping what the
     template closes it with, by transformers' rule for continue_final_message: the message's
     trailing whitespace kept where the template wrote it, else the text up to its last
@@ -116,7 +116,7 @@ def open_final(rendered: str, final: str) -> str:
         return rendered
     at = rendered.rfind(final.strip())
     if at < 0:
-        raise ChatTemplateError("chat template: the last message's text does not appear in what the template "
+        raise ChatTemplateError(f"{key}: the last message's text does not appear in what the template "
                                 "writes, so the message cannot be left open")
     kept = rendered[at:at + len(final.lstrip())] == final
     return rendered[:at + len(final.lstrip() if kept else final.strip())]
@@ -126,14 +126,17 @@ class PromptBuilder:
     def __init__(self, chat_template: Optional[str], system: Optional[str] = None,
                  user_template: Optional[str] = None, question_field: str = "question",
                  bos_token: str = "", eos_token: str = "",
-                 template_kwargs: Optional[Mapping[str, Any]] = None) -> None:
+                 template_kwargs: Optional[Mapping[str, Any]] = None, template_key: str = "chat template") -> None:
+        # template_key: what its errors begin with, the job key where the job gave the template
+        # (so that a job file or call is named before it, as for any key's error)
+        self.template_key = template_key
         env = _environment()
         self.is_plain = chat_template is None
         self._source = chat_template or PLAIN_TEMPLATE
         try:
             self._chat = env.from_string(self._source)
         except jinja2.TemplateSyntaxError as exc:
-            raise ConfigError(f"chat template: line {exc.lineno}: {exc.message}") from None
+            raise ConfigError(f"{template_key}: line {exc.lineno}: {exc.message}") from None
         # the default user message is the question field's text as it is: no template, so a field
         # of any name works ("Prompt Text", "1q": a CSV column's), which Jinja could not name
         self._user = _user_template(user_template) if user_template else None
@@ -174,8 +177,8 @@ class PromptBuilder:
                                      strftime_now=lambda f: datetime.now().strftime(f),
                                      **self.template_kwargs)
         except jinja2.TemplateError as exc:
-            raise ChatTemplateError(f"chat template: {exc}") from None
-        return open_final(text, turns[-1]["content"]) if continue_final and turns else text
+            raise ChatTemplateError(f"{self.template_key}: {exc}") from None
+        return open_final(text, turns[-1]["content"], self.template_key) if continue_final and turns else text
 
     def fingerprint(self) -> str:
         """What a conversation is written with, as a short hash (the template, the system prompt,

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from ..config.checks import bool_or_auto
 from ..config.checks import gpu_layers as parse_gpu_layers
-from ..config.schema import MAX_SLOTS, SCHEMA, load_job_file
+from ..config.schema import MAX_SLOTS, SCHEMA, key_said_by_call, load_job_file
 from ..errors import ConfigError, InputError, ModelError, quote
 from ..files.outputs import write_atomic
 from ..files.paths import check_output, check_writable, same_file, same_file_error, writable_cache
@@ -275,8 +275,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         invariant = settings.get("batch_invariant") is True
         plain_only = tune.plain_weights_only(model, invariant)
         _say_trials(args, model, slot_options, n_questions, (invariant, plain_only))
-        choice, trials = tune.tune(model, sample, n_questions, args.max_tokens, slot_options, settings,
-                                   _show_trial, plain_only)
+        # a schema, grammar, template or choice the trials refuse is the job file's key, said so as a run does
+        with key_said_by_call(args.job, settings) if args.job else nullcontext():
+            choice, trials = tune.tune(model, sample, n_questions, args.max_tokens, slot_options, settings,
+                                       _show_trial, plain_only)
     n_ctx_seq = tuned.sample_context(trials)
     path = tuned.save_choice(identify(model), choice, trials, n_ctx_seq)
     print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots, "
