@@ -356,3 +356,28 @@ def test_a_pool_closed_in_a_multiprocessing_child_leaves_no_semaphore_behind(dem
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n") == ["[None, None]", "[None]", "0", ""], done.stderr
     assert "leaked" not in done.stderr, done.stderr
+
+
+TERMINATED = textwrap.dedent("""
+    import os, signal, sys, threading, ggbatch
+
+    if __name__ == "__main__":
+        with ggbatch.Pool(model=sys.argv[1], max_tokens=64, workers=1) as pool:
+            pool.answer(["warm"])  # the worker and the tokenizer have answered once
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            pool.answer([f"Once upon a time {i}" for i in range(5000)])
+""")
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_during_a_pool_call_leaves_no_semaphore_behind(demo_model, tmp_path):
+    """SIGTERM with Python's default action ends the script at once, running no close(): the
+    queues' named semaphores, released only there, made the resource tracker warn "There appear
+    to be 6 leaked semaphore objects" after the exit. Their names go once each child has opened
+    them (its first message), so an end at any later moment leaves none."""
+    script = tmp_path / "terminated.py"
+    script.write_text(TERMINATED)
+    done = subprocess.run([sys.executable, str(script), demo_model], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=150)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert "leaked" not in done.stderr, done.stderr
