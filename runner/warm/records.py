@@ -77,6 +77,9 @@ def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: Op
 def caller_texts(texts: Union[str, Iterable[str]], where: str) -> list[str]:
     """Pool.tokenize's texts: one string is one text (as answer()'s one question is one question,
     not its characters), and each must be a string (a number was an AttributeError from inside)."""
+    # bytes would be read as ints, and None's TypeError would name no call
+    if not isinstance(texts, str) and (isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable)):
+        raise ConfigError(f"{where}: texts must be a string or a list of strings, got {type(texts).__name__}")
     texts = [texts] if isinstance(texts, str) else list(texts)
     bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
     if bad is not None:
