@@ -227,3 +227,18 @@ def test_settings_checked_as_they_are_used_name_the_job_file_and_the_callers_mis
         ggbatch.answer(["x"], model=demo_model, resume_dir=5)
     with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): questions\[0\] has no questionID, so "):
         ggbatch.answer(["x", {"questionID": "0", "question": "y"}], model=demo_model, resume_dir=str(tmp_path / "r"))
+
+
+@pytest.mark.timeout(120)
+def test_questions_mixing_records_with_and_without_ids_are_refused_whatever_the_ids(demo_model):
+    """A record without an id took its index as its id: a mix was refused when that index was
+    another record's id and answered otherwise ([{'questionID': '5', ...}, {...}] gave ids '5' and
+    '1'). One rule now: every question its id, or none."""
+    for questions in ([{"questionID": "5", "question": "a"}, {"question": "b"}],
+                      [{"questionID": "1", "question": "a"}, {"question": "b"}],
+                      ["a", {"questionID": "x", "question": "b"}]):
+        with pytest.raises(ggbatch.GgbatchError) as err:
+            ggbatch.answer(questions, model=demo_model, max_tokens=2, workers=1)
+        said = str(err.value)
+        assert said.startswith("ggbatch.answer(): questions["), said
+        assert said.endswith("give every question its questionID, or none"), said
