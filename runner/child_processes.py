@@ -75,6 +75,14 @@ def release_queue(tasks: Any) -> None:
     leaves through os._exit, which runs neither. The tracker then warned of leaked semaphores."""
     tasks.close()
     tasks.cancel_join_thread()  # nobody reads it any more: what it holds is dropped
+    release_names(tasks)
+
+
+def release_names(tasks: Any) -> None:
+    """Unlink a multiprocess Queue's named semaphores (and cross them off the resource tracker's
+    list) while the queue stays in use: once the child it goes to has opened them (it has sent
+    anything), nobody needs the names, and a parent ended at once (SIGTERM's default, SIGKILL)
+    runs no close(); the tracker then warned of leaked semaphores. Idempotent."""
     locks = {id(lock) for lock in (tasks._rlock, tasks._wlock, tasks._sem) if lock is not None}
     for finalizer in list(mp_util._finalizer_registry.values()):
         held = getattr(finalizer, "_weakref", None)  # a Finalize made without an object has none

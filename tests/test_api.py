@@ -269,3 +269,18 @@ def test_a_keywords_schema_grammar_or_template_refused_as_used_names_run_or_answ
         with pytest.raises(ggbatch.GgbatchError) as err:
             call()
         assert str(err.value).startswith(said), str(err.value)
+
+
+@pytest.mark.timeout(120)
+def test_questions_mixing_records_with_and_without_ids_are_refused_whatever_the_ids(demo_model):
+    """A record without an id took its index as its id: a mix was refused when that index was
+    another record's id and answered otherwise ([{'questionID': '5', ...}, {...}] gave ids '5' and
+    '1'). One rule now: every question its id, or none."""
+    for questions in ([{"questionID": "5", "question": "a"}, {"question": "b"}],
+                      [{"questionID": "1", "question": "a"}, {"question": "b"}],
+                      ["a", {"questionID": "x", "question": "b"}]):
+        with pytest.raises(ggbatch.GgbatchError) as err:
+            ggbatch.answer(questions, model=demo_model, max_tokens=2, workers=1)
+        said = str(err.value)
+        assert said.startswith("ggbatch.answer(): questions["), said
+        assert said.endswith("give every question its questionID, or none"), said

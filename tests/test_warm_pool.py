@@ -128,8 +128,26 @@ def test_settings_checked_as_they_are_used_are_said_of_the_call_and_its_keyword(
         with pytest.raises(TypeError, match=r"^ggbatch.Pool\(\): a pool cannot be pickled"):
             pickle.dumps(pool)
         assert pool.tokenize("Hi there") == pool.tokenize(["Hi there"])  # one string, one text
-        rows = pool.answer([{"questionID": "a", "question": "x"}, {"question": "y"}])  # no number taken
-        assert [a.id for a in rows] == ["a", "1"]
+
+
+@pytest.mark.timeout(120)
+def test_a_calls_refused_keywords_are_said_as_given(demo_model):
+    """A call's keyword refused by the job key's own check named the job key (`answer.grammar:
+    must be GBNF text`, `answer.json_schema and answer.grammar: give one of them`), and
+    tokenize(None) or tokenize(b"abc") was a bare TypeError or "texts[0] must be a string, got int"."""
+    with ggbatch.Pool(model=demo_model, max_tokens=2, workers=1) as pool:
+        calls = [(lambda: pool.answer(["a"], grammar=5), "ggbatch.Pool.answer(): grammar: must be GBNF text"),
+                 (lambda: pool.answer(["a"], schema={"type": "string"}, grammar='root ::= "a"'),
+                  "ggbatch.Pool.answer(): schema= and grammar=: give one of them"),
+                 (lambda: pool.submit("a", choices="yes"), "ggbatch.Pool.submit(): choices: must be two or more"),
+                 (lambda: pool.tokenize(None), "ggbatch.Pool.tokenize(): texts must be a string or a list of "
+                                               "strings, got NoneType"),
+                 (lambda: pool.tokenize(b"abc"), "ggbatch.Pool.tokenize(): texts must be a string or a list of "
+                                                 "strings, got bytes")]
+        for call, said in calls:
+            with pytest.raises(ggbatch.GgbatchError) as err:
+                call()
+            assert str(err.value).startswith(said), str(err.value)
 
 
 @pytest.mark.timeout(120)

@@ -76,6 +76,12 @@ def test_a_background_start_refuses_typos_at_once_and_hands_over_what_failed_lat
         ggbatch.Pool.starting(model=demo_model, max_tokenz=3)
     with pytest.raises(ggbatch.GgbatchError, match="model file not found"):
         ggbatch.Pool.starting(model=str(tmp_path / "absent.gguf"))
+    # a grammar, a schema and a template need no model: refused at once too, not by .result()
+    for settings, said in [({"answer": {"grammar": "root ::= foo"}}, r"^ggbatch.Pool\(\): answer.grammar: not a"),
+                           ({"answer": {"json_schema": {"type": "frob"}}}, r"^ggbatch.Pool\(\): answer.json_schema: "),
+                           ({"prompt": {"template": "{% if %}"}}, r"^ggbatch.Pool\(\): prompt.template: line 1: ")]:
+        with pytest.raises(ggbatch.GgbatchError, match=said):
+            ggbatch.Pool.starting(model=demo_model, **settings)
     starting = ggbatch.Pool.starting(model=demo_model, workers=1, engine_factory=Fake(fail_load=True))
     with pytest.raises(ggbatch.GgbatchError, match="fake engine refused to load"):
         starting.result(timeout=60)
@@ -355,4 +361,29 @@ def test_a_pool_closed_in_a_multiprocessing_child_leaves_no_semaphore_behind(dem
                           timeout=200)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n") == ["[None, None]", "[None]", "0", ""], done.stderr
+    assert "leaked" not in done.stderr, done.stderr
+
+
+TERMINATED = textwrap.dedent("""
+    import os, signal, sys, threading, ggbatch
+
+    if __name__ == "__main__":
+        with ggbatch.Pool(model=sys.argv[1], max_tokens=64, workers=1) as pool:
+            pool.answer(["warm"])  # the worker and the tokenizer have answered once
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            pool.answer([f"Once upon a time {i}" for i in range(5000)])
+""")
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_during_a_pool_call_leaves_no_semaphore_behind(demo_model, tmp_path):
+    """SIGTERM with Python's default action ends the script at once, running no close(): the
+    queues' named semaphores, released only there, made the resource tracker warn "There appear
+    to be 6 leaked semaphore objects" after the exit. Their names go once each child has opened
+    them (its first message), so an end at any later moment leaves none."""
+    script = tmp_path / "terminated.py"
+    script.write_text(TERMINATED)
+    done = subprocess.run([sys.executable, str(script), demo_model], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=150)
+    assert done.returncode == -signal.SIGTERM, done.stderr
     assert "leaked" not in done.stderr, done.stderr

@@ -23,7 +23,7 @@ from multiprocess.connection import wait as wait_any
 from ...workers.main import worker_main
 from ...workers.protocol import decode, encode
 from ...workers.spec import WorkerSpec
-from ..child_processes import exit_reason, release_queue, start_child
+from ..child_processes import exit_reason, release_names, release_queue, start_child
 from ..errors import open_files_limit_named
 from ..plan.nodes import Node, local_node
 from .backend import Event
@@ -36,6 +36,7 @@ class LocalLink:
 
     def __init__(self, ctx: Any, spec: WorkerSpec) -> None:
         self.spec = spec
+        self._names_released = False
         with open_files_limit_named():
             self.tasks = ctx.Queue()
             self.results, writer = ctx.Pipe(duplex=False)
@@ -80,6 +81,10 @@ class LocalLink:
                 out.append(decode(self.results.recv_bytes()))
             except (EOFError, OSError):
                 self._close_results()
+        if out and not self._names_released and self.tasks is not None:
+            # the worker has started, its queue's semaphores opened: their names can go
+            release_names(self.tasks)
+            self._names_released = True
         return out
 
     def _close_results(self) -> None:

@@ -75,6 +75,13 @@ def _user_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+def check_prompt_template(prompt_template: Optional[str]) -> None:
+    """ConfigError naming prompt.template when it cannot be used; it needs no model, so a caller
+    that starts the model in the background (Pool.starting) hears of it at once."""
+    if prompt_template is not None:
+        _user_template(prompt_template)
+
+
 def template_fields(prompt_template: Optional[str], question_field: str) -> frozenset[str]:
     """The record fields a prompt.template names (the default template: the question field);
     a field it reads through `record[...]` is not among them."""

@@ -35,7 +35,15 @@ from ...workers.limits import under_address_space_limit
 from ...workers.llama.load_errors import memory_sign
 from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
-from ..child_processes import STATE_HINTS, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, exit_reason, release_queue, start_child
+from ..child_processes import (
+    STATE_HINTS,
+    UNGUARDED_MAIN,
+    UNGUARDED_MAIN_EXIT,
+    exit_reason,
+    release_names,
+    release_queue,
+    start_child,
+)
 from ..errors import ConfigError, ModelError, WorkerFailure, open_files_limit_named
 
 log = logging.getLogger("ggbatch")
@@ -111,6 +119,7 @@ class TokenizerProcess:
                              else f"{path}: the tokenizer process died loading the vocabulary ({exc})") from None
         finally:
             os.unlink(self._stderr_path)  # the child has it open; no name left behind
+            release_names(self._requests)  # so has it its queue's semaphores
         if isinstance(msg, TokenizerLoadError):
             raise ModelError(msg.message)
         return msg

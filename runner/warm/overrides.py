@@ -82,9 +82,9 @@ class Variants:
         except ConfigError as exc:
             # A key's own error names the call; one between keys (sampling.n with choices) names
             # none, and the pool's own settings passed these checks: it is the call's too.
-            if str(exc).startswith(f"{where}: "):
-                raise
-            raise ConfigError(f"{where}: {exc}") from None
+            said = str(exc)
+            said = said[len(where) + 2:] if said.startswith(f"{where}: ") else said
+            raise ConfigError(f"{where}: {said_as_keywords(said, overrides)}") from None
         with said_by_call(where, overrides):  # a schema or grammar is checked only as it is used
             answer = job_answer(config)
             generation = self._prompting.generation_for(config, answer)
@@ -105,8 +105,20 @@ def said_by_call(where: str, overrides: Mapping[str, Any]) -> Iterator[None]:
         said = str(exc)
         if type(exc) is not ConfigError or not re.match(r"[a-z_]+(\.[a-z_]+)*: ", said):
             raise
-        for keyword, key in OVERRIDES.items():
-            if keyword in overrides and said.startswith(f"{key.replace('__', '.')}: "):
-                said = f"{keyword}: {said.split(': ', 1)[1]}"
-                break
-        raise ConfigError(f"{where}: {said}") from None
+        raise ConfigError(f"{where}: {said_as_keywords(said, overrides)}") from None
+
+
+def said_as_keywords(said: str, overrides: Mapping[str, Any]) -> str:
+    """A message whose head names job keys ("answer.grammar: ...", "answer.json_schema and
+    answer.grammar: give one of them") said with the call's keywords instead ("grammar: ...",
+    "schema= and grammar=: ..."): the caller wrote those, not the job keys."""
+    head, sep, rest = said.partition(": ")
+    if not sep:
+        return said
+    names = head.split(" and ")
+    given = {key.replace("__", "."): keyword for keyword, key in OVERRIDES.items() if keyword in overrides}
+    if not any(name in given for name in names):
+        return said
+    if len(names) == 1:
+        return f"{given[head]}: {rest}"
+    return f"{' and '.join(given[n] + '=' if n in given else n for n in names)}: {rest}"

@@ -42,7 +42,7 @@ from ..pool.pool import WorkerPool
 from ..questions.maker import QuestionMaker
 from ..questions.prepare import SharingNote, order
 from ..questions.prompting import Prompting
-from ..questions.prompts import question_field_read, template_fields
+from ..questions.prompts import check_prompt_template, question_field_read, template_fields
 from ..questions.tokenizing import tokenize_all
 from ..watch.startup_load import SinceStart
 from ..watch.watch import RunWatch
@@ -86,13 +86,18 @@ class Pool:
     def starting(cls, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE,
                  **settings: Any) -> "Future[Pool]":
         """Pool(), returning at once: the settings and a local model file are checked here (a
-        typo or a missing file raises now), the workers, the tokenizer and the model start in a
-        thread meanwhile; the Future holds the pool, or why it could not start. It is running from
+        typo, a missing file, a grammar, JSON schema or prompt.template that cannot be used raises
+        now; a chat template, read with the model's, as the pool starts), the workers, the
+        tokenizer and the model start in a thread meanwhile; the Future holds the pool, or why it
+        could not start. It is running from
         the start, so it cannot be cancelled: close the pool it gives (a process that exits
         meanwhile waits for the start, then closes it). For a caller with work of its own first:
         lm-eval builds its tasks while the model loads (ggbatch.lm_eval)."""
         config, layer = _configured(model, settings)
         check_local_model(config.model)
+        with said_by_call(SOURCE, {}):  # these need no model: said now, not by .result()
+            job_answer(config)
+            check_prompt_template(config.prompt_template)
         return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory))
 
     @classmethod

@@ -49,14 +49,20 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
 
 def _refuse_number_taken(rows: list[dict[str, Any]], numbered: list[int], id_field: str, source: str,
                          name: Callable[[int], str]) -> None:
-    """A question without an id is numbered by its index; one whose number another question
-    gives as its own id is said to be the one without an id, not blamed as a duplicate of an id
-    the caller wrote once."""
+    """A question without an id is numbered by its index, so a mix of questions with and without
+    ids is refused whatever the ids: a number could be another question's id, and which mixes
+    passed would depend on the values. One whose number another question gives as its own id is
+    said so, not blamed as a duplicate of an id the caller wrote once."""
+    if not numbered or len(numbered) == len(rows):
+        return
+    advice = f"give every question its {id_field}, or none"
     given = {str(row[id_field]): i for i, row in enumerate(rows) if i not in set(numbered)}
     for i in numbered:
         if str(i) in given:
             raise InputError(f"{source}: {name(i)} has no {id_field}, so its index, '{i}', is its id, which "
-                             f"{name(given[str(i)])} gives as its own: give every question its {id_field}, or none")
+                             f"{name(given[str(i)])} gives as its own: {advice}")
+    first_given = next(i for i in range(len(rows)) if i not in set(numbered))
+    raise InputError(f"{source}: {name(numbered[0])} has no {id_field}, and {name(first_given)} has one: {advice}")
 
 
 def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: Optional[str], source: str,
@@ -77,6 +83,9 @@ def caller_records(rows: list[dict[str, Any]], id_field: str, question_field: Op
 def caller_texts(texts: Union[str, Iterable[str]], where: str) -> list[str]:
     """Pool.tokenize's texts: one string is one text (as answer()'s one question is one question,
     not its characters), and each must be a string (a number was an AttributeError from inside)."""
+    # bytes would be read as ints, and None's TypeError would name no call
+    if not isinstance(texts, str) and (isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable)):
+        raise ConfigError(f"{where}: texts must be a string or a list of strings, got {type(texts).__name__}")
     texts = [texts] if isinstance(texts, str) else list(texts)
     bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
     if bad is not None:
