@@ -322,7 +322,7 @@ def test_a_warm_pool_scores_each_records_own_choices_as_answer_does(demo_model):
         # a record without its own is named as the caller gave it, not by a line of no file (`-:2:`)
         with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.Pool.answer\(\): questions\[1\]: record '1' has "
                            r"no 'choices' mapping or list \(answer.choices: auto\)$"):
-            pool.answer([CHOICE_RECORDS[0], "Who was there?"])
+            pool.answer([CHOICE_RECORDS[0], {"questionID": "1", "question": "Who was there?"}])
     with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): questions\[0\]: record '0' has no"):
         ggbatch.answer(["Who was there?"], model=demo_model, workers=1, answer=SCORED)
     assert [a.text for a in warm] == [a.text for a in cold]
