@@ -56,12 +56,13 @@ def _refuse_number_taken(rows: list[dict[str, Any]], numbered: list[int], id_fie
     if not numbered or len(numbered) == len(rows):
         return
     advice = f"give every question its {id_field}, or none"
-    given = {str(row[id_field]): i for i, row in enumerate(rows) if i not in set(numbered)}
+    without = set(numbered)
+    given = {str(row[id_field]): i for i, row in enumerate(rows) if i not in without}
     for i in numbered:
         if str(i) in given:
             raise InputError(f"{source}: {name(i)} has no {id_field}, so its index, '{i}', is its id, which "
                              f"{name(given[str(i)])} gives as its own: {advice}")
-    first_given = next(i for i in range(len(rows)) if i not in set(numbered))
+    first_given = next(i for i in range(len(rows)) if i not in without)
     raise InputError(f"{source}: {name(numbered[0])} has no {id_field}, and {name(first_given)} has one: {advice}")
 
 
