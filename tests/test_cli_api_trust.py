@@ -82,8 +82,7 @@ def test_a_record_without_a_question_is_named_by_its_index_in_the_callers_list(d
     message = str(err.value)
     assert message == "ggbatch.answer(): questions[1]: record has no 'question' (fields.question)"
     with pytest.raises(ggbatch.GgbatchError, match=r"duplicate questionID: 'a' \(questions\[0\] and \[2\]\)"):
-        ggbatch.answer([{"questionID": "a", "question": "Hi"}, {"questionID": "b", "question": "Yo"},
-                        {"questionID": "a", "question": "Ho"}],
+        ggbatch.answer([{"questionID": i, "question": q} for i, q in (("a", "Hi"), ("b", "Yo"), ("a", "Ho"))],
                        model=demo_model, max_tokens=4)
 
 
