@@ -31,6 +31,7 @@ from .protocol import (
     EngineStats,
     Ready,
     SetThreads,
+    Started,
     Stop,
     ThreadsSet,
     WantWork,
@@ -50,6 +51,7 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
     leave_signals_to_parent()
     die_with_parent()
     _redirect_stderr(spec.log_path)
+    results.send_bytes(encode(Started(spec.worker_id)))
     if not run_worker(spec, tasks, results):
         raise SystemExit(1)
     # Told to stop with nothing left: leave at once. Every answer is already in the results

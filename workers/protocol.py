@@ -266,6 +266,15 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class Started:
+    """A worker process's first word, before it loads the model: it has opened its task queue, so
+    the coordinator may unlink the queue's named semaphores now (runner/pool/local.py), and a
+    parent ended at once meanwhile (SIGTERM's default) leaves none behind."""
+
+    worker_id: int
+
+
+@dataclass(frozen=True)
 class Ready:
     worker_id: int
     pid: int
