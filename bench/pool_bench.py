@@ -4,11 +4,16 @@
               ggbatch.answer calls (each starts its workers and loads the model);
   threads:    N threads each pool.submit of one question at once, against one pool.answer of the N;
   idle:       the coordinator's CPU time while a warm pool waits 10 s for a call, and the median of
-              10 one-question calls of one token on it (what a call pays beyond the model's work).
+              10 one-question calls of one token on it (what a call pays beyond the model's work);
+  slots:      a warm pool with auto slots (16 a worker at first, grown by its first large call) against
+              one with every slot from the start (start_small=False): the start, the idle workers'
+              memory, and a first call of N questions of T tokens (the growth's restart included),
+              alternated, medians.
 
     python bench/pool_bench.py                       # the benchmark model, 16 calls of 16 tokens; 32 × 64
     python bench/pool_bench.py --model demo --calls 4 --threads 8 --tokens 8 --thread-tokens 8   # a quick check
     python bench/pool_bench.py --model demo --only idle
+    python bench/pool_bench.py --only slots --threads 64 --thread-tokens 32
 
 The model defaults to the benchmark model (~/.cache/ggbatch/bench-28x1024-q4_k_m.gguf, built from
 ../shared's qwen2 vocabulary on first use, as bench/engine_bench.py does).
@@ -57,12 +62,13 @@ def sequential(model: str, qs: list[str], tokens: int) -> dict[str, float]:
 def threaded(model: str, qs: list[str], tokens: int, repeat: int = 2) -> dict[str, float]:
     """N threads each submitting one question against one call of the N, each on a pool of its own
     (a pool that has answered the questions once keeps their prompts' KV: the second would be
-    cheaper), alternated, the medians kept."""
+    cheaper), alternated, the medians kept. Every slot from the start: the growth a first large
+    call brings is the `slots` measure's."""
     one_call: list[float] = []
     threads: list[float] = []
     for _ in range(repeat):
         for side in (one_call, threads):
-            with ggbatch.Pool(model=model, max_tokens=tokens, ignore_eos=True) as pool:
+            with ggbatch.Pool(model=model, max_tokens=tokens, ignore_eos=True, start_small=False) as pool:
                 pool.answer([WARM_UP])
                 t0 = time.perf_counter()
                 if side is one_call:
@@ -95,6 +101,24 @@ def idle(model: str, seconds: float = 10.0, calls: int = 10) -> dict[str, float]
             "one_question_call_ms": round(1000 * statistics.median(took), 1)}
 
 
+def slots(model: str, qs: list[str], tokens: int, repeat: int = 2) -> dict[str, object]:
+    runs: dict[str, list[tuple[float, float, float]]] = {"small_first": [], "every_slot_first": []}
+    for _ in range(repeat):
+        for side, settings in (("small_first", {}), ("every_slot_first", {"start_small": False})):
+            t0 = time.perf_counter()
+            with ggbatch.Pool(model=model, max_tokens=tokens, ignore_eos=True, **settings) as pool:
+                started = time.perf_counter() - t0
+                pool.answer([WARM_UP])
+                pss = sum(w["pss_mib"] or 0 for w in pool.stats()["workers"].values())
+                t1 = time.perf_counter()
+                pool.answer(qs)
+                runs[side].append((started, pss, time.perf_counter() - t1))
+    return {side: {"start_s": round(statistics.median(r[0] for r in rs), 2),
+                   "idle_pss_mib": round(statistics.median(r[1] for r in rs)),
+                   "first_call_s": round(statistics.median(r[2] for r in rs), 2),
+                   "runs": [[round(x, 2) for x in r] for r in rs]} for side, rs in runs.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a GGUF or demo (default: the benchmark model)")
@@ -102,12 +126,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=32)
     ap.add_argument("--thread-tokens", type=int, default=64)
-    ap.add_argument("--only", choices=("sequential", "threads", "idle"), help="one measure (default: all three)")
+    ap.add_argument("--only", choices=("sequential", "threads", "idle", "slots"), help="one measure (default: all)")
     args = ap.parse_args()
     model = args.model or bench_model()
     measures = {"sequential": lambda: sequential(model, questions(args.calls), args.tokens),
                 "threads": lambda: threaded(model, questions(args.threads), args.thread_tokens),
-                "idle": lambda: idle(model)}
+                "idle": lambda: idle(model),
+                "slots": lambda: slots(model, questions(args.threads), args.thread_tokens)}
     print(json.dumps({name: measure() for name, measure in measures.items() if args.only in (None, name)}, indent=1))
 
 

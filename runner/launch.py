@@ -84,13 +84,20 @@ def worker_specs(plan: NodePlan, model_path: str, engine_factory: EngineFactory)
 
 
 def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: PromptFacts, prefix: array,
-           most_tokens: int, model_path: str, flash_attn: Optional[bool] = None) -> ContextGrowth:
+           most_tokens: int, model_path: str, flash_attn: Optional[bool] = None,
+           first_slots: Optional[int] = None) -> ContextGrowth:
     """The layout of the started workers, now that the prompts are known (phase 2), node by node
     on each node's memory. The context fits the largest max_tokens of any question (most_tokens)
     and facts.longest; it grows later if questions need more (runner/plan/growth.py), keeping the
-    flash attention decided here: `flash_attn` (what a resumed journal's run ran) when given."""
+    flash attention decided here: `flash_attn` (what a resumed journal's run ran) when given.
+    `first_slots`: auto slots start at most this many a worker, and grow to the cap with the load."""
     if flash_attn is not None:
         started = started.with_flash_attn([flash_attn] * len(started.layouts))
+    caps_later: list[int] = []
+    if first_slots is not None and config.slots is None:
+        caps_later = [lay.slot_cap for lay in started.layouts]
+        started = replace(started, layouts=tuple(replace(lay, slot_cap=min(lay.slot_cap, first_slots))
+                                                 for lay in started.layouts))
     if started.layouts[0].n_gpu_layers and not prompting.info.gpu_offload:
         log.warning("%s", gpu.offload_warning(started.layouts[0].n_gpu_layers))
     stretched = layouts.past_training_context(prompting.info.n_ctx_train, config.n_ctx)
@@ -108,4 +115,5 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
                               offload=inputs.offload, cores=node.cores, gpus=node.gpus)
                for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
     plan = replace(started, layouts=tuple(lay for lay, _ in settled))
-    return ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, prompting.generation)
+    return ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, prompting.generation,
+                         caps_later)

@@ -1,4 +1,5 @@
-"""A streamed file's context per sequence, grown as its windows come.
+"""A streamed file's context per sequence, grown as its windows come; a warm pool's slots, grown
+once its calls bring more sequences than it started with.
 
 The layout is settled on the first window (runner/job.py): its longest prompt, and for a
 streamed file a guess of the longest line from the file's bytes. A later window may still hold a
@@ -16,6 +17,13 @@ nothing new meanwhile, and start again with the larger context (runner/pool/pool
 
 A question fails for its length only when the model's context, the job's model.n_ctx, or the
 memory the plan allows cannot hold it.
+
+A warm pool's slots grow the same way. Before its first call it cannot know its load, and every
+slot's KV is allocated and cleared as the workers start (about 2.6 GB and several seconds for
+64 slots of 769 tokens on a 28-layer model), so with auto slots it starts with at most
+FIRST_WARM_SLOTS a worker (runner/warm/pool.py). The first time its open questions' sequences
+outnumber its slots, it is planned as a job is, for as many slots as the auto cap and the memory
+allow, once.
 """
 
 from __future__ import annotations
@@ -48,10 +56,11 @@ class PlanInputs:
 
 
 class ContextGrowth:
-    """The layout now and the engines it gives; grows when a window needs more context."""
+    """The layout now and the engines it gives; grows when a window needs more context, or a warm
+    pool's calls more slots."""
 
     def __init__(self, inputs: PlanInputs, plan: NodePlan, memory: Sequence[MemoryPlan], model_path: str,
-                 prefix: array, generation: GenerationParams) -> None:
+                 prefix: array, generation: GenerationParams, slot_caps: Sequence[int] = ()) -> None:
         # flash attention is decided once, on the first window: a context grown past
         # runner/plan/attention.py's CPU bound keeps it, as the rest of the file's answers do
         self.inputs = replace(inputs, started=inputs.started.with_flash_attn([lay.flash_attn for lay in plan.layouts]))
@@ -59,6 +68,8 @@ class ContextGrowth:
         self.model_path, self.prefix, self.generation = model_path, prefix, generation
         self.grown = False
         self._said_short = 0  # the largest context the memory could not hold, said once
+        # each node's cap on auto slots once the load asks for more (a warm pool's; () : as started)
+        self._slot_caps_later = tuple(slot_caps)
 
     @property
     def n_ctx_seq(self) -> int:
@@ -87,7 +98,34 @@ class ContextGrowth:
             return None
         log.info("a later window holds longer questions: the context per sequence grows from %d to %d tokens "
                  "(each worker starts again once it has answered what it holds)", self.n_ctx_seq, n_ctx_seq)
-        plans = self._plans(n_ctx_seq)
+        return self._replanned(self._plans(n_ctx_seq))
+
+    @property
+    def slots(self) -> int:
+        """Sequences decoded together, over every worker."""
+        return sum(lay.workers * lay.slots for lay in self.plan.layouts)
+
+    def engines_for_load(self, sequences: int) -> Optional[dict[int, EngineConfig]]:
+        """The workers' new engines when `sequences` (those a warm pool's open calls hold) outnumber
+        the slots it started with: planned for every slot the auto cap and the memory allow, once
+        (None: no larger plan to grow to)."""
+        if not self._slot_caps_later or sequences <= self.slots:
+            return None
+        started = self.inputs.started
+        self.inputs = replace(self.inputs, started=replace(started, layouts=tuple(
+            replace(lay, slot_cap=cap) for lay, cap in zip(started.layouts, self._slot_caps_later))))
+        self._slot_caps_later = ()
+        before = self.slots
+        plans = self._plans(self.n_ctx_seq)
+        if sum(lay.workers * lay.slots for lay, _ in plans) <= before:
+            return None
+        engines = self._replanned(plans)
+        log.info("calls hold %d sequences, more than the pool's %d slots: it grows to %d (each worker starts "
+                 "again once it has answered what it holds)", sequences, before, self.slots)
+        return engines
+
+    def _replanned(self, plans: list[tuple[Layout, MemoryPlan]]) -> dict[int, EngineConfig]:
+        """The plan, settled again (each node's layout and memory plan); the workers' engines for it."""
         for _, memory in plans:
             if memory.note:
                 log.warning("memory plan: %s (%s)", memory.note, describe(memory))

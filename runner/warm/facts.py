@@ -19,6 +19,10 @@ PROBES = ("a", "b")  # two questions whose prompts' common start is the shared p
 # the probes' own choices: with answer.choices auto each record brings its own, and a probe is made as one
 PROBE_CHOICES = ["a", "b"]
 GUESS_PROMPT = 512  # tokens of prompt a warm pool's context is first planned for; it grows if a call needs more
+# Auto slots a warm pool's worker starts with; they grow to the layout's cap once calls bring more
+# sequences (runner/plan/growth.py). A pipeline's usual calls, a few questions at a time, never
+# wait for one of 16, whose KV is a quarter of 64's.
+FIRST_WARM_SLOTS = 16
 
 
 def probe_records(fields: Iterable[str]) -> list[Record]:

@@ -1,7 +1,8 @@
 """The calls' questions as the feed of the pool's one long run (runner/pool/intake.py Feed):
 callers put questions from their threads, the pool's loop thread polls them. Questions that
 need a larger context than the workers have make them start again with one first
-(runner/plan/growth.py), as a streamed file's later window does."""
+(runner/plan/growth.py), as a streamed file's later window does; so do calls whose open questions
+first outnumber a warm pool's slots."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from typing import Callable, Mapping, Optional, Sequence
 from ...workers.protocol import EngineConfig, Question
 from ..plan.growth import ContextGrowth
 from ..pool.wake import WakePipe
+from ..questions.prepare import max_samples
 
 
 class Submissions:
-    def __init__(self, growth: ContextGrowth, reconfigure: Callable[[Mapping[int, EngineConfig]], None]) -> None:
+    def __init__(self, growth: ContextGrowth, reconfigure: Callable[[Mapping[int, EngineConfig]], None],
+                 open_questions: Callable[[], int]) -> None:
         self._growth, self._reconfigure = growth, reconfigure
+        self._open_questions = open_questions  # those the calls wait for: the pool's load
         self._lock = threading.Lock()
         self._waiting: list[Question] = []
         self._withdrawn: set[str] = set()  # cancelled after their poll: the pool's run drops them if pending
@@ -46,7 +50,9 @@ class Submissions:
             taken, self._waiting = self._waiting, []
         if not taken:
             return None
-        engines = self._growth.engines_for(taken)
+        for_context = self._growth.engines_for(taken)
+        sequences = self._open_questions() * max_samples(taken, self._growth.generation)
+        engines = self._growth.engines_for_load(sequences) or for_context
         if engines is not None:
             self._reconfigure(engines)
         return taken

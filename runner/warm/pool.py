@@ -48,7 +48,7 @@ from ..watch.startup_load import SinceStart
 from ..watch.watch import RunWatch
 from .calls import Answered, Calls, NoReuse
 from .events import PoolEvents
-from .facts import call_facts, probe_records, warm_facts
+from .facts import FIRST_WARM_SLOTS, call_facts, probe_records, warm_facts
 from .intake import Submissions
 from .overrides import Variant, Variants, said_by_call
 from .pool_errors import PoolClosed, Untokenizable
@@ -76,14 +76,18 @@ def _configured(model: str, settings: dict[str, Any]) -> tuple[JobConfig, dict[s
 
 class Pool:
     """Workers and a model held across calls. `with ggbatch.Pool(model="m.gguf", max_tokens=64) as
-    pool: pool.answer(["2+2?"])`. Settings are the job's keys that name no file."""
+    pool: pool.answer(["2+2?"])`. Settings are the job's keys that name no file. `start_small`: with
+    auto slots, start with FIRST_WARM_SLOTS a worker and grow once calls bring more (every slot's KV
+    is allocated as the pool starts); False plans every slot the cap and the memory allow from the
+    start, for calls that always bring many questions (ggbatch.lm_eval's)."""
 
-    def __init__(self, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE, **settings: Any) -> None:
+    def __init__(self, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE, start_small: bool = True,
+                 **settings: Any) -> None:
         config, layer = _configured(model, settings)
-        self._start(config, layer, SOURCE, [], engine_factory)
+        self._start(config, layer, SOURCE, [], engine_factory, start_small)
 
     @classmethod
-    def starting(cls, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE,
+    def starting(cls, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE, start_small: bool = True,
                  **settings: Any) -> "Future[Pool]":
         """Pool(), returning at once: the settings and a local model file are checked here (a
         typo, a missing file, a grammar, JSON schema or prompt.template that cannot be used raises
@@ -98,20 +102,20 @@ class Pool:
         with said_by_call(SOURCE, {}):  # these need no model: said now, not by .result()
             job_answer(config)
             check_prompt_template(config.prompt_template)
-        return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory))
+        return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory, start_small))
 
     @classmethod
     def for_call(cls, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
-                 engine_factory: EngineFactory = LLAMA_ENGINE) -> "Pool":
+                 engine_factory: EngineFactory = LLAMA_ENGINE, start_small: bool = True) -> "Pool":
         """A pool planned for these records (ggbatch.answer: one call), as a job is for its file."""
         pool = cls.__new__(cls)
-        pool._start(config, layer, source, records, engine_factory)
+        pool._start(config, layer, source, records, engine_factory, start_small)
         return pool
 
     # -- start -----------------------------------------------------------------------------------
 
     def _start(self, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
-               engine_factory: EngineFactory) -> None:
+               engine_factory: EngineFactory, start_small: bool) -> None:
         leave_if_importing_script()
         self._source, self._config, self._closed = source, config, False
         self._owner = os.getpid()  # a forked child's copy would wait for good on the tokenizer pipe
@@ -123,13 +127,13 @@ class Pool:
         self._ended: Optional[BaseException] = None
         self._resources = ExitStack()
         try:
-            self._open(config, layer, records, engine_factory)
+            self._open(config, layer, records, engine_factory, start_small)
         except BaseException:
             self._resources.close()
             raise
 
     def _open(self, config: JobConfig, layer: Mapping[str, Any], records: list[Record],
-              engine_factory: EngineFactory) -> None:
+              engine_factory: EngineFactory, start_small: bool) -> None:
         began = time.perf_counter()  # the pool's age (stats' elapsed_s) counts its start-up and load too
         since_start = SinceStart() if config.threads_adapt == "auto" else None
         model_path = resolve_model(config.model)
@@ -148,13 +152,18 @@ class Pool:
         self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids),
                             self._resolver)
         facts, prefix, most = self._facts(records)
-        growth = settle(config, started, self._prompting, facts, prefix, most, model_path)
+        # A warm pool starts with few slots, their KV allocated and cleared as it starts, and grows with
+        # its load (runner/plan/growth.py). Not on a GPU: growing restarts the workers, which there
+        # means loading the weights into VRAM again, and the VRAM plan already sizes the slots.
+        small = start_small and not records and not started.layouts[0].n_gpu_layers
+        first = FIRST_WARM_SLOTS if small else None
+        growth = settle(config, started, self._prompting, facts, prefix, most, model_path, first_slots=first)
         self._workers.keep(growth.plan.node_of())
         self._watch = self._resources.enter_context(
             RunWatch("off", began, since_start is not None, self._calls, since_start, self._sharing.memory_known))
         self._watch.start_run(0, self._prompting.generation.max_tokens,
                               sum(lay.workers * lay.slots for lay in growth.plan.layouts), self._workers)
-        self._intake = Submissions(growth, self._workers.reconfigure)
+        self._growth, self._intake = growth, Submissions(growth, self._workers.reconfigure, lambda: self._calls.n_open)
         self._n_workers = len(self._workers.workers)
         self._thread = threading.Thread(target=self._loop, args=(growth,), name="ggbatch-pool", daemon=True)
         self._thread.start()
@@ -335,8 +344,8 @@ class Pool:
     # -- the rest --------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """The report's counters so far: answers, tokens, rates, each worker's memory and restarts."""
-        return pool_stats(self._workers, self._watch, self._calls, self._watch.started)
+        """The report's counters so far: answers, tokens, rates, slots, each worker's memory and restarts."""
+        return pool_stats(self._workers, self._watch, self._calls, self._watch.started, self._growth.slots)
 
     def close(self) -> None:
         """Answer the calls still open, then stop every worker; idempotent, and a close from

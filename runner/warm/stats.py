@@ -13,7 +13,7 @@ from ..watch.watch import RunWatch
 from .calls import Calls
 
 
-def pool_stats(workers: WorkerPool, watch: RunWatch, calls: Calls, started: float) -> dict[str, Any]:
+def pool_stats(workers: WorkerPool, watch: RunWatch, calls: Calls, started: float, slots: int) -> dict[str, Any]:
     elapsed = max(time.perf_counter() - started, 1e-9)
     counters = workers.engine_counters()
     generated = sum(c.generated_tokens for c in counters.values())
@@ -28,6 +28,8 @@ def pool_stats(workers: WorkerPool, watch: RunWatch, calls: Calls, started: floa
         "generated_tokens": generated, "prompt_tokens_computed": prompt,
         "steps": sum(c.steps for c in counters.values()),
         "busy_slots": sum(c.busy_slots for c in counters.values()),
+        # sequences decoded together, over every worker, now: a warm pool's grow with its calls (runner/plan/growth.py)
+        "slots": slots,
         # per second answering (a call's question at the workers): the pool's idle time left out
         "elapsed_s": round(elapsed, 3), "answering_s": round(answering, 3),
         "generated_tokens_per_s": round(generated / answering, 2) if answering > 0 else 0.0,

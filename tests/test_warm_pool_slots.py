@@ -1,0 +1,70 @@
+"""A warm pool's slots: few while its calls are small (every slot's KV is allocated and cleared as
+a worker starts), grown once to the layout's cap when its calls bring more sequences; slots asked
+for stay as asked. The real engine on the demo model; every test has a hard timeout."""
+
+import psutil
+import pytest
+
+import ggbatch
+from ggbatch.runner.warm.facts import FIRST_WARM_SLOTS
+
+pytestmark = pytest.mark.model
+
+
+def worker_pids() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True) if "tokeniz" not in p.name()}
+
+
+@pytest.mark.timeout(180)
+def test_a_warm_pool_starts_with_few_slots_and_grows_once_its_calls_bring_more(demo_model):
+    with ggbatch.Pool(model=demo_model, max_tokens=4, ignore_eos=True, workers=1) as pool:
+        small = pool.answer([f"Once upon a time {i}" for i in range(3)])
+        idle, first_life = pool.stats(), worker_pids()
+        many = pool.answer([f"The little dog {i}" for i in range(40)])
+        grown, second_life = pool.stats(), worker_pids()
+        more = pool.answer([f"A big cat {i}" for i in range(40)])
+        later = pool.stats()
+        assert worker_pids() == second_life  # grown once: the second big call started nothing again
+    assert all(a.text is not None and a.error is None for a in small + many + more)
+    assert idle["slots"] == FIRST_WARM_SLOTS < grown["slots"] == later["slots"], (idle, grown)
+    assert first_life != second_life  # the worker started again with the larger context
+    # 40 questions of 4 tokens in one wave: a prompt step or two, then 3 decode steps, where
+    # 16 slots would have taken three waves of at least 4 steps each
+    assert later["steps"] - grown["steps"] < 3 * 4, (grown, later)
+
+
+@pytest.mark.timeout(180)
+def test_a_calls_samples_count_as_sequences_and_grow_the_slots_they_need(demo_model):
+    """One question asking for more samples than the pool started with: they decode together, a
+    slot each, so the pool grows first rather than failing the question."""
+    with ggbatch.Pool(model=demo_model, max_tokens=4, ignore_eos=True, workers=1) as pool:
+        answer = pool.answer(["Once upon a time"], sampling={"n": 24, "temperature": 0.8})[0]
+        slots = pool.stats()["slots"]
+    assert answer.error is None and len(answer.samples or []) == 24, answer
+    assert slots >= 24
+
+
+@pytest.mark.timeout(180)
+def test_slots_asked_for_stay_as_asked_whatever_the_calls_bring(demo_model):
+    with ggbatch.Pool(model=demo_model, max_tokens=4, ignore_eos=True, workers=1, slots=8) as pool:
+        before = worker_pids()
+        answers = pool.answer([f"The little dog {i}" for i in range(40)])
+        stats = pool.stats()
+        assert worker_pids() == before
+    assert all(a.text is not None for a in answers) and stats["slots"] == 8
+
+
+@pytest.mark.timeout(180)
+def test_a_pool_not_started_small_plans_every_slot_at_once_as_lm_evals_does(demo_model):
+    """lm-eval's calls are whole request lists: its pool starting small would start its worker
+    again at the first call."""
+    with ggbatch.Pool(model=demo_model, max_tokens=4, workers=1, start_small=False) as pool:
+        assert pool.stats()["slots"] > FIRST_WARM_SLOTS
+    pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
+    from ggbatch.lm_eval import GgbatchLM
+
+    lm = GgbatchLM(model=demo_model, workers=1, threads=1)
+    try:
+        assert lm.pool.stats()["slots"] > FIRST_WARM_SLOTS
+    finally:
+        lm.pool.close()
