@@ -71,16 +71,20 @@ def test_a_step_holds_a_token_for_every_sequence_the_context_holds():
     assert step_budget(8, slots=8, invariant=False) == 9
     assert step_budget(512, slots=8, invariant=False) == 512
     assert step_budget(16, slots=16, invariant=True) == 17
-    assert step_budget(4, slots=2, invariant=True) == 9  # MIN_ROWS ids below the prefix
+    assert step_budget(4, slots=2, invariant=False) == 4
+    # batch-invariant prompt chunks take 2 MIN_ROWS (16), more than the MIN_ROWS + 1 streams
+    assert step_budget(4, slots=2, invariant=True) == 16
 
 
 @pytest.mark.model
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("flags,n_batch", [(("--slots", 8, "--n-batch", 8), 9), (("--n-batch", 16), None),
-                                           (("--batch-invariant", "--slots", 16, "--n-batch", 16), 17)])
+                                           (("--batch-invariant", "--slots", 16, "--n-batch", 16), 17),
+                                           (("--batch-invariant", "--slots", 2, "--n-batch", 4), 16)])
 def test_n_batch_at_or_below_the_slots_runs_and_the_report_says_the_budget_that_ran(tmp_path, demo_model,
                                                                                      flags, n_batch):
-    """They aborted every worker with llama.cpp's GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max)."""
+    """They aborted every worker with llama.cpp's GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max);
+    under batch_invariant the report said n_batch 4 where the engine took 16 a step."""
     write_questions(tmp_path / "q.jsonl", 40)
     done = ggbatch("run", "--model", demo_model, "--input", tmp_path / "q.jsonl", "--output", tmp_path / "a.jsonl",
                    "--max-tokens", 2, "-q", "--report", tmp_path / "r.json", *flags, timeout=240)
