@@ -166,7 +166,8 @@ def _add_layout_flags(a: Any) -> None:
     a("--flash-attn", dest="flash_attn", choices=["auto", "true", "false"],
       help="llama.cpp's flash attention (auto: off on a CPU up to 4096 tokens a sequence, where its kernel "
            "decodes several times slower; llama.cpp's choice past that or with layers on a GPU; off for "
-           "--choice-scoring loglikelihood, whose numbers it moves by up to about 0.01 nats a token)")
+           "--choice-scoring loglikelihood, whose numbers it moves by up to about 0.01 nats a token; off with "
+           "--batch-invariant, which refuses true)")
     a("--gpu-layers", "-ngl", dest="n_gpu_layers",
       help="layers llama.cpp stores in VRAM: a number, all, or auto (all with --devices, else none); "
            "needs a llama-cpp-python built with CUDA, Metal, ... (docs/guide/gpu.md)")

@@ -5,6 +5,7 @@ import pytest
 
 from ggbatch.runner.config.schema import build_config, load_job_file
 from ggbatch.runner.errors import ConfigError
+from helpers import ggbatch
 
 
 def job(tmp_path, text, name="job.yaml"):
@@ -118,6 +119,25 @@ def test_errors_name_file_and_key(tmp_path, text, message):
         build_config([(path, load_job_file(path))])
     assert message in str(err.value)
     assert str(err.value).startswith(path)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_flash_attention_asked_for_under_batch_invariant_is_refused_naming_it(tmp_path, demo_model):
+    """It ran off without a word, where model.repack: true is refused."""
+    path = job(tmp_path, "model: m\ninput: i\noutput: o\nbatch_invariant: true\nflash_attn: true\n")
+    with pytest.raises(ConfigError, match="flash_attn: true cannot be combined with batch_invariant") as err:
+        build_config([(path, load_job_file(path))])
+    assert str(err.value).startswith(path)
+    for flash in ("false", "auto"):  # what batch-invariant mode runs anyway
+        flags = {"flash_attn": flash, "batch_invariant": True}
+        assert build_config([(path, load_job_file(path)), ("command line", flags)]).batch_invariant
+    (tmp_path / "q.jsonl").write_text('{"questionID": "a", "question": "Hi?"}\n')
+    done = ggbatch("run", "--model", demo_model, "--input", tmp_path / "q.jsonl", "--output", tmp_path / "a.jsonl",
+                   "--batch-invariant", "--flash-attn", "true", "-q", timeout=100)
+    assert done.returncode == 2 and done.stderr.startswith("ggbatch: error: flash_attn: true cannot be combined "
+                                                           "with batch_invariant"), done.stderr
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "a.jsonl").exists()
 
 
 def test_a_section_with_every_key_commented_out_sets_nothing(tmp_path):

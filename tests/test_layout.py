@@ -1,3 +1,4 @@
+import json
 import os
 from array import array
 
@@ -15,7 +16,7 @@ from ggbatch.runner.plan.layout import (
 )
 from ggbatch.runner.questions.maker import question_seed
 from ggbatch.runner.questions.prepare import common_prefix
-from helpers import ggbatch
+from helpers import ggbatch, write_questions
 
 
 def test_auto_uses_one_worker_on_every_core():
@@ -61,6 +62,36 @@ def test_too_many_workers_or_threads_from_a_job_file_name_the_file(tmp_path, dem
     done = ggbatch("run", job, "-q", "--threads", n)
     assert done.returncode == 2 and done.stderr.startswith(f"ggbatch: error: threads: {n} threads"), done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j.yaml", "q.jsonl"]
+
+
+def test_a_step_holds_a_token_for_every_sequence_the_context_holds():
+    from ggbatch.workers.engine.invariant import step_budget
+
+    # the slots and the shared prefix's stream: llama.cpp aborts when they outnumber n_ubatch
+    assert step_budget(8, slots=8, invariant=False) == 9
+    assert step_budget(512, slots=8, invariant=False) == 512
+    assert step_budget(16, slots=16, invariant=True) == 17
+    assert step_budget(4, slots=2, invariant=False) == 4
+    # batch-invariant prompt chunks take 2 MIN_ROWS (16), more than the MIN_ROWS + 1 streams
+    assert step_budget(4, slots=2, invariant=True) == 16
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("flags,n_batch", [(("--slots", 8, "--n-batch", 8), 9), (("--n-batch", 16), None),
+                                           (("--batch-invariant", "--slots", 16, "--n-batch", 16), 17),
+                                           (("--batch-invariant", "--slots", 2, "--n-batch", 4), 16)])
+def test_n_batch_at_or_below_the_slots_runs_and_the_report_says_the_budget_that_ran(tmp_path, demo_model,
+                                                                                     flags, n_batch):
+    """They aborted every worker with llama.cpp's GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max);
+    under batch_invariant the report said n_batch 4 where the engine took 16 a step."""
+    write_questions(tmp_path / "q.jsonl", 40)
+    done = ggbatch("run", "--model", demo_model, "--input", tmp_path / "q.jsonl", "--output", tmp_path / "a.jsonl",
+                   "--max-tokens", 2, "-q", "--report", tmp_path / "r.json", *flags, timeout=240)
+    assert done.returncode == 0, done.stderr
+    layout = json.loads((tmp_path / "r.json").read_text())["layout"]
+    assert layout["n_batch"] == (n_batch or max(16, layout["slots_per_worker"] + 1)), layout
+    assert len((tmp_path / "a.jsonl").read_text().splitlines()) == 40
 
 
 def test_auto_slots_never_exceed_questions_per_worker():

@@ -321,3 +321,25 @@ def test_samples_cut_before_their_grammar_is_complete_are_null_and_the_others_an
               for row in answers)
     pass1 = sum(row.count("yes") / 6 for row in answers) / 6
     assert f"maj@6 {100 * maj / 6:.2f}% ({maj} correct by majority vote), pass@1 {100 * pass1:.2f}%" in score.stdout
+
+
+@pytest.mark.model
+@pytest.mark.timeout(180)
+def test_a_seed_llama_cpp_reads_as_random_draws_the_same_answer_on_every_run(demo_model):
+    """llama.cpp draws at random with the seed 0xFFFFFFFF: an OpenAI line's -1 or 4294967295, a
+    question's crc32 or a sample's seed + i that lands there draws as 0x7FFFFFFF instead, every run;
+    seeds are read modulo 2**32, so 5 and 2**32 + 5 draw alike, as they always did."""
+    tokens = prompts()[0].tokens
+    seeds = {"top": 2**32 - 1, "minus_one": -1, "top_wrapped": 2**33 - 1, "standin": 0x7FFFFFFF, "five": 5,
+             "five_wrapped": 2**32 + 5}
+    got = run(demo_model, [Question(k, tokens, s) for k, s in seeds.items()], 6, max_tokens=12,
+              ignore_eos=True, sampling=SAMPLED)
+    texts = {k: a.text for k, a in got.items()}
+    assert texts["top"] == texts["minus_one"] == texts["top_wrapped"] == texts["standin"], texts
+    assert texts["five"] == texts["five_wrapped"] != texts["top"]
+    # sample 1 of a question seeded 0xFFFFFFFE is the seed 0xFFFFFFFF's draw; sample 2 wraps to 0
+    edge = run(demo_model, [Question("edge", tokens, 2**32 - 2)], 3, max_tokens=12, ignore_eos=True,
+               sampling=replace(SAMPLED, n=3))["edge"]
+    assert edge.samples is not None and edge.samples[1].text == texts["top"]
+    zero = run(demo_model, [Question("zero", tokens, 0)], 1, max_tokens=12, ignore_eos=True, sampling=SAMPLED)
+    assert edge.samples[2].text == zero["zero"].text != texts["top"]

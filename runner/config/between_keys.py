@@ -23,6 +23,10 @@ def check_between_keys(config: JobConfig) -> None:
         raise KeysError("answer.logprobs with answer.choice_logits: false: every answer is generated and no choice "
                         "has a log-probability; leave choice_logits on, or score the choices "
                         f"(answer.choice_scoring: {LOGLIKELIHOOD})", ("answer.logprobs", "answer.choice_logits"))
+    if config.batch_invariant and config.flash_attn is True:  # auto runs it off there, without a word
+        raise KeysError("flash_attn: true cannot be combined with batch_invariant: llama.cpp's flash attention "
+                        "sums a row's softmax over as many KV cells as its batch scans, so the row's result "
+                        "would depend on its batch", ("flash_attn", "batch_invariant"))
     _check_scoring(config)
     _check_samples(config)
     _check_backend(config)

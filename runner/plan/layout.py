@@ -26,7 +26,7 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
-from ...workers.engine.invariant import kv_streams
+from ...workers.engine.invariant import kv_streams, step_budget
 from ...workers.helper_messages import GpuMemory
 from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
 from ..config.checks import AUTO
@@ -289,7 +289,8 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     def scored_cells(s: int) -> int:  # what a prompt step's attention scores span without flash attention
         return 0 if flash else cells(s) if unified else allocated_kv_cells(n_ctx_seq, 1, False)
 
-    fit = (vram.vram_fit(facts.dims, cells, lambda s: step_budget(n_batch, s), 1 - cpu_share, gpus, started.devices)
+    fit = (vram.vram_fit(facts.dims, cells, lambda s: step_budget(n_batch, s, invariant), 1 - cpu_share, gpus,
+                         started.devices)
            if offload and started.n_gpu_layers else None)
     cap = gpu.auto_slot_cap(started.slot_cap, cpu_share, fit is not None)
     wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots,
@@ -297,13 +298,13 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     if slots is None:  # past the auto cap if need be (the memory plan still has the last word)
         wanted = max(wanted, facts.samples)
     layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
-                     n_batch=step_budget(n_batch, wanted), flash_attn=flash,
+                     n_batch=step_budget(n_batch, wanted, invariant), flash_attn=flash,
                      threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))
     memory = fit_layout(facts.dims, layout.workers, layout.slots, cells, layout.n_batch, available, layout.repack,
                         cpu_share, gpu.vram_note(layout.n_gpu_layers, offload), fit, scored_cells)
     if memory.fits and memory.note:
         layout = replace(layout, workers=memory.workers, slots=memory.slots, cores=layout.cores[:memory.workers],
-                         devices=layout.devices[:memory.workers], n_batch=step_budget(n_batch, memory.slots))
+                         devices=layout.devices[:memory.workers], n_batch=step_budget(n_batch, memory.slots, invariant))
     return layout, memory
 
 
@@ -362,11 +363,6 @@ def batch_budget(n_batch: Optional[int], prefix_cache: bool, batch_invariant: bo
     if n_batch is not None:
         return n_batch
     return N_BATCH_PREFIX_CACHE if prefix_cache and not batch_invariant else N_BATCH
-
-
-def step_budget(n_batch: int, slots: int) -> int:
-    """Tokens per decode step: every slot's decode token must fit, whatever n_batch says."""
-    return max(n_batch, slots)
 
 
 def engine_config(model_path: str, layout: Layout, prefix: array, generation: GenerationParams) -> EngineConfig:

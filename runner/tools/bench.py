@@ -21,10 +21,11 @@ from array import array
 from itertools import groupby
 from typing import Any, Sequence
 
+from ...workers.engine.invariant import step_budget
 from ...workers.protocol import EngineConfig, GenerationParams, Question
 from ...workers.spec import WorkerSpec
 from ..plan import layout as layouts
-from ..plan.layout import Layout, kv_unified_for, plan_layout, step_budget, usable_cores
+from ..plan.layout import Layout, kv_unified_for, plan_layout, usable_cores
 from ..pool.pool import WorkerPool
 from .plot import write_figure
 
@@ -44,7 +45,8 @@ def engine_config(model: str, threads: int, slots: int, n_ctx_seq: int, prefix: 
     """One worker's engine configured as a job's would be (runner/plan/layout.py), greedy, generating
     exactly max_tokens per question."""
     layout = Layout(1, threads, slots, (), repack, "bench", n_ctx_seq,
-                    kv_unified_for(len(prefix), n_ctx_seq, batch_invariant=False), step_budget(512, slots))
+                    kv_unified_for(len(prefix), n_ctx_seq, batch_invariant=False),
+                    step_budget(512, slots, invariant=False))
     return layouts.engine_config(model, layout, prefix, GenerationParams(max_tokens=max_tokens, ignore_eos=True))
 
 

@@ -62,6 +62,16 @@ def kv_streams(slots: int, invariant: bool) -> int:
     return (max(slots, MIN_ROWS) if invariant else slots) + 1
 
 
+def step_budget(n_batch: int, slots: int, invariant: bool) -> int:
+    """Tokens per decode step, also llama.cpp's n_ubatch: n_batch, raised to one for each sequence
+    the context holds (kv_streams, the shared prefix's too). llama.cpp sizes a step's output rows by
+    n_ubatch, and a context with more sequences than that aborts while it is built
+    (GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max)). In batch-invariant mode at least
+    2 MIN_ROWS: prompt chunks are MIN_ROWS tokens or more and leave MIN_ROWS or none (chunk_len)."""
+    floor = max(kv_streams(slots, invariant), 2 * MIN_ROWS if invariant else 0)
+    return max(n_batch, floor)
+
+
 def prefix_seq_id(slots: int, invariant: bool) -> int:
     """The sequence id that holds the shared prefix: the last of the kv_streams, after the slots
     (and in batch-invariant mode the ballast ids)."""

@@ -22,12 +22,26 @@ from typing import Optional
 from ..protocol import Answer, FinishReason, Sample
 
 SEED_MASK = (1 << 64) - 1
+# llama.cpp's dist sampler takes a 32-bit seed and reads 0xFFFFFFFF (LLAMA_DEFAULT_SEED) as "pick
+# one at random": a seed that lands there would draw another answer on every run.
+LLAMA_RANDOM_SEED = 0xFFFFFFFF
+# What that seed draws with instead: half the range away from it, so no question's n samples
+# (seed, seed + 1, ...) reach both it and its stand-in and draw one answer twice.
+RANDOM_SEED_STANDIN = 0x7FFFFFFF
 
 
 def sample_seed(seed: int, index: int) -> int:
     """The seed of a question's sample `index`: the question's own for sample 0, then the next
     ones (as vLLM and llama-cpp-python's server seed their n samples)."""
     return (seed + index) & SEED_MASK if index else seed
+
+
+def llama_seed(seed: int) -> int:
+    """The seed llama.cpp's sampler draws with for `seed`: its low 32 bits (a negative seed in two's
+    complement, so -1 is 4294967295, and 2**32 + 5 draws as 5; every seed below 0xFFFFFFFF draws as
+    it always did), save the one llama.cpp reserves for "random", which draws as RANDOM_SEED_STANDIN."""
+    low = seed & 0xFFFFFFFF
+    return RANDOM_SEED_STANDIN if low == LLAMA_RANDOM_SEED else low
 
 
 @dataclass(eq=False)

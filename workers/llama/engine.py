@@ -72,8 +72,8 @@ class LlamaEngine:
         self.gen = config.generation
         self.n_ctx_seq = config.n_ctx_seq
         self.invariant = config.batch_invariant
-        # Batch-invariant prompt chunks are MIN_ROWS tokens or more and leave MIN_ROWS or none.
-        self.n_batch = max(config.n_batch, 2 * invariant.MIN_ROWS) if self.invariant else config.n_batch
+        # The plan's budget already is step_budget's; an engine configured by hand gets it too.
+        self.n_batch = invariant.step_budget(config.n_batch, config.slots, self.invariant)
         prefix = config.prefix_tokens
         if self.invariant and len(prefix) < invariant.MIN_ROWS:
             prefix = array("i")  # too short to decode alone in a batch-invariant shape

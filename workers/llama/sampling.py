@@ -22,6 +22,7 @@ import numpy as np
 
 from ..engine.constraints import ROOT, choice_spellings
 from ..engine.logprobs import block_logprobs, log_normalizers
+from ..engine.samples import llama_seed
 from ..native_stderr import stderr_captured
 from ..protocol import GenerationParams
 
@@ -172,7 +173,7 @@ class Sampling:
         if params.min_p > 0.0:
             add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
         add(llama_cpp.llama_sampler_init_temp(params.temperature))
-        add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        add(llama_cpp.llama_sampler_init_dist(llama_seed(seed)))
         return chain
 
     def _logit_bias(self, bias: Sequence[tuple[int, float]]) -> llama_cpp.llama_sampler_p:
