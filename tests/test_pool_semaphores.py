@@ -56,7 +56,8 @@ TERMINATED = textwrap.dedent("""
     import os, signal, sys, threading, ggbatch
 
     if __name__ == "__main__":
-        with ggbatch.Pool(model=sys.argv[1], max_tokens=64, workers=1) as pool:
+        # every slot from the start: the call does not start the worker again (the window below)
+        with ggbatch.Pool(model=sys.argv[1], max_tokens=64, workers=1, start_small=False) as pool:
             pool.answer(["warm"])  # the worker and the tokenizer have answered once
             threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
             pool.answer([f"Once upon a time {i}" for i in range(5000)])
@@ -92,7 +93,9 @@ STARTING = textwrap.dedent("""
 def test_sigterm_while_a_worker_starts_leaves_no_semaphore_behind(demo_model, tmp_path):
     """The worker's first message was its Ready, after the model and the context: a SIGTERM
     before it (a pool starting, or a worker starting again with more slots or context) left the
-    names of its queue's semaphores, and the tracker warned of them. It now says Started first."""
+    names of its queue's semaphores, and the tracker warned of them. It now says Started first.
+    What is left: the second or so a worker process takes to start Python and open its queue
+    (a SIGTERM there, or as a warm pool's growth starts its workers again, still warns)."""
     script = tmp_path / "starting.py"
     script.write_text(STARTING)
     done = subprocess.run([sys.executable, str(script), demo_model, str(Path(__file__).parent)], cwd=tmp_path,
