@@ -101,8 +101,9 @@ class GgbatchLM(TemplateLM):
         # the first call that needs the pool waits for it. A typo in the settings or a missing
         # model file is refused here, named as lm-eval's model_args.
         try:
-            # its calls are whole request lists: every slot from the start, not grown by the first call
-            self._starting = Pool.starting(model=path, start_small=False, **settings)
+            # Small at first (runner/warm/facts.py): log-likelihood tasks never grow it and start
+            # sooner; a generate_until call grows it once, for the width its decode steps gain from.
+            self._starting = Pool.starting(model=path, **settings)
         except ConfigError as exc:
             raise ConfigError(str(exc).replace(f"{SOURCE}: ", "ggbatch.lm_eval model_args: ", 1)) from None
         self._model = path

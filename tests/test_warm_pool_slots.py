@@ -55,9 +55,15 @@ def test_slots_asked_for_stay_as_asked_whatever_the_calls_bring(demo_model):
 
 
 @pytest.mark.timeout(180)
-def test_a_pool_not_started_small_plans_every_slot_at_once_as_lm_evals_does(demo_model):
-    """lm-eval's calls are whole request lists: its pool starting small would start its worker
-    again at the first call."""
+def test_scoring_calls_grow_nothing_and_lm_evals_pool_starts_small(demo_model):
+    """Scored questions generate no token: 40 of them leave the pool at its first slots, as
+    lm-eval's log-likelihood requests leave its model's pool; start_small=False plans every slot."""
+    scoring = {"choices": ["yes", "no"], "choice_scoring": "loglikelihood"}
+    with ggbatch.Pool(model=demo_model, workers=1, answer=scoring) as pool:
+        before = worker_pids()
+        answers = pool.answer([f"Is {i} even?" for i in range(40)])
+        assert pool.stats()["slots"] == FIRST_WARM_SLOTS and worker_pids() == before
+    assert all(a.text in ("yes", "no") for a in answers)
     with ggbatch.Pool(model=demo_model, max_tokens=4, workers=1, start_small=False) as pool:
         assert pool.stats()["slots"] > FIRST_WARM_SLOTS
     pytest.importorskip("lm_eval", reason="lm-eval is the optional extra ggbatch[eval]: pip install 'ggbatch[eval]'")
@@ -65,6 +71,6 @@ def test_a_pool_not_started_small_plans_every_slot_at_once_as_lm_evals_does(demo
 
     lm = GgbatchLM(model=demo_model, workers=1, threads=1)
     try:
-        assert lm.pool.stats()["slots"] > FIRST_WARM_SLOTS
+        assert lm.pool.stats()["slots"] == FIRST_WARM_SLOTS
     finally:
         lm.pool.close()

@@ -1,8 +1,8 @@
 """The calls' questions as the feed of the pool's one long run (runner/pool/intake.py Feed):
 callers put questions from their threads, the pool's loop thread polls them. Questions that
 need a larger context than the workers have make them start again with one first
-(runner/plan/growth.py), as a streamed file's later window does; so do calls whose open questions
-first outnumber a warm pool's slots."""
+(runner/plan/growth.py), as a streamed file's later window does; so do calls that generate, the
+first time their open questions outnumber a warm pool's slots."""
 
 from __future__ import annotations
 
@@ -51,8 +51,14 @@ class Submissions:
         if not taken:
             return None
         for_context = self._growth.engines_for(taken)
-        sequences = self._open_questions() * max_samples(taken, self._growth.generation)
-        engines = self._growth.engines_for_load(sequences) or for_context
+        engines = for_context
+        # Questions that only score continuations generate nothing, and a step's width gains them
+        # little (lm-eval's MMLU took about as long in the backend at 16 slots as at 64:
+        # docs/performance/pools-and-weighing.md): they grow nothing.
+        generating = [q for q in taken if not q.continuations]
+        if generating:
+            sequences = self._open_questions() * max_samples(generating, self._growth.generation)
+            engines = self._growth.engines_for_load(sequences) or for_context
         if engines is not None:
             self._reconfigure(engines)
         return taken

@@ -79,7 +79,7 @@ class Pool:
     pool: pool.answer(["2+2?"])`. Settings are the job's keys that name no file. `start_small`: with
     auto slots, start with FIRST_WARM_SLOTS a worker and grow once calls bring more (every slot's KV
     is allocated as the pool starts); False plans every slot the cap and the memory allow from the
-    start, for calls that always bring many questions (ggbatch.lm_eval's)."""
+    start, for calls that always bring many questions to generate for."""
 
     def __init__(self, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE, start_small: bool = True,
                  **settings: Any) -> None:
