@@ -37,11 +37,12 @@ def test_a_warm_pool_starts_with_few_slots_and_grows_once_its_calls_bring_more(d
 def test_a_calls_samples_count_as_sequences_and_grow_the_slots_they_need(demo_model):
     """One question asking for more samples than the pool started with: they decode together, a
     slot each, so the pool grows first rather than failing the question."""
-    with ggbatch.Pool(model=demo_model, max_tokens=4, ignore_eos=True, workers=1) as pool:
-        answer = pool.answer(["Once upon a time"], sampling={"n": 24, "temperature": 0.8})[0]
-        slots = pool.stats()["slots"]
-    assert answer.error is None and len(answer.samples or []) == 24, answer
-    assert slots >= 24
+    for workers in (1, 2):  # two workers start with 32 slots, 16 each: 24 samples fit neither
+        with ggbatch.Pool(model=demo_model, max_tokens=4, ignore_eos=True, workers=workers) as pool:
+            answer = pool.answer(["Once upon a time"], sampling={"n": 24, "temperature": 0.8})[0]
+            slots = pool.stats()["slots"]
+        assert answer.error is None and len(answer.samples or []) == 24, (workers, answer)
+        assert slots >= 24 * workers
 
 
 @pytest.mark.timeout(180)

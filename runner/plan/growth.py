@@ -105,11 +105,13 @@ class ContextGrowth:
         """Sequences decoded together, over every worker."""
         return sum(lay.workers * lay.slots for lay in self.plan.layouts)
 
-    def engines_for_load(self, sequences: int) -> Optional[dict[int, EngineConfig]]:
+    def engines_for_load(self, sequences: int, widest: int) -> Optional[dict[int, EngineConfig]]:
         """The workers' new engines when `sequences` (those a warm pool's open calls hold) outnumber
-        the slots it started with: planned for every slot the auto cap and the memory allow, once
-        (None: no larger plan to grow to)."""
-        if not self._slot_caps_later or sequences <= self.slots:
+        the slots it started with, or a question's `widest` samples (decoded together, in one
+        worker) a worker's: planned for every slot the auto cap and the memory allow, once (None:
+        no larger plan to grow to)."""
+        per_worker = min(lay.slots for lay in self.plan.layouts)
+        if not self._slot_caps_later or (sequences <= self.slots and widest <= per_worker):
             return None
         started = self.inputs.started
         self.inputs = replace(self.inputs, started=replace(started, layouts=tuple(

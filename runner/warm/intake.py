@@ -12,7 +12,6 @@ from typing import Callable, Mapping, Optional, Sequence
 from ...workers.protocol import EngineConfig, Question
 from ..plan.growth import ContextGrowth
 from ..pool.wake import WakePipe
-from ..questions.prepare import max_samples
 
 
 class Submissions:
@@ -57,8 +56,10 @@ class Submissions:
         # docs/performance/pools-and-weighing.md): they grow nothing.
         generating = [q for q in taken if not q.continuations]
         if generating:
-            sequences = self._open_questions() * max_samples(generating, self._growth.generation)
-            engines = self._growth.engines_for_load(sequences) or for_context
+            # the questions open before this poll as a sequence each, this poll's with their samples
+            n = [q.generation.sampling.n if q.generation else self._growth.generation.sampling.n for q in generating]
+            sequences = self._open_questions() - len(generating) + sum(n)
+            engines = self._growth.engines_for_load(sequences, max(n)) or for_context
         if engines is not None:
             self._reconfigure(engines)
         return taken
