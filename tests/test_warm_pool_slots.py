@@ -2,10 +2,13 @@
 a worker starts), grown once to the layout's cap when its calls bring more sequences; slots asked
 for stay as asked. The real engine on the demo model; every test has a hard timeout."""
 
+import time
+
 import psutil
 import pytest
 
 import ggbatch
+from ggbatch.runner.plan.layout import MAX_AUTO_SLOTS
 from ggbatch.runner.warm.facts import FIRST_WARM_SLOTS
 
 pytestmark = pytest.mark.model
@@ -43,6 +46,36 @@ def test_a_calls_samples_count_as_sequences_and_grow_the_slots_they_need(demo_mo
             slots = pool.stats()["slots"]
         assert answer.error is None and len(answer.samples or []) == 24, (workers, answer)
         assert slots >= 24 * workers
+
+
+@pytest.mark.timeout(180)
+def test_the_samples_of_calls_still_open_count_toward_the_load(demo_model):
+    """A question of 16 samples fills the first slots; another of 15 while it decodes makes 31
+    sequences, more than 16: the pool grows (the open call's samples count, not the question)."""
+    with ggbatch.Pool(model=demo_model, max_tokens=1500, ignore_eos=True, workers=1) as pool:
+        first = pool.submit("Once upon a time", sampling={"n": FIRST_WARM_SLOTS, "temperature": 0.8})
+        while pool.stats()["steps"] < 2 and not first.done():  # the first is decoding
+            time.sleep(0.01)
+        second = pool.submit("The little dog", sampling={"n": FIRST_WARM_SLOTS - 1, "temperature": 0.8})
+        still_open = not first.done()
+        answers = [first.result(), second.result()]
+        slots = pool.stats()["slots"]
+    assert still_open, "the first call ended before the second came: the test shows nothing"
+    assert all(a.error is None and len(a.samples or []) == n
+               for a, n in zip(answers, (FIRST_WARM_SLOTS, FIRST_WARM_SLOTS - 1))), answers
+    assert slots > FIRST_WARM_SLOTS
+
+
+@pytest.mark.timeout(180)
+def test_a_question_wider_than_any_plan_fails_alone_without_a_restart(demo_model):
+    """More samples than the auto cap gives a worker: growing would not hold them, so the workers
+    keep running (no restart) and the question fails with one line that says to ask for fewer."""
+    with ggbatch.Pool(model=demo_model, max_tokens=4, ignore_eos=True, workers=1) as pool:
+        before = worker_pids()
+        wide = pool.answer(["Once upon a time"], sampling={"n": MAX_AUTO_SLOTS + 1, "temperature": 0.8})[0]
+        fine = pool.answer(["The little dog"])[0]
+        assert worker_pids() == before and pool.stats()["slots"] == FIRST_WARM_SLOTS
+    assert wide.error is not None and "ask for fewer" in wide.error and fine.error is None, (wide, fine)
 
 
 @pytest.mark.timeout(180)

@@ -105,6 +105,12 @@ class ContextGrowth:
         """Sequences decoded together, over every worker."""
         return sum(lay.workers * lay.slots for lay in self.plan.layouts)
 
+    @property
+    def most_per_worker(self) -> int:
+        """The most slots a worker can come to hold: what it has, or the auto cap a warm pool may
+        still grow to (the memory may allow fewer)."""
+        return max(min(lay.slots for lay in self.plan.layouts), min(self._slot_caps_later, default=0))
+
     def engines_for_load(self, sequences: int, widest: int) -> Optional[dict[int, EngineConfig]]:
         """The workers' new engines when `sequences` (those a warm pool's open calls hold) outnumber
         the slots it started with, or a question's `widest` samples (decoded together, in one
@@ -121,9 +127,10 @@ class ContextGrowth:
         plans = self._plans(self.n_ctx_seq)
         if sum(lay.workers * lay.slots for lay, _ in plans) <= before:
             return None
+        why = (f"calls hold {sequences} sequences, more than the pool's {before} slots" if sequences > before
+               else f"a question's {widest} samples decode together, more than a worker's {per_worker} slots")
         engines = self._replanned(plans)
-        log.info("calls hold %d sequences, more than the pool's %d slots: it grows to %d (each worker starts "
-                 "again once it has answered what it holds)", sequences, before, self.slots)
+        log.info("%s: it grows to %d (each worker starts again once it has answered what it holds)", why, self.slots)
         return engines
 
     def _replanned(self, plans: list[tuple[Layout, MemoryPlan]]) -> dict[int, EngineConfig]:

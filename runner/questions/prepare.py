@@ -126,10 +126,14 @@ def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> i
                default=generation.max_tokens)
 
 
+def question_samples(question: Question, generation: GenerationParams) -> int:
+    """The samples a question draws: its own sampling.n (an OpenAI line's n), else the job's."""
+    return (question.generation or generation).sampling.n
+
+
 def max_samples(questions: Sequence[Question], generation: GenerationParams) -> int:
     """The most samples any question draws (sampling.n, an OpenAI line's n)."""
-    return max((q.generation.sampling.n if q.generation else generation.sampling.n for q in questions),
-               default=generation.sampling.n)
+    return max((question_samples(q, generation) for q in questions), default=generation.sampling.n)
 
 
 def check_sample_slots(slots: Sequence[int], samples: int, config: JobConfig) -> None:

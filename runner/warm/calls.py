@@ -99,15 +99,18 @@ class Calls:
     """The open calls, by the pool's question ids."""
 
     def __init__(self, id_field: str, keep_thinking: bool, withdraw: Callable[[list[str]], None],
-                 resolver: Resolver) -> None:
+                 resolver: Resolver, load_of: Callable[[Question], int]) -> None:
         """withdraw: told the pool's ids of a cancelled call's questions no answer came for yet
         (runner/warm/intake.py Submissions.withdraw: those no worker has are dropped); resolver:
-        where the Futures are resolved, off the loop thread (runner/warm/resolver.py)."""
+        where the Futures are resolved, off the loop thread (runner/warm/resolver.py); load_of: the
+        sequences a question holds while it decodes (runner/warm/intake.py load_of)."""
         self._id_field, self._keep_thinking, self._withdraw = id_field, keep_thinking, withdraw
-        self._resolver = resolver
+        self._resolver, self._load_of = resolver, load_of
         self._lock = threading.Lock()
         self._numbers = itertools.count()
-        self._open: dict[str, tuple[Call, str]] = {}  # pool's qid -> (call, the caller's id)
+        # pool's qid -> (call, the caller's id, the sequences it holds)
+        self._open: dict[str, tuple[Call, str, int]] = {}
+        self._sequences = 0  # the open questions' sequences, together
         self._ended: Optional[BaseException] = None
         # what the callers were given, one per id of a call (an identical prompt's too), as a job's
         # report counts records: with an answer, with an error (pool.stats())
@@ -132,7 +135,9 @@ class Calls:
             if questions and not self._open:
                 self._busy_since = time.perf_counter()
             for q in questions:
-                self._open[prefix + q.qid] = (call, q.qid)
+                load = self._load_of(q)
+                self._open[prefix + q.qid] = (call, q.qid, load)
+                self._sequences += load
         if not questions:  # the caller's own thread: its Future is done when open() returns
             settle(future, self._rows(call))
         sent = [replace(q, qid=prefix + q.qid) for q in questions]
@@ -143,7 +148,7 @@ class Calls:
         """A call whose caller cancelled its Future: no answer is waited for, and its questions no
         worker has are not answered (those a worker has are, and their answers dropped)."""
         with self._lock:
-            unanswered = [qid for qid in qids if self._open.pop(qid, None) is not None]
+            unanswered = [qid for qid in qids if self._forget(qid) is not None]
             if not self._open:
                 self._idle()
         self._withdraw(unanswered)
@@ -153,7 +158,7 @@ class Calls:
         heard: dict[int, tuple[Callable[[list[str]], None], list[str]]] = {}
         with self._lock:
             for a in answers:
-                entry = self._open.pop(a.qid, None)
+                entry = self._forget(a.qid)
                 if entry is None:
                     continue
                 call, qid = entry
@@ -211,11 +216,21 @@ class Calls:
         """No answer will come any more: every open call fails with `why`, and so does every new one."""
         with self._lock:
             self._ended = self._ended or why
-            calls = {id(call): call for call, _ in self._open.values()}
+            calls = {id(call): call for call, _, _ in self._open.values()}
             self._open.clear()
+            self._sequences = 0
             self._idle()
         for call in calls.values():
             self._resolver.hand(partial(settle, call.future, error=why))
+
+    def _forget(self, qid: str) -> Optional[tuple[Call, str]]:
+        """(Under the lock) an open question no longer waited for: its call and the caller's id."""
+        entry = self._open.pop(qid, None)
+        if entry is None:
+            return None
+        call, caller_id, load = entry
+        self._sequences -= load
+        return call, caller_id
 
     def _idle(self) -> None:
         """No question is open any more (under the lock): the time answering stops."""
@@ -233,6 +248,11 @@ class Calls:
     @property
     def n_open(self) -> int:
         return len(self._open)
+
+    @property
+    def open_sequences(self) -> int:
+        """The sequences the open questions hold while they decode (load_of's, together)."""
+        return self._sequences
 
     def sync(self) -> None:
         pass

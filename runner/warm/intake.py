@@ -2,23 +2,41 @@
 callers put questions from their threads, the pool's loop thread polls them. Questions that
 need a larger context than the workers have make them start again with one first
 (runner/plan/growth.py), as a streamed file's later window does; so do calls that generate, the
-first time their open questions outnumber a warm pool's slots."""
+first time their open questions' sequences outnumber a warm pool's slots."""
 
 from __future__ import annotations
 
 import threading
 from typing import Callable, Mapping, Optional, Sequence
 
-from ...workers.protocol import EngineConfig, Question
+from ...workers.protocol import EngineConfig, GenerationParams, Question
 from ..plan.growth import ContextGrowth
 from ..pool.wake import WakePipe
+from ..questions.prepare import question_samples
+
+
+def load_of(generation: GenerationParams, most_per_worker: int) -> Callable[[Question], int]:
+    """The sequences a question holds in a worker's slots while it decodes, as a warm pool's load
+    counts them: its samples, each a sequence of its own once the prompt is in. 0 for a
+    question that only scores continuations: a step's width gains it little (lm-eval's MMLU took
+    about as long in the backend at 16 slots as at 64: docs/performance/pools-and-weighing.md), so
+    it grows nothing; 0 too for one of more samples than a worker can come to hold, which
+    fails alone (workers/llama/engine.py) whatever the pool grows to."""
+
+    def load(question: Question) -> int:
+        samples = question_samples(question, generation)
+        return 0 if question.continuations or samples > most_per_worker else samples
+
+    return load
 
 
 class Submissions:
     def __init__(self, growth: ContextGrowth, reconfigure: Callable[[Mapping[int, EngineConfig]], None],
-                 open_questions: Callable[[], int]) -> None:
+                 open_sequences: Callable[[], int], load: Callable[[Question], int]) -> None:
+        """open_sequences: those of the questions the calls wait for, the pool's load; load: a
+        question's share of it (load_of)."""
         self._growth, self._reconfigure = growth, reconfigure
-        self._open_questions = open_questions  # those the calls wait for: the pool's load
+        self._open_sequences, self._load = open_sequences, load
         self._lock = threading.Lock()
         self._waiting: list[Question] = []
         self._withdrawn: set[str] = set()  # cancelled after their poll: the pool's run drops them if pending
@@ -49,17 +67,10 @@ class Submissions:
             taken, self._waiting = self._waiting, []
         if not taken:
             return None
-        for_context = self._growth.engines_for(taken)
-        engines = for_context
-        # Questions that only score continuations generate nothing, and a step's width gains them
-        # little (lm-eval's MMLU took about as long in the backend at 16 slots as at 64:
-        # docs/performance/pools-and-weighing.md): they grow nothing.
-        generating = [q for q in taken if not q.continuations]
-        if generating:
-            # the questions open before this poll as a sequence each, this poll's with their samples
-            n = [q.generation.sampling.n if q.generation else self._growth.generation.sampling.n for q in generating]
-            sequences = self._open_questions() - len(generating) + sum(n)
-            engines = self._growth.engines_for_load(sequences, max(n)) or for_context
+        engines = self._growth.engines_for(taken)
+        widest = max(map(self._load, taken))  # a question's samples decode together, in one worker
+        if widest:
+            engines = self._growth.engines_for_load(self._open_sequences(), widest) or engines
         if engines is not None:
             self._reconfigure(engines)
         return taken

@@ -49,7 +49,7 @@ from ..watch.watch import RunWatch
 from .calls import Answered, Calls, NoReuse
 from .events import PoolEvents
 from .facts import FIRST_WARM_SLOTS, call_facts, probe_records, warm_facts
-from .intake import Submissions
+from .intake import Submissions, load_of
 from .overrides import Variant, Variants, said_by_call
 from .pool_errors import PoolClosed, Untokenizable
 from .records import caller_namer, caller_records, caller_rows, caller_texts, check_vocabulary
@@ -149,8 +149,6 @@ class Pool:
             self._prompting = self._resources.enter_context(Prompting(config, model_path, answer))
         self._variants = Variants(layer, self._source, config, self._prompting, self._make_lock)
         self._resolver = Resolver("ggbatch-pool-answers")
-        self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids),
-                            self._resolver)
         facts, prefix, most = self._facts(records)
         # A warm pool starts with few slots, their KV allocated and cleared as it starts, and grows with
         # its load (runner/plan/growth.py). Not on a GPU: growing restarts the workers, which there
@@ -159,11 +157,14 @@ class Pool:
         first = FIRST_WARM_SLOTS if small else None
         growth = settle(config, started, self._prompting, facts, prefix, most, model_path, first_slots=first)
         self._workers.keep(growth.plan.node_of())
+        load = load_of(self._prompting.generation, growth.most_per_worker)
+        self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids),
+                            self._resolver, load)
         self._watch = self._resources.enter_context(
             RunWatch("off", began, since_start is not None, self._calls, since_start, self._sharing.memory_known))
-        self._watch.start_run(0, self._prompting.generation.max_tokens,
-                              sum(lay.workers * lay.slots for lay in growth.plan.layouts), self._workers)
-        self._growth, self._intake = growth, Submissions(growth, self._workers.reconfigure, lambda: self._calls.n_open)
+        self._watch.start_run(0, self._prompting.generation.max_tokens, growth.slots, self._workers)
+        self._growth = growth
+        self._intake = Submissions(growth, self._workers.reconfigure, lambda: self._calls.open_sequences, load)
         self._n_workers = len(self._workers.workers)
         self._thread = threading.Thread(target=self._loop, args=(growth,), name="ggbatch-pool", daemon=True)
         self._thread.start()
