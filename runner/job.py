@@ -177,7 +177,7 @@ def _feed(preparer: Preparer, rest: Optional[Iterator[Record]], window: int, wat
         engines = growth.engines_for(w.questions)
         if engines is not None:
             pool.reconfigure(engines)
-            watch.progress.slots = sum(lay.workers * lay.slots for lay in growth.plan.layouts)
+            watch.progress.slots = growth.slots
 
     return None if rest is None else QuestionFeed(preparer, rest, window, taken)
 
@@ -188,8 +188,7 @@ def _start_run(watch: RunWatch, first: Window, prompting: Prompting, growth: Con
     all of them)."""
     length = expected_length(max_tokens(first.questions, prompting.generation),
                              [lay.n_ctx_seq for lay in growth.plan.layouts])
-    watch.start_run(len(first.questions), length,
-                    sum(lay.workers * lay.slots for lay in growth.plan.layouts), pool)
+    watch.start_run(len(first.questions), length, growth.slots, pool)
     if expected:
         watch.progress.expect(expected)
 

@@ -316,3 +316,14 @@ def test_a_labelled_choice_of_empty_text_and_auto_choices_of_openai_lines_are_re
     assert r.stderr.splitlines()[-1] == (f"ggbatch: error: answer.choices: auto takes each record's own 'choices', "
                                          f"and {tmp_path / 'b.jsonl'} holds OpenAI Batch requests, whose lines carry "
                                          "none: list the choices (--choices A,B,C,D)")
+
+
+def test_a_scored_jobs_context_holds_its_prompts_and_choices_and_no_room_for_max_tokens(tmp_path, stories):
+    """A scored question generates nothing: each sequence's context is its prompt and its longest
+    choice, whatever max_tokens says (its KV cache is allocated and cleared as a worker starts)."""
+    q = write_jsonl(tmp_path / "q.jsonl", story_records(3))
+    r = run(stories, q, tmp_path / "a.jsonl", "--choices", ",".join(CHOICES), "--choice-scoring", "loglikelihood",
+            "--max-tokens", 1000, "--report", tmp_path / "rep.json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "rep.json").read_text())
+    assert report["layout"]["n_ctx_per_sequence"] < 200, report["layout"]  # prompts of 20-40 words and a choice

@@ -2,14 +2,17 @@
 a worker starts), grown once to the layout's cap when its calls bring more sequences; slots asked
 for stay as asked. The real engine on the demo model; every test has a hard timeout."""
 
+import logging
 import time
+from array import array
 
 import psutil
 import pytest
 
 import ggbatch
 from ggbatch.runner.plan.layout import MAX_AUTO_SLOTS
-from ggbatch.runner.warm.facts import FIRST_WARM_SLOTS
+from ggbatch.runner.warm.facts import FIRST_WARM_SLOTS, GUESS_PROMPT
+from ggbatch.workers.protocol import Question
 
 pytestmark = pytest.mark.model
 
@@ -76,6 +79,59 @@ def test_a_question_wider_than_any_plan_fails_alone_without_a_restart(demo_model
         fine = pool.answer(["The little dog"])[0]
         assert worker_pids() == before and pool.stats()["slots"] == FIRST_WARM_SLOTS
     assert wide.error is not None and "ask for fewer" in wide.error and fine.error is None, (wide, fine)
+
+
+@pytest.mark.timeout(180)
+def test_a_pools_own_samples_are_planned_from_the_start_past_the_cap(demo_model):
+    """The pool's (or the call's) sampling.n is planned as a job's is: a slot a sample from the
+    start, past the auto cap if need be, with no growth's restart."""
+    wide = MAX_AUTO_SLOTS + 6
+    answer = ggbatch.answer(["Once upon a time"], model=demo_model, max_tokens=4, ignore_eos=True, workers=1,
+                            sampling={"n": wide, "temperature": 0.8})[0]
+    assert answer.error is None and len(answer.samples or []) == wide, answer
+    with ggbatch.Pool(model=demo_model, max_tokens=4, ignore_eos=True, workers=1,
+                      sampling={"n": FIRST_WARM_SLOTS + 4, "temperature": 0.8}) as pool:
+        before, slots = worker_pids(), pool.stats()["slots"]
+        answers = pool.answer(["Once upon a time"])
+        assert worker_pids() == before
+    assert slots >= FIRST_WARM_SLOTS + 4
+    assert all(a.error is None and len(a.samples or []) == FIRST_WARM_SLOTS + 4 for a in answers), answers
+
+
+@pytest.mark.timeout(180)
+def test_one_answer_call_with_scored_choices_plans_their_tokens_and_grows_nothing(demo_model):
+    """ggbatch.answer plans its context for the prompt and the longest choice scored after it:
+    no worker starts again for a larger context on the call's only poll."""
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("ggbatch")
+    level = log.level
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    try:
+        answers = ggbatch.answer([f"Is {i} even?" for i in range(4)], model=demo_model, workers=1,
+                                 answer={"choices": ["yes, it is even", "no, it is odd"],
+                                         "choice_scoring": "loglikelihood"})
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert all(a.text in ("yes, it is even", "no, it is odd") for a in answers), answers
+    assert not [m for m in said if "grows" in m], said
+
+
+@pytest.mark.timeout(180)
+def test_a_scored_context_past_the_guess_needs_no_room_for_max_tokens(demo_model):
+    """A warm pool plans GUESS_PROMPT tokens of prompt and its max_tokens a sequence. A context past
+    the guess that is only scored generates nothing: it fits, and no worker starts again."""
+    with ggbatch.Pool(model=demo_model, max_tokens=256, workers=1) as pool:
+        (context,) = pool.tokenize([" ".join(["Once upon a time there was a dog."] * 43)])
+        assert GUESS_PROMPT + 8 < len(context) < GUESS_PROMPT + 200, len(context)
+        before = worker_pids()
+        (scored,) = pool.submit_questions([Question("long", context, 0, continuations=(array("i", [5, 6]),))]
+                                          ).result(timeout=60)
+        assert worker_pids() == before
+    assert scored.error is None and scored.scored is not None, scored
 
 
 @pytest.mark.timeout(180)

@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 
 from ...workers.protocol import EngineConfig, GenerationParams, Question
 from . import layout as layouts
-from .layout import Layout, PromptFacts
+from .layout import Layout, PromptFacts, answer_tokens, prompt_length
 from .memory import MemoryPlan, describe
 from .nodes import NodePlan
 
@@ -86,7 +86,7 @@ class ContextGrowth:
         (None: they fit, or no larger context can be had)."""
         if self.inputs.n_ctx is not None:
             return None
-        want = context_needed(questions, self.generation.max_tokens, self.inputs.facts[0].n_ctx_train)
+        want = context_needed(questions, self.generation, self.inputs.facts[0].n_ctx_train)
         if want <= self.n_ctx_seq:
             return None
         n_ctx_seq = self._largest_fitting(want)
@@ -163,10 +163,8 @@ class ContextGrowth:
         return low
 
 
-def context_needed(questions: Sequence[Question], max_tokens: int, n_ctx_train: int) -> int:
-    """The context per sequence these questions need: each its prompt and its own max_tokens
-    (else the job's), and its longest continuation when scored, as runner/plan/layout.py
-    context_per_sequence sizes it, capped by the model's training context (0: unknown)."""
-    need = max((len(q.tokens) + max(map(len, q.continuations), default=0)
-                + (q.generation.max_tokens if q.generation else max_tokens) + 1 for q in questions), default=0)
-    return min(need, n_ctx_train) if n_ctx_train > 0 else need
+def context_needed(questions: Sequence[Question], generation: GenerationParams, n_ctx_train: int) -> int:
+    """The context per sequence these questions need: each its prompt (its longest continuation
+    included) and the tokens it may generate, sized and capped as the plan sizes it."""
+    return max((layouts.context_per_sequence(prompt_length(q), answer_tokens(q, generation), n_ctx_train, None)
+                for q in questions), default=0)

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.engine.invariant import kv_streams, step_budget
 from ...workers.helper_messages import GpuMemory
-from ...workers.protocol import EngineConfig, GenerationParams, kv_cells
+from ...workers.protocol import EngineConfig, GenerationParams, Question, kv_cells
 from ..config.checks import AUTO
 from ..errors import ConfigError, KeysError
 from ..model.gguf_header import GGUFFormatError, read_hparams
@@ -306,6 +306,18 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
         layout = replace(layout, workers=memory.workers, slots=memory.slots, cores=layout.cores[:memory.workers],
                          devices=layout.devices[:memory.workers], n_batch=step_budget(n_batch, memory.slots, invariant))
     return layout, memory
+
+
+def prompt_length(question: Question) -> int:
+    """The tokens a question's sequence holds before it generates any: its prompt, and its longest
+    continuation when it is scored (log-likelihood), as the plan's `longest` counts them."""
+    return len(question.tokens) + max(map(len, question.continuations), default=0)
+
+
+def answer_tokens(question: Question, generation: GenerationParams) -> int:
+    """The most tokens a question may generate: its own max_tokens, else the job's (`generation`);
+    none for one that only scores continuations (log-likelihood), whose context need not hold any."""
+    return 0 if question.continuations else (question.generation or generation).max_tokens
 
 
 def context_per_sequence(longest_prompt: int, max_tokens: int, n_ctx_train: int,

@@ -21,7 +21,9 @@ FEED_WAIT_S = 0.02  # how often an idle pool looks for the next window of a stre
 
 
 class Feed(Protocol):
-    """The windows of a streamed file after the first (runner/questions/feed.py QuestionFeed)."""
+    """Questions that come while the pool runs: the windows of a streamed file after the first
+    (runner/questions/feed.py QuestionFeed), or a warm pool's calls (runner/warm/intake.py
+    Submissions)."""
 
     @property
     def done(self) -> bool:

@@ -30,7 +30,7 @@ from ..config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
 from ..files.inputs import Record
 from ..journal.journal import Journal
-from ..plan.layout import PromptFacts, context_limit
+from ..plan.layout import PromptFacts, answer_tokens, context_limit, prompt_length
 from .maker import QuestionMaker, QuestionSet
 from .prefix_groups import Sharing, grouped_order
 from .prompting import Prompting
@@ -108,8 +108,7 @@ def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: in
     the longest prompt to come), and the prefix every prompt of the first window shares."""
     prompts = [q.tokens for q in first.questions]
     prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
-    longest = max(max((len(q.tokens) + max(map(len, q.continuations), default=0) for q in first.questions),
-                      default=0), longest_guess)
+    longest = max(max(map(prompt_length, first.questions), default=0), longest_guess)
     # a question whose choices are scored as continuations shares its context among them: the
     # workers keep the prefix cache for it, as for a group of questions
     shared_contexts = sum(len(q.continuations) > 1 for q in first.questions) if first.sharing is not None else 0
@@ -121,9 +120,9 @@ def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: in
 
 
 def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> int:
-    """The most tokens any question may generate: its own max_tokens, or the job's."""
-    return max((q.generation.max_tokens if q.generation else generation.max_tokens for q in questions),
-               default=generation.max_tokens)
+    """The most tokens any question may generate (runner/plan/layout.py answer_tokens): its own
+    max_tokens, or the job's; none where every question only scores continuations."""
+    return max((answer_tokens(q, generation) for q in questions), default=generation.max_tokens)
 
 
 def question_samples(question: Question, generation: GenerationParams) -> int:

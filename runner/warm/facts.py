@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 from ...workers.protocol import Question
 from ..files.inputs import Record
 from ..launch import STREAMED
-from ..plan.layout import PromptFacts
+from ..plan.layout import PromptFacts, prompt_length
 from ..questions.prepare import common_prefix, max_samples, max_tokens
 from ..questions.prompting import Prompting
 
@@ -37,8 +37,9 @@ def call_facts(n_records: int, questions: Sequence[Question], prompting: Prompti
     prompts = [q.tokens for q in questions]
     prefix = common_prefix(prompts) if len(prompts) > 1 else array("i")
     samples = max_samples(questions, prompting.generation)  # each a sequence of its own once the prompt is in
-    facts = PromptFacts(n_records * samples, max((len(t) for t in prompts), default=1), len(prefix),
-                        prompting.info.n_ctx_train, prompting.dims, 0, any(q.continuations for q in questions))
+    facts = PromptFacts(n_records * samples, max(map(prompt_length, questions), default=1), len(prefix),
+                        prompting.info.n_ctx_train, prompting.dims, 0, any(q.continuations for q in questions),
+                        samples)
     return facts, prefix, max_tokens(questions, prompting.generation)
 
 
@@ -50,5 +51,5 @@ def warm_facts(probes: Sequence[Question], prompting: Prompting, prefix_cache: b
     gen = prompting.generation
     prefix = common_prefix([q.tokens for q in probes])
     facts = PromptFacts(STREAMED * gen.sampling.n, GUESS_PROMPT, len(prefix), prompting.info.n_ctx_train,
-                        prompting.dims, int(prefix_cache), True)
+                        prompting.dims, int(prefix_cache), True, gen.sampling.n)
     return facts, prefix, gen.max_tokens

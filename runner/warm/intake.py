@@ -31,6 +31,8 @@ def load_of(generation: GenerationParams, most_per_worker: int) -> Callable[[Que
 
 
 class Submissions:
+    """A warm pool's feed (runner/pool/intake.py Feed): what the calls put, polled by the pool's run."""
+
     def __init__(self, growth: ContextGrowth, reconfigure: Callable[[Mapping[int, EngineConfig]], None],
                  open_sequences: Callable[[], int], load: Callable[[Question], int]) -> None:
         """open_sequences: those of the questions the calls wait for, the pool's load; load: a

@@ -168,7 +168,7 @@ class Pool:
         self._n_workers = len(self._workers.workers)
         self._thread = threading.Thread(target=self._loop, args=(growth,), name="ggbatch-pool", daemon=True)
         self._thread.start()
-        self._resources.callback(self._stop, cancel=True)
+        self._resources.callback(self._stop)
         atexit.register(self._at_exit)
         self._resources.callback(atexit.unregister, self._at_exit)
         self._ready.wait()
@@ -366,7 +366,7 @@ class Pool:
             self._intake.cancel(PoolClosed(f"{self._source}: the process is exiting"))
         self.close()
 
-    def _stop(self, cancel: bool) -> None:
+    def _stop(self) -> None:
         try:
             self._intake.finish()
             self._thread.join()
