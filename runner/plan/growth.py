@@ -96,8 +96,9 @@ class ContextGrowth:
                         "a longer prompt fails (%s)", want, n_ctx_seq, describe(self._plans(want)[0][1]))
         if n_ctx_seq <= self.n_ctx_seq:
             return None
-        log.info("a later window holds longer questions: the context per sequence grows from %d to %d tokens "
-                 "(each worker starts again once it has answered what it holds)", self.n_ctx_seq, n_ctx_seq)
+        log.info("questions came that need %d tokens of context per sequence (a later window of the file, or a "
+                 "pool's call): the context grows from %d to %d tokens (each worker starts again once it has "
+                 "answered what it holds)", want, self.n_ctx_seq, n_ctx_seq)
         return self._replanned(self._plans(n_ctx_seq))
 
     @property
