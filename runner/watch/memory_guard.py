@@ -17,7 +17,9 @@ class Admission(Protocol):
     """What the pause drives (runner/pool/pool.py WorkerPool)."""
 
     paused: bool
-    stopping: bool
+
+    @property
+    def stopping(self) -> bool: ...
 
     def pause(self, paused: bool) -> None: ...
 

@@ -15,7 +15,7 @@ import psutil
 
 from ...workers.protocol import Answer, EngineStats, Ready, ThreadsSet
 from ..pool.worker_threads import WorkerThreads
-from .memory_guard import LowMemoryPause
+from .memory_guard import Admission, LowMemoryPause
 from .monitor import Monitor
 from .progress import Progress
 from .stalls import StallWatch
@@ -25,6 +25,24 @@ from .thread_controller import CoreLoad, ThreadChange, ThreadController, core_lo
 from .timeline import Sample, Timeline, WorkerPoint
 
 log = logging.getLogger("ggbatch")
+
+
+class WatchedPool(Admission, Protocol):
+    """What the watch reads of the workers' pool and asks of it (runner/pool/pool.py WorkerPool)."""
+
+    finished: bool  # every question answered; the workers are still alive
+
+    @property
+    def live_pids(self) -> dict[int, int]: ...
+
+    @property
+    def in_flight(self) -> dict[int, int]: ...
+
+    def engine_counters(self) -> dict[int, EngineStats]: ...
+
+    def llama_threads(self) -> dict[int, WorkerThreads]: ...
+
+    def set_threads(self, worker_id: int, n: int) -> None: ...
 
 
 class AnswerSink(Protocol):
@@ -65,7 +83,7 @@ class RunWatch:
         self.started = time.perf_counter() if started is None else started
         self.on_memory = on_memory
 
-    def start_run(self, total: int, max_tokens: int, slots: int, pool: Any = None) -> None:
+    def start_run(self, total: int, max_tokens: int, slots: int, pool: Optional[WatchedPool] = None) -> None:
         """The questions left to answer are known: the progress line and the timeline start.
         max_tokens: per answer; slots: decoded together over all workers. A sample of the pool's
         workers now makes the first tick's a whole interval: contention is seen a second sooner."""
@@ -81,8 +99,7 @@ class RunWatch:
         self.tally.add(answers)
         self.progress.answered(answers)
 
-    def tick(self, pool: Any) -> None:
-        """pool: runner/pool/pool.py WorkerPool."""
+    def tick(self, pool: WatchedPool) -> None:
         available = self.monitor.sample(pool.live_pids, final=pool.finished)
         self.memory_pause.update(available, pool)
         now = time.monotonic()
@@ -104,7 +121,7 @@ class RunWatch:
             self.timeline.add(self._sample(t, counters, pool.llama_threads()))
         self.progress.tick()
 
-    def end(self, pool: Any) -> None:
+    def end(self, pool: WatchedPool) -> None:
         """The timeline's last sample, for a run the pool did not finish (a stop, a worker's
         failure): a finished pool's last tick took it."""
         if not pool.finished:
@@ -123,7 +140,7 @@ class RunWatch:
         log.info("worker %d: %d → %d llama.cpp threads: %s%s", msg.worker_id, msg.before, msg.n_threads, why,
                  "" if msg.steps else "; before its first step")
 
-    def _watch_threads(self, pool: Any, now: float) -> None:
+    def _watch_threads(self, pool: WatchedPool, now: float) -> None:
         """Feed each worker's last interval to the thread controller; ask for what it decides."""
         self._other.clear()
         for wid, threads in pool.llama_threads().items():
@@ -134,7 +151,7 @@ class RunWatch:
             self._other[wid] = load.other
             self._judge(pool, wid, now, load, threads, usage.affinity)
 
-    def on_ready(self, pool: Any, msg: Ready) -> None:
+    def on_ready(self, pool: WatchedPool, msg: Ready) -> None:
         """A worker has loaded: the load on its cores since the job started is the thread
         controller's first evidence (runner/watch/startup_load.py), so that on a busy machine its first
         step, the prompts, already runs fewer threads. Once per worker: a restarted one is left to
@@ -151,7 +168,7 @@ class RunWatch:
         if load is not None and load.interval_s > 0:
             self._judge(pool, msg.worker_id, time.monotonic(), load, threads, msg.cores, at_ready=True)
 
-    def _judge(self, pool: Any, wid: int, now: float, load: CoreLoad, threads: WorkerThreads,
+    def _judge(self, pool: WatchedPool, wid: int, now: float, load: CoreLoad, threads: WorkerThreads,
                cores: Sequence[int], at_ready: bool = False) -> None:
         """Feed one interval of a worker's cores to the thread controller (and -v's log); ask the
         worker for what it decides."""
