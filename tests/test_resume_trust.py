@@ -143,7 +143,7 @@ def test_a_window_of_longer_prompts_grows_the_context_to_what_they_need():
     assert growth.n_ctx_seq == 40 + 16 + 1
     assert growth.engines_for([question(30), question(40)]) is None  # they fit: nothing restarts
     engines = growth.engines_for([question(300), question(100, max_tokens=400)])
-    assert growth.grown and {e.n_ctx_seq for e in engines.values()} == {501} == {growth.n_ctx_seq}
+    assert engines is not None and {e.n_ctx_seq for e in engines.values()} == {501} == {growth.n_ctx_seq}
     assert growth.engines_for([question(3000)]) is not None and growth.n_ctx_seq == 2048  # the model's own
     assert growth.engines_for([question(3000)]) is None
 

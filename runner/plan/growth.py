@@ -66,7 +66,6 @@ class ContextGrowth:
         self.inputs = replace(inputs, started=inputs.started.with_flash_attn([lay.flash_attn for lay in plan.layouts]))
         self.plan, self.memory = plan, list(memory)
         self.model_path, self.prefix, self.generation = model_path, prefix, generation
-        self.grown = False
         self._said_short = 0  # the largest context the memory could not hold, said once
         # each node's cap on auto slots once the load asks for more (a warm pool's; () : as started)
         self._slot_caps_later = tuple(slot_caps)
@@ -141,7 +140,6 @@ class ContextGrowth:
                 log.warning("memory plan: %s (%s)", memory.note, describe(memory))
         self.plan = replace(self.plan, layouts=tuple(lay for lay, _ in plans))
         self.memory = [memory for _, memory in plans]
-        self.grown = True
         return self.engines()
 
     def _plans(self, n_ctx_seq: int) -> list[tuple[Layout, MemoryPlan]]:
