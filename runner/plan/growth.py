@@ -21,7 +21,7 @@ memory the plan allows cannot hold it.
 A warm pool's slots grow the same way. Before its first call it cannot know its load, and every
 slot's KV is allocated and cleared as the workers start (about 2.6 GB and several seconds for
 64 slots of 769 tokens on a 28-layer model), so with auto slots it starts with at most
-FIRST_WARM_SLOTS a worker (runner/warm/pool.py). The first time its open questions' sequences
+FIRST_WARM_SLOTS a worker (runner/warm/facts.py first_slots). The first time its open questions' sequences
 outnumber its slots, it is planned as a job is, for as many slots as the auto cap and the memory
 allow, once.
 """

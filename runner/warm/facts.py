@@ -6,7 +6,7 @@ prompt shares, found by making two probe questions. The context grows if a later
 from __future__ import annotations
 
 from array import array
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 from ...workers.protocol import Question
 from ..files.inputs import Record
@@ -23,6 +23,15 @@ GUESS_PROMPT = 512  # tokens of prompt a warm pool's context is first planned fo
 # sequences (runner/plan/growth.py). A pipeline's usual calls, a few questions at a time, never
 # wait for one of 16, whose KV is a quarter of 64's.
 FIRST_WARM_SLOTS = 16
+
+
+def first_slots(start_small: bool, for_a_call: bool, n_gpu_layers: int) -> Optional[int]:
+    """The auto slots a pool's workers start with (None: as many as the plan allows). A warm pool
+    starts with few, their KV allocated and cleared as it starts, and grows with its load
+    (runner/plan/growth.py). Not a pool made for one call, which knows its load; nor one on a GPU,
+    where growing restarts the workers and so loads the weights into VRAM again, and the VRAM
+    plan sizes the slots already."""
+    return FIRST_WARM_SLOTS if start_small and not for_a_call and not n_gpu_layers else None
 
 
 def probe_records(fields: Iterable[str]) -> list[Record]:

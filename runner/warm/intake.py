@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Mapping, Optional, Sequence
 
-from ...workers.protocol import EngineConfig, GenerationParams, Question
+from ...workers.protocol import Answer, EngineConfig, FinishReason, GenerationParams, Question
 from ..plan.growth import ContextGrowth
 from ..pool.wake import WakePipe
 from ..questions.prepare import question_samples
@@ -28,6 +28,23 @@ def load_of(generation: GenerationParams, most_per_worker: int) -> Callable[[Que
         return 0 if question.continuations or samples > most_per_worker else samples
 
     return load
+
+
+def too_wide(questions: Sequence[Question], generation: GenerationParams,
+             most_per_worker: int) -> tuple[list[Question], dict[str, Answer]]:
+    """The questions a worker of the pool can hold, and an error answer for each of more samples
+    than any worker can come to hold: said here, where the cap is known, rather than by a worker
+    that has not grown yet and knows only its own slots."""
+    kept, refused = [], {}
+    for q in questions:
+        n = question_samples(q, generation)
+        if n <= most_per_worker:
+            kept.append(q)
+            continue
+        refused[q.qid] = Answer(q.qid, "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error=(
+            f"n: {n} samples decode together, a slot each, and a worker of this pool holds {most_per_worker} at most "
+            "(the auto cap, or slots=): ask for fewer, or give the pool its sampling.n, planned for from the start"))
+    return kept, refused
 
 
 class Submissions:

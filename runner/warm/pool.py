@@ -48,8 +48,8 @@ from ..watch.startup_load import SinceStart
 from ..watch.watch import RunWatch
 from .calls import Answered, Calls, NoReuse
 from .events import PoolEvents
-from .facts import FIRST_WARM_SLOTS, call_facts, probe_records, warm_facts
-from .intake import Submissions, load_of
+from .facts import call_facts, first_slots, probe_records, warm_facts
+from .intake import Submissions, load_of, too_wide
 from .overrides import Variant, Variants, said_by_call
 from .pool_errors import PoolClosed, Untokenizable
 from .records import caller_namer, caller_records, caller_rows, caller_texts, check_vocabulary
@@ -150,11 +150,7 @@ class Pool:
         self._variants = Variants(layer, self._source, config, self._prompting, self._make_lock)
         self._resolver = Resolver("ggbatch-pool-answers")
         facts, prefix, most = self._facts(records)
-        # A warm pool starts with few slots, their KV allocated and cleared as it starts, and grows with
-        # its load (runner/plan/growth.py). Not on a GPU: growing restarts the workers, which there
-        # means loading the weights into VRAM again, and the VRAM plan already sizes the slots.
-        small = start_small and not records and not started.layouts[0].n_gpu_layers
-        first = FIRST_WARM_SLOTS if small else None
+        first = first_slots(start_small, bool(records), started.layouts[0].n_gpu_layers)
         growth = settle(config, started, self._prompting, facts, prefix, most, model_path, first_slots=first)
         self._workers.keep(growth.plan.node_of())
         load = load_of(self._prompting.generation, growth.most_per_worker)
@@ -226,6 +222,8 @@ class Pool:
             # a call's new choices are checked through the tokenizer process: one that died restarts
             variant = self._tokenizing(lambda: self._variants.of(overrides, where), where)
             maker, rejected, made = self._make(records, variant, where, single)
+            made, wide = too_wide(made, self._prompting.generation, self._growth.most_per_worker)
+            rejected.update(wide)
             future, sent = self._calls.open(list(maker.ids.answered_as()), made, rejected)
             self._intake.put(sent)
         return future
