@@ -12,7 +12,7 @@ import pytest
 import ggbatch
 from ggbatch.runner.plan.layout import MAX_AUTO_SLOTS
 from ggbatch.runner.warm.facts import FIRST_WARM_SLOTS, GUESS_PROMPT
-from ggbatch.workers.protocol import Question
+from ggbatch.workers.protocol import GenerationParams, Question, SamplingParams
 
 pytestmark = pytest.mark.model
 
@@ -76,9 +76,14 @@ def test_a_question_wider_than_any_plan_fails_alone_without_a_restart(demo_model
     with ggbatch.Pool(model=demo_model, max_tokens=4, ignore_eos=True, workers=1) as pool:
         before = worker_pids()
         wide = pool.answer(["Once upon a time"], sampling={"n": MAX_AUTO_SLOTS + 1, "temperature": 0.8})[0]
+        too_many = SamplingParams(temperature=0.8, n=MAX_AUTO_SLOTS + 1)
+        (tokenized,) = pool.submit_questions([Question("tokenized", pool.tokenize("The cat")[0], 0,
+                                                       GenerationParams(4, ignore_eos=True, sampling=too_many))]
+                                             ).result(timeout=60)
         fine = pool.answer(["The little dog"])[0]
         assert worker_pids() == before and pool.stats()["slots"] == FIRST_WARM_SLOTS
-    assert wide.error is not None and f"holds {MAX_AUTO_SLOTS} at most" in wide.error, wide  # not the 16 it has
+    for refused in (wide, tokenized):  # the cap, not the 16 a worker has before it grows
+        assert refused.error is not None and f"holds {MAX_AUTO_SLOTS} at most" in refused.error, refused
     assert fine.error is None, fine
 
 

@@ -106,17 +106,22 @@ class ContextGrowth:
         return sum(lay.workers * lay.slots for lay in self.plan.layouts)
 
     @property
+    def per_worker(self) -> int:
+        """The slots every worker has now (the fewest of any node's)."""
+        return min(lay.slots for lay in self.plan.layouts)
+
+    @property
     def most_per_worker(self) -> int:
         """The most slots a worker can come to hold: what it has, or the auto cap a warm pool may
         still grow to (the memory may allow fewer)."""
-        return max(min(lay.slots for lay in self.plan.layouts), min(self._slot_caps_later, default=0))
+        return max(self.per_worker, min(self._slot_caps_later, default=0))
 
     def engines_for_load(self, sequences: int, widest: int) -> Optional[dict[int, EngineConfig]]:
         """The workers' new engines when `sequences` (those a warm pool's open calls hold) outnumber
         the slots it started with, or a question's `widest` samples (decoded together, in one
         worker) a worker's: planned for every slot the auto cap and the memory allow, once (None:
         no larger plan to grow to)."""
-        per_worker = min(lay.slots for lay in self.plan.layouts)
+        per_worker = self.per_worker
         if not self._slot_caps_later or (sequences <= self.slots and widest <= per_worker):
             return None
         started = self.inputs.started

@@ -15,17 +15,16 @@ from ..pool.wake import WakePipe
 from ..questions.prepare import question_samples
 
 
-def load_of(generation: GenerationParams, most_per_worker: int) -> Callable[[Question], int]:
+def load_of(generation: GenerationParams) -> Callable[[Question], int]:
     """The sequences a question holds in a worker's slots while it decodes, as a warm pool's load
     counts them: its samples, each a sequence of its own once the prompt is in. 0 for a
     question that only scores continuations: a step's width gains it little (lm-eval's MMLU took
     about as long in the backend at 16 slots as at 64: docs/performance/pools-and-weighing.md), so
-    it grows nothing; 0 too for one of more samples than a worker can come to hold, which
-    fails alone (workers/llama/engine.py) whatever the pool grows to."""
+    it grows nothing. A question of more samples than a worker can come to hold never comes
+    here: too_wide answers it first."""
 
     def load(question: Question) -> int:
-        samples = question_samples(question, generation)
-        return 0 if question.continuations or samples > most_per_worker else samples
+        return 0 if question.continuations else question_samples(question, generation)
 
     return load
 

@@ -153,7 +153,7 @@ class Pool:
         first = first_slots(start_small, bool(records), started.layouts[0].n_gpu_layers)
         growth = settle(config, started, self._prompting, facts, prefix, most, model_path, first_slots=first)
         self._workers.keep(growth.plan.node_of())
-        load = load_of(self._prompting.generation, growth.most_per_worker)
+        load = load_of(self._prompting.generation)
         self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids),
                             self._resolver, load)
         self._watch = self._resources.enter_context(
@@ -253,7 +253,8 @@ class Pool:
             self._check_usable(f"{self._source}.submit_questions()")  # closed meanwhile
             ordered = [replace(q, group=q.group + self._groups) if q.group else q for q in ordered]
             self._groups += max((q.group for q in ordered), default=0)
-            future, sent = self._calls.open([(q.qid, q.qid) for q in questions], ordered, {}, on_answered)
+            ordered, wide = too_wide(ordered, self._prompting.generation, self._growth.most_per_worker)
+            future, sent = self._calls.open([(q.qid, q.qid) for q in questions], ordered, wide, on_answered)
             self._intake.put(sent)
         return future
 
