@@ -102,7 +102,8 @@ class Pool:
         with said_by_call(SOURCE, {}):  # these need no model: said now, not by .result()
             job_answer(config)
             check_prompt_template(config.prompt_template)
-        return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory, start_small))
+        return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory, start_small),
+                               Pool._at_exit, lambda pool: pool._resources)
 
     @classmethod
     def for_call(cls, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
