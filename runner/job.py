@@ -36,7 +36,7 @@ from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig, key_said_in_f
 from .errors import Interrupted, JournalError, ModelError, OutputError, WorkerFailure
 from .files.formats.cells import check_id_column
 from .files.formats.detect import errors_format, output_format
-from .files.formats.rows import OutputSpec, Row
+from .files.formats.rows import OutputSpec, Row, not_answered
 from .files.inputs import QuestionStream, Record, open_question_file
 from .files.lock import OutputLock
 from .files.outputs import remove_stale_copies, write_answers, write_atomic
@@ -352,7 +352,7 @@ def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ende
             answer = rejected or journal.answer(first)
             counts.count(qid, answer,
                          from_journal=rejected is None and answer is not None and first in made.from_journal)
-            yield Row(qid, answer, f"not answered: {why}" if answer is None else answer.error)
+            yield Row(qid, answer, not_answered(why) if answer is None else answer.error)
 
     try:
         write_answers(config.output, rows(), spec, config.errors_output)

@@ -241,6 +241,9 @@ def test_the_command_line_exit_codes(tmp_path):
     assert "questions are in no part: " in r.stderr and "(by their ids, of shard 1/3)" in r.stderr
     r = ggbatch("--input", questions, "--output", out, parts[0], parts[0].replace("answers", "./answers"))
     assert r.returncode == 2 and r.stderr.startswith("ggbatch: error: ") and r.stderr.count("\n") == 1
+    nothing = tmp_path / "nothing.jsonl"  # a glob the shell matched to no file is passed on as written
+    r = ggbatch("--input", questions, "--output", nothing, str(tmp_path / "answer.shard-*"))
+    assert r.returncode == 2 and "no part exists" in r.stderr and not nothing.exists()
 
 
 def test_a_glob_that_also_matches_the_journals_merges_the_parts(tmp_path):

@@ -172,7 +172,7 @@ def test_sharded_runs_merge_into_the_unsharded_run_of_every_format(tmp_path, dem
     kinds = {k for line in text.splitlines() for k in json.loads(line)}
     assert kinds == {"questionID", "answer", "token_logprobs"} | ({"choice_logprobs"} if job == "choices" else set())
     if job == "samples":  # score reads the merged CSV's samples as lists, as it reads the run's
-        merged = read_answers(str(tmp_path / "merged-jsonl.csv"))
+        merged, _ = read_answers(str(tmp_path / "merged-jsonl.csv"))
         assert all(isinstance(a, list) and len(a) == 3 for a in merged.values())
         header = next(csv.reader(io.StringIO(whole["csv"].read_text(encoding="utf-8"))))
         assert header[-1] == "samples"

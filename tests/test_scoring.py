@@ -9,6 +9,8 @@ import pytest
 from conftest import DATA, require
 from ggbatch.runner.cli import build_parser
 from ggbatch.runner.errors import InputError
+from ggbatch.runner.files.formats.openai_output import batch_line
+from ggbatch.runner.files.formats.rows import OutputSpec, Row, not_answered, row_fields
 from ggbatch.runner.scoring.command import cmd_score
 from ggbatch.runner.scoring.files import openai_text, read_answers, read_gold
 from ggbatch.runner.scoring.rules import (
@@ -24,6 +26,7 @@ from ggbatch.runner.scoring.rules import (
     tally,
 )
 from ggbatch.runner.scoring.table import ScoreResult, format_table, score
+from ggbatch.workers.protocol import Answer, FinishReason
 from helpers import ggbatch, write_jsonl
 
 MMLU = DATA / "mmlu" / "questions.jsonl"
@@ -43,6 +46,8 @@ GSM8K_RAW = DATA / "gsm8k" / "raw" / "grade_school_math" / "data" / "test.jsonl"
     ("the numbers 1,2,3", "3"),  # a list, not thousands
     ("It is 7.", "7"),  # a full stop is not a decimal point
     ("Answer: 12\nQuestion: 5 apples", "5"),  # the last number, as the harness's flexible filter
+    ("The answer is \u22125", "-5"),  # a typeset minus sign (U+2212) is a minus, not dropped
+    ("#### \u22127", "-7"),
 ])
 def test_number_extraction(text, expected):
     assert extract_number(text) == expected
@@ -88,6 +93,7 @@ def test_every_real_gsm8k_reference_solution_scores_right():
     ("b) because the group is cyclic", "B"), ("B. 8", "B"), ("  (d) six", "D"),
     ("Let me think.\nThe cyclic group has order 4, so the answer is A.", "A"),
     ("B\nThe answer is C", "B"),  # the first line decides
+    ("The answer is (b)", "B"), ("so the answer is [c].", "C"),  # a small letter, in brackets
 ])
 def test_letter_extraction(text, expected):
     assert extract_letter(text, "ABCD") == expected
@@ -98,6 +104,7 @@ def test_letter_extraction(text, expected):
     "I think so.",
     "The capital is Paris.\nB",  # a letter on a later line only: first line only
     "the answer is a dog",
+    "the answer is a bit unclear",  # a small letter out of brackets is a word
     "E",  # not one of this question's choices
     "",
 ])
@@ -175,7 +182,7 @@ def test_openai_batch_output(tmp_path):
     path = write_jsonl(tmp_path / "batch_output.jsonl", [
         line("q1", content="The answer is B"), line("q2", text=" C"), line("q3", error={"code": "x", "message": "y"}),
         line("q4", content="A", status=500)])
-    assert read_answers(path) == {"q1": "The answer is B", "q2": " C", "q3": None, "q4": None}
+    assert read_answers(path) == ({"q1": "The answer is B", "q2": " C", "q3": None, "q4": None}, set())
     assert openai_text({"custom_id": "r", "response": {"status_code": 200, "body": {"output": [
         {"type": "message", "content": [{"type": "output_text", "text": "D"}]}]}}}) == "D"
 
@@ -183,11 +190,11 @@ def test_openai_batch_output(tmp_path):
 def test_csv_and_json_array_answers(tmp_path):
     csv_path = tmp_path / "submission.csv"
     csv_path.write_text('id,answer\nq1,"B, because\nit is"\nq2,\n7,18\n')
-    assert read_answers(str(csv_path), id_field="id") == {"q1": "B, because\nit is", "q2": "", "7": "18"}
+    assert read_answers(str(csv_path), id_field="id") == ({"q1": "B, because\nit is", "q2": "", "7": "18"}, set())
     array = tmp_path / "answers.json"
     array.write_text(json.dumps([{"questionID": "q1", "answer": "A"},
                                  {"questionID": "q2", "answer": None, "error": "not answered: x"}]))
-    assert read_answers(str(array)) == {"q1": "A", "q2": None}
+    assert read_answers(str(array)) == ({"q1": "A", "q2": None}, {"q2"})
 
 
 @pytest.mark.parametrize("content, message", [
@@ -281,6 +288,38 @@ def test_score_csv_answers_by_custom_id_column(tmp_path, capsys):
     assert score_main("--answers", answers, "--gold", gold, "--id-field", "id", "--answer-field", "prediction") == 0
     all_row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("all ")][0]
     assert all_row.split() == ["all", "4", "2", "50.00%", "28.87%", "0", "1"]
+
+
+def test_a_stopped_runs_unanswered_questions_are_said_apart_from_the_models_failures(tmp_path, capsys):
+    """Rows a run never answered (it was stopped first; a merge without their shard) are missing,
+    and the table and --json count them apart: the score is of an unfinished run. Written by the
+    run's own row writers, in JSON Lines and as OpenAI Batch lines."""
+    gold = write_jsonl(tmp_path / "g.jsonl", [{"questionID": f"q{i}", "question": "?", "answer": "1"}
+                                              for i in range(4)])
+    stopped = not_answered("the run was stopped by signal 2 first")
+    rows = [Row("q0", Answer("q0", "1", FinishReason.STOP, 3, 1, 0, 0.1, 0.1)),
+            Row("q1", Answer("q1", "", FinishReason.ERROR, 3, 0, 0, 0.0, 0.1, error="the prompt is too long"),
+                "the prompt is too long"),
+            Row("q2", None, stopped), Row("q3", None, stopped)]
+    spec = OutputSpec("openai", model_name="m", started=1.0)
+    written = (write_jsonl(tmp_path / "a.jsonl", [row_fields(row, "questionID", False) for row in rows]),
+               write_jsonl(tmp_path / "o.jsonl", [batch_line(row, spec) for row in rows]))
+    for answers in written:
+        summary = tmp_path / "s.json"
+        assert score_main("--answers", answers, "--gold", gold, "--json", summary) == 0
+        data = json.loads(summary.read_text())
+        assert data["not_answered"] == 2 and (data["overall"]["correct"], data["overall"]["missing"]) == (1, 3)
+        assert "not answered: 2 of the missing" in capsys.readouterr().out
+
+
+def test_a_gold_answer_written_as_a_json_number_is_the_decimal_it_is(tmp_path):
+    gold = write_jsonl(tmp_path / "g.jsonl", [{"questionID": "small", "answer": 0.0000001},
+                                              {"questionID": "big", "answer": 1e16}])
+    answers = write_jsonl(tmp_path / "a.jsonl", [{"questionID": "small", "answer": "It is 0.0000001."},
+                                                 {"questionID": "big", "answer": 10000000000000000}])
+    (read, _), (answered, _) = read_gold(str(gold)), read_answers(str(answers))
+    assert [g.answer for g in read] == ["0.0000001", "10000000000000000"]
+    assert all(score_one(g, answered[g.qid], "auto", "all").correct for g in read)
 
 
 def score_cli(*args):

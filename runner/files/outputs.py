@@ -20,7 +20,7 @@ from .formats.cells import csv_cells, csv_columns
 from .formats.csvfile import csv_line
 from .formats.detect import errors_format
 from .formats.openai_output import batch_line
-from .formats.rows import OutputSpec, Row, row_fields
+from .formats.rows import NOT_ANSWERED, OutputSpec, Row, row_fields
 from .paths import ERRORS_OUTPUT
 
 ANSWERS = "the answers file"  # what an AtomicFile's error calls its file when not told
@@ -28,7 +28,7 @@ TEMP_SUFFIX = ".tmp"  # of the copy an AtomicFile writes beside its target, name
 
 
 def answer_rows(ids: Iterable[str], answers: Mapping[str, Answer], aliases: Optional[Mapping[str, str]] = None,
-                unanswered: str = "not answered") -> list[Row]:
+                unanswered: str = NOT_ANSWERED) -> list[Row]:
     """One row per input id, in input order. `aliases` maps a question id to the id whose answer
     it shares (identical prompts are answered once); a question without an answer gets
     `unanswered` as its error."""
@@ -41,7 +41,7 @@ def answer_rows(ids: Iterable[str], answers: Mapping[str, Answer], aliases: Opti
 
 def merge(ids: Sequence[str], answers: Mapping[str, Answer],
           aliases: Optional[Mapping[str, str]] = None, id_field: str = "questionID",
-          keep_thinking: bool = False, unanswered: str = "not answered") -> list[dict[str, Any]]:
+          keep_thinking: bool = False, unanswered: str = NOT_ANSWERED) -> list[dict[str, Any]]:
     """answer_rows as the fields of a JSON or CSV answers file ({id, "answer", "error"?}); a
     reasoning model's `<think>` block is taken out of the answer (kept as "thinking" if asked)."""
     return [row_fields(row, id_field, keep_thinking) for row in answer_rows(ids, answers, aliases, unanswered)]

@@ -7,6 +7,7 @@ have, parts of different kinds (OpenAI Batch lines and answers rows), of differe
 their names) or of different jobs (by the settings in their journals: the first that differs),
 OUT being a part, the question file, a journal or lock (a part's or any run's), standard output
 (/dev/stdout, /dev/fd/N), a pipe or a device, as run refuses its output (runner/files/paths.py).
+No part that exists at all is refused too (a glob that matched nothing).
 Incomplete (OUT written, exit 1): a part file that does not exist, a shard no part's name says,
 questions no part holds (named: the first few and a count), rows without an answer.
 """
@@ -129,6 +130,9 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     _check_paths(output, paths, questions)
     split, absent_shards = _split(paths)
     present = [p for p in paths if os.path.exists(p)]
+    if not present:  # a merged file of nothing but "not answered" rows would pass for the job's answers
+        raise ConfigError(f"no part exists ({', '.join(map(quote, paths[:SHOWN]))}: not found; a pattern the "
+                          "shell found no file for is passed on as it is): nothing to merge, nothing written")
     settings = _check_one_job(present)
     _say_decided_apart(present)
     order, question_fmt = None, None

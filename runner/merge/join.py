@@ -23,13 +23,13 @@ from typing import Any, Mapping, Optional, Sequence, TypeVar
 from ..config.checks import LOGLIKELIHOOD
 from ..errors import InputError, quote
 from ..files.formats.openai_output import batch_line
-from ..files.formats.rows import OutputSpec, Row, row_fields
+from ..files.formats.rows import OutputSpec, Row, not_answered, row_fields
 from ..files.outputs import RowText
 from .parts import Part, PartRow
 
 V = TypeVar("V")
 
-MISSING = "not answered: no part holds this question"
+MISSING = not_answered("no part holds this question")
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,11 @@ def score_files(answers_path: str, gold_path: str, extract: str = "auto", by: Op
     gold, without = read_gold(gold_path, id_field, gold_field)
     if not gold:
         raise ConfigError(f"{gold_path}: no record has a gold '{gold_field}' (name it with --gold-field)")
-    answers = read_answers(answers_path, id_field, answer_field)
+    answers, unanswered = read_answers(answers_path, id_field, answer_field)
     scored, unknown, without_gold = score(gold, answers, rule, pattern, groups, without)
     return ScoreResult(scored, unknown, len(without), answers_path, gold_path, extract, by, without_gold,
-                       score_samples(gold, answers, rule, pattern), answer_field, naming_no_choice(gold, rule))
+                       score_samples(gold, answers, rule, pattern), answer_field, naming_no_choice(gold, rule),
+                       sum(1 for g in gold if g.qid in unanswered))
 
 
 def cmd_score(args: argparse.Namespace) -> int:

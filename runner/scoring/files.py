@@ -18,6 +18,8 @@ any shape runner/files/formats/choices.py reads; an integer gold answer indexes 
 from __future__ import annotations
 
 import json
+import math
+from decimal import Decimal
 from typing import Any, Iterator, Mapping, Optional, Union
 
 from ..errors import InputError, quote
@@ -28,6 +30,7 @@ from ..errors import InputError, quote
 from ..files.formats.choices import Choices, read_choices
 from ..files.formats.csvfile import csv_rows
 from ..files.formats.record import checked_id
+from ..files.formats.rows import is_not_answered
 from ..files.inputs import detect_format, json_array, json_lines, read_text
 from .rules import Gold
 
@@ -48,10 +51,13 @@ def read_rows(path: str, what: str) -> Iterator[tuple[int, Any]]:
 Answered = Union[str, list[Optional[str]], None]
 
 
-def read_answers(path: str, id_field: str = "questionID", answer_field: str = "answer") -> dict[str, Answered]:
-    """id -> answer text, or the list of a question's samples (None: the row has no answer: null,
-    an error, a failed request)."""
+def read_answers(path: str, id_field: str = "questionID",
+                 answer_field: str = "answer") -> tuple[dict[str, Answered], set[str]]:
+    """(id -> answer text, or the list of a question's samples (None: the row has no answer:
+    null, an error, a failed request); the ids of rows that say the run never answered them: it
+    ended first, or no shard held them)."""
     answers: dict[str, Answered] = {}
+    unanswered: set[str] = set()
     lines: dict[str, int] = {}
     # the fields of the rows that are not OpenAI Batch lines, in order, while none has the answer's
     fields: Optional[dict[str, None]] = {}
@@ -71,10 +77,21 @@ def read_answers(path: str, id_field: str = "questionID", answer_field: str = "a
         if qid in lines:
             raise InputError(f"{path}: duplicate answer for {quote(qid)} (lines {lines[qid]} and {line})")
         lines[qid], answers[qid] = line, text
+        if text is None and _never_answered(row):
+            unanswered.add(qid)
     if fields:  # a misspelt --answer-field would score every answer missing
         raise InputError(f"{path}: no row has an answer '{answer_field}' (the rows have: "
                          f"{', '.join(list(fields)[:8])}); name it with --answer-field")
-    return answers
+    return answers, unanswered
+
+
+def _never_answered(row: Mapping[str, Any]) -> bool:
+    """Whether a row without an answer says why as a run that ended first writes it: its error
+    (is_not_answered), or an OpenAI Batch line's error code."""
+    error = row.get("error")
+    if isinstance(error, dict):
+        return error.get("code") == "not_answered"
+    return is_not_answered(error)
 
 
 def openai_text(row: Mapping[str, Any]) -> Answered:
@@ -176,6 +193,8 @@ def _text(where: str, row: Mapping[str, Any], field: str) -> Optional[str]:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise InputError(f"{where}: '{field}' must be a string or a number, got {quote(value)}")
+    if isinstance(value, float) and math.isfinite(value):  # 1e-07 as written in the file: 0.0000001
+        return format(Decimal(repr(value)), "f")
     return str(value)
 
 

@@ -6,10 +6,12 @@ score there means:
 - number (GSM8K): the harness's strict filter first, `#### (-?[0-9.,]+)`; else, like its
   flexible-extract filter, the last number in the text. Numbers are compared as decimals after
   dropping `$` and thousands commas, so "$18.00", "18.0" and "18" are equal (the harness compares
-  strings, where "18.00" would miss; a number written two ways is the same answer).
+  strings, where "18.00" would miss; a number written two ways is the same answer); a minus sign
+  written "−" (U+2212) is a minus.
 - letter (MMLU, LSAT): on the first non-empty line, the line itself when punctuation aside it is
   one letter (`B`, `(B)`, `B.`, `**b**`) or a letter marker opening it (`B. 8`, `b) because`);
-  else "answer is B" / "Answer: (B)" anywhere (the harness's chain-of-thought filters); else the
+  else "answer is B" / "Answer: (B)" anywhere (the harness's chain-of-thought filters; a small
+  letter only in brackets, "answer is (b)"); else the
   first line equal to a choice's text (the harness's fallback to the choice text; of equal
   texts the first). Only the
   record's choice letters count (A-J without choices). Texts for choices (HellaSwag, PIQA as
@@ -51,7 +53,13 @@ STRICT_NUMBER = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-evaluation-harness gsm
 # sentence's full stop after it is not a decimal point.
 NUMBER = re.compile(r"-?\$?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)")
 PLAIN_NUMBER = re.compile(r"-?(?:\d+(?:\.\d+)?|\.\d+)")  # once `$` and commas are dropped
-ANSWER_IS = re.compile(r"(?i:\banswer(?:\s+is)?)\s*[:\-]?\s*[\(\[]?([A-J])[\)\]]?(?![A-Za-z0-9])")
+# "answer is B", "Answer: (B)"; a small letter only in brackets ("answer is (b)"): "the answer
+# is a bit unclear" names no choice
+ANSWER_IS = re.compile(r"(?i:\banswer(?:\s+is)?)\s*[:\-]?\s*"
+                       r"(?:[\(\[]([a-j])[\)\]]|[\(\[]?([A-J])[\)\]]?)(?![A-Za-z0-9])")
+# Minus signs other than the hyphen-minus that people and models write before a number (U+2212,
+# its full-width and small forms): read as "-", else "−5" would be read as 5.
+MINUS_SIGNS = str.maketrans({"\u2212": "-", "\uff0d": "-", "\ufe63": "-"})
 LETTER_MARKER = re.compile(r"^[\(\[]?([A-Ja-j])[\)\]\.:](?:\s|$)")
 
 
@@ -116,7 +124,7 @@ def strip_punctuation(text: str) -> str:
 
 def parse_number(text: str) -> Optional[Decimal]:
     """"1,000", "$18", "18.0", "18.", ".5" -> a Decimal; anything else -> None."""
-    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    cleaned = _clean_number(text)
     if not PLAIN_NUMBER.fullmatch(cleaned):
         return None
     try:
@@ -128,6 +136,7 @@ def parse_number(text: str) -> Optional[Decimal]:
 def extract_number(text: str) -> Optional[str]:
     """GSM8K's rule: `#### N` if present, else the last number. Returned cleaned ("$1,000.50" ->
     "1000.50"); None when the text holds no number."""
+    text = text.translate(MINUS_SIGNS)
     for found in STRICT_NUMBER.findall(text):
         if parse_number(found) is not None:
             return _clean_number(found)
@@ -136,7 +145,7 @@ def extract_number(text: str) -> Optional[str]:
 
 
 def _clean_number(text: str) -> str:
-    return text.strip().replace(",", "").replace("$", "").rstrip(".")
+    return text.translate(MINUS_SIGNS).strip().replace(",", "").replace("$", "").rstrip(".")
 
 
 def extract_letter(text: str, letters: str = LETTERS, choices: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -150,8 +159,9 @@ def extract_letter(text: str, letters: str = LETTERS, choices: Optional[Mapping[
     if marker and marker.group(1).upper() in letters:
         return marker.group(1).upper()
     for found in ANSWER_IS.finditer(text):
-        if found.group(1) in letters:
-            return found.group(1)
+        letter = (found.group(1) or found.group(2)).upper()
+        if letter in letters:
+            return letter
     if choices and first:
         same = [k for k, v in choices.items() if normalise_text(str(v)) == normalise_text(first)]
         if same:  # equal choices: the first, as a tie's pick is

@@ -32,6 +32,9 @@ class ScoreResult:
     # Gold answers scored by the letter rule that name none of their record's choices (neither a
     # label nor a choice's text): wrong whatever the answer, so the table says so (their ids).
     gold_naming_no_choice: tuple[str, ...] = ()
+    # Of the missing, the gold questions whose row says the run never answered them (it ended
+    # first, or no shard held them): a score of an unfinished run, which the table says.
+    not_answered: int = 0
 
 
 def parse_extract(value: str) -> tuple[str, Optional[re.Pattern[str]]]:
@@ -108,6 +111,9 @@ def format_table(result: ScoreResult) -> str:
                  + (" of each question's first sample" if result.samples else ""))
     if result.samples:
         lines.append(_samples_line(result.samples))
+    if result.not_answered:
+        lines.append(f"not answered: {result.not_answered} of the missing (the run ended before them, or no shard "
+                     "held them): the score of an unfinished run; run it again (it resumes), or merge every part")
     if result.answers_not_in_gold:
         lines.append(f"answers whose id is not in the gold file: {result.answers_not_in_gold} (not scored)")
     if result.gold_naming_no_choice:
@@ -147,7 +153,7 @@ def summary(result: ScoreResult) -> dict[str, Any]:
         "overall": _tally_json(tally(result.scored)), "stderr_formula": STDERR_FORMULA,
         "answers_not_in_gold": result.answers_not_in_gold, "gold_without_answer": result.gold_without_answer,
         "answers_without_gold_answer": result.answers_without_gold_answer,
-        "gold_naming_no_choice": len(result.gold_naming_no_choice),
+        "gold_naming_no_choice": len(result.gold_naming_no_choice), "not_answered": result.not_answered,
     }
     if result.samples:
         s = result.samples

@@ -10,6 +10,19 @@ from ....workers.protocol import Answer, Sample, TokenLogprob
 from .harmony import harmony_span, split_harmony
 from .token_logprobs import chat_content, spelling
 
+# The error of a question the run never answered (it ended first, or no shard held it), as
+# against one answered with an error: `ggbatch score` tells the two apart by it.
+NOT_ANSWERED = "not answered"
+
+
+def not_answered(why: str) -> str:
+    return f"{NOT_ANSWERED}: {why}"
+
+
+def is_not_answered(error: Any) -> bool:
+    """Whether a row's error says the question was never answered (not_answered, or the bare word)."""
+    return isinstance(error, str) and (error == NOT_ANSWERED or error.startswith(NOT_ANSWERED + ":"))
+
 
 @dataclass(frozen=True)
 class Row:
