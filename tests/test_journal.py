@@ -2,6 +2,7 @@ import json
 import resource
 from array import array
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 
@@ -162,12 +163,14 @@ def test_a_rerun_reads_each_entry_right_whatever_its_text_holds(tmp_path, monkey
     j.split(asked)
     j.append([answer(q, t) for q, t in zip(qids, tricky)])
     j.append([answer("failed", error='boom "error": null')])
-    j.append([answer("after", "last")])
+    # a choice named "error": its log-probability is a second "error": key, after the answer's own
+    j.append([replace(answer("after", "last"), choice_logprobs={"info": -0.1, "error": -3.5})])
     j.close()
     j = Journal(path, FP)
     assert j.kept == 5  # the failed answer is not kept: a rerun answers it again
     todo, reused = j.split(asked)
     assert {q: a.text for q, a in reused.items()} == {**dict(zip(qids, tricky)), "after": "last"}
+    assert reused["after"].choice_logprobs == {"info": -0.1, "error": -3.5}
     assert [q.qid for q in todo] == ["failed"]  # a failed answer is retried, whatever its error says
     j.close()
 

@@ -15,7 +15,8 @@ def entry_of(answer: Answer, prompt: str, record: str) -> dict[str, Any]:
                              "ttft_s": round(answer.ttft_s, 4), "latency_s": round(answer.latency_s, 4),
                              "error": answer.error, "created": answer.created,
                              "choice_logprobs": answer.choice_logprobs}
-    # after "error": runner/journal/index.py finds that key by a regex
+    # after "error", which runner/journal/index.py finds by a regex as the first such key after
+    # "text": the keys between are ggbatch's own, and choice_logprobs' keys are choices' texts
     if answer.token_logprobs is not None:
         entry["token_logprobs"] = to_journal(answer.token_logprobs)
     if answer.answer_norm is not None:

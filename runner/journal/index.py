@@ -7,8 +7,9 @@ It is read in a thread (start_reading) while the tokenizer process starts: the j
 fingerprint needs the tokenizer's answer, its entries do not.
 
 An entry as runner/journal/journal.py writes it starts {"qid": "…", "prompt": "…", "record": "…",
-"text": and has one "error": key: in JSON text an unescaped quote is never inside a string, so
-'"error": ' outside a string is the key. A block whose every line matches is read with one
+"text": and has an "error": key after it: in JSON text an unescaped quote is never inside a
+string, so the first '"error": ' outside a string after "text" is the key (a later one is a
+choice named "error" in choice_logprobs, which comes after it). A block whose every line matches is read with one
 regex pass and list comprehensions; a block with a line that does not (an id with a quote or a
 backslash in it, a line from an older version) is parsed as JSON, line by line.
 """
@@ -33,7 +34,7 @@ BLOCK_BYTES = 1 << 22  # of the journal read at a time
 TORN_HEADER = b'{"ggbatch_journal": '
 
 _ENTRY = re.compile(rb'^(\{"qid": "([^"\\\n]*)", "prompt": "([0-9a-f]*)", (?:"record": "([0-9a-f]*)", )?'
-                    rb'"text": [^\n]*, "error": (null)?[^\n]*\n)', re.MULTILINE)
+                    rb'"text": [^\n]*?, "error": (null)?[^\n]*\n)', re.MULTILINE)
 
 
 class Earlier:
