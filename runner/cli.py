@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
-import os
 import shlex
 import sys
 from dataclasses import replace
@@ -21,7 +20,7 @@ from .closed_pipe import ClosedPipeSafe
 from .config.schema import LOGLIKELIHOOD, JobConfig, build_config, load_job_file
 from .errors import GgbatchError, Interrupted, StartOver, WorkerFailure
 from .files.formats import FORMATS
-from .files.paths import journal_path
+from .files.paths import journal_of
 from .files.piped import is_copy, readable_input, shown_name
 from .merge.command import add_merge_parser, cmd_merge
 from .pool.signals import STOP
@@ -248,7 +247,7 @@ def _run_and_score(args: argparse.Namespace, config: JobConfig) -> int:
         raise exc.said_as("run with --fresh") from None
     except Interrupted as exc:
         print(f"ggbatch: stopped by signal {exc.signum}; the answers so far are in {config.output} (the "
-              f"others marked) and in {journal_path(os.path.realpath(config.output))}: run the same "
+              f"others marked) and in {journal_of(config.output)}: run the same "
               "command again to finish", file=sys.stderr)
         return exc.exit_code
     except WorkerFailure as exc:

@@ -280,6 +280,12 @@ def test_parts_whose_journals_differ_in_ggbatch_own_rules_are_refused_in_words(t
         merge_files(str(tmp_path / "m.jsonl"), parts, questions)
     assert str(refused.value) == (f"parts of two jobs: {said.format(*parts)} (as their journals say); merge the "
                                   "shards of one job")
+    (tmp_path / "links").mkdir()  # a run's journal is beside the file its output path leads to
+    links = [tmp_path / "links" / os.path.basename(part) for part in parts]
+    for link, part in zip(links, parts):
+        link.symlink_to(part)
+    with pytest.raises(ConfigError, match="parts of two jobs"):
+        merge_files(str(tmp_path / "m.jsonl"), list(map(str, links)), questions)
 
 
 def test_parts_of_two_answer_grammars_are_refused_without_the_grammars_text(tmp_path):

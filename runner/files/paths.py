@@ -61,6 +61,12 @@ def journal_path(output: str) -> str:
     return output + JOURNAL_SUFFIX
 
 
+def journal_of(output: str) -> str:
+    """The journal a run writing `output` keeps: beside the file the path leads to (symlinks
+    followed, as job_paths resolves the output)."""
+    return journal_path(os.path.realpath(output))
+
+
 def lock_path(output: str) -> str:
     return output + LOCK_SUFFIX
 

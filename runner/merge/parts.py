@@ -26,7 +26,7 @@ from ..files.formats.cells import csv_fields
 from ..files.formats.csvfile import csv_rows
 from ..files.formats.detect import is_openai_output
 from ..files.inputs import detect_format, json_array, json_lines, read_text
-from ..files.paths import journal_path
+from ..files.paths import journal_of
 from ..journal.ran import legacy_ran, ran_problem, read_ran
 from ..scoring.files import openai_text, row_id
 
@@ -36,7 +36,7 @@ def part_settings(path: str) -> Optional[dict[str, Any]]:
     normalised by a JSON round trip and without its shard, which differs between the shards of one
     job by design; None when the part has no readable journal beside it (a part copied alone)."""
     try:
-        with open(journal_path(path), "rb") as f:
+        with open(journal_of(path), "rb") as f:
             return _settings(f.readline())
     except OSError:
         return None
@@ -60,7 +60,7 @@ def part_ran(path: str) -> dict[str, Any]:
     """What a part's run decided on auto (runner/journal/ran.py): each shard decides for itself,
     from the questions it holds; {} when its journal does not say."""
     try:
-        with open(journal_path(path), "rb") as f:  # one read: the header, then the ran line
+        with open(journal_of(path), "rb") as f:  # one read: the header, then the ran line
             header = f.readline()
             ran = read_ran(f)
             if ran is None and f.readline():  # answers without a ran line: an older version's
