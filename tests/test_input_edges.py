@@ -66,6 +66,37 @@ def test_a_pipe_is_copied_and_read_whole_then_the_copy_goes(tmp_path):
     assert copies_in(tmp_path) == []
 
 
+HOLDER = """import sys, time
+from ggbatch.runner.files.piped import readable_input
+with readable_input("-", sys.argv[1]):
+    print("copied", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_copy_of_a_run_killed_with_9_goes_with_the_next_copy_and_a_living_runs_stays(tmp_path):
+    runs = [subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / f"a{i}.json")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        for run in runs:
+            run.stdin.write(JSONL)
+            run.stdin.close()
+            assert run.stdout.readline() == "copied\n"
+        runs[0].kill()
+        runs[0].wait()
+        left = copies_in(tmp_path)
+        assert len(left) == 2
+        for name in left:  # both old enough to be taken for abandoned, were no run holding them
+            os.utime(tmp_path / name, (time.time() - 60, time.time() - 60))
+        with readable_input(fifo_with(tmp_path, JSONL.encode()), str(tmp_path / "answers.json")):
+            assert len(copies_in(tmp_path)) == 2  # the living run's, and this one's
+        assert len(copies_in(tmp_path)) == 1 and runs[1].poll() is None
+    finally:
+        runs[1].kill()
+        runs[1].wait()
+
+
 @pytest.mark.timeout(30)
 def test_standard_input_is_named_stdin_and_the_copy_goes_on_an_error(tmp_path, monkeypatch):
     read, write = os.pipe()

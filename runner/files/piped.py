@@ -9,15 +9,18 @@ temporary file, and every reader (runner/files/formats/textfile.py) reads the co
 
 The copy's bytes are hashed line by line as any file's are, so piping the same questions again
 resumes from the journal. Messages name the file as the user gave it (`<stdin>` for `-`), never
-the copy; the copy is removed however the run ends (an error, Ctrl-C).
+the copy; the copy is removed however the run ends (an error, Ctrl-C), and one a run killed with
+-9 left is removed by the next run that copies an input into the same folder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from typing import BinaryIO, Callable, Iterator
 
@@ -27,6 +30,8 @@ from .paths import OUTPUT, check_not_a_stream, check_writable
 STDIN = "-"  # what --input names standard input by
 STDIN_NAME = "<stdin>"  # standard input's name in messages
 COPY_BYTES = 1 << 20
+COPY_PREFIX = ".ggbatch-input-"  # of a copy's name, in the folder of the answers file or the temporary one
+ABANDONED_AFTER_S = 10.0
 _copies: dict[str, str] = {}  # the name a reader is given -> the copy it reads, while the copy lives
 
 
@@ -87,8 +92,13 @@ def readable_file(path: str) -> Iterator[str]:
 @contextmanager
 def _copied(path: str, folder: str, stopped: Callable[[], int] = lambda: 0) -> Iterator[str]:
     name = shown_name(path)
+    remove_abandoned_copies(folder)
     try:
-        fd, copy = tempfile.mkstemp(prefix=".ggbatch-input-", dir=folder)
+        fd, copy = tempfile.mkstemp(prefix=COPY_PREFIX, dir=folder)
+        # held while the copy lives (the kernel lets go of it when its process is killed): a
+        # copy no process holds was left by a run killed with -9, which no finally removes
+        held = os.open(copy, os.O_RDONLY)
+        fcntl.flock(held, fcntl.LOCK_EX)
     except OSError as exc:
         raise OutputError(f"{folder}: cannot hold a copy of the questions read from {name}: "
                           f"{exc.strerror or exc}") from None
@@ -106,6 +116,30 @@ def _copied(path: str, folder: str, stopped: Callable[[], int] = lambda: 0) -> I
     finally:
         _copies.pop(name, None)
         os.unlink(copy)
+        os.close(held)
+
+
+def remove_abandoned_copies(folder: str) -> None:
+    """Remove the copies in `folder` that no living run holds (each run holds its own copy's
+    lock), older than ABANDONED_AFTER_S: one just made is not locked yet."""
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(COPY_PREFIX)]
+    except OSError:
+        return
+    for candidate in (os.path.join(folder, n) for n in names):
+        try:
+            if time.time() - os.stat(candidate).st_mtime < ABANDONED_AFTER_S:
+                continue
+            fd = os.open(candidate, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(candidate)
+        except OSError:  # held: its run is alive (or the copy went meanwhile)
+            pass
+        finally:
+            os.close(fd)
 
 
 def _copy(path: str, name: str, out: BinaryIO) -> None:
