@@ -7,9 +7,11 @@ from dataclasses import replace
 import pytest
 
 from ggbatch.runner.errors import ConfigError, JournalError
+from ggbatch.runner.journal.entries import entry_of
 from ggbatch.runner.journal.fingerprint import changed_setting, setting_change
+from ggbatch.runner.journal.index import ENTRY, block_entries, parsed_entries
 from ggbatch.runner.journal.journal import Journal
-from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, Question
+from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, Question, Sample, TokenLogprob
 from helpers import answer as make_answer
 
 FP = {"model.size_bytes": 10, "sampling.temperature": 0.0}
@@ -319,3 +321,24 @@ def test_a_write_cut_part_way_keeps_the_answers_whose_lines_reached_the_file_who
     j.append([answer(q, f"again {q}") for q in qids[2:]])
     j.close()
     assert [json.loads(e)["qid"] for e in path.read_text().splitlines()[1:]] == qids  # after the header
+
+
+def test_the_index_reads_every_shape_of_entry_as_parsing_it_would():
+    """The index finds each entry's id, hashes and whether it failed by a regex over the line
+    (runner/journal/index.py), not by parsing it: for every optional field entry_of writes
+    (choices named like its keys among them), it reads what json.loads reads."""
+    logprob = TokenLogprob(5, b'"error": ', -0.5, ((5, b'"error": ', -0.5), (6, b"null", -1.2)))
+    shapes = [
+        make_answer("plain", "t"),
+        make_answer("failed", "", error='"error": null'),
+        make_answer("choices", "error", choice_logprobs={"text": -3.0, "error": -0.1, "qid": -4.0}),
+        make_answer("failed choices", "", error="cut", choice_logprobs={"info": -0.5, "error": None}),
+        make_answer("logprobs", '"error": null', token_logprobs=(logprob,), answer_norm="error"),
+        make_answer("samples", "a", samples=(Sample("a", FinishReason.STOP, 1, (logprob,)),
+                                             Sample("", FinishReason.LENGTH, 2, None, True, '"error": null')),
+                    in_thinking=True),
+    ]
+    block = b"".join(json.dumps(entry_of(a, "ab" * 8, "cd" * 8)).encode() + b"\n" for a in shapes)
+    assert len(ENTRY.findall(block)) == len(shapes)  # each line read by the regex, none parsed
+    fast, parsed = block_entries(block, 0), parsed_entries(block, 0)
+    assert fast == parsed and fast.ok == [a.error is None for a in shapes]

@@ -33,7 +33,7 @@ BLOCK_BYTES = 1 << 22  # of the journal read at a time
 # holding a part of it and no newline is a journal killed while it was being made
 TORN_HEADER = b'{"ggbatch_journal": '
 
-_ENTRY = re.compile(rb'^(\{"qid": "([^"\\\n]*)", "prompt": "([0-9a-f]*)", (?:"record": "([0-9a-f]*)", )?'
+ENTRY = re.compile(rb'^(\{"qid": "([^"\\\n]*)", "prompt": "([0-9a-f]*)", (?:"record": "([0-9a-f]*)", )?'
                     rb'"text": [^\n]*?, "error": (null)?[^\n]*\n)', re.MULTILINE)
 
 
@@ -135,20 +135,20 @@ def read_entries(f: IO[bytes], at: int) -> Iterator[Entries]:
         end = block.rfind(b"\n") + 1
         block, tail = block[:end], block[end:]
         if block:
-            yield _block_entries(block, at)
+            yield block_entries(block, at)
             at += len(block)
 
 
-def _block_entries(block: bytes, at: int) -> Entries:
-    found = _ENTRY.findall(block)
+def block_entries(block: bytes, at: int) -> Entries:
+    found = ENTRY.findall(block)
     if len(found) != block.count(b"\n"):
-        return _parsed(block, at)
+        return parsed_entries(block, at)
     offsets = list(itertools.accumulate((len(f[0]) for f in found[:-1]), initial=at))
     return Entries(offsets, [f[1].decode() for f in found], hex_keys([f[2] for f in found]),
                    hex_keys([f[3] for f in found]), [f[4] != b"" for f in found], at + len(block))
 
 
-def _parsed(block: bytes, at: int) -> Entries:
+def parsed_entries(block: bytes, at: int) -> Entries:
     """A block's entries, each line parsed as JSON; a line that is not an entry is left out."""
     rows = []
     end = at + len(block)
