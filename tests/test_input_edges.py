@@ -66,12 +66,8 @@ def test_a_pipe_is_copied_and_read_whole_then_the_copy_goes(tmp_path):
     assert copies_in(tmp_path) == []
 
 
-HOLDER = """import sys, time
-from ggbatch.runner.files.piped import readable_input
-with readable_input("-", sys.argv[1]):
-    print("copied", flush=True)
-    time.sleep(60)
-"""
+HOLDER = ("import sys, time\nfrom ggbatch.runner.files.piped import readable_input\n"
+          "with readable_input('-', sys.argv[1]):\n    print('copied', flush=True)\n    time.sleep(60)\n")
 
 
 @pytest.mark.timeout(60)
@@ -85,8 +81,7 @@ def test_the_copy_of_a_run_killed_with_9_goes_with_the_next_copy_and_a_living_ru
             assert run.stdout.readline() == "copied\n"
         runs[0].kill()
         runs[0].wait()
-        left = copies_in(tmp_path)
-        assert len(left) == 2
+        assert len(left := copies_in(tmp_path)) == 2
         for name in left:  # both old enough to be taken for abandoned, were no run holding them
             os.utime(tmp_path / name, (time.time() - 60, time.time() - 60))
         with readable_input(fifo_with(tmp_path, JSONL.encode()), str(tmp_path / "answers.json")):
