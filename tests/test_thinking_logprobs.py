@@ -100,3 +100,14 @@ def test_openai_lines_content_entries_spell_content_and_a_completions_entries_it
         assert _spelt(choice["logprobs"]["content"]).strip() == message["content"]
     completion = bodies["text"]["choices"][0]
     assert "</think>" in completion["text"] and "".join(completion["logprobs"]["tokens"]) == completion["text"]
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_a_choice_answered_after_thinking_has_its_own_entry(think_model, tmp_path):
+    """A choice read from the logits after the thinking block: its one entry, with the
+    log-probability its choice_logprobs says (the thinking's entries are left out)."""
+    for row in _run(think_model, tmp_path, "--max-tokens", 9, "--choices", "A,B", "--choice-logprobs"):
+        assert row["answer"] in ("A", "B"), row
+        (entry,) = row["token_logprobs"]
+        assert entry["token"] == row["answer"] and entry["logprob"] == row["choice_logprobs"][row["answer"]], row

@@ -317,4 +317,21 @@ def test_a_first_token_choice_names_the_variant_its_score_is_read_from(demo_mode
     for row in map(json.loads, out.read_text().splitlines()):
         (entry,) = row["token_logprobs"]
         assert entry["token"].strip() == row["answer"]
-        assert entry["logprob"] == pytest.approx(row["choice_logprobs"][row["answer"]], abs=1e-3)
+        assert entry["logprob"] == row["choice_logprobs"][row["answer"]]
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_a_choice_read_from_the_logits_has_the_number_of_its_tokens_entry(stories):
+    """choice_logprobs and the token's log-probability entry come from one arithmetic: equal to
+    the last digit, over questions enough to meet a row where two ways of summing would part."""
+    import random
+
+    from ggbatch.workers.llama.engine import LlamaEngine
+    from ggbatch.workers.protocol import AnswerSpec
+    rng = random.Random(1)
+    gen = GenerationParams(max_tokens=4, answer=AnswerSpec(choices=("a", "b", "c"), logprobs=True), token_logprobs=0)
+    engine = LlamaEngine(EngineConfig(stories, 1, 8, 64, 64, array("i"), gen, kv_unified=False, flash_attn=False), 0)
+    questions = [Question(f"q{i}", array("i", [1] + [rng.randrange(3, 500) for _ in range(10)]), i) for i in range(64)]
+    answers = answers_of(engine, questions)
+    assert all(a.choice_logprobs[a.text] == a.token_logprobs[0].logprob for a in answers.values()), answers

@@ -55,7 +55,8 @@ def answer_logprobs(seq: Sequence, gen: GenerationParams) -> Optional[tuple[Toke
     the cut, the one it begins inside kept whole (answer_tokens)."""
     if gen.token_logprobs is None or seq.error:
         return None
-    kept = seq.logprobs[:max(len(seq.output), 1 if seq.choice_scores is not None else 0)]
+    # a choice answered from the logits has one entry, after those of any thinking before it
+    kept = seq.logprobs[:len(seq.output) + (1 if seq.choice_scores is not None else 0)]
     if seq.stop_cut is not None:
         kept = kept[:answer_tokens([t.piece for t in kept], seq.stop_cut)]
     return tuple(kept)

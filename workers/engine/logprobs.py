@@ -49,7 +49,7 @@ def block_logprobs(block: "np.ndarray", tokens: Sequence[int], k: int,
     import numpy as np
 
     n = len(block)
-    shifted = np.subtract(block, block.max(axis=1, keepdims=True), out=scratch[:n])
+    shifted = _shifted(block, scratch)
     best: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     if k > 0:
         near = shifted >= -NEAR
@@ -57,9 +57,33 @@ def block_logprobs(block: "np.ndarray", tokens: Sequence[int], k: int,
         for i, count in enumerate(np.count_nonzero(near, axis=1).tolist()):
             best[i] = _top_k(shifted[i], np.flatnonzero(near[i]) if wanted <= count <= MAX_CANDIDATES else None, k)
     chosen = shifted[np.arange(n), list(tokens)].tolist()
-    log_z = np.log(np.exp(shifted, out=shifted).sum(axis=1)).tolist()
+    log_z = _log_z(shifted)
     return [(round(c - z, DIGITS), [(t, round(v - z, DIGITS)) for t, v in top])
             for c, z, top in zip(chosen, log_z, best)]
+
+
+def tokens_logprobs(row: "np.ndarray", tokens: Sequence[int], scratch: "np.ndarray") -> list[float]:
+    """The log-probability of each of these tokens at one logits row (unrounded), by the same
+    arithmetic as block_logprobs's: a choice read from the logits has the number its token's
+    log-probability entry shows. `scratch`: a float32 buffer of at least the row's length."""
+    shifted = _shifted(row[None, :], scratch[None, :len(row)])
+    values = shifted[0, list(tokens)].tolist()
+    z = _log_z(shifted)[0]
+    return [v - z for v in values]
+
+
+def _shifted(block: "np.ndarray", scratch: "np.ndarray") -> "np.ndarray":
+    """Each row less its highest logit, in scratch (exp of it cannot overflow)."""
+    import numpy as np
+
+    return np.subtract(block, block.max(axis=1, keepdims=True), out=scratch[:len(block)])
+
+
+def _log_z(shifted: "np.ndarray") -> list[float]:
+    """Each shifted row's log-sum-exp (its log-softmax's normaliser); shifted is overwritten."""
+    import numpy as np
+
+    return np.log(np.exp(shifted, out=shifted).sum(axis=1)).tolist()
 
 
 def _top_k(shifted: "np.ndarray", near: "Optional[np.ndarray]", k: int) -> list[tuple[int, float]]:

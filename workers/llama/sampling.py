@@ -21,7 +21,7 @@ import llama_cpp
 import numpy as np
 
 from ..engine.constraints import ROOT, choice_spellings
-from ..engine.logprobs import block_logprobs, log_normalizers
+from ..engine.logprobs import block_logprobs, tokens_logprobs
 from ..engine.samples import llama_seed
 from ..native_stderr import stderr_captured
 from ..protocol import GenerationParams
@@ -262,10 +262,11 @@ class Sampling:
 
     def choice_scores(self, batch_index: int, variants: Sequence[Sequence[int]]) -> list[float]:
         """Each choice's log-probability at this position (log-softmax over the whole
-        vocabulary), its best token variant's."""
+        vocabulary), its best token variant's: the number the token's log-probability entry
+        shows (tokens_logprobs, the same arithmetic)."""
         row = self._row(batch_index)
-        log_z = float(log_normalizers(row[None, :])[1][0])
-        return [float(row[list(tokens)].max()) - log_z for tokens in variants]
+        best = [max(tokens, key=lambda token: float(row[token])) for tokens in variants]
+        return tokens_logprobs(row, best, self._block()[0])
 
     def likeliest(self, batch_index: int, tokens: Sequence[int]) -> int:
         """Of these tokens (one choice's variants), the one the model gives the most weight at
@@ -293,9 +294,7 @@ class Sampling:
                      k: int) -> list[tuple[float, list[tuple[int, float]]]]:
         """block_logprobs of these (row, token)s, LOGPROB_BLOCK_ROWS rows at a time, each block
         copied into this thread's own buffer and worked on there."""
-        block = getattr(self._scratch, "block", None)
-        if block is None:
-            block = self._scratch.block = np.empty((LOGPROB_BLOCK_ROWS, self.vocab.n_tokens), np.float32)
+        block = self._block()
         out: list[tuple[float, list[tuple[int, float]]]] = []
         for a in range(0, len(work), LOGPROB_BLOCK_ROWS):
             part = work[a:a + LOGPROB_BLOCK_ROWS]
@@ -304,6 +303,13 @@ class Sampling:
                 rows[j] = logits[row]
             out += block_logprobs(rows, [token for _, token in part], k, rows)
         return out
+
+    def _block(self) -> np.ndarray:
+        """This thread's buffer of LOGPROB_BLOCK_ROWS rows, made on its first use."""
+        block = getattr(self._scratch, "block", None)
+        if block is None:
+            block = self._scratch.block = np.empty((LOGPROB_BLOCK_ROWS, self.vocab.n_tokens), np.float32)
+        return block
 
     def close(self) -> None:
         if self._pool is not None:
