@@ -9,7 +9,7 @@ llama.cpp calls, workers/engine/ the pure rules.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from ..engine.answers import needs_sampler
 from ..engine.constraints import best_choice, choice_grammar
@@ -89,24 +89,35 @@ class Picker:
         the whole vocabulary only when it refuses that token."""
         if self._chain_alone(seq):
             return self.sampling.sample(seq.sampler, index)
+        drawn: Optional[int] = None  # the chain's own draw at this position, made while opening
         if seq.thinking:
-            token = self._think_pick(seq, index, greedy_token)
-            if token is not None:
+            token, answering = self._think_pick(seq, index, greedy_token)
+            if not answering:
                 return token
+            drawn = token if seq.sampler is not None else None
         if seq.choice_tokens is not None:
             seq.choice_scores = self.sampling.choice_scores(index, seq.choice_tokens)
             seq.t_first = time.perf_counter()
             self.counters.choice_answers += 1
             return self.sampling.likeliest(index, seq.choice_tokens[best_choice(seq.choice_scores)])
         if seq.grammar is None:  # greedy, or sampled once thinking has handed over to the answer
-            return greedy_token if seq.sampler is None else self.sampling.sample(seq.sampler, index)
+            return greedy_token if seq.sampler is None else self._chain_pick(seq.sampler, index, drawn)
         if seq.sampler is None:
             token, again = self.sampling.constrain_greedy(seq.grammar, index, greedy_token)
         else:
-            token, again = self.sampling.sample_constrained(seq.sampler, seq.grammar, index)
+            token, again = self.sampling.sample_constrained(seq.sampler, seq.grammar, index, drawn)
         self.counters.grammar_tokens += 1
         self.counters.grammar_resamples += again
         return token
+
+    def _chain_pick(self, sampler: Any, index: int, drawn: Optional[int]) -> int:
+        """The chain's token: the one it already drew at this position (peek() then accept() is
+        sample(): drawing again would move its random generator and could pick `<think>`, a block
+        then never followed), or a new draw."""
+        if drawn is None:
+            return self.sampling.sample(sampler, index)
+        self.sampling.accept(sampler, drawn)
+        return drawn
 
     def record_logprobs(self, rows: list[tuple[Span, int, int]], tokens: list[int], n_outputs: int) -> None:
         """The picked token's log-probability (and the K most likely) for every sequence whose
@@ -151,17 +162,19 @@ class Picker:
             except ValueError as exc:  # the coordinator checked it: only a broken install gets here
                 seq.error = str(exc)
 
-    def _think_pick(self, seq: Sequence, index: int, greedy_token: int) -> Optional[int]:
-        """A token before the answer: the model's own, unconstrained, or the end of its thinking
-        written for it when the budget is spent (workers/engine/thinking.py). None: the model
-        answers from this position without thinking, under its grammar or choices."""
+    def _think_pick(self, seq: Sequence, index: int, greedy_token: int) -> tuple[int, bool]:
+        """(a token, whether the model answers from this position without thinking). Thinking:
+        the model's own token, unconstrained, or the end of its thinking written for it when the
+        budget is spent (workers/engine/thinking.py), taken. Answering: the token the model chose
+        first (greedy, or the chain's draw not yet accepted), which the answer's pick starts from
+        under its grammar or choices."""
         think = seq.think
         token = think.next_forced()
         if token is None:
             token = greedy_token if seq.sampler is None else self.sampling.peek(seq.sampler, index)
             if think.answers_with(token):
-                return None
+                return int(token), True
         if seq.sampler is not None:
             self.sampling.accept(seq.sampler, token)
         think.see(token)
-        return int(token)
+        return int(token), False

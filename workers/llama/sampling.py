@@ -337,15 +337,19 @@ class Sampling:
         return best, True
 
     def sample_constrained(self, chain: llama_cpp.llama_sampler_p, grammar: llama_cpp.llama_sampler_p,
-                           batch_index: int) -> tuple[int, bool]:
+                           batch_index: int, drawn: Optional[int] = None) -> tuple[int, bool]:
         """Sample with the chain unconstrained; only when the grammar refuses that token, sample
         again with the grammar masking the whole vocabulary first (llama.cpp's common/sampling.cpp
-        does the same: masking every token at every step is what makes grammars slow). Returns
+        does the same: masking every token at every step is what makes grammars slow). `drawn`:
+        the chain's unconstrained draw on this row already made (peek(), while a reasoning model
+        chose between thinking and answering), asked about instead of drawing again. Returns
         (token, whether it was resampled); -1 when the grammar allows no token at all."""
         cands = self._candidates_for()
         row = self._row(batch_index)
-        llama_cpp.llama_sampler_apply(chain, ctypes.byref(cands.fill(row)))
-        token, resampled = cands.selected(), False
+        if drawn is None:
+            llama_cpp.llama_sampler_apply(chain, ctypes.byref(cands.fill(row)))
+            drawn = cands.selected()
+        token, resampled = drawn, False
         if not self.grammar_check_first or not cands.allows(grammar, token):
             resampled = True
             arr = cands.fill(row)
