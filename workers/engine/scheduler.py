@@ -230,11 +230,15 @@ class Scheduler:
         """With one stream per sequence, keep the busy ids contiguous from 0: while a free id is
         lower than the highest busy one, that sequence takes it. Returns (sequence, old id) for
         each move; the caller moves its KV stream. Called after admit(), so a free id here has
-        no waiting question to fill it (the tail of the run)."""
+        no waiting question to fill it (the tail of the run), or keeps a prompt that a waiting
+        question starts from but cannot take yet (it waits for a slot for each of its samples, or
+        for KV room): with the prefix cache that slot stays free, except in batch-invariant mode,
+        whose decode step needs the ids 0..k-1 (invariant.ballast_ids), so the sequence moves in
+        and the kept prompt is computed again when that question starts."""
         moves: list[tuple[Sequence, int]] = []
         if not self.stream_per_sequence:
             return moves
-        wanted = self._wanted()
+        wanted = {} if self.batch_invariant else self._wanted()
         while self.free_ids and self.running:
             top = max(self.running, key=_seq_id)
             if self.free_ids[0] > top.seq_id or wanted.get(self.free_ids[0]):
