@@ -6,7 +6,7 @@ import pytest
 
 from ggbatch.workers.engine.scheduler import Scheduler
 from ggbatch.workers.engine.sequence import Phase, Sequence, find_stop
-from ggbatch.workers.protocol import Question
+from ggbatch.workers.protocol import GenerationParams, Question
 
 
 def seq(qid, n_prompt):
@@ -182,6 +182,17 @@ def test_slots_cannot_exceed_batch():
 ])
 def test_find_stop(text, stops, start, expected):
     assert find_stop(text, stops, start) == expected
+
+
+def test_a_stop_string_is_found_and_cut_in_one_decoding_of_the_bytes():
+    """Bad bytes before a stop string (a stray byte token, a lead byte left alone) are replaced
+    as the answer's text replaces them, so the cut falls where the stop string begins."""
+    seq = Sequence(Question("q", array("i", [1, 2]), 0))
+    seq.phase = Phase.DECODE
+    gen = GenerationParams(max_tokens=50, stop=("END",))
+    pieces = [b"ab", b"\xff", b"cd", b"\xe6", b"x", b"END"]
+    assert [seq.accept(10 + t, p, False, gen, 1000) for t, p in enumerate(pieces)][-1]
+    assert seq.text() == "ab\ufffdcd\ufffdx"
 
 
 def test_a_question_with_its_own_max_tokens_reserves_that_many_cells():

@@ -111,3 +111,16 @@ def test_a_choice_answered_after_thinking_has_its_own_entry(think_model, tmp_pat
         assert row["answer"] in ("A", "B"), row
         (entry,) = row["token_logprobs"]
         assert entry["token"] == row["answer"] and entry["logprob"] == row["choice_logprobs"][row["answer"]], row
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_stop_strings_apply_to_the_answer_not_the_block_or_the_end_ggbatch_writes(think_model, harmony_model,
+                                                                                  tmp_path):
+    """A stop string inside the end of the thinking that ggbatch writes when the budget is spent
+    (`</think>`; harmony's `<|end|><|start|>assistant<|channel|>final<|message|>`) ends nothing:
+    the answer comes, and ends at the stop string's first place in the answer itself."""
+    for model, stop in ((think_model, "/"), (harmony_model, "e")):
+        (folder := tmp_path / stop.replace("/", "slash")).mkdir()
+        rows = _run(model, folder, "--max-tokens", 24, "--thinking-budget", 0, "--stop", stop)
+        assert all(row["answer"] and "<" not in row["answer"] and stop not in row["answer"] for row in rows), rows

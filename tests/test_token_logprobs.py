@@ -98,6 +98,9 @@ def test_answer_tokens_drops_the_tokens_inside_a_stop_string():
     assert answer_tokens(pieces, len("The end")) == 2
     assert answer_tokens(pieces, len("The end\n")) == 3  # the stop string starts inside a token
     assert answer_tokens(pieces, 100) == 5
+    # a character in byte tokens starts where its first byte does: all of them are the answer's
+    assert answer_tokens([b"\xe6", b"\x97", b"\xa5", b"x"], 1) == 3  # U+65E5, then the stop
+    assert answer_tokens([b"ab", b"\xc3", b"\xa9", b"!"], 3) == 3
 
 
 def entries() -> tuple[TokenLogprob, ...]:

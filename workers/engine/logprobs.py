@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from .sequence import decode_text
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -111,10 +113,11 @@ def log_normalizers(logits: "np.ndarray") -> tuple["np.ndarray", "np.ndarray"]:
 def answer_tokens(pieces: Sequence[bytes], n_chars: int) -> int:
     """How many of the generated tokens (their pieces, in order) the answer holds when its text
     was cut to n_chars characters (a stop string begins there): the tokens that start before the
-    cut. The text is decoded as the answer's (UTF-8, bad bytes replaced)."""
+    cut. The text is decoded as the cut was found (sequence.decode_text, a character counted once
+    its last byte has come: the byte tokens of one character all start at that character)."""
     raw = bytearray()
     for i, piece in enumerate(pieces):
-        if len(raw.decode("utf-8", errors="replace")) >= n_chars:
+        if len(decode_text(bytes(raw), final=False)) >= n_chars:
             return i
         raw += piece
     return len(pieces)

@@ -58,6 +58,7 @@ class ThinkState:
         self.count = 0  # thinking tokens the model chose (forced ones not counted)
         self.pending: list[int] = []  # forced tokens still to write
         self.tail: list[int] = []  # the last generated tokens, as long as the longest marker
+        self.skipped = False  # the model answered without a block: its answer holds its first token
         self._keep = max(len(spec.start), len(spec.end), len(spec.forced))
         self.marks = frozenset(spec.start) | frozenset(spec.end) | frozenset(spec.forced)
         if opened(prompt, spec.start, spec.blank):
@@ -75,7 +76,7 @@ class ThinkState:
         """Whether the model, choosing `token` first, answers without thinking (`<think>` is one
         token): then it is answering from this very position, under any grammar or choices."""
         if self.where is Where.OPENING and not self.spec.header and not self.tail and token != self.spec.start[0]:
-            self.where = Where.ANSWER
+            self.where, self.skipped = Where.ANSWER, True
         return self.where is Where.ANSWER
 
     def see(self, token: int) -> None:
@@ -89,7 +90,7 @@ class ThinkState:
             if ends_with(self.tail, self.spec.start):
                 self._think()
             elif not self.spec.header:
-                self.where = Where.ANSWER  # the model answers without thinking
+                self.where, self.skipped = Where.ANSWER, True  # the model answers without thinking
         elif self.pending and token == self.pending[0]:
             self.pending.pop(0)
         else:

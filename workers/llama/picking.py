@@ -35,7 +35,7 @@ class Picker:
         if needs_sampler(gen):
             seq.sampler = self.sampling.new_sampler(gen, seq.seed)
         if gen.thinking is not None:
-            seq.think = ThinkState(gen.thinking, seq.prompt)
+            seq.think, seq.answer_from = ThinkState(gen.thinking, seq.prompt), None  # the answer begins after the block
         if gen.answer is not None:
             self._constrain(seq, gen.answer)
 
