@@ -63,6 +63,7 @@ from .questions.prepare import (
     facts,
     max_samples,
     max_tokens,
+    most_said_by,
 )
 from .questions.prompting import Prompting
 from .questions.prompts import question_field_read
@@ -262,8 +263,9 @@ def _settle(config: JobConfig, started: NodePlan, preparer: Preparer, first: Win
     n_todo = (len(first.questions) if first.last else STREAMED) * samples
     guess = 0 if first.last else math.ceil(longest_line / layouts.CHARS_PER_TOKEN) + layouts.CHAT_TEMPLATE_TOKENS
     job_facts, prefix = facts(first, preparer, n_todo, guess)
-    growth = settle(config, started, preparer.prompting, job_facts, prefix, max_tokens(first.questions, gen),
-                    model_path, journal.ran("flash_attn"))
+    most = max_tokens(first.questions, gen)
+    growth = settle(config, started, preparer.prompting, job_facts, prefix, most, model_path, journal.ran("flash_attn"),
+                    most_said_by=most_said_by(first.questions, gen, most))
     journal.record_ran(growth.plan.ran_on_auto())
     if first.questions:  # a rerun that the journal answers whole has no sample to lay out
         check_sample_slots([lay.slots for lay in growth.plan.layouts], config.sampling.n, config)

@@ -133,6 +133,18 @@ def test_a_max_tokens_no_context_can_hold_is_warned_of():
     assert max_tokens_past_context(10**8, 0, None) is None  # no limit known
 
 
+def test_a_questions_own_max_tokens_past_the_context_is_said_of_that_question():
+    """An OpenAI Batch line's body.max_tokens is its own: the warning names the line's id."""
+    from ggbatch.runner.questions.prepare import max_tokens, most_said_by
+    from ggbatch.workers.protocol import GenerationParams, Question
+
+    job = GenerationParams(max_tokens=16)
+    questions = [Question("a", array("i", [1]), 0), Question("big", array("i", [1]), 0, GenerationParams(100_000))]
+    most = max_tokens(questions, job)
+    assert most_said_by(questions, job, most) == "question 'big': body.max_tokens (its own max_tokens)"
+    assert most_said_by(questions[:1], job, max_tokens(questions[:1], job)) == "max_tokens"
+
+
 def test_common_prefix():
     a = array("i", [1, 2, 3, 4])
     assert common_prefix([a, array("i", [1, 2, 9]), array("i", [1, 2, 3])]).tolist() == [1, 2]

@@ -339,14 +339,16 @@ def past_training_context(n_ctx_train: int, requested: Optional[int]) -> Optiona
             f"for: past {n_ctx_train} tokens its answers may be garbage, unless it was made to stretch its context")
 
 
-def max_tokens_past_context(most_tokens: int, n_ctx_train: int, requested: Optional[int]) -> Optional[str]:
+def max_tokens_past_context(most_tokens: int, n_ctx_train: int, requested: Optional[int],
+                            said_by: str = "max_tokens") -> Optional[str]:
     """What to warn of when max_tokens alone is more than a sequence's context can ever hold: no
-    answer reaches it, each ends where the context does (finish_reason length). None otherwise."""
+    answer reaches it, each ends where the context does (finish_reason length). None otherwise.
+    `said_by`: where that max_tokens was given (the job's key, or a question's own)."""
     limit = context_limit(n_ctx_train, requested)
     if limit <= 0 or most_tokens < limit:
         return None
     whose = "model.n_ctx" if requested is not None else "the model's training context"
-    return (f"max_tokens: {most_tokens} is more than a sequence's whole context ({limit} tokens, {whose}): "
+    return (f"{said_by}: {most_tokens} is more than a sequence's whole context ({limit} tokens, {whose}): "
             "an answer ends where its context does (finish_reason length), not at max_tokens")
 
 

@@ -125,6 +125,15 @@ def max_tokens(questions: Sequence[Question], generation: GenerationParams) -> i
     return max((answer_tokens(q, generation) for q in questions), default=generation.max_tokens)
 
 
+def most_said_by(questions: Sequence[Question], generation: GenerationParams, most: int) -> str:
+    """Where the largest max_tokens (max_tokens()) was given: the job's key, or the first question
+    whose own it is (an OpenAI Batch line's body.max_tokens), by its id."""
+    if most == generation.max_tokens:
+        return "max_tokens"
+    own = next((q.qid for q in questions if q.generation is not None and answer_tokens(q, generation) == most), None)
+    return "max_tokens" if own is None else f"question {own!r}: body.max_tokens (its own max_tokens)"
+
+
 def question_samples(question: Question, generation: GenerationParams) -> int:
     """The samples a question draws: its own sampling.n (an OpenAI line's n), else the job's."""
     return (question.generation or generation).sampling.n
