@@ -10,7 +10,8 @@ response_format, logit_bias, logprobs and top_logprobs, n, reasoning_effort as a
 budget), ignored (model: the job's model answers every line), accepted at its neutral value only
 (stream false, presence_penalty and frequency_penalty 0), or refused. A refused line is answered
 with the reason, which names the field, and the rest of the file is answered, as OpenAI answers a
-bad line of a batch with a 400. A setting the line leaves out is the job's, not OpenAI's default
+bad line of a batch with a 400. A field set to null is one not given, as OpenAI reads it. A
+setting the line leaves out (or sets to null) is the job's, not OpenAI's default
 (the job is greedy by default, where OpenAI samples at temperature 1).
 """
 
@@ -102,11 +103,13 @@ def _request(line: Mapping[str, Any]) -> Request:
 
 def _check_fields(endpoint: str, body: Mapping[str, Any]) -> None:
     for key, value in body.items():
+        if value is None:
+            continue  # OpenAI's "not given", as files dumped from the SDK's request objects hold it
         if key == "stream" and value is True:
             raise Refused("body.stream: a batch line cannot stream its answer")
         if key in NEUTRAL:
             said, neutral = NEUTRAL[key]
-            if value is not None and not neutral(value):
+            if not neutral(value):
                 raise Refused(f"body.{key}: only {said} is supported, got {quote(value)}")
         elif key not in HONOURED[endpoint]:
             raise Refused(f"body.{key}: not supported on {_url(endpoint)} (ggbatch honours "
@@ -256,7 +259,7 @@ def _messages(v: Any) -> tuple[tuple[str, str], ...]:
 def _message(where: str, m: Any) -> tuple[str, str]:
     if not isinstance(m, dict):
         raise Refused(f"{where}: must be an object with a role and a content")
-    extra = set(m) - {"role", "content", "name"}
+    extra = {k for k, v in m.items() if v is not None} - {"role", "content", "name"}  # null: not given
     if extra:
         raise Refused(f"{where}.{sorted(extra)[0]}: not supported (tools and function calls are not)")
     role = m.get("role")
