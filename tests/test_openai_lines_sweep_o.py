@@ -2,9 +2,14 @@
 explicitly (sweep O): a null field is one not given; a line's own plain-text response_format,
 `logprobs: false` on /v1/completions, and the messages that name where a refused setting comes from."""
 
+import json
+
 import pytest
 
 from ggbatch.runner.files.formats.openai_request import parse_request
+from ggbatch.runner.files.formats.own_settings import own_generation
+from ggbatch.workers.protocol import AnswerSpec, GenerationParams, SamplingParams
+from helpers import ggbatch, write_jsonl
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
@@ -38,3 +43,31 @@ def test_a_field_given_a_value_it_cannot_have_is_still_refused():
     assert parse_request(completion(suffix="x")).error.startswith("body.suffix: not supported on /v1/completions")
     msg = chat(messages=[{"role": "assistant", "content": "x", "tool_calls": []}])
     assert parse_request(msg).error.startswith("body.messages[0].tool_calls: not supported")
+
+
+@pytest.mark.parametrize("answer", [AnswerSpec(choices=("A", "B")), AnswerSpec(grammar='root ::= "x"')])
+def test_a_lines_plain_text_response_format_replaces_the_jobs_answer(answer):
+    job = GenerationParams(8, (), False, SamplingParams(), answer=answer)
+    own = own_generation(job, parse_request(chat(response_format={"type": "text"})).settings, ())
+    assert own is not None and own.answer is None and own.response_format is None
+    plain = GenerationParams(8, (), False, SamplingParams())  # no answer.* to replace: the job's settings
+    assert own_generation(plain, parse_request(chat(max_tokens=8, response_format={"type": "text"})).settings,
+                          ()) is None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.model
+@pytest.mark.parametrize("job", [["--choices", "A,B"], ["--json-schema", "schema.json"]])
+def test_a_text_line_is_answered_freely_under_the_jobs_choices_or_schema(tmp_path, demo_model, job):
+    (tmp_path / "schema.json").write_text('{"type":"object","properties":{"k":{"type":"boolean"}},"required":["k"]}')
+    job = [str(tmp_path / a) if a.endswith(".json") else a for a in job]
+    write_jsonl(tmp_path / "in.jsonl", [{**chat(max_tokens=12, response_format={"type": "text"}), "custom_id": "text"},
+                                        {**chat(max_tokens=12), "custom_id": "job"}])
+    r = ggbatch("run", "--model", demo_model, "--input", tmp_path / "in.jsonl", "--output", tmp_path / "o.jsonl",
+                *job, "-q", timeout=240)
+    assert r.returncode == 0, r.stderr
+    out = {d["custom_id"]: d["response"]["body"] for d in map(json.loads, open(tmp_path / "o.jsonl"))}
+    # the job's line is held to its shape and stops there; the text line runs to its max_tokens
+    assert out["job"]["choices"][0]["message"]["content"] in ("A", '{"k" :true }')
+    assert out["text"]["usage"]["completion_tokens"] == 12
+    assert out["text"]["choices"][0]["message"]["content"] != out["job"]["choices"][0]["message"]["content"]

@@ -29,6 +29,7 @@ from ..errors import ConfigError, quote
 from ..files.compact import HashIndex, IdColumn, IdSet, key64, text_key
 from ..files.formats.openai_request import COMPLETION
 from ..files.formats.own_settings import (
+    PLAIN_TEXT,
     QuestionSettings,
     describe_own,
     is_greedy,
@@ -323,7 +324,7 @@ class QuestionMaker:
         fmt = rec.request.settings.response_format
         settings = rec.request.settings
         own = own_generation(self.job, settings, self.config.stop or template_stop,
-                             format_grammar(fmt) if fmt is not None else None)
+                             format_grammar(fmt) if fmt not in (None, PLAIN_TEXT) else None)
         gen = with_effort(own, self.job, settings.reasoning_effort)
         if gen is not None and settings.reasoning_effort and not settings.max_tokens:
             # the job's max_tokens was cut to its own budget's room and its choices: another budget, another room
@@ -336,7 +337,7 @@ class QuestionMaker:
 
 def _format_problem(settings: QuestionSettings) -> Optional[str]:
     """Why a line's response_format cannot be enforced (its schema cannot become a grammar)."""
-    if settings.response_format is None:
+    if settings.response_format in (None, PLAIN_TEXT):
         return None
     try:
         format_grammar(settings.response_format)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from ....workers.protocol import ResponseFormat
 from ...errors import quote
-from .own_settings import NO_LOGPROBS, QuestionSettings
+from .own_settings import NO_LOGPROBS, PLAIN_TEXT, QuestionSettings
 
 CHAT, COMPLETION = "chat", "completion"
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
@@ -225,13 +225,14 @@ def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out.items()))
 
 
-def _response_format(v: Any) -> Optional[ResponseFormat]:
-    """None for {"type": "text"}; otherwise what the answer must be (see ResponseFormat)."""
+def _response_format(v: Any) -> ResponseFormat:
+    """What the answer must be (see ResponseFormat); PLAIN_TEXT for {"type": "text"}, which is said,
+    not left out: it replaces the job's answer.* (its --json-schema or --choices) too."""
     kind = v.get("type") if isinstance(v, dict) else None
     if kind == "text" or kind == "json_object":
         if len(v) > 1:
             raise ValueError(f"type {kind} takes no other key")
-        return None if kind == "text" else ResponseFormat("json_object")
+        return PLAIN_TEXT if kind == "text" else ResponseFormat("json_object")
     if kind != "json_schema":
         raise ValueError("must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", "
                          "\"json_schema\": {\"name\": ..., \"schema\": {...}}}")

@@ -35,6 +35,8 @@ class QuestionSettings:
 
 
 NO_LOGPROBS = -1  # a line that says `logprobs: false`
+# a line's response_format {"type": "text"}: free text, whatever the job's answer.* holds it to
+PLAIN_TEXT = ResponseFormat("text")
 
 
 def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str, ...],
@@ -42,16 +44,18 @@ def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str
     """The settings a question is answered with, or None when they are the job's. `stop`: its stop
     strings unless the line names its own (the job's, else the plain template's for a chat prompt;
     a raw completion prompt has no template, so no template stop). `grammar`: its response_format
-    as GBNF (runner/config/answer.py format_grammar), which replaces the job's answer.*."""
+    as GBNF (runner/config/answer.py format_grammar), which replaces the job's answer.*, as a
+    PLAIN_TEXT response_format does with none."""
     base = job.sampling
     sampling = replace(base, temperature=base.temperature if own.temperature is None else own.temperature,
                        top_p=base.top_p if own.top_p is None else own.top_p,
                        seed=base.seed if own.seed is None else own.seed, n=base.n if own.n is None else own.n)
     logprobs = job.token_logprobs if own.token_logprobs is None else \
         None if own.token_logprobs == NO_LOGPROBS else own.token_logprobs
+    text = own.response_format == PLAIN_TEXT  # nothing to enforce, so no format goes to the worker
     gen = replace(job, max_tokens=own.max_tokens or job.max_tokens, stop=own.stop or stop, sampling=sampling,
-                  logit_bias=own.logit_bias, response_format=own.response_format,
-                  answer=AnswerSpec(grammar=grammar) if grammar is not None else job.answer,
+                  logit_bias=own.logit_bias, response_format=None if text else own.response_format,
+                  answer=AnswerSpec(grammar=grammar) if grammar is not None else None if text else job.answer,
                   token_logprobs=logprobs)
     return None if gen == job else gen
 
