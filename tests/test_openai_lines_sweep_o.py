@@ -71,3 +71,27 @@ def test_a_text_line_is_answered_freely_under_the_jobs_choices_or_schema(tmp_pat
     assert out["job"]["choices"][0]["message"]["content"] in ("A", '{"k" :true }')
     assert out["text"]["usage"]["completion_tokens"] == 12
     assert out["text"]["choices"][0]["message"]["content"] != out["job"]["choices"][0]["message"]["content"]
+
+
+def test_logprobs_false_on_a_completion_line_gives_none_whatever_the_job_says():
+    from ggbatch.runner.files.formats.own_settings import NO_LOGPROBS
+
+    req = parse_request(completion(logprobs=False))
+    assert req.error is None and req.settings.token_logprobs == NO_LOGPROBS
+    job = GenerationParams(8, (), False, SamplingParams(), token_logprobs=2)
+    assert own_generation(job, req.settings, ()).token_logprobs is None
+    assert parse_request(completion(logprobs=3)).settings.token_logprobs == 3
+    assert parse_request(completion(logprobs=True)).error.startswith("body.logprobs: must be an integer")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.model
+def test_a_completion_line_turns_off_the_jobs_token_logprobs(tmp_path, demo_model):
+    write_jsonl(tmp_path / "in.jsonl", [{**completion(logprobs=False), "custom_id": "off"},
+                                        {**completion(), "custom_id": "job"}])
+    r = ggbatch("run", "--model", demo_model, "--input", tmp_path / "in.jsonl", "--output", tmp_path / "o.jsonl",
+                "--token-logprobs", "2", "-q", timeout=240)
+    assert r.returncode == 0, r.stderr
+    out = {d["custom_id"]: d["response"]["body"] for d in map(json.loads, open(tmp_path / "o.jsonl"))}
+    assert out["off"]["choices"][0]["logprobs"] is None
+    assert len(out["job"]["choices"][0]["logprobs"]["tokens"]) == out["job"]["usage"]["completion_tokens"]

@@ -139,10 +139,11 @@ def _settings(body: Mapping[str, Any], endpoint: str) -> QuestionSettings:
 def _token_logprobs(body: Mapping[str, Any], endpoint: str) -> Optional[int]:
     """How many alternatives per token a line asks for with its log-probabilities: chat's
     `logprobs: true` with `top_logprobs` (0 when absent), a completion's `logprobs: k`; NO_LOGPROBS
-    for an explicit `logprobs: false`; None when the line does not say (the job's setting)."""
+    for an explicit `logprobs: false` (on either endpoint); None when the line does not say (the job's setting)."""
     top = _integer(0, MAX_TOP_LOGPROBS[endpoint])
     if endpoint == COMPLETION:
-        return _field(body, "logprobs", top)
+        # OpenAI's completions take an integer, but false says "none" as on chat (weighing-answers.md)
+        return NO_LOGPROBS if body.get("logprobs") is False else _field(body, "logprobs", top)
     asked = _field(body, "logprobs", _boolean)
     k = _field(body, "top_logprobs", top)
     if k is not None and asked is not True:
