@@ -95,3 +95,23 @@ def test_a_completion_line_turns_off_the_jobs_token_logprobs(tmp_path, demo_mode
     out = {d["custom_id"]: d["response"]["body"] for d in map(json.loads, open(tmp_path / "o.jsonl"))}
     assert out["off"]["choices"][0]["logprobs"] is None
     assert len(out["job"]["choices"][0]["logprobs"]["tokens"]) == out["job"]["usage"]["completion_tokens"]
+
+
+def test_a_cut_completion_sample_says_it_has_no_answer():
+    from openai.types import Completion
+
+    from ggbatch.runner.files.outputs import OutputSpec, Row, render
+    from ggbatch.workers.protocol import Answer, FinishReason, Sample
+
+    why = "max_tokens (12) ran out before the answer was complete"
+    samples = (Sample('{"k": true}', FinishReason.STOP, 5), Sample("", FinishReason.LENGTH, 12, error=why),
+               Sample("", FinishReason.STOP, 0))  # a real empty answer: no error key
+    answer = Answer("c", '{"k": true}', FinishReason.STOP, 4, 17, 0, 0.1, 0.2, samples=samples)
+    line = json.loads(render([Row("c", answer)], OutputSpec("openai", completions=frozenset({"c"}))))
+    body = Completion.model_validate(line["response"]["body"])
+    assert [c.text for c in body.choices] == ['{"k": true}', "", ""]
+    assert [(c.model_extra or {}).get("error") for c in body.choices] == [None, why, None]
+    assert body.choices[1].finish_reason == "length"
+    from ggbatch.runner.scoring.files import openai_text
+
+    assert openai_text(line) == ['{"k": true}', None, ""]  # score: the cut sample is no vote, "" is one

@@ -163,6 +163,8 @@ def row_id(where: str, row: Mapping[str, Any], field: str) -> str:
 
 
 def _choice_text(choice: Mapping[str, Any]) -> Optional[str]:
+    if choice.get("error"):
+        return None  # a completion sample without an answer: its text is "" only for openai's types
     message = choice.get("message")
     text = message.get("content") if isinstance(message, dict) else choice.get("text")
     return text if isinstance(text, str) else None

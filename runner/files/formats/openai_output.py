@@ -11,6 +11,10 @@ a request refused as asked (a stream, an embeddings url, an unknown body field) 
 it: a prompt its tokenizer cannot take, longer than the context, a worker that died on it),
 not_answered (the run ended first).
 
+A sample of several (n) that has no answer (cut before its choice or grammar was complete) is a
+chat choice whose content is null, or a completion choice whose text is "" beside an "error" key
+saying why.
+
 Ids are derived from the custom_id and the time of its answer (the run's start for a line without
 one): unique in a file, and the same when a rerun rewrites an answer its journal kept.
 """
@@ -78,8 +82,14 @@ def _finish(sample: Sample) -> str:
 
 def _completion_choice(index: int, sample: Sample) -> dict[str, Any]:
     tokens = sample.token_logprobs
-    return {"index": index, "text": sample.text, "finish_reason": _finish(sample),
-            "logprobs": completion_logprobs(tokens) if tokens is not None else None}
+    choice = {"index": index, "text": sample.text, "finish_reason": _finish(sample),
+              "logprobs": completion_logprobs(tokens) if tokens is not None else None}
+    if sample.error:
+        # A sample without an answer (cut before its grammar was complete): its text stays "" as the
+        # openai package's Completion type needs a string, so an extra key (kept by those types) says
+        # it has none, where a chat choice's content is null.
+        choice["error"] = sample.error
+    return choice
 
 
 def _chat_choice(index: int, sample: Sample, picked: bool) -> dict[str, Any]:
