@@ -115,3 +115,14 @@ def test_a_cut_completion_sample_says_it_has_no_answer():
     from ggbatch.runner.scoring.files import openai_text
 
     assert openai_text(line) == ['{"k": true}', None, ""]  # score: the cut sample is no vote, "" is one
+
+
+def test_a_greedy_line_under_the_jobs_n_names_the_jobs_n():
+    from ggbatch.runner.files.formats.own_settings import samples_problem
+
+    job = GenerationParams(8, (), False, SamplingParams(temperature=1.0, n=2))
+    why = samples_problem(parse_request(chat(temperature=0)).settings, job)
+    assert why == ("sampling.n (--n 2) of the job: 2 samples need a temperature > 0 (body.temperature is 0), "
+                   'else they are 2 identical answers: give this line "n": 1, or a temperature > 0')
+    assert samples_problem(parse_request(chat(temperature=0, n=1)).settings, job) is None
+    assert samples_problem(parse_request(chat(temperature=0, n=3)).settings, job).startswith("body.n: 3 samples")

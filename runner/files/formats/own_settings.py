@@ -65,11 +65,14 @@ def samples_problem(own: QuestionSettings, job: GenerationParams) -> Optional[st
     job's) would give n identical answers."""
     n = job.sampling.n if own.n is None else own.n
     temperature = job.sampling.temperature if own.temperature is None else own.temperature
-    if n > 1 and temperature <= 0:
-        whose = "give body.temperature; the job is greedy" if own.temperature is None else \
-            f"body.temperature is {own.temperature:g}"
-        return f"body.n: {n} samples need a temperature > 0 ({whose}), else they are {n} identical answers"
-    return None
+    if n <= 1 or temperature > 0:
+        return None
+    whose = "give body.temperature; the job is greedy" if own.temperature is None else \
+        f"body.temperature is {own.temperature:g}"
+    if own.n is None:  # the n is the job's: name it, not a body.n the line does not have
+        return (f"sampling.n (--n {n}) of the job: {n} samples need a temperature > 0 ({whose}), else they are "
+                f"{n} identical answers: give this line \"n\": 1, or a temperature > 0")
+    return f"body.n: {n} samples need a temperature > 0 ({whose}), else they are {n} identical answers"
 
 
 def vocabulary_problem(own: QuestionSettings, n_vocab: int) -> Optional[str]:
