@@ -159,7 +159,7 @@ class ResponseFormat:
     """An answer's required shape, as OpenAI's `response_format` asks: any JSON object, or JSON
     valid under a schema."""
 
-    type: str  # "json_object" or "json_schema"
+    type: str  # "json_object" or "json_schema" ("text", a line asking for free text, stays in the coordinator)
     schema: Optional[str] = None  # json_schema: the schema as canonical JSON text (sorted keys)
     name: Optional[str] = None
     strict: bool = False
