@@ -1,5 +1,5 @@
 """OpenAI Batch lines as files dumped from the SDK hold them, and the settings a line states
-explicitly (sweep O): a null field is one not given; a line's own plain-text response_format,
+explicitly: a null field is one not given; a line's own plain-text response_format,
 `logprobs: false` on /v1/completions, and the messages that name where a refused setting comes from."""
 
 import json
