@@ -50,7 +50,7 @@ def test_a_completion_line_and_message_shapes():
         {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]}))
     assert chat.messages == (("system", "Be brief."), ("user", "a\nb"), ("assistant", "c"), ("user", "d"))
     assert parse_request(line({"response_format": {"type": "text"}})).settings.response_format == \
-        ResponseFormat("text")  # said, not left out: it replaces the job's answer.* (test_openai_lines_sweep_o.py)
+        ResponseFormat("text")  # said, not left out: it replaces the job's answer.*
     assert parse_request(line({"response_format": {"type": "json_object"}})).settings.response_format == \
         ResponseFormat("json_object")
 
