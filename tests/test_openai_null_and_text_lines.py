@@ -126,3 +126,15 @@ def test_a_greedy_line_under_the_jobs_n_names_the_jobs_n():
                    'else they are 2 identical answers: give this line "n": 1, or a temperature > 0')
     assert samples_problem(parse_request(chat(temperature=0, n=1)).settings, job) is None
     assert samples_problem(parse_request(chat(temperature=0, n=3)).settings, job).startswith("body.n: 3 samples")
+
+
+def test_half_a_surrogate_pair_is_refused_naming_the_field_and_its_character():
+    """JSON's escape "\\ud800" in a message: refused with the line (400), where it is in the line,
+    not at a character of the prompt the chat template makes of it."""
+    lone = chat(messages=[{"role": "system", "content": "ok"}, {"role": "user", "content": "x \ud800 y"}])
+    assert parse_request(lone).error == ("body.messages[1].content: U+D800 at character 3 is half of a surrogate "
+                                         "pair: must be text UTF-8 can write")
+    texts = [{"type": "text", "text": "a"}, {"type": "text", "text": "\udc80"}]
+    parts = chat(messages=[{"role": "user", "content": texts}])
+    assert parse_request(parts).error.startswith("body.messages[0].content[1].text: U+DC80 at character 1")
+    assert parse_request(completion(prompt="x\ud800")).error.startswith("body.prompt: U+D800 at character 2")

@@ -273,7 +273,7 @@ def _message(where: str, m: Any) -> tuple[str, str]:
 def _content(where: str, v: Any) -> str:
     """A message's text: a string, or text parts (joined by line breaks)."""
     if isinstance(v, str):
-        return v
+        return _utf8(where, v)
     if not isinstance(v, list) or not v:
         raise Refused(f"{where}: must be a string or a list of text parts")
     texts = []
@@ -281,8 +281,20 @@ def _content(where: str, v: Any) -> str:
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise Refused(f"{where}[{i}]: only text parts are supported, got {quote(kind)}")
-        texts.append(part["text"])
+        texts.append(_utf8(f"{where}[{i}].text", part["text"]))
     return "\n".join(texts)
+
+
+def _utf8(where: str, text: str) -> str:
+    """The text, refused where it holds half of a surrogate pair (JSON's escape "\\ud800" writes
+    one), which no tokenizer takes: named here, in the line's terms, not at a character of the
+    prompt the chat template makes of it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise Refused(f"{where}: U+{ord(text[exc.start]):04X} at character {exc.start + 1} is half of a surrogate "
+                      "pair: must be text UTF-8 can write") from None
+    return text
 
 
 def _prompt(v: Any) -> str:
@@ -290,4 +302,4 @@ def _prompt(v: Any) -> str:
         v = v[0]
     if not isinstance(v, str) or not v:
         raise Refused("body.prompt: must be one non-empty string (one prompt per line)")
-    return v
+    return _utf8("body.prompt", v)
