@@ -1,6 +1,7 @@
 """The batch shapes of batch-invariant mode (workers/engine/invariant.py) are pure rules: tested with no
 model. test_engine.py checks on real models that they make answers independent of the batch."""
 
+import random
 from array import array
 
 import numpy as np
@@ -115,3 +116,33 @@ def test_the_coordinator_does_not_import_numpy_for_these_rules():
     code = "import sys, ggbatch.runner.job, ggbatch.runner.cli; print('numpy' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_a_scored_prompts_rows_come_from_one_chunk_wherever_its_chunks_start():
+    """A chunk that would end among the scored rows ends where they begin (both keeping MIN_ROWS),
+    so that a shared prefix, which moves where the chunks start, leaves their product alone."""
+    assert invariant.scored_chunk(10, 10, 18, 28, 16) == 8  # [10, 20) would split the rows 18..27
+    assert invariant.scored_chunk(0, 16, 18, 28, 16) == 16  # [0, 16) ends before them
+    assert invariant.scored_chunk(14, 8, 18, 28, 16) == 8  # 4 rows before them: too few for a chunk alone
+    assert invariant.scored_chunk(0, 16, 10, 40, 16) == 16  # 30 scored rows fit no chunk: chunked as any
+
+
+@pytest.mark.model
+@pytest.mark.timeout(120)
+def test_scored_continuations_are_the_same_with_a_shared_prefix_and_without(stories):
+    """Batch-invariant scoring: the log-likelihoods of continuations longer than MIN_ROWS are the
+    same bit for bit whether a shared prefix is computed apart or not, at one slot or four."""
+    from ggbatch.workers.protocol import GenerationParams
+    from helpers import engine_run
+
+    rng = random.Random(2)
+    context = [1] + [rng.randrange(3, 500) for _ in range(18)]
+    continuations = tuple(array("i", [rng.randrange(3, 500) for _ in range(9)]) for _ in range(2))
+    question = Question("s", array("i", context), 0, continuations=continuations)
+    scores = []
+    for prefix in (array("i"), array("i", context[:10])):
+        for slots in (1, 4):
+            config = EngineConfig(stories, 1, slots, 64, 16, prefix, GenerationParams(max_tokens=4), kv_unified=False,
+                                  flash_attn=False, repack=False, batch_invariant=True)
+            scores.append([s.token_logprobs for s in engine_run(config, [question])["s"].scored])
+    assert all(s == scores[0] for s in scores), scores

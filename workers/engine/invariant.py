@@ -97,6 +97,17 @@ def chunk_len(remaining: int, budget: int) -> int:
     return remaining - MIN_ROWS
 
 
+def scored_chunk(start: int, n: int, scored_from: int, end: int, budget: int) -> int:
+    """The next chunk of a scored prompt (chunk_len gave `n` tokens from `start`; its scored rows
+    run from `scored_from` to `end`): one that would end among the scored rows ends where they
+    begin instead, so that their logits come from one chunk, in one product of the output layer,
+    wherever a shared prefix made the chunks start (a product of one row runs another kernel than
+    one of nine). Only where both chunks keep MIN_ROWS or more and the scored rows fit the budget."""
+    if scored_from < start + n < end and scored_from - start >= MIN_ROWS and end - scored_from <= budget:
+        return scored_from - start
+    return n
+
+
 def ballast_ids(seq_ids: np.ndarray, limit: int) -> list[int]:
     """Sequence ids for ballast tokens that bring a decode batch (one token per sequence, ids in
     increasing order) to MIN_ROWS tokens. llama.cpp keeps a batch in one ubatch only when its

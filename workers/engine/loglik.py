@@ -137,19 +137,12 @@ def admit(question: Question, n_ctx_seq: int, worker_id: int, spec: Optional[Ans
     return seqs, (answer(parent, worker_id, spec) if not seqs else None)
 
 
-def first_scored_pos(seq: Sequence) -> int:
-    """Position of the first row whose logits are needed: the context's last token (the rows
-    from it on score the targets, one each)."""
-    assert seq.scoring is not None
-    return seq.n_prompt - seq.scoring.n - 1
-
-
 def logit_range(seq: Sequence, start_pos: int, n: int) -> tuple[int, int]:
     """[lo, hi) offsets within a prompt chunk of n tokens from start_pos whose logits a scored
     sequence needs: the rows from its context's last token to the one that predicts its last target."""
     assert seq.scoring is not None
-    lo = max(first_scored_pos(seq), start_pos)
-    hi = min(first_scored_pos(seq) + len(seq.scoring.targets), start_pos + n)
+    lo = max(seq.scored_from, start_pos)
+    hi = min(seq.scored_from + len(seq.scoring.targets), start_pos + n)
     return (lo - start_pos, hi - start_pos) if hi > lo else (0, 0)
 
 
@@ -159,7 +152,7 @@ def read_rows(seq: Sequence, start_pos: int, logits: np.ndarray) -> None:
     continuations)."""
     scoring = seq.scoring
     assert scoring is not None
-    first = start_pos - first_scored_pos(seq)  # the target the first of these rows predicts
+    first = start_pos - seq.scored_from  # the target the first of these rows predicts
     targets = np.frombuffer(scoring.targets, dtype=np.int32)[first:first + len(logits)]
     logprobs, greedy = token_scores(logits, targets)
     for k, (lp, g) in enumerate(zip(logprobs.tolist(), greedy.tolist())):

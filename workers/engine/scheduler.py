@@ -288,6 +288,8 @@ class Scheduler:
         for seq in self.running:
             if seq.phase is Phase.PREFILL:
                 n = invariant.chunk_len(seq.n_prompt - seq.n_cached, self.n_batch)
+                if seq.scoring is not None:
+                    n = invariant.scored_chunk(seq.n_cached, n, seq.scored_from, seq.n_prompt, self.n_batch)
                 return [Span(seq, seq.n_cached, n, seq.n_cached + n == seq.n_prompt)]
         return [Span(s, s.next_pos, 1, True) for s in sorted(self.running, key=_seq_id)]
 

@@ -77,6 +77,13 @@ class Sequence:
         return len(self.question.tokens)
 
     @property
+    def scored_from(self) -> int:
+        """A scored sequence's first position whose logits are needed: its context's last token
+        (the rows from it on score the targets, one each)."""
+        assert self.scoring is not None
+        return self.n_prompt - self.scoring.n - 1
+
+    @property
     def seed(self) -> int:
         """Its sampler's seed: the question's, or its sample's."""
         return sample_seed(self.question.seed, self.sample)
