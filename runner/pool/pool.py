@@ -41,7 +41,6 @@ from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Collection, Mapping, Optional, Protocol, Sequence, Union
 
-from ...workers.engine.memory_kind import MemoryKind
 from ...workers.protocol import (
     Answer,
     AnswerBatch,
@@ -64,8 +63,9 @@ from .dispatch import next_chunk, withdraw
 from .intake import Feed, WindowIntake
 from .lives import WorkerLives
 from .local import LocalBackend
+from .start_notes import StartNotes
 from .worker_run import WorkerRun
-from .worker_state import WorkerState, added, on_node, worker_run
+from .worker_state import WorkerState, added, worker_run
 from .worker_threads import WorkerThreads
 
 log = logging.getLogger("ggbatch")
@@ -120,8 +120,8 @@ class WorkerPool:
         self._stop_signal = 0
         self._stop_deadline = 0.0
         self.first_ready_at: Optional[float] = None
-        self._memory_noted = False  # what recurrent or hybrid memory changes is said once a run
-        self._cores_noted = False  # a Ray node counting more CPUs than it has, said once a run
+        self._notes = StartNotes()  # what workers' starts show, each said once a run
+        self._dead_links: set[int] = set()  # links seen dead in this wait, their deaths not handled yet
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -287,13 +287,19 @@ class WorkerPool:
     def _wait_once(self, timeout: float, wake: Optional[int] = None) -> None:
         events = self._backend.wait([w.link for w in self.workers if w.link is not None], timeout, wake)
         by_link = {id(w.link): w for w in self.workers if w.link is not None}
-        for event in events:
-            for msg in event.messages:
-                self._handle(msg)
-        for event in events:  # deaths after every message: a worker may have spoken just before
-            w = by_link.get(id(event.link))
-            if event.died and w is not None and w.link is event.link:
-                self._on_death(w)
+        dead = [(w, e.link) for e in events if e.died and (w := by_link.get(id(e.link))) is not None]
+        # A dead worker's last words are often a WantWork: questions handed to it would go nowhere and
+        # be suspects of its death (`dead` holds its link till the end: no new link takes its id).
+        self._dead_links = {id(link) for _, link in dead}
+        try:
+            for event in events:
+                for msg in event.messages:
+                    self._handle(msg)
+            for w, link in dead:  # deaths after every message: a worker may have spoken just before
+                if w.link is link:  # not already let go of (or started again) while handling them
+                    self._on_death(w)
+        finally:
+            self._dead_links = set()
 
     def _handle(self, msg: Any) -> None:
         w = next((x for x in self.workers if x.spec.worker_id == msg.worker_id), None)
@@ -323,7 +329,7 @@ class WorkerPool:
                 self.first_ready_at = time.perf_counter()
             log.debug("worker %d: ready in %.2f s (pid %d, cores %s)", msg.worker_id, msg.load_s,
                       msg.pid, msg.cores)
-            self._say_once(w, msg)
+            self._notes.say(w, msg, self.workers)
             if self._on_ready:
                 self._on_ready(self, msg)
         elif isinstance(msg, WorkerError):
@@ -333,25 +339,6 @@ class WorkerPool:
                 # The model or its context cannot be made: every worker would fail the same way.
                 raise ModelError(msg.message)
 
-    def _say_once(self, w: WorkerState, msg: Ready) -> None:
-        """What a worker's start shows that the run should hear, once: what recurrent or hybrid
-        memory changes; a Ray node that counts more CPUs than its processes may use (`ray start
-        --num-cpus` above its cores), where workers planned on cores apart share the same ones."""
-        note = MemoryKind(msg.memory).note()
-        if note and not self._memory_noted:
-            log.info("%s", note)
-            self._memory_noted = True
-        if w.spec.node_id is None or self._cores_noted:
-            return
-        taken = {c for other in self.workers if other is not w and other.ready is not None
-                 and other.spec.node_id == w.spec.node_id for c in other.ready.cores}
-        shared = taken & set(msg.cores)
-        if len(msg.cores) < len(w.spec.cores) or shared:
-            log.warning("worker %d%s: planned on %d cores of its own, it runs on %s%s: Ray counts more CPUs on that "
-                        "node than its processes may use (ray start --num-cpus above its cores?)", msg.worker_id,
-                        on_node(w.spec), len(w.spec.cores), ",".join(map(str, msg.cores)),
-                        " with other workers" if shared else "")
-            self._cores_noted = True
     def _record(self, answers: Sequence[Answer]) -> None:
         # A requeued question may come back twice (its first worker's answer arriving after the
         # worker was given up on): keep the first.
@@ -369,7 +356,7 @@ class WorkerPool:
         if self.paused:
             return
         self._lives.restart_outdated(self.workers, self.stopping)
-        live = [w for w in self.workers if w.link is not None]
+        live = [w for w in self.workers if w.link is not None and id(w.link) not in self._dead_links]
         for w in live:
             if w.link is None or w.wants <= 0 or w.solo or w.outdated:
                 continue
