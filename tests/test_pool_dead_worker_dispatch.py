@@ -6,12 +6,15 @@ import re
 import signal
 import time
 from array import array
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import pytest
 
-from fake_engine import Fake
+from fake_engine import Fake, FakeEngine
 from ggbatch.runner.pool.pool import WorkerPool
+from ggbatch.workers.llama.load_errors import ModelLoadError
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
 from ggbatch.workers.spec import WorkerSpec
 
@@ -59,3 +62,35 @@ def test_a_worker_that_asked_for_work_and_died_is_given_none(caplog):
     assert len(deaths) == 1 and re.search(r"; 0 questions go back to the queue$", deaths[0]), deaths
     assert sorted(answers) == sorted(f"q{i}" for i in range(80))
     assert all(a.error is None for a in answers.values())
+
+
+@dataclass(frozen=True)
+class TightRestart(Fake):
+    """Every worker's first start makes its context; once `gate` exists (memory got short after
+    an OOM kill, a dead GPU worker's memory not given back yet), making one fails as llama.cpp's
+    does."""
+    gate: str = ""
+
+    def build(self, config, worker_id):
+        if self.gate and Path(self.gate).exists():
+            raise ModelLoadError("m.gguf: not enough memory to make a context of 64 tokens × 2 sequences")
+        return FakeEngine(config, worker_id, self)
+
+
+def test_a_worker_that_cannot_make_its_context_again_is_a_death_not_the_end_of_the_run(tmp_path, caplog):
+    gate = tmp_path / "memory-short"
+    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", TightRestart(slow=0.02, gate=str(gate))) for i in range(2)])
+
+    def on_answers(answers):
+        if pool.n_answered >= 50 and not gate.exists():
+            gate.touch()
+            os.kill(pool.live_pids[1], signal.SIGKILL)  # the OOM killer takes worker 1
+
+    pool._on_answers = on_answers
+    with caplog.at_level("WARNING", logger="ggbatch"):
+        answers = pool.run(qs(300), engine())  # worker 0 answers the rest: no ModelError
+    assert gate.exists()
+    assert sorted(answers) == sorted(f"q{i}" for i in range(300))
+    assert all(a.error is None for a in answers.values())
+    assert any(r.getMessage().startswith("worker 1 cannot start (") and "not enough memory" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]

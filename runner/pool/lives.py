@@ -44,6 +44,7 @@ class WorkerLives:
         self.log_dir = make_log_dir()
         self.engines: Union[EngineConfig, Mapping[int, EngineConfig], None] = None  # from the run on
         self.leaving: set[int] = set()  # workers a reconfigure lets go once they have finished
+        self.engine_made = False  # a worker has been ready with the engine now given (since a reconfigure)
 
     def log_path(self, spec: WorkerSpec) -> str:
         """Where this worker's stderr goes, over all its lives."""
@@ -79,6 +80,11 @@ class WorkerLives:
                              "made so far: put the first file back and run the same command again to finish, or "
                              "start over on the new one with --fresh")
 
+    def on_ready(self, w: WorkerState) -> None:
+        """Worker w is ready: the engine is made (unless w started before a reconfigure gave a new one)."""
+        if not w.outdated:
+            self.engine_made = True
+
     def stop(self, w: WorkerState, graceful: bool, timeout: float = 5.0) -> None:
         if w.link is not None:
             if graceful:
@@ -97,6 +103,7 @@ class WorkerLives:
         earlier: Mapping[int, EngineConfig] = (old if isinstance(old, Mapping)
                                                else {} if old is None else dict.fromkeys(ids, old))
         self.engines = {**earlier, **engines}
+        self.engine_made = False  # a larger context may not fit where the smaller did
         for w in workers:
             w.outdated = w.link is not None
 

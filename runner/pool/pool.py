@@ -324,6 +324,7 @@ class WorkerPool:
                 self._on_threads(msg)
         elif isinstance(msg, Ready):
             w.ready = msg
+            self._lives.on_ready(w)
             w.threads.started(msg.n_threads)
             if self.first_ready_at is None:
                 self.first_ready_at = time.perf_counter()
@@ -335,8 +336,10 @@ class WorkerPool:
         elif isinstance(msg, WorkerError):
             w.last_error = f"{msg.kind}: {msg.message}"
             log.debug("worker %d (%s): %s\n%s", msg.worker_id, msg.stage, w.last_error, msg.traceback)
-            if msg.model_load and msg.stage in ("load", "configure"):
-                # The model or its context cannot be made: every worker would fail the same way.
+            if msg.model_load and msg.stage in ("load", "configure") and not self._lives.engine_made:
+                # The model or its context cannot be made: every worker would fail the same way. Once
+                # one has made it, a restart failing (memory still short after an OOM kill) is a death
+                # like any other, for the crash budget.
                 raise ModelError(msg.message)
 
     def _record(self, answers: Sequence[Answer]) -> None:
