@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from fake_engine import Fake, FakeEngine
+from ggbatch.runner.pool.crashes import StartupError
 from ggbatch.runner.pool.pool import WorkerPool
 from ggbatch.workers.llama.load_errors import ModelLoadError
 from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
@@ -94,3 +95,14 @@ def test_a_worker_that_cannot_make_its_context_again_is_a_death_not_the_end_of_t
     assert all(a.error is None for a in answers.values())
     assert any(r.getMessage().startswith("worker 1 cannot start (") and "not enough memory" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_workers_let_go_of_before_the_run_leave_the_crash_budget():
+    # Four workers started, the memory plan keeps one, whose engine cannot start: as with one
+    # worker started, no worker could ever start (StartupError, exit 2), not "no worker can
+    # start any more" (WorkerFailure, exit 1) as if three more workers had been there to try.
+    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", Fake(fail_load=True)) for i in range(4)])
+    pool.start()
+    pool.keep({0})
+    with pytest.raises(StartupError, match=r"workers cannot start: worker 0 died while starting"):
+        pool.run(qs(10), engine())

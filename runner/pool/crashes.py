@@ -62,10 +62,18 @@ class CrashBudget:
     barren_deaths: int = 0  # since the last answer or failure
     solo_deaths: dict[str, int] = field(default_factory=dict)  # question id -> deaths it was alone at
     startup_failures: dict[int, int] = field(default_factory=dict)  # worker id -> in a row
+    auto_barren: bool = field(init=False, default=False)  # max_barren_deaths follows n_workers
 
     def __post_init__(self) -> None:
-        if not self.max_barren_deaths:
-            self.max_barren_deaths = (self.max_solo_deaths + 1) * self.n_workers
+        self.auto_barren = not self.max_barren_deaths
+        self.resize(self.n_workers)
+
+    def resize(self, n_workers: int) -> None:
+        """The run goes on with n_workers (the plan let some go): what is budgeted per worker counts
+        those, or a budget sized for workers gone could never be spent before they all gave up."""
+        self.n_workers = n_workers
+        if self.auto_barren:
+            self.max_barren_deaths = (self.max_solo_deaths + 1) * n_workers
 
     def progress(self) -> None:
         self.barren_deaths = 0

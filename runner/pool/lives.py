@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence, Union
 
 from ...workers.protocol import Answer, Configure, EngineConfig, Question, Stop
 from ...workers.spec import WorkerSpec
@@ -85,6 +85,15 @@ class WorkerLives:
         if not w.outdated:
             self.engine_made = True
 
+    def keep(self, workers: Sequence[WorkerState], worker_ids: Collection[int]) -> list[WorkerState]:
+        """Let go of the workers not named (the memory plan wants fewer): the workers kept."""
+        for w in workers:
+            if w.spec.worker_id not in worker_ids:
+                self.stop(w, graceful=True)
+        kept = [w for w in workers if w.spec.worker_id in worker_ids]
+        self.crashes.resize(len(kept))
+        return kept
+
     def stop(self, w: WorkerState, graceful: bool, timeout: float = 5.0) -> None:
         if w.link is not None:
             if graceful:
@@ -99,6 +108,7 @@ class WorkerLives:
         old = self.engines
         ids = [w.spec.worker_id for w in workers]
         self.leaving = {wid for wid in ids if wid not in engines}
+        self.crashes.resize(len(ids) - len(self.leaving))
         # A worker let go keeps its engine until it has finished (the thread monitor reads it).
         earlier: Mapping[int, EngineConfig] = (old if isinstance(old, Mapping)
                                                else {} if old is None else dict.fromkeys(ids, old))

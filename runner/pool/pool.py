@@ -133,10 +133,7 @@ class WorkerPool:
 
     def keep(self, worker_ids: Collection[int]) -> None:
         """Let go of the workers not named (the memory plan wants fewer)."""
-        for w in self.workers:
-            if w.spec.worker_id not in worker_ids:
-                self._lives.stop(w, graceful=True)
-        self.workers = [w for w in self.workers if w.spec.worker_id in worker_ids]
+        self.workers = self._lives.keep(self.workers, worker_ids)
 
     def close(self) -> None:
         """Kill every worker (an error before run(), or nothing left to answer); idempotent."""
