@@ -106,3 +106,27 @@ def test_workers_let_go_of_before_the_run_leave_the_crash_budget():
     pool.keep({0})
     with pytest.raises(StartupError, match=r"workers cannot start: worker 0 died while starting"):
         pool.run(qs(10), engine())
+
+
+@dataclass(frozen=True)
+class SlowLoad(Fake):
+    """Reads its model for a long while, as a large one from a cold disk."""
+    load_s: float = 20.0
+
+    def preload(self, model_path, repack, n_gpu_layers, one_device):
+        time.sleep(self.load_s)
+        return n_gpu_layers, 0
+
+
+def test_workers_let_go_of_while_loading_the_model_go_at_once():
+    # A worker reads Stop only once it has loaded the model: asking it to stop waited for that,
+    # 5 s each, one after another (15 s for three). They hold nothing: they are killed.
+    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", SlowLoad()) for i in range(4)])
+    with pool:
+        pool.start()
+        pids = dict(pool.live_pids)
+        t0 = time.monotonic()
+        pool.keep({0})
+        assert time.monotonic() - t0 < 3.0
+        assert [w.spec.worker_id for w in pool.workers] == [0]
+        assert not any(psutil.pid_exists(pids[i]) for i in (1, 2, 3))

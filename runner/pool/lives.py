@@ -86,10 +86,11 @@ class WorkerLives:
             self.engine_made = True
 
     def keep(self, workers: Sequence[WorkerState], worker_ids: Collection[int]) -> list[WorkerState]:
-        """Let go of the workers not named (the memory plan wants fewer): the workers kept."""
+        """Let go of the workers not named (the memory plan wants fewer): the workers kept. They are
+        killed: they hold nothing yet, and one reads Stop only once it has loaded the whole model."""
         for w in workers:
             if w.spec.worker_id not in worker_ids:
-                self.stop(w, graceful=True)
+                self.stop(w, graceful=False)
         kept = [w for w in workers if w.spec.worker_id in worker_ids]
         self.crashes.resize(len(kept))
         return kept
