@@ -182,6 +182,27 @@ def test_json_schema_job_every_answer_validates_also_batch_invariant(tmp_path, s
     assert outs[0] == outs[1]  # a grammar masks per sequence: batch-mates still do not matter
 
 
+def test_a_stop_string_does_not_cut_an_answer_held_to_choices_or_a_schema(tmp_path, stories, demo_model):
+    """A stop string inside a constrained answer would leave one that is neither a choice nor valid
+    JSON: the choices or the grammar say where it ends."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"questionID": "c1", "question": "Which?", "choices": ["red", "green", "blue"]}\n'
+                         '{"questionID": "c2", "question": "Pick", "choices": ["yes", "no"]}\n')
+    r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp_path / "a.jsonl", "--choices",
+                "auto", "--stop", "e", "--max-tokens", "6", "-q")  # generated under the choices' grammar
+    assert r.returncode == 0, r.stderr
+    rows = answers(tmp_path / "a.jsonl")
+    assert rows["c1"]["answer"] in ("red", "green", "blue") and rows["c2"]["answer"] in ("yes", "no"), rows
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+    plain = tmp_path / "p.jsonl"
+    plain.write_text('{"questionID": "c0", "question": "Which 0?"}\n{"questionID": "c1", "question": "Which 1?"}\n')
+    r = ggbatch("run", "--model", stories, "--input", plain, "--output", tmp_path / "b.jsonl", "--json-schema",
+                schema, "--stop", "}", "--max-tokens", "16", "-q")
+    assert r.returncode == 0, r.stderr
+    assert all(isinstance(json.loads(row["answer"])["a"], int) for row in answers(tmp_path / "b.jsonl").values())
+
+
 def test_gbnf_job_answers_match_the_grammar_sampled_too(tmp_path, stories, gsm8k_file):
     grammar = 'root ::= ("yes" | "no") ", because " [a-z]+ (" " [a-z]+)? "."'
     out = tmp_path / "a.jsonl"

@@ -141,7 +141,9 @@ class Sequence:
         self.text_bytes += piece
         if self.answer_from is None and self.think.answering:  # this token ends the block, or begins the answer
             self.answer_from = before if self.think.skipped else len(self.text_bytes)
-        if gen.stop and self.answer_from is not None:
+        # an answer held to choices or a grammar ends where they say: a stop string would cut it
+        # into one that is neither ("blu" of "blue", a JSON object without its closing brace)
+        if gen.stop and self.answer_from is not None and gen.answer is None:
             cut = self._stop_in(gen.stop, len(self.text_bytes) - before)
             if cut is not None:
                 self.stop_cut, self.finish = cut, FinishReason.STOP
