@@ -5,9 +5,9 @@ of each death; the pool's dispatch and messages never start or end a worker them
 
 When a worker dies, every question it held is a suspect. Suspects are retried alone on a worker,
 in groups halved at each death (runner/pool/crashes.py), until a death names its culprit
-exactly; its innocent batch-mates are answered. A dead worker is restarted; what deaths may cost before the run gives up is
-runner/pool/crashes.py's decision. Each local worker's stderr goes to a log file of its own, whose last
-line is quoted when it dies (llama.cpp writes its asserts there).
+exactly; its innocent batch-mates are answered. A dead worker is restarted; what deaths may cost
+before the run gives up is runner/pool/crashes.py's decision. Each local worker's stderr goes to
+a log file of its own, whose last line is quoted when it dies (llama.cpp writes its asserts there).
 """
 
 from __future__ import annotations
