@@ -56,9 +56,9 @@ class Sequence:
     t_first: float = 0.0
     finish: Optional[FinishReason] = None
     stop_cut: Optional[int] = None  # character index where a stop string begins
-    # Where its answer begins in text_bytes: after a reasoning model's thinking block (None while
-    # it thinks); stop strings are looked for from there, never in the block or the end of it
-    # ggbatch writes. 0 for a question without thinking.
+    # Where its answer begins, a character index into its text: after a reasoning model's thinking
+    # block (None while it thinks); stop strings are looked for from there, never in the block or
+    # the end of it ggbatch writes. 0 for a question without thinking.
     answer_from: Optional[int] = 0
     # workers/engine/loglik.py Scoring: its prompt's last tokens are scored, nothing is generated
     scoring: Any = None
@@ -140,7 +140,8 @@ class Sequence:
         before = len(self.text_bytes)
         self.text_bytes += piece
         if self.answer_from is None and self.think.answering:  # this token ends the block, or begins the answer
-            self.answer_from = before if self.think.skipped else len(self.text_bytes)
+            begins = before if self.think.skipped else len(self.text_bytes)
+            self.answer_from = len(decode_text(bytes(self.text_bytes[:begins]), final=False))
         # an answer held to choices or a grammar ends where they say: a stop string would cut it
         # into one that is neither ("blu" of "blue", a JSON object without its closing brace)
         if gen.stop and self.answer_from is not None and gen.answer is None:
@@ -157,8 +158,7 @@ class Sequence:
         """Where the earliest stop string begins (a character index into the text), scanning only
         the tail that could hold one ending in the last token, and the answer alone."""
         text = decode_text(bytes(self.text_bytes), final=False)
-        answer = len(decode_text(bytes(self.text_bytes[:self.answer_from]), final=False)) if self.answer_from else 0
-        return find_stop(text, stops, max(answer, len(text) - new_bytes - max(map(len, stops))))
+        return find_stop(text, stops, max(self.answer_from or 0, len(text) - new_bytes - max(map(len, stops))))
 
     def text(self) -> str:
         """The answer so far: the generated text, cut where a stop string begins."""
