@@ -79,3 +79,40 @@ def test_a_stopped_worker_is_reported_within_seconds_and_the_job_still_finishes(
     assert "worker 0 has made no progress for 1" in stderr and "process state: stopped" in stderr
     assert "worker 0 is making progress again" in stderr
     assert len(json.loads(out.read_text())) == 32
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_worker_stopped_in_the_middle_of_a_long_message_holds_up_only_itself(tmp_path, demo_model,
+                                                                             questions_file):
+    """Top-20 token log-probabilities of 8 answers of 256 tokens: a message longer than the pipe's
+    buffer. Stopped in the middle of writing it, the worker is reported as stalled: the coordinator
+    goes on ticking, where a blocking read of the message froze it."""
+    import psutil
+
+    out = tmp_path / "a.json"
+    command = ggbatch_command("run", "--model", demo_model, "--input", questions_file(16), "--output", out,
+                              "--max-tokens", 256, "--ignore-eos", "--token-logprobs", 20, "--workers", 1,
+                              "--slots", 8, "--progress", "log")
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: journal_entries(out) >= 8, 90, "the first batch answered")
+    children = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    worker = max(children, key=lambda c: c.cpu_times().user)  # not the tokenizer process
+    os.kill(proc.pid, signal.SIGSTOP)  # nobody reads: the worker's next answers fill the pipe
+    try:
+        wait_for(lambda: _state(worker.pid) == "S", 60, "the worker waiting to write", every=0.05)
+        os.kill(worker.pid, signal.SIGSTOP)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    time.sleep(12.5)
+    os.kill(worker.pid, signal.SIGCONT)
+    _, stderr = proc.communicate(timeout=90)
+    assert proc.returncode == 0, stderr
+    assert "worker 0 has made no progress for 1" in stderr and "process state: stopped" in stderr
+    assert len(json.loads(out.read_text())) == 16

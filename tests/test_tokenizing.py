@@ -9,10 +9,13 @@ has a hard timeout."""
 import contextlib
 import ctypes
 import faulthandler
+import fcntl
 import itertools
 import logging
 import os
 import signal
+import struct
+import termios
 import threading
 import time
 from array import array
@@ -26,6 +29,7 @@ from ggbatch.runner.questions.tokenizing import Rejected, TokenizerProcess, toke
 from ggbatch.workers.llama.vocab_gaps import SpmGaps
 from ggbatch.workers.tokenizer.fork import MIN_CAPACITY
 from ggbatch.workers.tokenizer.process import BatchTokenizer
+from helpers import wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.model]
 
@@ -160,6 +164,34 @@ def test_a_stopped_tokenizer_process_is_said_with_its_state_then_said_to_answer_
     assert said[stopped + 1:] == [again], said
     # before it, on a loaded machine, a batch may take longer than the 0.5 s here while running
     assert all(m in (stall + "running); the questions still to make wait for it", again) for m in said[:stopped]), said
+
+
+def _bytes_waiting(fd: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def test_a_tokenizer_process_stopped_in_the_middle_of_a_long_result_is_a_stall(monkeypatch, caplog):
+    """A result far longer than the pipe's buffer: stopped while writing it, the process is said
+    to be stalled, where a blocking read of the result waited in silence."""
+    monkeypatch.setattr("ggbatch.runner.questions.tokenizing.STALL_S", 0.5)
+    logger = logging.getLogger("ggbatch")
+    logger.addHandler(caplog.handler)
+    texts = [f"{' '.join(GOOD * 4)} {i}" for i in range(1000)]
+    try:
+        with caplog.at_level(logging.WARNING, logger="ggbatch"), TokenizerProcess(str(require(TINY))) as process:
+            process.submit(texts, [True] * len(texts))
+            fd = process._results.fileno()
+            wait_for(lambda: _bytes_waiting(fd) > 0, 30, "the result begun")
+            time.sleep(0.3)  # the buffer full, the process waits to write the rest
+            os.kill(process._process.pid, signal.SIGSTOP)
+            threading.Timer(2.0, os.kill, (process._process.pid, signal.SIGCONT)).start()
+            got = process.receive()
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert len(got.counts) == len(texts) and -1 not in got.counts
+    said = [r.getMessage() for r in caplog.records]
+    assert any("has answered nothing for 0 s (process state: stopped" in m for m in said), said
+    assert "the tokenizer process is answering again" in said
 
 
 def test_a_text_the_tokenizer_process_keeps_dying_on_fails_alone():

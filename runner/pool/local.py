@@ -8,7 +8,8 @@ Each worker writes to a pipe of its own, whose writing end only it holds. A shar
 need a lock between writers, and a worker killed while holding it (kill -9, the OOM killer)
 would block every other worker's next answer forever; with its own pipe, a worker killed in the
 middle of a message leaves a torn message that reads as the end of the pipe. Deaths are noticed
-by waiting on the process sentinels, not by polling.
+by waiting on the process sentinels, not by polling. The pipe is read without blocking
+(runner/child_pipes.py): a worker stopped in the middle of a long message holds up only itself.
 
 It implements runner/pool/backend.py's Backend; runner/pool/ray.py is the other one.
 """
@@ -23,6 +24,7 @@ from multiprocess.connection import wait as wait_any
 from ...workers.main import worker_main
 from ...workers.protocol import decode, encode
 from ...workers.spec import WorkerSpec
+from ..child_pipes import FrameReader
 from ..child_processes import exit_reason, release_names, release_queue, start_child
 from ..errors import open_files_limit_named
 from ..plan.nodes import Node, local_node
@@ -39,7 +41,8 @@ class LocalLink:
         self._names_released = False
         with open_files_limit_named():
             self.tasks = ctx.Queue()
-            self.results, writer = ctx.Pipe(duplex=False)
+            reader, writer = ctx.Pipe(duplex=False)
+            self.results: Optional[FrameReader] = FrameReader(reader)
             self.process = ctx.Process(target=worker_main, args=(spec, self.tasks, writer),
                                        name=f"ggbatch-worker-{spec.worker_id}", daemon=True)
             start_child(self.process)
@@ -73,14 +76,13 @@ class LocalLink:
         return exit_reason(self.process.exitcode), last_words(self.spec.log_path)
 
     def drain(self) -> list[Any]:
-        """Every whole message in the pipe; a torn one (the worker died writing it) or a closed
-        pipe ends the reading."""
-        out = []
-        while self.results is not None and self.results.poll():
-            try:
-                out.append(decode(self.results.recv_bytes()))
-            except (EOFError, OSError):
-                self._close_results()
+        """The messages whole in the pipe now (a partial one waits for the next drain); at the end
+        of the pipe, a torn one (the worker died writing it) is dropped and the pipe closed."""
+        if self.results is None:
+            return []
+        out = [decode(frame) for frame in self.results.read()]
+        if self.results.ended:
+            self._close_results()
         if out and not self._names_released and self.tasks is not None:
             # the worker has started, its queue's semaphores opened: their names can go
             release_names(self.tasks)

@@ -35,6 +35,7 @@ from ...workers.limits import under_address_space_limit
 from ...workers.llama.load_errors import memory_sign
 from ...workers.protocol import decode, encode
 from ...workers.tokenizer.process import tokenizer_main
+from ..child_pipes import FrameReader
 from ..child_processes import (
     STATE_HINTS,
     UNGUARDED_MAIN,
@@ -96,7 +97,9 @@ class TokenizerProcess:
             fd, self._stderr_path = tempfile.mkstemp(prefix="ggbatch-tokenizer-", suffix=".log")
             self._stderr = os.fdopen(fd, "rb")  # the process's stderr, read only if it dies
             self._requests = ctx.Queue()
-            self._results, child_end = ctx.Pipe(duplex=False)
+            results, child_end = ctx.Pipe(duplex=False)
+        self._results = FrameReader(results)
+        self._received: deque[bytes] = deque()  # whole messages read, not yet taken
         self._process = ctx.Process(target=tokenizer_main, name="ggbatch-tokenizer", daemon=True,
                                     args=(self.model_path, self._stderr_path, self._requests, child_end))
         try:
@@ -144,20 +147,22 @@ class TokenizerProcess:
             raise WorkerFailure(f"the tokenizer process died ({exc}){exc.limit()}") from None
 
     def _receive(self) -> bytes:
-        # Waiting on the sentinel too: a dead process is noticed at once, not by a hang.
-        ready = wait([self._results, self._process.sentinel], STALL_S)
-        if not ready:  # alive and silent: stopped (SIGSTOP, a debugger), swapping, or a huge batch
-            log.warning("the tokenizer process (pid %s) has answered nothing for %.0f s (process state: %s); "
-                        "the questions still to make wait for it", self._process.pid, STALL_S, self._state())
-            ready = wait([self._results, self._process.sentinel])
+        """The next message. Waiting on the sentinel too: a dead process is noticed at once, not by a
+        hang; and the pipe is read without blocking: one stopped in the middle of a message is a stall."""
+        stalled = False
+        while not self._received:
+            ready = wait([self._results, self._process.sentinel], None if stalled else STALL_S)
+            if not ready:  # alive and silent: stopped (SIGSTOP, a debugger), swapping, or a huge batch
+                log.warning("the tokenizer process (pid %s) has answered nothing for %.0f s (process state: %s); "
+                            "the questions still to make wait for it", self._process.pid, STALL_S, self._state())
+                stalled = True
+            self._received.extend(self._results.read())
+            if not self._received and (self._results.ended or self._process.sentinel in ready):
+                self._process.join()
+                raise _Died(*self._how_it_died())
+        if stalled:
             log.warning("the tokenizer process is answering again")
-        if self._results in ready:
-            try:
-                return self._results.recv_bytes()
-            except EOFError:
-                pass
-        self._process.join()
-        raise _Died(*self._how_it_died())
+        return self._received.popleft()
 
     def _state(self) -> str:
         """The process's state as psutil names it, with what it suggests."""
