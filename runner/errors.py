@@ -24,6 +24,17 @@ def quote(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit - 14]}... ({len(text):,} chars)"
 
 
+def half_surrogate(text: str) -> str:
+    """Where `text` holds half of a surrogate pair, in words ("U+D800 at character 3 is half of a
+    surrogate pair"), or "" where it is text UTF-8 can write. JSON's and YAML's escape "\\ud800"
+    writes such a half; no UTF-8 file, tokenizer or prompt can hold it. (The worker's tokenizer
+    says it in the same words: workers/tokenizer/process.py, which cannot import this.)"""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"U+{ord(text[exc.start]):04X} at character {exc.start + 1} is half of a surrogate pair"
+    return ""
+
 
 class GgbatchError(Exception):
     """Anything that ends a ggbatch command: the CLI prints it as one line and exits with

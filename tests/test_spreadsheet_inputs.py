@@ -121,7 +121,7 @@ def test_an_empty_id_is_an_error_naming_the_line(tmp_path, name, text, message):
     assert error_of(path).startswith(f"{path}:") and message in error_of(path)
 
 
-# ---- item 11: a lone surrogate in an id
+# ---- item 11: half of a surrogate pair in an id
 
 def request(cid, text="Once upon a time"):
     return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
@@ -130,11 +130,11 @@ def request(cid, text="Once upon a time"):
 
 @pytest.mark.parametrize("name,text,message", [
     ("q.jsonl", '{"questionID": "q1", "question": "a"}\n{"questionID": "a\\ud800b", "question": "b"}\n',
-     "q.jsonl:2: 'questionID' 'a\\ud800b' holds a lone surrogate ('\\ud800' at character 2)"),
-    ("q.json", '[{"questionID": "\\udfff", "question": "a"}]', "q.json:1: 'questionID' '\\udfff' holds a lone"),
+     "q.jsonl:2: 'questionID' 'a\\ud800b': U+D800 at character 2 is half of a surrogate pair"),
+    ("q.json", '[{"questionID": "\\udfff", "question": "a"}]', "q.json:1: 'questionID' '\\udfff': U+DFFF at"),
     ("b.jsonl", json.dumps(request("q1")) + "\n" + json.dumps(request("\ud800")) + "\n",
-     "b.jsonl:2: 'custom_id' '\\ud800' holds a lone surrogate"),
-    ("q.jsonl", '{"id": "\\ud800", "question": "a"}\n', "q.jsonl:1: 'id' '\\ud800' holds a lone surrogate"),
+     "b.jsonl:2: 'custom_id' '\\ud800': U+D800 at character 1 is half"),
+    ("q.jsonl", '{"id": "\\ud800", "question": "a"}\n', "q.jsonl:1: 'id' '\\ud800': U+D800 at character 1 is half"),
 ])
 def test_a_lone_surrogate_in_an_id_is_an_error_naming_the_line(tmp_path, name, text, message):
     path = write(tmp_path, name, text)
@@ -254,8 +254,8 @@ def test_run_answers_a_spreadsheet_csv_as_it_answers_a_plain_one(tmp_path, demo_
 @pytest.mark.timeout(300)
 def test_run_refuses_a_bad_id_in_one_line(tmp_path, demo_model):
     for text, message in [('{"questionID": "q1", "question": "a"}\n{"questionID": "\\ud800", "question": "b"}\n',
-                           "q.jsonl:2: 'questionID' '\\ud800' holds a lone surrogate"),
-                          (json.dumps(request("\ud800")) + "\n", "q.jsonl:1: 'custom_id' '\\ud800' holds a lone"),
+                           "q.jsonl:2: 'questionID' '\\ud800': U+D800 at character 1"),
+                          (json.dumps(request("\ud800")) + "\n", "q.jsonl:1: 'custom_id' '\\ud800': U+D800 at"),
                           ("questionID,question\n,a\n", "q.csv:2: 'questionID' is empty")]:
         path = write(tmp_path, "q.csv" if text.startswith("questionID") else "q.jsonl", text)
         r = ggbatch("run", "--model", demo_model, "--input", path, "--output", tmp_path / "a.jsonl")
@@ -278,11 +278,11 @@ def test_run_reads_an_openai_batch_file_whose_first_request_is_over_a_mib(tmp_pa
     assert "tokens" in lines[0]["error"]["message"] and lines[1]["response"]["status_code"] == 200
 
 
-def test_merge_and_score_refuse_a_lone_surrogate_id_naming_the_line(tmp_path):
+def test_merge_and_score_refuse_an_id_with_half_a_surrogate_pair_naming_the_line(tmp_path):
     from ggbatch.runner.merge.parts import read_part
     from ggbatch.runner.scoring.files import read_answers
 
     path = write(tmp_path, "a.jsonl", '{"questionID": "q1", "answer": "4"}\n{"questionID": "\\ud800", "answer": "5"}\n')
     for read in (read_part, read_answers):
-        with pytest.raises(InputError, match=r"a.jsonl:2: 'questionID' '\\ud800' holds a lone surrogate"):
+        with pytest.raises(InputError, match=r"a.jsonl:2: 'questionID' '\\ud800': U\+D800 at character 1 is half"):
             read(path)

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union, cast
 
+from ..errors import half_surrogate
 from ..files.shards import Shard, parse_shard
 
 AUTO = None  # "auto" in a job file or on the command line is stored as None
@@ -84,15 +85,11 @@ def unicode_text(v: Any) -> None:
     elif isinstance(v, (list, tuple)):
         for item in v:
             unicode_text(item)
-    elif isinstance(v, str):
-        try:
-            v.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            point = ord(v[exc.start])
-            byte = f" (in a command-line argument, the byte 0x{point - 0xDC00:02x}, which is not UTF-8)" \
-                if 0xDC80 <= point <= 0xDCFF else ""
-            raise ValueError(f"U+{point:04X} at character {exc.start + 1} is half of a surrogate pair{byte}: "
-                             "must be text UTF-8 can write") from None
+    elif isinstance(v, str) and (why := half_surrogate(v)):
+        point = next(ord(c) for c in v if 0xD800 <= ord(c) <= 0xDFFF)
+        byte = f" (in a command-line argument, the byte 0x{point - 0xDC00:02x}, which is not UTF-8)" \
+            if 0xDC80 <= point <= 0xDCFF else ""
+        raise ValueError(f"{why}{byte}: must be text UTF-8 can write")
 
 
 def boolean(v: Any) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ....workers.protocol import ResponseFormat
-from ...errors import quote
+from ...errors import half_surrogate, quote
 from .own_settings import NO_LOGPROBS, PLAIN_TEXT, QuestionSettings
 
 CHAT, COMPLETION = "chat", "completion"
@@ -289,11 +289,8 @@ def _utf8(where: str, text: str) -> str:
     """The text, refused where it holds half of a surrogate pair (JSON's escape "\\ud800" writes
     one), which no tokenizer takes: named here, in the line's terms, not at a character of the
     prompt the chat template makes of it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise Refused(f"{where}: U+{ord(text[exc.start]):04X} at character {exc.start + 1} is half of a surrogate "
-                      "pair: must be text UTF-8 can write") from None
+    if why := half_surrogate(text):
+        raise Refused(f"{where}: {why}: must be text UTF-8 can write")
     return text
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from ...errors import InputError, quote
+from ...errors import InputError, half_surrogate, quote
 from .openai_request import Request
 
 
@@ -27,9 +27,6 @@ def checked_id(where: str, qid: str, name: str) -> str:
     journal and the answers file included, can hold."""
     if not qid.strip():
         raise InputError(f"{where}: '{name}' is empty" + (f" ({quote(qid)})" if qid else ""))
-    try:
-        qid.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InputError(f"{where}: '{name}' {quote(qid)} holds a lone surrogate ({quote(qid[exc.start])} "
-                         f"at character {exc.start + 1}): ids must be text that UTF-8 can write") from None
+    if why := half_surrogate(qid):
+        raise InputError(f"{where}: '{name}' {quote(qid)}: {why}: ids must be text that UTF-8 can write")
     return qid
