@@ -94,6 +94,9 @@ def test_every_real_gsm8k_reference_solution_scores_right():
     ("Let me think.\nThe cyclic group has order 4, so the answer is A.", "A"),
     ("B\nThe answer is C", "B"),  # the first line decides
     ("The answer is (b)", "B"), ("so the answer is [c].", "C"),  # a small letter, in brackets
+    ("Option B is correct.", "B"), ("I would pick choice (c) here", "C"), ("The best option: D", "D"),
+    ("The correct option is C", "C"),
+    ("Option A is wrong, so the answer is B.", "B"),  # an "answer is" first, wherever it is
 ])
 def test_letter_extraction(text, expected):
     assert extract_letter(text, "ABCD") == expected
@@ -105,6 +108,7 @@ def test_letter_extraction(text, expected):
     "The capital is Paris.\nB",  # a letter on a later line only: first line only
     "the answer is a dog",
     "the answer is a bit unclear",  # a small letter out of brackets is a word
+    "Another option is a guess.", "the first choice I made",
     "E",  # not one of this question's choices
     "",
 ])

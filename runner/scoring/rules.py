@@ -11,7 +11,7 @@ score there means:
 - letter (MMLU, LSAT): on the first non-empty line, the line itself when punctuation aside it is
   one letter (`B`, `(B)`, `B.`, `**b**`) or a letter marker opening it (`B. 8`, `b) because`);
   else "answer is B" / "Answer: (B)" anywhere (the harness's chain-of-thought filters; a small
-  letter only in brackets, "answer is (b)"); else the
+  letter only in brackets, "answer is (b)"); else "Option B" / "choice (C)" anywhere; else the
   first line equal to a choice's text (the harness's fallback to the choice text; of equal
   texts the first). Only the
   record's choice letters count (A-J without choices). Texts for choices (HellaSwag, PIQA as
@@ -55,8 +55,11 @@ NUMBER = re.compile(r"-?\$?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"
 PLAIN_NUMBER = re.compile(r"-?(?:\d+(?:\.\d+)?|\.\d+)")  # once `$` and commas are dropped
 # "answer is B", "Answer: (B)"; a small letter only in brackets ("answer is (b)"): "the answer
 # is a bit unclear" names no choice
-ANSWER_IS = re.compile(r"(?i:\banswer(?:\s+is)?)\s*[:\-]?\s*"
-                       r"(?:[\(\[]([a-j])[\)\]]|[\(\[]?([A-J])[\)\]]?)(?![A-Za-z0-9])")
+LETTER_NAMED = r"\s*[:\-]?\s*(?:[\(\[]([a-j])[\)\]]|[\(\[]?([A-J])[\)\]]?)(?![A-Za-z0-9])"
+ANSWER_IS = re.compile(r"(?i:\banswer(?:\s+is)?)" + LETTER_NAMED)
+# "Option B is correct", "I choose choice (C)": read only where no "answer is" names a letter, as
+# "Option A is wrong, so the answer is B" names B
+OPTION_IS = re.compile(r"(?i:\b(?:option|choice)(?:\s+is)?)" + LETTER_NAMED)
 # Minus signs other than the hyphen-minus that people and models write before a number (U+2212,
 # its full-width and small forms): read as "-", else "−5" would be read as 5.
 MINUS_SIGNS = str.maketrans({"\u2212": "-", "\uff0d": "-", "\ufe63": "-"})
@@ -158,10 +161,11 @@ def extract_letter(text: str, letters: str = LETTERS, choices: Optional[Mapping[
     marker = LETTER_MARKER.match(first)
     if marker and marker.group(1).upper() in letters:
         return marker.group(1).upper()
-    for found in ANSWER_IS.finditer(text):
-        letter = (found.group(1) or found.group(2)).upper()
-        if letter in letters:
-            return letter
+    for named in (ANSWER_IS, OPTION_IS):
+        for found in named.finditer(text):
+            letter = (found.group(1) or found.group(2)).upper()
+            if letter in letters:
+                return letter
     if choices and first:
         same = [k for k, v in choices.items() if normalise_text(str(v)) == normalise_text(first)]
         if same:  # equal choices: the first, as a tie's pick is
