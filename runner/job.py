@@ -306,17 +306,16 @@ def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], fe
 
 def _say_cut(counts: RecordCounts) -> None:
     """Answers held to choices or a grammar (a JSON schema) that were cut before they were complete
-    (by max_tokens, inside the thinking or in the answer) failed; the log says how many, the
-    first in input order, and what to raise."""
-    if counts.cut:
-        log.warning("%d answer%s held to choices or a grammar %s cut before %s complete (first: %s) and failed: "
-                    "raise max_tokens (or lower the thinking budget)", counts.cut, *_were(counts.cut),
-                    counts.first_cut)
-    if counts.cut_samples:
+    (by max_tokens, inside the thinking or in the answer, or by the context) failed; the log says
+    how many, and the first in input order with its error, which says what ran out and what to raise."""
+    if counts.first_cut is not None:
+        log.warning("%d answer%s held to choices or a grammar %s cut before %s complete and failed (first: %s: %s)",
+                    counts.cut, *_were(counts.cut), *counts.first_cut)
+    if counts.first_cut_sample is not None:
         log.warning("%d sample%s held to choices or a grammar %s cut before %s complete and %s no answer "
-                    "(null in the question's list; its other samples answered it; first: %s): raise max_tokens "
-                    "(or lower the thinking budget)", counts.cut_samples, *_were(counts.cut_samples),
-                    "have" if counts.cut_samples > 1 else "has", counts.first_cut_sample)
+                    "(null in the question's list; its other samples answered it; first: %s: %s)",
+                    counts.cut_samples, *_were(counts.cut_samples), "have" if counts.cut_samples > 1 else "has",
+                    *counts.first_cut_sample)
 
 
 def _were(n: int) -> tuple[str, str, str]:

@@ -203,6 +203,21 @@ def test_a_stop_string_does_not_cut_an_answer_held_to_choices_or_a_schema(tmp_pa
     assert all(isinstance(json.loads(row["answer"])["a"], int) for row in answers(tmp_path / "b.jsonl").values())
 
 
+def test_an_answer_held_to_a_schema_cut_by_the_context_says_to_raise_the_context(tmp_path, demo_model):
+    """Not max_tokens: the context filled. The row's error and the run's summary say what to raise."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"questionID": "w0", "question": "Write"}\n{"questionID": "w1", "question": "Say"}\n')
+    r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp_path / "a.jsonl",
+                "--n-ctx", 48, "--max-tokens", 100, "--json-schema", '{"type": "string"}', "--progress", "off")
+    assert r.returncode == 1, r.stderr
+    why = ("the context filled before the answer was complete (it must be complete under its grammar): "
+           "raise model.n_ctx (--n-ctx)")
+    rows = answers(tmp_path / "a.jsonl")
+    assert [row["error"] for row in rows.values()] == [why, why]
+    assert ("2 answers held to choices or a grammar were cut before they were complete and failed (first: w0: "
+            f"{why})") in r.stderr
+
+
 def test_gbnf_job_answers_match_the_grammar_sampled_too(tmp_path, stories, gsm8k_file):
     grammar = 'root ::= ("yes" | "no") ", because " [a-z]+ (" " [a-z]+)? "."'
     out = tmp_path / "a.jsonl"

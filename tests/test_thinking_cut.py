@@ -135,8 +135,8 @@ def test_choices_cut_inside_the_thinking_fail_and_the_log_names_the_first(think_
             assert row["error"] == (f"max_tokens ({max_tokens}) ran out while the model was thinking, before its "
                                     "answer (which must be one of the choices): raise max_tokens or set a thinking "
                                     "budget below it")
-        assert ("3 answers held to choices or a grammar were cut before they were complete (first: q0) and failed"
-                in done.stderr)
+        assert ("3 answers held to choices or a grammar were cut before they were complete and failed (first: q0: "
+                f"max_tokens ({max_tokens}) ran out while the model was thinking" in done.stderr)
         said = json.loads(report.read_text())["questions"]
         assert (said["answered"], said["failed"], said["finish_reasons"]) == (0, 3, {"length": 3})
 

@@ -74,10 +74,10 @@ class RecordCounts:
     # failed because they were cut (max_tokens) before an answer held to choices or a grammar was
     # complete, and the first of them in input order: the log says them (runner/job.py)
     cut: int = 0
-    first_cut: Optional[str] = None
+    first_cut: Optional[tuple[str, str]] = None  # (its id, its error: what ran out, and what to raise)
     # samples cut so, of questions their other samples answered (null in the answers' lists)
     cut_samples: int = 0
-    first_cut_sample: Optional[str] = None
+    first_cut_sample: Optional[tuple[str, str]] = None
     # (the record's id, its error) of the first FIRST_ERRORS failed records: a duplicate of a
     # failed prompt is named too, as `failed` counts it
     errors: list[tuple[str, str]] = field(default_factory=list)
@@ -92,16 +92,17 @@ class RecordCounts:
         self.from_journal += from_journal
         if answer.error is None:
             self.answered += 1
-            cut = sum(s.error is not None for s in answer.samples or ())
-            self.cut_samples += cut
-            self.first_cut_sample = self.first_cut_sample or (answer.qid if cut else None)
+            cut = [s.error for s in answer.samples or () if s.error is not None]
+            self.cut_samples += len(cut)
+            if cut and self.first_cut_sample is None:
+                self.first_cut_sample = (answer.qid, cut[0])
             return
         self.failed += 1
         if len(self.errors) < FIRST_ERRORS:
             self.errors.append((qid, answer.error))
         if was_cut(answer):
             self.cut += 1
-            self.first_cut = self.first_cut or answer.qid
+            self.first_cut = self.first_cut or (answer.qid, answer.error)
 
 
 def was_cut(answer: Answer) -> bool:

@@ -38,15 +38,17 @@ def in_thinking(seq: Sequence) -> bool:
 def cut_error(seq: Sequence, gen: GenerationParams) -> str:
     """Why an answer held to choices or a grammar, cut before it was complete, has none."""
     ran_out = len(seq.output) >= gen.max_tokens
-    limit = (f"max_tokens ({gen.max_tokens}) ran out" if ran_out else
-             "the context filled" if seq.finish is FinishReason.LENGTH else
+    filled = not ran_out and seq.finish is FinishReason.LENGTH
+    limit = (f"max_tokens ({gen.max_tokens}) ran out" if ran_out else "the context filled" if filled else
              "a stop string ended it" if seq.stop_cut is not None else "the model ended its output")
     must = "one of the choices" if gen.answer is not None and gen.answer.choices else "complete under its grammar"
+    advice = ": raise model.n_ctx (--n-ctx)" if filled else ""
     if in_thinking(seq):
         bounded = gen.thinking is not None and gen.thinking.budget is not None
-        advice = f": raise max_tokens or {'lower' if bounded else 'set'} a thinking budget below it" if ran_out else ""
+        advice = f": raise max_tokens or {'lower' if bounded else 'set'} a thinking budget below it" if ran_out \
+            else advice
         return f"{limit} while the model was thinking, before its answer (which must be {must}){advice}"
-    return f"{limit} before the answer was complete (it must be {must}){': raise max_tokens' if ran_out else ''}"
+    return f"{limit} before the answer was complete (it must be {must}){': raise max_tokens' if ran_out else advice}"
 
 
 def answer_logprobs(seq: Sequence, gen: GenerationParams) -> Optional[tuple[TokenLogprob, ...]]:
