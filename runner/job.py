@@ -341,7 +341,11 @@ def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ende
     left without one why (or errors_output does, when set). Rows are made as they are written,
     each answer read back from the journal; each is counted as it is written, so the report
     says what the file says. A run the journal ended that cannot write the answers either (no
-    room for them) says the journal's error first, then the answers'."""
+    room for them) says the journal's error first, then the answers'. A model error (exit 2: no
+    worker could load the model or make its context, or the model file changed) writes none:
+    an earlier answers file stays as it was, and the journal keeps what this run answered."""
+    if isinstance(ended, ModelError):
+        return RecordCounts()
     why = ("no answer came back" if ended is None else
            f"the run was stopped by signal {ended.signum} first" if isinstance(ended, Interrupted) else
            "the journal could not take more answers" if isinstance(ended, JournalError) else str(ended))

@@ -16,6 +16,8 @@ Its behaviour is a `Fake`, a picklable EngineFactory that goes where the real en
     Fake(memory_on=QID)                     ask for more memory than any address space holds whenever QID
                                             is answered ("*": every question): MemoryError, and the worker dies
     Fake(fail_load=True)                    raise at start-up, like a model llama.cpp cannot load
+    Fake(no_context=True)                   raise ModelLoadError at start-up, as a worker that cannot make its
+                                            context (not enough memory) does: the run ends with a ModelError
     Fake(exit_after=N, marker=P, fail_load_once_marked=True)
                                             die after N answers, then fail every start-up
     Fake(started=P)                         touch P when a step first holds a question (tests wait on it)
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import Optional
 
 from ggbatch.workers.engine.memory_kind import MemoryKind
+from ggbatch.workers.llama.load_errors import ModelLoadError
 from ggbatch.workers.protocol import Answer, EngineConfig, FinishReason, Question
 
 
@@ -59,6 +62,7 @@ class Fake:
     segv_on: Optional[str] = None
     memory_on: Optional[str] = None
     fail_load: bool = False
+    no_context: bool = False
     fail_load_once_marked: bool = False
     started: Optional[str] = None
     environ_to: Optional[str] = None
@@ -79,6 +83,8 @@ class FakeEngine:
     def __init__(self, config: EngineConfig, worker_id: int, fake: Fake = Fake()) -> None:
         if fake.fail_load or (fake.fail_load_once_marked and Path(fake.marker or "/nonexistent").exists()):
             raise RuntimeError("fake engine refused to load")
+        if fake.no_context:
+            raise ModelLoadError("not enough memory to create the fake engine's context")
         if fake.environ_to:
             visible = {k: v for k, v in os.environ.items() if "VISIBLE_DEVICES" in k}
             Path(fake.environ_to).write_text(json.dumps(visible))

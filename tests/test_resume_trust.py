@@ -18,6 +18,7 @@ from openai.types.chat import ChatCompletion
 from conftest import gsm8k_records
 from fake_engine import Fake
 from ggbatch import build_config
+from ggbatch.runner.errors import ModelError
 from ggbatch.runner.job import STREAMED, run_job
 from ggbatch.runner.plan import layout as layouts
 from ggbatch.runner.plan.growth import ContextGrowth, PlanInputs
@@ -261,3 +262,27 @@ def test_a_fresh_run_refused_before_it_begins_leaves_the_earlier_journal_whole(t
     assert (r := ggbatch(*args, "--fresh")).returncode == 0, r.stderr
     assert "resuming" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "a.jsonl.journal.jsonl", "q.jsonl"]
+
+
+@pytest.mark.timeout(300)
+def test_a_run_no_worker_can_start_leaves_the_answers_file_and_the_journal_as_they_were(tmp_path, demo_model):
+    """A model error (exit 2: no worker can make its context) writes no answers file, and a fresh
+    run's journal never takes the earlier one's place: the complete answers of the run before are
+    all still there, in the file and for a rerun."""
+    questions, out = tmp_path / "q.jsonl", tmp_path / "a.jsonl"
+    write_lines(questions, [{"questionID": f"q{i}", "question": f"Question {i}?"} for i in range(3)])
+    config = build_config([("t", {"model": demo_model, "input": str(questions), "output": str(out),
+                                  "workers": 1})])
+    run_job(config, engine_factory=Fake(), progress="off")
+    journal = Path(f"{out}.journal.jsonl")
+    answers, earlier = out.read_bytes(), journal.read_bytes()
+    with pytest.raises(ModelError):
+        run_job(config, engine_factory=Fake(no_context=True), progress="off", fresh=True)
+    assert out.read_bytes() == answers and journal.read_bytes() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "a.jsonl.journal.jsonl", "q.jsonl"]
+    report = run_job(config, engine_factory=Fake(), progress="off")
+    assert report.as_json()["questions"]["from_journal"] == 3
+    with pytest.raises(ModelError):
+        run_job(replace(config, output=str(tmp_path / "new.jsonl")), engine_factory=Fake(no_context=True),
+                progress="off")
+    assert not (tmp_path / "new.jsonl").exists()

@@ -42,7 +42,7 @@ from .index import Earlier, holds_answers, prompt_key, read_earlier
 from .ran import adopted, as_ran, ran_line, ran_problem
 
 VERSION = 1
-PENDING_SUFFIX = ".fresh"  # a fresh run's journal until the run begins (Journal._take_place)
+PENDING_SUFFIX = ".fresh"  # a fresh run's journal until its first answer (Journal._take_place)
 
 
 def prompt_hash(tokens: array, own: Optional[GenerationParams] = None) -> str:
@@ -77,8 +77,9 @@ class Journal:
         self._expected: dict[str, Expected] = {}  # of the questions being answered now
         self._new = False  # made by this run: what it decides on auto is written once (record_ran)
         self._ran_written = False
-        # A fresh run's new journal, made beside the earlier one and put in its place at its first
-        # write: a run refused before it starts (a template error in its first window) loses nothing.
+        # A fresh run's new journal, made beside the earlier one and put in its place with its first
+        # answer: a run refused or failed before it answers (a template error in its first window,
+        # a context no worker can make) loses nothing.
         self._pending: Optional[str] = None
         try:
             self._earlier = self._open(fresh, reading)  # the earlier run's entries that may be reused
@@ -149,13 +150,14 @@ class Journal:
         return None if self._new else adopted(self._earlier.fingerprint or {}, self._earlier.ran, key)
 
     def record_ran(self, ran: Mapping[str, Any]) -> None:
-        """Write what this run decided on auto, once, in a journal it made, before any answer."""
+        """Write what this run decided on auto, once, in a journal it made, before any answer. A
+        fresh run's journal takes the earlier one's place only with its first answer: one that
+        fails before (no worker can make its context) leaves the earlier answers to the next run."""
         if not self._new or self._ran_written or len(self._answers):
             return
         self._check_unchanged()
         line = ran_line(ran)
         try:
-            self._take_place()
             self._write(line)
         except OSError as exc:
             raise JournalError(f"{self.path}: cannot write the journal ({exc.strerror or exc})") from None
@@ -207,7 +209,7 @@ class Journal:
             done[0] += n
 
     def _take_place(self) -> None:
-        """The run has begun: a fresh journal replaces the earlier one (the open files follow it)."""
+        """The run has its first answer: a fresh journal replaces the earlier one (the open files follow it)."""
         if self._pending is not None:
             os.replace(self._pending, self.path)
             self._pending = None
