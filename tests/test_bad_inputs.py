@@ -70,6 +70,11 @@ BAD = [
     # a renamed file only then said why)
     ("bo.csv", OPENAI_OUTPUT_LINE, [], "bo.csv:1: an OpenAI Batch output line (answers"),
     ("bo.json", "\n" + OPENAI_OUTPUT_LINE, [], "bo.json:2: an OpenAI Batch output line (answers"),
+    # an integer past Python's int-string limit: a ValueError the readers let through as a traceback, exit 1
+    ("big.jsonl", '{"questionID": "a", "question": "Hi", "x": ' + "9" * 5000 + "}\n", [],
+     "big.jsonl:1: an integer of more than 4300 digits is too long to read"),
+    ("bigarr.json", '[{"question": "Hi",\n  "questionID": ' + "9" * 5000 + "}]", [],
+     "bigarr.json:1: an integer of more than 4300 digits is too long to read"),
 ]
 
 

@@ -109,6 +109,8 @@ def test_auto_values(tmp_path):
     ("sampling:\n  seed: 4\nsampling.seed: 3\n", "key 'sampling.seed' given twice"),
     ("model.path: b.gguf\n", "'model' and 'model.path' both set the same setting: give one of them"),
     ("model_:\n  path: b.gguf\nmodel.path: c.gguf\n", "key 'model.path' given twice"),
+    # past Python's int-string limit: PyYAML's int() raised a ValueError, a traceback and exit 1
+    ("workers: 2\nmax_tokens: " + "9" * 5000 + "\n", "job.yaml:5: an integer of more than 4300 digits is too long"),
 ])
 def test_errors_name_file_and_key(tmp_path, text, message):
     # model_: the model section, which replaces the file's `model: m` (a key given twice is an error)

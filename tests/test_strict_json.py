@@ -84,3 +84,21 @@ def test_an_answers_file_s_minus_infinity_logprob_still_merges(tmp_path):
     part.write_text(json.dumps(row) + "\n", encoding="utf-8")
     [read] = read_part(str(part)).rows
     assert read.fields["token_logprobs"][0]["logprob"] == float("-inf")
+
+
+# ---- an integer longer than Python's int-string limit (4300 digits): int() raises a plain ValueError
+
+def test_an_integer_too_long_to_read_is_refused_naming_the_line(tmp_path):
+    text = '{"questionID": "a", "question": "x"}\n{"questionID": "b", "question": "x", "n": ' + "9" * 5000 + "}\n"
+    assert refusal(tmp_path, "q.jsonl", text) == (f"{tmp_path / 'q.jsonl'}:2: an integer of more than 4300 digits "
+                                                  "is too long to read")
+    text = '[{"questionID": "a", "question": "x"},\n {"question": "x",\n  "questionID": ' + "9" * 5000 + "}]"
+    assert refusal(tmp_path, "q.json", text) == (f"{tmp_path / 'q.json'}:2: an integer of more than 4300 digits "
+                                                 "is too long to read")
+
+
+def test_an_answers_file_s_integer_too_long_to_read_is_refused(tmp_path):
+    part = tmp_path / "answers.shard-0-of-1.jsonl"
+    part.write_text('{"questionID": "a", "answer": "x"}\n{"questionID": ' + "9" * 5000 + ', "answer": "x"}\n')
+    with pytest.raises(InputError, match=r"shard-0-of-1.jsonl:2: an integer of more than 4300 digits"):
+        read_part(str(part))

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, InputError, quote
+from ..files.formats.jsonfile import too_long_integer
 from ..files.formats.textfile import decoded_text
 
 # What a question file is named (runner/files/formats/detect.py); a `.json` one is an array,
@@ -77,3 +78,14 @@ class UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {quote(key)} (first on line {line})", key_node.start_mark)
             first_line[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
+
+    def construct_long_int(self, node: yaml.ScalarNode) -> int:
+        """An integer; one longer than Python's int-string limit is a YAML error at its line, not the
+        plain ValueError int() raises, which read_job_yaml would let through as a traceback."""
+        try:
+            return int(super().construct_yaml_int(node))
+        except ValueError:
+            raise yaml.constructor.ConstructorError(None, None, too_long_integer(), node.start_mark) from None
+
+
+UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", UniqueKeyLoader.construct_long_int)

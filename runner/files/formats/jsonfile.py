@@ -6,13 +6,15 @@ so `{"questionID": "a", ..., "questionID": "b"}` would be answered as b and a lo
 Infinity and -Infinity, which are not JSON though json takes them, and a number too large for a
 float (1e999): each would reach a prompt as "nan" or "inf" (docs/guide/nothing-lost.md: numbers
 must be finite). Answers files ggbatch wrote itself are read with finite=False: json.dumps spells
-a logprob of -inf -Infinity.
+a logprob of -inf -Infinity. An integer longer than Python reads (4300 digits) is refused at its
+line too, where it was a traceback.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any, Iterator
 
 from ...errors import InputError, quote
@@ -52,6 +54,13 @@ DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, p
 ANSWERS_DECODER = json.JSONDecoder(object_pairs_hook=_pairs)  # finite=False: -Infinity taken
 
 
+def too_long_integer() -> str:
+    """An integer longer than Python's int-string limit: the decoder's int() raises a plain ValueError,
+    caught rather than hooked (a parse_int hook would cost a call per integer of every file)."""
+    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 4300
+    return f"an integer of more than {limit} digits is too long to read"
+
+
 def loads(where: str, text: str, finite: bool = True) -> Any:
     """One line's value; `where` is "file:line", which every error starts with."""
     try:
@@ -60,6 +69,8 @@ def loads(where: str, text: str, finite: bool = True) -> Any:
         raise InputError(f"{where}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+    except ValueError:  # after JSONDecodeError, a ValueError itself
+        raise InputError(f"{where}: {too_long_integer()}") from None
 
 
 def json_lines(path: str, text: str, finite: bool = True) -> Iterator[tuple[int, Any]]:
@@ -105,6 +116,8 @@ def _element(path: str, text: str, i: int, line: int, finite: bool) -> tuple[Any
         raise InputError(f"{path}:{line}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+    except ValueError:
+        raise InputError(f"{path}:{line}: {too_long_integer()}") from None
 
 
 def _skip_ws(text: str, i: int) -> int:
