@@ -3,6 +3,7 @@ the pick among choices, a record's own choices, the context a choices job needs,
 the journal's fingerprint."""
 
 import json
+import re
 from array import array
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from ggbatch.runner.cli import _flag_layer, build_parser
 from ggbatch.runner.config.answer import (
     choice_tokens,
+    format_grammar,
     record_choices,
     schema_grammar,
     schema_openers,
@@ -22,7 +24,7 @@ from ggbatch.runner.files.formats.own_settings import settings_key
 from ggbatch.runner.journal.fingerprint import changed_setting
 from ggbatch.runner.journal.journal import prompt_hash
 from ggbatch.workers.engine.constraints import best_choice, choice_grammar, choice_logprobs, choice_text, gbnf_literal
-from ggbatch.workers.protocol import AnswerSpec, GenerationParams
+from ggbatch.workers.protocol import AnswerSpec, GenerationParams, ResponseFormat
 
 BASE = {"model": "m.gguf", "input": "q.jsonl", "output": "a.jsonl"}
 
@@ -138,6 +140,28 @@ def test_an_unconvertible_schema_says_why():
     with pytest.raises(ValueError, match="cannot turn this JSON schema into a grammar"):
         schema_grammar(json.dumps({"type": "object", "properties": {"a": {"$ref": "#/defs/missing"}}}))
     assert "root ::=" in schema_grammar(json.dumps({"type": "object"}))
+
+
+@pytest.mark.model  # llama-cpp-python's converter: imports llama.cpp
+@pytest.mark.parametrize("fmt", ["email", "uri", "ipv4", "int32", 3])
+def test_a_format_the_converter_gives_a_plain_strings_grammar_is_refused(fmt):
+    """format: email gave the very grammar of {"type": "string"}: answers like '" Anna,"' were written."""
+    schema = {"type": "object", "properties": {"who": {"type": "string", "format": fmt, "maxLength": 8}}}
+    said = f"the grammar cannot enforce 'format': {fmt!r} (at properties.who), so answers could break the schema"
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}"):
+        schema_grammar(json.dumps(schema))
+    response_format = ResponseFormat("json_schema", json.dumps(schema, sort_keys=True))  # an OpenAI line's
+    with pytest.raises(ValueError, match=f"^body.response_format: json_schema.schema: {re.escape(said)}"):
+        format_grammar(response_format)
+
+
+@pytest.mark.model
+def test_the_formats_the_converter_has_rules_for_are_taken_and_a_format_beside_a_pattern_is_not():
+    plain = schema_grammar(json.dumps({"type": "string"}))
+    for fmt in ("date", "time", "date-time", "uuid", "uuid4"):
+        assert schema_grammar(json.dumps({"type": "string", "format": fmt})) != plain
+    with pytest.raises(ValueError, match="cannot enforce 'format': 'date' beside 'pattern'"):
+        schema_grammar(json.dumps({"type": "string", "format": "date", "pattern": "^[0-9]+$"}))
 
 
 ARC = {"choices": {"text": ["girl", "dog house"], "label": ["A", "B"]}}

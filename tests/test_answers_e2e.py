@@ -268,6 +268,8 @@ def test_openai_lines_response_format_is_enforced_and_a_bad_schema_is_that_lines
      "answer.json_schema: cannot turn this JSON schema into a grammar"),
     (["--json-schema", '{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}'],
      "answer.json_schema: the grammar cannot enforce 'minimum' (at properties.n)"),
+    (["--json-schema", '{"type": "string", "format": "email", "maxLength": 8}'],  # was run: '" Anna,"', exit 0
+     "answer.json_schema: the grammar cannot enforce 'format': 'email', so answers could break the schema"),
 ])
 def test_a_bad_grammar_or_schema_is_exit_2_before_any_worker(tmp_path, demo_model, questions_file, flags, said):
     out = tmp_path / "a.json"
