@@ -200,17 +200,22 @@ def load_job_file(path: str) -> dict[str, Any]:
     for key in PATH_KEYS:
         value = flat.get(key)
         if isinstance(value, str) and value != "demo" and not Path(value).expanduser().is_absolute() \
-                and not _inline(key, value):
+                and not _not_a_path(key, value):
             if key.startswith("model") and is_hub_name(value) and not (base / value).exists():
                 continue  # a Hugging Face model name (runner/model/hub.py), not a path beside the job file
             flat[key] = str(base / value)
     return JobFileLayer(flat)
 
 
-def _inline(key: str, value: str) -> bool:
-    """A schema or a grammar written in the job file itself, or `input: -` (standard input,
-    runner/files/piped.py): not a file's path."""
-    if key == "input":
+# The keys naming the job's own files, where `-` is standard input or output
+STREAM_KEYS = ("input", "output", "report", "errors_output")
+
+
+def _not_a_path(key: str, value: str) -> bool:
+    """A schema or a grammar written in the job file itself, or `-`: standard input for `input`
+    (runner/files/piped.py), standard output for the files written, which check_not_a_stream
+    refuses as it refuses `--output -` (made `<jobdir>/-`, a file named `-` was written)."""
+    if key in STREAM_KEYS:
         return value == STDIN
     if key == "answer.grammar":
         return check.is_grammar_text(value)
@@ -231,7 +236,7 @@ def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
             try:
                 # a file's name may hold any bytes the system allows; a schema or grammar written
                 # in the job file is text llama.cpp must read as UTF-8
-                if key not in PATH_KEYS or not isinstance(raw, str) or _inline(key, raw):
+                if key not in PATH_KEYS or not isinstance(raw, str) or _not_a_path(key, raw):
                     check.unicode_text(raw)
                 value = SCHEMA[key](raw)
             except ValueError as exc:
