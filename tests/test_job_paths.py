@@ -4,8 +4,12 @@ The real command on real files; nothing written where it is refused."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
+from conftest import ROOT
 from helpers import ggbatch
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
@@ -36,3 +40,25 @@ def test_a_dash_for_a_file_written_is_refused_as_the_flag_is(tmp_path, demo_mode
     flag = ggbatch("run", "--model", demo_model, "--input", tmp_path / "q.jsonl", "--output", files["output"],
                    f"--{key.replace('_', '-')}", "-", "-q", timeout=150)
     assert (flag.returncode, flag.stderr) == (2, done.stderr)
+
+
+def test_a_tilde_is_the_home_folder_for_every_path_key_of_a_job_file_and_of_a_flag(tmp_path, demo_model):
+    """`input: ~/q.jsonl` was left as written and not found ('~/q.jsonl: input file not found'), and
+    `output: ~/out.json` was read relative to the current folder, where the model's `~` was expanded."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "q.jsonl").write_text('{"questionID": "a", "question": "Hi?"}\n')
+    (home / "m.gguf").symlink_to(demo_model)
+    job = _job(tmp_path / "sub", "model: ~/m.gguf\ninput: ~/q.jsonl\noutput: ~/a.json\nreport: ~/r.json\n"
+                                 "errors_output: ~/e.json\nmax_tokens: 2\n")
+    env = {**os.environ, "HOME": str(home)}
+    done = ggbatch("run", job, "-q", env=env, timeout=150)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((home / "a.json").read_text())[0]["questionID"] == "a"
+    assert json.loads((home / "r.json").read_text())["questions"]["answered"] == 1
+    assert (home / "e.json").exists() and sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["job.yaml"]
+    flags = ggbatch("run", "--model=~/m.gguf", "--input=~/q.jsonl", "--output=~/b.json", "--report=~/r2.json",
+                    "--max-tokens", "2", "-q", env=env, timeout=150)  # `=`: the shell expands no `~` there
+    assert flags.returncode == 0, flags.stderr
+    assert json.loads((home / "b.json").read_text()) == json.loads((home / "a.json").read_text())
+    assert (home / "r2.json").exists() and not (ROOT / "~").exists()

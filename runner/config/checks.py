@@ -74,6 +74,18 @@ def string(optional: bool = False) -> Callable[[Any], Optional[str]]:
     return check
 
 
+def path(optional: bool = False) -> Callable[[Any], Optional[str]]:
+    """A job's file (input, output, report, errors_output), `~` expanded as the model's, the
+    schema's and the grammar's are where they are read, whichever layer gave it (a job file's
+    `~/q.jsonl`, `--output=~/a.json` the shell leaves alone, a keyword's)."""
+    text = string(optional)
+
+    def check(v: Any) -> Optional[str]:
+        v = text(v)
+        return None if v is None else os.path.expanduser(v)
+    return check
+
+
 def unicode_text(v: Any) -> None:
     """ValueError for a string, in the value or in a list or mapping inside it, holding a lone
     surrogate: YAML's and JSON's escape "\\ud800" writes one, and a command-line argument holds one

@@ -7,6 +7,7 @@ to the job file's folder; relative paths given as flags are relative to the curr
 from __future__ import annotations
 
 import difflib
+import os
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -43,13 +44,13 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "model.repack": check.bool_or_auto,
     "model.n_gpu_layers": check.gpu_layers,
     "devices": check.devices,
-    "input": check.string(),
-    "output": check.string(),
-    "report": check.string(optional=True),
+    "input": check.path(),
+    "output": check.path(),
+    "report": check.path(optional=True),
     "input_format": check.one_of(*FORMATS),
     "shard": check.shard,
     "output_format": check.one_of(*FORMATS),
-    "errors_output": check.string(optional=True),
+    "errors_output": check.path(optional=True),
     "workers": check.integer(1, allow_auto=True),
     "threads": check.integer(1, allow_auto=True),
     "threads_adapt": check.auto_or_off,
@@ -199,12 +200,21 @@ def load_job_file(path: str) -> dict[str, Any]:
     base = p.resolve().parent
     for key in PATH_KEYS:
         value = flat.get(key)
-        if isinstance(value, str) and value != "demo" and not Path(value).expanduser().is_absolute() \
-                and not _not_a_path(key, value):
-            if key.startswith("model") and is_hub_name(value) and not (base / value).exists():
-                continue  # a Hugging Face model name (runner/model/hub.py), not a path beside the job file
-            flat[key] = str(base / value)
+        if isinstance(value, str) and value != "demo" and not _not_a_path(key, value):
+            flat[key] = _job_path(key, value, base)
     return JobFileLayer(flat)
+
+
+def _job_path(key: str, value: str, base: Path) -> str:
+    """A path key's value as the run reads it: `~` expanded for every key (`~/q.jsonl` was left as
+    written for input and output, and read relative to the current folder), a relative path made
+    the job folder's."""
+    expanded = os.path.expanduser(value)
+    if os.path.isabs(expanded):
+        return expanded  # a string, not a Path: a trailing separator stays, refused later as a folder's name
+    if key.startswith("model") and is_hub_name(value) and not (base / value).exists():
+        return value  # a Hugging Face model name (runner/model/hub.py), not a path beside the job file
+    return str(base / value)
 
 
 # The keys naming the job's own files, where `-` is standard input or output
