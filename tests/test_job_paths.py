@@ -62,3 +62,19 @@ def test_a_tilde_is_the_home_folder_for_every_path_key_of_a_job_file_and_of_a_fl
     assert flags.returncode == 0, flags.stderr
     assert json.loads((home / "b.json").read_text()) == json.loads((home / "a.json").read_text())
     assert (home / "r2.json").exists() and not (ROOT / "~").exists()
+
+
+@pytest.mark.parametrize("key", ["report", "errors_output", "output", "model"])
+def test_an_empty_path_is_refused_naming_the_key_in_a_job_file_and_as_a_flag(tmp_path, demo_model, key):
+    """`--report ''` and `--errors-output ''` were taken and no file written, exit 0; in a job file
+    `report: ""` became the job's folder, refused as 'the report is a directory', a path never written."""
+    (tmp_path / "q.jsonl").write_text('{"questionID": "a", "question": "Hi?"}\n')
+    keys = {"model": demo_model, "input": str(tmp_path / "q.jsonl"), "output": str(tmp_path / "a.json"), key: ""}
+    job = _job(tmp_path / "sub", "".join(f'{k}: "{v}"\n' for k, v in keys.items()))
+    done = ggbatch("run", job, "-q", timeout=150)
+    assert (done.returncode, done.stderr) == (2, f"ggbatch: error: {job}: {key}: must be a non-empty string, got ''\n")
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in keys.items()]
+    flag = ggbatch("run", *flags, "-q", timeout=150)
+    assert (flag.returncode, flag.stderr) == (2, f"ggbatch: error: command line: {key}: must be a non-empty string, "
+                                                 "got ''\n")
+    assert not (tmp_path / "a.json").exists()

@@ -81,6 +81,8 @@ def path(optional: bool = False) -> Callable[[Any], Optional[str]]:
     text = string(optional)
 
     def check(v: Any) -> Optional[str]:
+        if v == "":  # optional means it may be left out, not given empty: "" was taken, then no file written
+            raise ValueError("must be a non-empty string")
         v = text(v)
         return None if v is None else os.path.expanduser(v)
     return check

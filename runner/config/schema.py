@@ -224,7 +224,10 @@ STREAM_KEYS = ("input", "output", "report", "errors_output")
 def _not_a_path(key: str, value: str) -> bool:
     """A schema or a grammar written in the job file itself, or `-`: standard input for `input`
     (runner/files/piped.py), standard output for the files written, which check_not_a_stream
-    refuses as it refuses `--output -` (made `<jobdir>/-`, a file named `-` was written)."""
+    refuses as it refuses `--output -` (made `<jobdir>/-`, a file named `-` was written); "" (the key's
+    check refuses it, naming the key: made the job's folder, it was refused as a folder)."""
+    if not value:
+        return True
     if key in STREAM_KEYS:
         return value == STDIN
     if key == "answer.grammar":
