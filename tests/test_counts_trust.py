@@ -83,6 +83,14 @@ def test_prompt_tokens_count_only_prompts_decoded_and_refused_ones_apart(tmp_pat
     assert f", {refused} prompt tokens refused (not decoded)" in r.stdout
 
 
+@pytest.mark.parametrize("n, p50, p95", [(1, 1, 1), (2, 1, 2), (6, 3, 6), (20, 10, 19), (60, 30, 57), (101, 51, 96)])
+def test_latency_percentiles_are_nearest_rank(n, p50, p95):
+    """The ceil(q*n)-th smallest: p50 of 2 was 2.0, p95 of 20 the max (round() took half-ranks to even)."""
+    from ggbatch.runner.report.report import percentiles
+
+    assert percentiles([float(i) for i in range(n, 0, -1)]) == {"p50": p50, "p95": p95, "max": n}
+
+
 @pytest.mark.model
 @pytest.mark.timeout(240)
 def test_latency_is_null_not_zero_when_no_answer_was_timed(tmp_path, demo_model):
