@@ -42,6 +42,19 @@ def test_a_bad_setting_is_a_ggbatch_error_naming_it(demo_model):
     assert err.value.exit_code == 2
 
 
+def test_a_missing_model_is_said_as_the_keyword_run_takes(tmp_path, questions_file):
+    """It said 'give it in the job file or as --model', a flag ggbatch.run() has not."""
+    with pytest.raises(ggbatch.GgbatchError) as err:
+        ggbatch.run(input=questions_file(2), output=str(tmp_path / "a.json"))
+    assert str(err.value) == "ggbatch.run(): missing required setting 'model' (give it in the job file or as model=)"
+    assert err.value.exit_code == 2 and not (tmp_path / "a.json").exists()
+    job = tmp_path / "job.yaml"
+    job.write_text("max_tokens: 3\n")
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.run\(\): missing required setting 'output' \(give it "
+                                                   f"in the job file {job} or as output=\\)$"):
+        ggbatch.run(str(job), model="m.gguf", input="q.jsonl")
+
+
 def test_the_models_own_keys_sit_beside_its_path(demo_model):
     """model="m.gguf" with model__n_ctx (Python's spelling of model.n_ctx, which lm-eval's
     --model_args passes as written) is a job file's model: {path: m.gguf, n_ctx: 512}, in either order."""

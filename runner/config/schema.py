@@ -206,9 +206,8 @@ def load_job_file(path: str) -> dict[str, Any]:
 
 
 def _job_path(key: str, value: str, base: Path) -> str:
-    """A path key's value as the run reads it: `~` expanded for every key (`~/q.jsonl` was left as
-    written for input and output, and read relative to the current folder), a relative path made
-    the job folder's."""
+    """A path key's value as the run reads it: `~` expanded for every key (input's and output's were
+    not), a relative path made the job folder's."""
     expanded = os.path.expanduser(value)
     if os.path.isabs(expanded):
         return expanded  # a string, not a Path: a trailing separator stays, refused later as a folder's name
@@ -217,15 +216,13 @@ def _job_path(key: str, value: str, base: Path) -> str:
     return str(base / value)
 
 
-# The keys naming the job's own files, where `-` is standard input or output
-STREAM_KEYS = ("input", "output", "report", "errors_output")
+STREAM_KEYS = ("input", "output", "report", "errors_output")  # where `-` is standard input or output
 
 
 def _not_a_path(key: str, value: str) -> bool:
-    """A schema or a grammar written in the job file itself, or `-`: standard input for `input`
-    (runner/files/piped.py), standard output for the files written, which check_not_a_stream
-    refuses as it refuses `--output -` (made `<jobdir>/-`, a file named `-` was written); "" (the key's
-    check refuses it, naming the key: made the job's folder, it was refused as a folder)."""
+    """A schema or a grammar written in the job file itself; `-`: standard input for `input`
+    (runner/files/piped.py), refused for a file written as `--output -` is (made `<jobdir>/-`, a file
+    named `-` was written); "": refused by the key's check (made the job's folder, it was not)."""
     if not value:
         return True
     if key in STREAM_KEYS:
@@ -261,7 +258,7 @@ def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
     config = replace(JobConfig(), **values, sampling=SamplingParams(**sampling), from_files=from_files)
     for key in ("model", "input", "output"):
         if not getattr(config, key):
-            raise ConfigError(f"missing required setting '{key}' (give it in {_job_file(layers)} or as --{key})")
+            raise _missing(key, layers)
     try:
         check_between_keys(config)
     except KeysError as exc:
@@ -343,6 +340,15 @@ def said_in_files(config: JobConfig, error: KeysError) -> ConfigError:
         return ConfigError(f"{first}: {error}")
     others = "; ".join(f"{key} from {source}" for key, source in sources.items() if source is not None)
     return ConfigError(f"{error} ({others})") if others else error
+
+
+def _missing(key: str, layers: Sequence[tuple[str, Mapping[str, Any]]]) -> ConfigError:
+    """A required setting no layer gave, and how to give it: a flag on the command line, the
+    keyword of a function (`ggbatch.run()`: it has no flags), named as its other errors are."""
+    call = layers[-1][0] if layers and layers[-1][0].endswith("()") else None
+    how = f"{key}=" if call else f"--{key}"
+    return ConfigError(f"{call + ': ' if call else ''}missing required setting '{key}' "
+                       f"(give it in {_job_file(layers)} or as {how})")
 
 
 def _job_file(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
