@@ -101,7 +101,7 @@ def _add_answer_flags(a: Callable[..., Any]) -> None:
     a("--n", metavar="N", help="answers per question (samples: needs --temperature > 0), all from one "
                                "computation of its prompt; written as a list")
     a("--choices", help="the answer is exactly one of these: A,B,C,D, or auto (each record's 'choices')")
-    a("--choice-logprobs", dest="choice_logprobs", action="store_true", default=None,
+    a("--choice-logprobs", dest="choice_logprobs", action=argparse.BooleanOptionalAction, default=None,
       help="with --choices: write each choice's log-probability (choice_logprobs): choices of one token "
            "each (a choice of several is refused); with --choice-scoring loglikelihood, any choice, the sum "
            "over its tokens")
@@ -130,14 +130,14 @@ def _add_run(sub: Any) -> None:
     a("--template", help="Jinja template over the record's fields giving the user message")
     a("--chat-template", dest="chat_template", help="auto (the model's), plain, or a Jinja chat template")
     a("--stop", action="append", help="stop string (repeatable)")
-    a("--ignore-eos", dest="ignore_eos", action="store_true", default=None,
+    a("--ignore-eos", dest="ignore_eos", action=argparse.BooleanOptionalAction, default=None,
       help="generate max tokens even past end-of-generation (benchmarks)")
-    a("--batch-invariant", dest="batch_invariant", action="store_true", default=None,
+    a("--batch-invariant", dest="batch_invariant", action=argparse.BooleanOptionalAction, default=None,
       help="answers never depend on what they are batched with (per-sequence KV; slower)")
     a("--prefix-cache", dest="prefix_cache", choices=["auto", "off"],
       help="auto: questions that share a prefix (a passage, few-shot examples) go to a worker together "
            "and reuse its KV; off: only the prefix every prompt shares is reused")
-    a("--keep-thinking", dest="keep_thinking", action="store_true", default=None,
+    a("--keep-thinking", dest="keep_thinking", action=argparse.BooleanOptionalAction, default=None,
       help="write a reasoning model's <think> block too, as \"thinking\" (it is always cut from the answer)")
     a("--id-field", dest="id_field", help="record field holding the id (default questionID)")
     a("--question-field", dest="question_field", help="record field holding the question (default question)")

@@ -84,3 +84,33 @@ def test_the_help_offers_no_ray_address_the_check_refuses():
         "ggbatch: error: command line: ray_address: must be auto or HOST:PORT (a Ray head's address, as `ray start "
         "--head` prints it); for a Ray instance of the job's own on this machine leave ray_address (--ray-address) "
         "out, got 'none'\n"), given.stderr
+
+
+
+@pytest.mark.parametrize("flag, key, field", [
+    ("ignore-eos", "ignore_eos", "ignore_eos"), ("batch-invariant", "batch_invariant", "batch_invariant"),
+    ("keep-thinking", "keep_thinking", "keep_thinking"), ("choice-logprobs", "answer.logprobs", "choice_logprobs")])
+def test_a_boolean_flag_turns_a_job_files_key_off_as_well_as_on(tmp_path, flag, key, field):
+    """A job file's `ignore_eos: true` could not be turned off: the flags were store_true, so
+    `--no-ignore-eos` was 'did you mean --ignore-eos?', though flags override the job file."""
+    from ggbatch.runner.cli import _flag_layer, build_parser
+    from ggbatch.runner.config.schema import build_config, load_job_file
+
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: m.gguf\ninput: q.jsonl\noutput: a.json\nanswer.choices: A,B\n{key}: true\n")
+    for given, value in (([], True), ([f"--no-{flag}"], False), ([f"--{flag}"], True)):
+        args = build_parser().parse_args(["run", str(job), *given])
+        config = build_config([(str(job), load_job_file(str(job))), ("command line", _flag_layer(args))])
+        assert getattr(config, field) is value, given
+    assert _flag_layer(build_parser().parse_args(["run", str(job)])) == {}  # neither: the job file's stands
+
+
+
+def test_no_ignore_eos_overrides_the_job_file_in_a_real_run(tmp_path, demo_model, questions_file):
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: {demo_model}\ninput: {questions_file(2)}\noutput: {tmp_path / 'a.json'}\n"
+                   "ignore_eos: true\nbatch_invariant: true\nmax_tokens: 4\n")
+    r = ggbatch("run", job, "--no-ignore-eos", "--no-batch-invariant", "-q", "--report", tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["generation"]["ignore_eos"] is False and report["layout"]["batch_invariant"] is False
