@@ -337,7 +337,6 @@ def test_a_model_file_replaced_during_the_run_is_not_loaded_again(tmp_path, demo
     """A re-download renamed over the model file, then a worker death: the restarted worker
     loaded the new file and answered the rest of the run with it, silently (exit 0, the journal
     naming the first file). The run now stops with one line saying so, and keeps what it made."""
-    import json
     import os
     import shutil
     import threading
@@ -367,8 +366,6 @@ def test_a_model_file_replaced_during_the_run_is_not_loaded_again(tmp_path, demo
         run_job(config, engine_factory=fake, progress="log")
     swapper.join()
     assert (tmp_path / "died").exists()
-    rows = [json.loads(line) for line in out.read_text().splitlines()]  # what it made is written
-    assert [r["questionID"] for r in rows] == [f"q{i}" for i in range(60)]
+    assert not out.exists()  # exit 2 writes no answers file: the journal keeps what it made
     journaled = (tmp_path / "a.jsonl.journal.jsonl").read_text().count('"qid"')
-    assert sum(r["answer"] is not None for r in rows) == journaled >= 19  # all it sent before its death
-    assert all("the model file changed" in r["error"] for r in rows if r["answer"] is None), rows[-1]
+    assert journaled >= 19  # all it sent before its death: renamed over, its file was not written to

@@ -20,11 +20,11 @@ from typing import Any, Callable, Collection, Mapping, Optional, Sequence, Union
 
 from ...workers.protocol import Answer, Configure, EngineConfig, Question, Stop
 from ...workers.spec import WorkerSpec
-from ..errors import ModelError
-from ..model.identity import ModelIdentity, identify
+from ..model.identity import ModelIdentity
 from .backend import Backend
 from .crashes import CrashBudget, Death
 from .log_dirs import make_log_dir
+from .model_file import ModelFile
 from .worker_state import WorkerState, on_node
 from .worker_threads import ThreadCount
 
@@ -39,7 +39,7 @@ class WorkerLives:
     def __init__(self, backend: Backend[Any], n_workers: int, max_solo_deaths: int, max_barren_deaths: int,
                  model: Optional[ModelIdentity] = None) -> None:
         self.backend = backend
-        self.model = model  # the file the run's answers come from (its journal's fingerprint holds it)
+        self.model_file = ModelFile(model)  # the file the run's answers come from, watched
         self.crashes = CrashBudget(n_workers, max_solo_deaths, max_barren_deaths)
         self.log_dir = make_log_dir()
         self.engines: Union[EngineConfig, Mapping[int, EngineConfig], None] = None  # from the run on
@@ -58,7 +58,7 @@ class WorkerLives:
 
     def start(self, w: WorkerState) -> None:
         """A new life of the worker."""
-        self._check_model(w.spec)
+        self.model_file.check_start(w.spec)
         if w.spec.log_path:
             open(w.spec.log_path, "w").close()  # last words are this life's only
         w.link = self.backend.start(w.spec)
@@ -66,19 +66,6 @@ class WorkerLives:
         w.threads = ThreadCount()
         if self.engines is not None:  # a restart during the run: configure it at once
             w.link.send(Configure(self.engine_of(w)))
-
-    def _check_model(self, spec: WorkerSpec) -> None:
-        """A worker loads its model file at each start (after a death, for a larger context): one
-        replaced meanwhile (a re-download or a new quantization renamed over it) would answer the
-        rest of the run with another model, silently. A Ray node's file is that node's own."""
-        if self.model is None or spec.node_id is not None:
-            return
-        now = identify(spec.model_path)
-        if (now.size_bytes, now.digest) != (self.model.size_bytes, self.model.digest):
-            raise ModelError(f"{spec.model_path}: the model file changed while the run went on, and a worker was "
-                             "to load it again: no answer comes from the new file. The journal keeps the answers "
-                             "made so far: put the first file back and run the same command again to finish, or "
-                             "start over on the new one with --fresh")
 
     def on_ready(self, w: WorkerState) -> None:
         """Worker w is ready: the engine is made (unless w started before a reconfigure gave a new one)."""
@@ -182,4 +169,5 @@ class WorkerLives:
             for w in workers:
                 self.stop(w, graceful=False)  # kills whatever is still alive
         finally:
+            self.model_file.close()
             shutil.rmtree(self.log_dir, ignore_errors=True)

@@ -303,6 +303,7 @@ class WorkerPool:
         if w is None:  # a worker let go of (keep) that spoke before it went
             return
         if isinstance(msg, AnswerBatch):
+            self._lives.model_file.check_answers(w.spec)  # answers from a model written over are not kept
             w.engine_stats = msg.step_stats
             for answer in msg.answers:
                 w.in_flight.pop(answer.qid, None)
