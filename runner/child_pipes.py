@@ -22,11 +22,13 @@ READ_SIZE = 1 << 20
 
 
 def whole_frames(buffer: bytearray) -> list[bytes]:
-    """The whole messages at the front of `buffer`, taken out of it; a partial one stays."""
+    """The whole messages at the front of `buffer`, taken out of it (at once: a read holding
+    many small messages is not shifted once per message); a partial one stays."""
     frames = []
-    while len(buffer) >= LENGTH.size:
-        (n,) = LENGTH.unpack_from(buffer)
-        start = LENGTH.size
+    at = 0
+    while len(buffer) - at >= LENGTH.size:
+        (n,) = LENGTH.unpack_from(buffer, at)
+        start = at + LENGTH.size
         if n == -1:
             if len(buffer) < start + LONG_LENGTH.size:
                 break
@@ -35,7 +37,8 @@ def whole_frames(buffer: bytearray) -> list[bytes]:
         if len(buffer) < start + n:
             break
         frames.append(bytes(buffer[start:start + n]))
-        del buffer[:start + n]
+        at = start + n
+    del buffer[:at]
     return frames
 
 
