@@ -119,3 +119,14 @@ def test_plan_matches_w1_with_and_without_repacking(repacked, measured_pss_mib):
     dims = ModelDims(432_746_144, 28, 1024, 16, 8, 64, 151936, 3072)
     plan = plan_memory(dims, 1, 32, lambda s: 8448, 512, available=24 << 30, repacked=repacked)
     assert abs(plan.total / MIB - measured_pss_mib) / measured_pss_mib < 0.05
+
+
+def test_a_job_scoring_continuations_plans_a_logits_row_for_each_token_of_a_step():
+    # The demo shape with a 151,936-token vocabulary, scoring 4 records × 4 continuations of 300
+    # words (n_batch 1024): measured 1,278 MiB PSS, where the plan counted a row a slot (125 MiB).
+    dims = ModelDims(42_930_000, 2, 64, 2, 2, 32, 151936, 256)
+    generating = plan_memory(dims, 1, 4, lambda s: 2560, 1024, available=24 << 30)
+    scoring = plan_memory(dims, 1, 4, lambda s: 2560, 1024, available=24 << 30, scored_rows=1024)
+    assert scoring.compute_per_worker - generating.compute_per_worker == (1024 * 2 - 4) * 151936 * 4
+    assert abs(scoring.total / MIB - 1278) / 1278 < 0.10
+    assert generating.total / MIB < 200

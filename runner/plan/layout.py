@@ -301,7 +301,8 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
                      n_batch=step_budget(n_batch, wanted, invariant), flash_attn=flash,
                      threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))
     memory = fit_layout(facts.dims, layout.workers, layout.slots, cells, layout.n_batch, available, layout.repack,
-                        cpu_share, gpu.vram_note(layout.n_gpu_layers, offload), fit, scored_cells)
+                        cpu_share, gpu.vram_note(layout.n_gpu_layers, offload), fit, scored_cells,
+                        scored_rows=layout.n_batch if facts.scored else 0)
     if memory.fits and memory.note:
         layout = replace(layout, workers=memory.workers, slots=memory.slots, cores=layout.cores[:memory.workers],
                          devices=layout.devices[:memory.workers], n_batch=step_budget(n_batch, memory.slots, invariant))

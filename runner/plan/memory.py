@@ -42,6 +42,9 @@ KV_CELL_ROUNDING = 256
 # past the plan from 16,384 to 2,621,440 cells, on attention and hybrid models alike; at 512K
 # cells a sequence it is a large part of a hybrid worker's memory, whose K and V are a few layers' only.
 CELL_BOOKKEEPING = 48
+# A scored step's logits rows: the graph's result and llama.cpp's output buffer (both f32, each
+# rows × vocabulary); numpy reads them in place.
+SCORED_LOGITS_COPIES = 2
 
 
 @dataclass(frozen=True)
@@ -106,13 +109,19 @@ class MemoryPlan:
                 "vram_per_worker_mib": mib(self.vram_per_worker) if self.vram_per_worker else None}
 
 
-def compute_bytes(dims: ModelDims, n_batch: int, slots: int, cells: int = 0, scored_cells: int = 0) -> int:
+def compute_bytes(dims: ModelDims, n_batch: int, slots: int, cells: int = 0, scored_cells: int = 0,
+                  scored_rows: int = 0) -> int:
     """The compute buffer a step actually touches, the logits of every slot, llama.cpp's
     bookkeeping of its `cells` KV cells in each of its caches (ModelDims.kv_caches), the
     interpreter; without flash attention, a prompt step's attention scores over `scored_cells`
-    (runner/plan/attention.py)."""
+    (runner/plan/attention.py). A job scoring continuations (log-likelihood) has a logits row for
+    each scored token of a step, up to `scored_rows` (its n_batch): written twice, by the graph and
+    into llama.cpp's output buffer, then read a few rows at a time (workers/engine/logprobs.py):
+    at n_batch 1024, 1.2 GB of a 150k vocabulary, where generating touches a row a slot."""
     activations = n_batch * dims.n_embd * ACTIVATION_BYTES
     logits = max(slots, 1) * dims.n_vocab * 4
+    if scored_rows:
+        logits = max(logits, scored_rows * dims.n_vocab * 4 * SCORED_LOGITS_COPIES)
     bookkeeping = cells * CELL_BOOKKEEPING * dims.kv_caches
     scores = attention_scores_bytes(n_batch, scored_cells, dims.n_head) if dims.kv_caches else 0
     return activations + logits + bookkeeping + scores + OVERHEAD_PER_PROCESS
@@ -140,16 +149,17 @@ VramFit = Callable[[int, int], tuple[int, bool, str]]
 def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
                 n_batch: int, available: int, repacked: bool = True, safety: float = 0.9,
                 cpu_share: float = 1.0, vram: str = "", vram_fit: Optional[VramFit] = None,
-                scored_cells_for: Callable[[int], int] = lambda slots: 0) -> MemoryPlan:
+                scored_cells_for: Callable[[int], int] = lambda slots: 0, scored_rows: int = 0) -> MemoryPlan:
     """The memory a layout needs, with `kv_cells_for(slots)` the KV pool a worker allocates and
-    `scored_cells_for(slots)` the cells a prompt step's attention scores span (0 with flash attention).
+    `scored_cells_for(slots)` the cells a prompt step's attention scores span (0 with flash attention);
+    `scored_rows`: the logits rows a step of a log-likelihood job may output (compute_bytes).
     Without repacking, a worker's weights are the shared file pages alone. `cpu_share`: of the
     layers, those kept in RAM (the others' weights and KV cache are in VRAM, planned by
     `vram_fit` when the GPUs' memory is known)."""
     cells = _round_up(kv_cells_for(slots))
     # llama.cpp keeps a recurrent state for each sequence: every slot and the shared prefix's.
     kv = int((cells * dims.kv_bytes_per_cell + (slots + 1) * dims.state_bytes_per_seq) * cpu_share)
-    compute = compute_bytes(dims, n_batch, slots, cells, scored_cells_for(slots))
+    compute = compute_bytes(dims, n_batch, slots, cells, scored_cells_for(slots), scored_rows)
     weights = int(dims.file_bytes * REPACKED_SHARE * cpu_share) if repacked else 0
     file_pages = int(dims.file_bytes * cpu_share)
     total = workers * (weights + kv + compute) + file_pages
@@ -163,14 +173,14 @@ def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callabl
 def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
                n_batch: int, available: int, repacked: bool = True, cpu_share: float = 1.0,
                vram: str = "", vram_fit: Optional[VramFit] = None,
-               scored_cells_for: Callable[[int], int] = lambda slots: 0) -> MemoryPlan:
+               scored_cells_for: Callable[[int], int] = lambda slots: 0, scored_rows: int = 0) -> MemoryPlan:
     """The plan for the requested layout, shrunk to fit RAM and VRAM: slots first (halving), and
     where not even one slot fits, a worker fewer (the last one: with devices, its GPU goes too)
     with the slots asked, halving again. The returned plan has fits=False only if one worker
     with one slot does not fit."""
     def plan_for(workers: int, slots: int) -> MemoryPlan:
         return plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked, cpu_share=cpu_share,
-                           vram=vram, vram_fit=vram_fit, scored_cells_for=scored_cells_for)
+                           vram=vram, vram_fit=vram_fit, scored_cells_for=scored_cells_for, scored_rows=scored_rows)
 
     asked = (workers, slots)
     for w in range(workers, 0, -1):  # each worker count from its full slots down, halving
