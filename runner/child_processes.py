@@ -22,7 +22,8 @@ import queue
 import signal
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 from multiprocess import process as mp_process
 from multiprocess import util as mp_util
@@ -111,9 +112,33 @@ def _start_shielded(process: Any) -> None:
     the mask to be given back, or goes to another thread: it is not lost."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_BLOCKED)
     try:
-        process.start()
+        with _existing_folder():
+            process.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextmanager
+def _existing_folder() -> Iterator[None]:
+    """The current folder, or "/" for the span of a start when it was removed during the run: a
+    spawned child is told the parent's folder (os.getcwd, which then raises), and a worker's restart
+    failed with a traceback, the answers file unwritten. The child's paths are absolute by then
+    (runner/job.py); the removed folder is gone back to after, so that a relative path of the run
+    fails as it would have, rather than naming a file under "/"."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        pass
+    else:
+        yield
+        return
+    folder = os.open(".", os.O_RDONLY)  # the removed folder still opens ("." needs no lookup)
+    os.chdir("/")
+    try:
+        yield
+    finally:
+        os.fchdir(folder)
+        os.close(folder)
 
 
 def _ensure_starter() -> None:

@@ -5,15 +5,32 @@ loads before that."""
 
 from __future__ import annotations
 
+import os
+import sys
+
+GONE_FOLDER = ("ggbatch: error: the current folder no longer exists (it was removed or moved away): cd to a "
+               "folder that exists and run again")
+
 
 def main() -> None:
     from .closed_pipe import standard_streams_open, standard_streams_write_anything
 
     standard_streams_open()  # before any module opens a file that would take a closed descriptor's number
     standard_streams_write_anything()
+    current_folder_exists()
     from .pool.signals import STOP
 
     STOP.install()
     from .cli import entry_point
 
     entry_point()
+
+
+def current_folder_exists() -> None:
+    """Exit 2 with one line when the current folder was removed (a deleted release folder): every
+    relative path would fail, and the workers' spawn asks for the folder (os.getcwd), a traceback."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        print(GONE_FOLDER, file=sys.stderr)
+        sys.exit(2)

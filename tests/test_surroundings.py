@@ -1,0 +1,71 @@
+"""What a run's surroundings do to it (cron jobs, closed terminals, pipelines): its current folder
+removed, its terminal hung up, its question file cut short under it, standard input closed. Each
+is a clear line and a known exit code, never a traceback, and a run that was answering writes its
+answers file. Every run here has a hard timeout."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers import ggbatch_command, journal_entries, wait_for, write_questions
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.model]
+
+
+def _in_folder(folder: Path, *args: object) -> list[str]:
+    """The command line of ggbatch ARGS started in `folder`, which the test may then remove."""
+    return ["sh", "-c", f"cd {shlex.quote(str(folder))} && exec {shlex.join(ggbatch_command(*args))}"]
+
+
+def _workers(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The run's worker processes (not its tokenizer process, which names itself)."""
+    try:
+        return [c for c in psutil.Process(proc.pid).children()
+                if any("spawn_main" in part for part in c.cmdline()) and not c.name().startswith("ggbatch-tok")]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_a_run_started_in_a_removed_folder_is_one_line_and_exit_2(tmp_path, demo_model):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    questions = write_questions(tmp_path / "q.jsonl", 4)
+    shell = (f"cd {shlex.quote(str(gone))} && rmdir {shlex.quote(str(gone))} && exec "
+             + shlex.join(ggbatch_command("run", "--model", demo_model, "--input", questions,
+                                          "--output", tmp_path / "a.jsonl", "--max-tokens", 4)))
+    r = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "ggbatch: error: the current folder no longer exists (it was removed or moved away): cd to a folder "
+        "that exists and run again"]
+    assert not (tmp_path / "a.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_worker_restarted_after_the_current_folder_went_finishes_the_run(tmp_path, demo_model):
+    # the model named relative to the folder that goes: the workers are given its absolute path
+    (tmp_path / "m.gguf").symlink_to(demo_model)
+    questions = write_questions(tmp_path / "q.jsonl", 60)
+    folder, out = tmp_path / "wd", tmp_path / "a.jsonl"
+    folder.mkdir()
+    proc = subprocess.Popen(_in_folder(folder, "run", "--model", "../m.gguf", "--input", questions, "--output", out,
+                                       "--max-tokens", 32, "--workers", 1, "--slots", 1, "--threads", 1,
+                                       "--progress", "log"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: journal_entries(out) >= 2, 120, "two journaled answers")
+        folder.rmdir()
+        (worker,) = _workers(proc)
+        worker.send_signal(signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr and "worker 0 died (signal 9)" in stderr
+    assert len(out.read_text().splitlines()) == 60
