@@ -34,7 +34,7 @@ STATE_HINTS = {"stopped": ": SIGSTOP or a debugger? SIGCONT resumes it",
                "disk-sleep": ": waiting on the disk, swapping?",
                "tracing-stop": ": stopped by a debugger"}
 
-CHILD_BLOCKED = (signal.SIGINT, signal.SIGTERM)  # until the child ignores them itself
+CHILD_BLOCKED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # until the child ignores them itself
 UNGUARDED_MAIN_EXIT = 86
 UNGUARDED_MAIN = ("the script starts ggbatch when it is imported: ggbatch's processes are spawned and import "
                   "the script again, so the call must sit under `if __name__ == \"__main__\":` "
@@ -105,11 +105,12 @@ def start_child(process: Any) -> None:
 
 
 def _start_shielded(process: Any) -> None:
-    """process.start() with SIGINT and SIGTERM blocked in this thread, so that the child starts
-    with them blocked: a Ctrl-C (or systemd's or Slurm's SIGTERM) reaches the whole process group,
-    and would otherwise kill a child still importing its modules, before it can ignore them
-    (workers/main.py leave_signals_to_parent). Sent to this process meanwhile, a signal waits for
-    the mask to be given back, or goes to another thread: it is not lost."""
+    """process.start() with SIGINT, SIGTERM and SIGHUP blocked in this thread, so that the child
+    starts with them blocked: a Ctrl-C (or systemd's or Slurm's SIGTERM, or a closed terminal's
+    SIGHUP) reaches the whole process group, and would otherwise kill a child still importing its
+    modules, before it can ignore them (workers/main.py leave_signals_to_parent). Sent to this
+    process meanwhile, a signal waits for the mask to be given back, or goes to another thread: it
+    is not lost."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_BLOCKED)
     try:
         with _existing_folder():

@@ -2,14 +2,17 @@
 ... |& head -1`), or that were never open (`2>&-`).
 
 Python ignores SIGPIPE, so the first write to a closed pipe raises BrokenPipeError, often only at
-the interpreter's last flush, after the command has done its work. What was printed was for a
-reader that is gone; the command's exit code is still its own. So the stream points its file
-descriptor at /dev/null on the first BrokenPipeError (the recipe of Python's signal docs) and
-the command carries on: the rest of what it prints, and the flush at exit, go nowhere quietly.
+the interpreter's last flush, after the command has done its work. A hung-up terminal (a closed
+ssh session, whose SIGHUP stops the run) fails every write with EIO in the same way: a run stopped
+by that SIGHUP failed on its next line of output, and left no answers file. What was printed was
+for a reader that is gone; the command's exit code is still its own. So the stream points its
+file descriptor at /dev/null on the first such error (the recipe of Python's signal docs) and the
+command carries on: the rest of what it prints, and the flush at exit, go nowhere quietly.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import sys
@@ -51,14 +54,18 @@ class ClosedPipeSafe:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
+        except OSError as exc:
+            if not reader_gone(exc):
+                raise
             self._to_devnull()
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
+        except OSError as exc:
+            if not reader_gone(exc):
+                raise
             self._to_devnull()
 
     def _to_devnull(self) -> None:
@@ -74,3 +81,8 @@ class ClosedPipeSafe:
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...: the stream's own
         return getattr(self._stream, name)
+
+
+def reader_gone(exc: OSError) -> bool:
+    """A write that failed because nobody reads any more: a closed pipe, or a hung-up terminal."""
+    return isinstance(exc, BrokenPipeError) or exc.errno == errno.EIO

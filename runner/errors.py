@@ -98,12 +98,12 @@ class WorkerFailure(GgbatchError):
 
 
 class Interrupted(GgbatchError):
-    """Stopped by SIGINT or SIGTERM; everything answered so far is written and journaled."""
+    """Stopped by SIGINT, SIGTERM or SIGHUP; everything answered so far is written and journaled."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by signal {signum}")
         self.signum = signum
-        self.exit_code = 128 + signum  # 130 for SIGINT, 143 for SIGTERM
+        self.exit_code = 128 + signum  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
 
 
 @contextmanager

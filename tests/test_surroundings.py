@@ -5,6 +5,9 @@ answers file. Every run here has a hard timeout."""
 
 from __future__ import annotations
 
+import json
+import os
+import pty
 import shlex
 import signal
 import subprocess
@@ -69,3 +72,62 @@ def test_a_worker_restarted_after_the_current_folder_went_finishes_the_run(tmp_p
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr and "worker 0 died (signal 9)" in stderr
     assert len(out.read_text().splitlines()) == 60
+
+
+def _slow_run(tmp_path: Path, model: str, **popen: object) -> tuple[subprocess.Popen, Path]:
+    """A run of 60 questions one at a time, in a process group of its own (a shell's job), once
+    it has journaled two answers."""
+    questions, out = write_questions(tmp_path / "q.jsonl", 60), tmp_path / "a.jsonl"
+    proc = subprocess.Popen(ggbatch_command("run", "--model", model, "--input", questions, "--output", out,
+                                            "--max-tokens", 32, "--workers", 1, "--slots", 1, "--threads", 1,
+                                            "--progress", "log"),
+                            start_new_session=True, **popen)
+    wait_for(lambda: journal_entries(out) >= 2, 120, "two journaled answers")
+    return proc, out
+
+
+@pytest.mark.slow
+def test_sighup_to_the_job_writes_the_answers_file_and_exits_129(tmp_path, demo_model):
+    # a closed terminal's shell sends SIGHUP to its job's whole process group, workers included
+    proc, out = _slow_run(tmp_path, demo_model, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        os.killpg(proc.pid, signal.SIGHUP)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 129, stderr
+    assert "ggbatch: stopped by signal 1; the answers so far are in" in stderr and "Traceback" not in stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 60 and sum(row["answer"] is not None for row in rows) >= 2
+    assert all(row["error"] == "not answered: the run was stopped by signal 1 first" for row in rows
+               if row["answer"] is None)
+
+
+@pytest.mark.slow
+def test_sighup_with_the_terminal_gone_still_writes_the_answers_file(tmp_path, demo_model):
+    # an ssh session closed: the run's terminal hung up, so every line it writes fails (EIO)
+    terminal, its_side = pty.openpty()
+    proc, out = _slow_run(tmp_path, demo_model, stdin=its_side, stdout=its_side, stderr=its_side)
+    os.close(its_side)
+    try:
+        os.close(terminal)
+        os.killpg(proc.pid, signal.SIGHUP)
+        assert proc.wait(timeout=30) == 129
+    finally:
+        proc.kill()
+    assert len(out.read_text().splitlines()) == 60
+
+
+@pytest.mark.slow
+def test_a_sighup_ignored_as_the_run_starts_stays_ignored(tmp_path, demo_model):
+    # nohup: the run goes on to its end
+    proc, out = _slow_run(tmp_path, demo_model, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        os.killpg(proc.pid, signal.SIGHUP)
+        _, stderr = proc.communicate(timeout=150)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 60 and all(row["answer"] is not None for row in rows)

@@ -109,12 +109,13 @@ def within_cores(spec: WorkerSpec, n_threads: int) -> int:
 
 
 def leave_signals_to_parent() -> None:
-    """Ignore SIGINT and SIGTERM. A terminal's Ctrl-C reaches the whole process group, and so
-    do systemd's and Slurm's SIGTERM, but the coordinator decides what happens to the questions
-    in flight (it ends its children itself, and a coordinator killed takes them with it:
-    die_with_parent). Both came blocked from the coordinator (runner/child_processes.py), so
-    that neither could kill this process while it started; ignoring one discards it if it came."""
-    signals = (signal.SIGINT, signal.SIGTERM)
+    """Ignore SIGINT, SIGTERM and SIGHUP. A terminal's Ctrl-C reaches the whole process group, and
+    so do systemd's and Slurm's SIGTERM and the SIGHUP a closed terminal's shell sends its jobs,
+    but the coordinator decides what happens to the questions in flight (it ends its children
+    itself, and a coordinator killed takes them with it: die_with_parent). All came blocked from
+    the coordinator (runner/child_processes.py), so that none could kill this process while it
+    started; ignoring one discards it if it came."""
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     for s in signals:
         signal.signal(s, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)

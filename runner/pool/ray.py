@@ -43,6 +43,7 @@ from ..plan.layout import usable_cores
 from ..plan.nodes import Node, nodes_from_ray
 from .backend import Event
 from .intake import FEED_WAIT_S
+from .signals import SIGNALS
 from .wake import drain
 
 log = logging.getLogger("ggbatch")
@@ -241,7 +242,7 @@ def signals_kept() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():  # only the main thread holds them
         yield
         return
-    held = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    held = {s: signal.getsignal(s) for s in SIGNALS}
     try:
         yield
     finally:

@@ -1,4 +1,4 @@
-"""SIGINT and SIGTERM during a run, from its first moment: a stop at any moment ends the run the
+"""SIGINT, SIGTERM and SIGHUP during a run, from its first moment: a stop at any moment ends the run the
 same way (README, "Exit codes"). The first signal asks the run to stop; a second one stops it at
 once (Interrupted raised where the main thread is).
 
@@ -14,7 +14,9 @@ The handlers go in before anything starts a process or makes a temporary file (f
 run half-built, and every stop leaves no process and no temporary file behind. Only the main
 thread can own signal handlers; elsewhere (a notebook's worker thread) signals keep their own.
 A signal the process ignores as the run starts (SIG_IGN: a shell's background job, `cmd &`, starts
-with SIGINT ignored) stays ignored, as Python itself leaves it.
+with SIGINT ignored; `nohup` ignores SIGHUP) stays ignored, as Python itself leaves it. SIGQUIT
+keeps its default (a core dump, for a process that hangs): the journal has every answer, and the
+rerun writes the answers file.
 A handler runs between two lines of whatever the main thread was doing, a send to a worker
 included: it sets flags or raises, and never sends, writes or logs itself.
 """
@@ -29,7 +31,8 @@ from typing import Any, Iterator, Optional, Protocol
 
 from ..errors import Interrupted
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP: a closed terminal or ssh session, whose shell sends it to every job it started
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Stoppable(Protocol):
@@ -40,7 +43,7 @@ class Stoppable(Protocol):
 
 
 class StopRequests:
-    """The process's SIGINT and SIGTERM while ggbatch holds them (one instance: STOP)."""
+    """The process's SIGINT, SIGTERM and SIGHUP while ggbatch holds them (one instance: STOP)."""
 
     def __init__(self) -> None:
         self.signum = 0  # the first signal not yet answered by an Interrupted
@@ -62,7 +65,8 @@ class StopRequests:
 
     def uninstall(self) -> None:
         """Give the signals back; a signal that no run has answered yet goes on to the handler
-        given back (Python's: KeyboardInterrupt for SIGINT, the end of the process for SIGTERM)."""
+        given back (Python's: KeyboardInterrupt for SIGINT, the end of the process for SIGTERM and
+        SIGHUP)."""
         if self._previous is None:
             return
         previous, self._previous, self._pool = self._previous, None, None
