@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Any, TextIO
 
+CLOSED_AT_START: set[int] = set()  # the standard descriptors found closed, now over /dev/null
+
 
 def standard_streams_open() -> None:
     """Point a closed standard descriptor (0, 1 or 2: `ggbatch run ... 2>&-`) at /dev/null. Else
@@ -27,6 +29,7 @@ def standard_streams_open() -> None:
         try:
             os.fstat(fd)
         except OSError:
+            CLOSED_AT_START.add(fd)  # `--input -` then refuses it: /dev/null would read as no questions
             devnull = os.open(os.devnull, os.O_RDWR)
             if devnull != fd:
                 os.dup2(devnull, fd)

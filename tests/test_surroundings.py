@@ -131,3 +131,14 @@ def test_a_sighup_ignored_as_the_run_starts_stays_ignored(tmp_path, demo_model):
     assert proc.returncode == 0, stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 60 and all(row["answer"] is not None for row in rows)
+
+
+def test_questions_from_a_closed_standard_input_are_refused_before_any_worker_starts(tmp_path, demo_model):
+    out = tmp_path / "a.jsonl"
+    command = shlex.join(ggbatch_command("run", "--model", demo_model, "--input", "-", "--output", out))
+    r = subprocess.run(["sh", "-c", f"exec {command} <&-"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "ggbatch: error: <stdin>: standard input is closed; pipe the questions in (cat questions.jsonl | "
+        "ggbatch run --input - ...) or give --input a file"]
+    assert r.stdout == "" and not out.exists() and list(tmp_path.iterdir()) == []

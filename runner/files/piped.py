@@ -24,6 +24,7 @@ import time
 from contextlib import contextmanager
 from typing import BinaryIO, Callable, Iterator
 
+from ..closed_pipe import CLOSED_AT_START
 from ..errors import InputError, Interrupted, OutputError
 from .paths import OUTPUT, check_not_a_stream, check_writable
 
@@ -144,6 +145,9 @@ def remove_abandoned_copies(folder: str) -> None:
 
 def _copy(path: str, name: str, out: BinaryIO) -> None:
     """Everything the input holds, until its end, into `out`."""
+    if path == STDIN and 0 in CLOSED_AT_START:  # `<&-`: it read as an empty file, 0 answers and exit 0
+        raise InputError(f"{name}: standard input is closed; pipe the questions in "
+                         "(cat questions.jsonl | ggbatch run --input - ...) or give --input a file")
     try:
         source: BinaryIO = sys.stdin.buffer if path == STDIN else open(path, "rb")
     except (OSError, AttributeError) as exc:  # (sys.stdin may be None, or a stream without a buffer)
