@@ -119,3 +119,45 @@ def test_a_question_file_is_counted_in_the_pass_that_finds_its_longest_line(tmp_
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
     assert open_question_file(str(empty)).records_guess == 0
+
+
+def _long_file(path, n=12000):
+    """n records of about 350 bytes: several of the reader's 1 MiB reads."""
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"questionID": f"q{i}", "question": f"What is {i}?", "pad": "y" * 300}) + "\n")
+    return path.stat().st_size
+
+
+@pytest.mark.parametrize("cut", ["inside a line", "at a line's end"])
+def test_a_streamed_file_cut_short_during_the_run_is_said_as_changed(tmp_path, cut):
+    from ggbatch.runner.files.inputs import open_question_file
+
+    path = tmp_path / "q.jsonl"
+    size = _long_file(path)
+    records = open_question_file(str(path)).records
+    next(records)  # the first read is made: the run has begun
+    lines_end = len("".join(path.read_text().splitlines(keepends=True)[:8000]))
+    now = lines_end + (100 if cut == "inside a line" else 0)
+    with open(path, "r+") as f:
+        f.truncate(now)
+    with pytest.raises(InputError) as err:
+        list(records)
+    assert str(err.value) == (f"{path}: the question file changed during the run (it is now {now:,} bytes, "
+                              f"was {size:,}): run again once it is whole")
+
+
+def test_a_streamed_file_grown_or_renamed_over_during_the_run_is_read_on(tmp_path):
+    from ggbatch.runner.files.inputs import open_question_file
+
+    grown, renamed = tmp_path / "grown.jsonl", tmp_path / "renamed.jsonl"
+    _long_file(grown)
+    _long_file(renamed)
+    read_on = [open_question_file(str(grown)).records, open_question_file(str(renamed)).records]
+    for records in read_on:
+        next(records)
+    with open(grown, "a") as f:
+        f.write(json.dumps({"questionID": "extra", "question": "And 1?"}) + "\n")
+    _long_file(tmp_path / "small.jsonl", 10)
+    (tmp_path / "small.jsonl").replace(renamed)  # mv: the file opened is read to its end
+    assert [1 + len(list(records)) for records in read_on] == [12001, 12000]
