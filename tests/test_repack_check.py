@@ -5,8 +5,12 @@ set it refuses (an x86 VM listing AMX), every worker of a quantized model died w
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -23,7 +27,7 @@ def test_the_verdict_is_the_probe_process_s_own_and_is_kept_per_build_and_cpu(tm
     runs, why = repacked_weights_run(cpu_flags())
     models = sorted((ggbatch_cache() / "repack-probe").glob("probe-*.gguf"))
     assert [m.name for m in models] == ["probe-q4_0.gguf", "probe-q4_k_m.gguf", "probe-q8_0.gguf"]
-    # the same question asked of the probe directly: a death by a signal is a refusal
+    # the same question asked of the probe directly: a death by SIGILL is a refusal
     done = subprocess.run([sys.executable, "-m", "ggbatch.workers.llama.repack_probe", *map(str, models)],
                           capture_output=True, timeout=120)
     assert runs is (done.returncode == 0), done.stderr[-2000:]
@@ -58,3 +62,37 @@ def test_a_probe_that_cannot_run_keeps_the_weights_plain(tmp_path, monkeypatch):
     assert runs is False
     assert why.startswith("no probe could check that llama.cpp's repacked kernels run on this CPU (its models "
                           "could not be written: ")
+
+
+def _kill_the_probe(stop: threading.Event) -> None:
+    """SIGKILL the repack probe process as it appears, as the OOM killer would."""
+    while not stop.is_set():
+        for pid in os.listdir("/proc"):
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if pid.isdigit() and b"ggbatch.workers.llama.repack_probe" in cmd:
+                os.kill(int(pid), signal.SIGKILL)
+                return
+        time.sleep(0.01)
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_a_probe_killed_from_outside_is_no_verdict_and_is_not_kept(tmp_path, monkeypatch):
+    # One kill -9 of the probe (the OOM killer) was kept as "this CPU refuses repacked kernels
+    # (SIGKILL)": every later run kept its weights plain and `repack: true` was refused.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_the_probe, args=(stop,), daemon=True)
+    killer.start()
+    try:
+        runs, why = repacked_weights_run(cpu_flags())
+    finally:
+        stop.set()
+        killer.join(10)
+    assert runs is False  # unknown for this run is not yes
+    assert why == ("no probe could check that llama.cpp's repacked kernels run on this CPU (it was stopped "
+                   "by SIGKILL)")
+    assert not (ggbatch_cache() / VERDICTS).exists()

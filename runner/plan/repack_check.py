@@ -44,13 +44,13 @@ def repacked_weights_run(flags: frozenset[str]) -> tuple[bool, str]:
     if key in known:
         return bool(known[key]["runs"]), str(known[key].get("why", ""))
     runs, why = _probe()
-    if runs is not None:  # a probe that could not ask (no disk for its models, a timeout) is not kept
+    if runs is not None:  # a probe that could not ask (no disk for its models, a timeout, a kill) is not kept
         known[key] = {"runs": runs, "why": why}
         try:
             write_atomic(str(path), json.dumps(known, indent=1) + "\n")
         except OSError:
             pass
-    # unknown (no disk for the probe's models, a timeout) is not yes: repacked weights where the
+    # unknown (no disk for the probe's models, a timeout, a kill) is not yes: repacked weights where the
     # kernels stop the CPU kill every worker with SIGILL, plain weights only run slower
     return runs is True, why
 
@@ -98,13 +98,22 @@ def _probe() -> tuple[Optional[bool], str]:
     except subprocess.TimeoutExpired:
         return None, f"no probe could check that llama.cpp's repacked kernels run on this CPU (it took over " \
                       f"{PROBE_SECONDS} s)"
-    if done.returncode >= 0:
+    return _verdict(done.returncode)
+
+
+def _verdict(returncode: int) -> tuple[Optional[bool], str]:
+    """What the probe's exit status says of the kernels. Only SIGILL is the CPU refusing an
+    instruction it lists; a kill from outside (the OOM killer's SIGKILL, a SIGTERM or SIGINT from a
+    shutdown or a user) or a crash the kernels need not have caused says nothing of them, and a
+    kept verdict from one would keep every later run's weights plain and refuse `repack: true`."""
+    if returncode >= 0:
         return True, ""  # decoded (0), or a Python error of the probe's own: not a verdict on the kernels
-    sig = -done.returncode
+    sig = -returncode
     name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
-    return False, (f"llama.cpp's repacked kernels stop this CPU ({name}"
-                   + (": an instruction the CPU lists but refuses, such as AMX in a virtual machine)"
-                      if sig == signal.SIGILL else ")"))
+    if sig == signal.SIGILL:
+        return False, (f"llama.cpp's repacked kernels stop this CPU ({name}: an instruction the CPU lists but "
+                       "refuses, such as AMX in a virtual machine)")
+    return None, f"no probe could check that llama.cpp's repacked kernels run on this CPU (it was stopped by {name})"
 
 
 def _probe_model(folder: Path, quant: str) -> Path:
