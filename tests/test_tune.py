@@ -250,3 +250,20 @@ def test_tune_names_the_job_file_of_a_key_refused_as_it_is_used(tmp_path: Path, 
     done = tune_cli(tmp_path, job_file, "--questions", 1)
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1].startswith(f"ggbatch: error: {job_file}: {said}"), done.stderr
+
+
+@pytest.mark.model
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("slots, said", [("1,300", "--slots: at most 255 slots per worker (llama.cpp's 256 sequences "
+                                                    "per context, less the one of the shared prefix), got 300"),
+                                         ("0,4", "--slots: expected integers >= 1, got '0,4'")])
+def test_tune_refuses_slots_past_the_limit_before_any_trial(tmp_path: Path, stories: str, slots: str,
+                                                             said: str) -> None:
+    # --slots 1,300 ran the 1-slot trials, then died refusing 300 and saved nothing
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    done = subprocess.run(ggbatch_command("tune", "--model", stories, "--questions", 2, "--max-tokens", 2,
+                                          "--slots", slots), cwd=ROOT, capture_output=True, text=True,
+                          timeout=200, env=env)
+    assert done.returncode == 2
+    assert done.stderr == f"ggbatch: error: {said}\n"
+    assert done.stdout == ""  # no trial ran

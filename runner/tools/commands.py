@@ -161,6 +161,16 @@ def _bench_sizes(args: argparse.Namespace) -> tuple[list[int], list[int], list[i
     return npp, ntg, npl
 
 
+def _tune_slots(text: str) -> list[int]:
+    """--slots of tune, checked before the first trial: a count past the limit was refused only
+    when its trials came, after the others had run, and nothing was saved."""
+    slots = _ints(text, "--slots")
+    if max(slots) > MAX_SLOTS:
+        raise ConfigError(f"--slots: at most {MAX_SLOTS} slots per worker (llama.cpp's 256 sequences per "
+                          f"context, less the one of the shared prefix), got {max(slots)}")
+    return slots
+
+
 BENCH_JSON, BENCH_CSV, BENCH_PLOT = "the bench table (--json)", "the bench table (--csv)", "the plot (--plot)"
 
 
@@ -262,7 +272,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # The job's prompt and sampling settings shape the trials; the layout and files are tune's.
     settings = {k: v for k, v in job.items() if k not in TUNE_OWNS}
     model = _tune_model(args, job)
-    slot_options = _ints(args.slots, "--slots")
+    slot_options = _tune_slots(args.slots)
     source, source_format = _questions_to_sample(args, job)
     writable_cache("tune: cannot save the layout")  # before the trials, not after them
     log.setLevel(logging.WARNING)  # each trial's own progress lines would bury the results
