@@ -113,3 +113,17 @@ def test_the_keys_pipelines_says_a_pool_takes_are_keywords_it_takes() -> None:
     for name in [n.strip(" `.") for n in (refused or "").split(",") if n.strip(" `.")]:
         with pytest.raises(ConfigError, match="is not taken here"):
             check_keywords(SOURCE, {name: None}, POOL_OWN)
+
+
+def test_the_memory_page_gives_the_kv_cells_the_plan_counts() -> None:
+    # It said "the shared prefix counted once" for every layout; only the unified pool does that.
+    from ggbatch.workers.protocol import kv_cells
+
+    page = " ".join((ROOT / "docs" / "guide" / "memory.md").read_text(encoding="utf-8").split())
+    assert "with one stream per sequence, the default, cells = (slots + 1) × context per sequence" in page
+    assert kv_cells(4, 322, 20, unified=False) == (4 + 1) * 322
+    assert "in one unified pool, cells = prefix + slots × (context per sequence − prefix)" in page
+    assert kv_cells(4, 322, 20, unified=True) == 20 + 4 * (322 - 20)
+    assert "a batch-invariant job has at least 8 slots' streams" in page
+    assert kv_cells(2, 100, 0, unified=False, batch_invariant=True) == (8 + 1) * 100
+    assert "the shared prefix counted once" not in page
