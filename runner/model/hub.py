@@ -130,6 +130,19 @@ def split_parts(filename: str) -> list[str]:
     return [f"{split['prefix']}-{i:05d}-of-{count:05d}{split['ext']}" for i in range(1, count + 1)]
 
 
+def model_parts(path: str) -> list[str]:
+    """Every file of the model at `path`, the one function for it: a split GGUF's parts, which
+    llama.cpp loads from beside the first (NAME-00001-of-0000N.gguf), else the file alone. Its
+    identity, its size and the files watched during a run are all of these."""
+    folder, name = os.path.split(path)
+    return [os.path.join(folder, part) for part in split_parts(name)]
+
+
+def model_bytes(path: str) -> int:
+    """The model's size on disk, every part of a split GGUF counted (OSError for a missing part)."""
+    return sum(os.path.getsize(part) for part in model_parts(path))
+
+
 def _import_hub(name: str) -> ModuleType:
     try:
         import huggingface_hub

@@ -2,13 +2,14 @@
 identity, which decides whether a journal's answers may be reused and which `ggbatch tune`
 layout applies.
 
-Identity: a sha256 over the file size, the whole GGUF header (every metadata value, so the
-tokenizer, chat template and hyper-parameters; and the tensor table, so every tensor's type,
-shape and place) and samples of the weights: the first and a middle block of every tensor plus
-blocks spread evenly over the file. A re-quantization changes the tensor table; a fine-tune or a
-merged adapter exported under the same name changes every weight of the tensors it touches, so
-their sampled blocks. Reading that is a few MiB whatever the model's size (measured:
-docs/guide/nothing-lost.md), where hashing a multi-GB file would take longer than a small job.
+Identity: a sha256 over each file of the model (every part of a split GGUF): its size, its whole
+GGUF header (every metadata value, so the tokenizer, chat template and hyper-parameters; and the
+tensor table, so every tensor's type, shape and place) and samples of the weights: the first and
+a middle block of every tensor plus blocks spread evenly over the file. A re-quantization changes
+the tensor table; a fine-tune or a merged adapter exported under the same name changes every
+weight of the tensors it touches, so their sampled blocks. Reading that is a few MiB whatever
+the model's size (measured: docs/guide/nothing-lost.md), where hashing a multi-GB file would take
+longer than a small job.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import ModelError
 from ..files.paths import cache_refusal
 from .gguf_header import NO_MAGIC, GGUFFormatError, GGUFLayout, read_layout
-from .hub import is_hub_name, resolve_hub_name
+from .hub import is_hub_name, model_parts, resolve_hub_name
 
 BLOCK = 4096  # bytes sampled at each place
 SPREAD_BLOCKS = 64  # evenly spaced samples over the whole file, besides two per tensor
@@ -80,16 +82,26 @@ def check_local_model(model: str) -> None:
 
 
 def identify(path: str) -> ModelIdentity:
-    """The model's identity (see the module docstring); ModelError if its header is unreadable."""
-    try:
-        layout = read_layout(path)
-        digest = _digest(path, layout)
-        st = os.stat(path)
-    except GGUFFormatError as exc:
-        raise ModelError(f"{path}: the model file is truncated or corrupt ({exc})") from None
-    except OSError as exc:
-        raise ModelError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
-    return ModelIdentity(os.path.abspath(path), st.st_size, int(st.st_mtime), digest)
+    """The model's identity (see the module docstring), over every part of a split GGUF: a part
+    other than the first changed changes it. ModelError if a header is unreadable or a part missing."""
+    return identify_files(path, model_parts(path))
+
+
+def identify_files(path: str, parts: list[str]) -> ModelIdentity:
+    """The identity of the model at `path` made of the files `parts` (the same files opened
+    otherwise: /proc/self/fd/N of each part held open)."""
+    h = hashlib.sha256()
+    size = mtime = 0
+    for part in parts:
+        try:
+            _digest(h.update, part, read_layout(part))
+            st = os.stat(part)
+        except GGUFFormatError as exc:
+            raise ModelError(f"{part}: the model file is truncated or corrupt ({exc})") from None
+        except OSError as exc:
+            raise ModelError(f"{part}: cannot read the model file ({exc.strerror or exc})") from None
+        size, mtime = size + st.st_size, max(mtime, int(st.st_mtime))
+    return ModelIdentity(os.path.abspath(path), size, mtime, h.hexdigest())
 
 
 def sample_offsets(layout: GGUFLayout) -> list[int]:
@@ -102,10 +114,11 @@ def sample_offsets(layout: GGUFLayout) -> list[int]:
     return sorted(o for o in offsets if o < layout.file_size)
 
 
-def _digest(path: str, layout: GGUFLayout) -> str:
-    h = hashlib.sha256(layout.file_size.to_bytes(8, "little"))
+def _digest(update: Callable[[bytes], None], path: str, layout: GGUFLayout) -> None:
+    """One file's size, header and sampled weights into a sha256 (its `update`): for a single-file model the digest
+    is what it was before split models were counted, so earlier journals and tuned layouts hold."""
+    update(layout.file_size.to_bytes(8, "little"))
     with open(path, "rb") as f:
-        h.update(f.read(layout.header_end))
+        update(f.read(layout.header_end))
         for offset in sample_offsets(layout):
-            h.update(os.pread(f.fileno(), BLOCK, offset))
-    return h.hexdigest()
+            update(os.pread(f.fileno(), BLOCK, offset))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -37,6 +36,7 @@ from ..config.reasoning import (
 from ..config.schema import LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
 from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
+from ..model.hub import model_bytes
 from ..plan.memory import ModelDims, dims_from_metadata
 from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
 from .tokenizing import TokenizerProcess
@@ -61,7 +61,7 @@ class Prompting:
             self._said_nothing_to_keep = False
             self.generation = self.generation_for(config, answer)
             self.template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
-            self.dims: ModelDims = dims_from_metadata(info.metadata.get, os.path.getsize(model_path), info.n_vocab,
+            self.dims: ModelDims = dims_from_metadata(info.metadata.get, model_bytes(model_path), info.n_vocab,
                                                       _hparams(model_path))
             self.model_name = info.metadata.get("general.name") or Path(model_path).stem
         except BaseException:

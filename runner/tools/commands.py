@@ -19,6 +19,7 @@ from ..errors import ConfigError, InputError, ModelError, quote
 from ..files.outputs import write_atomic
 from ..files.paths import check_output, check_writable, same_file, same_file_error, writable_cache
 from ..files.piped import STDIN, readable_file
+from ..model.hub import model_bytes
 from ..model.identity import identify, resolve_model
 from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
 from ..plan.repack_check import repack_refused
@@ -336,7 +337,7 @@ def _say_trials(args: argparse.Namespace, model: str, slot_options: list[int], n
     n_cores = len(usable_cores())
     invariant, plain_only = plain  # batch_invariant, and plain_weights_only's answer
     trials = tune.candidates(n_cores, slot_options, n_questions, invariant, plain_only)
-    estimate = tune.rough_seconds(os.path.getsize(model), len(trials), n_questions, args.max_tokens)
+    estimate = tune.rough_seconds(model_bytes(model), len(trials), n_questions, args.max_tokens)
     fewer = f" (all the file holds; --questions {args.questions})" if n_questions < args.questions else ""
     print(f"trying {len(trials)} layouts on {n_questions} questions{fewer} × {args.max_tokens} tokens: "
           f"{tune.said_duration(estimate)} (a rough guess)", flush=True)
