@@ -35,12 +35,27 @@ class GGUFFormatError(ValueError):
 
 
 @dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    ggml_type: int  # ggml_type: 0 F32, 1 F16, 2 Q4_0, 8 Q8_0, 12 Q4_K, 30 BF16, ...
+    dims: tuple[int, ...]  # ne[0] (the row length) first
+
+
+@dataclass(frozen=True)
 class GGUFLayout:
     version: int
     header_end: int  # first byte after the tensor table: metadata + tensor table = [0, header_end)
     data_start: int  # first byte of tensor data
     tensor_offsets: tuple[int, ...]  # absolute file offsets of each tensor's data, in table order
     file_size: int
+    tensors: tuple[TensorInfo, ...] = ()  # the tensor table, in table order
+
+    def tensor_bytes(self) -> list[int]:
+        """Each tensor's bytes in the file, in table order: to where the next one starts (its
+        alignment padding included) or the file ends."""
+        starts = sorted(set(self.tensor_offsets))
+        end_of = dict(zip(starts, starts[1:] + [self.file_size]))
+        return [end_of[o] - o for o in self.tensor_offsets]
 
 
 class _Cursor:
@@ -134,15 +149,17 @@ def _parse(cur: _Cursor) -> GGUFLayout:
             alignment = struct.unpack(UINT_FORMAT[kind], cur.take(struct.calcsize(UINT_FORMAT[kind])))[0]
         else:
             cur.skip_value(kind)
-    relative = []
+    relative, tensors = [], []
     for _ in range(n_tensors):
-        cur.string()  # name
-        cur.skip(8 * cur.u32())  # dims
-        cur.u32()  # type
+        name = cur.string().decode("utf-8", "replace")
+        n_dims = cur.u32()
+        dims = struct.unpack(f"<{n_dims}Q", cur.take(8 * n_dims))
+        tensors.append(TensorInfo(name, cur.u32(), dims))
         relative.append(cur.u64())
     header_end = cur.pos
     data_start = -(-header_end // alignment) * alignment
-    return GGUFLayout(version, header_end, data_start, tuple(data_start + o for o in relative), cur.size)
+    return GGUFLayout(version, header_end, data_start, tuple(data_start + o for o in relative), cur.size,
+                      tuple(tensors))
 
 
 def read_hparams(path: str) -> dict[str, HParam]:

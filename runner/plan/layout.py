@@ -125,7 +125,8 @@ def cpu_flags() -> frozenset[str]:
 def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], slots: Optional[int],
           repack: Optional[bool], n_records: int, flags: frozenset[str],
           tuned: Optional[Mapping[str, Any]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
-          batch_invariant: bool = False, hybrid: bool = False, repack_refused: str = "") -> Layout:
+          batch_invariant: bool = False, hybrid: bool = False, repack_refused: str = "",
+          nothing_to_repack: bool = False) -> Layout:
     """The workers to start now (None = auto; `tuned`: what `ggbatch tune` chose, used for what
     the job leaves to auto). Slots are an estimate from the record count. `devices`: one worker
     per GPU, each pinned to an equal share of the cores."""
@@ -137,7 +138,7 @@ def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], 
         workers, threads, cap = tuned["workers"], tuned["threads"], tuned["slots"]
     layout = plan_layout(cores, workers, threads, slots, max(1, n_records), max_auto_slots=cap)
     use_repack, why = repack_weights(repack, tuned.get("repack") if tuned else None, flags, layout.slots,
-                                     batch_invariant, hybrid, repack_refused)
+                                     batch_invariant, hybrid, repack_refused, nothing_to_repack)
     return replace(layout, repack=use_repack, repack_reason=why, slot_cap=cap, n_gpu_layers=n_gpu_layers,
                    devices=tuple(devices), threads_auto=threads_auto, batch_invariant=batch_invariant)
 
@@ -182,7 +183,7 @@ def model_is_hybrid(path: str) -> bool:
 
 def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: frozenset[str],
                    slots: int, batch_invariant: bool = False, hybrid: bool = False,
-                   refused: str = "") -> tuple[bool, str]:
+                   refused: str = "", nothing_to_repack: bool = False) -> tuple[bool, str]:
     """Whether workers let llama.cpp repack the weights into its CPU_REPACK layout, and why;
     `slots`: the sequences each worker is expected to decode together.
 
@@ -205,13 +206,17 @@ def repack_weights(requested: Optional[bool], tuned: Optional[bool], flags: froz
     differ from each prompt decoded alone from the first token (tests/test_model_families.py).
 
     Never where this CPU refuses llama.cpp's repacked kernels (`refused` says why:
-    runner/plan/repack_check.py)."""
+    runner/plan/repack_check.py). Plain where the file has nothing llama.cpp repacks here
+    (`nothing_to_repack`: runner/plan/repack_share.py), whatever is asked: the plan and the
+    layout line then count and say no copy."""
     if batch_invariant:
         if requested:
             raise KeysError("model.repack: true cannot be combined with batch_invariant: llama.cpp's "
                             "repacked kernels give a row another result in another batch",
                             ("model.repack", "batch_invariant"))
         return False, "batch_invariant"
+    if nothing_to_repack:
+        return False, "nothing to repack"
     wanted, why = _wanted(requested, tuned, flags, slots)
     if not wanted:
         return False, why

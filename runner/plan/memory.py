@@ -4,8 +4,9 @@ What a worker holds, as llama.cpp reports it and as PSS measures it (28 × 1024 
 413 MiB file, 16 slots, two workers: plan 1,281 MiB, measured PSS 1,304 MiB):
 - the model file, mmap'd: its pages are shared by all workers, counted once;
 - when the weights are repacked (runner/plan/layout.py repack_weights), a private copy of those
-  the repacked kernels take (llama.cpp's CPU_REPACK buffer: 161 MiB of that 405 MiB model,
-  about 40%), so every worker pays it again;
+  the repacked kernels take (llama.cpp's CPU_REPACK buffer: 161 MiB of that 405 MiB model; read
+  from the tensor table, runner/plan/repack_share.py: none of an f16 file, 97% of a Q4_0 MoE),
+  so every worker pays it again;
 - its KV cache: layers × KV heads × head size × 2 (K and V) × 2 bytes (f16) per cell, with the
   cell count rounded up to a multiple of 256 as llama.cpp does; only the attention layers count,
   and a recurrent layer's state counts once per sequence (runner/plan/layers.py reads both from
@@ -35,7 +36,7 @@ from .layers import LayerMemory, layer_memory
 MIB = 1 << 20
 OVERHEAD_PER_PROCESS = 45 * MIB  # Python, numpy, llama.cpp's code
 ACTIVATION_BYTES = 80  # of the compute buffer a step writes, per token and embedding value
-REPACKED_SHARE = 0.4  # of the file: weights llama.cpp copies into its CPU_REPACK buffer
+REPACKED_SHARE = 0.4  # of a file whose tensor table is unknown: weights llama.cpp copies into CPU_REPACK
 KV_CELL_ROUNDING = 256
 # llama.cpp's record of each KV cell in RAM, wherever the cell's K and V are: position, shift,
 # the 256-bit set of sequences in it (llama_kv_cells). Measured: PSS grows by 47-52 bytes a cell
@@ -58,6 +59,9 @@ class ModelDims:
     n_vocab: int
     n_ff: int = 0
     layers: Optional[LayerMemory] = None  # per layer, from the GGUF header; None: every layer attention
+    # what llama.cpp copies into its repacked layouts (runner/plan/repack_share.py, from the tensor
+    # table); None: unknown, REPACKED_SHARE of the file
+    repacked_bytes: Optional[int] = None
 
     @property
     def kv_bytes_per_cell(self) -> int:
@@ -160,7 +164,8 @@ def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callabl
     # llama.cpp keeps a recurrent state for each sequence: every slot and the shared prefix's.
     kv = int((cells * dims.kv_bytes_per_cell + (slots + 1) * dims.state_bytes_per_seq) * cpu_share)
     compute = compute_bytes(dims, n_batch, slots, cells, scored_cells_for(slots), scored_rows)
-    weights = int(dims.file_bytes * REPACKED_SHARE * cpu_share) if repacked else 0
+    copied = dims.file_bytes * REPACKED_SHARE if dims.repacked_bytes is None else dims.repacked_bytes
+    weights = int(copied * cpu_share) if repacked else 0
     file_pages = int(dims.file_bytes * cpu_share)
     total = workers * (weights + kv + compute) + file_pages
     budget = int(available * safety)
@@ -208,7 +213,8 @@ def describe(plan: MemoryPlan) -> str:
 
 
 def dims_from_metadata(meta: Callable[[str], Optional[str]], file_bytes: int, n_vocab: int,
-                       hparams: Optional[Mapping[str, HParam]] = None) -> ModelDims:
+                       hparams: Optional[Mapping[str, HParam]] = None,
+                       repacked_bytes: Optional[int] = None) -> ModelDims:
     """ModelDims from GGUF metadata (`meta(key)` returns the value as text or None), and the
     per-layer memory from the header's values (`hparams`: runner/model/gguf_header.py
     read_hparams), which the text lacks: a hybrid's KV heads per layer."""
@@ -226,4 +232,5 @@ def dims_from_metadata(meta: Callable[[str], Optional[str]], file_bytes: int, n_
     head_dim = num("attention.key_length", n_embd // n_head)
     return ModelDims(file_bytes, num("block_count", 1), n_embd, n_head,
                      num("attention.head_count_kv", n_head) or n_head, head_dim, n_vocab,
-                     num("feed_forward_length", 4 * n_embd), layer_memory(hparams) if hparams else None)
+                     num("feed_forward_length", 4 * n_embd), layer_memory(hparams) if hparams else None,
+                     repacked_bytes)

@@ -37,7 +37,9 @@ from ..config.schema import LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
 from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
 from ..model.hub import model_bytes
+from ..plan.layout import cpu_flags
 from ..plan.memory import ModelDims, dims_from_metadata
+from ..plan.repack_share import repacked_bytes
 from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
 from .tokenizing import TokenizerProcess
 
@@ -62,7 +64,7 @@ class Prompting:
             self.generation = self.generation_for(config, answer)
             self.template_sha = hashlib.sha256((template or PLAIN_TEMPLATE).encode()).hexdigest()[:16]
             self.dims: ModelDims = dims_from_metadata(info.metadata.get, model_bytes(model_path), info.n_vocab,
-                                                      _hparams(model_path))
+                                                      _hparams(model_path), repacked_bytes(model_path, cpu_flags()))
             self.model_name = info.metadata.get("general.name") or Path(model_path).stem
         except BaseException:
             self.tokenizer.close()  # a job refused here leaves no process behind

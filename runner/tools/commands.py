@@ -23,6 +23,7 @@ from ..model.hub import model_bytes
 from ..model.identity import identify, resolve_model
 from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
 from ..plan.repack_check import repack_refused
+from ..plan.repack_share import nothing_to_repack
 
 log = logging.getLogger("ggbatch")
 
@@ -198,6 +199,15 @@ def _check_bench_outputs(args: argparse.Namespace, model: str) -> None:
         check_writable_format(args.plot)  # .xyz, or .pgf without TeX, refused before the benchmark
 
 
+def _bench_repack(requested: Optional[bool], model: str) -> Callable[[int], bool]:
+    """Whether a job of B sequences per worker would repack the weights (`repacked(B)`)."""
+    flags, hybrid = cpu_flags(), model_is_hybrid(model)
+    plain = nothing_to_repack(model, flags)
+    refused = repack_refused(requested is False or hybrid or plain)
+    return lambda b: repack_weights(requested, None, flags, b, hybrid=hybrid, refused=refused,
+                                    nothing_to_repack=plain)[0]
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
@@ -207,9 +217,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _check_bench_outputs(args, model)
     gpu_layers = _gpu_layers(args.gpu_layers)
     n_vocab = _n_vocab(model)
-    requested = bool_or_auto(args.repack)
-    flags, hybrid = cpu_flags(), model_is_hybrid(model)
-    refused = repack_refused(requested is False or hybrid)
+    repacked = _bench_repack(bool_or_auto(args.repack), model)
     print(f"model {model}, {threads} threads; raw engine, one context, no coordinator; weights repacked "
           f"or not as a job of B sequences per worker would ({args.repack}):", flush=True)
     columns = [*bench.COLUMNS, "repacked"]
@@ -218,7 +226,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for pp in npp:
         for tg in ntg:
             for b in npl:
-                repack = repack_weights(requested, None, flags, b, hybrid=hybrid, refused=refused)[0]
+                repack = repacked(b)
                 rows.append({**bench.raw_row(model, threads, pp, tg, b, n_vocab, args.repeat, repack,
                                                   gpu_layers),
                              "repacked": int(repack)})
@@ -229,7 +237,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"the raw engine (× {args.workers}), same work per worker:", flush=True)
         for pp in npp:
             for tg in ntg:
-                repack = repack_weights(requested, None, flags, max(npl), hybrid=hybrid, refused=refused)[0]
+                repack = repacked(max(npl))
                 overhead.append(bench.overhead_row(model, args.workers, threads, pp, tg, max(npl), n_vocab,
                                                    repack, gpu_layers))
         print(bench.format_table(overhead))

@@ -17,9 +17,10 @@ from typing import Any, Callable, Optional, Sequence
 from ..config.schema import build_config
 from ..errors import GgbatchError
 from ..files.inputs import read_records
-from ..plan.layout import model_is_hybrid, usable_cores
+from ..plan.layout import cpu_flags, model_is_hybrid, usable_cores
 from ..plan.memory import MIB
 from ..plan.repack_check import repack_refused
+from ..plan.repack_share import nothing_to_repack
 
 SAMPLE_QUESTIONS = [f"A shop sells {a} pens for {b} dollars. How much do {c} pens cost? Show the steps."
                     for a, b, c in ((3, 2, 12), (5, 4, 30), (7, 3, 21), (4, 9, 16), (6, 5, 18), (8, 2, 40))]
@@ -43,8 +44,10 @@ def candidates(n_cores: int, slot_options: Sequence[int], n_questions: int,
 
 def plain_weights_only(model_path: str, batch_invariant: bool) -> bool:
     """Whether no trial may repack the weights besides batch_invariant's own rule: a hybrid model,
-    or a CPU that refuses the repacked kernels (layout.repack_weights)."""
-    return model_is_hybrid(model_path) or bool(repack_refused(batch_invariant))
+    a file with nothing llama.cpp repacks here (an f16 model's repacked and plain trials are the
+    same run), or a CPU that refuses the repacked kernels (layout.repack_weights)."""
+    return (model_is_hybrid(model_path) or nothing_to_repack(model_path, cpu_flags())
+            or bool(repack_refused(batch_invariant)))
 
 
 def rough_seconds(model_bytes: int, n_trials: int, n_questions: int, max_tokens: int) -> float:
