@@ -217,11 +217,16 @@ def device_settings(device: Optional[str], settings: dict[str, Any]) -> dict[str
 # names, as task YAMLs write them), and what each becomes when sampling
 SAMPLING_KWARGS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                    "repetition_penalty": "repeat_penalty"}
-KNOWN_KWARGS = {"until", "max_gen_toks", "do_sample", *SAMPLING_KWARGS}
+# lm-eval's names for the most tokens to generate, the first given winning: its own models' rule
+# (lm_eval/models/utils.py normalize_gen_kwargs, 0.4.13, used by its Hugging Face, vLLM and TRT-LLM
+# models; mirrored, as this module runs without lm-eval and the function came after 0.4.10).
+MAX_TOKEN_ALIASES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+KNOWN_KWARGS = {"until", "do_sample", *MAX_TOKEN_ALIASES, *SAMPLING_KWARGS}
 
 
 def generation_of(gen_kwargs: dict[str, Any], name: str = "a request") -> GenerationParams:
-    """lm-eval's gen_kwargs as ggbatch's settings: until (a string or a list), max_gen_toks, and
+    """lm-eval's gen_kwargs as ggbatch's settings: until (a string or a list), max_gen_toks (or
+    one of its aliases: _max_gen_toks), and
     greedy unless do_sample and a temperature above 0 ask for sampling, then with top_k, top_p,
     min_p and repetition_penalty where given. Others are said once in the log and not used. A
     value that is not a number is refused in one line naming it and the request (`name`)."""
@@ -236,8 +241,18 @@ def generation_of(gen_kwargs: dict[str, Any], name: str = "a request") -> Genera
         given = {ours: _number(gen_kwargs, theirs, type(getattr(sampling, ours)), name)
                  for theirs, ours in SAMPLING_KWARGS.items() if gen_kwargs.get(theirs) is not None}
         sampling = replace(sampling, **given)
-    return GenerationParams(max_tokens=_number(gen_kwargs, "max_gen_toks", int, name, 256), stop=stop,
-                            sampling=sampling)
+    return GenerationParams(max_tokens=_max_gen_toks(gen_kwargs, name), stop=stop, sampling=sampling)
+
+
+def _max_gen_toks(gen_kwargs: Mapping[str, Any], name: str) -> int:
+    """The most tokens to generate: the first of MAX_TOKEN_ALIASES given (several: said once, as
+    lm-eval says it), else lm-eval's default, 256."""
+    given = [alias for alias in MAX_TOKEN_ALIASES if gen_kwargs.get(alias) is not None]
+    if len(given) > 1 and tuple(given) not in _said:
+        _said.add(tuple(given))
+        log.warning("ggbatch.lm_eval: generation_kwargs %s all give the most tokens to generate: %s is used "
+                    "(lm-eval's priority: %s)", given, given[0], " > ".join(MAX_TOKEN_ALIASES))
+    return int(_number(gen_kwargs, given[0], int, name)) if given else 256
 
 
 def _number(gen_kwargs: Mapping[str, Any], key: str, kind: type, name: str, default: Any = None) -> Any:
@@ -257,4 +272,4 @@ def _number(gen_kwargs: Mapping[str, Any], key: str, kind: type, name: str, defa
     return number
 
 
-_said: set[str] = set()  # gen_kwargs already said to be unused
+_said: set[Any] = set()  # gen_kwargs already said to be unused, and sets of max-token aliases said

@@ -1,0 +1,40 @@
+"""What ggbatch's lm-eval model makes of lm-eval's requests and model_args
+(runner/tools/lm_eval_requests.py, package/lm_eval.py): generation kwargs by lm-eval's own rule
+(its normalize_gen_kwargs), the model_args it refuses and what it suggests, --device. The checks
+without a model first, then on ../shared's stories260K."""
+
+import pytest
+
+import ggbatch
+from ggbatch.runner.tools.lm_eval_requests import generation_of
+
+
+def test_lm_evals_aliases_of_max_gen_toks_are_taken_by_its_priority(caplog):
+    for alias in ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens"):
+        assert generation_of({alias: 5}).max_tokens == 5, alias
+    assert generation_of({}).max_tokens == 256  # lm-eval's default
+    with caplog.at_level("WARNING", logger="ggbatch"):
+        assert generation_of({"max_completion_tokens": 9, "max_tokens": 7, "max_new_tokens": 3}).max_tokens == 3
+        assert generation_of({"max_completion_tokens": 9, "max_tokens": 7, "max_new_tokens": 3}).max_tokens == 3
+        assert generation_of({"max_tokens": 7, "max_gen_toks": 2}).max_tokens == 2
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "max_new_tokens is used" in said[0] and "max_gen_toks is used" in said[1]
+    assert not any("not used" in line for line in said)  # none of them is said to be dropped
+    with pytest.raises(ggbatch.GgbatchError, match="generation_kwargs max_new_tokens must be a whole number"):
+        generation_of({"max_new_tokens": "many"}, "task 'x' doc 1")
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"max_new_tokens": 5}, {"max_tokens": 5, "max_completion_tokens": 8},
+    {"do_sample": True, "temperature": 0.8}, {"do_sample": False, "temperature": 0.8}, {"temperature": 0.0},
+])
+def test_generation_kwargs_follow_lm_evals_own_models(kwargs):
+    """ggbatch mirrors lm-eval's normalize_gen_kwargs: the same max_gen_toks, until and choice of
+    greedy or sampling (temperature 0) as the installed lm-eval's models make."""
+    utils = pytest.importorskip("lm_eval.models.utils")
+    if not hasattr(utils, "normalize_gen_kwargs"):
+        pytest.skip("this lm-eval has no normalize_gen_kwargs")
+    theirs, ours = utils.normalize_gen_kwargs(dict(kwargs)), generation_of(dict(kwargs))
+    assert ours.max_tokens == theirs["max_gen_toks"] and list(ours.stop) == theirs["until"]
+    sampled = bool(theirs["do_sample"]) and float(theirs.get("temperature", 0.0)) > 0
+    assert ours.sampling.temperature == (float(theirs["temperature"]) if sampled else 0.0)
