@@ -25,7 +25,8 @@ def test_lm_evals_aliases_of_max_gen_toks_are_taken_by_its_priority(caplog):
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"max_new_tokens": 5}, {"max_tokens": 5, "max_completion_tokens": 8},
+    {"max_new_tokens": 5}, {"max_tokens": 5, "max_completion_tokens": 8}, {"temperature": 0.8},
+    {"until": "\n", "max_gen_toks": 3, "temperature": 0.5, "top_p": 0.9},
     {"do_sample": True, "temperature": 0.8}, {"do_sample": False, "temperature": 0.8}, {"temperature": 0.0},
 ])
 def test_generation_kwargs_follow_lm_evals_own_models(kwargs):
@@ -38,3 +39,14 @@ def test_generation_kwargs_follow_lm_evals_own_models(kwargs):
     assert ours.max_tokens == theirs["max_gen_toks"] and list(ours.stop) == theirs["until"]
     sampled = bool(theirs["do_sample"]) and float(theirs.get("temperature", 0.0)) > 0
     assert ours.sampling.temperature == (float(theirs["temperature"]) if sampled else 0.0)
+
+
+def test_a_temperature_without_do_sample_samples_with_no_top_k_unless_the_task_gives_one():
+    """--gen_kwargs temperature=0.8 (a pass@k run) samples, as lm-eval's models do; a sampled
+    request gets no top-k the task did not ask for (ggbatch's job default, 40, is not lm-eval's)."""
+    alone = generation_of({"temperature": 0.8}).sampling
+    assert (alone.temperature, alone.top_k, alone.top_p, alone.min_p) == (0.8, 0, 1.0, 0.0)
+    assert generation_of({"do_sample": True, "temperature": 0.8}).sampling.top_k == 0
+    assert generation_of({"temperature": 0.8, "top_k": 20}).sampling.top_k == 20
+    assert generation_of({"do_sample": False, "temperature": 0.8}).sampling.temperature == 0.0
+    assert generation_of({"do_sample": True}).sampling.temperature == 0.0  # temperature 0: greedy

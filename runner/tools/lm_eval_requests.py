@@ -226,9 +226,9 @@ KNOWN_KWARGS = {"until", "do_sample", *MAX_TOKEN_ALIASES, *SAMPLING_KWARGS}
 
 def generation_of(gen_kwargs: dict[str, Any], name: str = "a request") -> GenerationParams:
     """lm-eval's gen_kwargs as ggbatch's settings: until (a string or a list), max_gen_toks (or
-    one of its aliases: _max_gen_toks), and
-    greedy unless do_sample and a temperature above 0 ask for sampling, then with top_k, top_p,
-    min_p and repetition_penalty where given. Others are said once in the log and not used. A
+    one of its aliases: _max_gen_toks), and greedy unless a temperature above 0 asks for sampling
+    (do_sample true or not given, as lm-eval's models take it), then with top_k (none unless
+    given), top_p, min_p and repetition_penalty where given. Others are said once in the log and not used. A
     value that is not a number is refused in one line naming it and the request (`name`)."""
     until = gen_kwargs.get("until") or ()
     stop = (until,) if isinstance(until, str) else tuple(until)
@@ -236,8 +236,12 @@ def generation_of(gen_kwargs: dict[str, Any], name: str = "a request") -> Genera
     if unknown:
         _said.update(unknown)
         log.warning("ggbatch.lm_eval: generation_kwargs %s have no ggbatch setting and are not used", unknown)
-    sampling = SamplingParams()
-    if gen_kwargs.get("do_sample") and _number(gen_kwargs, "temperature", float, name, 0.0) > 0.0:
+    # No top-k unless the task gives one: lm-eval's vLLM model applies none (SamplingParams' 40 is
+    # ggbatch's own default for its jobs, which no task asked for)
+    sampling = SamplingParams(top_k=0)
+    do_sample = gen_kwargs.get("do_sample")
+    # lm-eval's rule (normalize_gen_kwargs): do_sample not given samples when the temperature is above 0
+    if (do_sample is None or do_sample) and _number(gen_kwargs, "temperature", float, name, 0.0) > 0.0:
         given = {ours: _number(gen_kwargs, theirs, type(getattr(sampling, ours)), name)
                  for theirs, ours in SAMPLING_KWARGS.items() if gen_kwargs.get(theirs) is not None}
         sampling = replace(sampling, **given)
