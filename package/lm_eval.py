@@ -207,13 +207,21 @@ class GgbatchLM(TemplateLM):
         bare_tokens = self._tokenize(list(bare), [name for _, name in bare.values()], add_bos=False) if bare else []
         out = []
         for whole, other in plans:
-            if whole < 0:  # BOS as the context, as TemplateLM does for an empty one
-                cont = list(bare_tokens[other])
-                out.append(([self.prefix_token_id], cont) if not cont or cont[0] != self.prefix_token_id
-                           else (cont[:1], cont[1:]))
-            else:
-                out.append(split_pair(list(whole_tokens[whole]), list(whole_tokens[other])))
+            if whole < 0:
+                out.append(self._prefixed(list(bare_tokens[other])))
+                continue
+            context, cont = split_pair(list(whole_tokens[whole]), list(whole_tokens[other]))
+            # A context of whitespace alone is empty once its whitespace moves to the continuation,
+            # and a model without BOS (Qwen's) tokenizes that to nothing: it is the empty context
+            out.append((context, cont) if context else self._prefixed(cont))
         return out
+
+    def _prefixed(self, cont: list[int]) -> tuple[list[int], list[int]]:
+        """prefix_token_id as the context, as TemplateLM gives an empty one (a continuation that
+        begins with it already keeps it as the context)."""
+        if cont and cont[0] == self.prefix_token_id:
+            return cont[:1], cont[1:]
+        return [self.prefix_token_id], cont
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, what: str = "loglikelihood",
                               names: Optional[list[str]] = None, **kwargs: Any) -> list[tuple[float, bool]]:

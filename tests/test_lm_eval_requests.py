@@ -50,3 +50,38 @@ def test_a_temperature_without_do_sample_samples_with_no_top_k_unless_the_task_g
     assert generation_of({"temperature": 0.8, "top_k": 20}).sampling.top_k == 20
     assert generation_of({"do_sample": False, "temperature": 0.8}).sampling.temperature == 0.0
     assert generation_of({"do_sample": True}).sampling.temperature == 0.0  # temperature 0: greedy
+
+
+# -- on real models ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def no_bos_model(tmp_path_factory):
+    """qwen3-tiny on Qwen2's vocabulary: a model whose tokenizer adds no BOS."""
+    from conftest import MODELS, require
+    from ggbatch.runner.model.make import modelgen as mg
+
+    vocab = require(MODELS / "ggml-vocab-qwen2.gguf", "Qwen2's vocabulary")
+    return str(mg.make_model(tmp_path_factory.mktemp("qwen") / "qwen.gguf", "qwen3-tiny", vocab=str(vocab),
+                             ftype="f16"))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.model
+def test_a_whitespace_context_on_a_model_without_bos_is_scored_as_the_empty_one(no_bos_model):
+    """A context of whitespace alone ('\\n' before a passage) is empty once its whitespace moves to
+    the continuation: on a model without BOS it was a prompt of no tokens, and ended the run."""
+    instance = pytest.importorskip("lm_eval.api.instance")
+    from ggbatch.lm_eval import GgbatchLM
+
+    lm = GgbatchLM(model=no_bos_model, workers=1, threads=1)
+    try:
+        assert lm.tok_encode("") == []  # no BOS: the empty text is no token
+        pairs = [("\n", "Hello world"), (" ", "Hello"), ("", "\nHello world"), ("Hi", " there")]
+        scored = lm.loglikelihood([instance.Instance("loglikelihood", {}, pair, 0) for pair in pairs],
+                                  disable_tqdm=True)
+        # the whitespace context is the empty one, its whitespace the continuation's start
+        assert scored[0] == pytest.approx(scored[2], abs=1e-6)
+        assert all(logprob < 0 for logprob, _ in scored)
+    finally:
+        lm.pool.close()
