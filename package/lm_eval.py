@@ -52,6 +52,8 @@ from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.questions.continuations import pair_texts, split_pair
 from ggbatch.runner.questions.prompts import PLAIN_TEMPLATE
 from ggbatch.runner.tools.lm_eval_requests import (
+    chat_only,
+    chat_only_unused,
     check_model_args,
     checked_max_length,
     device_settings,
@@ -91,6 +93,8 @@ class GgbatchLM(TemplateLM):
         if not path or (model and pretrained and model != pretrained):
             raise ConfigError("ggbatch.lm_eval: give the GGUF model once: model=PATH (or pretrained=PATH)")
         check_model_args(settings)
+        # refused at the first request unless lm-eval wrote the requests with the chat template
+        self._chat_only, self._chatted = chat_only(settings), False
         n_ctx = setting(settings, "model", "n_ctx")
         self._n_ctx = n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) else None
         self._max_length = checked_max_length(max_length, path, self._n_ctx)
@@ -166,7 +170,14 @@ class GgbatchLM(TemplateLM):
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The conversation as the model's chat template writes it (or the template the settings
         give: prompt.chat_template=...; ggbatch's plain one for a model without)."""
+        self._chatted = True
         return self.pool.chat_prompt(chat_history, add_generation_prompt)
+
+    def _check_chat_only(self) -> None:
+        """A request call (lm-eval has written its requests by then): the chat-only settings
+        given refused where no request was written with the chat template."""
+        if self._chat_only and not self._chatted:
+            raise chat_only_unused(self._chat_only)
 
     def chat_template(self, chat_template: Union[bool, str] = False) -> Optional[str]:
         """The template apply_chat_template renders with (lm-eval records it); None when lm-eval
@@ -184,6 +195,7 @@ class GgbatchLM(TemplateLM):
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """TemplateLM.loglikelihood with every distinct text tokenized once, in one pass through the
         pool (a multiple-choice question's continuations share their context)."""
+        self._check_chat_only()
         pairs, names = [req.args for req in requests], request_names(requests)
         # text -> (its place among the texts tokenized with BOS, the first request it is of)
         with_bos: dict[str, tuple[int, str]] = {}
@@ -251,6 +263,7 @@ class GgbatchLM(TemplateLM):
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Each text's log-likelihood over lm-eval's rolling windows of max_length tokens fed."""
+        self._check_chat_only()
         texts = [req.args[0] for req in requests]
         windows, owner, names = [], [], []
         requested = request_names(requests)
@@ -271,6 +284,7 @@ class GgbatchLM(TemplateLM):
         """Each context's continuation, up to its max_gen_toks tokens and cut at its first `until`;
         a context longer than max_length - max_gen_toks keeps its last tokens (generation_window);
         max_gen_toks 0 is the empty text, nothing generated."""
+        self._check_chat_only()
         names = request_names(requests)
         tokens = self._tokenize([req.args[0] for req in requests], names)
         seeds = request_seeds(self._seed, [(request_identity(req), req.args) for req in requests])

@@ -6,7 +6,7 @@ without a model first, then on ../shared's stories260K."""
 import pytest
 
 import ggbatch
-from ggbatch.runner.tools.lm_eval_requests import generation_of
+from ggbatch.runner.tools.lm_eval_requests import check_model_args, generation_of
 
 
 def test_lm_evals_aliases_of_max_gen_toks_are_taken_by_its_priority(caplog):
@@ -52,6 +52,19 @@ def test_a_temperature_without_do_sample_samples_with_no_top_k_unless_the_task_g
     assert generation_of({"do_sample": True}).sampling.temperature == 0.0  # temperature 0: greedy
 
 
+@pytest.mark.parametrize("setting, shown", [
+    ({"prompt.template": "Q: {{ question }}"}, "prompt.template"), ({"prompt__template": "{{ question }}"},
+                                                                    "prompt__template"),
+    ({"prompt": {"template": "{{ question }}", "chat_template": "{{ messages }}"}}, "prompt.template"),
+])
+def test_prompt_template_in_model_args_is_refused_as_the_task_writes_the_requests(setting, shown):
+    """lm-eval's requests come as text its task wrote: ggbatch's prompt.template would do nothing."""
+    with pytest.raises(ggbatch.GgbatchError, match=rf"^ggbatch.lm_eval model_args: {shown} is not used: lm-eval's "
+                       r"requests decide it, through the task's doc_to_text"):
+        check_model_args(setting)
+    check_model_args({"prompt.chat_template": "{{ messages }}", "system": "Be brief."})  # --apply_chat_template's
+
+
 # -- on real models ---------------------------------------------------------------------------------
 
 
@@ -83,5 +96,33 @@ def test_a_whitespace_context_on_a_model_without_bos_is_scored_as_the_empty_one(
         # the whitespace context is the empty one, its whitespace the continuation's start
         assert scored[0] == pytest.approx(scored[2], abs=1e-6)
         assert all(logprob < 0 for logprob, _ in scored)
+    finally:
+        lm.pool.close()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.model
+def test_system_without_the_chat_template_is_refused_at_the_first_request():
+    """`system` (and the chat template's other settings) only write lm-eval's --apply_chat_template
+    conversations: in requests written without it they would do nothing, so the first request
+    call says so, with what does apply (--system_instruction)."""
+    instance = pytest.importorskip("lm_eval.api.instance")
+    from conftest import STORIES, require
+    from ggbatch.lm_eval import GgbatchLM
+
+    lm = GgbatchLM(model=str(require(STORIES, "stories260K")), workers=1, threads=1, system="Be brief.")
+    try:
+        request = instance.Instance("loglikelihood", {}, ("Once upon a time", " there"), 0)
+        with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.lm_eval model_args: system applies only to "
+                           r"lm-eval's --apply_chat_template .*--system_instruction"):
+            lm.loglikelihood([request], disable_tqdm=True)
+        with pytest.raises(ggbatch.GgbatchError, match="system applies only"):
+            lm.generate_until([instance.Instance("generate_until", {}, ("Once", {"max_gen_toks": 2}), 0)],
+                              disable_tqdm=True)
+        chat = lm.apply_chat_template([{"role": "user", "content": "Once upon a time"}])
+        assert "Be brief." in chat  # the chat template writes it
+        [(logprob, _)] = lm.loglikelihood([instance.Instance("loglikelihood", {}, (chat, " there"), 0)],
+                                          disable_tqdm=True)
+        assert logprob < 0
     finally:
         lm.pool.close()

@@ -133,7 +133,11 @@ DECIDED_BY_REQUESTS = {
                  "from it)",
     "keep_thinking": "lm-eval's requests (an answer is the model's text as generated; a task's filters take the "
                      "answer from it)",
+    # the requests come as text, written by the task (or lm-eval's chat template): never ggbatch's prompt
+    "prompt.template": "the task's doc_to_text (with --system_instruction and --apply_chat_template)",
 }
+# Settings only the chat template writes with: they apply to lm-eval's --apply_chat_template alone
+CHAT_ONLY = ("system", "prompt.chat_template", "prompt.template_kwargs")
 # GgbatchLM's own keyword arguments beside the pool's settings (lm-eval's names)
 LM_KEYWORDS = ("model", "pretrained", "max_length", "batch_size", "max_batch_size", "device")
 
@@ -154,8 +158,11 @@ def check_model_args(settings: Mapping[str, Any]) -> None:
                 continue
         if top != "seed" and f"sampling.{top}" in SCHEMA:  # temperature= meant sampling.temperature
             top = "sampling"
+        if "prompt.template" in given_keys(name, value, "prompt"):
+            top = "prompt.template"
         if top in DECIDED_BY_REQUESTS and top not in LM_KEYWORDS:
-            raise ConfigError(f"ggbatch.lm_eval model_args: {name} is not used: lm-eval's requests decide it, "
+            shown = top if parts == ["prompt"] else name  # prompt={"template": ...}: the key meant
+            raise ConfigError(f"ggbatch.lm_eval model_args: {shown} is not used: lm-eval's requests decide it, "
                               f"through {DECIDED_BY_REQUESTS[top]}")
         if top in POOL_OWN:
             raise ConfigError(f"ggbatch.lm_eval model_args: {name} is not used: lm-eval's tasks give the questions "
@@ -164,6 +171,33 @@ def check_model_args(settings: Mapping[str, Any]) -> None:
             said = unknown_key(name, [*valid, "sampling.seed"]).replace("__", ".").replace(  # model_args' own words
                 "the keyword arguments", "the keys")
             raise ConfigError(f"ggbatch.lm_eval model_args: {said}")
+
+
+def given_keys(name: str, value: Any, section: str) -> list[str]:
+    """The dotted job keys a keyword argument gives within `section` (prompt={"template": ...}
+    gives prompt.template); none when it is another section's."""
+    parts = key_parts(name)
+    if parts[0] != section:
+        return []
+    if len(parts) == 1:
+        return [f"{section}.{leaf}" for leaf in value] if isinstance(value, Mapping) else [section]
+    return [".".join(parts)]
+
+
+def chat_only(settings: Mapping[str, Any]) -> list[str]:
+    """The settings given that apply to --apply_chat_template alone (CHAT_ONLY), as dotted keys."""
+    given = [key for name, value in settings.items() for key in (given_keys(name, value, "prompt")
+                                                                 or [".".join(key_parts(name))])]
+    return list(dict.fromkeys(key for key in given if key in CHAT_ONLY))  # once each, however spelt
+
+
+def chat_only_unused(keys: list[str]) -> ConfigError:
+    """The refusal of chat-only settings in a run whose requests lm-eval wrote without the chat
+    template: they would do nothing there."""
+    return ConfigError(f"ggbatch.lm_eval model_args: {', '.join(keys)} applies only to lm-eval's "
+                       "--apply_chat_template (the chat template writes it), and these requests were written "
+                       "without it: run with --apply_chat_template, or give a system prompt as lm-eval's "
+                       "--system_instruction, which applies either way")
 
 
 def checked_max_length(max_length: Any, path: str, n_ctx: Optional[int]) -> Optional[int]:
