@@ -3,6 +3,8 @@
 (its normalize_gen_kwargs), the model_args it refuses and what it suggests, --device. The checks
 without a model first, then on ../shared's stories260K."""
 
+import re
+
 import pytest
 
 import ggbatch
@@ -63,6 +65,26 @@ def test_prompt_template_in_model_args_is_refused_as_the_task_writes_the_request
                        r"requests decide it, through the task's doc_to_text"):
         check_model_args(setting)
     check_model_args({"prompt.chat_template": "{{ messages }}", "system": "Be brief."})  # --apply_chat_template's
+
+
+@pytest.mark.parametrize("typo", ["add_bos_token", "max_tokns", "temprature", "stp", "reasoning_budget", "top_kk",
+                                  "wokers", "n_gpu_layers", "seed", "chat_template", "system_prompt", "slot"])
+def test_an_unknown_model_arg_is_pointed_only_at_a_key_model_args_takes(typo):
+    """The "did you mean" of an unknown key is a key the same check takes: add_bos_token (Hugging
+    Face's model_arg) was pointed at reasoning.max_tokens, which it then refused."""
+    with pytest.raises(ggbatch.GgbatchError, match=rf"^ggbatch.lm_eval model_args: unknown key '{typo}'") as raised:
+        check_model_args({typo: 1})
+    hint = re.search(r"did you mean '([^']+)'", str(raised.value))
+    if hint:
+        check_model_args({hint.group(1): 1})  # taken, not refused
+    assert "reasoning" not in (hint.group(1) if hint else "")
+
+
+def test_the_model_args_hint_still_names_the_key_meant():
+    for typo, meant in [("wokers", "workers"), ("n_gpu_layers", "model.n_gpu_layers"), ("seed", "sampling.seed"),
+                        ("max_lenght", "max_length"), ("system_prompt", "system")]:
+        with pytest.raises(ggbatch.GgbatchError, match=rf"unknown key '{typo}' \(did you mean '{meant}'\?\)"):
+            check_model_args({typo: 1})
 
 
 # -- on real models ---------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ names a request, and the checks of max_length and --device."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import GenerationParams, SamplingParams
-from ..config.keywords import key_parts, keywords, unknown_key
+from ..config.keywords import key_parts, keywords
 from ..config.schema import SCHEMA
 from ..errors import ConfigError, InputError, quote
 from ..model.gguf_header import GGUFFormatError, read_hparams
@@ -168,9 +169,22 @@ def check_model_args(settings: Mapping[str, Any]) -> None:
             raise ConfigError(f"ggbatch.lm_eval model_args: {name} is not used: lm-eval's tasks give the questions "
                               "and it writes the results (--output_path)")
         if top not in valid:
-            said = unknown_key(name, [*valid, "sampling.seed"]).replace("__", ".").replace(  # model_args' own words
-                "the keyword arguments", "the keys")
-            raise ConfigError(f"ggbatch.lm_eval model_args: {said}")
+            raise ConfigError(f"ggbatch.lm_eval model_args: {unknown_model_arg(name, valid)}")
+
+
+def unknown_model_arg(name: str, valid: list[str]) -> str:
+    """The words for a key that is no model_arg: the one meant, where it is a key model_args takes
+    (a closer one it refuses, such as temprature's sampling.temperature, gives none: unknown_key's
+    hint ranges over every job key), and the keys model_args takes."""
+    tops = [*valid, "sampling.seed"]
+    accepted = {key for key in SCHEMA if key.split(".")[0] in valid and key not in DECIDED_BY_REQUESTS} | set(tops)
+    leaves = {key.split(".")[-1]: key for key in SCHEMA if "." in key}
+    top = key_parts(name)[0]
+    # a key inside a section by its own name first (n_gpu_layers: model.n_gpu_layers), then typos
+    hint = ([leaves[top]] if top in leaves else difflib.get_close_matches(top, [*keywords(), *tops], n=1)
+            or [leaves[leaf] for leaf in difflib.get_close_matches(top, list(leaves), n=1)])
+    said = f" (did you mean '{hint[0]}'?)" if hint and hint[0] in accepted else ""
+    return f"unknown key '{name.replace('__', '.')}'{said}; the keys: {', '.join(sorted(tops))}"
 
 
 def given_keys(name: str, value: Any, section: str) -> list[str]:
