@@ -107,7 +107,8 @@ class GgbatchLM(TemplateLM):
         try:
             # Small at first (runner/warm/facts.py): log-likelihood tasks never grow it and start
             # sooner; a generate_until call grows it once, for the width its decode steps gain from.
-            self._starting = Pool.starting(model=path, **settings)
+            # per_question: each request brings its own max_gen_toks, so the pool's max_tokens is never used
+            self._starting = Pool.starting(model=path, per_question=True, **settings)
         except ConfigError as exc:
             raise ConfigError(str(exc).replace(f"{SOURCE}: ", "ggbatch.lm_eval model_args: ", 1)) from None
         self._model = path

@@ -87,13 +87,14 @@ def worker_specs(plan: NodePlan, model_path: str, engine_factory: EngineFactory)
 
 def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: PromptFacts, prefix: array,
            most_tokens: int, model_path: str, flash_attn: Optional[bool] = None,
-           first_slots: Optional[int] = None, most_said_by: str = "max_tokens") -> ContextGrowth:
+           first_slots: Optional[int] = None, most_said_by: Optional[str] = "max_tokens") -> ContextGrowth:
     """The layout of the started workers, now that the prompts are known (phase 2), node by node
     on each node's memory. The context fits the largest max_tokens of any question (most_tokens)
     and facts.longest; it grows later if questions need more (runner/plan/growth.py), keeping the
     flash attention decided here: `flash_attn` (what a resumed journal's run ran) when given.
     `first_slots`: auto slots start at most this many a worker, and grow to the cap with the load.
-    `most_said_by`: where most_tokens was given, for the warning of a max_tokens past the context."""
+    `most_said_by`: where most_tokens was given, for the warning of a max_tokens past the context
+    (None: nowhere the user sees, as a pool whose questions bring their own: no warning)."""
     if flash_attn is not None:
         started = started.with_flash_attn([flash_attn] * len(started.layouts))
     caps_later: list[int] = []
@@ -106,7 +107,8 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
     stretched = layouts.past_training_context(prompting.info.n_ctx_train, config.n_ctx)
     if stretched is not None:
         log.warning("%s", stretched)
-    cut = layouts.max_tokens_past_context(most_tokens, prompting.info.n_ctx_train, config.n_ctx, most_said_by)
+    cut = (layouts.max_tokens_past_context(most_tokens, prompting.info.n_ctx_train, config.n_ctx, most_said_by)
+           if most_said_by is not None else None)
     if cut is not None:
         log.warning("%s", cut)
     inputs = PlanInputs(started, tuple(replace(facts, n_questions=share(facts.n_questions, node, started.nodes))

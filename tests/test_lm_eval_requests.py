@@ -148,3 +148,26 @@ def test_system_without_the_chat_template_is_refused_at_the_first_request():
         assert logprob < 0
     finally:
         lm.pool.close()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.model
+def test_the_lm_eval_pool_warns_of_no_max_tokens_its_user_can_neither_see_nor_set(caplog):
+    """lm-eval's requests bring their own max_gen_toks (and max_tokens in model_args is refused):
+    a short model.n_ctx warned of the pool's default max_tokens (256) all the same. A Pool of
+    ggbatch's own, whose calls use it, still warns."""
+    pytest.importorskip("lm_eval")
+    from conftest import STORIES, require
+    from ggbatch.lm_eval import GgbatchLM
+
+    model = str(require(STORIES, "stories260K"))
+    with caplog.at_level("WARNING", logger="ggbatch"):
+        lm = GgbatchLM(model=model, workers=1, threads=1, **{"model.n_ctx": 64})
+        try:
+            assert lm.max_length == 64  # started: planned and settled
+        finally:
+            lm.pool.close()
+        assert not [r for r in caplog.records if "max_tokens" in r.getMessage()]
+        with ggbatch.Pool(model=model, workers=1, threads=1, model__n_ctx=64):
+            pass
+    assert [r for r in caplog.records if r.getMessage().startswith("max_tokens: 256 is more than a sequence's")]

@@ -81,6 +81,8 @@ class Pool:
     is allocated as the pool starts); False plans every slot the cap and the memory allow from the
     start, for calls that always bring many questions to generate for."""
 
+    _per_question = False  # each question brings its own generation (starting's per_question)
+
     def __init__(self, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE, start_small: bool = True,
                  **settings: Any) -> None:
         config, layer = _configured(model, settings)
@@ -88,28 +90,31 @@ class Pool:
 
     @classmethod
     def starting(cls, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE, start_small: bool = True,
-                 **settings: Any) -> "Future[Pool]":
+                 per_question: bool = False, **settings: Any) -> "Future[Pool]":
         """Pool(), returning at once: the settings and a local model file are checked here (a
         typo, a missing file, a grammar, JSON schema or prompt.template that cannot be used raises
         now; a chat template, read with the model's, as the pool starts), the workers, the
         tokenizer and the model start in a thread meanwhile; the Future holds the pool, or why it
-        could not start. It is running from
-        the start, so it cannot be cancelled: close the pool it gives (a process that exits
-        meanwhile waits for the start, then closes it). For a caller with work of its own first:
-        lm-eval builds its tasks while the model loads (ggbatch.lm_eval)."""
+        could not start. It is running from the start, so it cannot be cancelled: close the pool it
+        gives (a process that exits meanwhile waits for the start, then closes it). For a caller
+        with work of its own first: lm-eval builds its tasks while the model loads (ggbatch.lm_eval).
+        `per_question`: each question brings its own generation (lm-eval's): no max_tokens warning."""
         config, layer = _configured(model, settings)
         check_local_model(config.model)
         with said_by_call(SOURCE, {}):  # these need no model: said now, not by .result()
             job_answer(config)
             check_prompt_template(config.prompt_template)
-        return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory, start_small),
+        return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory, start_small,
+                                                    per_question),
                                Pool._at_exit, lambda pool: pool._resources)
 
     @classmethod
     def for_call(cls, config: JobConfig, layer: Mapping[str, Any], source: str, records: list[Record],
-                 engine_factory: EngineFactory = LLAMA_ENGINE, start_small: bool = True) -> "Pool":
+                 engine_factory: EngineFactory = LLAMA_ENGINE, start_small: bool = True, per_question: bool = False
+                 ) -> "Pool":
         """A pool planned for these records (ggbatch.answer: one call), as a job is for its file."""
         pool = cls.__new__(cls)
+        pool._per_question = per_question
         pool._start(config, layer, source, records, engine_factory, start_small)
         return pool
 
@@ -152,7 +157,8 @@ class Pool:
         self._resolver = Resolver("ggbatch-pool-answers")
         facts, prefix, most = self._facts(records)
         first = first_slots(start_small, bool(records), started.layouts[0].n_gpu_layers)
-        growth = settle(config, started, self._prompting, facts, prefix, most, model_path, first_slots=first)
+        growth = settle(config, started, self._prompting, facts, prefix, most, model_path, first_slots=first,
+                        most_said_by=None if self._per_question else "max_tokens")
         self._workers.keep(growth.plan.node_of())
         load = load_of(self._prompting.generation)
         self._calls = Calls(config.id_field, config.keep_thinking, lambda qids: self._intake.withdraw(qids),
