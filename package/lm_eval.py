@@ -79,6 +79,12 @@ log = logging.getLogger("ggbatch")
 DEFAULT_MAX_LENGTH = 2048  # tokens of a rolling window when the model does not say its context
 
 
+def as_model_args(exc: ConfigError) -> ConfigError:
+    """A setting's error named as lm-eval's model_args, which the user gave, not as ggbatch.Pool(),
+    which they never called."""
+    return ConfigError(str(exc).replace(f"{SOURCE}: ", "ggbatch.lm_eval model_args: ", 1))
+
+
 @register_model("ggbatch")
 class GgbatchLM(TemplateLM):
     """lm-eval's model over one ggbatch.Pool. `model`: a GGUF path (or a Hugging Face name, as
@@ -110,7 +116,7 @@ class GgbatchLM(TemplateLM):
             # per_question: each request brings its own max_gen_toks, so the pool's max_tokens is never used
             self._starting = Pool.starting(model=path, per_question=True, **settings)
         except ConfigError as exc:
-            raise ConfigError(str(exc).replace(f"{SOURCE}: ", "ggbatch.lm_eval model_args: ", 1)) from None
+            raise as_model_args(exc) from None
         self._model = path
 
     @classmethod
@@ -129,8 +135,12 @@ class GgbatchLM(TemplateLM):
 
     @property
     def pool(self) -> Pool:
-        """The started pool (waited for); why it could not start, raised."""
-        return self._starting.result()
+        """The started pool (waited for); why it could not start, raised (a setting found wrong
+        only as the pool starts, such as a chat template, named as model_args too)."""
+        try:
+            return self._starting.result()
+        except ConfigError as exc:
+            raise as_model_args(exc) from None
 
     @cached_property
     def max_length(self) -> int:

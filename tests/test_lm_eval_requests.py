@@ -171,3 +171,22 @@ def test_the_lm_eval_pool_warns_of_no_max_tokens_its_user_can_neither_see_nor_se
         with ggbatch.Pool(model=model, workers=1, threads=1, model__n_ctx=64):
             pass
     assert [r for r in caplog.records if r.getMessage().startswith("max_tokens: 256 is more than a sequence's")]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.model
+def test_a_setting_found_wrong_as_the_pool_starts_is_named_as_model_args():
+    """A chat template is read with the model, in the start thread: its error came out as
+    'ggbatch.Pool(): ...', which lm-eval's user never called."""
+    instance = pytest.importorskip("lm_eval.api.instance")
+    from conftest import STORIES, require
+    from ggbatch.lm_eval import GgbatchLM
+
+    lm = GgbatchLM(model=str(require(STORIES, "stories260K")), workers=1, threads=1,
+                   **{"prompt.chat_template": "{% for x in %}"})
+    request = instance.Instance("loglikelihood", {}, ("Once upon a time", " there"), 0)
+    for _ in range(2):  # the same words each time it is asked
+        with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.lm_eval model_args: prompt.chat_template: line 1"):
+            lm.apply_chat_template([{"role": "user", "content": "Hi"}])
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.lm_eval model_args: prompt.chat_template"):
+        lm.loglikelihood([request], disable_tqdm=True)
