@@ -256,7 +256,7 @@ def test_openai_lines_response_format_is_enforced_and_a_bad_schema_is_that_lines
     assert parsed["cut"][1] is None and "before the answer was complete" in parsed["cut"][0].error.message
     cut_first = "object" if parsed["object"][1] is None else "cut"  # the first in input order
     assert f"held to choices or a grammar {'were' if cut_first == 'object' else 'was'} cut before" in r.stderr
-    assert f"(first: {cut_first}) and failed" in r.stderr
+    assert f"complete and failed (first: {cut_first}: " in r.stderr
     assert "not enforced" not in r.stderr
 
 

@@ -84,7 +84,9 @@ STARTING = textwrap.dedent("""
     from fake_engine import Fake
 
     if __name__ == "__main__":
-        threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        # well after the worker said Started (Python's start and imports take seconds on a busy
+        # machine), long before its engine is built: the window the test is about
+        threading.Timer(8.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
         ggbatch.Pool(model=sys.argv[1], workers=1, engine_factory=Fake(build_s=60))
 """)
 
