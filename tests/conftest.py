@@ -62,6 +62,14 @@ def demo_model(tmp_path_factory) -> str:
     return str(mg.make_model(tmp_path_factory.mktemp("demo") / "demo.gguf", "demo", seed=0, ftype="f32"))
 
 
+@pytest.fixture(scope="session")
+def demo_q4_model(tmp_path_factory) -> str:
+    """The demo model quantized to Q4_0: weights llama.cpp's repacked kernels take, for tests of
+    whether a layout repacks them (the f32 demo model has nothing to repack)."""
+    from ggbatch.runner.model.make import modelgen as mg
+    return str(mg.make_model(tmp_path_factory.mktemp("demo_q4") / "demo-q4_0.gguf", "demo", quant="q4_0", seed=0))
+
+
 
 @pytest.fixture(scope="session")
 def think_model(tmp_path_factory) -> str:

@@ -53,9 +53,9 @@ def test_two_pinned_workers_answer_50_questions_in_input_order(request, tmp_path
     assert "answered   50/50" in r.stdout
 
 
-def test_one_worker_gets_every_core_by_default(tmp_path, demo_model, questions_file):
+def test_one_worker_gets_every_core_by_default(tmp_path, demo_q4_model, questions_file):
     out, report = tmp_path / "a.jsonl", tmp_path / "r.json"
-    r = ggbatch("--model", demo_model, "--input", questions_file(5), "--output", out, "--max-tokens", 8,
+    r = ggbatch("--model", demo_q4_model, "--input", questions_file(5), "--output", out, "--max-tokens", 8,
                 "--report", report)
     assert r.returncode == 0, r.stderr
     lines = out.read_text().splitlines()
@@ -280,8 +280,8 @@ def test_bench_runner_row_with_several_workers(tmp_path, demo_model):
 
 
 @pytest.mark.slow
-def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, demo_model, questions_file):
-    r = subprocess.run(ggbatch_command("tune", "--model", demo_model, "--input", questions_file(8),
+def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, demo_q4_model, questions_file):
+    r = subprocess.run(ggbatch_command("tune", "--model", demo_q4_model, "--input", questions_file(8),
                                        "--questions", "8", "--max-tokens", "8", "--slots", "2,4"),
                        cwd=ROOT, capture_output=True, text=True, timeout=200,
                        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
@@ -302,7 +302,7 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, demo_model, qu
                                                           if len(os.sched_getaffinity(0)) % w == 0)
     assert {t["repack"] for t in entry["trials"]} == weights
     out, report = tmp_path / "a.json", tmp_path / "r.json"
-    r = subprocess.run(ggbatch_command("run", "--model", demo_model, "--input", questions_file(8),
+    r = subprocess.run(ggbatch_command("run", "--model", demo_q4_model, "--input", questions_file(8),
                                        "--output", str(out), "--max-tokens", "4", "--report", str(report)),
                        cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
@@ -346,11 +346,11 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, questions_file):
         assert f"weights {'repacked' if repack == 'true' else 'not repacked'} (job)" in r.stdout
 
 
-def test_auto_repack_follows_the_cpu_and_the_expected_slots(tmp_path, demo_model, questions_file):
+def test_auto_repack_follows_the_cpu_and_the_expected_slots(tmp_path, demo_q4_model, questions_file):
     from ggbatch.runner.plan.layout import cpu_flags, repack_weights
 
     report = tmp_path / "r.json"
-    r = ggbatch("--model", demo_model, "--input", questions_file(20), "--output", tmp_path / "a.json",
+    r = ggbatch("--model", demo_q4_model, "--input", questions_file(20), "--output", tmp_path / "a.json",
                 "--max-tokens", 2,
                 "--workers", 1, "--report", report)
     assert r.returncode == 0, r.stderr

@@ -255,6 +255,8 @@ def test_a_default_job_on_a_hybrid_model_answers_as_one_slot_does(arch_models, n
                                               "--progress", "off"),
                               cwd=ROOT, capture_output=True, text=True, timeout=200)
         assert done.returncode == 0, done.stderr
-        assert "weights not repacked (hybrid model: repacked kernels mix its sequences)" in done.stdout
+        # plain either way: for the hybrid rule, or (an f16 file) for having nothing llama.cpp repacks
+        assert ("weights not repacked (hybrid model: repacked kernels mix its sequences)" in done.stdout
+                or "weights not repacked (nothing to repack)" in done.stdout), done.stdout
         answers[slots] = out.read_text()
     assert answers[4] == answers[1]
