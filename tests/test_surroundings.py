@@ -78,6 +78,9 @@ def _slow_run(tmp_path: Path, model: str, **popen: object) -> tuple[subprocess.P
     """A run of 60 questions one at a time, in a process group of its own (a shell's job), once
     it has journaled two answers."""
     questions, out = write_questions(tmp_path / "q.jsonl", 60), tmp_path / "a.jsonl"
+    # SIGHUP at its default, as a terminal's shell starts a job: a test suite run under nohup would
+    # pass its own ignored SIGHUP on, which the run keeps ignored
+    popen.setdefault("preexec_fn", lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     proc = subprocess.Popen(ggbatch_command("run", "--model", model, "--input", questions, "--output", out,
                                             "--max-tokens", 32, "--workers", 1, "--slots", 1, "--threads", 1,
                                             "--progress", "log"),
