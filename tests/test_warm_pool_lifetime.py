@@ -98,7 +98,7 @@ def test_a_closed_background_pool_lets_go_of_its_pipes_and_semaphores(demo_model
 
     started().close()  # what a process makes once, whichever pool is first
     gc.collect()
-    fds = len(os.listdir("/proc/self/fd"))
+    fds = _fds_held()
     for _ in range(3):
         pool = started()
         pool.close()
@@ -106,7 +106,18 @@ def test_a_closed_background_pool_lets_go_of_its_pipes_and_semaphores(demo_model
         del pool
         gc.collect()
         assert closed() is None, gc.get_referrers(closed())
-    assert len(os.listdir("/proc/self/fd")) <= fds
+    assert _fds_held() <= fds
+
+
+def _fds_held() -> int:
+    """The fds this process holds for good: the fewest of several looks, since another thread of
+    this process (earlier tests leave some running: Ray's, after ray.shutdown) may hold a file for a
+    moment just when one looks."""
+    looks = []
+    for _ in range(10):
+        looks.append(len(os.listdir("/proc/self/fd")))
+        time.sleep(0.02)
+    return min(looks)
 
 
 @pytest.mark.timeout(120)
