@@ -22,7 +22,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -106,8 +105,7 @@ def _model(config: JobConfig) -> tuple[str, ModelIdentity]:
     """The model's file and identity; a refusal names the job file and key that gave the model."""
     with model_said_in_file(config):
         path = resolve_model(config.model)
-        # absolute for the workers: one restarted after the current folder went starts in "/"
-        return os.path.abspath(path), identify(path)
+        return path, identify(path)
 
 
 def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh: bool,

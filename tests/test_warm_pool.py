@@ -3,6 +3,7 @@ settings, many threads at once, a worker or tokenizer killed during a call (its 
 closed, left open: test_warm_pool_lifetime.py). The real engine on the demo model, the fake
 engine where the model does not matter. Every test has a hard timeout: a hang is a failure."""
 
+import os
 import pickle
 import threading
 import time
@@ -275,6 +276,24 @@ def test_a_tokenizer_process_killed_from_outside_is_started_again(demo_model, ov
         assert again.error is None and (again.text == first if not overrides else again.text in ("dog", "bird"))
         assert len(pool.tokenize(["The little dog"])[0]) > 1
         assert [p.pid for p in tokenizers()] != [tokenizer.pid]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_started_again_after_the_folder_changed_loads_the_same_model(demo_model, tmp_path, monkeypatch):
+    """A pool made with a relative model path, in a pipeline that then changes folder: the worker
+    started again after a kill looked for the model in the new folder and never answered."""
+    monkeypatch.chdir(os.path.dirname(demo_model))
+    with ggbatch.Pool(model=os.path.basename(demo_model), workers=1, max_tokens=4) as pool:
+        first = pool.answer(["Once upon a time"])[0].text
+        os.chdir(tmp_path)
+        (worker,) = [p for p in psutil.Process().children() if not p.name().startswith("ggbatch-tokeni")
+                     and "resource_tracker" not in " ".join(p.cmdline())]
+        worker.kill()
+        worker.wait(timeout=10)
+        again = pool.answer(["Once upon a time"])[0]
+        stats = pool.stats()
+    assert again.error is None and again.text == first
+    assert stats["workers"][0]["restarts"] == 1
 
 
 @pytest.mark.timeout(120)

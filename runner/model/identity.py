@@ -43,7 +43,9 @@ class ModelIdentity:
 def resolve_model(model: str) -> str:
     """The GGUF path to load: `demo` builds (once) the project's own tiny model; a Hugging Face
     name (`hf:OWNER/REPO/FILE.gguf`, `OWNER/REPO:QUANT`) is the cached file. Refuses, in one
-    line naming the path, what llama.cpp could not load."""
+    line naming the path, what llama.cpp could not load. The path is absolute: a worker started
+    again after the current folder changed (os.chdir in a pipeline, the folder removed) loads the
+    same file."""
     if model == "demo":
         return _demo_model()
     model = resolve_hub_name(model)
@@ -59,7 +61,7 @@ def resolve_model(model: str) -> str:
         raise ModelError(f"{model}: cannot read the model file ({exc.strerror or exc})") from None
     if magic != b"GGUF":
         raise ModelError(f"{model}: not a GGUF file ({NO_MAGIC})")
-    return str(path)
+    return os.path.abspath(path)
 
 
 def _demo_model() -> str:
