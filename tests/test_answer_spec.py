@@ -164,6 +164,38 @@ def test_the_formats_the_converter_has_rules_for_are_taken_and_a_format_beside_a
         schema_grammar(json.dumps({"type": "string", "format": "date", "pattern": "^[0-9]+$"}))
 
 
+@pytest.mark.model
+@pytest.mark.parametrize("schema, said", [
+    ({"type": "string", "format": "date", "maxLength": 4}, "'maxLength' beside 'format'"),  # 10 characters came out
+    ({"type": "integer", "minLength": 3},
+     "'minLength' beside 'type': 'integer' (it is read only with 'type': 'string')"),
+    ({"type": "array", "minItems": 2}, "'minItems' beside 'type': 'array' (it is read only with 'items')"),
+    ({"type": "object", "required": ["a"]}, "'required' beside 'type': 'object' (it is read only with 'properties')"),
+    ({"const": "x", "format": "date"}, "'format': 'date' beside 'const'"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "allOf": [{"required": ["a"]}]},
+     "'allOf' beside 'properties'"),
+    ({"type": "object", "anyOf": [{"type": "string"}]}, "'type' beside 'anyOf'"),
+])
+def test_a_keyword_the_converter_drops_beside_anothers_rule_is_refused(schema, said):
+    """The converter makes one rule per schema object and drops its other keywords: a date under
+    "maxLength": 4 was written 10 characters long."""
+    with pytest.raises(ValueError, match=f"^the grammar cannot enforce {re.escape(said)}, so answers could break"):
+        schema_grammar(json.dumps(schema))
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "enum": ["a", "b"], "title": "Pick"},  # pydantic's enum
+    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+    {"type": "string", "minLength": 1, "maxLength": 3},
+    {"$defs": {"a": {"type": "string"}}, "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}},
+     "required": ["x"], "additionalProperties": False},
+    {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None},  # pydantic's Optional[int]
+])
+def test_the_keywords_each_rule_reads_are_taken_together(schema):
+    assert "root ::=" in schema_grammar(json.dumps(schema))
+
+
 ARC = {"choices": {"text": ["girl", "dog house"], "label": ["A", "B"]}}
 
 

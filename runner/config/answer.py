@@ -22,6 +22,7 @@ from ..errors import ConfigError, InputError, quote
 from ..files.formats.choices import Choices, read_choices
 from .reasoning import thinking_room
 from .schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
+from .schema_keywords import unenforced_keyword
 
 
 def job_answer(config: JobConfig) -> Optional[AnswerSpec]:
@@ -190,55 +191,6 @@ def schema_grammar(schema_text: str) -> str:
         return json_schema_to_gbnf(schema_text)
     except Exception as exc:  # the converter raises whatever it meets; one line says it
         raise ValueError(f"cannot turn this JSON schema into a grammar ({type(exc).__name__}: {exc})") from None
-
-
-# What llama-cpp-python's converter turns into grammar rules; anything else it would drop without a
-# word, and an answer could then break the schema (an integer under "minimum": 0 come out -5).
-ENFORCED = {"type", "format", "$ref", "$defs", "definitions", "oneOf", "anyOf", "allOf", "const", "enum",
-            "properties", "additionalProperties", "required", "items", "prefixItems", "minItems", "maxItems",
-            "pattern", "minLength", "maxLength"}
-ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "default", "examples", "readOnly",
-               "writeOnly", "deprecated"}
-# The `format` values it has rules for (llama_grammar.py's STRING_FORMAT_RULES and its uuid match);
-# any other (email, uri, ipv4, int32, ...) gives the grammar of a plain string, and beside `pattern`
-# the pattern's rule is made and the format dropped.
-ENFORCED_FORMATS = {"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}
-
-
-def _dropped_keyword(schema: dict[str, Any]) -> Optional[str]:
-    """The first keyword of this schema object (not its children) the converter would drop, quoted."""
-    for key in schema:
-        if key not in ENFORCED and key not in ANNOTATIONS:
-            return quote(key)
-        if key == "format" and (not isinstance(schema[key], str) or schema[key] not in ENFORCED_FORMATS):
-            return f"'format': {quote(schema[key])}"
-        if key == "format" and "pattern" in schema:
-            return f"'format': {quote(schema[key])} beside 'pattern'"
-    return None
-
-
-def unenforced_keyword(schema: Any, at: str = "") -> Optional[str]:
-    """Why a grammar cannot hold answers to this schema: the first keyword the converter ignores
-    (minimum, uniqueItems, not, format: email, ...), with where it is; None when every keyword is enforced."""
-    if not isinstance(schema, dict):
-        return None
-    dropped = _dropped_keyword(schema)
-    if dropped is not None:
-        return (f"the grammar cannot enforce {dropped}{f' (at {at[1:]})' if at else ''}, so answers could "
-                "break the schema: leave it out (and check that part of the answers yourself)")
-    children: list[tuple[str, Any]] = []
-    for key in ("properties", "$defs", "definitions"):
-        children += [(f"{at}.{key}.{k}" if key != "properties" else f"{at}.properties.{k}", v)
-                     for k, v in (schema.get(key) or {}).items()]
-    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
-        children += [(f"{at}.{key}[{i}]", v) for i, v in enumerate(schema.get(key) or [])]
-    for key in ("items", "additionalProperties"):
-        children += [(f"{at}.{key}", schema.get(key))]
-    for where, child in children:
-        found = unenforced_keyword(child, where)
-        if found is not None:
-            return found
-    return None
 
 
 @functools.lru_cache(maxsize=256)
