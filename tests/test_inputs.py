@@ -147,6 +147,24 @@ def test_a_streamed_file_cut_short_during_the_run_is_said_as_changed(tmp_path, c
                               f"was {size:,}): run again once it is whole")
 
 
+def test_a_streamed_file_rewritten_in_place_as_large_or_larger_is_said_as_changed(tmp_path):
+    """`cat other.jsonl > q.jsonl` during a run: the reader went on from where it was in the new
+    bytes, and the run ended with exit 0 on a mix of the two files' questions."""
+    from ggbatch.runner.files.inputs import open_question_file
+
+    path = tmp_path / "q.jsonl"
+    _long_file(path)
+    records = open_question_file(str(path)).records
+    next(records)
+    with open(path, "w") as f:  # truncated and written again, larger
+        for i in range(13000):
+            f.write(json.dumps({"questionID": f"new{i}", "question": f"Who is {i}?", "pad": "z" * 300}) + "\n")
+    with pytest.raises(InputError) as err:
+        list(records)
+    assert str(err.value) == (f"{path}: the question file was rewritten during the run (its first bytes are not "
+                              "those read at its start): run again once it is whole")
+
+
 def test_a_streamed_file_grown_or_renamed_over_during_the_run_is_read_on(tmp_path):
     from ggbatch.runner.files.inputs import open_question_file
 

@@ -14,7 +14,6 @@ import codecs
 import itertools
 import json
 import operator
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
@@ -26,7 +25,7 @@ from .formats.jsonfile import json_array, json_lines, loads
 from .formats.openai_input import OUTPUT_NOT_REQUESTS, openai_record, say_models
 from .formats.record import Record, checked_id
 from .formats.textfile import decoded, no_binary, no_utf16, open_bytes, read_text, split_lone_cr
-from .piped import copy_of
+from .read_on import at_start, read_whole
 
 __all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "record_at", "read_question_file",
            "read_records", "read_text", "detect_format", "json_array", "json_lines"]
@@ -65,7 +64,7 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
                        fmt: Optional[str] = None) -> QuestionStream:
     """The records of a question file as they are read. `fmt`: the job's input_format (None: by
     extension and content, runner/files/formats/detect.py)."""
-    was = _status(path)  # before its first read: a line file is read on as the run goes (_whole)
+    was = at_start(path)  # before its first read: a line file is read on as the run goes
     head = _head(path)
     if fmt in (None, "csv", "json"):  # by extension too (.csv, .json), before its format's reader refuses it
         _no_batch_output(path, head)
@@ -80,7 +79,7 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
     if fmt == "openai":
         models: dict[str, int] = {}  # the models its lines name, said once the whole file is read and checked
         longest, lines = _line_stats(path)
-        return QuestionStream(fmt, _whole(path, was, _then(_unique(path, _openai(path, models), "custom_id"),
+        return QuestionStream(fmt, read_whole(path, was, _then(_unique(path, _openai(path, models), "custom_id"),
                                                            lambda: say_models(path, models))), longest, Known(), lines)
     known = Known()
     if fmt == "csv":
@@ -88,41 +87,11 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
         records = (_record(path, line, row, id_field, question_field, _row_digest(row))
                    for line, row in csv_rows(path, _csv_lines(path), required))
         longest, lines = _line_stats(path, csv=True)
-        return QuestionStream(fmt, _whole(path, was, _unique(path, records, id_field)), longest, known,
+        return QuestionStream(fmt, read_whole(path, was, _unique(path, records, id_field)), longest, known,
                               max(lines - 1, 0))
     longest, lines = _line_stats(path)
     lines_read = _unique(path, _jsonl_records(path, id_field, question_field, known, hint), id_field)
-    return QuestionStream(fmt, _whole(path, was, lines_read), longest, known, lines)
-
-
-def _status(path: str) -> Optional[os.stat_result]:
-    try:
-        return os.stat(copy_of(path))
-    except OSError:
-        return None  # the reader says why it cannot be read
-
-
-def _whole(path: str, was: Optional[os.stat_result], records: Iterator[Record]) -> Iterator[Record]:
-    """The records of a line file read on during the run; the file cut short meanwhile (truncated,
-    rewritten smaller in place) is said as such, exit 2: its reader found a line broken where the
-    cut fell, and named it "malformed JSON" on a line the file no longer has, or found the end early
-    and the run left out the questions past it. A file renamed over the path (`mv`) is not this
-    one: the file opened is read to its end. One that grew (questions appended) is read on."""
-    try:
-        yield from records
-    except InputError:
-        _not_cut_short(path, was)
-        raise
-    _not_cut_short(path, was)
-
-
-def _not_cut_short(path: str, was: Optional[os.stat_result]) -> None:
-    now = _status(path)
-    if was is None or now is None or (now.st_dev, now.st_ino) != (was.st_dev, was.st_ino):
-        return
-    if now.st_size < was.st_size:
-        raise InputError(f"{path}: the question file changed during the run (it is now {now.st_size:,} bytes, "
-                         f"was {was.st_size:,}): run again once it is whole") from None
+    return QuestionStream(fmt, read_whole(path, was, lines_read), longest, known, lines)
 
 
 def _no_batch_output(path: str, head: str) -> None:
