@@ -284,6 +284,42 @@ def test_a_signal_in_the_middle_of_a_send_stops_the_run_within_its_grace():
     assert all(w.link is None for w in pool.workers)
 
 
+class BusyUntilTheGraceEnds(LocalBackend):
+    """Local workers whose pool, once stopping, hears nothing from them until its grace has run
+    out, as a coordinator busy or descheduled then: what they sent meanwhile waits in the pipes."""
+
+    def __init__(self):
+        super().__init__()
+        self.pool = None
+
+    def wait(self, links, timeout, wake=None):
+        deadline = self.pool._stop_deadline if self.pool is not None and self.pool.stopping else None
+        if deadline and time.perf_counter() < deadline:
+            time.sleep(timeout)
+            return []
+        return super().wait(links, timeout, wake)
+
+
+def test_answers_sent_within_the_grace_are_kept_when_it_runs_out():
+    """The grace ran out and the run stopped without a last read: the answers the workers had
+    finished in it were computed and lost, never journaled."""
+    worker_specs, engine = specs(1, Fake(slow=0.3), slots=4)
+    backend = BusyUntilTheGraceEnds()
+    after_stop = []
+
+    def on_answers(answers):
+        if pool.stopping:
+            after_stop.extend(a.qid for a in answers)
+        else:
+            pool.request_stop(signal.SIGTERM)
+
+    pool = backend.pool = WorkerPool(worker_specs, backend=backend, on_answers=on_answers)
+    with pytest.raises(Interrupted):
+        pool.run(qs(40), engine)
+    assert after_stop  # the questions the worker held when told to stop, answered in its grace
+    assert set(after_stop) <= set(pool.answers) and pool.n_answered < 40
+
+
 OUT_OF_MEMORY = """
 import logging, sys
 sys.path.insert(0, sys.argv[1])

@@ -184,6 +184,8 @@ class WorkerPool:
                 self._tell_stop()
                 if self._stop_signal and (time.perf_counter() >= self._stop_deadline or
                                           all(w.link is None for w in self.workers)):
+                    if any(w.link is not None for w in self.workers):
+                        self._wait_once(0.0)  # what they finished in the grace is in the pipes: kept
                     raise Interrupted(self._stop_signal)
                 feeding = windows.to_come and not self._stop_signal
                 if feeding:
