@@ -72,13 +72,20 @@ def test_a_stopped_worker_is_reported_within_seconds_and_the_job_still_finishes(
     wait_for(lambda: journal_entries(out) >= 2, 60, "two journaled answers")
     (worker,) = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
     os.kill(worker.pid, signal.SIGSTOP)
+    stderr = _finished_after_a_stall(proc, worker.pid)
+    assert "worker 0 is making progress again" in stderr
+    assert len(json.loads(out.read_text())) == 32
+
+
+def _finished_after_a_stall(proc: subprocess.Popen, stopped_worker: int) -> str:
+    """The run's stderr, once the worker stopped long enough to be reported is let go on and the
+    run has ended well, having said so."""
     time.sleep(12.5)
-    os.kill(worker.pid, signal.SIGCONT)
+    os.kill(stopped_worker, signal.SIGCONT)
     _, stderr = proc.communicate(timeout=90)
     assert proc.returncode == 0, stderr
     assert "worker 0 has made no progress for 1" in stderr and "process state: stopped" in stderr
-    assert "worker 0 is making progress again" in stderr
-    assert len(json.loads(out.read_text())) == 32
+    return stderr
 
 
 def _state(pid: int) -> str:
@@ -110,9 +117,5 @@ def test_a_worker_stopped_in_the_middle_of_a_long_message_holds_up_only_itself(t
         os.kill(worker.pid, signal.SIGSTOP)
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-    time.sleep(12.5)
-    os.kill(worker.pid, signal.SIGCONT)
-    _, stderr = proc.communicate(timeout=90)
-    assert proc.returncode == 0, stderr
-    assert "worker 0 has made no progress for 1" in stderr and "process state: stopped" in stderr
+    _finished_after_a_stall(proc, worker.pid)
     assert len(json.loads(out.read_text())) == 16

@@ -89,15 +89,21 @@ def _slow_run(tmp_path: Path, model: str, **popen: object) -> tuple[subprocess.P
     return proc, out
 
 
-@pytest.mark.slow
-def test_sighup_to_the_job_writes_the_answers_file_and_exits_129(tmp_path, demo_model):
-    # a closed terminal's shell sends SIGHUP to its job's whole process group, workers included
-    proc, out = _slow_run(tmp_path, demo_model, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _hung_up(proc: subprocess.Popen, timeout: float) -> str:
+    """SIGHUP to the run's whole process group, as a closed terminal's shell sends it to its job,
+    workers included; the run's stderr once it has ended."""
     try:
         os.killpg(proc.pid, signal.SIGHUP)
-        _, stderr = proc.communicate(timeout=30)
+        _, stderr = proc.communicate(timeout=timeout)
     finally:
         proc.kill()
+    return stderr
+
+
+@pytest.mark.slow
+def test_sighup_to_the_job_writes_the_answers_file_and_exits_129(tmp_path, demo_model):
+    proc, out = _slow_run(tmp_path, demo_model, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr = _hung_up(proc, 30)
     assert proc.returncode == 129, stderr
     assert "ggbatch: stopped by signal 1; the answers so far are in" in stderr and "Traceback" not in stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -126,11 +132,7 @@ def test_a_sighup_ignored_as_the_run_starts_stays_ignored(tmp_path, demo_model):
     # nohup: the run goes on to its end
     proc, out = _slow_run(tmp_path, demo_model, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    try:
-        os.killpg(proc.pid, signal.SIGHUP)
-        _, stderr = proc.communicate(timeout=150)
-    finally:
-        proc.kill()
+    stderr = _hung_up(proc, 150)
     assert proc.returncode == 0, stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 60 and all(row["answer"] is not None for row in rows)
