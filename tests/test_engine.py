@@ -204,6 +204,17 @@ def test_small_kv_pool_admits_only_what_fits(stories, tokenizer):
     assert stats["busy_slots"] / stats["steps"] <= 3
 
 
+def test_a_max_tokens_past_the_context_reserves_only_the_room_the_context_leaves(stories, tokenizer):
+    """A unified pool reserved max_tokens per question though no answer can outgrow its context:
+    with a large max_tokens, four slots ran one question at a time."""
+    qs = questions(tokenizer, [f"Once upon a time, {i} little" for i in range(8)])
+    stats = {}
+    out = answer_all(stories, qs, slots=4, n_ctx_seq=128, max_tokens=1000, ignore_eos=True, stats=stats)
+    assert all(a.error is None and a.finish_reason is FinishReason.LENGTH for a in out.values())
+    assert all(len(q.tokens) + out[q.qid].completion_tokens == 128 for q in qs)  # each filled its context
+    assert stats["busy_slots"] / stats["steps"] > 3.5
+
+
 def test_repeat_penalty_goes_through_llama_cpp_samplers(stories, tokenizer):
     qs = questions(tokenizer, ["The cat was very happy. The cat"])
     plain = answer_all(stories, qs, slots=1, max_tokens=40)["q0"].text

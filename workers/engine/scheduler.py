@@ -57,10 +57,12 @@ class Scheduler:
                  kv_budget: int | None = None, max_new_tokens: int = 0,
                  stream_per_sequence: bool = False, batch_invariant: bool = False,
                  contents: Optional[SlotContents] = None,
-                 memory: MemoryKind = MemoryKind.ATTENTION) -> None:
+                 memory: MemoryKind = MemoryKind.ATTENTION, n_ctx_seq: int | None = None) -> None:
         """kv_budget: KV cells the sequences may fill beyond the shared prefix (None = each slot
-        has its own room). A sequence is admitted only when its prompt plus max_new_tokens fits
-        what the running ones may still claim, so a full pool never thrashes.
+        has its own room). A sequence is admitted only when its prompt plus the tokens it may still
+        write fits what the running ones may still claim, so a full pool never thrashes.
+        n_ctx_seq: a sequence's context, prompt included; it writes no more than the room its
+        prompt leaves there, however large max_tokens is (None: max_tokens alone).
         stream_per_sequence: the context keeps one KV stream per sequence (see the module doc).
         batch_invariant: lay batches out as workers/engine/invariant.py requires (needs streams).
         contents: the prefix cache (workers/engine/prefix_cache.py); None: prompts start from the shared
@@ -72,6 +74,7 @@ class Scheduler:
         self.prefix = prefix if prefix is not None else array("i")
         self.kv_budget = kv_budget
         self.max_new_tokens = max_new_tokens
+        self.n_ctx_seq = n_ctx_seq
         self.kv_reserved = 0
         self.stream_per_sequence = stream_per_sequence or batch_invariant
         self.batch_invariant = batch_invariant
@@ -171,8 +174,12 @@ class Scheduler:
         seq.forks = []
 
     def _max_new(self, seq: Sequence) -> int:
-        own = seq.question.generation  # a question's own max_tokens, else the job's
-        return own.max_tokens if own else self.max_new_tokens
+        """The most tokens it may write: its max_tokens (a question's own, else the job's), within
+        the room its context leaves (reserving max_tokens beyond it held slots idle: a long shared
+        prefix and a large max_tokens ran one question at a time)."""
+        own = seq.question.generation
+        most = own.max_tokens if own else self.max_new_tokens
+        return most if self.n_ctx_seq is None else max(0, min(most, self.n_ctx_seq - seq.n_prompt))
 
     def fork(self, parent: Sequence, child: Sequence, slot: int) -> None:
         """A sample's or a continuation's sequence takes a slot its parent held, with the prompt

@@ -97,7 +97,7 @@ class LlamaEngine:
         # depends on the sequence ids in it: the scheduler lays batches out for that.
         self.sched = Scheduler(config.slots, self.n_batch, prefix, budget, self.gen.max_tokens,
                                stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant,
-                               contents=self.kv.contents, memory=self.memory_kind)
+                               contents=self.kv.contents, memory=self.memory_kind, n_ctx_seq=config.n_ctx_seq)
         self.picker = Picker(self.sampling, self.gen, self.counters)
         self._rejected: list[Answer] = []
         self._decode_prefix(prefix)
