@@ -76,10 +76,12 @@ def test_a_background_start_refuses_typos_at_once_and_hands_over_what_failed_lat
         ggbatch.Pool.starting(model=demo_model, max_tokenz=3)
     with pytest.raises(ggbatch.GgbatchError, match="model file not found"):
         ggbatch.Pool.starting(model=str(tmp_path / "absent.gguf"))
-    # a grammar, a schema and a template need no model: refused at once too, not by .result()
+    # a grammar, a schema and templates need no model: refused at once too, not by .result()
     for settings, said in [({"answer": {"grammar": "root ::= foo"}}, r"^ggbatch.Pool\(\): answer.grammar: not a"),
                            ({"answer": {"json_schema": {"type": "frob"}}}, r"^ggbatch.Pool\(\): answer.json_schema: "),
-                           ({"prompt": {"template": "{% if %}"}}, r"^ggbatch.Pool\(\): prompt.template: line 1: ")]:
+                           ({"prompt": {"template": "{% if %}"}}, r"^ggbatch.Pool\(\): prompt.template: line 1: "),
+                           ({"prompt": {"chat_template": "{% if %}"}},
+                            r"^ggbatch.Pool\(\): prompt.chat_template: line 1: ")]:
         with pytest.raises(ggbatch.GgbatchError, match=said):
             ggbatch.Pool.starting(model=demo_model, **settings)
     starting = ggbatch.Pool.starting(model=demo_model, workers=1, engine_factory=Fake(fail_load=True))

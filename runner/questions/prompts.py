@@ -75,11 +75,14 @@ def _user_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-def check_prompt_template(prompt_template: Optional[str]) -> None:
-    """ConfigError naming prompt.template when it cannot be used; it needs no model, so a caller
-    that starts the model in the background (Pool.starting) hears of it at once."""
+def check_templates(prompt_template: Optional[str], chat_template: Optional[str]) -> None:
+    """ConfigError naming prompt.template, or prompt.chat_template given as a template's text (not
+    auto or plain), when it cannot be parsed; that needs no model, so a caller that starts the
+    model in the background (Pool.starting) hears of it at once."""
     if prompt_template is not None:
         _user_template(prompt_template)
+    if chat_template not in (None, "auto", "plain"):
+        PromptBuilder(chat_template, template_key="prompt.chat_template")
 
 
 def template_fields(prompt_template: Optional[str], question_field: str) -> frozenset[str]:

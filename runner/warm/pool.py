@@ -42,7 +42,7 @@ from ..pool.pool import WorkerPool
 from ..questions.maker import QuestionMaker
 from ..questions.prepare import SharingNote, order
 from ..questions.prompting import Prompting
-from ..questions.prompts import check_prompt_template, question_field_read, template_fields
+from ..questions.prompts import check_templates, question_field_read, template_fields
 from ..questions.tokenizing import tokenize_all
 from ..watch.startup_load import SinceStart
 from ..watch.watch import RunWatch
@@ -92,8 +92,8 @@ class Pool:
     def starting(cls, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE, start_small: bool = True,
                  per_question: bool = False, **settings: Any) -> "Future[Pool]":
         """Pool(), returning at once: the settings and a local model file are checked here (a
-        typo, a missing file, a grammar, JSON schema or prompt.template that cannot be used raises
-        now; a chat template, read with the model's, as the pool starts), the workers, the
+        typo, a missing file, a grammar, JSON schema, prompt.template or prompt.chat_template that
+        cannot be parsed raises now; a chat template's rendering, as the pool starts), the workers, the
         tokenizer and the model start in a thread meanwhile; the Future holds the pool, or why it
         could not start. It is running from the start, so it cannot be cancelled: close the pool it
         gives (a process that exits meanwhile waits for the start, then closes it). For a caller
@@ -103,7 +103,7 @@ class Pool:
         check_local_model(config.model)
         with said_by_call(SOURCE, {}):  # these need no model: said now, not by .result()
             job_answer(config)
-            check_prompt_template(config.prompt_template)
+            check_templates(config.prompt_template, config.chat_template)
         return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory, start_small,
                                                     per_question),
                                Pool._at_exit, lambda pool: pool._resources)
