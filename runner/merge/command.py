@@ -29,7 +29,7 @@ from ..files.formats.cells import check_id_column
 from ..files.formats.detect import output_format
 from ..files.inputs import read_question_file
 from ..files.outputs import write_atomic
-from ..files.paths import JOURNAL_SUFFIX, check_output, journal_path, same_file
+from ..files.paths import JOURNAL_SUFFIX, check_output, journal_of, same_file
 from ..files.piped import readable_file, shown_name
 from ..files.shards import shard_in_name, shard_of
 from ..journal.fingerprint import parts_rule_change, setting_change
@@ -151,7 +151,9 @@ def _without_journals(paths: Sequence[str]) -> tuple[list[str], int]:
     """(the parts, how many journals of them were given too): `answers.shard-*.jsonl` also matches
     each part's journal, which merge reads beside its part anyway. A journal whose answers file is
     not given is refused: its answers are not a part's rows."""
-    kept = [p for p in paths if not any(p == journal_path(q) for q in paths)]
+    # by the file a path leads to, not its spelling: `./a.jsonl` and `a.jsonl.journal.jsonl` go together
+    journals = {journal_of(q) for q in paths}
+    kept = [p for p in paths if os.path.realpath(p) not in journals]
     lone = next((p for p in kept if p.endswith(JOURNAL_SUFFIX)), None)
     if lone is not None:
         raise ConfigError(f"{lone}: a run's journal, not an answers file: give the answers file it is kept "
