@@ -29,10 +29,11 @@ from ..files.formats.cells import check_id_column
 from ..files.formats.detect import output_format
 from ..files.inputs import read_question_file
 from ..files.outputs import write_atomic
-from ..files.paths import JOURNAL_SUFFIX, check_output, journal_of, same_file
+from ..files.paths import JOURNAL_SUFFIX, LOCK_SUFFIX, check_output, journal_of, lock_path, same_file
 from ..files.piped import readable_file, shown_name
 from ..files.shards import shard_in_name, shard_of
 from ..journal.fingerprint import parts_rule_change, setting_change
+from ..journal.journal import PENDING_SUFFIX
 from .join import Merged, merge_rows, render_merged
 from .parts import Part, part_ran, part_settings, read_part
 
@@ -71,13 +72,20 @@ def cmd_merge(args: argparse.Namespace) -> int:
                               _auto(args.input_format), args.id_field, args.question_field)
     if not args.quiet:
         order = f"in the order of {shown_name(args.input)}" if args.input else "in the parts' order"
-        journals = f"; their {outcome.journals} journals left out" if outcome.journals else ""
+        journals = _left_out(outcome)
         print(f"merged {len(outcome.merged.rows)} rows from {outcome.parts} parts into {outcome.output} "
               f"({outcome.format}, {order}{journals})")
     problems = outcome.problems()
     for line in problems:
         print(f"ggbatch: merge: {line}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def _left_out(outcome: "MergeOutcome") -> str:
+    """What of the parts' run files given with them the summary line says was left out."""
+    said = [f"{n} {what}{'s' if n > 1 else ''}" for n, what in ((outcome.journals, "journal"),
+                                                                (outcome.locks, "lock file")) if n]
+    return f"; their {' and '.join(said)} left out" if said else ""
 
 
 def _auto(value: str) -> Optional[str]:
@@ -94,6 +102,7 @@ class MergeOutcome:
     split: int = 0  # N, when every part's name says a shard of N
     absent_shards: list[int] = field(default_factory=list)  # of N, that no part's name says
     journals: int = 0  # the parts' journals given beside them, left out
+    locks: int = 0  # the parts' lock files given beside them (runs killed leave them), left out
 
     def problems(self) -> list[str]:
         """What keeps the merged file from being complete, one line each (none: all answered)."""
@@ -126,7 +135,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     # OUT's format is taken from its name or --output-format alone, the parts unread: so OpenAI
     # Batch parts (keyed by custom_id) merged into a .jsonl are refused it too, not a real use.
     check_id_column(id_field, [output_format(output, output_fmt, "json")])
-    paths, journals = _without_journals(paths)
+    paths, journals, locks = _without_journals(paths)
     _check_paths(output, paths, questions)
     split, absent_shards = _split(paths)
     present = [p for p in paths if os.path.exists(p)]
@@ -144,21 +153,31 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     fmt = _format(output, output_fmt, parts, question_fmt)
     write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings))
     return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
-                        absent_shards, journals)
+                        absent_shards, journals, locks)
 
 
-def _without_journals(paths: Sequence[str]) -> tuple[list[str], int]:
-    """(the parts, how many journals of them were given too): `answers.shard-*.jsonl` also matches
-    each part's journal, which merge reads beside its part anyway. A journal whose answers file is
-    not given is refused: its answers are not a part's rows."""
+def _without_journals(paths: Sequence[str]) -> tuple[list[str], int, int]:
+    """(the parts, how many journals and how many lock files of them were given too):
+    `answers.shard-*` also matches each part's journal, which merge reads beside its part anyway,
+    the lock a run killed left beside it, and a fresh run's journal not yet in place. One whose
+    answers file is not given is refused: it holds no part's rows."""
     # by the file a path leads to, not its spelling: `./a.jsonl` and `a.jsonl.journal.jsonl` go together
-    journals = {journal_of(q) for q in paths}
-    kept = [p for p in paths if os.path.realpath(p) not in journals]
-    lone = next((p for p in kept if p.endswith(JOURNAL_SUFFIX)), None)
-    if lone is not None:
-        raise ConfigError(f"{lone}: a run's journal, not an answers file: give the answers file it is kept "
-                          f"beside ({lone[:-len(JOURNAL_SUFFIX)]}), which the rerun of its job writes")
-    return kept, len(paths) - len(kept)
+    journals = {journal_of(q) for q in paths} | {journal_of(q) + PENDING_SUFFIX for q in paths}
+    locks = {lock_path(os.path.realpath(q)) for q in paths}
+    kept = [p for p in paths if os.path.realpath(p) not in journals | locks]
+    for lone in kept:
+        _not_a_run_file(lone)
+    dropped = [p for p in paths if os.path.realpath(p) in locks]
+    return kept, len(paths) - len(kept) - len(dropped), len(dropped)
+
+
+def _not_a_run_file(path: str) -> None:
+    """A journal or lock of an answers file that is not given, refused by what it is."""
+    for suffix, what in ((JOURNAL_SUFFIX, "a run's journal"), (JOURNAL_SUFFIX + PENDING_SUFFIX, "a fresh run's "
+                         "journal, not yet in place"), (LOCK_SUFFIX, "a run's lock file")):
+        if path.endswith(suffix):
+            raise ConfigError(f"{path}: {what}, not an answers file: give the answers file it is kept beside "
+                              f"({path[:-len(suffix)]}), which the rerun of its job writes")
 
 
 def _check_paths(output: str, paths: Sequence[str], questions: Optional[str]) -> None:
