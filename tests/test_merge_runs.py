@@ -4,11 +4,16 @@ answers made for another version of a question, and the split the parts' journal
 
 import os
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
+from conftest import ROOT
 from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.merge.command import merge_files
+from helpers import ggbatch, write_questions
 from test_merge import write_job
 
 
@@ -40,3 +45,65 @@ def test_the_lock_a_killed_run_left_beside_a_part_is_left_out_of_a_glob(tmp_path
         assert str(refused.value) == (f"{alone}: {what}, not an answers file: give the answers file it is kept "
                                       f"beside ({alone.split('.journal')[0].removesuffix('.lock')}), which the "
                                       "rerun of its job writes")
+
+
+def sharded_job(tmp_path, demo_model, n=24, count=3):
+    """(the question file, the shards' answers files, run settings): each shard of `n` questions
+    answered by a real run (the fake engine answering), its journal beside it."""
+    from fake_engine import Fake
+    from ggbatch import build_config
+    from ggbatch.runner.job import run_job
+    questions = write_questions(tmp_path / "q.jsonl", n)
+    settings = {"model": demo_model, "input": str(questions), "output": str(tmp_path / "a.jsonl"), "max_tokens": 4}
+    for i in range(count):
+        run_job(build_config([("t", {**settings, "shard": f"{i}/{count}"})]), engine_factory=Fake(), progress="off")
+    return str(questions), [str(tmp_path / f"a.shard-{i}-of-{count}.jsonl") for i in range(count)], settings
+
+
+RERUN = """import sys
+from fake_engine import Fake
+from ggbatch import build_config
+from ggbatch.runner.job import run_job
+run_job(build_config([("t", {"model": sys.argv[1], "input": sys.argv[2], "output": sys.argv[3], "max_tokens": 4,
+                              "shard": "1/3", "workers": 1})]), engine_factory=Fake(slow=0.05), progress="off")
+"""
+
+
+def journal_lines(path):
+    with open(path, "rb") as f:
+        return f.read().count(b"\n")
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_part_whose_run_is_going_is_refused_and_one_stopped_before_writing_is_said(tmp_path, demo_model):
+    """A shard rerun on a grown question file: while it runs, its answers file is the last run's and
+    its journal grows past it (merged, exit 0, no word); killed, its journal holds answers that no
+    answers file has (merged, exit 0, no word)."""
+    questions, parts, settings = sharded_job(tmp_path, demo_model)
+    grown = write_questions(tmp_path / "q2.jsonl", 20_000)
+    journal = f"{parts[1]}.journal.jsonl"
+    before = journal_lines(journal)
+    rerun = subprocess.Popen([sys.executable, "-c", RERUN, settings["model"], str(grown), settings["output"]],
+                             cwd=ROOT / "tests", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while journal_lines(journal) < before + 20 and rerun.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert rerun.poll() is None, rerun.stderr.read().decode() if rerun.stderr else ""
+        with pytest.raises(ConfigError) as refused:
+            merge_files(str(tmp_path / "m.jsonl"), parts, questions)
+        assert str(refused.value) == (f"{parts[1]}: its run is still going (pid {rerun.pid} holds its lock "
+                                      f"{parts[1]}.lock): merge once that run has ended")
+        assert not (tmp_path / "m.jsonl").exists()
+    finally:
+        rerun.kill()
+        rerun.wait(timeout=60)
+    lacks = journal_lines(journal) - before  # the rerun's answers, all of questions the part lacks
+    outcome = merge_files(str(tmp_path / "m.jsonl"), sorted([*parts, f"{parts[1]}.lock"]), questions)
+    assert outcome.problems() == [f"{parts[1]}: its journal holds {lacks} answers it lacks ({journal} was written "
+                                  "after it: a run of it stopped before writing its answers); rerun its shard to "
+                                  "write them"]
+    r = ggbatch("merge", "--output", tmp_path / "m2.jsonl", *parts, timeout=60)
+    assert r.returncode == 1 and f"its journal holds {lacks} answers it lacks" in r.stderr

@@ -5,9 +5,34 @@ from __future__ import annotations
 
 import fcntl
 import os
+from typing import Optional
 
 from ..errors import OutputError
 from .paths import lock_path
+
+
+def lock_holder(output: str) -> Optional[str]:
+    """The pid (as its lock file says it, "unknown" if it does not) of the run writing `output`
+    now, as OutputLock finds it; None when no run holds its lock. Tested with a shared lock held
+    for an instant (a run starting in that instant is refused, as by any other holder), on a
+    file opened read-only: nothing is created or written beside a part that may not be ours."""
+    try:
+        fd = os.open(lock_path(output), os.O_RDONLY)
+    except OSError:
+        return None  # no lock file (no run made one), or none this user may read
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # releases the shared lock, if it was taken
+    return None
+
+
+def _holder(fd: int) -> str:
+    return os.read(fd, 32).decode(errors="replace").strip() or "unknown"
 
 
 class OutputLock:
@@ -22,7 +47,7 @@ class OutputLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+                holder = _holder(fd)
                 os.close(fd)
                 raise OutputError(f"{self.output}: another ggbatch run (pid {holder}) is writing this "
                                   f"output (lock file {self.path})") from None

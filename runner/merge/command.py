@@ -6,9 +6,11 @@ Refused (exit 2, one line naming the files): an id in two parts, an id the quest
 have, parts of different kinds (OpenAI Batch lines and answers rows), of different splits (by
 their names) or of different jobs (by the settings in their journals: the first that differs),
 OUT being a part, the question file, a journal or lock (a part's or any run's), standard output
-(/dev/stdout, /dev/fd/N), a pipe or a device, as run refuses its output (runner/files/paths.py).
+(/dev/stdout, /dev/fd/N), a pipe or a device, as run refuses its output (runner/files/paths.py),
+a part whose run is still going (its lock held: runner/merge/runs.py).
 No part that exists at all is refused too (a glob that matched nothing).
-Incomplete (OUT written, exit 1): a part file that does not exist, a shard no part's name says,
+Incomplete (OUT written, exit 1): a part file that does not exist, a part whose journal holds
+answers it lacks (its run stopped before writing them), a shard no part's name says,
 questions no part holds (named: the first few and a count), rows without an answer.
 """
 
@@ -36,6 +38,7 @@ from ..journal.fingerprint import parts_rule_change, setting_change
 from ..journal.journal import PENDING_SUFFIX
 from .join import Merged, merge_rows, render_merged
 from .parts import Part, part_ran, part_settings, read_part
+from .runs import refuse_running, unwritten
 
 log = logging.getLogger("ggbatch")
 
@@ -103,10 +106,11 @@ class MergeOutcome:
     absent_shards: list[int] = field(default_factory=list)  # of N, that no part's name says
     journals: int = 0  # the parts' journals given beside them, left out
     locks: int = 0  # the parts' lock files given beside them (runs killed leave them), left out
+    unwritten: list[str] = field(default_factory=list)  # parts whose journals hold answers they lack, said
 
     def problems(self) -> list[str]:
         """What keeps the merged file from being complete, one line each (none: all answered)."""
-        said = [f"{path}: not found (an absent shard?)" for path in self.absent]
+        said = [f"{path}: not found (an absent shard?)" for path in self.absent] + self.unwritten
         if self.absent_shards:
             said.append(f"no part is named for shard {', '.join(f'{i}/{self.split}' for i in self.absent_shards)}")
         missing = self.merged.missing
@@ -142,6 +146,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     if not present:  # a merged file of nothing but "not answered" rows would pass for the job's answers
         raise ConfigError(f"no part exists ({', '.join(map(quote, paths[:SHOWN]))}: not found; a pattern the "
                           "shell found no file for is passed on as it is): nothing to merge, nothing written")
+    refuse_running(present)
     settings = _check_one_job(present)
     _say_decided_apart(present)
     order, question_fmt = None, None
@@ -153,7 +158,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     fmt = _format(output, output_fmt, parts, question_fmt)
     write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings))
     return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
-                        absent_shards, journals, locks)
+                        absent_shards, journals, locks, [line for p in parts if (line := unwritten(p))])
 
 
 def _without_journals(paths: Sequence[str]) -> tuple[list[str], int, int]:
