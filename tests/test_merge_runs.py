@@ -2,6 +2,7 @@
 its lock) given in a glob, a part whose run is still going or stopped before writing its answers,
 answers made for another version of a question, and the split the parts' journals say."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from ggbatch.runner.errors import ConfigError
+from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.merge.command import merge_files
 from helpers import ggbatch, write_questions
 from test_merge import write_job
@@ -107,3 +108,42 @@ def test_a_part_whose_run_is_going_is_refused_and_one_stopped_before_writing_is_
                                   "write them"]
     r = ggbatch("merge", "--output", tmp_path / "m2.jsonl", *parts, timeout=60)
     assert r.returncode == 1 and f"its journal holds {lacks} answers it lacks" in r.stderr
+
+
+def journal_of_shard(part, shard):
+    """The first line of the journal a run of `shard` leaves beside its part (what merge reads of it)."""
+    fingerprint = {"model": "abc", "max_tokens": 4, "shard": shard}
+    with open(f"{part}.journal.jsonl", "w") as f:
+        f.write(json.dumps({"ggbatch_journal": 1, "fingerprint": fingerprint}) + "\n")
+
+
+def renamed(tmp_path, parts, shards):
+    """The parts copied under names that do not say their shards, each with its run's journal."""
+    copies = []
+    for i, (part, shard) in enumerate(zip(parts, shards)):
+        copy = str(tmp_path / f"s{i}.jsonl")
+        shutil.copy(part, copy)
+        journal_of_shard(copy, shard)
+        copies.append(copy)
+    return copies
+
+
+def test_the_split_is_taken_from_the_parts_journals(tmp_path):
+    """Parts renamed (s0.jsonl, s1.jsonl) merged without --input with exit 0 and no word of the
+    shard missing, or of their being shards of two splits: their journals say their shards."""
+    _, _, parts = write_job(tmp_path, "jsonl")
+    (tmp_path / "halves").mkdir()
+    _, _, halves = write_job(tmp_path / "halves", "jsonl", count=2)
+    out = str(tmp_path / "m.jsonl")
+    outcome = merge_files(out, renamed(tmp_path, parts[:2], ["0/3", "1/3"]))
+    assert outcome.problems() == ["no part is of shard 2/3 (as the parts' journals and names say)"]
+    whole = merge_files(out, renamed(tmp_path, parts, ["0/3", "1/3", "2/3"]))  # one row failed, as the run said
+    assert whole.problems() == ["1 question has no answer in the parts (the rows say why)"]
+    two = renamed(tmp_path, [parts[0], halves[1]], ["0/3", "1/2"])
+    with pytest.raises(InputError, match=f"parts of two splits: {two[0]} is shard 0/3, {two[1]} is shard 1/2"):
+        merge_files(out, two)
+    journal_of_shard(parts[1], "2/3")  # a part named for another shard than its run answered
+    with pytest.raises(InputError) as refused:
+        merge_files(out, parts)
+    assert str(refused.value) == (f"{parts[1]}: its name says shard 1/3, its journal that its run answered shard "
+                                  "2/3: name each part after the shard it holds")

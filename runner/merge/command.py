@@ -4,13 +4,14 @@ it from being complete said one line each (runner/cli.py makes that exit 1).
 
 Refused (exit 2, one line naming the files): an id in two parts, an id the question file does not
 have, parts of different kinds (OpenAI Batch lines and answers rows), of different splits (by
-their names) or of different jobs (by the settings in their journals: the first that differs),
-OUT being a part, the question file, a journal or lock (a part's or any run's), standard output
-(/dev/stdout, /dev/fd/N), a pipe or a device, as run refuses its output (runner/files/paths.py),
-a part whose run is still going (its lock held: runner/merge/runs.py).
+their journals, else their names; a name saying another shard than its journal) or of different
+jobs (by the settings in their journals: the first that differs), OUT being a part, the question
+file, a journal or lock (a part's or any run's), standard output (/dev/stdout, /dev/fd/N), a pipe
+or a device, as run refuses its output (runner/files/paths.py), a part whose run is still going
+(its lock held: runner/merge/runs.py).
 No part that exists at all is refused too (a glob that matched nothing).
 Incomplete (OUT written, exit 1): a part file that does not exist, a part whose journal holds
-answers it lacks (its run stopped before writing them), a shard no part's name says,
+answers it lacks (its run stopped before writing them), a shard no part is of,
 questions no part holds (named: the first few and a count), rows without an answer.
 """
 
@@ -33,11 +34,11 @@ from ..files.inputs import read_question_file
 from ..files.outputs import write_atomic
 from ..files.paths import JOURNAL_SUFFIX, LOCK_SUFFIX, check_output, journal_of, lock_path, same_file
 from ..files.piped import readable_file, shown_name
-from ..files.shards import shard_in_name, shard_of
+from ..files.shards import Shard, shard_in_name, shard_of
 from ..journal.fingerprint import parts_rule_change, setting_change
 from ..journal.journal import PENDING_SUFFIX
 from .join import Merged, merge_rows, render_merged
-from .parts import Part, part_ran, part_settings, read_part
+from .parts import Part, part_ran, part_settings, part_shard, read_part
 from .runs import refuse_running, unwritten
 
 log = logging.getLogger("ggbatch")
@@ -102,17 +103,20 @@ class MergeOutcome:
     merged: Merged
     parts: int  # read
     absent: list[str] = field(default_factory=list)  # part files that do not exist
-    split: int = 0  # N, when every part's name says a shard of N
-    absent_shards: list[int] = field(default_factory=list)  # of N, that no part's name says
+    split: int = 0  # N, when every part's journal or name says a shard of N
+    absent_shards: list[int] = field(default_factory=list)  # of N, that no part is of
     journals: int = 0  # the parts' journals given beside them, left out
     locks: int = 0  # the parts' lock files given beside them (runs killed leave them), left out
     unwritten: list[str] = field(default_factory=list)  # parts whose journals hold answers they lack, said
+    by_names: bool = True  # every part's name said its shard (else a journal said it)
 
     def problems(self) -> list[str]:
         """What keeps the merged file from being complete, one line each (none: all answered)."""
         said = [f"{path}: not found (an absent shard?)" for path in self.absent] + self.unwritten
         if self.absent_shards:
-            said.append(f"no part is named for shard {', '.join(f'{i}/{self.split}' for i in self.absent_shards)}")
+            absent = ', '.join(f'{i}/{self.split}' for i in self.absent_shards)
+            said.append(f"no part is named for shard {absent}" if self.by_names
+                        else f"no part is of shard {absent} (as the parts' journals and names say)")
         missing = self.merged.missing
         if missing:
             more = f" and {len(missing) - SHOWN} more" if len(missing) > SHOWN else ""
@@ -141,7 +145,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     check_id_column(id_field, [output_format(output, output_fmt, "json")])
     paths, journals, locks = _without_journals(paths)
     _check_paths(output, paths, questions)
-    split, absent_shards = _split(paths)
+    split, absent_shards, by_names = _split(paths)
     present = [p for p in paths if os.path.exists(p)]
     if not present:  # a merged file of nothing but "not answered" rows would pass for the job's answers
         raise ConfigError(f"no part exists ({', '.join(map(quote, paths[:SHOWN]))}: not found; a pattern the "
@@ -158,7 +162,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     fmt = _format(output, output_fmt, parts, question_fmt)
     write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings))
     return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
-                        absent_shards, journals, locks, [line for p in parts if (line := unwritten(p))])
+                        absent_shards, journals, locks, [line for p in parts if (line := unwritten(p))], by_names)
 
 
 def _without_journals(paths: Sequence[str]) -> tuple[list[str], int, int]:
@@ -233,18 +237,32 @@ def _say_decided_apart(paths: Sequence[str]) -> None:
                     "shards agree", on[0], off[0])
 
 
-def _split(paths: Sequence[str]) -> tuple[int, list[int]]:
-    """(N, the shards of N no part is named for) when every part's name says a shard of one N
-    (`answers.shard-2-of-8.jsonl`), else (0, [])."""
-    named = [(p, s) for p in paths if (s := shard_in_name(p)) is not None]
+def _split(paths: Sequence[str]) -> tuple[int, list[int], bool]:
+    """(N, the shards of N no part is of, whether every part's name said its shard) when every
+    part's journal or name says a shard of one N (a journal's `"shard": "2/8"`, a name's
+    `answers.shard-2-of-8.jsonl`), else (0, [], True). A part whose name says another shard than
+    its journal is refused: renamed as some other shard, it would hide that shard's absence."""
+    said = [(p, _shard_of_part(p)) for p in paths]
+    named = [(p, s) for p, s in said if s is not None]
     if not named or len(named) < len(paths):
-        return 0, []
+        return 0, [], True
     first_path, first = named[0]
     for path, shard in named:
         if shard.count != first.count:
             raise InputError(f"parts of two splits: {first_path} is shard {first}, {path} is shard {shard}")
     given = {shard.index for _, shard in named}
-    return first.count, [i for i in range(first.count) if i not in given]
+    by_names = all(shard_in_name(p) is not None for p in paths)
+    return first.count, [i for i in range(first.count) if i not in given], by_names
+
+
+def _shard_of_part(path: str) -> Optional[Shard]:
+    """The shard its journal says its run answered, else the one its name says (a part copied
+    without its journal); InputError when the two differ."""
+    named, ran = shard_in_name(path), part_shard(path)
+    if named is not None and ran is not None and named != ran:
+        raise InputError(f"{path}: its name says shard {named}, its journal that its run answered shard {ran}: "
+                         "name each part after the shard it holds")
+    return ran or named
 
 
 def _format(output: str, requested: Optional[str], parts: Sequence[Part], question_fmt: Optional[str]) -> str:

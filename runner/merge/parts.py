@@ -27,6 +27,7 @@ from ..files.formats.csvfile import csv_rows
 from ..files.formats.detect import is_openai_output
 from ..files.inputs import detect_format, json_array, json_lines, read_text
 from ..files.paths import journal_of
+from ..files.shards import Shard, parse_shard
 from ..journal.ran import legacy_ran, ran_problem, read_ran
 from ..scoring.files import openai_text, row_id
 
@@ -42,18 +43,34 @@ def part_settings(path: str) -> Optional[dict[str, Any]]:
         return None
 
 
+def part_shard(path: str) -> Optional[Shard]:
+    """The shard a part's run answered, as its journal says it; None when it does not say (no
+    journal beside it, an unsharded run's, one not readable)."""
+    try:
+        with open(journal_of(path), "rb") as f:
+            spec = (_fingerprint(f.readline()) or {}).get("shard")
+        return parse_shard(spec, {}) if isinstance(spec, str) and spec.strip() != "auto" else None
+    except (OSError, ValueError):
+        return None
+
+
 def _settings(header_line: bytes) -> Optional[dict[str, Any]]:
     """part_settings from a journal's first line, as read."""
+    fingerprint = _fingerprint(header_line)
+    if fingerprint is None:
+        return None
+    settings = json.loads(json.dumps(fingerprint))
+    settings.pop("shard", None)
+    return settings
+
+
+def _fingerprint(header_line: bytes) -> Optional[dict[str, Any]]:
     try:
         header = json.loads(header_line)
     except ValueError:
         return None
     fingerprint = header.get("fingerprint") if isinstance(header, dict) else None
-    if not isinstance(fingerprint, dict):
-        return None
-    settings = json.loads(json.dumps(fingerprint))
-    settings.pop("shard", None)
-    return settings
+    return fingerprint if isinstance(fingerprint, dict) else None
 
 
 def part_ran(path: str) -> dict[str, Any]:
