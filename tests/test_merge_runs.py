@@ -13,8 +13,9 @@ import pytest
 
 from conftest import ROOT
 from ggbatch.runner.errors import ConfigError, InputError
+from ggbatch.runner.files.shards import shard_of
 from ggbatch.runner.merge.command import merge_files
-from helpers import ggbatch, write_questions
+from helpers import ggbatch, write_jsonl, write_questions
 from test_merge import write_job
 
 
@@ -147,3 +148,42 @@ def test_the_split_is_taken_from_the_parts_journals(tmp_path):
         merge_files(out, parts)
     assert str(refused.value) == (f"{parts[1]}: its name says shard 1/3, its journal that its run answered shard "
                                   "2/3: name each part after the shard it holds")
+
+
+def edit(path, qid, **fields):
+    """The question file with one record's fields changed, as an editor leaves it (a later mtime)."""
+    time.sleep(0.05)  # the file's mtime after the run's answers file's, as an edit made later
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    write_jsonl(path, [{**r, **fields} if r["questionID"] == qid else r for r in records])
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_an_answer_made_for_an_earlier_version_of_its_question_is_said(tmp_path, demo_model):
+    """A question edited between the runs of two shards: its answer in the first shard is the old
+    question's (the first shard's rerun would answer it again), and was merged with --input as if
+    every question was accounted for, exit 0."""
+    from fake_engine import Fake
+    from ggbatch import build_config
+    from ggbatch.runner.job import run_job
+    questions, parts, settings = sharded_job(tmp_path, demo_model, count=2)
+    path = tmp_path / "q.jsonl"
+    qid = next(f"q{i}" for i in range(24) if shard_of(f"q{i}", 2) == 0)
+    edit(path, qid, question="EDITED: name three colours")
+    out = str(tmp_path / "m.jsonl")
+    assert merge_files(out, parts, questions).problems() == [
+        f"{parts[0]}: 1 of its answers was made for another version of its question than {questions} holds now "
+        f"('{qid}', as its journal says; {questions} was changed after {parts[0]} was written): rerun its shard "
+        "to answer it again"]
+    assert merge_files(out, parts).problems() == []  # without the question file nothing says which version
+    r = ggbatch("merge", "--input", questions, "--output", out, *parts, timeout=60)
+    assert r.returncode == 1 and "was made for another version of its question" in r.stderr
+    rerun = build_config([("t", {**settings, "shard": "0/2"})])
+    said = run_job(rerun, engine_factory=Fake(), progress="off").as_json()["questions"]
+    assert said["from_journal"] == said["records"] - 1  # the edited question answered again
+    assert merge_files(out, parts, questions).problems() == []
+    # A field the prompt does not read: the rerun keeps the answer, which is the question's still.
+    edit(path, qid, note="checked")
+    assert "1 of its answers was made for another version" in merge_files(out, parts, questions).problems()[0]
+    run_job(rerun, engine_factory=Fake(), progress="off")
+    assert merge_files(out, parts, questions).problems() == []

@@ -11,7 +11,8 @@ or a device, as run refuses its output (runner/files/paths.py), a part whose run
 (its lock held: runner/merge/runs.py).
 No part that exists at all is refused too (a glob that matched nothing).
 Incomplete (OUT written, exit 1): a part file that does not exist, a part whose journal holds
-answers it lacks (its run stopped before writing them), a shard no part is of,
+answers it lacks (its run stopped before writing them) or, with the question file, answers made
+for another version of a question than it holds, a shard no part is of,
 questions no part holds (named: the first few and a count), rows without an answer.
 """
 
@@ -39,7 +40,7 @@ from ..journal.fingerprint import parts_rule_change, setting_change
 from ..journal.journal import PENDING_SUFFIX
 from .join import Merged, merge_rows, render_merged
 from .parts import Part, part_ran, part_settings, part_shard, read_part
-from .runs import refuse_running, unwritten
+from .runs import answered_otherwise, refuse_running, unwritten
 
 log = logging.getLogger("ggbatch")
 
@@ -107,7 +108,8 @@ class MergeOutcome:
     absent_shards: list[int] = field(default_factory=list)  # of N, that no part is of
     journals: int = 0  # the parts' journals given beside them, left out
     locks: int = 0  # the parts' lock files given beside them (runs killed leave them), left out
-    unwritten: list[str] = field(default_factory=list)  # parts whose journals hold answers they lack, said
+    # parts whose journals hold answers they lack, or answers made for other versions of their questions
+    unwritten: list[str] = field(default_factory=list)
     by_names: bool = True  # every part's name said its shard (else a journal said it)
 
     def problems(self) -> list[str]:
@@ -153,16 +155,19 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     refuse_running(present)
     settings = _check_one_job(present)
     _say_decided_apart(present)
-    order, question_fmt = None, None
+    order, question_fmt, digests = None, None, {}
     if questions is not None:
         question_file = read_question_file(questions, id_field, question_field, input_fmt)
         order, question_fmt = [r.qid for r in question_file.records], question_file.format
+        digests = {r.qid: r.digest for r in question_file.records}
     parts = [read_part(p, id_field) for p in present]
     merged = merge_rows(parts, order, questions or "")
+    said = [line for p in parts if (line := unwritten(p))]
+    said += [line for p in parts if questions is not None and (line := answered_otherwise(p, digests, questions))]
     fmt = _format(output, output_fmt, parts, question_fmt)
     write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings))
     return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
-                        absent_shards, journals, locks, [line for p in parts if (line := unwritten(p))], by_names)
+                        absent_shards, journals, locks, said, by_names)
 
 
 def _without_journals(paths: Sequence[str]) -> tuple[list[str], int, int]:
