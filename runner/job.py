@@ -153,6 +153,8 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                                                 _output_spec(config, preparer, formats[1], clock["started_at"]))
                         setup = _setup(config, model, preparer, growth, formats)
                     _say_cut(counts)
+    if isinstance(ended, ModelError):  # no answers file was written: no report either, an earlier one stays
+        raise ended
     report = _report(setup, counts, pool, watch, clock)
     if ended is not None:
         raise ended
@@ -342,8 +344,9 @@ def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ende
     each answer read back from the journal; each is counted as it is written, so the report
     says what the file says. A run the journal ended that cannot write the answers either (no
     room for them) says the journal's error first, then the answers'. A model error (exit 2: no
-    worker could load the model or make its context, or the model file changed) writes none:
-    an earlier answers file stays as it was, and the journal keeps what this run answered."""
+    worker could load the model or make its context, or the model file changed) writes none,
+    nor the report: an earlier answers file and report stay as they were, and the journal keeps
+    what this run answered."""
     if isinstance(ended, ModelError):
         return RecordCounts()
     why = ("no answer came back" if ended is None else

@@ -286,3 +286,23 @@ def test_a_run_no_worker_can_start_leaves_the_answers_file_and_the_journal_as_th
         run_job(replace(config, output=str(tmp_path / "new.jsonl")), engine_factory=Fake(no_context=True),
                 progress="off")
     assert not (tmp_path / "new.jsonl").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_run_ended_by_a_model_error_leaves_the_earlier_report_as_it_was(tmp_path, demo_model):
+    """Exit 2 on a model error writes no answers file, so no report either: one saying 0 answered
+    of the records would contradict the journal's answers and the answers file left beside it."""
+    questions, out, rep = tmp_path / "q.jsonl", tmp_path / "a.jsonl", tmp_path / "rep.json"
+    write_lines(questions, [{"questionID": f"q{i}", "question": f"Question {i}?"} for i in range(3)])
+    config = build_config([("t", {"model": demo_model, "input": str(questions), "output": str(out),
+                                  "report": str(rep), "workers": 1})])
+    run_job(config, engine_factory=Fake(), progress="off")
+    earlier = rep.read_bytes()
+    assert json.loads(earlier)["questions"]["answered"] == 3
+    with pytest.raises(ModelError):
+        run_job(config, engine_factory=Fake(no_context=True), progress="off", fresh=True)
+    assert rep.read_bytes() == earlier
+    other = tmp_path / "other.json"
+    with pytest.raises(ModelError):
+        run_job(replace(config, report=str(other)), engine_factory=Fake(no_context=True), progress="off", fresh=True)
+    assert not other.exists()
