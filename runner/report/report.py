@@ -12,7 +12,7 @@ import json
 import math
 import resource
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ...workers.engine.memory_kind import MemoryKind
 from ...workers.protocol import RESPONSE_FORMAT_ENFORCED, GenerationParams
@@ -28,17 +28,18 @@ from ..watch.monitor import UsageSummary
 from ..watch.tally import AnswerTally, RecordCounts
 
 
-def percentiles(values: Sequence[float]) -> dict[str, Optional[float]]:
+def percentiles(values: Iterable[float], most: Optional[float] = None) -> dict[str, Optional[float]]:
     """p50 / p95 / max (nearest-rank), rounded to milliseconds; None with nothing timed (every
-    answer failed, or came from the journal): 0.00 s would read as instant answers."""
-    if not values:
-        return {"p50": None, "p95": None, "max": None}
+    answer failed, or came from the journal): 0.00 s would read as instant answers. `most`: the
+    max, where the values are a sample of the timings (runner/watch/reservoir.py)."""
     s = sorted(values)
+    if not s:
+        return {"p50": None, "p95": None, "max": None}
     def pick(q: float) -> float:
         # the ceil(q*n)-th smallest; round(q*n + 0.5) was one rank high where q*n is odd (round()
         # rounds halves to even): p50 of 2 answers was the slower, p95 of 20 the max
         return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-    return {"p50": round(pick(0.50), 3), "p95": round(pick(0.95), 3), "max": round(s[-1], 3)}
+    return {"p50": round(pick(0.50), 3), "p95": round(pick(0.95), 3), "max": round(s[-1] if most is None else most, 3)}
 
 
 def own_peak_rss_mib() -> float:
@@ -176,8 +177,8 @@ class RunReport:
         steps = sum(w.engine.get("steps", 0.0) for w in self.outcome.workers)
         return {"tokens": {"prompt": prompt, "generated": generated, "prompt_per_s": round(prompt / run_s, 2),
                            "generated_per_s": round(generated / run_s, 2), "prompt_refused": tally.refused_tokens},
-                "latency_s": percentiles(tally.latency_s),
-                "ttft_s": percentiles(tally.ttft_s),
+                "latency_s": percentiles(tally.latency_s, tally.latency_s.most),
+                "ttft_s": percentiles(tally.ttft_s, tally.ttft_s.most),
                 "mean_slot_occupancy": round(busy / (steps * self.setup.layout.slots), 3) if steps else None}
 
     def _prefix_cache(self) -> dict[str, Any]:

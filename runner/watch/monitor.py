@@ -48,7 +48,9 @@ class Monitor:
     def __init__(self) -> None:
         self._procs: dict[int, psutil.Process] = {}  # pid -> Process
         self.workers: dict[int, WorkerUsage] = {}
-        self.core_samples: list[list[float]] = []
+        # each core's busy % summed over the samples, and how many: the means in O(cores), however long it runs
+        self._core_sums: list[float] = []
+        self._core_counts: list[int] = []
         self.cores: list[CoreTime] = []  # each core over the last interval, indexed by CPU number
         self.min_available = psutil.virtual_memory().available
         self.peak_used = 0
@@ -74,8 +76,16 @@ class Monitor:
         times = psutil.cpu_times(percpu=True)
         self.cores = core_times(self._cpu_times, times)
         self._cpu_times = times
-        self.core_samples.append([c.percent for c in self.cores])
+        self._add_cores()
         return vm.available
+
+    def _add_cores(self) -> None:
+        for i, core in enumerate(self.cores):
+            if i == len(self._core_sums):
+                self._core_sums.append(0.0)
+                self._core_counts.append(0)
+            self._core_sums[i] += core.percent
+            self._core_counts[i] += 1
 
     def _sample_one(self, proc: psutil.Process, usage: WorkerUsage, final: bool, first: bool) -> None:
         with proc.oneshot():
@@ -99,7 +109,7 @@ class Monitor:
             usage.samples += 1
 
     def summary(self) -> "UsageSummary":
-        cores = [round(sum(c) / len(c), 1) for c in zip(*self.core_samples)] if self.core_samples else []
+        cores = [round(total / n, 1) for total, n in zip(self._core_sums, self._core_counts)]
         return UsageSummary(
             {wid: {"mean_cpu_percent": round(u.mean_cpu, 1), "peak_pss_mib": round(u.peak_pss / 2**20, 1),
                    "peak_uss_mib": round(u.peak_uss / 2**20, 1), "peak_rss_mib": round(u.peak_rss / 2**20, 1),

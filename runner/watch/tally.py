@@ -1,6 +1,7 @@
 """What the report says of the answers of a run, counted as they arrive: the answers themselves
 go to the journal (runner/journal/journal.py) and are not kept, so a run of millions of questions holds
-a few numbers per answer here (its latency and time to first token), not the answers.
+counts here, and a bounded sample of the answers' latencies and times to first token
+(runner/watch/reservoir.py), not the answers.
 
     answers of this run ─▶ add    counts, tokens, latencies, per worker
     each record as the answers file is written ─▶ RecordCounts    the report's questions.* and errors
@@ -11,12 +12,12 @@ came to is counted by record, the lines of the input a user counts (RecordCounts
 
 from __future__ import annotations
 
-from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from ...workers.protocol import Answer, FinishReason
+from .reservoir import KEPT, Reservoir
 
 FIRST_ERRORS = 20  # errors the report quotes
 
@@ -25,13 +26,14 @@ class AnswerTally:
     """The answers of this run as they arrive, one per prompt answered (RecordCounts counts the
     records, once the answers file is written)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: int = KEPT) -> None:
+        """kept: latencies (and times to first token) kept for the percentiles."""
         self.made = 0  # by a worker in this run
         self.prompt_tokens = 0  # of the answers made whose prompt was decoded
         self.refused_tokens = 0  # of those made without decoding their prompt (too long, ...)
         self.generated_tokens = 0
-        self.latency_s = array("d")  # of the answers made without an error
-        self.ttft_s = array("d")  # of those that generated a token
+        self.latency_s = Reservoir(kept)  # of the answers made without an error
+        self.ttft_s = Reservoir(kept, seed=1)  # of those that generated a token
         self.by_worker: dict[int, list[int]] = {}  # worker id -> [answers, generated tokens]
 
     def add(self, answers: Iterable[Answer]) -> None:

@@ -1,0 +1,57 @@
+"""What the coordinator keeps while it watches a run does not grow with the run's length: a warm
+pool kept open for days samples the machine every second and times every answer."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+
+from ggbatch.runner.report.report import percentiles
+from ggbatch.runner.watch.monitor import Monitor
+from ggbatch.runner.watch.reservoir import Reservoir
+from ggbatch.runner.watch.tally import AnswerTally
+from helpers import answer
+
+
+@pytest.mark.timeout(120)
+def test_the_monitor_keeps_the_same_memory_however_many_samples_it_takes():
+    monitor = Monitor()
+    sums: list[float] = []  # each core's busy % as the test adds it up itself: no float of the monitor's kept
+    def sample() -> None:
+        monitor.sample({})
+        for i, core in enumerate(monitor.cores):
+            if i == len(sums):
+                sums.append(0.0)
+            sums[i] += core.percent
+    for _ in range(50):  # warm: psutil's own first-call caches
+        sample()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for _ in range(3000):
+        sample()
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename")
+                if s.traceback[0].filename.endswith("monitor.py"))
+    tracemalloc.stop()
+    # a row a sample, as it kept before, is at least 72 B: 216 KB over 3000 samples on any machine
+    assert grown < 32 * 1024, f"{grown} bytes kept by the monitor over 3000 samples"
+    assert monitor.summary().mean_core_utilisation_percent == [round(total / 3050, 1) for total in sums]
+
+
+def test_a_reservoir_keeps_its_size_a_uniform_sample_and_the_exact_max():
+    kept = Reservoir(kept=1000)
+    for i in range(100_000):
+        kept.append(float((i * 7919) % 100_000))  # every value 0..99999 once, not in order
+    assert len(kept) == 1000 and kept.seen == 100_000 and kept.most == 99_999.0
+    got = percentiles(kept, kept.most)
+    assert 40_000 <= got["p50"] <= 60_000 and 90_000 <= got["p95"] <= 99_999 and got["max"] == 99_999
+
+
+def test_a_tally_keeps_a_bounded_sample_of_the_latencies_and_exact_ones_below_it():
+    tally = AnswerTally(kept=100)
+    tally.add([answer(f"q{i}", latency_s=float(i)) for i in range(5000)])
+    assert tally.made == 5000 and len(tally.latency_s) == len(tally.ttft_s) == 100
+    assert percentiles(tally.latency_s, tally.latency_s.most)["max"] == 4999.0
+    small = AnswerTally(kept=100)
+    small.add([answer(f"q{i}", latency_s=float(i)) for i in range(1, 21)])
+    assert percentiles(small.latency_s, small.latency_s.most) == {"p50": 10.0, "p95": 19.0, "max": 20.0}
