@@ -14,8 +14,6 @@ from array import array
 from dataclasses import replace
 from typing import Any, Optional
 
-import psutil
-
 from ..workers.engine.interface import EngineFactory
 from ..workers.spec import WorkerSpec
 from .config.schema import JobConfig, said_in_files
@@ -24,6 +22,7 @@ from .files.inputs import Record
 from .model.identity import ModelIdentity
 from .plan import gpu, tuned
 from .plan import layout as layouts
+from .plan.cgroup_memory import system_memory
 from .plan.growth import ContextGrowth, PlanInputs
 from .plan.layout import PromptFacts
 from .plan.nodes import Node, NodePlan, share
@@ -111,9 +110,10 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
            if most_said_by is not None else None)
     if cut is not None:
         log.warning("%s", cut)
+    # this machine's: the host's available memory, or its cgroup's room where that is less
     inputs = PlanInputs(started, tuple(replace(facts, n_questions=share(facts.n_questions, node, started.nodes))
                                        for node in started.nodes),
-                        tuple(psutil.virtual_memory().available if node.memory is None else node.memory
+                        tuple(system_memory().available if node.memory is None else node.memory
                               for node in started.nodes),
                         config.slots, config.n_batch, config.n_ctx, prompting.info.gpu_offload)
     settled = [layouts.settle(lay, facts_, config.slots, config.n_ctx, most_tokens, config.n_batch, available,

@@ -233,7 +233,8 @@ class RunReport:
                 "peak_system_used_mib": usage.peak_system_used_mib,
                 # the coordinator's own (its workers and tokenizer are processes of their own)
                 "coordinator_peak_rss_mib": own_peak_rss_mib(),
-                "min_system_available_mib": usage.min_system_available_mib}
+                "min_system_available_mib": usage.min_system_available_mib,
+                "cgroup_limit_mib": usage.cgroup_limit_mib}
 
 
 def _gpu_summary(report: RunReport) -> str:

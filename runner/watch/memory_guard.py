@@ -17,7 +17,7 @@ from typing import Protocol
 
 log = logging.getLogger("ggbatch")
 
-LOW_MEMORY_FRACTION = 0.05  # of RAM
+LOW_MEMORY_FRACTION = 0.05  # of RAM, or of the cgroup's limit where less (runner/plan/cgroup_memory.py)
 
 
 class Admission(Protocol):

@@ -15,6 +15,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import psutil
 
+from ..plan.cgroup_memory import system_memory
+
 
 @dataclass
 class WorkerUsage:
@@ -52,14 +54,17 @@ class Monitor:
         self._core_sums: list[float] = []
         self._core_counts: list[int] = []
         self.cores: list[CoreTime] = []  # each core over the last interval, indexed by CPU number
-        self.min_available = psutil.virtual_memory().available
+        memory = system_memory()  # the host's, or its cgroup's where that is less
+        self.min_available = memory.available
+        self.limit = memory.limit  # the cgroup's, as last read
         self.peak_used = 0
         self._cpu_times = psutil.cpu_times(percpu=True)  # per core, at the last sample
 
     PSS_EVERY = 5  # samples: PSS walks the page tables, RSS and CPU are cheap
 
     def sample(self, pids: Mapping[int, int], final: bool = False) -> int:
-        """pids: worker id -> pid of its live process. Returns the system's available memory."""
+        """pids: worker id -> pid of its live process. Returns the available memory (the host's, or
+        its cgroup's room where that is less: runner/plan/cgroup_memory.py)."""
         for worker_id, pid in pids.items():
             usage = self.workers.setdefault(worker_id, WorkerUsage())
             try:
@@ -70,14 +75,15 @@ class Monitor:
                 self._sample_one(proc, usage, final, first)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-        vm = psutil.virtual_memory()
-        self.min_available = min(self.min_available, vm.available)
-        self.peak_used = max(self.peak_used, vm.total - vm.available)
+        memory = system_memory()
+        self.min_available = min(self.min_available, memory.available)
+        self.peak_used = max(self.peak_used, memory.total - memory.available)
+        self.limit = memory.limit
         times = psutil.cpu_times(percpu=True)
         self.cores = core_times(self._cpu_times, times)
         self._cpu_times = times
         self._add_cores()
-        return vm.available
+        return memory.available
 
     def _add_cores(self) -> None:
         for i, core in enumerate(self.cores):
@@ -115,7 +121,8 @@ class Monitor:
                    "peak_uss_mib": round(u.peak_uss / 2**20, 1), "peak_rss_mib": round(u.peak_rss / 2**20, 1),
                    "affinity": list(u.affinity), "peak_os_threads": u.peak_threads}
              for wid, u in sorted(self.workers.items())},
-            cores, round(self.peak_used / 2**20, 1), round(self.min_available / 2**20, 1))
+            cores, round(self.peak_used / 2**20, 1), round(self.min_available / 2**20, 1),
+            round(self.limit / 2**20, 1) if self.limit is not None else None)
 
 
 @dataclass(frozen=True)
@@ -151,3 +158,4 @@ class UsageSummary:
     mean_core_utilisation_percent: list[float] = field(default_factory=list)
     peak_system_used_mib: float = 0.0
     min_system_available_mib: float = 0.0
+    cgroup_limit_mib: Optional[float] = None  # the cgroup's memory limit, when one held the run

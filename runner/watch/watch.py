@@ -11,9 +11,8 @@ import logging
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-import psutil
-
 from ...workers.protocol import Answer, EngineStats, Ready, ThreadsSet
+from ..plan.cgroup_memory import system_memory
 from ..pool.worker_threads import WorkerThreads
 from .memory_guard import Admission, LowMemoryPause
 from .monitor import Monitor
@@ -68,7 +67,8 @@ class RunWatch:
         each worker's Ready (runner/questions/prepare.py SharingNote)."""
         self.progress = Progress(0, mode=progress)
         self.monitor = Monitor()
-        self.memory_pause = LowMemoryPause(psutil.virtual_memory().total)
+        # a share of the host's RAM, or of its cgroup's limit where that is less: the OOM killer acts on it
+        self.memory_pause = LowMemoryPause(system_memory().total)
         self.stalls = StallWatch()
         self.timeline = Timeline()
         self.threads = ThreadController() if adapt_threads else None
