@@ -83,6 +83,30 @@ def test_prompt_tokens_count_only_prompts_decoded_and_refused_ones_apart(tmp_pat
     assert f", {refused} prompt tokens refused (not decoded)" in r.stdout
 
 
+@pytest.mark.model
+@pytest.mark.timeout(240)
+def test_the_report_counts_the_prompt_tokens_in_the_questions_and_those_computed_apart(tmp_path, demo_model):
+    """A shared system prompt is computed once per worker, not once per question: the summary's
+    prompt rate was that of every question's whole prompt, 2-3 times the progress line's and the
+    timeline's, next to a doc saying "decoded"."""
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"questionID": f"q{i}", "question": f"Story {i}"}
+                                                   for i in range(12)])
+    report = tmp_path / "r.json"
+    r = run(demo_model, questions, tmp_path / "a.json", "--max-tokens", 2, "--report", report,
+            "--system", "You are a careful teller of short stories for small children, " * 3)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(report.read_text())
+    tokens, cache = rep["tokens"], rep["prefix_cache"]
+    assert rep["layout"]["shared_prefix_tokens"] > 20
+    assert tokens["prompt"] == cache["prompt_tokens"] and tokens["prompt_computed"] == cache["prompt_tokens_computed"]
+    assert tokens["prompt_computed"] == rep["timeline"][-1]["prompt_tokens"]
+    assert 0 < tokens["prompt_computed"] < tokens["prompt"] - 10 * rep["layout"]["shared_prefix_tokens"]
+    run_s = rep["timings_s"]["run_s"]
+    assert tokens["prompt_computed_per_s"] == pytest.approx(tokens["prompt_computed"] / run_s, rel=0.02)
+    assert (f"{tokens['prompt']} prompt in the questions answered ({tokens['prompt_per_s']:.1f}/s), "
+            f"{tokens['prompt_computed']} prompt computed ({tokens['prompt_computed_per_s']:.1f}/s)") in r.stdout
+
+
 @pytest.mark.parametrize("n, p50, p95", [(1, 1, 1), (2, 1, 2), (6, 3, 6), (20, 10, 19), (60, 30, 57), (101, 51, 96)])
 def test_latency_percentiles_are_nearest_rank(n, p50, p95):
     """The ceil(q*n)-th smallest: p50 of 2 was 2.0, p95 of 20 the max (round() took half-ranks to even)."""

@@ -168,25 +168,34 @@ class RunReport:
 
     def _throughput(self) -> dict[str, Any]:
         """Tokens, rates, latency and occupancy of the answers made in this run (reused ones
-        took no time here). Prompt tokens are those decoded: a question refused before its prompt
-        went through the model (too long for the context) has its tokens in prompt_refused."""
+        took no time here). `prompt` is the prompt tokens in the questions answered (a question
+        refused before its prompt went through the model, too long for the context, has its
+        tokens in prompt_refused); `prompt_computed` those the engines decoded, as the progress
+        line and the timeline count them: a shared prefix once per worker, a prefix the cache
+        held or a sample's copied prompt not at all, a choice's forked sequence again."""
         tally = self.outcome.tally
         run_s = self.outcome.timings.get("run_s") or 1e-9
         prompt, generated = tally.prompt_tokens, tally.generated_tokens
-        busy = sum(w.engine.get("busy_slots", 0.0) for w in self.outcome.workers)
-        steps = sum(w.engine.get("steps", 0.0) for w in self.outcome.workers)
+        computed = self._engines_total("prompt_computed")
+        busy = self._engines_total("busy_slots", whole=False)
+        steps = self._engines_total("steps", whole=False)
         return {"tokens": {"prompt": prompt, "generated": generated, "prompt_per_s": round(prompt / run_s, 2),
+                           "prompt_computed": computed, "prompt_computed_per_s": round(computed / run_s, 2),
                            "generated_per_s": round(generated / run_s, 2), "prompt_refused": tally.refused_tokens},
                 "latency_s": percentiles(tally.latency_s, tally.latency_s.most),
                 "ttft_s": percentiles(tally.ttft_s, tally.ttft_s.most),
                 "mean_slot_occupancy": round(busy / (steps * self.setup.layout.slots), 3) if steps else None}
 
+    def _engines_total(self, key: str, whole: bool = True) -> Any:
+        """A counter of the workers' engines summed (every life of each worker, as far as each sent
+        its counters before it ended); whole: as an int."""
+        total = sum(w.engine.get(key, 0.0) for w in self.outcome.workers)
+        return int(total) if whole else total
+
     def _prefix_cache(self) -> dict[str, Any]:
-        """Prompt tokens computed against those in the questions answered here (every life of each
-        worker, as far as each sent its counters before it ended), and what the cache held."""
+        """Prompt tokens computed against those in the questions answered here, and what the cache held."""
         engines = [w.engine for w in self.outcome.workers]
-        def total(key: str) -> int:
-            return int(sum(e.get(key, 0.0) for e in engines))
+        total = self._engines_total
         in_questions = self.outcome.tally.prompt_tokens
         computed = total("prompt_computed")
         sharing = self.setup.sharing
@@ -248,14 +257,14 @@ def _gpu_summary(report: RunReport) -> str:
 
 
 def _cache_summary(cache: dict[str, Any]) -> str:
-    """The prompt tokens computed beside the prompts' own count: always with the prefix cache, and
+    """The share of the questions' prompt tokens computed: always with the prefix cache, and
     without it where they are more (choices of several tokens each compute their prompt then)."""
     share = cache["computed_share"]
     if cache["active"]:
-        return (f"; {cache['prompt_tokens_computed']} prompt tokens computed "
-                f"({100 * (share or 0):.0f}%: prefix cache, {cache['hits']} hits)")
+        return (f"; {100 * (share or 0):.0f}% of the questions' prompt tokens computed "
+                f"(prefix cache, {cache['hits']} hits)")
     if share is not None and share > 1.0:
-        return f"; {cache['prompt_tokens_computed']} prompt tokens computed ({100 * share:.0f}%: prefix cache off)"
+        return f"; {100 * share:.0f}% of the questions' prompt tokens computed (prefix cache off)"
     return ""
 
 
@@ -303,7 +312,8 @@ def format_summary(report: RunReport) -> str:
         f"{'unified' if lay.kv_unified else 'per-sequence'} KV, flash attention {'on' if lay.flash_attn else 'off'}, "
         f"weights {'repacked' if lay.repack else 'not repacked'} ({lay.repack_reason})" + _gpu_summary(report),
         f"wall time  {timings['total_s']:.2f} s (prepare {timings['prepare_s']:.2f} s)",
-        f"tokens     {t['prompt']} prompt ({t['prompt_per_s']:.1f}/s), "
+        f"tokens     {t['prompt']} prompt in the questions answered ({t['prompt_per_s']:.1f}/s), "
+        f"{t['prompt_computed']} prompt computed ({t['prompt_computed_per_s']:.1f}/s), "
         f"{t['generated']} generated ({t['generated_per_s']:.1f}/s)"
         + (f", {t['prompt_refused']} prompt tokens refused (not decoded)" if t["prompt_refused"] else "")
         + _cache_summary(data["prefix_cache"]),
