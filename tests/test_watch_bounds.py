@@ -3,8 +3,12 @@ pool kept open for days samples the machine every second and times every answer.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 import tracemalloc
 
+import psutil
 import pytest
 
 from ggbatch.runner.report.report import percentiles
@@ -55,3 +59,33 @@ def test_a_tally_keeps_a_bounded_sample_of_the_latencies_and_exact_ones_below_it
     small = AnswerTally(kept=100)
     small.add([answer(f"q{i}", latency_s=float(i)) for i in range(1, 21)])
     assert percentiles(small.latency_s, small.latency_s.most) == {"p50": 10.0, "p95": 19.0, "max": 20.0}
+
+
+@pytest.mark.timeout(60)
+def test_a_workers_mean_cpu_covers_all_its_lives_as_its_questions_do():
+    """After a restart the summary's % CPU was the last life's alone: an idle last life read 0 %
+    for a worker that had been busy all run."""
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(60)"
+    monitor = Monitor()
+    busy = subprocess.Popen([sys.executable, "-c", spin])
+    idle = None
+    try:
+        deadline = time.monotonic() + 30
+        while sum(psutil.Process(busy.pid).cpu_times()[:2]) < 0.6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        monitor.sample({0: busy.pid})
+        first = monitor.workers[0].cpu_s
+        busy.kill()
+        idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        time.sleep(1.5)
+        monitor.sample({0: idle.pid})
+    finally:
+        for proc in (busy, idle):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+    usage = monitor.workers[0]
+    assert first >= 0.6 and usage.total_cpu_s >= first
+    lives_alive = usage.earlier_alive_s + usage.alive_s
+    assert usage.mean_cpu == pytest.approx(100 * usage.total_cpu_s / lives_alive)
+    assert usage.mean_cpu > 2 * (100 * usage.cpu_s / usage.alive_s) and usage.mean_cpu > 10

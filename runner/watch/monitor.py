@@ -31,6 +31,7 @@ class WorkerUsage:
     samples: int = 0
     pid: int = 0  # of the life sampled last
     earlier_cpu_s: float = 0.0  # CPU time of its earlier lives (restarts)
+    earlier_alive_s: float = 0.0  # and their wall time, as last sampled
     pss: int = 0  # as last measured
     threads: int = 0  # as last sampled
     interval_cpu_s: Optional[float] = None  # CPU time since the sample before (None: first of this life)
@@ -42,8 +43,10 @@ class WorkerUsage:
 
     @property
     def mean_cpu(self) -> float:
-        """Mean CPU% over the process's life so far (100 = one core busy all the time)."""
-        return 100.0 * self.cpu_s / self.alive_s if self.alive_s > 0 else 0.0
+        """Mean CPU% over all its lives so far (100 = one core busy all the time), as the report's
+        questions count them: the last life's alone read near 0 % after a restart late in a run."""
+        alive_s = self.earlier_alive_s + self.alive_s
+        return 100.0 * self.total_cpu_s / alive_s if alive_s > 0 else 0.0
 
 
 class Monitor:
@@ -72,6 +75,7 @@ class Monitor:
                 first = pid != usage.pid  # of this life (a restart's CPU time starts again at 0)
                 if first:
                     usage.earlier_cpu_s, usage.cpu_s, usage.pid = usage.total_cpu_s, 0.0, pid
+                    usage.earlier_alive_s, usage.alive_s = usage.earlier_alive_s + usage.alive_s, 0.0
                 self._sample_one(proc, usage, final, first)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
