@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -18,11 +19,12 @@ from helpers import ggbatch_command, journal_entries, wait_for
 
 def test_a_worker_whose_cpu_time_stops_growing_is_a_stall_once_then_recovers():
     watch = StallWatch(stall_s=10)
-    said = [watch.sample(0, cpu, 8, state, t) for t, cpu, state in
+    said = [watch.sample(0, cpu, 8, state, t, 4) for t, cpu, state in
             [(0, 1.0, "running"), (1, 2.0, "running"), (2, 2.0, "stopped"), (8, 2.0, "stopped"),
              (12, 2.01, "stopped"), (13, 2.02, "stopped"), (14, 3.0, "running")]]
     assert said[:4] == [None] * 4
-    assert said[4] == ("worker 0 has made no progress for 11 s with 8 questions in flight "
+    # 8 held by a worker of 4 slots: 4 decode, 4 wait at the worker ("8 questions in flight" read as 8 decoding)
+    assert said[4] == ("worker 0 has made no progress for 11 s with 8 questions held (4 decoding) "
                        "(process state: stopped: SIGSTOP or a debugger? SIGCONT resumes it)")
     assert said[5] is None  # said once
     assert said[6] == "worker 0 is making progress again"
@@ -34,7 +36,8 @@ def test_an_idle_worker_or_a_restarted_one_is_no_stall():
     assert all(watch.sample(1, 5.0, 0, "sleeping", t) is None for t in range(0, 30, 5))  # holds nothing
     assert watch.sample(1, 0.1, 4, "running", 31) is None  # CPU time went back: a new process
     assert watch.sample(1, 0.1, 4, "running", 40) is None
-    assert watch.sample(1, 0.1, 4, "sleeping", 41.5).startswith("worker 1 has made no progress for 10 s")
+    assert watch.sample(1, 0.1, 4, "sleeping", 41.5).startswith("worker 1 has made no progress for 10 s "
+                                                                "with 4 questions held (process state")
 
 
 class Pool:
@@ -74,6 +77,8 @@ def test_a_stopped_worker_is_reported_within_seconds_and_the_job_still_finishes(
     os.kill(worker.pid, signal.SIGSTOP)
     stderr = _finished_after_a_stall(proc, worker.pid)
     assert "worker 0 is making progress again" in stderr
+    held, decoding = map(int, re.search(r"with (\d+) questions held \((\d+) decoding\)", stderr).groups())
+    assert decoding == min(held, 2)  # its 2 slots decode, the rest wait at the worker
     assert len(json.loads(out.read_text())) == 32
 
 

@@ -275,6 +275,13 @@ class WorkerPool:
         return {w.spec.worker_id: w.threads.view(self._lives.engine_of(w).n_threads)
                 for w in self.workers if w.link is not None}
 
+    def slots(self) -> dict[int, int]:
+        """worker id -> the sequences it decodes together, for each live worker once run() has
+        configured it (it holds more questions than that: the next ones wait at the worker)."""
+        if self._lives.engines is None:
+            return {}
+        return {w.spec.worker_id: self._lives.engine_of(w).slots for w in self.workers if w.link is not None}
+
     def set_threads(self, worker_id: int, n: int) -> None:
         """Ask a worker to run llama.cpp with n threads from its next step; it answers ThreadsSet."""
         w = next((x for x in self.workers if x.spec.worker_id == worker_id), None)

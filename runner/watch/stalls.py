@@ -26,8 +26,11 @@ class StallWatch:
     tracks: dict[int, _Track] = field(default_factory=dict)
     stalls: int = 0
 
-    def sample(self, worker_id: int, cpu_s: float, in_flight: int, state: str, now: float) -> Optional[str]:
-        """One sample of one worker; returns a line to log when it starts or stops stalling."""
+    def sample(self, worker_id: int, cpu_s: float, in_flight: int, state: str, now: float,
+               slots: Optional[int] = None) -> Optional[str]:
+        """One sample of one worker; returns a line to log when it starts or stops stalling.
+        in_flight: the questions it holds; slots: how many of them it decodes at once (None: not
+        known yet), the others waiting at the worker."""
         t = self.tracks.get(worker_id)
         if t is None or cpu_s < t.cpu_s:  # first sample, or a restarted process
             self.tracks[worker_id] = _Track(cpu_s, now)
@@ -40,8 +43,9 @@ class StallWatch:
         if not t.stalled and now - t.since >= self.stall_s:
             t.stalled = True
             self.stalls += 1
+            decoding = f" ({min(in_flight, slots)} decoding)" if slots else ""
             return (f"worker {worker_id} has made no progress for {now - t.since:.0f} s with {in_flight} "
-                    f"questions in flight (process state: {state}{STATE_HINTS.get(state, '')})")
+                    f"questions held{decoding} (process state: {state}{STATE_HINTS.get(state, '')})")
         return None
 
     def forget(self, worker_id: int) -> None:

@@ -41,6 +41,8 @@ class WatchedPool(Admission, Protocol):
 
     def llama_threads(self) -> dict[int, WorkerThreads]: ...
 
+    def slots(self) -> dict[int, int]: ...
+
     def set_threads(self, worker_id: int, n: int) -> None: ...
 
 
@@ -102,10 +104,10 @@ class RunWatch:
     def tick(self, pool: WatchedPool) -> None:
         available = self.monitor.sample(pool.live_pids, final=pool.finished)
         self.memory_pause.update(available, pool)
-        now = time.monotonic()
+        now, slots = time.monotonic(), pool.slots()
         for worker_id, n in pool.in_flight.items():
             usage = self.monitor.workers.get(worker_id)
-            said = usage and self.stalls.sample(worker_id, usage.cpu_s, n, usage.state, now)
+            said = usage and self.stalls.sample(worker_id, usage.cpu_s, n, usage.state, now, slots.get(worker_id))
             if said:
                 log.warning("%s", said)
         self._watch_threads(pool, now)
