@@ -36,7 +36,7 @@ def test_bos_in_template_is_not_doubled():
 
 def test_template_exceptions_and_syntax_errors_are_config_errors():
     with pytest.raises(ConfigError, match="chat template: no system"):
-        PromptBuilder("{{ raise_exception('no system') }}").render("x")
+        PromptBuilder("{% if messages %}{{ raise_exception('no system') }}{% endif %}").render("x")
     with pytest.raises(ConfigError, match="prompt.template: line 1"):
         PromptBuilder(None, user_template="{{ question ")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from datetime import datetime
 from typing import Any, Mapping, Optional, Sequence
 
@@ -85,6 +86,27 @@ def check_templates(prompt_template: Optional[str], chat_template: Optional[str]
         PromptBuilder(chat_template, template_key="prompt.chat_template")
 
 
+def _chat_template(source: str, key: str) -> jinja2.Template:
+    """The chat template, checked once: it must parse, and it must read `messages`, or every
+    question would get the same prompt (its text as it is: a file's name, a word)."""
+    env = _environment()
+    try:
+        names = jinja2.meta.find_undeclared_variables(env.parse(source))
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"{key}: line {exc.lineno}: {exc.message}") from None
+    if "messages" not in names:
+        raise ConfigError(f"{key} reads no messages, so every question would get the same prompt: "
+                          f"{quote(source)}{_path_hint(source)}")
+    return env.from_string(source)
+
+
+def _path_hint(source: str) -> str:
+    """What to say of a chat template that names a file: its path is not read."""
+    text = source.strip()
+    looks_like_path = "\n" not in text and (text.endswith((".jinja", ".j2")) or os.path.isfile(text))
+    return " (a path is not read: give the template's text)" if looks_like_path else ""
+
+
 def template_fields(prompt_template: Optional[str], question_field: str) -> frozenset[str]:
     """The record fields a prompt.template names (the default template: the question field);
     a field it reads through `record[...]` is not among them."""
@@ -140,13 +162,9 @@ class PromptBuilder:
         # template_key: what its errors begin with, the job key where the job gave the template
         # (so that a job file or call is named before it, as for any key's error)
         self.template_key = template_key
-        env = _environment()
         self.is_plain = chat_template is None
         self._source = chat_template or PLAIN_TEMPLATE
-        try:
-            self._chat = env.from_string(self._source)
-        except jinja2.TemplateSyntaxError as exc:
-            raise ConfigError(f"{template_key}: line {exc.lineno}: {exc.message}") from None
+        self._chat = _chat_template(self._source, template_key)
         # the default user message is the question field's text as it is: no template, so a field
         # of any name works ("Prompt Text", "1q": a CSV column's), which Jinja could not name
         self._user = _user_template(user_template) if user_template else None
