@@ -55,3 +55,15 @@ def test_a_run_with_a_chat_template_file_name_stops_before_answering(tmp_path, d
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("ggbatch: error: prompt.chat_template reads no messages")
     assert "a path is not read" in r.stderr and not out.exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["add_generation_prompt", "bos_token", "messages"])
+def test_template_kwargs_ggbatch_sets_itself_are_refused_with_the_job(tmp_path, name):
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: m.gguf\ninput: q.jsonl\noutput: o.jsonl\nprompt:\n  template_kwargs: {{{name}: false}}\n")
+    r = ggbatch("run", job)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"ggbatch: error: {job}: prompt.template_kwargs: must not set {name}: ggbatch sets it "
+                               "for every prompt"), r.stderr
+    assert "Traceback" not in r.stderr and not list(tmp_path.glob("o.jsonl*"))

@@ -150,6 +150,22 @@ def mapping(v: Any) -> dict[str, Any]:
     return dict(v)
 
 
+# The variables ggbatch gives every chat template itself (runner/questions/prompts.py render_messages)
+TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                      "strftime_now")
+
+
+def template_kwargs(v: Any) -> dict[str, Any]:
+    """Extra chat template variables: one of TEMPLATE_VARIABLES would be given twice, which Jinja
+    cannot take (a Python traceback mid-run), so it is refused with the job."""
+    kwargs = mapping(v)
+    taken = [name for name in kwargs if name in TEMPLATE_VARIABLES]
+    if taken:
+        raise ValueError(f"must not set {', '.join(taken)}: ggbatch sets {'it' if len(taken) == 1 else 'them'} "
+                         f"for every prompt (it sets {', '.join(TEMPLATE_VARIABLES)})")
+    return kwargs
+
+
 def gpu_layers(v: Any) -> Optional[int]:
     """A layer count, `all` (as llama.cpp's -ngl all) or `auto`."""
     if v == "all":

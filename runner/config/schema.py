@@ -62,7 +62,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "system": check.string(optional=True),
     "prompt.template": check.string(optional=True),
     "prompt.chat_template": check.string(),
-    "prompt.template_kwargs": check.mapping,
+    "prompt.template_kwargs": check.template_kwargs,
     "keep_thinking": check.boolean,
     "reasoning.max_tokens": check.integer(0),
     "stop": check.stop,
