@@ -8,7 +8,8 @@ import json
 import pytest
 
 from ggbatch.runner.errors import ConfigError
-from ggbatch.runner.questions.prompts import PromptBuilder, check_templates
+from ggbatch.runner.questions.maker import _user_message
+from ggbatch.runner.questions.prompts import ChatTemplateError, PromptBuilder, check_templates
 from helpers import ggbatch, write_jsonl
 
 # Phi-3's GGUF template: a user and an assistant branch, no system one
@@ -67,3 +68,33 @@ def test_template_kwargs_ggbatch_sets_itself_are_refused_with_the_job(tmp_path, 
     assert r.stderr.startswith(f"ggbatch: error: {job}: prompt.template_kwargs: must not set {name}: ggbatch sets it "
                                "for every prompt"), r.stderr
     assert "Traceback" not in r.stderr and not list(tmp_path.glob("o.jsonl*"))
+
+
+def test_a_python_error_in_a_template_is_said_as_its_record_and_key():
+    builder = PromptBuilder(None, user_template="{{ question }} times {{ n + 1 }}")
+    with pytest.raises(ConfigError) as err:
+        _user_message(builder, Rec({"question": "Once", "n": "3"}), "qt.jsonl:1")
+    assert str(err.value) == "qt.jsonl:1: record 'q1': prompt.template: can only concatenate str (not \"int\") to str"
+    chat = PromptBuilder("{% for m in messages %}{{ m.content + 1 }}{% endfor %}", template_key="prompt.chat_template")
+    with pytest.raises(ChatTemplateError, match=r"^prompt.chat_template: can only concatenate str"):
+        chat.render("x")
+
+
+@pytest.mark.timeout(300)
+def test_a_python_error_ends_the_run_in_one_line_and_fails_only_its_batch_line(tmp_path, demo_model):
+    questions = write_jsonl(tmp_path / "qt.jsonl", [{"questionID": "q1", "question": "Once", "n": "3"}])
+    r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp_path / "o.jsonl",
+                "--max-tokens", 2, "--workers", 1, "--template", "{{ question }} times {{ n + 1 }}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"ggbatch: error: {questions}:1: record 'q1': prompt.template: can only concatenate "
+                                "str (not \"int\") to str")
+    # a conversation of one-letter messages divides by zero in this template: that line alone fails
+    divides = "{% for m in messages %}{{ m.content }}{{ 10 // (m.content | length - 1) }}{% endfor %}"
+    batch = write_jsonl(tmp_path / "b.jsonl", [chat_line("bad", ("user", "x")), chat_line("good", ("user", "Once"))])
+    out = tmp_path / "b_out.jsonl"
+    r = ggbatch("run", "--model", demo_model, "--input", batch, "--output", out, "--workers", 1,
+                "--chat-template", divides)
+    lines = lines_of(out)
+    assert lines["bad"]["response"]["status_code"] == 400, lines
+    assert "body.messages: prompt.chat_template: integer division or modulo by zero" in json.dumps(lines["bad"])
+    assert lines["good"]["response"]["status_code"] == 200, (r.stderr, lines)

@@ -44,6 +44,12 @@ class TemplateFieldError(ConfigError):
         self.field = field
 
 
+# What a template's own Python code may raise on values it did not expect (`{{ n + 1 }}` on a
+# CSV's text): the template's fault, told as its Jinja errors are, never a traceback.
+TEMPLATE_FAULTS = (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError, AttributeError,
+                   RecursionError)
+
+
 def _environment(strict: bool = False) -> ImmutableSandboxedEnvironment:
     # The user's prompt template is strict: a misspelt field must be an error, not an empty
     # string that gives every question the same prompt (and, deduplicated, the same answer).
@@ -139,6 +145,11 @@ def _undefined_name(message: str) -> str:
     return quoted[-2] if len(quoted) >= 3 else message
 
 
+def _text(exc: BaseException) -> str:
+    """An error's one line (a Python error may have no message: KeyError())."""
+    return str(exc) or type(exc).__name__
+
+
 def open_final(rendered: str, final: str, key: str = "chat template") -> str:
     """The rendered conversation cut right after its last message's text, dropping what the
     template closes it with, by transformers' rule for continue_final_message: the message's
@@ -183,8 +194,8 @@ class PromptBuilder:
         except jinja2.UndefinedError as exc:
             field = _undefined_name(str(exc))
             raise TemplateFieldError(f"prompt.template: {exc}", field) from None
-        except jinja2.TemplateError as exc:
-            raise ConfigError(f"prompt.template: {exc}") from None
+        except TEMPLATE_FAULTS as exc:
+            raise ConfigError(f"prompt.template: {_text(exc)}") from None
 
     def render(self, user_message: str) -> str:
         """The prompt for one user message (after the job's system prompt, if any)."""
@@ -204,8 +215,8 @@ class PromptBuilder:
                                      raise_exception=_raise,
                                      strftime_now=lambda f: datetime.now().strftime(f),
                                      **self.template_kwargs)
-        except jinja2.TemplateError as exc:
-            raise ChatTemplateError(f"{self.template_key}: {exc}") from None
+        except TEMPLATE_FAULTS as exc:
+            raise ChatTemplateError(f"{self.template_key}: {_text(exc)}") from None
         return open_final(text, turns[-1]["content"], self.template_key) if continue_final and turns else text
 
     def fingerprint(self) -> str:
