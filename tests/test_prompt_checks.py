@@ -98,3 +98,38 @@ def test_a_python_error_ends_the_run_in_one_line_and_fails_only_its_batch_line(t
     assert lines["bad"]["response"]["status_code"] == 400, lines
     assert "body.messages: prompt.chat_template: integer division or modulo by zero" in json.dumps(lines["bad"])
     assert lines["good"]["response"]["status_code"] == 200, (r.stderr, lines)
+
+
+def test_a_system_prompt_the_chat_template_drops_is_refused_naming_system():
+    with pytest.raises(ConfigError, match=r"^system: the prompt.chat_template writes no system message"):
+        PromptBuilder(NO_SYSTEM, system="You are a pirate.", template_key="prompt.chat_template")
+    with pytest.raises(ConfigError, match=r"^system: the prompt.chat_template writes no system message"):
+        check_templates(None, NO_SYSTEM, "You are a pirate.")  # a warm pool refuses it as it starts
+    assert PromptBuilder(NO_SYSTEM).render("hi") == "<|user|>\nhi<|end|>\n<|assistant|>\n"
+    assert PromptBuilder(None, system=" Be brief. ").render("hi").startswith(" Be brief. \n")  # the plain template
+    # an OpenAI Batch line's own system message: that line is refused, not answered without it
+    builder = PromptBuilder(NO_SYSTEM, template_key="prompt.chat_template")
+    assert builder.system_problem((("system", "Be brief."), ("user", "hi"))) == (
+        "prompt.chat_template writes no system message, so this conversation's would be dropped")
+    assert builder.system_problem((("user", "hi"),)) is None
+    # a template that refuses a system message says so itself, as each prompt is made
+    refuses = "{% if messages[0].role == 'system' %}{{ raise_exception('no system role') }}{% endif %}" + NO_SYSTEM
+    with pytest.raises(ChatTemplateError, match="no system role"):
+        PromptBuilder(refuses, system="Be brief.").render("hi")
+
+
+@pytest.mark.timeout(300)
+def test_a_run_refuses_a_system_prompt_its_template_drops_and_a_batch_line_holding_one(tmp_path, demo_model):
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"questionID": "a", "question": "2+2?"}])
+    r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp_path / "o.jsonl",
+                "--max-tokens", 2, "--workers", 1, "--chat-template", NO_SYSTEM, "--system", "You are a pirate.")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().startswith("ggbatch: error: system: the prompt.chat_template writes no system message")
+    batch = write_jsonl(tmp_path / "b.jsonl", [chat_line("sys", ("system", "Be a pirate."), ("user", "2+2?")),
+                                               chat_line("plain", ("user", "2+2?"))])
+    out = tmp_path / "b_out.jsonl"
+    r = ggbatch("run", "--model", demo_model, "--input", batch, "--output", out, "--workers", 1,
+                "--chat-template", NO_SYSTEM)
+    lines = lines_of(out)
+    assert lines["sys"]["response"]["status_code"] == 400 and "writes no system message" in json.dumps(lines["sys"])
+    assert lines["plain"]["response"]["status_code"] == 200, (r.stderr, lines)

@@ -220,6 +220,8 @@ class QuestionMaker:
                or samples_problem(req.settings, self.job) or self._thinking_problem(rec))
         if why is None and req.prompt is not None:
             return req.prompt
+        dropped = self.builder.system_problem(req.messages)
+        why = why or (dropped and f"body.messages: {dropped}")
         if why is None:
             try:
                 return self.builder.render_messages(req.messages)

@@ -48,6 +48,7 @@ class TemplateFieldError(ConfigError):
 # CSV's text): the template's fault, told as its Jinja errors are, never a traceback.
 TEMPLATE_FAULTS = (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError, AttributeError,
                    RecursionError)
+PROBE = "?"  # the user message the chat template is tried with as the job starts
 
 
 def _environment(strict: bool = False) -> ImmutableSandboxedEnvironment:
@@ -82,14 +83,15 @@ def _user_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-def check_templates(prompt_template: Optional[str], chat_template: Optional[str]) -> None:
+def check_templates(prompt_template: Optional[str], chat_template: Optional[str], system: Optional[str] = None) -> None:
     """ConfigError naming prompt.template, or prompt.chat_template given as a template's text (not
-    auto or plain), when it cannot be parsed; that needs no model, so a caller that starts the
-    model in the background (Pool.starting) hears of it at once."""
+    auto or plain), when it cannot be parsed or would be refused as a job starts (PromptBuilder);
+    that needs no model, so a caller that starts the model in the background (Pool.starting)
+    hears of it at once."""
     if prompt_template is not None:
         _user_template(prompt_template)
     if chat_template not in (None, "auto", "plain"):
-        PromptBuilder(chat_template, template_key="prompt.chat_template")
+        PromptBuilder(chat_template, system, template_key="prompt.chat_template")
 
 
 def _chat_template(source: str, key: str) -> jinja2.Template:
@@ -184,6 +186,29 @@ class PromptBuilder:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.template_kwargs = dict(template_kwargs or {})
+        self.writes_system: Optional[bool] = None
+        self.writes_system = self._writes_system()
+        if (system or "").strip() and self.writes_system is False:
+            raise ConfigError(f"system: the {template_key} writes no system message, so the system prompt would be "
+                              "dropped from every prompt: put it in prompt.template, or use a chat template with a "
+                              "system role")
+
+    def _writes_system(self) -> Optional[bool]:
+        """Whether the chat template writes a system message's text, as a conversation of one (the
+        job's system prompt, or a probe) and a user message shows; None where it refuses that
+        conversation (its raise_exception: the question then fails saying so)."""
+        text = (self.system or "").strip() or "ggbatch system probe"
+        try:
+            return text in self.render_messages((("system", text), ("user", PROBE)))
+        except ChatTemplateError:
+            return None
+
+    def system_problem(self, messages: Sequence[tuple[str, str]]) -> Optional[str]:
+        """Why a conversation's own system message cannot be honoured: the chat template writes
+        none, so it would be dropped without a word (an OpenAI Batch line's, refused as asked)."""
+        if self.writes_system is False and any(role == "system" for role, _ in messages):
+            return f"{self.template_key} writes no system message, so this conversation's would be dropped"
+        return None
 
     def user_message(self, fields: Mapping[str, Any]) -> str:
         if self._user is None:

@@ -103,7 +103,7 @@ class Pool:
         check_local_model(config.model)
         with said_by_call(SOURCE, {}):  # these need no model: said now, not by .result()
             job_answer(config)
-            check_templates(config.prompt_template, config.chat_template)
+            check_templates(config.prompt_template, config.chat_template, config.system)
         return start_in_thread(lambda: cls.for_call(config, layer, SOURCE, [], engine_factory, start_small,
                                                     per_question),
                                Pool._at_exit, lambda pool: pool._resources)
