@@ -133,3 +133,8 @@ def test_a_run_refuses_a_system_prompt_its_template_drops_and_a_batch_line_holdi
     lines = lines_of(out)
     assert lines["sys"]["response"]["status_code"] == 400 and "writes no system message" in json.dumps(lines["sys"])
     assert lines["plain"]["response"]["status_code"] == 200, (r.stderr, lines)
+
+
+def test_record_is_the_whole_record_even_beside_a_field_of_that_name():
+    builder = PromptBuilder(None, user_template='{{ record["Prompt Text"] }} ({{ record.record }})')
+    assert builder.user_message({"Prompt Text": "real question", "record": "row 7"}) == "real question (row 7)"

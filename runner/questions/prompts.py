@@ -214,8 +214,9 @@ class PromptBuilder:
         if self._user is None:
             return fields[self.question_field]
         try:
-            # `record` names the whole record, for a field Jinja cannot name: {{ record["Prompt Text"] }}
-            return self._user.render({"record": fields, **fields})
+            # `record` names the whole record, for a field Jinja cannot name: {{ record["Prompt Text"] }};
+            # it is the record even where the record has a field of that name
+            return self._user.render({**fields, "record": fields})
         except jinja2.UndefinedError as exc:
             field = _undefined_name(str(exc))
             raise TemplateFieldError(f"prompt.template: {exc}", field) from None
