@@ -138,3 +138,16 @@ def test_a_run_refuses_a_system_prompt_its_template_drops_and_a_batch_line_holdi
 def test_record_is_the_whole_record_even_beside_a_field_of_that_name():
     builder = PromptBuilder(None, user_template='{{ record["Prompt Text"] }} ({{ record.record }})')
     assert builder.user_message({"Prompt Text": "real question", "record": "row 7"}) == "real question (row 7)"
+
+
+def test_a_missing_key_inside_a_field_is_said_as_that_fields():
+    builder = PromptBuilder(None, user_template="{{ question }} ({{ meta.source }})")
+    with pytest.raises(ConfigError) as err:
+        _user_message(builder, Rec({"question": "q?", "meta": {"src": "x"}}), "f.jsonl:1")
+    assert str(err.value) == "f.jsonl:1: record 'q1': prompt.template: field 'meta' has no key 'source'"
+    # a field the record lacks is still said with the record's fields, by name or through record[...]
+    for template in ("{{ question }} {{ topic }}", '{{ question }} {{ record["topic"] }}'):
+        with pytest.raises(ConfigError) as err:
+            _user_message(PromptBuilder(None, user_template=template), Rec({"question": "q?"}), "f.jsonl:1")
+        assert str(err.value) == ("f.jsonl:1: record 'q1' has no field 'topic' that prompt.template uses "
+                                  "(its fields: 'question')")

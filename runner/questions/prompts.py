@@ -7,6 +7,7 @@ with Jinja2 in a sandbox as Hugging Face does; models without one get PLAIN_TEMP
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -51,13 +52,32 @@ TEMPLATE_FAULTS = (jinja2.TemplateError, TypeError, ValueError, ArithmeticError,
 PROBE = "?"  # the user message the chat template is tried with as the job starts
 
 
+class _Missing(jinja2.UndefinedError):
+    """Jinja's error for an undefined name, and where it was looked for: `obj` is
+    jinja2.utils.missing for a variable, else the value whose attribute or key `name` is not."""
+
+    def __init__(self, message: Optional[str] = None, obj: Any = jinja2.utils.missing, name: Any = None) -> None:
+        super().__init__(message)
+        self.obj, self.name = obj, name
+
+
+class _FieldUndefined(jinja2.StrictUndefined):
+    """StrictUndefined whose error says where the name was looked for (_Missing)."""
+
+    __slots__ = ()
+
+    def __init__(self, hint: Optional[str] = None, obj: Any = jinja2.utils.missing, name: Optional[str] = None,
+                 exc: Any = None) -> None:
+        super().__init__(hint, obj, name, functools.partial(_Missing, obj=obj, name=name))  # type: ignore[arg-type]
+
+
 def _environment(strict: bool = False) -> ImmutableSandboxedEnvironment:
     # The user's prompt template is strict: a misspelt field must be an error, not an empty
     # string that gives every question the same prompt (and, deduplicated, the same answer).
     # Chat templates are not: they test optional variables (tools, documents) by truthiness.
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                        extensions=[jinja2.ext.loopcontrols],
-                                       undefined=jinja2.StrictUndefined if strict else jinja2.Undefined)
+                                       undefined=_FieldUndefined if strict else jinja2.Undefined)
     # Hugging Face renders tojson without ASCII escaping; templates rely on it.
     env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
     return env
@@ -141,10 +161,16 @@ def _not_null(value: Any) -> Any:
     return value
 
 
-def _undefined_name(message: str) -> str:
-    """The variable in Jinja's "'questoin' is undefined" (or "... has no attribute 'x'")."""
-    quoted = message.split("'")
-    return quoted[-2] if len(quoted) >= 3 else message
+def _missing_error(exc: _Missing, fields: Mapping[str, Any]) -> ConfigError:
+    """A name prompt.template reads that this record lacks: a field of the record (a variable,
+    or `record[...]`: TemplateFieldError, which the caller says with the record's fields), or a
+    key inside one of its fields, said as that field's."""
+    if exc.obj is jinja2.utils.missing or exc.obj is fields:
+        return TemplateFieldError(f"prompt.template: {exc}", str(exc.name))
+    owner = next((name for name, value in fields.items() if value is exc.obj), None)
+    if owner is None:  # deeper down: Jinja's own words ("'dict object' has no attribute 'x'")
+        return ConfigError(f"prompt.template: {exc}")
+    return ConfigError(f"prompt.template: field '{owner}' has no key '{exc.name}'")
 
 
 def _text(exc: BaseException) -> str:
@@ -217,9 +243,8 @@ class PromptBuilder:
             # `record` names the whole record, for a field Jinja cannot name: {{ record["Prompt Text"] }};
             # it is the record even where the record has a field of that name
             return self._user.render({**fields, "record": fields})
-        except jinja2.UndefinedError as exc:
-            field = _undefined_name(str(exc))
-            raise TemplateFieldError(f"prompt.template: {exc}", field) from None
+        except _Missing as exc:
+            raise _missing_error(exc, fields) from None
         except TEMPLATE_FAULTS as exc:
             raise ConfigError(f"prompt.template: {_text(exc)}") from None
 
