@@ -151,3 +151,10 @@ def test_a_missing_key_inside_a_field_is_said_as_that_fields():
             _user_message(PromptBuilder(None, user_template=template), Rec({"question": "q?"}), "f.jsonl:1")
         assert str(err.value) == ("f.jsonl:1: record 'q1' has no field 'topic' that prompt.template uses "
                                   "(its fields: 'question')")
+
+
+def test_an_empty_prompt_template_is_refused_as_a_template_using_no_field():
+    with pytest.raises(ConfigError, match="^prompt.template uses no field of the record"):
+        PromptBuilder(None, user_template="")
+    with pytest.raises(ConfigError, match="^prompt.template uses no field of the record"):
+        check_templates("", None)  # as a warm pool refuses it

@@ -205,8 +205,9 @@ class PromptBuilder:
         self._source = chat_template or PLAIN_TEMPLATE
         self._chat = _chat_template(self._source, template_key)
         # the default user message is the question field's text as it is: no template, so a field
-        # of any name works ("Prompt Text", "1q": a CSV column's), which Jinja could not name
-        self._user = _user_template(user_template) if user_template else None
+        # of any name works ("Prompt Text", "1q": a CSV column's), which Jinja could not name; an
+        # empty prompt.template is a template (one using no field, refused), not the default
+        self._user = _user_template(user_template) if user_template is not None else None
         self.system = system
         self.question_field = question_field
         self.bos_token = bos_token
