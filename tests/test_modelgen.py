@@ -146,6 +146,8 @@ def test_tied_model_generates_words(tied_demo: Path) -> None:
     prompt = llm.tokenize(b"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", special=True)
     generated = list(islice(llm.generate(prompt, temp=0), 16))
     assert [types[t] for t in generated] == [gguf.TokenType.NORMAL] * 16
+    # and not the prompt's last token again and again ('????????????' at the untied shape's scale)
+    assert len(set(generated)) > 4, llm.detokenize(generated)
 
 
 def test_unknown_names_raise(tmp_path: Path) -> None:

@@ -38,7 +38,9 @@ class Shape:
 
     @property
     def weight_std(self) -> float:
-        return self.n_embd ** -0.5 if self.std_by_width else WEIGHT_STD
+        # tied: the embedding rows give the logits too, and at WEIGHT_STD the prompt's last token
+        # outscores every other, so greedy decoding repeated it ('????????????')
+        return self.n_embd ** -0.5 if self.std_by_width or self.tied_embeddings else WEIGHT_STD
 
     @property
     def output_rows(self) -> str:
