@@ -153,9 +153,8 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                                                 _output_spec(config, preparer, formats[1], clock["started_at"]))
                         setup = _setup(config, model, preparer, growth, formats)
                     _say_cut(counts)
-    if isinstance(ended, ModelError):  # no answers file was written: no report either, an earlier one stays
-        raise ended
-    report = _report(setup, counts, pool, watch, clock)
+    if not isinstance(ended, ModelError):  # which wrote no answers file: no report either, an earlier one stays
+        report = _report(setup, counts, pool, watch, clock)
     if ended is not None:
         raise ended
     return report
