@@ -11,6 +11,7 @@ import pty
 import shlex
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -147,3 +148,35 @@ def test_questions_from_a_closed_standard_input_are_refused_before_any_worker_st
         "ggbatch: error: <stdin>: standard input is closed; pipe the questions in (cat questions.jsonl | "
         "ggbatch run --input - ...) or give --input a file"]
     assert r.stdout == "" and not out.exists() and list(tmp_path.iterdir()) == []
+
+
+TERMINAL_AS_INPUT = """
+import os, sys
+from ggbatch.runner.errors import InputError
+from ggbatch.runner.files.piped import readable_input
+try:
+    with readable_input(sys.argv[1], sys.argv[2]):
+        pass
+except InputError as exc:
+    print(exc)
+with open("/proc/self/stat") as f:
+    print(f.read().rsplit(")", 1)[1].split()[4])  # tty_nr: its controlling terminal, 0 for none
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_terminal_given_as_input_to_a_session_leader_does_not_become_its_terminal(tmp_path):
+    """A run leading its own session (setsid, a daemon's child) opened a terminal's path given as
+    --input without O_NOCTTY: the terminal became its controlling one, and its hangup killed the
+    process (SIGHUP) once the terminal closed; a test suite run so died at the terminal test."""
+    leader, follower = os.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-c", TERMINAL_AS_INPUT, os.ttyname(follower), str(tmp_path / "a.json")],
+                              capture_output=True, text=True, timeout=50, start_new_session=True)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert done.returncode == 0, done.stderr
+    said, tty_nr = done.stdout.splitlines()
+    assert said.endswith("the input is a terminal; pipe the questions in (cat questions.jsonl | ggbatch run "
+                         "--input - ...)") and tty_nr == "0"

@@ -149,7 +149,10 @@ def _copy(path: str, name: str, out: BinaryIO) -> None:
         raise InputError(f"{name}: standard input is closed; pipe the questions in "
                          "(cat questions.jsonl | ggbatch run --input - ...) or give --input a file")
     try:
-        source: BinaryIO = sys.stdin.buffer if path == STDIN else open(path, "rb")
+        # O_NOCTTY: a run that leads its own session (setsid, a daemon's child) given a terminal's
+        # path would make it its controlling terminal, and die of its hangup (SIGHUP) once closed
+        source: BinaryIO = (sys.stdin.buffer if path == STDIN else
+                            os.fdopen(os.open(path, os.O_RDONLY | os.O_NOCTTY), "rb"))
     except (OSError, AttributeError) as exc:  # (sys.stdin may be None, or a stream without a buffer)
         raise InputError(f"{name}: cannot read input: {getattr(exc, 'strerror', None) or exc}") from None
     try:
