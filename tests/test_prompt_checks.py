@@ -112,10 +112,16 @@ def test_a_system_prompt_the_chat_template_drops_is_refused_naming_system():
     assert builder.system_problem((("system", "Be brief."), ("user", "hi"))) == (
         "prompt.chat_template writes no system message, so this conversation's would be dropped")
     assert builder.system_problem((("user", "hi"),)) is None
-    # a template that refuses a system message says so itself, as each prompt is made
+    # a template that refuses a system message (Gemma's): the job's system prompt is refused at
+    # once, in the template's own words, not as every question fails; a batch line's fails alone
     refuses = "{% if messages[0].role == 'system' %}{{ raise_exception('no system role') }}{% endif %}" + NO_SYSTEM
+    with pytest.raises(ConfigError, match=r"^system: the prompt.chat_template refuses a system message "
+                                          r"\(no system role\), so every question would fail"):
+        check_templates(None, refuses, "Be brief.")
+    builder = PromptBuilder(refuses, template_key="prompt.chat_template")
+    assert builder.render("hi") == "<|user|>\nhi<|end|>\n<|assistant|>\n"
     with pytest.raises(ChatTemplateError, match="no system role"):
-        PromptBuilder(refuses, system="Be brief.").render("hi")
+        builder.render_messages((("system", "Be brief."), ("user", "hi")))
 
 
 @pytest.mark.timeout(300)

@@ -173,6 +173,11 @@ def _missing_error(exc: _Missing, fields: Mapping[str, Any]) -> ConfigError:
     return ConfigError(f"prompt.template: field '{owner}' has no key '{exc.name}'")
 
 
+def _own(exc: ChatTemplateError, key: str) -> str:
+    """A template's own words for what it refused, without the key its error begins with."""
+    return str(exc).removeprefix(f"{key}: ")
+
+
 def _text(exc: BaseException) -> str:
     """An error's one line (a Python error may have no message: KeyError())."""
     return str(exc) or type(exc).__name__
@@ -214,21 +219,29 @@ class PromptBuilder:
         self.eos_token = eos_token
         self.template_kwargs = dict(template_kwargs or {})
         self.writes_system: Optional[bool] = None
-        self.writes_system = self._writes_system()
-        if (system or "").strip() and self.writes_system is False:
-            raise ConfigError(f"system: the {template_key} writes no system message, so the system prompt would be "
-                              "dropped from every prompt: put it in prompt.template, or use a chat template with a "
-                              "system role")
+        self.writes_system = self._writes_system(bool((system or "").strip()))
 
-    def _writes_system(self) -> Optional[bool]:
+    def _writes_system(self, job_system: bool) -> Optional[bool]:
         """Whether the chat template writes a system message's text, as a conversation of one (the
         job's system prompt, or a probe) and a user message shows; None where it refuses that
-        conversation (its raise_exception: the question then fails saying so)."""
+        conversation (its raise_exception: an OpenAI Batch line holding one then fails saying so).
+        The job's own system prompt is refused here, where the template drops or refuses it: every
+        prompt holds it, so every question would be answered without it, or fail."""
         text = (self.system or "").strip() or "ggbatch system probe"
         try:
-            return text in self.render_messages((("system", text), ("user", PROBE)))
-        except ChatTemplateError:
+            writes = text in self.render_messages((("system", text), ("user", PROBE)))
+        except ChatTemplateError as exc:
+            if job_system:
+                said = _own(exc, self.template_key)
+                raise ConfigError(f"system: the {self.template_key} refuses a system message ({said}), so every "
+                                  "question would fail: put the system prompt in prompt.template, or use a chat "
+                                  "template with a system role") from None
             return None
+        if job_system and not writes:
+            raise ConfigError(f"system: the {self.template_key} writes no system message, so the system prompt would "
+                              "be dropped from every prompt: put it in prompt.template, or use a chat template with a "
+                              "system role")
+        return writes
 
     def system_problem(self, messages: Sequence[tuple[str, str]]) -> Optional[str]:
         """Why a conversation's own system message cannot be honoured: the chat template writes
