@@ -104,7 +104,8 @@ def test_actor_pins_itself_and_overrides_omp_num_threads(cluster):
     node = RayBackend(None).nodes()[0]
     # Two threads on one reserved CPU, so Ray's OMP_NUM_THREADS (1, from num_cpus) is not ours.
     spec = WorkerSpec(0, (0, 1), "fake.gguf", Fake(), node_id=node.node_id, node_ip=node.ip)
-    actor = ray.remote(RayWorker).options(num_cpus=1).remote(spec)
+    # the coordinator's niceness, as RayLink gives it (a suite run under `nice` too)
+    actor = ray.remote(RayWorker).options(num_cpus=1).remote(spec, os.getpriority(os.PRIO_PROCESS, 0))
     try:
         pid, cores, omp, nice = ray.get(actor.where.remote())
         assert cores == tuple(sorted(os.sched_getaffinity(0)))[:2]
