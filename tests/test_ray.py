@@ -294,7 +294,7 @@ def test_an_address_where_another_server_answers_is_one_line_and_exit_2_in_secon
 
 def test_a_grpc_server_that_is_not_the_gcs_is_refused_and_the_gcs_is_not(cluster, capfd):
     """A raylet's port speaks gRPC, as the GCS does, but knows none of the GCS's services."""
-    from ggbatch.runner.pool.ray import check_address
+    from ggbatch.runner.pool.ray_address import check_address
 
     node = ray.nodes()[0]
     raylet = f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
@@ -339,7 +339,7 @@ def test_no_address_starts_an_instance_of_its_own_beside_a_running_cluster(ray_s
                env=env, timeout=150)
     assert done.returncode == 0, done.stderr
     from ggbatch.runner.plan.layout import usable_cores
-    from ggbatch.runner.pool.ray import check_address
+    from ggbatch.runner.pool.ray_address import check_address
 
     nodes = json.loads((tmp_path / "r.json").read_text())["layout"]["nodes"]
     assert [node["cpus"] for node in nodes] == [len(usable_cores())]  # not the running cluster's 1 CPU
