@@ -54,6 +54,21 @@ def test_a_library_that_cannot_be_mapped_is_memory_only_under_an_address_space_l
     assert resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
     assert memory_sign("libgfortran.so.5: failed to map segment from shared object") is None
     assert memory_sign("File \"<frozen importlib._bootstrap>\", line 690 MemoryError") == "MemoryError"
+    assert memory_sign("SystemError: error return without exception set") is None
+
+
+def test_under_an_address_space_limit_an_unmapped_library_and_a_c_error_without_exception_say_memory():
+    # CPython's allocation failing inside an import under `ulimit -v` may surface as a SystemError
+    # with no exception set, not a MemoryError (the tokenizer process under 117 MiB did)
+    import subprocess
+    import sys
+    check = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (64 << 30, 64 << 30))\n"
+             "from ggbatch.workers.llama.load_errors import memory_sign\n"
+             "print(memory_sign('x.so: failed to map segment from shared object'))\n"
+             "print(memory_sign('line 803, in spec SystemError: error return without exception set'))")
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert r.stdout.splitlines() == ["failed to map segment from shared object",
+                                     "SystemError: error return without exception set"], r.stderr
 
 
 def sparse_model(path, shape="qwen3-1.7b-like"):

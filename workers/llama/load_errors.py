@@ -25,9 +25,11 @@ from ..limits import address_space_limit, under_address_space_limit
 
 _MEMORY = re.compile(r"Cannot allocate memory|bad_alloc|failed to allocate|unable to allocate|"
                      r"out of memory|MemoryError|Memory allocation", re.IGNORECASE)
-# The dynamic loader's words for a library it could not map (an import of numpy's extensions):
-# under an address-space limit, the limit ran out; without one, it may be a noexec mount or a bad file.
-_MAP_FAILED = re.compile(r"failed to map segment from shared object")
+# The dynamic loader's words for a library it could not map (an import of numpy's extensions),
+# and CPython's for a C call that failed without saying why (an allocation inside an import, which
+# sets no MemoryError): under an address-space limit, the limit ran out; without one, the first
+# may be a noexec mount or a bad file, the second any C extension's fault.
+_MAP_FAILED = re.compile(r"failed to map segment from shared object|SystemError: error return without exception set")
 _ARCH = re.compile(r"unknown model architecture: '([^']*)'")
 _OPEN = re.compile(r"failed to open .*\((.+)\)$|failed to open [^:]+: (.+)$")
 _CORRUPT = re.compile(r"not within the file bounds|corrupted or incomplete|failed to read|"
