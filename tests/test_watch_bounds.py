@@ -89,3 +89,16 @@ def test_a_workers_mean_cpu_covers_all_its_lives_as_its_questions_do():
     lives_alive = usage.earlier_alive_s + usage.alive_s
     assert usage.mean_cpu == pytest.approx(100 * usage.total_cpu_s / lives_alive)
     assert usage.mean_cpu > 2 * (100 * usage.cpu_s / usage.alive_s) and usage.mean_cpu > 10
+
+
+def test_a_worker_the_monitor_could_not_see_is_not_said_to_use_no_cpu_or_memory():
+    """A Ray worker on another node: psutil sees only this machine's processes, and the summary
+    read '0% CPU, peak PSS 0 MiB' for a worker busy all run."""
+    from ggbatch.runner.report.report import _usage_summary
+
+    node = {"ip": "10.0.0.7", "node_id": "ab" * 28}
+    unseen = "CPU and memory not measured (the monitor sees this machine's processes only)"
+    assert _usage_summary({"node": node}) == unseen
+    assert _usage_summary({}) == "CPU and memory not measured"
+    seen = {"node": node, "mean_cpu_percent": 97.4, "peak_pss_mib": 211.6}
+    assert _usage_summary(seen) == "97% CPU, peak PSS 212 MiB"

@@ -322,9 +322,17 @@ def format_summary(report: RunReport) -> str:
     lines += _threads_summary(data["threads"]["changes"])
     for wid, w in data["workers"].items():
         where = f"node {w['node']['ip']} ({w['node']['node_id'][:12]}), " if "node" in w else ""
-        lines.append(f"worker {wid}   {where}cores {w['cores']}, {w['questions']} questions, "
-                     f"{w.get('mean_cpu_percent', 0):.0f}% CPU, peak PSS {w.get('peak_pss_mib', 0):.0f} MiB")
+        lines.append(f"worker {wid}   {where}cores {w['cores']}, {w['questions']} questions, {_usage_summary(w)}")
     return "\n".join(lines)
+
+
+def _usage_summary(worker: Mapping[str, Any]) -> str:
+    """A worker's CPU and memory, as the coordinator's monitor measured them: psutil sees only this
+    machine's processes, so a worker on another Ray node has none (not zeros)."""
+    if "mean_cpu_percent" not in worker:
+        return "CPU and memory not measured (the monitor sees this machine's processes only)" if "node" in worker else \
+            "CPU and memory not measured"
+    return f"{worker['mean_cpu_percent']:.0f}% CPU, peak PSS {worker['peak_pss_mib']:.0f} MiB"
 
 
 def _latency_summary(latency: Mapping[str, Optional[float]]) -> str:
