@@ -65,7 +65,7 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
         layouts_ = [replace(layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
                                           share(n_records, node, nodes), layouts.cpu_flags(), choice,
                                           config.devices, n_gpu_layers, config.batch_invariant, hybrid, refused,
-                                          plain),
+                                          plain, "here" if local else f"on {node.describe()}"),
                               flash_attn=config.flash_attn)
                     for node in nodes]
     except KeysError as exc:  # workers or threads past the cores: named after the job file that set them

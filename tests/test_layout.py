@@ -39,7 +39,7 @@ def test_threads_given_derives_workers():
 @pytest.mark.parametrize("workers,threads,message", [
     (3, None, "3 workers need at least 3 cores"),
     (None, 4, "4 threads per worker exceed"),
-    (2, 2, "exceeds the 2 usable cores"),
+    (2, 2, "exceeds the 2 cores usable here"),
 ])
 def test_never_more_threads_than_cores(workers, threads, message):
     with pytest.raises(ConfigError, match=message):

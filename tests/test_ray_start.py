@@ -1,6 +1,6 @@
-"""A stop while ggbatch starts a Ray instance of its own: ray.init puts in SIGTERM handlers of its
-own (sys.exit), which must end as any SIGTERM of a run does (Interrupted: exit 143), with what
-ray.init had started ended, not as Ray's exit 15."""
+"""Starting a Ray instance of the job's own: a stop while ray.init runs (ray.init puts in SIGTERM
+handlers of its own, sys.exit, which must end as any SIGTERM of a run does: Interrupted, exit 143,
+with what ray.init had started ended, not Ray's exit 15), and a layout its node cannot hold."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import sys
 import textwrap
 
 import pytest
+
+from helpers import ggbatch
 
 pytest.importorskip("ray", reason="the Ray backend's tests need ray: pip install -e '.[test]'")
 
@@ -46,3 +48,14 @@ def test_a_sigterm_inside_ray_init_is_the_runs_stop_and_leaves_no_ray_process():
     assert "interrupted 15 143" in out, (done.returncode, done.stdout, done.stderr[-2000:])
     assert "initialized False" in out and "handler kept True" in out, done.stdout
     assert "children []" in out, done.stdout
+
+
+@pytest.mark.timeout(150)
+def test_a_layout_a_ray_node_cannot_hold_is_refused_naming_the_node(tmp_path, demo_model):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"questionID": "a", "question": "2+2?"}\n')
+    r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp_path / "o.jsonl",
+                "--backend", "ray", "--workers", 64, timeout=140)
+    assert r.returncode == 2, r.stderr
+    # the cores counted are the node's Ray CPUs, not "here" (the coordinator's machine)
+    assert "workers: 64 workers need at least 64 cores" in r.stderr and " are usable on node " in r.stderr, r.stderr

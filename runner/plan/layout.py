@@ -126,17 +126,18 @@ def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], 
           repack: Optional[bool], n_records: int, flags: frozenset[str],
           tuned: Optional[Mapping[str, Any]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
           batch_invariant: bool = False, hybrid: bool = False, repack_refused: str = "",
-          nothing_to_repack: bool = False) -> Layout:
+          nothing_to_repack: bool = False, where: str = "here") -> Layout:
     """The workers to start now (None = auto; `tuned`: what `ggbatch tune` chose, used for what
     the job leaves to auto). Slots are an estimate from the record count. `devices`: one worker
-    per GPU, each pinned to an equal share of the cores."""
+    per GPU, each pinned to an equal share of the cores. `where`: the cores' machine, as a refusal
+    names it ("on node 10.0.0.7 (...)" for a Ray node)."""
     cap = MAX_AUTO_SLOTS
     if devices:
         workers, tuned = gpu.workers_for_devices(devices, workers, len(cores)), None  # tune measured CPUs
     threads_auto = threads is None and not tuned
     if tuned:
         workers, threads, cap = tuned["workers"], tuned["threads"], tuned["slots"]
-    layout = plan_layout(cores, workers, threads, slots, max(1, n_records), max_auto_slots=cap)
+    layout = plan_layout(cores, workers, threads, slots, max(1, n_records), max_auto_slots=cap, where=where)
     use_repack, why = repack_weights(repack, tuned.get("repack") if tuned else None, flags, layout.slots,
                                      batch_invariant, hybrid, repack_refused, nothing_to_repack)
     return replace(layout, repack=use_repack, repack_reason=why, slot_cap=cap, n_gpu_layers=n_gpu_layers,
@@ -145,7 +146,7 @@ def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], 
 
 def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[int],
                 slots: Optional[int], n_questions: int, pool_cells_per_slot: int = 0,
-                max_auto_slots: int = MAX_AUTO_SLOTS) -> Layout:
+                max_auto_slots: int = MAX_AUTO_SLOTS, where: str = "here") -> Layout:
     """Choose workers × threads within the usable cores (None = auto) and give each worker a
     disjoint set of cores. Never more worker threads than usable cores. `pool_cells_per_slot`
     (the KV one sequence adds to a unified pool beyond the shared prefix; 0 with one stream per
@@ -153,9 +154,10 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
     n_cores = len(cores)
     if workers is not None and workers > n_cores:
         raise KeysError(f"workers: {workers} workers need at least {workers} cores, "
-                        f"{n_cores} are usable here", ("workers",))
+                        f"{n_cores} are usable {where}", ("workers",))
     if threads is not None and threads > n_cores:
-        raise KeysError(f"threads: {threads} threads per worker exceed the {n_cores} usable cores", ("threads",))
+        raise KeysError(f"threads: {threads} threads per worker exceed the {n_cores} cores usable {where}",
+                        ("threads",))
     if workers is None:
         # Neither given: one worker using every core: continuous batching inside one context shares
         # the weight reads across all sequences, which several smaller workers cannot (docs/guide/layout.md).
@@ -164,7 +166,7 @@ def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[
         threads = max(1, n_cores // workers)
     if workers * threads > n_cores:
         raise KeysError(f"workers × threads = {workers} × {threads} = {workers * threads} "
-                        f"exceeds the {n_cores} usable cores", ("workers", "threads"))
+                        f"exceeds the {n_cores} cores usable {where}", ("workers", "threads"))
     if slots is None:
         by_kv = MAX_AUTO_POOL_CELLS // pool_cells_per_slot if pool_cells_per_slot > 0 else max_auto_slots
         slots = max(1, min(max_auto_slots, max(4, by_kv), math.ceil(n_questions / workers)))
