@@ -44,6 +44,11 @@ log = logging.getLogger("ggbatch")
 
 POLL_S = 2.0  # how long one next_messages call waits in the actor for a first message
 ACTOR_CONCURRENCY = 4  # a poll waiting, a send, and room to spare (threaded actor)
+# An actor's first poll returns within POLL_S once it exists (its model loads in a thread of its
+# own): one that has not after this long waits for Ray to place it, and is said to, again each
+# PENDING_REPEAT_S. It is not refused: on a shared cluster, CPUs other jobs hold free up.
+PENDING_NOTICE_S = 30.0
+PENDING_REPEAT_S = 300.0
 
 
 def import_ray() -> Any:
@@ -129,6 +134,16 @@ class RayLink:
         self.poll = self.actor.next_messages.remote(POLL_S)
         self.exit: Optional[int] = None
         self.error = ""
+        self.placed = False  # a poll has returned: Ray has placed it
+        self._made = time.monotonic()
+        self._said_waiting = 0
+
+    def waiting_notice_due(self, now: float) -> bool:
+        """Whether to say (again) that this actor waits for Ray to place it."""
+        if self.placed or self.ended or now - self._made < PENDING_NOTICE_S + self._said_waiting * PENDING_REPEAT_S:
+            return False
+        self._said_waiting += 1
+        return True
 
     def send(self, msg: Any) -> None:
         if self.exit is None and not self.error:
@@ -140,6 +155,7 @@ class RayLink:
         import ray
 
         self._forget_sent()
+        self.placed = True
         try:
             data, self.exit = ray.get(self.poll)
         except ray.exceptions.RayError as exc:
@@ -200,6 +216,21 @@ def _why(exc: Exception) -> str:
     return " ".join(lines)[:300]
 
 
+def _say_waiting(links: Sequence[RayLink]) -> None:
+    """A warning for each actor Ray has not placed: what it needs where, and what is free."""
+    import ray
+
+    if not links:
+        return
+    free, total = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0)
+    for link in links:
+        spec = link.spec
+        needs = f"{len(spec.cores)} CPU{'' if len(spec.cores) == 1 else 's'}"
+        log.warning("worker %d waits for Ray to place it: it needs %s on node %s, and the cluster has %g of its %g "
+                    "CPUs free (other jobs hold the rest: `ray status` shows them); it starts once they are free",
+                    spec.worker_id, needs, spec.node_ip, free, total)
+
+
 class RayBackend:
     """Workers as Ray actors. address: HOST:PORT or auto to join a cluster, None to start one here."""
 
@@ -240,6 +271,7 @@ class RayBackend:
         for ref in ready:
             link = by_ref[ref]
             events.append(Event(link, link.take(), link.ended))
+        _say_waiting([link for link in links if link.waiting_notice_due(time.monotonic())])
         return events
 
     def close(self) -> None:
