@@ -111,13 +111,14 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
     if cut is not None:
         log.warning("%s", cut)
     # this machine's: the host's available memory, or its cgroup's room where that is less
+    here = system_memory()
     inputs = PlanInputs(started, tuple(replace(facts, n_questions=share(facts.n_questions, node, started.nodes))
                                        for node in started.nodes),
-                        tuple(system_memory().available if node.memory is None else node.memory
-                              for node in started.nodes),
+                        tuple(here.available if node.memory is None else node.memory for node in started.nodes),
                         config.slots, config.n_batch, config.n_ctx, prompting.info.gpu_offload)
     settled = [layouts.settle(lay, facts_, config.slots, config.n_ctx, most_tokens, config.n_batch, available,
-                              offload=inputs.offload, cores=node.cores, gpus=node.gpus)
+                              offload=inputs.offload, cores=node.cores, gpus=node.gpus,
+                              cgroup_limit=here.limit if node.memory is None and here.by_cgroup else None)
                for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
     plan = replace(started, layouts=tuple(lay for lay, _ in settled))
     return ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, prompting.generation,

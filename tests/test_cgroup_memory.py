@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.plan.cgroup_memory import Memory, Room, cgroup_room, memory_of, system_memory
+from ggbatch.runner.plan.layout import PromptFacts, settle, start
 from ggbatch.runner.watch.monitor import Monitor
 from ggbatch.runner.watch.watch import RunWatch
 
@@ -58,8 +60,24 @@ def test_no_cgroup_files_or_a_usage_past_the_limit(tmp_path):
 
 def test_the_memory_used_is_the_smaller_of_the_host_and_the_cgroup():
     assert memory_of(60 * GIB, 64 * GIB, None) == Memory(60 * GIB, 64 * GIB)
-    assert memory_of(60 * GIB, 64 * GIB, Room(24 * GIB, 4 * GIB)) == Memory(4 * GIB, 24 * GIB, 24 * GIB)
-    assert memory_of(GIB, 64 * GIB, Room(24 * GIB, 4 * GIB)) == Memory(GIB, 24 * GIB, 24 * GIB)
+    # by_cgroup: the cgroup's room, not the host's, is what the job has (a refusal names the limit)
+    assert memory_of(60 * GIB, 64 * GIB, Room(24 * GIB, 4 * GIB)) == Memory(4 * GIB, 24 * GIB, 24 * GIB, True)
+    assert memory_of(GIB, 64 * GIB, Room(24 * GIB, 4 * GIB)) == Memory(GIB, 24 * GIB, 24 * GIB, False)
+
+
+def test_a_model_a_cgroup_has_no_room_for_is_refused_naming_the_cgroups_limit():
+    """In a container given --memory, the host's `free` shows room the job does not have: the
+    refusal said only "N MiB available"."""
+    from test_gpu import DIMS
+
+    started = start([0], 1, 1, None, None, 10, frozenset())
+    facts = PromptFacts(10, 100, 0, 0, DIMS)
+    with pytest.raises(ConfigError, match=r"not enough memory for one worker with one slot: .* 100 MiB available; "
+                                          r"this process's cgroup limits it to 512 MiB \(a container's --memory"):
+        settle(started, facts, None, None, 64, None, 100 * 2**20, cgroup_limit=512 * 2**20)
+    with pytest.raises(ConfigError) as host_only:
+        settle(started, facts, None, None, 64, None, 100 * 2**20)
+    assert str(host_only.value).endswith("100 MiB available")
 
 
 @pytest.mark.timeout(60)

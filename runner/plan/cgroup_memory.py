@@ -43,6 +43,7 @@ class Memory:
     available: int
     total: int
     limit: Optional[int] = None  # the cgroup's limit, when one holds the process
+    by_cgroup: bool = False  # available is the cgroup's room, less than the host's
 
 
 def cgroup_room(mount: Path, membership: str) -> Optional[Room]:
@@ -56,7 +57,7 @@ def cgroup_room(mount: Path, membership: str) -> Optional[Room]:
 def memory_of(host_available: int, host_total: int, room: Optional[Room]) -> Memory:
     if room is None:
         return Memory(host_available, host_total)
-    return Memory(min(host_available, room.free), min(host_total, room.limit), room.limit)
+    return Memory(min(host_available, room.free), min(host_total, room.limit), room.limit, room.free < host_available)
 
 
 def system_memory() -> Memory:

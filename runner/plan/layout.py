@@ -258,17 +258,22 @@ def estimate_context(prompt_chars: int, max_tokens: int, n_ctx: Optional[int]) -
 
 def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Optional[int],
            max_tokens: int, n_batch: Optional[int], available: int, offload: bool = False,
-           cores: Optional[Sequence[int]] = None, gpus: Sequence[GpuMemory] = ()) -> tuple[Layout, MemoryPlan]:
+           cores: Optional[Sequence[int]] = None, gpus: Sequence[GpuMemory] = (),
+           cgroup_limit: Optional[int] = None) -> tuple[Layout, MemoryPlan]:
     """The layout of the workers already started, now that the prompts are known: context, KV
     layout and slots, shrunk (slots first, then workers) to the memory available. `offload`:
     this llama.cpp build can offload, so the layers the job puts on a GPU leave RAM, a worker with
     every layer there needs few threads, and with the GPUs' free memory known (`gpus`) the plan
     fits them in VRAM too. `cores`, `available`: the machine's (default: this one's usable cores;
-    runner/plan/nodes.py gives a Ray node's)."""
+    runner/plan/nodes.py gives a Ray node's). `cgroup_limit`: the limit of the cgroup holding this
+    process, in bytes, where that is what `available` comes from (a refusal says so: `free` on the
+    host would show room the job does not have)."""
     n_ctx_seq = context_per_sequence(facts.longest, max_tokens, facts.n_ctx_train, n_ctx)
     layout, memory = settled(started, facts, n_ctx_seq, slots, n_batch, available, offload, cores, gpus)
     if not memory.fits:
-        raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}")
+        held = (f"; this process's cgroup limits it to {cgroup_limit / 2**20:.0f} MiB (a container's --memory, "
+                "Slurm's --mem, systemd's MemoryMax)" if cgroup_limit is not None else "")
+        raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}{held}")
     if memory.note:
         log.warning("memory plan: %s (%s)", memory.note, describe(memory))
     return layout, memory
