@@ -34,7 +34,7 @@ from ..errors import ConfigError, KeysError
 from ..model.gguf_header import GGUFFormatError, read_hparams
 from . import attention, gpu, vram
 from .layers import hybrid_memory
-from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout
+from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout, too_little
 
 log = logging.getLogger("ggbatch")
 
@@ -265,15 +265,12 @@ def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Opt
     this llama.cpp build can offload, so the layers the job puts on a GPU leave RAM, a worker with
     every layer there needs few threads, and with the GPUs' free memory known (`gpus`) the plan
     fits them in VRAM too. `cores`, `available`: the machine's (default: this one's usable cores;
-    runner/plan/nodes.py gives a Ray node's). `cgroup_limit`: the limit of the cgroup holding this
-    process, in bytes, where that is what `available` comes from (a refusal says so: `free` on the
-    host would show room the job does not have)."""
+    runner/plan/nodes.py gives a Ray node's). `cgroup_limit`: where `available` is a cgroup's room,
+    its limit, which a refusal names (`free` on the host shows room the job does not have)."""
     n_ctx_seq = context_per_sequence(facts.longest, max_tokens, facts.n_ctx_train, n_ctx)
     layout, memory = settled(started, facts, n_ctx_seq, slots, n_batch, available, offload, cores, gpus)
     if not memory.fits:
-        held = (f"; this process's cgroup limits it to {cgroup_limit / 2**20:.0f} MiB (a container's --memory, "
-                "Slurm's --mem, systemd's MemoryMax)" if cgroup_limit is not None else "")
-        raise ConfigError(f"not enough memory for one worker with one slot: {describe(memory)}{held}")
+        raise ConfigError(too_little(memory, cgroup_limit))
     if memory.note:
         log.warning("memory plan: %s (%s)", memory.note, describe(memory))
     return layout, memory

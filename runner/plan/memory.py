@@ -212,6 +212,14 @@ def describe(plan: MemoryPlan) -> str:
             + (f"; {plan.vram}" if plan.vram else ""))
 
 
+def too_little(plan: MemoryPlan, cgroup_limit: Optional[int] = None) -> str:
+    """The refusal of a plan where not even one worker with one slot fits; `cgroup_limit`: the
+    limit of the cgroup whose room the available memory was."""
+    held = (f"; this process's cgroup limits it to {cgroup_limit / MIB:.0f} MiB (a container's --memory, "
+            "Slurm's --mem, systemd's MemoryMax)" if cgroup_limit is not None else "")
+    return f"not enough memory for one worker with one slot: {describe(plan)}{held}"
+
+
 def dims_from_metadata(meta: Callable[[str], Optional[str]], file_bytes: int, n_vocab: int,
                        hparams: Optional[Mapping[str, HParam]] = None,
                        repacked_bytes: Optional[int] = None) -> ModelDims:
