@@ -225,3 +225,18 @@ def test_a_model_a_job_file_names_is_refused_naming_the_file_and_its_key(hub, tm
         r = cli(*command, env=env)  # the flag's model, which the user typed there: named as typed
         assert r.returncode == 2 and r.stderr == "ggbatch: error: other.gguf: model file not found\n", r.stderr
     assert not (tmp_path / "a.json").exists()
+
+
+def test_a_bare_repository_name_not_found_as_a_path_says_how_to_name_it_on_the_hub(tmp_path, monkeypatch):
+    """`--model Qwen/Qwen2-0.5B-Instruct-GGUF` (llama.cpp's -hf takes it so) is a path to ggbatch:
+    'model file not found' left the user guessing."""
+    from ggbatch.runner.model.identity import resolve_model
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelError, match=r"^Qwen/Qwen2-GGUF: model file not found \(a Hugging Face repository\? "
+                                         r"write hf:Qwen/Qwen2-GGUF, or Qwen/Qwen2-GGUF:QUANT such as "
+                                         r"Qwen/Qwen2-GGUF:Q4_K_M\)$"):
+        resolve_model("Qwen/Qwen2-GGUF")
+    for path in ("models/m.gguf", "./Qwen/Qwen2-GGUF", "m.gguf"):  # paths, said as paths
+        with pytest.raises(ModelError, match=r": model file not found$"):
+            resolve_model(path)

@@ -46,6 +46,16 @@ class HubRef:
     quant: Optional[str] = None  # OWNER/REPO:QUANT; neither: llama.cpp's default tags
 
 
+REPO_ALONE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # OWNER/REPO: a path unless hf: or :QUANT says not
+
+
+def hub_hint(name: str) -> str:
+    """What to say of a path not found that reads as a bare Hub repository (`Qwen/Qwen3-0.6B-GGUF`)."""
+    if not REPO_ALONE.match(name) or name.lower().endswith(".gguf"):
+        return ""
+    return f" (a Hugging Face repository? write hf:{name}, or {name}:QUANT such as {name}:Q4_K_M)"
+
+
 def is_hub_name(name: str) -> bool:
     """Whether `name` reads as a Hub model name (a bare OWNER/REPO:QUANT may still be a local path)."""
     return name.startswith(HF_PREFIX) or QUANT_NAME.match(name) is not None

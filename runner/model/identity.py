@@ -23,7 +23,7 @@ from typing import Callable
 from ..errors import ModelError
 from ..files.paths import cache_refusal
 from .gguf_header import NO_MAGIC, GGUFFormatError, GGUFLayout, read_layout
-from .hub import is_hub_name, model_parts, resolve_hub_name
+from .hub import hub_hint, is_hub_name, model_parts, resolve_hub_name
 
 BLOCK = 4096  # bytes sampled at each place
 SPREAD_BLOCKS = 64  # evenly spaced samples over the whole file, besides two per tensor
@@ -54,7 +54,7 @@ def resolve_model(model: str) -> str:
         with open(path, "rb") as f:
             magic = f.read(4)
     except FileNotFoundError:
-        raise ModelError(f"{model}: model file not found") from None
+        raise ModelError(f"{model}: model file not found{hub_hint(model)}") from None
     except IsADirectoryError:
         raise ModelError(f"{model}: model path is a directory, not a GGUF file") from None
     except OSError as exc:
