@@ -79,6 +79,7 @@ def test_a_workers_mean_cpu_covers_all_its_lives_as_its_questions_do():
         idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         time.sleep(1.5)
         monitor.sample({0: idle.pid})
+        assert set(monitor._procs) == {idle.pid}  # a dead life's handle let go: bounded over restarts
     finally:
         for proc in (busy, idle):
             if proc is not None:

@@ -79,6 +79,9 @@ class Monitor:
                 self._sample_one(proc, usage, final, first)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
+        # only the live processes' handles: a warm pool restarting workers for days keeps no more
+        live = set(pids.values())
+        self._procs = {pid: proc for pid, proc in self._procs.items() if pid in live}
         memory = system_memory()
         self.min_available = min(self.min_available, memory.available)
         self.peak_used = max(self.peak_used, memory.total - memory.available)
