@@ -80,6 +80,9 @@ def test_a_workers_mean_cpu_covers_all_its_lives_as_its_questions_do():
         time.sleep(1.5)
         monitor.sample({0: idle.pid})
         assert set(monitor._procs) == {idle.pid}  # a dead life's handle let go: bounded over restarts
+        assert monitor.workers[0].threads >= 1
+        monitor.sample({})  # between lives: the timeline's gauges say nothing held, not the last life's
+        assert (monitor.workers[0].pss, monitor.workers[0].threads) == (0, 0)
     finally:
         for proc in (busy, idle):
             if proc is not None:

@@ -82,6 +82,9 @@ class Monitor:
         # only the live processes' handles: a warm pool restarting workers for days keeps no more
         live = set(pids.values())
         self._procs = {pid: proc for pid, proc in self._procs.items() if pid in live}
+        for worker_id, usage in self.workers.items():
+            if worker_id not in pids:  # between lives, or given up: it holds no memory, runs no thread
+                usage.pss, usage.threads = 0, 0
         memory = system_memory()
         self.min_available = min(self.min_available, memory.available)
         self.peak_used = max(self.peak_used, memory.total - memory.available)
