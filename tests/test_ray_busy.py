@@ -37,9 +37,9 @@ def test_a_worker_ray_cannot_place_is_said_to_wait_naming_what_it_needs_and_star
             while time.monotonic() < deadline:
                 assert backend.wait([link], 0.5) == []  # unplaced: nothing comes back
         said = [r.getMessage() for r in caplog.records if "waits for Ray to place it" in r.getMessage()]
-        assert said == [f"worker 0 waits for Ray to place it: it needs 1 CPU on node {specs[0].node_ip}, and the "
-                        "cluster has 0 of its 2 CPUs free (other jobs hold the rest: `ray status` shows them); it "
-                        "starts once they are free"], said  # once, not at every wait
+        assert said == [f"worker 0 waits for Ray to place it: it needs 1 CPU on node {specs[0].node_ip}, which has "
+                        "0 of its 2 CPUs free (other jobs hold the rest: `ray status` shows them); it starts once "
+                        "they are free"], said  # once, not at every wait
         ray.kill(holder)
         deadline = time.monotonic() + 60
         while not link.placed and time.monotonic() < deadline:

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ...workers.protocol import Ready, decode, encode
 from ...workers.ray_actor import RayWorker
@@ -217,18 +217,32 @@ def _why(exc: Exception) -> str:
 
 
 def _say_waiting(links: Sequence[RayLink]) -> None:
-    """A warning for each actor Ray has not placed: what it needs where, and what is free."""
-    import ray
-
+    """A warning for each actor Ray has not placed: what it needs where, and what is free there."""
     if not links:
         return
-    free, total = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0)
+    free = _free_cpus()
     for link in links:
         spec = link.spec
         needs = f"{len(spec.cores)} CPU{'' if len(spec.cores) == 1 else 's'}"
-        log.warning("worker %d waits for Ray to place it: it needs %s on node %s, and the cluster has %g of its %g "
-                    "CPUs free (other jobs hold the rest: `ray status` shows them); it starts once they are free",
-                    spec.worker_id, needs, spec.node_ip, free, total)
+        log.warning("worker %d waits for Ray to place it: it needs %s on node %s, %s (other jobs hold the rest: "
+                    "`ray status` shows them); it starts once they are free",
+                    spec.worker_id, needs, spec.node_ip, free(spec.node_id or ""))
+
+
+def _free_cpus() -> Callable[[str], str]:
+    """What a node has free, said as "which has F of its T CPUs free", from Ray's per-node figures (a
+    developer API: a Ray without it gives the whole cluster's, said so)."""
+    import ray
+
+    try:
+        from ray._private.state import available_resources_per_node, total_resources_per_node
+
+        free, total = available_resources_per_node(), total_resources_per_node()
+    except (ImportError, AttributeError):
+        cluster = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0)
+        return lambda node_id: "and the cluster has %g of its %g CPUs free" % cluster
+    return lambda node_id: (f"which has {free.get(node_id, {}).get('CPU', 0):g} of its "
+                            f"{total.get(node_id, {}).get('CPU', 0):g} CPUs free")
 
 
 class RayBackend:
