@@ -8,6 +8,7 @@ import pytest
 
 from fake_engine import Fake
 from ggbatch.runner.errors import Interrupted
+from ggbatch.runner.pool import pool as pool_module
 from ggbatch.runner.pool.local import LocalBackend
 from ggbatch.runner.pool.pool import GRACE_S, TICK_S, WorkerPool
 from ggbatch.runner.pool.signals import STOP
@@ -77,9 +78,11 @@ class BusyUntilTheGraceEnds(LocalBackend):
         return super().wait(links, timeout, wake)
 
 
-def test_answers_sent_within_the_grace_are_kept_when_it_runs_out():
+def test_answers_sent_within_the_grace_are_kept_when_it_runs_out(monkeypatch):
     """The grace ran out and the run stopped without a last read: the answers the workers had
     finished in it were computed and lost, never journaled."""
+    # a grace long enough for the worker's 0.3 s answers on a loaded machine (2 s ran out first)
+    monkeypatch.setattr(pool_module, "GRACE_S", 6.0)
     worker_specs, engine = specs(1, Fake(slow=0.3), slots=4)
     backend = BusyUntilTheGraceEnds()
     after_stop = []
