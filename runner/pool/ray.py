@@ -96,19 +96,41 @@ def connect(address: Optional[str]) -> bool:
 
 @contextmanager
 def signals_kept() -> Iterator[None]:
-    """ray.init puts in a SIGTERM handler of its own (sys.exit(15)), and its core worker Ray's C++
-    stack dump, over the one a run holds (runner/pool/signals.py: exit 143, every answer so far
-    written); it has no option not to, so the handlers held before it are put back after it."""
+    """ray.init puts in SIGTERM handlers of its own (sys.exit(15), and its node's: end its
+    processes, sys.exit(1)), and its core worker Ray's C++ stack dump, over the one a run holds
+    (runner/pool/signals.py: exit 143, every answer so far written); it has no option not to.
+    Its Python ones go through ray._private.utils.set_sigterm_handler, which does nothing here
+    while ray.init runs: a SystemExit raised inside it, with its core worker half made, crashed the
+    process at its exit (134, or 139 without the C++ handler). The handlers held before it are put
+    back after it (the C++ one in their place)."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread holds them
         yield
         return
     held = {s: signal.getsignal(s) for s in SIGNALS}
+    utils = _ray_utils()
+    setter = getattr(utils, "set_sigterm_handler", None)
+    if setter is not None:
+        utils.set_sigterm_handler = _kept
     try:
         yield
     finally:
+        if setter is not None:
+            utils.set_sigterm_handler = setter
         for s, handler in held.items():
             if handler is not None:  # None: a handler not set from Python, which it cannot put back
                 signal.signal(s, handler)
+
+
+def _kept(handler: Any) -> None:
+    """ray._private.utils.set_sigterm_handler while ray.init runs: the run's handler stays."""
+
+
+def _ray_utils() -> Any:
+    try:
+        import ray._private.utils as utils
+    except ImportError:
+        return None
+    return utils
 
 
 class RayLink:
