@@ -162,10 +162,12 @@ class RayLink:
 
     def waiting_notice_due(self, now: float) -> bool:
         """Whether to say (again) that this actor waits for Ray to place it."""
-        if self.placed or self.ended or now - self._made < PENDING_NOTICE_S + self._said_waiting * PENDING_REPEAT_S:
-            return False
+        due = self._made + PENDING_NOTICE_S + self._said_waiting * PENDING_REPEAT_S
+        return not (self.placed or self.ended) and now >= due
+
+    def said_waiting(self) -> None:
+        """The waiting notice was given: the next is due PENDING_REPEAT_S later."""
         self._said_waiting += 1
-        return True
 
     def send(self, msg: Any) -> None:
         if self.exit is None and not self.error:
@@ -244,6 +246,7 @@ def _say_waiting(links: Sequence[RayLink]) -> None:
         return
     free = _free_cpus()
     for link in links:
+        link.said_waiting()
         spec = link.spec
         needs = f"{len(spec.cores)} CPU{'' if len(spec.cores) == 1 else 's'}"
         log.warning("worker %d waits for Ray to place it: it needs %s on node %s, %s (other jobs hold the rest: "
@@ -307,7 +310,8 @@ class RayBackend:
         for ref in ready:
             link = by_ref[ref]
             events.append(Event(link, link.take(), link.ended))
-        _say_waiting([link for link in links if link.waiting_notice_due(time.monotonic())])
+        now = time.monotonic()
+        _say_waiting([link for link in links if link.waiting_notice_due(now)])
         return events
 
     def close(self) -> None:
