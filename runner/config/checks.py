@@ -1,7 +1,7 @@
 """The check of one job key's value: each takes the value as given (YAML, a flag's text, a
 keyword argument) and returns it converted, or raises ValueError("must be ...") which
 runner/config/schema.py turns into `SOURCE: KEY: must be ..., got VALUE`. Pure, and no key names here:
-runner/config/schema.py's SCHEMA says which check each key takes.
+runner/config/keys.py's SCHEMA says which check each key takes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A job file's text parsed as YAML, before its keys are checked (runner/config/schema.py):
+"""A job file's text parsed as YAML, before its keys are checked (runner/config/job_file.py):
 a file that is not a job file at all (a question file, a GGUF model given where the job file
 goes) is named for what it is and the flag that takes it, and YAML's own errors name the file
 and the line (and, for a character YAML refuses, the column).

@@ -8,7 +8,9 @@ import difflib
 from typing import Any, Mapping, Optional
 
 from ..errors import ConfigError
-from .schema import SCHEMA, SECTIONS, JobConfig, build_config, flatten, load_job_file
+from .job_file import flatten, load_job_file
+from .keys import SCHEMA, SECTIONS
+from .schema import JobConfig, build_config
 
 
 def job_config(job_file: Optional[str] = None, **settings: Any) -> JobConfig:

@@ -14,7 +14,9 @@ from typing import Any, Callable, Optional
 
 from ..config.checks import bool_or_auto
 from ..config.checks import gpu_layers as parse_gpu_layers
-from ..config.schema import MAX_SLOTS, SCHEMA, key_said_by_call, load_job_file
+from ..config.job_file import load_job_file
+from ..config.keys import MAX_SLOTS, SCHEMA
+from ..config.schema import key_said_by_call
 from ..errors import ConfigError, InputError, ModelError, quote
 from ..files.outputs import write_atomic
 from ..files.paths import check_output, check_writable, same_file, same_file_error, writable_cache

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from ...workers.protocol import GenerationParams, SamplingParams
+from ..config.keys import SCHEMA
 from ..config.keywords import key_parts, keywords
-from ..config.schema import SCHEMA
 from ..errors import ConfigError, InputError, quote
 from ..model.gguf_header import GGUFFormatError, read_hparams
 from ..questions.maker import question_seed
