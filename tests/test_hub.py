@@ -205,7 +205,11 @@ def test_run_with_a_hub_name_offline(hub, tmp_path, questions_file, name, file):
 
 
 @pytest.mark.parametrize("written, said", [
-    ("model: nope.gguf", "{job}: model: {folder}/nope.gguf: model file not found"),
+    ("model: nope.gguf", "{job}: model: {folder}/nope.gguf: model file not found\n"),
+    # a bare OWNER/REPO, joined to the job's folder as a path: said how to name it on the Hub, as --model's is
+    ("model: Qwen/Qwen2-GGUF", "{job}: model: {folder}/Qwen/Qwen2-GGUF: model file not found (a Hugging Face "
+                               "repository? write hf:Qwen/Qwen2-GGUF, or Qwen/Qwen2-GGUF:QUANT such as "
+                               "Qwen/Qwen2-GGUF:Q4_K_M)\n"),
     ("model: {path: job.yaml}", "{job}: model.path: {folder}/job.yaml: not a GGUF file (no GGUF magic at the start)"),
     ("model: hf:owner/repo/absent.gguf", "{job}: model: hf:owner/repo/absent.gguf: not in the Hugging Face cache "
                                          "({cache}) and HF_HUB_OFFLINE is set"),

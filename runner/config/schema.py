@@ -8,6 +8,7 @@ to the job file's folder; relative paths given as flags are relative to the curr
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from ...workers.protocol import SamplingParams
 from ..errors import ConfigError, KeysError, ModelError, quote
 from ..files.paths import ERRORS_OUTPUT, OUTPUT, REPORT, check_file_name, check_not_a_stream
 from ..files.shards import shard_path
+from ..model.hub import hub_hint
 from . import checks as check
 from .between_keys import check_between_keys
 from .checks import AUTO, CHOICES_AUTO, FIRST_TOKEN, LOGLIKELIHOOD
@@ -92,7 +94,16 @@ def model_said_in_file(config: JobConfig) -> Iterator[None]:
         where = set_in_file(config, "model")
         if where is None:
             raise
-        raise ModelError(f"{where[0]}: {where[1]}: {exc}") from None
+        raise model_refused_in_file(where[0], where[1], config.model, exc) from None
+
+
+def model_refused_in_file(job_file: str, key: str, model: str, error: ModelError) -> ModelError:
+    """The model's refusal named after the job file and key that gave it, with hub_hint for the
+    model as the file wrote it: a bare OWNER/REPO (`Qwen/Qwen2-GGUF`) was joined to the file's
+    folder (runner/config/job_file.py), so the path alone no longer reads as one."""
+    written = os.path.relpath(model, Path(job_file).resolve().parent)
+    hint = "" if os.path.exists(model) else hub_hint(written)
+    return ModelError(f"{job_file}: {key}: {error}{hint}")
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from ..config.checks import bool_or_auto
 from ..config.checks import gpu_layers as parse_gpu_layers
 from ..config.job_file import load_job_file
 from ..config.keys import MAX_SLOTS, SCHEMA
-from ..config.schema import key_said_by_call
+from ..config.schema import key_said_by_call, model_refused_in_file
 from ..errors import ConfigError, InputError, ModelError, quote
 from ..files.outputs import write_atomic
 from ..files.paths import check_output, check_writable, same_file, same_file_error, writable_cache
@@ -311,7 +311,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def _tune_model(args: argparse.Namespace, job: dict[str, Any]) -> str:
     """The model tune tries: --model, else the job file's, whose refusal names the file and key
-    (a run's does: runner/config/schema.py model_said_in_file)."""
+    (as a run's does)."""
     if args.model:
         return resolve_model(args.model)
     key = "model.path" if job.get("model.path") else "model"
@@ -320,7 +320,7 @@ def _tune_model(args: argparse.Namespace, job: dict[str, Any]) -> str:
     try:
         return resolve_model(job[key])
     except ModelError as exc:
-        raise ModelError(f"{args.job}: {key}: {exc}") from None
+        raise model_refused_in_file(args.job, key, job[key], exc) from None
 
 
 def _questions_to_sample(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:
