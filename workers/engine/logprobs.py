@@ -19,10 +19,15 @@ if TYPE_CHECKING:
 # Digits kept of each log-probability: far below any difference a reader acts on, and the
 # journal and the answers file stay short.
 DIGITS = 6
-# Logits within NEAR nats of the highest are the first candidates for the top k; more than
-# MAX_CANDIDATES of them and sorting them costs more than a partition of the whole row.
+# The top k are looked for among the logits within NEAR nats of the highest, the window halved
+# while it holds more than MAX_CANDIDATES (sorting more costs more than a partition of the whole
+# row). A flat row needs the narrower windows: a random-weight model (the benchmarks') puts nearly
+# all of a 151,936-token vocabulary within a nat of the top, and a window (a comparison and a count
+# over the row) costs a fiftieth of a partition of it; a trained model's rows mostly hold a few
+# within NEAR.
 NEAR = 4.0
 MAX_CANDIDATES = 1024
+NARROWEST = NEAR / 2**16
 
 
 def row_logprobs(row: "np.ndarray", token: int, k: int,
@@ -44,20 +49,18 @@ def block_logprobs(block: "np.ndarray", tokens: Sequence[int], k: int,
     hand-over, so a few passes a block scale over cores where a dozen a row do not.
 
     The exp over the whole vocabulary is the cost (the normaliser needs every term). The top k
-    are looked for among the logits near the highest; where those are too many (a flat row: a
-    random or very unsure model puts most of the vocabulary within a few nats of the top) or
-    too few, a partition of the whole row finds the k-th largest, and every logit at least as
-    large is a candidate, so that ties still go to the lower id."""
+    are looked for among the logits near the highest (_near_top); where no window holds a few
+    of them, a partition of the whole row finds the k-th largest. Every logit at least as large
+    as the k-th is a candidate either way, so that ties still go to the lower id."""
     import numpy as np
 
     n = len(block)
     shifted = _shifted(block, scratch)
     best: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     if k > 0:
-        near = shifted >= -NEAR
         wanted = min(k, block.shape[1])
-        for i, count in enumerate(np.count_nonzero(near, axis=1).tolist()):
-            best[i] = _top_k(shifted[i], np.flatnonzero(near[i]) if wanted <= count <= MAX_CANDIDATES else None, k)
+        for i in range(n):
+            best[i] = _top_k(shifted[i], _near_top(shifted[i], wanted), k)
     chosen = shifted[np.arange(n), list(tokens)].tolist()
     log_z = _log_z(shifted)
     return [(round(c - z, DIGITS), [(t, round(v - z, DIGITS)) for t, v in top])
@@ -88,9 +91,29 @@ def _log_z(shifted: "np.ndarray") -> list[float]:
     return np.log(np.exp(shifted, out=shifted).sum(axis=1)).tolist()
 
 
+def _near_top(shifted: "np.ndarray", wanted: int) -> "Optional[np.ndarray]":
+    """The ids of one shifted row's logits (its highest is 0) within the widest of NEAR, NEAR/2, ...
+    nats below the highest that holds at most MAX_CANDIDATES of them. None where a window holds
+    fewer than `wanted` first (the top is flat and then steep), or none down to NARROWEST holds few
+    enough (many equal at the top): a partition finds them then. Each window holding `wanted` or
+    more holds the `wanted` highest, and every logit equal to the lowest of them."""
+    import numpy as np
+
+    near = NEAR
+    while near >= NARROWEST:
+        inside = shifted >= -near
+        count = np.count_nonzero(inside)  # a row at a time: numpy counts a 2-D axis several times slower
+        if count < wanted:
+            return None
+        if count <= MAX_CANDIDATES:
+            return np.flatnonzero(inside)
+        near /= 2
+    return None
+
+
 def _top_k(shifted: "np.ndarray", near: "Optional[np.ndarray]", k: int) -> list[tuple[int, float]]:
-    """The k highest of one shifted row (ties to the lower id), given the ids within NEAR of its
-    highest, or None where those are too many or too few."""
+    """The k highest of one shifted row (ties to the lower id), given the ids _near_top found, or
+    None where it found none."""
     import numpy as np
 
     if near is None:
