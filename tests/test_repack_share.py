@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ggbatch.runner.model.make import modelgen as mg
+from ggbatch.runner.model.make.llama_gen import LlamaShape
 from ggbatch.runner.model.make.qwen3_gen import Qwen3MoeShape
 from ggbatch.runner.plan.layout import cpu_flags
 from ggbatch.runner.plan.repack_check import repack_refused
@@ -26,7 +27,8 @@ BUFFER = re.compile(r"(CPU_REPACK|AMX) model buffer size = +([0-9.]+) MiB")
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """An f16 llama, the same as Q8_0, and a Q4_0 MoE whose experts are most of the file."""
+    """An f16 llama, the same as Q8_0, a Q4_0 MoE whose experts are most of the file, and a llama of
+    rows K-quants take (256 wide) as Q4_K_M (Q4_K beside Q6_K) and Q2_K (repacked with AVX-512 only)."""
     folder = tmp_path_factory.mktemp("repack_share")
     f16 = mg.make_model(folder / "f16.gguf", "demo", seed=0, ftype="f16")
     q8 = mg.make_model(folder / "q8.gguf", "demo", seed=0, ftype="f16", quant="q8_0")
@@ -35,7 +37,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     moe_f16 = folder / "moe_f16.gguf"
     mg.write_model_gguf(moe_f16, shape, mg.build_demo_vocab())
     mg.quantize(moe_f16, folder / "moe_q4_0.gguf", "q4_0")
-    return {"f16": str(f16), "q8_0": str(q8), "moe_q4_0": str(folder / "moe_q4_0.gguf")}
+    wide = folder / "wide_f16.gguf"
+    mg.write_model_gguf(wide, LlamaShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=512),
+                        mg.build_demo_vocab())
+    for quant in ("q4_k_m", "q2_k"):
+        mg.quantize(wide, folder / f"wide_{quant}.gguf", quant)
+    return {"f16": str(f16), "q8_0": str(q8), "moe_q4_0": str(folder / "moe_q4_0.gguf"),
+            **{f"wide_{quant}": str(folder / f"wide_{quant}.gguf") for quant in ("q4_k_m", "q2_k")}}
 
 
 def llama_cpp_repacked_mib(model: str) -> float:
@@ -49,7 +57,7 @@ def llama_cpp_repacked_mib(model: str) -> float:
 
 @pytest.mark.model
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", ["f16", "q8_0", "moe_q4_0"])
+@pytest.mark.parametrize("name", ["f16", "q8_0", "moe_q4_0", "wide_q4_k_m", "wide_q2_k"])
 def test_the_planned_copy_is_what_llama_cpp_repacks_here(models: dict[str, str], name: str) -> None:
     if repack_refused():
         pytest.skip("this CPU refuses llama.cpp's repacked kernels")
@@ -60,6 +68,8 @@ def test_the_planned_copy_is_what_llama_cpp_repacks_here(models: dict[str, str],
         assert planned == 0
     if name == "moe_q4_0" and cpu_flags() & {"avx2", "asimd"}:
         assert planned > 0.9 * Path(models[name]).stat().st_size  # the experts; 0.4 was planned
+    if name == "wide_q2_k" and {"avx2", "avx512f"} <= cpu_flags():
+        assert planned > 0  # Q2_K's interleaved kernel is AVX-512's alone
 
 
 @pytest.mark.model

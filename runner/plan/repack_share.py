@@ -7,7 +7,9 @@ weight when a matrix multiplication takes it (MUL_MAT, 2-D; an expert tensor's M
 its type has an interleaved kernel for the CPU, and its rows come in multiples of the
 interleave (4 or 8). token_embd is read by row (GET_ROWS), never repacked; norms and biases are
 1-D. Measured with llama-cpp-python 0.3.36 on an AVX2 x86 CPU: Q4_0 and Q4_K matrices repacked,
-Q8_0 and Q6_K not, f16/f32 nothing; a Q4_0 MoE 97% of its file (its experts).
+Q8_0 and Q6_K not, f16/f32 nothing; a Q4_0 MoE 97% of its file (its experts). On an AVX-512 x86
+CPU (AMD EPYC) Q2_K too, and the bytes planned here equal llama.cpp's CPU_REPACK buffer for
+Q2_K, Q3_K_M, Q4_0, Q4_1, Q4_K_M, Q5_K_M and Q8_0 models of Qwen3-0.6B's shape.
 
 Approximate: the type sets follow llama.cpp's source per CPU family, not the build's own answer;
 on ARM, Q8_0, Q5_K and Q6_K are counted too (newer llama.cpp repacks them there), and where the
