@@ -13,6 +13,9 @@ Strings are a u64 length and UTF-8 bytes; everything is little-endian (GGUF v2 a
 
 from __future__ import annotations
 
+import copy
+import functools
+import os
 import struct
 from dataclasses import dataclass
 from typing import BinaryIO, Union
@@ -125,8 +128,25 @@ class _Cursor:
         self.pos += n
 
 
+# A large vocabulary makes a header slow to walk (a 151,936-token one: about 50 ms, its strings
+# skipped one by one), and a run's start reads one file's header several times (identity, the
+# layout's repacked bytes, the hybrid check, the memory plan): each file's is read once while it
+# stays the same file (FileKey).
+FileKey = tuple[int, int, int, int]  # device, inode, size, mtime in ns: a file rewritten or replaced is another
+
+
+def _file_key(path: str) -> FileKey:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def read_layout(path: str) -> GGUFLayout:
     """The header layout of the GGUF file at `path` (only the header is read)."""
+    return _layout(_file_key(path), path)
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(file: FileKey, path: str) -> GGUFLayout:
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         f.seek(0)
@@ -166,7 +186,12 @@ def read_hparams(path: str) -> dict[str, HParam]:
     """The metadata of the GGUF file at `path` other than the tokenizer's: scalars as Python
     values, arrays of numbers or booleans as lists (per-layer values, such as head_count_kv of a
     hybrid, whose layers without attention have 0 KV heads, which llama.cpp's metadata text
-    leaves out). Arrays of strings are skipped."""
+    leaves out). Arrays of strings are skipped. A copy: the caller may change it."""
+    return copy.deepcopy(_hparams(_file_key(path), path))
+
+
+@functools.lru_cache(maxsize=16)
+def _hparams(file: FileKey, path: str) -> dict[str, HParam]:
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         f.seek(0)
