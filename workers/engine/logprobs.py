@@ -40,18 +40,20 @@ def row_logprobs(row: "np.ndarray", token: int, k: int,
 
 def block_logprobs(block: "np.ndarray", tokens: Sequence[int], k: int,
                    scratch: "np.ndarray") -> list[tuple[float, list[tuple[int, float]]]]:
-    """row_logprobs of each row of `block` (rows × vocabulary), each pass over all the rows at once.
-    `scratch`: a float32 buffer at least the block's shape, overwritten; it may be the block
-    itself (no allocation per row: a row of a 150k vocabulary is 600 KB).
+    """row_logprobs of each row of `block` (rows × vocabulary), the normaliser's passes over all
+    the rows at once. `scratch`: a float32 buffer at least the block's shape, overwritten; it may
+    be the block itself (no allocation per row: a row of a 150k vocabulary is 600 KB).
 
     Whole-block passes matter where threads share the work (workers/llama/sampling.py): numpy lets
     go of the GIL inside a pass and takes it back after, and a thread waits its turn at every
     hand-over, so a few passes a block scale over cores where a dozen a row do not.
 
     The exp over the whole vocabulary is the cost (the normaliser needs every term). The top k
-    are looked for among the logits near the highest (_near_top); where no window holds a few
-    of them, a partition of the whole row finds the k-th largest. Every logit at least as large
-    as the k-th is a candidate either way, so that ties still go to the lower id."""
+    are looked for among the logits near the highest (_near_top, a row at a time: a comparison
+    and a count, one to five windows a row, together faster on one thread than a block's mask
+    counted along its axis); where no window holds a few of them, a partition of the whole row
+    finds the k-th largest. Every logit at least as large as the k-th is a candidate either way,
+    so that ties still go to the lower id."""
     import numpy as np
 
     n = len(block)
