@@ -197,12 +197,14 @@ def server_side(model: str, folder: Path, gpu_layers: int, port: int = 18111) ->
     # The server's weights as ggbatch's plan has them here (bench/plain_weights.py).
     serve = ("import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); import plain_weights; "
              "plain_weights.follow_plan(); runpy.run_module('llama_cpp.server', run_name='__main__')")
+    # its stderr kept for the error should it not start (a missing `llama-cpp-python[server]`)
+    log = tempfile.TemporaryFile()
     server = subprocess.Popen([sys.executable, "-c", serve, str(ROOT / "bench"), "--model", model, "--n_ctx", "2048",
                                "--n_threads", str(os.cpu_count()), "--n_gpu_layers", str(gpu_layers),
                                "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=log)
     try:
-        wait_for(f"http://127.0.0.1:{port}/v1/models", server)
+        wait_for(f"http://127.0.0.1:{port}/v1/models", server, log)
         args = {"model": "bench", "base_url": f"http://127.0.0.1:{port}/v1/completions", "num_concurrent": 1,
                 "tokenized_requests": False, "tokenizer_backend": None, "max_retries": 1, "timeout": 3600}
         t0 = time.perf_counter()
@@ -217,13 +219,16 @@ def server_side(model: str, folder: Path, gpu_layers: int, port: int = 18111) ->
     finally:
         server.terminate()
         server.wait(30)
+        log.close()
 
 
-def wait_for(url: str, process: subprocess.Popen, limit_s: float = 300) -> None:
+def wait_for(url: str, process: subprocess.Popen, log: Any, limit_s: float = 300) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"llama-cpp-python's server exited with {process.returncode}")
+            log.seek(0)
+            said = log.read().decode("utf-8", "replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"llama-cpp-python's server exited with {process.returncode}: " + " | ".join(said))
         try:
             urllib.request.urlopen(url, timeout=2).read()
             return
