@@ -37,7 +37,7 @@ _API = {
     # the lower layer: a JobConfig built from (source, {dotted key: value}) layers, run as is
     "JobConfig": "ggbatch.runner.config.schema",
     "build_config": "ggbatch.runner.config.schema",
-    "load_job_file": "ggbatch.runner.config.schema",
+    "load_job_file": "ggbatch.runner.config.job_file",
     "run_job": "ggbatch.runner.job",
 }
 __all__ = sorted(_API)

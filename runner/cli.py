@@ -17,7 +17,8 @@ from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO, cast
 
 from ..workers.limits import under_address_space_limit
 from .closed_pipe import ClosedPipeSafe
-from .config.schema import LOGLIKELIHOOD, JobConfig, build_config, load_job_file
+from .config.job_file import load_job_file
+from .config.schema import LOGLIKELIHOOD, JobConfig, build_config
 from .errors import GgbatchError, Interrupted, StartOver, WorkerFailure
 from .files.formats import FORMATS
 from .files.paths import journal_of

@@ -18,7 +18,8 @@ from ggbatch.runner.config.answer import (
     scored_texts,
     with_choices,
 )
-from ggbatch.runner.config.schema import CHOICES_AUTO, build_config, load_job_file
+from ggbatch.runner.config.job_file import load_job_file
+from ggbatch.runner.config.schema import CHOICES_AUTO, build_config
 from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.files.formats.own_settings import settings_key
 from ggbatch.runner.journal.fingerprint import changed_setting

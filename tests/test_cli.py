@@ -94,7 +94,8 @@ def test_a_boolean_flag_turns_a_job_files_key_off_as_well_as_on(tmp_path, flag, 
     """A job file's `ignore_eos: true` could not be turned off: the flags were store_true, so
     `--no-ignore-eos` was 'did you mean --ignore-eos?', though flags override the job file."""
     from ggbatch.runner.cli import _flag_layer, build_parser
-    from ggbatch.runner.config.schema import build_config, load_job_file
+    from ggbatch.runner.config.job_file import load_job_file
+    from ggbatch.runner.config.schema import build_config
 
     job = tmp_path / "job.yaml"
     job.write_text(f"model: m.gguf\ninput: q.jsonl\noutput: a.json\nanswer.choices: A,B\n{key}: true\n")

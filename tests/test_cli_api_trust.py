@@ -17,7 +17,6 @@ import pytest
 
 import ggbatch
 from conftest import MODELS, ROOT, require
-from ggbatch.runner.config.schema import build_config, load_job_file
 from ggbatch.runner.errors import quote
 from helpers import ggbatch_command as ggbatch_cmd
 from helpers import write_questions
@@ -324,25 +323,26 @@ def job(tmp_path: Path, text: str) -> str:
 def test_a_yaml_boolean_where_a_word_was_meant_is_said_in_yaml_with_a_hint(tmp_path):
     path = job(tmp_path, "answer:\n  choices: [yes, no]\n")
     with pytest.raises(ggbatch.GgbatchError) as err:
-        build_config([(path, load_job_file(path))])
+        ggbatch.build_config([(path, ggbatch.load_job_file(path))])
     assert "got [true, false] (YAML reads yes, no, on and off as true and false" in str(err.value)
     path = job(tmp_path, "max_tokens: yes\n")
     with pytest.raises(ggbatch.GgbatchError, match=r"max_tokens: must be an integer, got true \(YAML"):
-        build_config([(path, load_job_file(path))])
+        ggbatch.build_config([(path, ggbatch.load_job_file(path))])
 
 
 def test_a_duplicate_key_in_a_job_file_names_the_file_line_and_key(tmp_path):
     path = job(tmp_path, "max_tokens: 8\nsampling:\n  seed: 1\n  temperature: 0\n  seed: 2\n")
     with pytest.raises(ggbatch.GgbatchError) as err:
-        load_job_file(path)
+        ggbatch.load_job_file(path)
     assert str(err.value) == f"{path}:8: duplicate key 'seed' (first on line 6)"
     path = job(tmp_path, "max_tokens: 8\nmax_tokens: 16\n")
     with pytest.raises(ggbatch.GgbatchError, match=r"job.yaml:5: duplicate key 'max_tokens' \(first on line 4\)"):
-        load_job_file(path)
+        ggbatch.load_job_file(path)
 
 
 def command_line(**flags: str) -> ggbatch.JobConfig:
-    return build_config([("command line", {"model": "m.gguf", "input": "q.jsonl", "output": "a.json", **flags})])
+    layer = {"model": "m.gguf", "input": "q.jsonl", "output": "a.json", **flags}
+    return ggbatch.build_config([("command line", layer)])
 
 
 def test_a_grammar_flag_naming_a_file_reads_it(tmp_path, monkeypatch):
@@ -356,7 +356,7 @@ def test_a_grammar_flag_naming_a_file_reads_it(tmp_path, monkeypatch):
     (tmp_path / "jobs" / "ab.gbnf").write_text('root ::= "a" | "b"\n')
     path = job(tmp_path / "jobs", "answer:\n  grammar: ab.gbnf\n")
     monkeypatch.chdir(ROOT)
-    assert build_config([(path, load_job_file(path))]).grammar == 'root ::= "a" | "b"\n'
+    assert ggbatch.build_config([(path, ggbatch.load_job_file(path))]).grammar == 'root ::= "a" | "b"\n'
 
 
 def test_a_grammar_without_a_root_rule_says_so():

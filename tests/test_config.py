@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from ggbatch.runner.config.schema import build_config, load_job_file
+from ggbatch.runner.config.job_file import load_job_file
+from ggbatch.runner.config.schema import build_config
 from ggbatch.runner.errors import ConfigError
 from helpers import ggbatch
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from ggbatch.runner.config.schema import load_job_file
+from ggbatch.runner.config.job_file import load_job_file
 from ggbatch.runner.errors import ModelError
 from ggbatch.runner.model.hub import HubRef, is_hub_name, parse_hub_name, pick_file, split_parts
 from helpers import ggbatch as cli

@@ -15,7 +15,7 @@ import zipfile
 
 import pytest
 
-from ggbatch.runner.config.schema import load_job_file
+from ggbatch.runner.config.job_file import load_job_file
 from ggbatch.runner.errors import ConfigError, InputError
 from ggbatch.runner.files.inputs import read_records
 from ggbatch.runner.files.piped import STDIN_NAME, readable_input

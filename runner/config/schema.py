@@ -23,13 +23,13 @@ from . import checks as check
 from .between_keys import check_between_keys
 from .checks import AUTO, CHOICES_AUTO, FIRST_TOKEN, LOGLIKELIHOOD
 from .job_config import JobConfig
-from .job_file import JobFileLayer, flatten, load_job_file
-from .keys import MAX_SLOTS, PATH_KEYS, SCHEMA, TARGET, not_a_path
+from .job_file import JobFileLayer
+from .keys import PATH_KEYS, SCHEMA, TARGET, not_a_path
 
 # What the rest of the runner takes from here; AUTO and CHOICES_AUTO (the values a JobConfig
 # holds for `auto`) are the value checks', which produce them.
-__all__ = ["AUTO", "CHOICES_AUTO", "FIRST_TOKEN", "LOGLIKELIHOOD", "MAX_SLOTS", "SCHEMA", "JobConfig", "build_config",
-           "flatten", "load_job_file"]
+# The key table is runner/config/keys.py's, a job file's reading runner/config/job_file.py's.
+__all__ = ["AUTO", "CHOICES_AUTO", "FIRST_TOKEN", "LOGLIKELIHOOD", "JobConfig", "build_config"]
 
 
 def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
