@@ -7,7 +7,7 @@ from ggbatch.runner.files.compact import HashIndex, IdColumn, IdSet, text_key
 from ggbatch.runner.files.formats.rows import OutputSpec, Row
 from ggbatch.runner.files.outputs import render
 from ggbatch.runner.watch.tally import AnswerTally, RecordCounts
-from ggbatch.workers.protocol import Answer, FinishReason, Sample
+from ggbatch.workers.protocol import Answer, FinishReason, Sample, TokenLogprob
 
 
 def test_ids_come_back_in_order_whatever_their_characters():
@@ -80,6 +80,24 @@ def test_json_rows_are_written_exactly_as_json_dumps_writes_the_array():
                                                                "error": "not answered"}]
     assert render(rows, OutputSpec("json")) == json.dumps(fields, ensure_ascii=False, indent=1) + "\n"
     assert render([], OutputSpec("json")) == "[]\n"
+
+
+def test_json_rows_put_each_item_of_a_fields_list_on_a_line_of_its_own():
+    # A token's log-probability entry on one line, not a line per byte of its text as indent
+    # writes it; n samples' answers each on a line, as indent writes them.
+    entry = TokenLogprob(9, "é".encode(), -0.25, ((9, "é".encode(), -0.25), (4, b" x", -1.5)))
+    samples = (Sample("a\nb", FinishReason.STOP, 2, (entry,)), Sample("c", FinishReason.LENGTH, 1, (entry,)))
+    rows = [Row("q0", Answer("q0", "éé", FinishReason.STOP, 3, 1, 0, 0.1, 0.2, token_logprobs=(entry, entry))),
+            Row("q1", Answer("q1", "a\nb", FinishReason.STOP, 3, 1, 0, 0.1, 0.2, samples=samples))]
+    text = render(rows, OutputSpec("json"))
+    got = json.loads(text)
+    one = '{"token": "é", "logprob": -0.25, "bytes": [195, 169], "top_logprobs": [{"token": "é", "logprob": -0.25, ' \
+          '"bytes": [195, 169]}, {"token": " x", "logprob": -1.5, "bytes": [32, 120]}]}'
+    assert got[0]["token_logprobs"] == [json.loads(one)] * 2 and got[1]["answer"] == ["a\nb", "c"]
+    assert text.split("\n")[:7] == ['[', ' {', '  "questionID": "q0",', '  "answer": "éé",', '  "token_logprobs": [',
+                                     f'   {one},', f'   {one}']
+    assert '  "answer": [\n   "a\\nb",\n   "c"\n  ],' in text
+    assert f'   [{one}],\n   [{one}]\n  ]\n }}\n]\n' in text
 
 
 def test_the_tally_counts_what_the_report_says():

@@ -76,24 +76,33 @@ def test_row_logprobs_of_a_flat_row_take_the_k_highest_ties_by_id():
     flat = np.zeros(5_000, np.float32)
     assert [t for t, _ in row_logprobs(flat, 0, 3, np.empty_like(flat))[1]] == [0, 1, 2]
 
-def test_a_flat_rows_top_k_come_from_a_narrow_window_not_a_partition():
+def test_a_rows_top_k_come_from_its_groups_not_a_partition(monkeypatch):
     # A random-weight model's rows (the benchmarks'): a 151,936-token vocabulary within a nat of
-    # the top, where a partition of each row cost ten passes over it. The window narrows until it
-    # holds few; the top k are those of the whole row, ties to the lower id, in every shape.
-    from ggbatch.workers.engine.logprobs import MAX_CANDIDATES, _near_top
+    # the top, where a partition of each row cost ten passes over it. The top k come from the
+    # groups whose maxima reach the k-th highest group maximum: those of the whole row, ties to
+    # the lower id, in every shape; a partition only where many are equal at the top or the row is
+    # shorter than k groups.
+    from ggbatch.workers.engine import logprobs
 
+    partitioned = []
+    whole_row = logprobs._partition_ids
+    monkeypatch.setattr(logprobs, "_partition_ids", lambda row, k: partitioned.append(len(row)) or whole_row(row, k))
     rng = np.random.default_rng(2)
     flat = (rng.normal(size=151_936) * 0.16).astype(np.float32)
-    flat -= flat.max()
-    found = _near_top(flat, 5)
-    assert found is not None and 5 <= len(found) <= MAX_CANDIDATES
-    steep = np.full(20_000, -3.0, np.float32)  # two far above a plateau: a narrower window holds too few
+    peaked = (rng.normal(size=20_011) * 3).astype(np.float32)  # 11 past the last whole group
+    peaked[20_005] = peaked.max() + 0.5  # the highest among those 11
+    steep = (rng.normal(size=20_000) * 1e-3 - 3).astype(np.float32)  # two far above a noisy plateau
     steep[[4, 8]] = [0.0, -0.5]
-    ties = np.zeros(20_000, np.float32)  # every logit the highest: no window holds few
-    assert _near_top(steep, 5) is None and _near_top(ties, 5) is None
-    for row in (flat, steep, ties, (rng.normal(size=20_000) * 0.01).astype(np.float32)):
-        ref = sorted(range(len(row)), key=lambda i: (-row[i], i))[:5]
-        assert [t for t, _ in row_logprobs(row, 0, 5, np.empty_like(row))[1]] == ref
+    tiny = np.float32([0.5, 3.0, 1.0, 3.0, -1.0])  # fewer ids than k groups hold
+    ties = np.zeros(20_000, np.float32)  # every logit the highest
+    for row, expect_partition in ((flat, False), (peaked, False), (steep, False), (tiny, True), (ties, True)):
+        partitioned.clear()
+        k = min(5, len(row))
+        ref = sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
+        highest, (ids,) = logprobs._top_ids(row[None, :], k)
+        assert ids == ref and highest[0] == row.max()
+        assert bool(partitioned) == expect_partition
+    assert ref == [0, 1, 2, 3, 4]
 
 
 def test_a_block_of_rows_gives_each_rows_own_numbers():

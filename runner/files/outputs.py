@@ -73,14 +73,36 @@ class RowText:
             return csv_line(["" if cells.get(c) is None else cells[c] for c in self.columns])
         if self.spec.format == "jsonl":
             return json.dumps(fields, ensure_ascii=False) + "\n"
-        # As json.dumps(rows, indent=1) writes an array, an element at a time.
-        element = " " + json.dumps(fields, ensure_ascii=False, indent=1).replace("\n", "\n ")
-        return ("[\n" if self.rows == 1 else ",\n") + element
+        return ("[\n" if self.rows == 1 else ",\n") + json_element(fields)
 
     def tail(self) -> str:
         if self.spec.format != "json":
             return ""
         return "\n]\n" if self.rows else "[]\n"
+
+
+def json_element(fields: Mapping[str, Any]) -> str:
+    """One row of a JSON answers file as json.dumps(rows, indent=1) lays out an array's element,
+    except that each item of a field's list or mapping is written compact on a line of its own: a
+    token's log-probability entry is one line, where indent gives it dozens (a line per byte of its
+    text) and Python's slower encoder (json's C encoder cannot indent: 0.11 s for W1's 2,048
+    tokens with their top 5, against 0.02 s)."""
+    def dumps(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    def field(value: Any) -> str:
+        if isinstance(value, list) and value:
+            items = [dumps(item) for item in value]
+        elif isinstance(value, dict) and value:
+            items = [f"{dumps(key)}: {dumps(item)}" for key, item in value.items()]
+        else:
+            return dumps(value)
+        brackets = "[]" if isinstance(value, list) else "{}"
+        return brackets[0] + "\n   " + ",\n   ".join(items) + "\n  " + brackets[1]
+
+    if not fields:
+        return " {}"
+    return " {\n" + ",\n".join(f"  {dumps(key)}: {field(value)}" for key, value in fields.items()) + "\n }"
 
 
 def render(rows: Iterable[Row], spec: OutputSpec) -> str:

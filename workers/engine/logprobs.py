@@ -9,7 +9,7 @@ sampling settings that picked the token.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .sequence import decode_text
 
@@ -19,15 +19,16 @@ if TYPE_CHECKING:
 # Digits kept of each log-probability: far below any difference a reader acts on, and the
 # journal and the answers file stay short.
 DIGITS = 6
-# The top k are looked for among the logits within NEAR nats of the highest, the window halved
-# while it holds more than MAX_CANDIDATES (sorting more costs more than a partition of the whole
-# row). A flat row needs the narrower windows: a random-weight model (the benchmarks') puts nearly
-# all of a 151,936-token vocabulary within a nat of the top, and a window (a comparison and a count
-# over the row) costs a fiftieth of a partition of it; a trained model's rows mostly hold a few
-# within NEAR.
-NEAR = 4.0
+# The top k are looked for in groups of a row: GROUP_SIZE logits GROUPS_APART ids apart (a row seen
+# as GROUP_SIZE runs side by side, so the groups' maxima are one pass of elementwise maxima over
+# the runs, as cheap as the row's own maximum). The k-th highest of the groups' maxima is at most
+# the row's k-th highest logit (those maxima are k of its logits), so every logit the top k hold
+# lies in a group whose maximum reaches it: k groups of a row without ties, a few hundred logits
+# to sort whatever the row's shape, flat (a random-weight model's 151,936-token vocabulary within a
+# nat of the top) or peaked. Where more than MAX_CANDIDATES logits are in such groups (many equal
+# at the top), or the row is too short for k groups, a partition of the whole row finds them.
+GROUP_SIZE = 64
 MAX_CANDIDATES = 1024
-NARROWEST = NEAR / 2**16
 
 
 def row_logprobs(row: "np.ndarray", token: int, k: int,
@@ -40,50 +41,45 @@ def row_logprobs(row: "np.ndarray", token: int, k: int,
 
 def block_logprobs(block: "np.ndarray", tokens: Sequence[int], k: int,
                    scratch: "np.ndarray") -> list[tuple[float, list[tuple[int, float]]]]:
-    """row_logprobs of each row of `block` (rows × vocabulary), the normaliser's passes over all
-    the rows at once. `scratch`: a float32 buffer at least the block's shape, overwritten; it may
-    be the block itself (no allocation per row: a row of a 150k vocabulary is 600 KB).
+    """row_logprobs of each row of `block` (rows × vocabulary), the passes over the vocabulary made
+    over all the rows at once. `scratch`: a float32 buffer at least the block's shape, overwritten;
+    it may be the block itself (no allocation per row: a row of a 150k vocabulary is 600 KB).
 
     Whole-block passes matter where threads share the work (workers/llama/sampling.py): numpy lets
     go of the GIL inside a pass and takes it back after, and a thread waits its turn at every
     hand-over, so a few passes a block scale over cores where a dozen a row do not.
 
     The exp over the whole vocabulary is the cost (the normaliser needs every term). The top k
-    are looked for among the logits near the highest (_near_top, a row at a time: a comparison
-    and a count, one to five windows a row, together faster on one thread than a block's mask
-    counted along its axis); where no window holds a few of them, a partition of the whole row
-    finds the k-th largest. Every logit at least as large as the k-th is a candidate either way,
-    so that ties still go to the lower id."""
+    are the k highest logits, ties to the lower id, found among a few hundred candidates a row
+    (_top_ids) before the logits are shifted in place."""
     import numpy as np
 
     n = len(block)
-    shifted = _shifted(block, scratch)
-    best: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    if k > 0:
-        wanted = min(k, block.shape[1])
-        for i in range(n):
-            best[i] = _top_k(shifted[i], _near_top(shifted[i], wanted), k)
+    wanted = min(k, block.shape[1])
+    highest, best = _top_ids(block, wanted) if wanted > 0 else (block.max(axis=1), [[] for _ in range(n)])
+    shifted = _shifted(block, scratch, highest)
     chosen = shifted[np.arange(n), list(tokens)].tolist()
+    top = [list(zip(ids, shifted[i, ids].tolist())) for i, ids in enumerate(best)]
     log_z = _log_z(shifted)
-    return [(round(c - z, DIGITS), [(t, round(v - z, DIGITS)) for t, v in top])
-            for c, z, top in zip(chosen, log_z, best)]
+    return [(round(c - z, DIGITS), [(t, round(v - z, DIGITS)) for t, v in row_top])
+            for c, z, row_top in zip(chosen, log_z, top)]
 
 
 def tokens_logprobs(row: "np.ndarray", tokens: Sequence[int], scratch: "np.ndarray") -> list[float]:
     """The log-probability of each of these tokens at one logits row (unrounded), by the same
     arithmetic as block_logprobs's: a choice read from the logits has the number its token's
     log-probability entry shows. `scratch`: a float32 buffer of at least the row's length."""
-    shifted = _shifted(row[None, :], scratch[None, :len(row)])
+    shifted = _shifted(row[None, :], scratch[None, :len(row)], row[None, :].max(axis=1))
     values = shifted[0, list(tokens)].tolist()
     z = _log_z(shifted)[0]
     return [v - z for v in values]
 
 
-def _shifted(block: "np.ndarray", scratch: "np.ndarray") -> "np.ndarray":
+def _shifted(block: "np.ndarray", scratch: "np.ndarray", highest: "np.ndarray") -> "np.ndarray":
     """Each row less its highest logit, in scratch (exp of it cannot overflow)."""
     import numpy as np
 
-    return np.subtract(block, block.max(axis=1, keepdims=True), out=scratch[:len(block)])
+    return np.subtract(block, highest[:, None], out=scratch[:len(block)])
 
 
 def _log_z(shifted: "np.ndarray") -> list[float]:
@@ -93,36 +89,50 @@ def _log_z(shifted: "np.ndarray") -> list[float]:
     return np.log(np.exp(shifted, out=shifted).sum(axis=1)).tolist()
 
 
-def _near_top(shifted: "np.ndarray", wanted: int) -> "Optional[np.ndarray]":
-    """The ids of one shifted row's logits (its highest is 0) within the widest of NEAR, NEAR/2, ...
-    nats below the highest that holds at most MAX_CANDIDATES of them. None where a window holds
-    fewer than `wanted` first (the top is flat and then steep), or none down to NARROWEST holds few
-    enough (many equal at the top): a partition finds them then. Each window holding `wanted` or
-    more holds the `wanted` highest, and every logit equal to the lowest of them."""
+def _top_ids(block: "np.ndarray", k: int) -> tuple["np.ndarray", list[list[int]]]:
+    """Each row's highest logit, and the ids of its k highest logits, highest first, a tie to the
+    lower id (k at least 1, at most the row's length). The candidates come from the groups whose
+    maxima reach the k-th highest group maximum (GROUP_SIZE's comment), and from the few logits
+    past the last whole group; a row whose groups hold too many, from a partition of the row."""
     import numpy as np
 
-    near = NEAR
-    while near >= NARROWEST:
-        inside = shifted >= -near
-        count = np.count_nonzero(inside)  # a row at a time: numpy counts a 2-D axis several times slower
-        if count < wanted:
-            return None
-        if count <= MAX_CANDIDATES:
-            return np.flatnonzero(inside)
-        near /= 2
-    return None
+    n, width = block.shape
+    apart = width // GROUP_SIZE
+    if apart < k:
+        return block.max(axis=1), [_order(row, _partition_ids(row, k), k) for row in block]
+    runs = block[:, :apart * GROUP_SIZE].reshape(n, GROUP_SIZE, apart)
+    group_max = runs.max(axis=1)
+    kth = np.partition(group_max, apart - k, axis=1)[:, apart - k].tolist()
+    highest = group_max.max(axis=1)
+    tail = np.arange(apart * GROUP_SIZE, width)
+    if len(tail):
+        highest = np.maximum(highest, block[:, tail[0]:].max(axis=1))
+    offsets = np.arange(GROUP_SIZE)[:, None] * apart
+    best = []
+    for row, row_max, floor in zip(block, group_max, kth):
+        groups = np.flatnonzero(row_max >= floor)
+        if len(groups) * GROUP_SIZE > MAX_CANDIDATES:
+            ids = _partition_ids(row, k)
+        else:
+            ids = np.concatenate(((offsets + groups).ravel(), tail))
+            ids = ids[row[ids] >= floor]
+        best.append(_order(row, ids, k))
+    return highest, best
 
 
-def _top_k(shifted: "np.ndarray", near: "Optional[np.ndarray]", k: int) -> list[tuple[int, float]]:
-    """The k highest of one shifted row (ties to the lower id), given the ids _near_top found, or
-    None where it found none."""
+def _partition_ids(row: "np.ndarray", k: int) -> "np.ndarray":
+    """The ids of every logit at least as high as the row's k-th highest, by a partition of it."""
     import numpy as np
 
-    if near is None:
-        n = len(shifted) - min(k, len(shifted))
-        near = np.flatnonzero(shifted >= np.partition(shifted, n)[n])
-    values = shifted[near]
-    return [(int(near[j]), float(values[j])) for j in np.lexsort((near, -values))[:k]]
+    at = len(row) - k
+    return np.flatnonzero(row >= np.partition(row, at)[at])
+
+
+def _order(row: "np.ndarray", ids: "np.ndarray", k: int) -> list[int]:
+    """The k of these ids whose logits are highest, highest first, a tie to the lower id."""
+    import numpy as np
+
+    return ids[np.lexsort((ids, -row[ids]))[:k]].tolist()
 
 
 NORMALIZER_ROWS = 16  # rows made float64 at once: a scored step's 1024 rows × 150k vocabulary would be 1.2 GB
