@@ -1,4 +1,6 @@
-"""mypy and import-linter over the ggbatch package, by its import names.
+"""mypy and import-linter over the ggbatch package, by its import names; mypy over the benchmark
+scripts too (bench/), which call the package's insides: a changed signature breaks them here, not
+on a lent GPU's few minutes.
 
 Neither follows setuptools' import-hook editable install nor pyproject's package-dir mapping
 (ggbatch -> package/, ggbatch.runner -> runner/, ggbatch.workers -> workers/), so this lays the
@@ -38,10 +40,10 @@ def repository_paths(line: str) -> str:
     return "package" + line[len("ggbatch"):] if line.startswith("ggbatch/") else line
 
 
-def run(command: list[str], where: str) -> int:
+def run(command: list[str], where: str, mypy_path: str = "") -> int:
     # PYTHONPATH: the tree's ggbatch comes before the installed one (the editable install's hook)
     r = subprocess.run(command, cwd=where, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": where, "MYPYPATH": ""})
+                       env={**os.environ, "PYTHONPATH": where, "MYPYPATH": mypy_path})
     sys.stdout.write("".join(repository_paths(line) + "\n" for line in r.stdout.splitlines()))
     sys.stderr.write(r.stderr)
     return r.returncode
@@ -51,10 +53,15 @@ def main() -> int:
     config = str(ROOT / "pyproject.toml")
     with tempfile.TemporaryDirectory(prefix="ggbatch-checks-") as where:
         link_tree(Path(where))
-        typed = run([sys.executable, "-m", "mypy", "--config-file", config, "--cache-dir", str(ROOT / ".mypy_cache"),
-                     "--python-executable", sys.executable, "-p", "ggbatch"], where)
+        mypy = [sys.executable, "-m", "mypy", "--config-file", config, "--cache-dir", str(ROOT / ".mypy_cache"),
+                "--python-executable", sys.executable]
+        typed = run([*mypy, "-p", "ggbatch"], where)
+        # The scripts import each other and the tests' helpers (the fake engine) as top-level
+        # modules; those helpers are followed for their types, not checked themselves.
+        benches = run([*mypy, "--follow-imports=silent", *map(str, sorted((ROOT / "bench").glob("*.py")))], where,
+                      mypy_path=os.pathsep.join([str(ROOT / "bench"), str(ROOT / "tests")]))
         layered = run([str(Path(sys.executable).parent / "lint-imports"), config, "--no-cache"], where)
-    return typed or layered
+    return typed or benches or layered
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ def run(model: str, questions: list[Question], slots: int, layout: str, threads:
     try:
         for q in questions:
             engine.add(q)
-        t0, texts = time.perf_counter(), {}
+        t0 = time.perf_counter()
+        texts: dict[str, str] = {}
         while engine.n_unfinished:
             texts.update((a.qid, a.text) for a in engine.step())
         return time.perf_counter() - t0, texts, engine.stats()

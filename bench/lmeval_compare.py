@@ -267,7 +267,8 @@ def prefix_tree_tokens(contexts: list[list[int]]) -> int:
     """Tokens a computation that shares every common prefix would compute: the nodes of the
     contexts' prefix tree (sorted, each context costs what it does not share with the one before)."""
     ordered = sorted(map(tuple, contexts))
-    total, before = 0, ()
+    total = 0
+    before: tuple[int, ...] = ()
     for ctx in ordered:
         common = next((i for i, (x, y) in enumerate(zip(ctx, before)) if x != y), min(len(ctx), len(before)))
         total += len(ctx) - common

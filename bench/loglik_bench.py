@@ -19,6 +19,7 @@ import sys
 import time
 from array import array
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,10 +75,12 @@ def ggbatch_scores(model: str, pairs, slots: int, threads: int, n_ctx: int):
     took = time.perf_counter() - t0
     stats = engine.stats()
     engine.close()
-    out = [None] * len(pairs)
+    out: list[Any] = [None] * len(pairs)
     for k, idx in enumerate(contexts.values()):
+        scored = got[f"c{k}"].scored
+        assert scored is not None, f"c{k} has no scores"
         for j, i in enumerate(idx):
-            out[i] = got[f"c{k}"].scored[j]
+            out[i] = scored[j]
     return out, took, stats
 
 

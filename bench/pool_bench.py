@@ -28,6 +28,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -59,7 +60,7 @@ def sequential(model: str, qs: list[str], tokens: int) -> dict[str, float]:
     return {"answer_calls_s": round(cold, 3), "warm_pool_s": round(warm, 3), "speedup": round(cold / warm, 2)}
 
 
-def threaded(model: str, qs: list[str], tokens: int, repeat: int = 2) -> dict[str, float]:
+def threaded(model: str, qs: list[str], tokens: int, repeat: int = 2) -> dict[str, Any]:
     """N threads each submitting one question against one call of the N, each on a pool of its own
     (a pool that has answered the questions once keeps their prompts' KV: the second would be
     cheaper), alternated, the medians kept. Every slot from the start: the growth a first large

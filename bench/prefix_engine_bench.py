@@ -27,9 +27,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from compare_server import LSAT  # noqa: E402
 from engine_bench import bench_model, load_questions  # noqa: E402
 from ggbatch.runner.plan import layout as layouts  # noqa: E402
-from ggbatch.runner.plan.layout import Layout, cpu_flags, repack_weights, step_budget, usable_cores  # noqa: E402
+from ggbatch.runner.plan.layout import Layout, cpu_flags, repack_weights, usable_cores  # noqa: E402
 from ggbatch.runner.questions.prefix_groups import grouped_order  # noqa: E402
 from ggbatch.runner.questions.prepare import common_prefix  # noqa: E402
+from ggbatch.workers.engine.invariant import step_budget  # noqa: E402
 from ggbatch.workers.protocol import GenerationParams, Question  # noqa: E402
 
 SYSTEM = "Answer with the letter of the correct choice."
@@ -56,7 +57,7 @@ def run(model: str, questions: list[Question], variant: str, threads: int) -> di
     n_ctx_seq = max(len(q.tokens) for q in questions) + TOKENS + 1
     repack = repack_weights(None, None, cpu_flags(), slots)[0]
     unified = layouts.kv_unified_for(len(prefix), n_ctx_seq, False, cache)
-    lay = Layout(1, threads, slots, (), repack, "bench", n_ctx_seq, unified, step_budget(n_batch, slots),
+    lay = Layout(1, threads, slots, (), repack, "bench", n_ctx_seq, unified, step_budget(n_batch, slots, False),
                  prefix_cache=cache)
     config = layouts.engine_config(model, lay, prefix, GenerationParams(max_tokens=TOKENS, ignore_eos=True))
     if "nofa" in parts or "fa" in parts:

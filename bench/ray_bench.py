@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +65,7 @@ def round_trip_ms(model: str) -> float:
     from ggbatch.workers.spec import WorkerSpec
 
     node = nodes_from_ray(ray.nodes())[0]
-    actor = ray.remote(RayWorker).options(num_cpus=1).remote(WorkerSpec(0, (0,), model, node_id=node.node_id))
+    actor: Any = ray.remote(RayWorker).options(num_cpus=1).remote(WorkerSpec(0, (0,), model, node_id=node.node_id))
     ray.get(actor.where.remote())
     times = []
     for _ in range(200):

@@ -49,7 +49,8 @@ def parse_samples(log: str) -> list[dict]:
 
 def follow_schedule(proc: subprocess.Popen, schedule: list[tuple[float, int]]) -> None:
     """Start and stop busy loops on schedule while ggbatch runs."""
-    t0, loops = time.monotonic(), []
+    t0 = time.monotonic()
+    loops: list[subprocess.Popen] = []
     try:
         for at, n in schedule:
             while proc.poll() is None and time.monotonic() - t0 < at:

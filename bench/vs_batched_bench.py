@@ -38,7 +38,7 @@ METRICS = ("S_PP", "S_TG", "S")
 
 
 def run_batched_bench(binary: str, model: str, npp: str, ntg: str, npl: str, threads: int,
-                      repack: bool, gpu_layers: str = "0") -> dict[int, dict]:
+                      repack: bool, gpu_layers: str = "0") -> dict[tuple[int, int, int], dict]:
     # -b 512: ggbatch's engine takes at most n_batch = 512 tokens per llama_decode. With its
     # default -b 2048 batched-bench hands llama.cpp all 16 prompts of 128 tokens at once, which
     # it splits into ubatches of 16 sequences x 32 tokens: 7-10% slower prompt processing here.
@@ -56,7 +56,7 @@ def run_batched_bench(binary: str, model: str, npp: str, ntg: str, npl: str, thr
 
 
 def run_ggbatch(model: str, npp: str, ntg: str, npl: str, threads: int, repack: bool,
-                gpu_layers: str = "0") -> dict[int, dict]:
+                gpu_layers: str = "0") -> dict[tuple[int, int, int], dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", model, "--npp", npp, "--ntg", ntg,
