@@ -84,7 +84,8 @@ def test_json_rows_are_written_exactly_as_json_dumps_writes_the_array():
 
 def test_json_rows_put_each_item_of_a_fields_list_on_a_line_of_its_own():
     # A token's log-probability entry on one line, not a line per byte of its text as indent
-    # writes it; n samples' answers each on a line, as indent writes them.
+    # writes it; n samples' answers each on a line, as indent writes them, and each sample's
+    # entries a line each.
     entry = TokenLogprob(9, "é".encode(), -0.25, ((9, "é".encode(), -0.25), (4, b" x", -1.5)))
     samples = (Sample("a\nb", FinishReason.STOP, 2, (entry,)), Sample("c", FinishReason.LENGTH, 1, (entry,)))
     rows = [Row("q0", Answer("q0", "éé", FinishReason.STOP, 3, 1, 0, 0.1, 0.2, token_logprobs=(entry, entry))),
@@ -97,7 +98,7 @@ def test_json_rows_put_each_item_of_a_fields_list_on_a_line_of_its_own():
     assert text.split("\n")[:7] == ['[', ' {', '  "questionID": "q0",', '  "answer": "éé",', '  "token_logprobs": [',
                                      f'   {one},', f'   {one}']
     assert '  "answer": [\n   "a\\nb",\n   "c"\n  ],' in text
-    assert f'   [{one}],\n   [{one}]\n  ]\n }}\n]\n' in text
+    assert f'  "token_logprobs": [\n   [\n    {one}\n   ],\n   [\n    {one}\n   ]\n  ]\n }}\n]\n' in text
 
 
 def test_the_tally_counts_what_the_report_says():

@@ -83,26 +83,30 @@ class RowText:
 
 def json_element(fields: Mapping[str, Any]) -> str:
     """One row of a JSON answers file as json.dumps(rows, indent=1) lays out an array's element,
-    except that each item of a field's list or mapping is written compact on a line of its own: a
-    token's log-probability entry is one line, where indent gives it dozens (a line per byte of its
-    text) and Python's slower encoder (json's C encoder cannot indent: 0.11 s for W1's 2,048
-    tokens with their top 5, against 0.02 s)."""
-    def dumps(value: Any) -> str:
-        return json.dumps(value, ensure_ascii=False)
-
-    def field(value: Any) -> str:
-        if isinstance(value, list) and value:
-            items = [dumps(item) for item in value]
-        elif isinstance(value, dict) and value:
-            items = [f"{dumps(key)}: {dumps(item)}" for key, item in value.items()]
-        else:
-            return dumps(value)
-        brackets = "[]" if isinstance(value, list) else "{}"
-        return brackets[0] + "\n   " + ",\n   ".join(items) + "\n  " + brackets[1]
-
+    except that lists are opened only down to items that are not lists themselves, each such item
+    written compact on a line of its own: a token's log-probability entry is one line (one sample's
+    list of them, several), where indent gives it dozens (a line per byte of its text) and needs
+    Python's slower encoder (json's C encoder cannot indent: 0.11 s for W1's 2,048 tokens with their
+    top 5, against 0.02 s). A field's object has a key a line."""
     if not fields:
         return " {}"
-    return " {\n" + ",\n".join(f"  {dumps(key)}: {field(value)}" for key, value in fields.items()) + "\n }"
+    return " {\n" + ",\n".join(f"  {_compact(key)}: {_laid_out(value, 2)}" for key, value in fields.items()) + "\n }"
+
+
+def _laid_out(value: Any, depth: int) -> str:
+    """A value json_element writes at this depth (its closing bracket indented by depth)."""
+    if isinstance(value, list) and value:
+        items = [_laid_out(item, depth + 1) if isinstance(item, list) else _compact(item) for item in value]
+    elif isinstance(value, dict) and value and depth == 2:
+        items = [f"{_compact(key)}: {_compact(item)}" for key, item in value.items()]
+    else:
+        return _compact(value)
+    inner, brackets = " " * (depth + 1), "[]" if isinstance(value, list) else "{}"
+    return brackets[0] + "\n" + ",\n".join(inner + item for item in items) + "\n" + " " * depth + brackets[1]
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def render(rows: Iterable[Row], spec: OutputSpec) -> str:
