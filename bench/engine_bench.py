@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from ggbatch.runner.config.checks import bool_or_auto  # noqa: E402
 from ggbatch.runner.files.paths import ggbatch_cache  # noqa: E402
-from ggbatch.runner.plan.layout import cpu_flags, repack_weights, usable_cores  # noqa: E402
+from ggbatch.runner.plan.layout import usable_cores  # noqa: E402
+from ggbatch.runner.plan.repack import cpu_flags, repack_weights  # noqa: E402
 from ggbatch.runner.questions.prepare import common_prefix  # noqa: E402
 from ggbatch.runner.questions.prompts import PromptBuilder  # noqa: E402
 from ggbatch.runner.tools.bench import engine_config, run_engine  # noqa: E402

@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from compare_server import LSAT  # noqa: E402
 from engine_bench import bench_model, load_questions  # noqa: E402
 from ggbatch.runner.plan import layout as layouts  # noqa: E402
-from ggbatch.runner.plan.layout import Layout, cpu_flags, repack_weights, usable_cores  # noqa: E402
+from ggbatch.runner.plan.layout import Layout, usable_cores  # noqa: E402
+from ggbatch.runner.plan.repack import cpu_flags, repack_weights  # noqa: E402
 from ggbatch.runner.questions.prefix_groups import grouped_order  # noqa: E402
 from ggbatch.runner.questions.prepare import common_prefix  # noqa: E402
 from ggbatch.workers.engine.invariant import step_budget  # noqa: E402

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from engine_bench import bench_model  # noqa: E402
 from ggbatch.runner.config.checks import bool_or_auto  # noqa: E402
-from ggbatch.runner.plan.layout import cpu_flags, repack_weights, usable_cores  # noqa: E402
+from ggbatch.runner.plan.layout import usable_cores  # noqa: E402
+from ggbatch.runner.plan.repack import cpu_flags, repack_weights  # noqa: E402
 
 METRICS = ("S_PP", "S_TG", "S")
 

@@ -26,6 +26,7 @@ from .plan.cgroup_memory import system_memory
 from .plan.growth import ContextGrowth, PlanInputs
 from .plan.layout import PromptFacts
 from .plan.nodes import Node, NodePlan, share
+from .plan.repack import cpu_flags, model_is_hybrid
 from .plan.repack_check import repack_refused
 from .plan.repack_share import nothing_to_repack
 from .pool.backend import Backend
@@ -59,11 +60,11 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
     if local and n_gpu_layers:  # the VRAM the GPUs have free, before the workers take theirs
         nodes = [replace(nodes[0], gpus=free_gpu_memory())]
     choice = tuned.for_job(config, model, records) if use_tuned and local and not n_gpu_layers else None
-    hybrid, plain = layouts.model_is_hybrid(model.path), nothing_to_repack(model.path, layouts.cpu_flags())
+    hybrid, plain = model_is_hybrid(model.path), nothing_to_repack(model.path, cpu_flags())
     refused = repack_refused(config.repack is False or config.batch_invariant or hybrid or plain)
     try:
         layouts_ = [replace(layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
-                                          share(n_records, node, nodes), layouts.cpu_flags(), choice,
+                                          share(n_records, node, nodes), cpu_flags(), choice,
                                           config.devices, n_gpu_layers, config.batch_invariant, hybrid, refused,
                                           plain, "here" if local else f"on {node.describe()}"),
                               flash_attn=config.flash_attn)

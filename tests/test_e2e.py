@@ -319,7 +319,7 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, questions_file):
     # A Q4_K model (rows of 256: what llama.cpp's repacked kernels take). llama.cpp's own log,
     # let through by GGBATCH_LLAMA_LOG, says whether it made a CPU_REPACK buffer.
     from ggbatch.runner.model.make import modelgen as mg
-    from ggbatch.runner.plan.layout import cpu_flags
+    from ggbatch.runner.plan.repack import cpu_flags
 
     if "avx2" not in cpu_flags():
         pytest.skip("llama.cpp repacks Q4_K weights only on x86 CPUs with AVX2 (this one has none)")
@@ -347,7 +347,7 @@ def test_repack_setting_reaches_llama_cpp(tmp_path, questions_file):
 
 
 def test_auto_repack_follows_the_cpu_and_the_expected_slots(tmp_path, demo_q4_model, questions_file):
-    from ggbatch.runner.plan.layout import cpu_flags, repack_weights
+    from ggbatch.runner.plan.repack import cpu_flags, repack_weights
 
     report = tmp_path / "r.json"
     r = ggbatch("--model", demo_q4_model, "--input", questions_file(20), "--output", tmp_path / "a.json",

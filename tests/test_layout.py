@@ -7,13 +7,12 @@ import pytest
 from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.plan.layout import (
     context_per_sequence,
-    cpu_flags,
     kv_unified_for,
     past_training_context,
     plan_layout,
-    repack_weights,
     start,
 )
+from ggbatch.runner.plan.repack import cpu_flags, repack_weights
 from ggbatch.runner.questions.maker import question_seed
 from ggbatch.runner.questions.prepare import common_prefix
 from helpers import ggbatch, write_questions

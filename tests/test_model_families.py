@@ -226,7 +226,7 @@ def test_a_job_with_worker_kills_and_a_resume_answers_as_a_quiet_one_slot_run(ar
 @pytest.mark.timeout(120)
 def test_hybrid_models_are_found_from_their_header_and_never_repacked(arch_models):
     from ggbatch.runner.errors import ConfigError
-    from ggbatch.runner.plan.layout import model_is_hybrid, repack_weights
+    from ggbatch.runner.plan.repack import model_is_hybrid, repack_weights
 
     assert {name: model_is_hybrid(arch_models[name]) for name in FAMILIES} == {
         name: memory is HYBRID for name, (_, memory, _) in FAMILIES.items()}

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from ggbatch.runner.files.paths import ggbatch_cache
-from ggbatch.runner.plan.layout import cpu_flags
+from ggbatch.runner.plan.repack import cpu_flags
 from ggbatch.runner.plan.repack_check import VERDICTS, build_key, repacked_weights_run
 from helpers import ggbatch
 

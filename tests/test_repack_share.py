@@ -16,7 +16,7 @@ import pytest
 from ggbatch.runner.model.make import modelgen as mg
 from ggbatch.runner.model.make.llama_gen import LlamaShape
 from ggbatch.runner.model.make.qwen3_gen import Qwen3MoeShape
-from ggbatch.runner.plan.layout import cpu_flags
+from ggbatch.runner.plan.repack import cpu_flags
 from ggbatch.runner.plan.repack_check import repack_refused
 from ggbatch.runner.plan.repack_share import repacked_bytes
 from helpers import ggbatch

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from ggbatch.runner.model.make import modelgen as mg
-from ggbatch.runner.plan.layout import model_is_hybrid
+from ggbatch.runner.plan.repack import model_is_hybrid
 from ggbatch.workers.engine.samples import SampleSet, sample_seed
 from ggbatch.workers.engine.scheduler import Scheduler
 from ggbatch.workers.engine.sequence import Sequence

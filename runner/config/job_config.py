@@ -26,7 +26,7 @@ class JobConfig:
     threads: Optional[int] = AUTO
     threads_adapt: str = "auto"  # auto: fewer llama.cpp threads while other processes take the cores; off
     slots: Optional[int] = AUTO
-    repack: Optional[bool] = AUTO  # llama.cpp's CPU_REPACK weight layout; auto: layout.repack_weights
+    repack: Optional[bool] = AUTO  # llama.cpp's CPU_REPACK weight layout; auto: runner/plan/repack.py repack_weights
     n_gpu_layers: Optional[int] = AUTO  # layers in VRAM, GPU_ALL for all; auto: gpu.gpu_layers_for
     devices: tuple[int, ...] = ()  # one worker per GPU (runner/plan/gpu.py)
     n_batch: Optional[int] = AUTO  # a step's token budget; auto: layout.batch_budget

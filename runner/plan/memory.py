@@ -3,7 +3,7 @@
 What a worker holds, as llama.cpp reports it and as PSS measures it (28 × 1024 Q4_K_M model,
 413 MiB file, 16 slots, two workers: plan 1,281 MiB, measured PSS 1,304 MiB):
 - the model file, mmap'd: its pages are shared by all workers, counted once;
-- when the weights are repacked (runner/plan/layout.py repack_weights), a private copy of those
+- when the weights are repacked (runner/plan/repack.py repack_weights), a private copy of those
   the repacked kernels take (llama.cpp's CPU_REPACK buffer: 161 MiB of that 405 MiB model; read
   from the tensor table, runner/plan/repack_share.py: none of an f16 file, 97% of a Q4_0 MoE),
   so every worker pays it again;

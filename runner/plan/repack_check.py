@@ -7,7 +7,7 @@ instruction set the CPU lists. Its repacked layouts (CPU_REPACK, and AMX on Inte
 it) are used only when the weights are repacked, and a CPU can list an instruction set it then
 refuses: an x86 virtual machine listing AMX killed every worker with SIGILL (signal 4) as soon as
 a quantized model decoded, where plain weights answer. `auto` then leaves the weights plain
-(layout.repack_weights), and `model.repack: true` is refused with the reason.
+(repack.repack_weights), and `model.repack: true` is refused with the reason.
 
 The answer is keyed by the llama.cpp libraries' sizes and times and the CPU's flags: a new build
 or another CPU asks again.
@@ -28,6 +28,7 @@ from typing import Optional
 
 from ..files.outputs import write_atomic
 from ..files.paths import ggbatch_cache
+from .repack import cpu_flags
 
 log = logging.getLogger("ggbatch")
 
@@ -60,8 +61,6 @@ def repack_refused(plain_anyway: bool = False) -> str:
     weights may be repacked (`plain_anyway`: they will not be, whatever the answer)."""
     if plain_anyway:
         return ""
-    from .layout import cpu_flags  # layout imports nothing of this module; the cycle stays out
-
     runs, why = repacked_weights_run(cpu_flags())
     return "" if runs else why
 

@@ -37,8 +37,8 @@ from ..config.schema import LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError
 from ..model.gguf_header import GGUFFormatError, HParam, read_hparams
 from ..model.hub import model_bytes
-from ..plan.layout import cpu_flags
 from ..plan.memory import ModelDims, dims_from_metadata
+from ..plan.repack import cpu_flags
 from ..plan.repack_share import repacked_bytes
 from .prompts import PLAIN_STOP, PLAIN_TEMPLATE, PromptBuilder
 from .tokenizing import TokenizerProcess

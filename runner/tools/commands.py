@@ -23,7 +23,8 @@ from ..files.paths import check_output, check_writable, same_file, same_file_err
 from ..files.piped import STDIN, readable_file
 from ..model.hub import model_bytes
 from ..model.identity import identify, resolve_model
-from ..plan.layout import cpu_flags, model_is_hybrid, plan_layout, repack_weights, usable_cores
+from ..plan.layout import plan_layout, usable_cores
+from ..plan.repack import cpu_flags, model_is_hybrid, repack_weights
 from ..plan.repack_check import repack_refused
 from ..plan.repack_share import nothing_to_repack
 

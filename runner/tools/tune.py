@@ -17,8 +17,9 @@ from typing import Any, Callable, Optional, Sequence
 from ..config.schema import build_config
 from ..errors import GgbatchError
 from ..files.inputs import read_records
-from ..plan.layout import cpu_flags, model_is_hybrid, usable_cores
+from ..plan.layout import usable_cores
 from ..plan.memory import MIB
+from ..plan.repack import cpu_flags, model_is_hybrid
 from ..plan.repack_check import repack_refused
 from ..plan.repack_share import nothing_to_repack
 
@@ -30,7 +31,7 @@ def candidates(n_cores: int, slot_options: Sequence[int], n_questions: int,
                batch_invariant: bool = False, plain_only: bool = False) -> list[dict[str, int]]:
     """Every split of the cores into equal workers, with every slot count the sample can fill,
     with the weights repacked by llama.cpp and not (which is faster depends on the CPU and the
-    batch: layout.repack_weights; a batch_invariant job never repacks, nor does `plain_only`: a
+    batch: repack.repack_weights; a batch_invariant job never repacks, nor does `plain_only`: a
     hybrid model, or a CPU that refuses the repacked kernels). `workers` workers share
     n_questions, so slots beyond each one's share would stay empty and the trial would repeat a
     smaller one under a bigger name.
@@ -45,7 +46,7 @@ def candidates(n_cores: int, slot_options: Sequence[int], n_questions: int,
 def plain_weights_only(model_path: str, batch_invariant: bool) -> bool:
     """Whether no trial may repack the weights besides batch_invariant's own rule: a hybrid model,
     a file with nothing llama.cpp repacks here (an f16 model's repacked and plain trials are the
-    same run), or a CPU that refuses the repacked kernels (layout.repack_weights)."""
+    same run), or a CPU that refuses the repacked kernels (repack.repack_weights)."""
     return (model_is_hybrid(model_path) or nothing_to_repack(model_path, cpu_flags())
             or bool(repack_refused(batch_invariant)))
 

@@ -102,7 +102,7 @@ def model_params(vocab_only: bool, repack: bool = True, n_gpu_layers: int = 0,
                  one_device: bool = False) -> llama_cpp.llama_model_params:
     """repack: let llama.cpp copy the weights it can into its CPU_REPACK buffer, in the interleaved
     layout of its gemm kernels. Which is faster depends on the CPU and the batch: the coordinator
-    decides (runner/plan/layout.py repack_weights). n_gpu_layers: layers stored in VRAM (negative: all;
+    decides (runner/plan/repack.py repack_weights). n_gpu_layers: layers stored in VRAM (negative: all;
     llama.cpp's own default is all, so 0 is set explicitly); one_device: the worker sees one GPU
     (workers/devices.py) and puts the whole model on it rather than splitting it by layer."""
     params = llama_cpp.llama_model_default_params()
