@@ -96,13 +96,14 @@ def test_a_rows_top_k_come_from_its_groups_not_a_partition(monkeypatch):
     tiny = np.float32([0.5, 3.0, 1.0, 3.0, -1.0])  # fewer ids than k groups hold
     ties = np.zeros(20_000, np.float32)  # every logit the highest
     for row, expect_partition in ((flat, False), (peaked, False), (steep, False), (tiny, True), (ties, True)):
-        partitioned.clear()
-        k = min(5, len(row))
-        ref = sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
-        highest, (ids,) = logprobs._top_ids(row[None, :], k)
-        assert ids == ref and highest[0] == row.max()
-        assert bool(partitioned) == expect_partition
-    assert ref == [0, 1, 2, 3, 4]
+        for k in (5, 20):  # 20: OpenAI's most top_logprobs, 20 groups of 64
+            partitioned.clear()
+            k = min(k, len(row))
+            ref = sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
+            highest, (ids,) = logprobs._top_ids(row[None, :], k)
+            assert ids == ref and highest[0] == row.max()
+            assert bool(partitioned) == expect_partition
+    assert ref == list(range(20))  # the ties: the lowest ids
 
 
 def test_a_block_of_rows_gives_each_rows_own_numbers():

@@ -19,14 +19,15 @@ if TYPE_CHECKING:
 # Digits kept of each log-probability: far below any difference a reader acts on, and the
 # journal and the answers file stay short.
 DIGITS = 6
-# The top k are looked for in groups of a row: GROUP_SIZE logits GROUPS_APART ids apart (a row seen
-# as GROUP_SIZE runs side by side, so the groups' maxima are one pass of elementwise maxima over
-# the runs, as cheap as the row's own maximum). The k-th highest of the groups' maxima is at most
-# the row's k-th highest logit (those maxima are k of its logits), so every logit the top k hold
-# lies in a group whose maximum reaches it: k groups of a row without ties, a few hundred logits
-# to sort whatever the row's shape, flat (a random-weight model's 151,936-token vocabulary within a
-# nat of the top) or peaked. Where more than MAX_CANDIDATES logits are in such groups (many equal
-# at the top), or the row is too short for k groups, a partition of the whole row finds them.
+# The top k are looked for in groups of a row: GROUP_SIZE logits, each a row's length / GROUP_SIZE
+# ids from the next (a row seen as GROUP_SIZE runs side by side, so the groups' maxima are one pass
+# of elementwise maxima over the runs, as cheap as the row's own maximum). The k-th highest of the
+# groups' maxima is at most the row's k-th highest logit (those maxima are k of its logits), so
+# every logit the top k hold lies in a group whose maximum reaches it: k groups of a row without
+# ties, k × GROUP_SIZE logits to sort whatever the row's shape, flat (a random-weight model's
+# 151,936-token vocabulary within a nat of the top) or peaked. Where ties at the k-th maximum bring
+# more groups, holding more than MAX_CANDIDATES logits (many equal at the top), or the row is too
+# short for k groups, a partition of the whole row finds them.
 GROUP_SIZE = 64
 MAX_CANDIDATES = 1024
 
@@ -111,7 +112,7 @@ def _top_ids(block: "np.ndarray", k: int) -> tuple["np.ndarray", list[list[int]]
     best = []
     for row, row_max, floor in zip(block, group_max, kth):
         groups = np.flatnonzero(row_max >= floor)
-        if len(groups) * GROUP_SIZE > MAX_CANDIDATES:
+        if len(groups) > k and len(groups) * GROUP_SIZE > MAX_CANDIDATES:
             ids = _partition_ids(row, k)
         else:
             ids = np.concatenate(((offsets + groups).ravel(), tail))
