@@ -82,12 +82,12 @@ class RowText:
 
 
 def json_element(fields: Mapping[str, Any]) -> str:
-    """One row of a JSON answers file as json.dumps(rows, indent=1) lays out an array's element,
-    except that lists are opened only down to items that are not lists themselves, each such item
-    written compact on a line of its own: a token's log-probability entry is one line (one sample's
-    list of them, several), where indent gives it dozens (a line per byte of its text) and needs
-    Python's slower encoder (json's C encoder cannot indent: 0.11 s for W1's 2,048 tokens with their
-    top 5, against 0.02 s). A field's object has a key a line."""
+    """One row of a JSON answers file, laid out as json.dumps(rows, indent=1) lays out an array's
+    element except below a field: a list is opened while its items are lists, and each item that
+    is not a list is written compact on a line of its own; a field's object has a key a line. A
+    token's log-probability entry is then one line, where indent gives it dozens (a line per byte
+    of its text) and only Python's slower encoder can write it (json's C encoder cannot indent:
+    0.11 s for W1's 2,048 tokens with their top 5, against 0.02 s)."""
     if not fields:
         return " {}"
     return " {\n" + ",\n".join(f"  {_compact(key)}: {_laid_out(value, 2)}" for key, value in fields.items()) + "\n }"
