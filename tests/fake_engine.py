@@ -180,5 +180,5 @@ class FakeEngine:
         self.waiting.clear()
         return n
 
-    def close(self) -> None:
+    def close(self, keep_weights: bool = False) -> None:
         pass

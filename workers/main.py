@@ -28,6 +28,7 @@ from .protocol import (
     AnswerBatch,
     Chunk,
     Configure,
+    EngineConfig,
     EngineStats,
     Ready,
     SetThreads,
@@ -63,39 +64,70 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Any) -> None:
 
 def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
     """A worker's life, wherever it lives (a process of its own, or a Ray actor's thread: see
-    workers/ray_actor.py): pin, load, wait for Configure, then serve until told to stop.
-    `tasks` has get()/get_nowait() (raising queue.Empty) of encoded messages, `results` has
-    send_bytes(). Returns False after reporting an error (a WorkerError), True after a Stop."""
+    workers/ray_actor.py): pin, load, wait for Configure, then serve until told to stop (a later
+    Configure builds the engine again in place: _Engines). `tasks` has get()/get_nowait()
+    (raising queue.Empty) of encoded messages, `results` has send_bytes(). Returns False after
+    reporting an error (a WorkerError), True after a Stop."""
     if spec.device is not None:  # before llama.cpp lists its GPUs (workers/devices.py)
         os.environ.update(visible_device_env(spec.device, os.environ))
-    engine: Optional[Engine] = None
-    stage = "load"
+    engines = _Engines(spec, results)
     try:
         # Pin before the model loads, so llama.cpp's thread pool is created on our cores.
         os.sched_setaffinity(0, spec.cores)
         t0 = time.perf_counter()
-        n_gpu_layers, gpu_layers = _preload(spec)
-        load_s = time.perf_counter() - t0
+        engines.offload = _preload(spec, spec.repack)
         first = decode(tasks.get())  # Configure, or Stop if the job needs no answering after all
         if not isinstance(first, Configure):
             return True
-        t1 = time.perf_counter()
-        stage = "configure"
-        engine_config = replace(first.engine, n_threads=within_cores(spec, first.engine.n_threads))
-        engine = spec.engine_factory.build(engine_config, spec.worker_id)
-        stage = "run"
-        results.send_bytes(encode(Ready(spec.worker_id, os.getpid(), load_s + time.perf_counter() - t1,
-                                        engine.n_threads, tuple(sorted(os.sched_getaffinity(0))), n_gpu_layers,
-                                        gpu_layers, engine.memory_kind.value)))
-        _serve(engine, spec, tasks, results)
+        engines.configure(first, time.perf_counter() - t0)
+        _serve(engines, spec, tasks, results)
         # The engine stays open: the caller ends the process at once, which frees it faster.
         return True
     except BaseException as exc:  # report anything, then die: the coordinator decides what next
-        results.send_bytes(encode(WorkerError(spec.worker_id, stage, type(exc).__name__, str(exc),
+        results.send_bytes(encode(WorkerError(spec.worker_id, engines.stage, type(exc).__name__, str(exc),
                                               traceback.format_exc(), isinstance(exc, ModelLoadError))))
-        if engine is not None:
-            engine.close()
+        if engines.engine is not None:
+            engines.engine.close()
         return False
+
+
+class _Engines:
+    """The worker's engine, built on the weights loaded at start-up when the first Configure comes,
+    and built again in place when another comes (the pool grown to a larger context): the old
+    engine's context is freed first, and its weights are kept for the new one where they are
+    loaded alike (the same repack), so the process, its imports and the model's load are not
+    paid again (on a GPU, CUDA's start and the weights' copy). `stage` names what an error
+    interrupted."""
+
+    def __init__(self, spec: WorkerSpec, results: Any) -> None:
+        self.spec, self.results = spec, results
+        self.engine: Optional[Engine] = None
+        self.config: Optional[EngineConfig] = None
+        self.offload = (0, 0)  # (the n_gpu_layers llama.cpp was given, the layers it put on a GPU)
+        self.load_s = 0.0  # this life's time loading the weights and building engines, so far
+        self.stage = "load"
+
+    def configure(self, msg: Configure, load_s: float = 0.0) -> Engine:
+        """The engine msg asks for, built, and Ready said with this life's load_s so far (`load_s`:
+        the weights' load before it)."""
+        t0 = time.perf_counter()
+        self.stage = "configure"
+        config = replace(msg.engine, n_threads=within_cores(self.spec, msg.engine.n_threads))
+        if self.engine is not None:
+            if self.engine.n_unfinished:
+                raise RuntimeError("a new engine was asked for while this one still held questions")
+            keep = self.config is not None and self.config.repack == config.repack
+            self.engine.close(keep_weights=keep)
+            self.engine = None
+            if not keep:
+                self.offload = _preload(self.spec, config.repack)
+        engine = self.engine = self.spec.engine_factory.build(config, self.spec.worker_id)
+        self.config, self.stage = config, "run"
+        self.load_s += load_s + time.perf_counter() - t0
+        self.results.send_bytes(encode(Ready(self.spec.worker_id, os.getpid(), self.load_s,
+                                             engine.n_threads, tuple(sorted(os.sched_getaffinity(0))),
+                                             *self.offload, engine.memory_kind.value)))
+        return engine
 
 
 def within_cores(spec: WorkerSpec, n_threads: int) -> int:
@@ -143,13 +175,15 @@ def _redirect_stderr(log_path: Optional[str]) -> None:
         os.close(fd)
 
 
-def _preload(spec: WorkerSpec) -> tuple[int, int]:
+def _preload(spec: WorkerSpec, repack: bool) -> tuple[int, int]:
     """Load the weights now, while the coordinator is still tokenizing the questions. Returns
     (the n_gpu_layers the library was given, the layers it says it offloaded)."""
-    return spec.engine_factory.preload(spec.model_path, spec.repack, spec.n_gpu_layers, spec.device is not None)
+    return spec.engine_factory.preload(spec.model_path, repack, spec.n_gpu_layers, spec.device is not None)
 
 
-def _serve(engine: Engine, spec: WorkerSpec, tasks: Any, results: Any) -> None:
+def _serve(engines: _Engines, spec: WorkerSpec, tasks: Any, results: Any) -> None:
+    engine = engines.engine
+    assert engine is not None
     target = 2 * engine.slots  # questions held locally: a full batch plus a full refill
     asked = False
     stopping = False
@@ -165,6 +199,9 @@ def _serve(engine: Engine, spec: WorkerSpec, tasks: Any, results: Any) -> None:
             if isinstance(msg, Stop):
                 stopping = True
                 engine.drop_waiting()
+            elif isinstance(msg, Configure):  # sent only once this worker holds nothing
+                engine = engines.configure(msg)
+                target, asked = 2 * engine.slots, False
             elif isinstance(msg, Chunk):
                 for question in msg.questions:
                     engine.add(question)

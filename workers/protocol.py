@@ -12,6 +12,8 @@ One small frozen dataclass per message, so a reader sees the whole conversation 
         │ ◀─────────────── EngineStats ─── │  at most every 0.5 s while it works, and when it runs dry
         │ ── SetThreads(n) ──────────────▶ │  other processes take its cores (runner/watch/thread_controller.py):
         │ ◀──────────────── ThreadsSet ─── │  llama.cpp's thread count from the next step, as it says
+        │ ── Configure(EngineConfig) ────▶ │  once it holds nothing, when the pool grows (runner/plan/growth.py):
+        │ ◀───────────────────── Ready ─── │  builds the new engine in place, on the weights it loaded
         │ ── Stop ───────────────────────▶ │  finish what is decoding, drop the rest, exit
         │ ◀──────────────── WorkerError ── │  only when the worker itself cannot go on
 
@@ -344,7 +346,8 @@ class WorkerError:
 
 @dataclass(frozen=True)
 class Configure:
-    """The engine to build: sent once the coordinator has tokenized and planned."""
+    """The engine to build: sent once the coordinator has tokenized and planned, and again, to a
+    worker that holds nothing, when the pool grows (the worker builds it in place)."""
 
     engine: EngineConfig
 

@@ -8,7 +8,8 @@ a resumed file's first window may hold nothing left to answer. Such a question i
 When the pool takes the window, the context grows to what each of its questions needs (its prompt
 and its max_tokens, capped by the model's training context, as the context of a file of one
 window is sized), within the memory of the first plan; the workers finish what they hold, get
-nothing new meanwhile, and start again with the larger context (runner/pool/pool.py reconfigure).
+nothing new meanwhile, and build the larger context in place, on the weights they loaded
+(runner/pool/pool.py reconfigure; workers/main.py _Engines).
 
     window ─▶ need (longest prompt + its max_tokens) ─▶ fits the context? ─▶ as it is
                                                      └▶ the largest context ≤ need the memory
@@ -96,8 +97,8 @@ class ContextGrowth:
         if n_ctx_seq <= self.n_ctx_seq:
             return None
         log.info("questions came that need %d tokens of context per sequence (a later window of the file, or a "
-                 "pool's call): the context grows from %d to %d tokens (each worker starts again once it has "
-                 "answered what it holds)", want, self.n_ctx_seq, n_ctx_seq)
+                 "pool's call): the context grows from %d to %d tokens (each worker builds it in place once it "
+                 "has answered what it holds)", want, self.n_ctx_seq, n_ctx_seq)
         return self._replanned(self._plans(n_ctx_seq))
 
     @property
@@ -135,7 +136,8 @@ class ContextGrowth:
         why = (f"calls hold {sequences} sequences, more than the pool's {before} slots" if sequences > before
                else f"a question's {widest} samples decode together, more than a worker's {per_worker} slots")
         engines = self._replanned(plans)
-        log.info("%s: it grows to %d (each worker starts again once it has answered what it holds)", why, self.slots)
+        log.info("%s: it grows to %d (each worker builds its context again in place once it has answered what it "
+                 "holds)", why, self.slots)
         return engines
 
     def _replanned(self, plans: list[tuple[Layout, MemoryPlan]]) -> dict[int, EngineConfig]:

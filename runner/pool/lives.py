@@ -91,7 +91,7 @@ class WorkerLives:
             w.link = None
 
     def reconfigure(self, workers: Sequence[WorkerState], engines: Mapping[int, EngineConfig]) -> None:
-        """Every live worker is outdated: it starts again with its engine here once it holds
+        """Every live worker is outdated: it builds its engine here once it holds
         nothing (restart_outdated); a worker without one is let go then."""
         old = self.engines
         ids = [w.spec.worker_id for w in workers]
@@ -106,18 +106,22 @@ class WorkerLives:
             w.outdated = w.link is not None
 
     def restart_outdated(self, workers: Sequence[WorkerState], stopping: bool) -> None:
-        """The outdated workers that hold nothing now start again with their new engine (a stopping
-        pool starts none: the journal keeps what they answered)."""
+        """The outdated workers that hold nothing now build their new engine in place, in the same
+        process on the weights it loaded (workers/main.py _Engines); a worker let go ends (a
+        stopping pool changes none: the journal keeps what they answered)."""
         for w in workers:
             if not w.outdated or w.in_flight or w.link is None or stopping:
                 continue
-            # It holds nothing, and its counters came before its last answers: nothing is lost by
-            # ending it at once, and the loop never waits for a worker still loading the model.
-            self.stop(w, graceful=False)
+            # It holds nothing, and its counters came before its last answers: its engine's
+            # counters start again from nothing, and this life's join its earlier ones'.
             w.end_life()
-            w.outdated = False
-            if w.spec.worker_id not in self.leaving:
-                self.start(w)
+            if w.spec.worker_id in self.leaving:
+                self.stop(w, graceful=False)
+                w.outdated = False
+                continue
+            w.ready, w.wants, w.outdated = None, 0, False
+            w.threads = ThreadCount()
+            w.link.send(Configure(self.engine_of(w)))
 
     def on_death(self, w: WorkerState, workers: Sequence[WorkerState], stopping: bool, any_ready: bool,
                  requeue: Requeue) -> bool:

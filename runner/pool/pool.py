@@ -206,7 +206,7 @@ class WorkerPool:
         return self.answers
 
     def reconfigure(self, engines: Mapping[int, EngineConfig]) -> None:
-        """Every worker starts again with its engine here (a streamed file's later window needs a
+        """Every worker builds its engine here (a streamed file's later window needs a
         larger context: runner/plan/growth.py): each finishes the questions it holds and gets no new
         ones meanwhile, then restarts with it; a worker without one is let go once it has
         finished."""
@@ -331,6 +331,7 @@ class WorkerPool:
                 self._on_threads(msg)
         elif isinstance(msg, Ready):
             w.ready = msg
+            w.contexts += 1
             self._lives.on_ready(w)
             w.threads.started(msg.n_threads)
             if self.first_ready_at is None:

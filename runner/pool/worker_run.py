@@ -13,7 +13,8 @@ class WorkerRun:
     worker_id: int
     cores: tuple[int, ...]
     restarts: int
-    load_s: Optional[float]  # spawn to ready, last life
+    load_s: Optional[float]  # spawn to ready, last life, and its engines built again in place since
+    contexts: int  # engines built (contexts): at each start and each growth
     n_threads: Optional[int]  # as llama.cpp reports it
     engine: Mapping[str, float]  # the engine's step counters, all its lives
     device: Optional[int] = None  # the GPU it was given (--devices)

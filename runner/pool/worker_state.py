@@ -31,7 +31,8 @@ class WorkerState:
     live: Optional[EngineStats] = None  # this life's counters, as last sent
     earlier: Optional[EngineStats] = None  # the counters of its earlier lives, summed
     restarts: int = 0
-    outdated: bool = False  # to start again with the pool's new engine once it holds nothing
+    contexts: int = 0  # engines it has built (a Ready each): at each start and each growth in place
+    outdated: bool = False  # to build the pool's new engine once it holds nothing
     last_error: str = ""  # the WorkerError it sent, if any, in this life
     threads: ThreadCount = field(default_factory=ThreadCount)  # llama.cpp's, in this life
 
@@ -48,7 +49,7 @@ class WorkerState:
 
 def worker_run(w: WorkerState) -> WorkerRun:
     """What the worker did, for the report."""
-    return WorkerRun(w.spec.worker_id, w.spec.cores, w.restarts, w.ready.load_s if w.ready else None,
+    return WorkerRun(w.spec.worker_id, w.spec.cores, w.restarts, w.ready.load_s if w.ready else None, w.contexts,
                      w.ready.n_threads if w.ready else None, w.engine_totals(), w.spec.device,
                      w.ready.n_gpu_layers if w.ready else None, w.ready.gpu_layers if w.ready else None,
                      node(w.spec), w.ready.memory if w.ready else None)

@@ -224,7 +224,7 @@ class RunReport:
 
     def _worker(self, w: WorkerRun) -> dict[str, Any]:
         return {"cores": list(w.cores), **self.outcome.tally.of_worker(w.worker_id), "restarts": w.restarts,
-                "memory": w.memory,
+                "contexts": w.contexts, "memory": w.memory,
                 "load_s": round(w.load_s, 3) if w.load_s is not None else None, "llama_n_threads": w.n_threads,
                 "device": w.device, "n_gpu_layers": gpu_layers_text(w.n_gpu_layers), "gpu_layers": w.gpu_layers,
                 **({"node": dict(w.node)} if w.node else {}),

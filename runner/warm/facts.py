@@ -29,8 +29,7 @@ def first_slots(start_small: bool, for_a_call: bool, n_gpu_layers: int) -> Optio
     """The auto slots a pool's workers start with (None: as many as the plan allows). A warm pool
     starts with few, their KV allocated and cleared as it starts, and grows with its load
     (runner/plan/growth.py). Not a pool made for one call, which knows its load; nor one on a GPU,
-    where growing restarts the workers and so loads the weights into VRAM again, and the VRAM
-    plan sizes the slots already."""
+    where the VRAM plan sizes the slots already."""
     return FIRST_WARM_SLOTS if start_small and not for_a_call and not n_gpu_layers else None
 
 

@@ -1,6 +1,6 @@
 """The calls' questions as the feed of the pool's one long run (runner/pool/intake.py Feed):
 callers put questions from their threads, the pool's loop thread polls them. Questions that
-need a larger context than the workers have make them start again with one first
+need a larger context than the workers have make them build one first
 (runner/plan/growth.py), as a streamed file's later window does; so do calls that generate, the
 first time their open questions' sequences outnumber a warm pool's slots."""
 

@@ -35,7 +35,8 @@ def pool_stats(workers: WorkerPool, watch: RunWatch, calls: Calls, started: floa
         "generated_tokens_per_s": round(generated / answering, 2) if answering > 0 else 0.0,
         # each change of a worker's llama.cpp threads (threads_adapt), as a job's report lists them
         "thread_changes": list(watch.thread_changes),
-        "workers": {run.worker_id: {"restarts": run.restarts, "pss_mib": round(usage[run.worker_id].pss / 2**20, 1)
+        "workers": {run.worker_id: {"restarts": run.restarts, "contexts": run.contexts,
+                                    "pss_mib": round(usage[run.worker_id].pss / 2**20, 1)
                                     if run.worker_id in usage else None,
                                     "peak_pss_mib": round(usage[run.worker_id].peak_pss / 2**20, 1)
                                     if run.worker_id in usage else None,

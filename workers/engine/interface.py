@@ -40,7 +40,10 @@ class Engine(Protocol):
 
     def drop_waiting(self) -> int: ...
 
-    def close(self) -> None: ...
+    def close(self, keep_weights: bool = False) -> None:
+        """Free the engine; keep_weights: its weights stay loaded for the next engine the factory
+        builds (a worker's engine built again in place, workers/main.py _Engines)."""
+        ...
 
 
 class EngineFactory(Protocol):

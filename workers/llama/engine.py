@@ -177,11 +177,11 @@ class LlamaEngine:
         """Forget the questions not yet admitted (stopping); returns how many."""
         return self.sched.drop_waiting()
 
-    def close(self) -> None:
+    def close(self, keep_weights: bool = False) -> None:
         for seq in self.sched.running:
             self.picker.free(seq)
         self.sampling.close()
-        self.runner.close()
+        self.runner.close(keep_model=keep_weights)
 
     # -- internals ------------------------------------------------------------------------------
 

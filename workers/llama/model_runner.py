@@ -285,8 +285,9 @@ class ModelRunner:
 
     def __init__(self, model_path: str, n_threads: int, n_ctx: int, n_seq_max: int, n_batch: int,
                  kv_unified: bool, flash_attn: bool = True, repack: bool = True) -> None:
+        self._key = (model_path, repack)  # where close(keep_model=True) leaves the model
         self.model: Optional[llama_cpp.llama_model_p] = (
-            _preloaded.pop((model_path, repack), None)
+            _preloaded.pop(self._key, None)
             or _load_model(model_path, model_params(vocab_only=False, repack=repack)))
         self.vocab = _Vocab(self.model)
         params = llama_cpp.llama_context_default_params()
@@ -350,10 +351,15 @@ class ModelRunner:
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
-    def close(self) -> None:
+    def close(self, keep_model: bool = False) -> None:
+        """Free the context, and the model unless keep_model: then the next ModelRunner of the same
+        path and repack setting takes it over, as it takes a preloaded one."""
         if self.ctx:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
         if self.model:
-            llama_cpp.llama_model_free(self.model)
+            if keep_model:
+                _preloaded[self._key] = self.model
+            else:
+                llama_cpp.llama_model_free(self.model)
             self.model = None
