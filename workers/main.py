@@ -74,12 +74,11 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
     try:
         # Pin before the model loads, so llama.cpp's thread pool is created on our cores.
         os.sched_setaffinity(0, spec.cores)
-        t0 = time.perf_counter()
-        engines.offload = _preload(spec, spec.repack)
+        engines.preload(spec.repack)
         first = decode(tasks.get())  # Configure, or Stop if the job needs no answering after all
         if not isinstance(first, Configure):
             return True
-        engines.configure(first, time.perf_counter() - t0)
+        engines.configure(first)
         _serve(engines, spec, tasks, results)
         # The engine stays open: the caller ends the process at once, which frees it faster.
         return True
@@ -107,9 +106,16 @@ class _Engines:
         self.load_s = 0.0  # this life's time loading the weights and building engines, so far
         self.stage = "load"
 
-    def configure(self, msg: Configure, load_s: float = 0.0) -> Engine:
-        """The engine msg asks for, built, and Ready said with this life's load_s so far (`load_s`:
-        the weights' load before it)."""
+    def preload(self, repack: bool) -> None:
+        """Load the weights now (at the start, while the coordinator is still tokenizing the
+        questions; again where a new engine wants them loaded otherwise)."""
+        t0 = time.perf_counter()
+        self.offload = self.spec.engine_factory.preload(self.spec.model_path, repack, self.spec.n_gpu_layers,
+                                                        self.spec.device is not None)
+        self.load_s += time.perf_counter() - t0
+
+    def configure(self, msg: Configure) -> Engine:
+        """The engine msg asks for, built, and Ready said with this life's load_s so far."""
         t0 = time.perf_counter()
         self.stage = "configure"
         config = replace(msg.engine, n_threads=within_cores(self.spec, msg.engine.n_threads))
@@ -120,10 +126,10 @@ class _Engines:
             self.engine.close(keep_weights=keep)
             self.engine = None
             if not keep:
-                self.offload = _preload(self.spec, config.repack)
+                self.preload(config.repack)
         engine = self.engine = self.spec.engine_factory.build(config, self.spec.worker_id)
         self.config, self.stage = config, "run"
-        self.load_s += load_s + time.perf_counter() - t0
+        self.load_s += time.perf_counter() - t0
         self.results.send_bytes(encode(Ready(self.spec.worker_id, os.getpid(), self.load_s,
                                              engine.n_threads, tuple(sorted(os.sched_getaffinity(0))),
                                              *self.offload, engine.memory_kind.value)))
@@ -173,12 +179,6 @@ def _redirect_stderr(log_path: Optional[str]) -> None:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
         os.close(fd)
-
-
-def _preload(spec: WorkerSpec, repack: bool) -> tuple[int, int]:
-    """Load the weights now, while the coordinator is still tokenizing the questions. Returns
-    (the n_gpu_layers the library was given, the layers it says it offloaded)."""
-    return spec.engine_factory.preload(spec.model_path, repack, spec.n_gpu_layers, spec.device is not None)
 
 
 def _serve(engines: _Engines, spec: WorkerSpec, tasks: Any, results: Any) -> None:

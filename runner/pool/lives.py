@@ -26,7 +26,6 @@ from .crashes import CrashBudget, Death
 from .log_dirs import make_log_dir
 from .model_file import ModelFile
 from .worker_state import WorkerState, on_node
-from .worker_threads import ThreadCount
 
 log = logging.getLogger("ggbatch")
 
@@ -62,8 +61,7 @@ class WorkerLives:
         if w.spec.log_path:
             open(w.spec.log_path, "w").close()  # last words are this life's only
         w.link = self.backend.start(w.spec)
-        w.ready, w.wants, w.outdated = None, 0, False
-        w.threads = ThreadCount()
+        w.awaiting_engine()
         if self.engines is not None:  # a restart during the run: configure it at once
             w.link.send(Configure(self.engine_of(w)))
 
@@ -119,8 +117,7 @@ class WorkerLives:
                 self.stop(w, graceful=False)
                 w.outdated = False
                 continue
-            w.ready, w.wants, w.outdated = None, 0, False
-            w.threads = ThreadCount()
+            w.awaiting_engine()
             w.link.send(Configure(self.engine_of(w)))
 
     def on_death(self, w: WorkerState, workers: Sequence[WorkerState], stopping: bool, any_ready: bool,

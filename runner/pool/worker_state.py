@@ -36,6 +36,12 @@ class WorkerState:
     last_error: str = ""  # the WorkerError it sent, if any, in this life
     threads: ThreadCount = field(default_factory=ThreadCount)  # llama.cpp's, in this life
 
+    def awaiting_engine(self) -> None:
+        """An engine is to be built (a new life's, or a growth's in place): nothing of the last one
+        stands until its Ready, neither its readiness, its wants, nor its thread count."""
+        self.ready, self.wants, self.outdated = None, 0, False
+        self.threads = ThreadCount()
+
     def end_life(self) -> None:
         """Its life ended (a death, or a restart with a new engine): its counters join its earlier
         lives', so the report counts the work it did before as well."""
