@@ -4,6 +4,7 @@
 #   engine    ggbatch against llama-batched-bench, whole jobs, where a step goes, the VRAM plan
 #   weighing  the issue's lm-eval runs against their peers (MMLU log-likelihood, GSM8K greedy),
 #             n = 8 samples against llama-server, top-5 token log-probabilities against none
+#             (and worked out during the next decode against before it)
 # Steps already done on a still-warm machine are skipped.
 #
 # Prepared on the developer's machine by `bash bench/gpu_prepare.sh` (nothing of it is committed):
@@ -101,6 +102,7 @@ print('lm_eval', lm_eval.__version__, 'datasets', datasets.__version__, 'pyarrow
   step gsm8k 150 python3 bench/lmeval_compare.py --model "$MODEL" --task gsm8k --repeat 2 $gpu
   step samples 150 python3 bench/samples_bench.py --model "$MODEL" --server "$B/bin/llama-server" $gpu
   step logprobs 100 python3 bench/logprobs_bench.py --model "$MODEL" --repeat 2 $gpu
+  step later 60 python3 bench/later_logprobs_bench.py --model "$MODEL" --repeat 2 $gpu
   step mmlu 90 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 2 --no-peer $gpu
   step engine32 60 python3 -m ggbatch bench --model "$MODEL" $gpu --npl 32 --threads 1 --no-runner
   # Last: the MMLU peer (llama-cpp-python inside lm-eval's process) crashed on the first H100

@@ -35,7 +35,12 @@ class StepCounters:
     grammar_resamples: float = 0.0  # of those, picked again because the grammar refused the first pick
     choice_answers: float = 0.0  # fixed choices answered from the first position's logits
     logprob_tokens: float = 0.0  # tokens whose log-probabilities were asked (GenerationParams.token_logprobs)
-    logprob_s: float = 0.0  # spent computing them (part of sample_s)
+    logprob_s: float = 0.0  # spent computing them (part of sample_s, unless worked out during a decode)
+    # Of those, worked out during the decode after their step (workers/llama/later_logprobs.py: with
+    # llama.cpp's threads on fewer cores than the worker has), and the time the steps waited for them
+    # once that decode had returned
+    logprob_later_tokens: float = 0.0
+    logprob_wait_s: float = 0.0
     chains_spread: float = 0.0  # tokens picked by sampler chains run side by side on the worker's cores
     # The prefix cache (workers/engine/prefix_cache.py): prompt tokens decoded (the shared prefix's
     # included) and taken from KV already held; admissions that started from another question's

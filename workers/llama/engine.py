@@ -54,6 +54,7 @@ from ..engine.scheduler import Scheduler, Span
 from ..engine.sequence import Phase, Sequence
 from ..engine.step_counters import StepCounters
 from ..protocol import Answer, EngineConfig, GenerationParams, Question, kv_cells
+from .later_logprobs import LaterLogprobs
 from .model_runner import ModelRunner
 from .picking import Picker
 from .sampling import Sampling
@@ -65,6 +66,10 @@ class EngineError(RuntimeError):
 
 
 class LlamaEngine:
+    # Work out a step's token log-probabilities during the next decode where llama.cpp's threads
+    # leave the worker's cores free (False: before it, always; bench/later_logprobs_bench.py compares).
+    logprobs_beside_decode = True
+
     def __init__(self, config: EngineConfig, worker_id: int) -> None:
         self.config = config
         self.worker_id = worker_id
@@ -98,7 +103,11 @@ class LlamaEngine:
         self.sched = Scheduler(config.slots, self.n_batch, prefix, budget, self.gen.max_tokens,
                                stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant,
                                contents=self.kv.contents, memory=self.memory_kind, n_ctx_seq=config.n_ctx_seq)
-        self.picker = Picker(self.sampling, self.gen, self.counters)
+        # Cores llama.cpp's threads leave free during a decode (every layer on a GPU) work out the
+        # last step's token log-probabilities meanwhile (workers/llama/later_logprobs.py).
+        spare = self.sampling.host_thread_count - self.runner.n_threads
+        later = LaterLogprobs(self.sampling, spare) if spare > 0 and self.logprobs_beside_decode else None
+        self.picker = Picker(self.sampling, self.gen, self.counters, later)
         self._rejected: list[Answer] = []
         self._decode_prefix(prefix)
 
@@ -145,16 +154,14 @@ class LlamaEngine:
         batch = self._decode_with_room()
         self._fork_continuations(batch.spans)
         done += self._score(batch)
-        vocab = self.runner.vocab
-        picked = self._sample(batch)
-        for seq, token in picked:
-            if seq.choice_scores is not None or token < 0:
-                if token < 0:
-                    seq.error = "the answer's grammar allows no token of this model's vocabulary here"
-                done += self._finish(seq)  # a choice is answered in one position, no decode step
-            elif seq.accept(token, self.picker.piece(seq, token), vocab.is_eog(token), self._gen(seq), self.n_ctx_seq):
-                done += self._finish(seq)
-        self.counters.generated_tokens += len(picked)
+        rows, tokens, n_outputs = self._sample(batch)
+        ending = self._accept(rows, tokens)
+        t1 = time.perf_counter()
+        self.picker.record_logprobs(rows, tokens, n_outputs, {id(seq) for seq in ending})
+        self.counters.sample_s += time.perf_counter() - t1
+        for seq in ending:
+            done += self._finish(seq)
+        self.counters.generated_tokens += len(rows)
         self.counters.step(batch.spans, busy, time.perf_counter() - t0)
         return done
 
@@ -178,6 +185,7 @@ class LlamaEngine:
         return self.sched.drop_waiting()
 
     def close(self, keep_weights: bool = False) -> None:
+        self.picker.close()
         for seq in self.sched.running:
             self.picker.free(seq)
         self.sampling.close()
@@ -264,9 +272,26 @@ class LlamaEngine:
         """The question's own generation settings, or the job's."""
         return seq.question.generation or self.gen
 
-    def _sample(self, batch: Batch) -> list[tuple[Sequence, int]]:
-        """The next token of every sequence that got logits: the greedy ones (no sampler) in one
-        argmax over their rows, the others by their own llama.cpp sampler chain on their row."""
+    def _accept(self, rows: list[tuple[Span, int, int]], tokens: list[int]) -> list[Sequence]:
+        """Each sequence's token taken; those that finish with it (an end of generation, a stop
+        string, max_tokens, the context full, a choice answered in one position, no token the
+        grammar allows)."""
+        ending = []
+        for (span, _, _), token in zip(rows, tokens):
+            seq = span.seq
+            if seq.choice_scores is not None or token < 0:
+                if token < 0:
+                    seq.error = "the answer's grammar allows no token of this model's vocabulary here"
+                ending.append(seq)
+            elif seq.accept(token, self.picker.piece(seq, token), self.runner.vocab.is_eog(token), self._gen(seq),
+                            self.n_ctx_seq):
+                ending.append(seq)
+        return ending
+
+    def _sample(self, batch: Batch) -> tuple[list[tuple[Span, int, int]], list[int], int]:
+        """(the rows, each sequence's next token, the decode's logits rows): the next token of
+        every sequence that got logits, the greedy ones (no sampler) in one argmax over their rows,
+        the others by their own llama.cpp sampler chain on their row."""
         t0 = time.perf_counter()
         rows = self._fork(batch.rows)
         tokens = [0] * len(rows)
@@ -277,10 +302,8 @@ class LlamaEngine:
             for i, token in zip(greedy, self.sampling.greedy([rows[i][2] for i in greedy], n_outputs).tolist()):
                 tokens[i] = token
         tokens = self.picker.pick_all([(span.seq, index) for span, index, _ in rows], tokens)
-        out = [(span.seq, token) for (span, _, _), token in zip(rows, tokens)]
-        self.picker.record_logprobs(rows, tokens, n_outputs)
         self.counters.sample_s += time.perf_counter() - t0
-        return out
+        return rows, tokens, n_outputs
 
     def _layout(self, spans: list[Span]) -> Batch:
         """The arrays of one llama_decode for these spans; in batch-invariant mode with ballast
@@ -302,12 +325,16 @@ class LlamaEngine:
         while True:
             spans = self.sched.schedule(budget)
             if not spans:
+                self.picker.join_logprobs()
                 return Batch()
             batch = self._layout(spans)
             self.kv.clear_kept(batch.ballast)  # ballast starts at position 0 in an empty stream
             t0 = time.perf_counter()
             status = self.runner.decode(*batch.arrays)
             self.counters.decode_s += time.perf_counter() - t0
+            # The last step's log-probabilities, worked out meanwhile, added before a preemption
+            # resets a sequence and before any sampler reads this decode's rows.
+            self.picker.join_logprobs()
             for seq_id in batch.ballast:
                 self.kv.remove(seq_id)  # its stream is empty again, from cell 0
             if status == 0:

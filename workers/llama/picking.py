@@ -18,12 +18,15 @@ from ..engine.sequence import Sequence
 from ..engine.step_counters import StepCounters
 from ..engine.thinking import ThinkState
 from ..protocol import AnswerSpec, GenerationParams, TokenLogprob
-from .sampling import Sampling
+from .later_logprobs import LaterLogprobs
+from .sampling import Logprobs, Sampling
 
 
 class Picker:
-    def __init__(self, sampling: Sampling, gen: GenerationParams, counters: StepCounters) -> None:
+    def __init__(self, sampling: Sampling, gen: GenerationParams, counters: StepCounters,
+                 later: Optional[LaterLogprobs] = None) -> None:
         self.sampling = sampling
+        self.later = later  # token log-probabilities worked out during the next decode, or None
         self.gen = gen  # the job's generation settings, for the questions without their own
         self.counters = counters
         # choices -> each one's single-token variants (None: some choice needs more than one token)
@@ -119,23 +122,49 @@ class Picker:
         self.sampling.accept(sampler, drawn)
         return drawn
 
-    def record_logprobs(self, rows: list[tuple[Span, int, int]], tokens: list[int], n_outputs: int) -> None:
+    def record_logprobs(self, rows: list[tuple[Span, int, int]], tokens: list[int], n_outputs: int,
+                        ending: set[int]) -> None:
         """The picked token's log-probability (and the K most likely) for every sequence whose
         settings ask, all rows in one pass; nothing at all when none asks. `rows`: (span, batch
-        position, logits row) of the decode's n_outputs rows."""
+        position, logits row) of the decode's n_outputs rows; `ending`: the ids of the sequences
+        that finish at this step. With `later`, those of the others are worked out during the next
+        decode (workers/llama/later_logprobs.py), and added to them by join_logprobs()."""
         asking = [(span.seq, row, token, k) for (span, _, row), token in zip(rows, tokens)
                   if token >= 0 and (k := self._gen(span.seq).token_logprobs) is not None]
         if not asking:
             return
-        t0 = time.perf_counter()
-        got = self.sampling.token_logprobs([a[1] for a in asking], [a[2] for a in asking],
-                                           max(a[3] for a in asking), n_outputs)
+        now = [a for a in asking if id(a[0]) in ending] if self.later is not None else asking
+        later = [a for a in asking if id(a[0]) not in ending] if self.later is not None else []
+        if now:
+            t0 = time.perf_counter()
+            got = self.sampling.token_logprobs([a[1] for a in now], [a[2] for a in now], max(a[3] for a in now),
+                                               n_outputs)
+            self._add_logprobs(now, got, time.perf_counter() - t0)
+        if later and self.later is not None:
+            self.later.start([a[1] for a in later], [a[2] for a in later], max(a[3] for a in later), n_outputs,
+                             lambda got, seconds: self._add_logprobs(later, got, seconds, later=True))
+
+    def close(self) -> None:
+        """The log-probabilities' own thread stopped (the engine closes: what it works on is not needed)."""
+        if self.later is not None:
+            self.later.close()
+
+    def join_logprobs(self) -> None:
+        """The entries worked out since the last decode began, added to their sequences."""
+        if self.later is not None and self.later.pending:
+            t0 = time.perf_counter()
+            self.later.join()
+            self.counters.logprob_wait_s += time.perf_counter() - t0
+
+    def _add_logprobs(self, asking: list[tuple[Sequence, int, int, int]], got: list[Logprobs], seconds: float,
+                      later: bool = False) -> None:
         piece = self.sampling.runner.vocab.piece
         for (seq, _, token, k), (logprob, top) in zip(asking, got):
             seq.logprobs.append(TokenLogprob(token, self.piece(seq, token), logprob,
                                              tuple((t, piece(t), lp) for t, lp in top[:k])))
         self.counters.logprob_tokens += len(asking)
-        self.counters.logprob_s += time.perf_counter() - t0
+        self.counters.logprob_later_tokens += len(asking) if later else 0
+        self.counters.logprob_s += seconds
 
     def piece(self, seq: Sequence, token: int) -> bytes:
         """A picked token's text as the answer's text spells it: a thinking block's markers (gpt-oss's

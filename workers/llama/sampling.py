@@ -15,7 +15,7 @@ import ctypes
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import llama_cpp
 import numpy as np
@@ -103,6 +103,8 @@ def row_argmax(logits: np.ndarray, rows: list[int], pool: Optional[ThreadPoolExe
     return np.concatenate(list(pool.map(argmax, bounds[:-1], bounds[1:])))
 
 
+Logprobs = tuple[float, list[tuple[int, float]]]  # a token's, and the k most likely
+
 # Token log-probabilities go to at most this many of the worker's threads: numpy lets go of the
 # GIL inside each pass over a block and takes it back after, and the more threads wait for it,
 # the longer each hand-over. On a 16-core GPU host, 32 rows of 151,936 logits took 8.2 ms on one
@@ -186,11 +188,16 @@ class Sampling:
         order), by numpy: a llama.cpp greedy sampler would copy the whole vocabulary into a
         candidate array per sequence first. Ties go to the lowest token id, as in llama.cpp.
         Many rows are split among the worker's cores (row_argmax)."""
-        ptr = llama_cpp.llama_get_logits(self.runner.ctx)
-        logits = np.ctypeslib.as_array(ptr, shape=(n_outputs, self.vocab.n_tokens))
+        logits = self._logits(n_outputs)
         if not self._spreads(len(rows)):
             return row_argmax(logits, rows)
         return row_argmax(logits, rows, self._host_pool(), self._threads, self.floats_per_thread)
+
+    def _logits(self, n_outputs: int) -> np.ndarray:
+        """The last decode's n_outputs logits rows, as llama.cpp holds them (read only: the next
+        decode writes over them)."""
+        ptr = llama_cpp.llama_get_logits(self.runner.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.vocab.n_tokens))
 
     def _spreads(self, n_rows: int) -> bool:
         """Whether n_rows of host work are worth spreading over the worker's cores."""
@@ -274,35 +281,59 @@ class Sampling:
         row = self._row(batch_index)
         return max(tokens, key=lambda token: float(row[token]))
 
-    def token_logprobs(self, rows: Sequence[int], tokens: Sequence[int], k: int,
-                       n_outputs: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    def token_logprobs(self, rows: Sequence[int], tokens: Sequence[int], k: int, n_outputs: int) -> list[Logprobs]:
         """Each picked token's log-probability and the k most likely tokens, from these rows of the
         last decode's n_outputs raw logits rows (stored in batch order; workers/engine/logprobs.py):
         read before any sampler, which works on a copy, so the distribution is the model's own.
-        Many rows are cut into runs for at most LOGPROB_THREADS of the worker's threads."""
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.runner.ctx),
-                                       shape=(n_outputs, self.vocab.n_tokens))
-        work = list(zip(rows, tokens))
-        n = min(self._threads, LOGPROB_THREADS, len(work) * self.vocab.n_tokens // self.floats_per_thread)
-        if n < 2:
-            return self._logprob_run(logits, work, k)
-        bounds = np.linspace(0, len(work), n + 1).astype(int).tolist()
-        runs = self._host_pool().map(lambda a, b: self._logprob_run(logits, work[a:b], k), bounds[:-1], bounds[1:])
-        return [got for run in runs for got in run]
+        Each row is copied into a block of its thread's own, LOGPROB_BLOCK_ROWS rows a pass."""
+        logits = self._logits(n_outputs)
 
-    def _logprob_run(self, logits: np.ndarray, work: list[tuple[int, int]],
-                     k: int) -> list[tuple[float, list[tuple[int, float]]]]:
-        """block_logprobs of these (row, token)s, LOGPROB_BLOCK_ROWS rows at a time, each block
-        copied into this thread's own buffer and worked on there."""
-        block = self._block()
-        out: list[tuple[float, list[tuple[int, float]]]] = []
-        for a in range(0, len(work), LOGPROB_BLOCK_ROWS):
-            part = work[a:a + LOGPROB_BLOCK_ROWS]
-            rows = block[:len(part)]
-            for j, (row, _) in enumerate(part):
-                rows[j] = logits[row]
-            out += block_logprobs(rows, [token for _, token in part], k, rows)
-        return out
+        def run(a: int, b: int) -> list[Logprobs]:
+            block: np.ndarray = self._block()
+            out: list[Logprobs] = []
+            for c in range(a, b, LOGPROB_BLOCK_ROWS):
+                part = block[:min(LOGPROB_BLOCK_ROWS, b - c)]
+                for j, row in enumerate(rows[c:c + len(part)]):
+                    part[j] = logits[row]
+                out += block_logprobs(part, tokens[c:c + len(part)], k, part)
+            return out
+        return self._spread_logprobs(len(rows), run, self._threads)
+
+    def copied_logprobs(self, block: np.ndarray, tokens: Sequence[int], k: int, threads: int) -> list[Logprobs]:
+        """token_logprobs of rows already copied out of llama.cpp's (block: a row for each token),
+        worked on in place, over at most `threads` of the worker's threads."""
+        def run(a: int, b: int) -> list[Logprobs]:
+            out: list[Logprobs] = []
+            for c in range(a, b, LOGPROB_BLOCK_ROWS):
+                end = min(c + LOGPROB_BLOCK_ROWS, b)
+                out += block_logprobs(block[c:end], tokens[c:end], k, block[c:end])
+            return out
+        return self._spread_logprobs(len(tokens), run, threads)
+
+    def _spread_logprobs(self, n_rows: int, run: Callable[[int, int], list[Logprobs]],
+                         threads: int) -> list[Logprobs]:
+        """run(a, b) over rows a to b; many rows cut into runs for at most LOGPROB_THREADS of
+        `threads` threads."""
+        n = min(threads, LOGPROB_THREADS, n_rows * self.vocab.n_tokens // self.floats_per_thread)
+        if n < 2:
+            return run(0, n_rows)
+        bounds = np.linspace(0, n_rows, n + 1).astype(int).tolist()
+        return [got for part in self._host_pool().map(run, bounds[:-1], bounds[1:]) for got in part]
+
+    def copy_rows(self, rows: Sequence[int], n_outputs: int, into: Optional[np.ndarray]) -> np.ndarray:
+        """These rows of the last decode's n_outputs logits rows, copied in order into `into`'s
+        first rows: it is returned, or a larger buffer where it holds too few."""
+        logits = self._logits(n_outputs)
+        if into is None or len(into) < len(rows):
+            into = np.empty((len(rows), self.vocab.n_tokens), np.float32)
+        for j, row in enumerate(rows):
+            into[j] = logits[row]  # row by row: numpy's take(out=) took four times as long
+        return into
+
+    @property
+    def host_thread_count(self) -> int:
+        """Threads of the worker's cores the host's work is spread over."""
+        return self._threads
 
     def _block(self) -> np.ndarray:
         """This thread's buffer of LOGPROB_BLOCK_ROWS rows, made on its first use."""
