@@ -26,6 +26,9 @@ so an MMLU context is computed once for its four continuations and a few-shot pr
     apply_chat_template (lm-eval's --apply_chat_template): the pool's chat template, the model's
         own unless the settings give one, as a job's prompts are written
 
+compile_templates_once(): lm-eval's prompt templates compiled once each instead of for every text it
+renders (runner/tools/lm_eval_templates.py); `ggbatch eval` calls it.
+
 Scores are the model's own log-softmax, with llama.cpp's flash attention off (its CPU kernel rounds
 K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
 """
@@ -69,12 +72,15 @@ from ggbatch.runner.tools.lm_eval_requests import (
     unanswered,
     within_context,
 )
+from ggbatch.runner.tools.lm_eval_templates import compile_templates_once
 from ggbatch.runner.warm.calls import Answered
 from ggbatch.runner.warm.pool import SOURCE, Pool
 from ggbatch.runner.warm.pool_errors import Untokenizable
 from ggbatch.workers.protocol import Question
 
 log = logging.getLogger("ggbatch")
+
+__all__ = ["GgbatchLM", "compile_templates_once"]
 
 DEFAULT_MAX_LENGTH = 2048  # tokens of a rolling window when the model does not say its context
 
