@@ -26,8 +26,9 @@ so an MMLU context is computed once for its four continuations and a few-shot pr
     apply_chat_template (lm-eval's --apply_chat_template): the pool's chat template, the model's
         own unless the settings give one, as a job's prompts are written
 
-compile_templates_once(): lm-eval's prompt templates compiled once each instead of for every text it
-renders (runner/tools/lm_eval_templates.py); `ggbatch eval` calls it.
+speed_up_lm_eval(): lm-eval's own slow parts made faster in this process, the texts and tasks the
+same: its index of its own tasks kept between runs (runner/tools/lm_eval_task_index.py), its prompt
+templates compiled once each (runner/tools/lm_eval_templates.py). `ggbatch eval` calls it.
 
 Scores are the model's own log-softmax, with llama.cpp's flash attention off (its CPU kernel rounds
 K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
@@ -72,6 +73,7 @@ from ggbatch.runner.tools.lm_eval_requests import (
     unanswered,
     within_context,
 )
+from ggbatch.runner.tools.lm_eval_task_index import cache_task_index
 from ggbatch.runner.tools.lm_eval_templates import compile_templates_once
 from ggbatch.runner.warm.calls import Answered
 from ggbatch.runner.warm.pool import SOURCE, Pool
@@ -80,9 +82,17 @@ from ggbatch.workers.protocol import Question
 
 log = logging.getLogger("ggbatch")
 
-__all__ = ["GgbatchLM", "compile_templates_once"]
+__all__ = ["GgbatchLM", "speed_up_lm_eval"]
 
 DEFAULT_MAX_LENGTH = 2048  # tokens of a rolling window when the model does not say its context
+
+
+def speed_up_lm_eval() -> list[str]:
+    """lm-eval's own slow parts made faster in this process (its task index kept in ggbatch's cache
+    folder between runs, its prompt templates compiled once each); which were, by name. None where
+    lm-eval is not a version they know: it is left as it is."""
+    done = {"task index kept": cache_task_index(), "templates compiled once": compile_templates_once()}
+    return [what for what, made in done.items() if made]
 
 
 def as_model_args(exc: ConfigError) -> ConfigError:
