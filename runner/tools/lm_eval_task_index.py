@@ -5,7 +5,7 @@ TaskManager: 13,986 files in lm-eval 0.4.13), whatever tasks are asked for: 5.6 
 project's 2-core machine, more than the rest of a small evaluation on a GPU. Those files change
 only with lm-eval itself, so the index of them is kept in ggbatch's cache folder, under a
 fingerprint of every file's path, size and modification time (a walk of lm-eval's task folder:
-0.1 s), and read from there while the fingerprint is the same. Task folders of the user's own
+0.16 s), and read from there while the fingerprint is the same. Task folders of the user's own
 (--include_path) are read each run, as lm-eval reads them.
 """
 
@@ -66,6 +66,8 @@ def _with_cached(build: Callable[..., dict[str, Any]], shipped: Path, cache: Pat
 
 
 def _shipped_index(build: Callable[..., dict[str, Any]], shipped: Path, cache: Path) -> dict[str, Any]:
+    """The index of lm-eval's own tasks: the one kept, while its files' fingerprint is the same;
+    else built, and kept for the next run."""
     fingerprint = files_fingerprint(shipped)
     kept = _read(cache)
     if kept is not None and kept.get("fingerprint") == fingerprint:
