@@ -208,7 +208,7 @@ class WorkerPool:
     def reconfigure(self, engines: Mapping[int, EngineConfig]) -> None:
         """Every worker builds its engine here (a streamed file's later window needs a
         larger context: runner/plan/growth.py): each finishes the questions it holds and gets no new
-        ones meanwhile, then restarts with it; a worker without one is let go once it has
+        ones meanwhile, then builds it in place; a worker without one is let go once it has
         finished."""
         self._lives.reconfigure(self.workers, engines)
         self._dispatch()

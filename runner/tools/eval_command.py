@@ -37,8 +37,6 @@ def cmd_eval(args: argparse.Namespace, lm_eval_args: Sequence[str]) -> int:
         raise ConfigError(INSTALL) from None
     from ggbatch.lm_eval import speed_up_lm_eval  # (and registers the `ggbatch` model with lm-eval)
 
-    speed_up_lm_eval()  # lm-eval's own time around the model's: its task index, its templates compiled again and again
-
     rest = list(lm_eval_args)
     given = given_options(rest)
     twice = sorted({"model", "pretrained"} & set(given.model_args or {}))
@@ -58,6 +56,9 @@ def cmd_eval(args: argparse.Namespace, lm_eval_args: Sequence[str]) -> int:
     # The model goes first as lm-eval's JSON model_args; the user's --model_args (key=value,
     # several values, or JSON) follow, as written, and lm-eval merges them in.
     sys.argv = ["lm_eval", "run", "--model", "ggbatch", "--model_args", json.dumps({"model": args.model}), *rest]
+    # lm-eval's own time around the model's, once the command is known to run: its task index
+    # (importing its tasks, a second), its templates compiled again and again
+    speed_up_lm_eval()
     try:
         cli_evaluate()
     except Exception as exc:  # one the command could not run as given is said in one line; the rest keep theirs
