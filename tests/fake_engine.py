@@ -33,6 +33,8 @@ Its behaviour is a `Fake`, a picklable EngineFactory that goes where the real en
                                             write the thread count its first step runs with to P
     Fake(context=True)                      refuse a prompt its context per sequence cannot hold, as the
                                             real engine does
+    Fake(max_context=N)                     raise ModelLoadError building a context of more than N tokens per
+                                            sequence, as a worker short of memory for a larger one does
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Fake:
     first_step_threads_to: Optional[str] = None
     context: bool = False
     build_gate: Optional[str] = None
+    max_context: Optional[int] = None
 
     def preload(self, model_path: str, repack: bool, n_gpu_layers: int, one_device: bool) -> tuple[int, int]:
         return n_gpu_layers, 0  # no weights to load
@@ -83,7 +86,7 @@ class FakeEngine:
     def __init__(self, config: EngineConfig, worker_id: int, fake: Fake = Fake()) -> None:
         if fake.fail_load or (fake.fail_load_once_marked and Path(fake.marker or "/nonexistent").exists()):
             raise RuntimeError("fake engine refused to load")
-        if fake.no_context:
+        if fake.no_context or (fake.max_context is not None and config.n_ctx_seq > fake.max_context):
             raise ModelLoadError("not enough memory to create the fake engine's context")
         if fake.environ_to:
             visible = {k: v for k, v in os.environ.items() if "VISIBLE_DEVICES" in k}

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from fake_engine import Fake
-from ggbatch.runner.errors import WorkerFailure
+from ggbatch.runner.errors import ModelError, WorkerFailure
 from ggbatch.runner.pool.crashes import StartupError
 from ggbatch.runner.pool.local import LocalBackend
 from ggbatch.runner.pool.pool import WorkerPool
@@ -321,3 +321,25 @@ def test_a_model_file_replaced_during_the_run_is_not_loaded_again(tmp_path, demo
     assert not out.exists()  # exit 2 writes no answers file: the journal keeps what it made
     journaled = (tmp_path / "a.jsonl.journal.jsonl").read_text().count('"qid"')
     assert journaled >= 19  # all it sent before its death: renamed over, its file was not written to
+
+
+def test_a_larger_context_asked_while_a_worker_builds_its_first_is_built_after_it_and_its_failure_ends_the_run(
+        tmp_path):
+    # The worker is held short of Ready with the first engine when the pool is told to grow. Its
+    # Ready then answers the first engine, not the larger one: that the larger context cannot be
+    # made must end the run as a model error (every worker would fail the same way), not count
+    # as a death to be started again.
+    gate = tmp_path / "gate"
+    worker_specs, engine = specs(1, Fake(build_gate=str(gate), max_context=64))
+    larger = replace(engine, n_ctx_seq=128)
+
+    def grow_then_open(pool):
+        if not gate.exists():
+            assert pool.workers[0].ready is None  # still building the first engine
+            pool.reconfigure({0: larger})
+            gate.touch()
+
+    pool = WorkerPool(worker_specs, on_tick=grow_then_open)
+    with pytest.raises(ModelError, match="not enough memory"):
+        pool.run(qs(20), engine)
+    assert pool.workers[0].restarts == 0

@@ -106,9 +106,11 @@ class WorkerLives:
     def restart_outdated(self, workers: Sequence[WorkerState], stopping: bool) -> None:
         """The outdated workers that hold nothing now build their new engine in place, in the same
         process on the weights it loaded (workers/main.py _Engines); a worker let go ends (a
-        stopping pool changes none: the journal keeps what they answered)."""
+        stopping pool changes none: the journal keeps what they answered). One still building an
+        engine is told once its Ready has come: that Ready answers the engine it builds, and a
+        Configure sent sooner would have it taken for the new one's."""
         for w in workers:
-            if not w.outdated or w.in_flight or w.link is None or stopping:
+            if not w.outdated or w.in_flight or w.link is None or w.ready is None or stopping:
                 continue
             # It holds nothing, and its counters came before its last answers: its engine's
             # counters start again from nothing, and this life's join its earlier ones'.
