@@ -83,3 +83,28 @@ def test_lm_evals_task_manager_finds_the_same_tasks_from_the_index_kept(task_ind
     again = TaskManager(include_path=str(mine)).all_tasks  # read back
     assert "ggb_local_task_renamed" in again and "ggb_local_task" not in again
     assert set(again) - {"ggb_local_task_renamed"} == set(stock) - {"ggb_local_task"}
+
+
+def test_writing_an_index_removes_other_versions_long_unused_and_reading_one_marks_it_used(task_index, tmp_path):
+    from ggbatch.runner.tools.lm_eval_task_index import UNUSED_S, _with_cached
+
+    shipped, cache = tmp_path / "shipped", tmp_path / "cache"
+    write_task(shipped, "a.yaml", "task_a")
+    cache.mkdir()
+    long_ago = 1_000_000_000  # 2001: far longer ago than UNUSED_S
+    assert long_ago < os.path.getmtime(tmp_path) - UNUSED_S
+    leftovers = {name: cache / name for name in ("lm-eval-0.4.1-task-index.pickle",  # an upgrade's
+                                                 "lm-eval-0.4.2-task-index.pickle",  # used lately
+                                                 "notes.txt")}  # not an index
+    for path in leftovers.values():
+        path.write_text("kept")
+    for name in ("lm-eval-0.4.1-task-index.pickle", "notes.txt"):
+        os.utime(leftovers[name], (long_ago, long_ago))
+    mine = cache / "lm-eval-9.9-task-index.pickle"
+    cached = _with_cached(task_index.build, shipped, mine)
+    assert list(cached([shipped])) == ["task_a"]
+    assert sorted(p.name for p in cache.iterdir()) == ["lm-eval-0.4.2-task-index.pickle", mine.name, "notes.txt"]
+
+    os.utime(mine, (long_ago, long_ago))
+    assert list(cached([shipped])) == ["task_a"]  # read back: used now
+    assert os.path.getmtime(mine) > long_ago

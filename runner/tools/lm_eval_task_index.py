@@ -6,7 +6,8 @@ project's 2-core machine, more than the rest of a small evaluation on a GPU. Tho
 only with lm-eval itself, so the index of them is kept in ggbatch's cache folder, under a
 fingerprint of every file's path, size and modification time (a walk of lm-eval's task folder:
 0.16 s), and read from there while the fingerprint is the same. Task folders of the user's own
-(--include_path) are read each run, as lm-eval reads them.
+(--include_path) are read each run, as lm-eval reads them. There is one index per lm-eval version;
+writing one removes those of other versions unused for 30 days.
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ import logging
 import os
 import pickle
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from ..files.paths import ggbatch_cache
 
 log = logging.getLogger("ggbatch")
+
+INDEX_FILE = "lm-eval-{version}-task-index.pickle"  # in ggbatch's cache folder, one per lm-eval version
+# Another version's index (about 16 MB) unused this long is removed when one is written: it is an
+# upgrade's leftover, where one used lately may be another environment's lm-eval.
+UNUSED_S = 30 * 24 * 3600
 
 
 def cache_task_index() -> bool:
@@ -41,7 +48,7 @@ def cache_task_index() -> bool:
     if getattr(build.__func__, "builds", None) is not None:
         return True
     shipped = Path(tasks.__file__).parent
-    cache = ggbatch_cache() / f"lm-eval-{lm_eval.__version__}-task-index.pickle"
+    cache = ggbatch_cache() / INDEX_FILE.format(version=lm_eval.__version__)
     TaskIndex.build = staticmethod(_with_cached(build.__func__, shipped, cache))
     return True
 
@@ -71,10 +78,31 @@ def _shipped_index(build: Callable[..., dict[str, Any]], shipped: Path, cache: P
     fingerprint = files_fingerprint(shipped)
     kept = _read(cache)
     if kept is not None and kept.get("fingerprint") == fingerprint:
+        _used(cache)
         return dict(kept["index"])
     index = build([shipped])
-    _write(cache, {"fingerprint": fingerprint, "index": index})
+    if _write(cache, {"fingerprint": fingerprint, "index": index}):
+        _remove_unused(cache)
     return dict(index)
+
+
+def _used(cache: Path) -> None:
+    """Its modification time is its last use (another version's writing removes those long unused)."""
+    try:
+        os.utime(cache)
+    except OSError:
+        pass
+
+
+def _remove_unused(cache: Path, unused_s: float = UNUSED_S) -> None:
+    """Other lm-eval versions' indexes in the folder of `cache` unused for `unused_s` seconds."""
+    oldest = time.time() - unused_s
+    for other in cache.parent.glob(INDEX_FILE.format(version="*")):
+        try:
+            if other != cache and other.stat().st_mtime < oldest:
+                other.unlink()
+        except OSError:  # gone already, or not ours to remove
+            pass
 
 
 def files_fingerprint(folder: Path) -> str:
@@ -106,9 +134,9 @@ def _read(cache: Path) -> Optional[dict[str, Any]]:
             gc.enable()
 
 
-def _write(cache: Path, kept: dict[str, Any]) -> None:
+def _write(cache: Path, kept: dict[str, Any]) -> bool:
     """Kept whole or not at all (written aside, then renamed); a folder that cannot be written
-    only means the index is built again next run."""
+    only means the index is built again next run. Whether it was kept."""
     aside: Optional[str] = None
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +144,9 @@ def _write(cache: Path, kept: dict[str, Any]) -> None:
             aside = f.name
             pickle.dump(kept, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(aside, cache)
+        return True
     except OSError as exc:
         log.debug("lm-eval's task index not kept in %s (%s)", cache.parent, exc)
         if aside is not None and os.path.exists(aside):
             os.unlink(aside)
+        return False
