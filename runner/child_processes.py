@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import sys
 import threading
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -113,7 +114,7 @@ def _start_shielded(process: Any) -> None:
     is not lost."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_BLOCKED)
     try:
-        with _existing_folder():
+        with _existing_folder(), _unreadable_script_kept_out():
             process.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
@@ -140,6 +141,26 @@ def _existing_folder() -> Iterator[None]:
     finally:
         os.fchdir(folder)
         os.close(folder)
+
+
+@contextmanager
+def _unreadable_script_kept_out() -> Iterator[None]:
+    """A caller's script that cannot be read again (Python reading it from standard input, `python
+    - <<EOF` in a shell script or a pipe, whose `__file__` is "<stdin>"; a script removed since)
+    left out of a start: a spawned child runs the file `__main__.__file__` names before its own
+    target, and failed at once on that one (FileNotFoundError), reported as a tokenizer that died
+    loading the vocabulary. Without that name the child starts as from Python's prompt or `-c`.
+    ggbatch's children need nothing of the script."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or getattr(main, "__spec__", None) is not None or os.path.isfile(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 def _ensure_starter() -> None:

@@ -168,6 +168,24 @@ def test_a_script_starting_ggbatch_without_the_main_guard_is_told_so(tmp_path, d
     assert "died" not in done.stderr and "bootstrapping phase" not in done.stderr, done.stderr
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("call", ["print(ggbatch.answer(['2+2?'], model=MODEL, max_tokens=2)[0].error)",
+                                  "ggbatch.Pool(model=MODEL, max_tokens=2).close()",
+                                  "ggbatch.run(model=MODEL, input='q.jsonl', output='a.jsonl', max_tokens=2)"])
+def test_a_script_python_reads_from_standard_input_starts_ggbatch(tmp_path, demo_model, call):
+    """`python - <<EOF` (a shell script's, a pipe's): the script has no file a spawned child could
+    run again, and needs no main guard. Each child failed running "<stdin>", reported as a
+    tokenizer that died loading the vocabulary."""
+    (tmp_path / "q.jsonl").write_text('{"questionID": "1", "question": "2+2?"}\n')
+    script = f"import ggbatch\nMODEL = {demo_model!r}\n{call}\nprint('done')\n"
+    done = subprocess.run([sys.executable, "-"], input=script, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == (["None", "done"] if "answer(" in call else ["done"]), done.stdout  # no error
+    if "run(" in call:
+        assert json.loads((tmp_path / "a.jsonl").read_text())["questionID"] == "1"
+
+
 def python_blocks(markdown: str) -> list[str]:
     return [part.split("```")[0] for part in markdown.split("```python\n")[1:]]
 
