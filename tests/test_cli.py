@@ -37,10 +37,11 @@ def test_quiet_prints_nothing_and_the_exit_code_says_it(tmp_path, demo_model, qu
 
 
 def test_one_worker_reads_one_worker(tmp_path, demo_model, questions_file):
-    r = ggbatch("run", "--model", demo_model, "--input", questions_file(2), "--output", tmp_path / "a.json",
-                "--max-tokens", 2, "--workers", 1, "--progress", "off")
+    r = ggbatch("run", "--model", demo_model, "--input", questions_file(1), "--output", tmp_path / "a.json",
+                "--max-tokens", 2, "--workers", 1, "--threads", 1, "--progress", "off")
     assert r.returncode == 0, r.stderr
-    assert "layout     1 worker × " in r.stdout
+    assert "layout     1 worker × 1 thread × 1 slot, " in r.stdout
+    assert "worker 0   cores [0], 1 question, " in r.stdout and "wrote 1 answer to " in r.stdout
 
 
 def test_a_misspelt_flag_is_named_with_the_closest_one_and_the_subcommands_help(tmp_path):

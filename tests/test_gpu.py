@@ -132,7 +132,7 @@ def test_a_small_gpu_gets_fewer_slots_and_says_so():
     layout, plan = settle_on([GpuMemory("CUDA0", 4 * GIB, 8 * GIB)])
     assert layout.slots == 63 and plan.fits  # 255 -> 127 -> 63: halved until the KV cache fits
     assert plan.vram_per_worker <= 4 * GIB * VRAM_SAFETY < needed(DIMS, 128 * 256, 127, 512, 1.0)
-    assert "shrunk from 1 workers × 255 slots to fit" in plan.note and "CUDA0: 4,096 MiB free" in plan.note
+    assert "shrunk from 1 worker × 255 slots to fit" in plan.note and "CUDA0: 4,096 MiB free" in plan.note
 
 
 def test_a_model_larger_than_the_free_vram_is_refused_with_the_numbers():

@@ -306,9 +306,8 @@ def format_summary(report: RunReport) -> str:
         + (f", {q['not_answered']} not answered" if q["not_answered"] else "")
         + (f", {q['from_journal']} from the journal" if q["from_journal"] else "")
         + (f" ({q['unique_prompts']} unique prompts)" if q["records"] != q["unique_prompts"] else ""),
-        f"layout     {lay.workers} {'worker' if lay.workers == 1 else 'workers'} × {lay.threads} "
-        f"{'thread' if lay.threads == 1 else 'threads'} × "
-        f"{lay.slots} slots, {lay.n_ctx_seq} ctx/seq, {report.setup.n_prefix} shared prefix tokens, "
+        f"layout     {_count(lay.workers, 'worker')} × {_count(lay.threads, 'thread')} × "
+        f"{_count(lay.slots, 'slot')}, {lay.n_ctx_seq} ctx/seq, {report.setup.n_prefix} shared prefix tokens, "
         f"{'unified' if lay.kv_unified else 'per-sequence'} KV, flash attention {'on' if lay.flash_attn else 'off'}, "
         f"weights {'repacked' if lay.repack else 'not repacked'} ({lay.repack_reason})" + _gpu_summary(report),
         f"wall time  {timings['total_s']:.2f} s (prepare {timings['prepare_s']:.2f} s)",
@@ -322,7 +321,8 @@ def format_summary(report: RunReport) -> str:
     lines += _threads_summary(data["threads"]["changes"])
     for wid, w in data["workers"].items():
         where = f"node {w['node']['ip']} ({w['node']['node_id'][:12]}), " if "node" in w else ""
-        lines.append(f"worker {wid}   {where}cores {w['cores']}, {w['questions']} questions, {_usage_summary(w)}")
+        lines.append(f"worker {wid}   {where}cores {w['cores']}, {_count(w['questions'], 'question')}, "
+                     f"{_usage_summary(w)}")
     return "\n".join(lines)
 
 
