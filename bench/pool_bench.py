@@ -46,7 +46,7 @@ def questions(n: int) -> list[str]:
 
 
 def sequential(model: str, qs: list[str], tokens: int) -> dict[str, float]:
-    settings = {"model": model, "max_tokens": tokens, "ignore_eos": True}
+    settings: dict[str, Any] = {"model": model, "max_tokens": tokens, "ignore_eos": True}
     t0 = time.perf_counter()
     for q in qs:
         ggbatch.answer([q], **settings)
@@ -105,7 +105,9 @@ def idle(model: str, seconds: float = 10.0, calls: int = 10) -> dict[str, float]
 def slots(model: str, qs: list[str], tokens: int, repeat: int = 2) -> dict[str, object]:
     runs: dict[str, list[tuple[float, float, float]]] = {"small_first": [], "every_slot_first": []}
     for _ in range(repeat):
-        for side, settings in (("small_first", {}), ("every_slot_first", {"start_small": False})):
+        sides: tuple[tuple[str, dict[str, Any]], ...] = (("small_first", {}),
+                                                          ("every_slot_first", {"start_small": False}))
+        for side, settings in sides:
             t0 = time.perf_counter()
             with ggbatch.Pool(model=model, max_tokens=tokens, ignore_eos=True, **settings) as pool:
                 started = time.perf_counter() - t0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # Set before numpy or llama.cpp load, here and (inherited) in every worker. NumPy's OpenBLAS is
 # never used for math here, but it reserves buffers for a thread per core in every process, which
@@ -41,6 +41,20 @@ _API = {
     "run_job": "ggbatch.runner.job",
 }
 __all__ = sorted(_API)
+
+if TYPE_CHECKING:  # what a type checker and an editor see of the names _API loads on first use
+    from .runner.api import Answered as Answered
+    from .runner.api import answer as answer
+    from .runner.api import job_config as job_config
+    from .runner.api import run as run
+    from .runner.config.job_file import load_job_file as load_job_file
+    from .runner.config.schema import JobConfig as JobConfig
+    from .runner.config.schema import build_config as build_config
+    from .runner.errors import GgbatchError as GgbatchError
+    from .runner.job import run_job as run_job
+    from .runner.report.report import RunReport as RunReport
+    from .runner.warm.pool import Pool as Pool
+    from .runner.warm.pool_errors import PoolClosed as PoolClosed
 
 
 def __getattr__(name: str) -> Any:

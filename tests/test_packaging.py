@@ -41,3 +41,15 @@ def test_the_installed_wheel_runs_from_the_repository_root(tmp_path):
         done = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == str(target / "ggbatch" / "__init__.py")
+
+    # Its type hints reach a user's type checker (PEP 561's py.typed): the names ggbatch loads on
+    # first use have their own types, not Any, so a wrong use is found before it runs.
+    assert "ggbatch/py.typed" in inside
+    user = tmp_path / "user.py"
+    user.write_text("import ggbatch\nreport: ggbatch.RunReport = ggbatch.run(model='m.gguf')\n"
+                    "slots: int = ggbatch.Pool('m.gguf')\n")
+    typed = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--python-executable", sys.executable,
+                            user.name], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    errors = [line for line in typed.stdout.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and errors[0].startswith("user.py:3: error: Incompatible types in assignment "
+                                                     '(expression has type "Pool"'), typed.stdout
