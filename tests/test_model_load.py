@@ -208,10 +208,18 @@ def test_a_model_without_read_permission_says_so_naming_the_path(tmp_path, demo_
     assert one_line_exit_2(r) == f"ggbatch: error: {model}: cannot read the model file (Permission denied)"
 
 
-def test_the_layers_llama_cpp_offloaded_are_read_from_its_log():
-    # Printed only by builds that can offload (llama-model.cpp load_tensors); none here.
-    from ggbatch.workers.llama.model_runner import _OFFLOADED
+def test_the_layers_llama_cpp_offloaded_and_its_errors_are_read_from_its_log():
+    # The offload line is printed only by builds that can offload (llama-model.cpp load_tensors);
+    # none here. The handler is called as llama.cpp calls it (ggml_log_level: 2 info, 4 error, 5
+    # the continuation of the line before).
+    from ggbatch.workers.llama import llama_log
 
-    found = _OFFLOADED.search("load_tensors: offloaded 29/29 layers to GPU\n")
-    assert found and int(found.group(1)) == 29
-    assert _OFFLOADED.search("load_tensors: offloading 28 repeating layers to GPU\n") is None
+    llama_log.errors.clear()
+    llama_log.offloaded.clear()
+    for level, text in ((2, b"load_tensors: offloading 28 repeating layers to GPU\n"),
+                        (2, b"load_tensors: offloaded 29/29 layers to GPU\n"),
+                        (5, b"more info\n"),
+                        (4, b"llama_model_load: error loading model: "), (5, b"tensor data is not within bounds\n")):
+        llama_log._keep(level, text, None)
+    assert llama_log.offloaded == [29]
+    assert list(llama_log.errors) == ["llama_model_load: error loading model: tensor data is not within bounds\n"]

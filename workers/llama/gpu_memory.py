@@ -91,9 +91,9 @@ def _text(value: bytes | None) -> str:
 def report_gpus(results: Any) -> None:
     """Entry point of the coordinator's probe process: send gpus() and exit."""
     os.environ["GGML_NO_BACKTRACE"] = "1"  # read when libggml loads: an abort then costs no gdb
-    from .model_runner import _init_backend
+    from .llama_log import init_backend
 
-    _init_backend()  # llama.cpp's log goes through ggbatch's handler, not to the terminal
+    init_backend()  # llama.cpp's log goes through ggbatch's handler, not to the terminal
     results.send_bytes(encode(gpus()))
 
 

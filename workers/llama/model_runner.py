@@ -1,23 +1,21 @@
 """The model, its context and the decode, through llama-cpp-python's low-level bindings (with
-workers/llama/sampling.py, which chooses tokens from the logits, the only modules that touch llama.cpp).
+workers/llama/sampling.py, which chooses tokens from the logits, one of the few modules that touch
+llama.cpp: docs/contributing.md lists them).
 
 `ModelRunner` owns one model, one context holding many sequences and one reusable batch; the
 engine above it speaks in plain ints and never sees a ctypes object. `Tokenizer` loads only the
 vocabulary, for the tokenizer process (workers/tokenizer/process.py), which tokenizes every
 prompt once for the coordinator.
 
-llama.cpp reports why a load failed only in its log: the log callback keeps the last error lines,
-and a failed load turns them into ModelLoadError's one line (workers/llama/load_errors.py).
+llama.cpp reports why a load failed only in its log: its handler keeps the last error lines
+(workers/llama/llama_log.py), and a failed load turns them into ModelLoadError's one line
+(workers/llama/load_errors.py).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
-import re
-import sys
 from array import array
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -27,40 +25,10 @@ import numpy as np
 from ..engine.constraints import choice_spellings
 from ..engine.memory_kind import MemoryKind
 from ..helper_messages import VocabInfo
+from . import llama_log
+from .llama_log import init_backend
 from .load_errors import ModelLoadError, describe_context_failure, describe_load_failure
 from .vocab_gaps import SpmGaps
-
-# ggml.h's enum ggml_log_level (llama_cpp/_logger.py's comment has an older numbering).
-_LOG_ERROR, _LOG_CONT = 4, 5
-_errors: deque[str] = deque(maxlen=16)  # the last error lines llama.cpp logged
-_last_level = 0
-_echo = bool(os.environ.get("GGBATCH_LLAMA_LOG"))
-# llama.cpp says how many layers it put on the GPU only in its log (llama-model.cpp load_tensors,
-# on builds that can offload): "load_tensors: offloaded 29/29 layers to GPU".
-_OFFLOADED = re.compile(r"offloaded (\d+)/\d+ layers to GPU")
-_offloaded: list[int] = []
-
-
-@llama_cpp.llama_log_callback
-def _keep_errors(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # Workers never print: the coordinator owns the terminal. Error lines are kept so that a failed
-    # load can say why; GGBATCH_LLAMA_LOG=1 also shows the whole log on stderr, for debugging.
-    global _last_level
-    line = text.decode("utf-8", "replace")
-    if level == _LOG_CONT:
-        if _last_level == _LOG_ERROR and _errors:
-            _errors[-1] += line
-    else:
-        _last_level = level
-        if level == _LOG_ERROR:
-            _errors.append(line)
-        elif "layers to GPU" in line and (found := _OFFLOADED.search(line)):
-            _offloaded.append(int(found.group(1)))
-    if _echo:
-        sys.stderr.write(line)
-
-
-_backend_ready = False
 
 
 def set_fields(struct: ctypes.Structure, **values: Any) -> None:
@@ -75,14 +43,6 @@ def set_fields(struct: ctypes.Structure, **values: Any) -> None:
                              "(the llama-cpp-python bindings changed?)")
     for name, value in values.items():
         setattr(struct, name, value)
-
-
-def _init_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        llama_cpp.llama_log_set(_keep_errors, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
 
 
 @dataclass(frozen=True)
@@ -116,12 +76,12 @@ def model_params(vocab_only: bool, repack: bool = True, n_gpu_layers: int = 0,
 
 
 def _load_model(path: str, params: llama_cpp.llama_model_params) -> llama_cpp.llama_model_p:
-    _init_backend()
-    _errors.clear()
-    _offloaded.clear()
+    init_backend()
+    llama_log.errors.clear()
+    llama_log.offloaded.clear()
     model = llama_cpp.llama_model_load_from_file(path.encode(), params)
     if not model:
-        raise ModelLoadError(describe_load_failure(path, list(_errors), llama_cpp.__version__))
+        raise ModelLoadError(describe_load_failure(path, list(llama_log.errors), llama_cpp.__version__))
     return model
 
 
@@ -133,7 +93,7 @@ def preload_model(path: str, repack: bool, n_gpu_layers: int = 0, one_device: bo
     and repack setting takes it over. Returns what llama.cpp was given and did about the GPU."""
     params = model_params(False, repack, n_gpu_layers, one_device)
     _preloaded[(path, repack)] = _load_model(path, params)
-    return Offload(params.n_gpu_layers, _offloaded[-1] if _offloaded else 0)
+    return Offload(params.n_gpu_layers, llama_log.offloaded[-1] if llama_log.offloaded else 0)
 
 
 class _Vocab:
@@ -298,11 +258,11 @@ class ModelRunner:
             # Flash attention's online softmax depends on how many KV cells it scans, which
             # changes with the batch; the plain path adds exact zeros for masked cells instead.
             set_fields(params, flash_attn_type=llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        _errors.clear()
+        llama_log.errors.clear()
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
-            raise ModelLoadError(describe_context_failure(model_path, n_ctx, n_seq_max, list(_errors)))
+            raise ModelLoadError(describe_context_failure(model_path, n_ctx, n_seq_max, list(llama_log.errors)))
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
         self.n_threads = int(llama_cpp.llama_n_threads(self.ctx))
         self.n_batch = n_batch

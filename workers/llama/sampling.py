@@ -27,15 +27,15 @@ from ..native_stderr import stderr_captured
 from ..protocol import GenerationParams
 
 # The backend and its log's ring of error lines belong to model_runner, which sets them up once.
-from .model_runner import ModelRunner, _errors, _init_backend
+from .llama_log import init_backend
+from .model_runner import ModelRunner
 
 
 def grammar_problem(gbnf: str) -> Optional[str]:
     """Why llama.cpp cannot parse this GBNF (its own error line), or None. The grammar is built
     once without a vocabulary (parsing needs none) and freed; the coordinator checks every grammar
     so before any worker starts, where a bad one would fail every question."""
-    _init_backend()
-    _errors.clear()
+    init_backend()
     # llama.cpp's grammar parser writes why straight to stderr (fprintf), not through its log.
     with stderr_captured() as said:
         sampler = llama_cpp.llama_sampler_init_grammar(None, gbnf.encode("utf-8"), ROOT.encode())
