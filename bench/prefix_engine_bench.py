@@ -43,7 +43,6 @@ def lsat_questions(model: str, n: int) -> list[Question]:
 
 
 def run(model: str, questions: list[Question], variant: str, threads: int) -> dict:
-    from ggbatch.workers.engine.scheduler import Scheduler
     from ggbatch.workers.llama.engine import LlamaEngine
 
     parts = variant.split("+")
@@ -63,8 +62,8 @@ def run(model: str, questions: list[Question], variant: str, threads: int) -> di
     config = layouts.engine_config(model, lay, prefix, GenerationParams(max_tokens=TOKENS, ignore_eos=True))
     if "nofa" in parts or "fa" in parts:
         config = replace(config, flash_attn="fa" in parts)
-    Scheduler.shaped_prefill = "byid" not in parts
     engine = LlamaEngine(config, worker_id=0)
+    engine.sched.shaped_prefill = "byid" not in parts  # this engine's alone
     try:
         for q in ordered:
             engine.add(q)

@@ -50,8 +50,8 @@ class Span:
 class Scheduler:
     # Prompt steps laid out for llama.cpp's ubatch split (workers/engine/ubatches.py) when the prefix
     # cache is on, where a step's prompts are many short own parts (False: by id, as without the
-    # cache; bench/prefix_engine_bench.py compares).
-    shaped_prefill = True
+    # cache; bench/prefix_engine_bench.py sets it on one scheduler to compare).
+    shaped_prefill: bool = True
 
     def __init__(self, slots: int, n_batch: int, prefix: array | None = None,
                  kv_budget: int | None = None, max_new_tokens: int = 0,
