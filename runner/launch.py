@@ -63,10 +63,13 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
     hybrid, plain = model_is_hybrid(model.path), nothing_to_repack(model.path, cpu_flags())
     refused = repack_refused(config.repack is False or config.batch_invariant or hybrid or plain)
     try:
-        layouts_ = [replace(layouts.start(node.cores, config.workers, config.threads, config.slots, config.repack,
-                                          share(n_records, node, nodes), cpu_flags(), choice,
-                                          config.devices, n_gpu_layers, config.batch_invariant, hybrid, refused,
-                                          plain, "here" if local else f"on {node.describe()}"),
+        layouts_ = [replace(layouts.start(node.cores, workers=config.workers, threads=config.threads,
+                                          slots=config.slots, repack=config.repack,
+                                          n_records=share(n_records, node, nodes), flags=cpu_flags(), tuned=choice,
+                                          devices=config.devices, n_gpu_layers=n_gpu_layers,
+                                          batch_invariant=config.batch_invariant, hybrid=hybrid,
+                                          repack_refused=refused, nothing_to_repack=plain,
+                                          where="here" if local else f"on {node.describe()}"),
                               flash_attn=config.flash_attn)
                     for node in nodes]
     except KeysError as exc:  # workers or threads past the cores: named after the job file that set them

@@ -70,7 +70,7 @@ def test_a_model_a_cgroup_has_no_room_for_is_refused_naming_the_cgroups_limit():
     refusal said only "N MiB available"."""
     from test_gpu import DIMS
 
-    started = start([0], 1, 1, None, None, 10, frozenset())
+    started = start([0], workers=1, threads=1, n_records=10, flags=frozenset())
     facts = PromptFacts(10, 100, 0, 0, DIMS)
     with pytest.raises(ConfigError, match=r"not enough memory for one worker with one slot: .* 100 MiB available; "
                                           r"this process's cgroup limits it to 512 MiB \(a container's --memory"):

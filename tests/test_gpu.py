@@ -47,13 +47,12 @@ def test_auto_gpu_layers_are_all_on_given_devices_and_none_without():
 
 
 def test_one_worker_per_device_each_pinned_to_its_share_of_the_cores():
-    layout = start([0, 1, 2, 3, 4, 5, 6, 7], None, None, None, None, 100, frozenset(), devices=(1, 0),
-                   n_gpu_layers=GPU_ALL)
+    layout = start([0, 1, 2, 3, 4, 5, 6, 7], n_records=100, flags=frozenset(), devices=(1, 0), n_gpu_layers=GPU_ALL)
     assert (layout.workers, layout.threads, layout.devices) == (2, 4, (1, 0))
     assert layout.cores == ((0, 1, 2, 3), (4, 5, 6, 7))
     # A tuned CPU layout is not a GPU one.
     tuned = {"workers": 4, "threads": 2, "slots": 8, "repack": False}
-    assert start([0, 1, 2, 3], None, None, None, None, 100, frozenset(), tuned, devices=(0,)).workers == 1
+    assert start([0, 1, 2, 3], n_records=100, flags=frozenset(), tuned=tuned, devices=(0,)).workers == 1
 
 
 @pytest.mark.parametrize("workers,cores,message", [
@@ -62,7 +61,7 @@ def test_one_worker_per_device_each_pinned_to_its_share_of_the_cores():
 ])
 def test_device_layout_refusals(workers, cores, message):
     with pytest.raises(ConfigError, match=message):
-        start(cores, workers, None, None, None, 10, frozenset(), devices=(0, 1))
+        start(cores, workers=workers, n_records=10, flags=frozenset(), devices=(0, 1))
 
 
 def test_a_worker_with_every_layer_on_a_gpu_gets_one_thread_only_if_the_build_can_offload():
@@ -74,7 +73,7 @@ def test_a_worker_with_every_layer_on_a_gpu_gets_one_thread_only_if_the_build_ca
 
 def test_settle_keeps_ram_for_the_layers_left_on_the_cpu_and_says_vram_is_llama_cpps():
     cores = usable_cores()
-    started = start(cores, None, None, None, None, 16, frozenset(), devices=(0,), n_gpu_layers=GPU_ALL)
+    started = start(cores, n_records=16, flags=frozenset(), devices=(0,), n_gpu_layers=GPU_ALL)
     facts = PromptFacts(16, 100, 0, 0, DIMS)
     gpu, gpu_plan = settle(started, facts, None, None, 64, 512, 64 << 30, offload=True)
     cpu, cpu_plan = settle(started, facts, None, None, 64, 512, 64 << 30, offload=False)
@@ -110,8 +109,8 @@ H200 = GpuMemory("CUDA0", 140 * GIB, 141 * GIB)
 
 def settle_on(gpus, devices=(0,), n_gpu_layers=GPU_ALL, questions=1000, longest=100, slots=None, workers=None,
               cores=None):
-    started = start(cores or usable_cores(), workers, None, None, None, questions, frozenset(), devices=devices,
-                    n_gpu_layers=n_gpu_layers)
+    started = start(cores or usable_cores(), workers=workers, n_records=questions, flags=frozenset(),
+                    devices=devices, n_gpu_layers=n_gpu_layers)
     return settle(started, PromptFacts(questions, longest, 0, 0, DIMS), slots, None, 64, None, 64 * GIB,
                   offload=True, cores=cores, gpus=gpus)
 

@@ -19,12 +19,12 @@ from helpers import ggbatch, write_questions
 
 
 def test_auto_uses_one_worker_on_every_core():
-    layout = plan_layout([0, 1, 2, 3], None, None, None, 100)
+    layout = plan_layout([0, 1, 2, 3], n_questions=100)
     assert (layout.workers, layout.threads, layout.cores) == (1, 4, ((0, 1, 2, 3),))
 
 
 def test_workers_split_cores_disjointly():
-    layout = plan_layout([2, 3, 5, 7], 2, None, 4, 10)
+    layout = plan_layout([2, 3, 5, 7], workers=2, slots=4, n_questions=10)
     assert layout.threads == 2
     assert layout.cores == ((2, 3), (5, 7))
     flat = [c for cores in layout.cores for c in cores]
@@ -32,7 +32,7 @@ def test_workers_split_cores_disjointly():
 
 
 def test_threads_given_derives_workers():
-    assert plan_layout([0, 1, 2, 3], None, 2, 1, 10).workers == 2
+    assert plan_layout([0, 1, 2, 3], threads=2, slots=1, n_questions=10).workers == 2
 
 
 @pytest.mark.parametrize("workers,threads,message", [
@@ -42,7 +42,7 @@ def test_threads_given_derives_workers():
 ])
 def test_never_more_threads_than_cores(workers, threads, message):
     with pytest.raises(ConfigError, match=message):
-        plan_layout([0, 1], workers, threads, None, 10)
+        plan_layout([0, 1], workers=workers, threads=threads, n_questions=10)
 
 
 @pytest.mark.model
@@ -94,16 +94,18 @@ def test_n_batch_at_or_below_the_slots_runs_and_the_report_says_the_budget_that_
 
 
 def test_auto_slots_never_exceed_questions_per_worker():
-    assert plan_layout([0, 1], 2, 1, None, 5).slots == 3
-    assert plan_layout([0, 1], 1, 2, None, 1000).slots == 64
-    assert plan_layout([0, 1], 1, 2, None, 1000, max_auto_slots=16).slots == 16  # a tuned bound
+    assert plan_layout([0, 1], workers=2, threads=1, n_questions=5).slots == 3
+    assert plan_layout([0, 1], workers=1, threads=2, n_questions=1000).slots == 64
+    assert plan_layout([0, 1], workers=1, threads=2, n_questions=1000, max_auto_slots=16).slots == 16  # a tuned bound
 
 
 def test_auto_slots_shrink_for_long_sequences_in_a_unified_pool():
-    assert plan_layout([0, 1], 1, 2, None, 1000, pool_cells_per_slot=100).slots == 64
-    assert plan_layout([0, 1], 1, 2, None, 1000, pool_cells_per_slot=500).slots == 16
-    assert plan_layout([0, 1], 1, 2, None, 1000, pool_cells_per_slot=4000).slots == 4  # never below 4
-    assert plan_layout([0, 1], 1, 2, 8, 1000, pool_cells_per_slot=4000).slots == 8  # as asked
+    assert plan_layout([0, 1], workers=1, threads=2, n_questions=1000, pool_cells_per_slot=100).slots == 64
+    assert plan_layout([0, 1], workers=1, threads=2, n_questions=1000, pool_cells_per_slot=500).slots == 16
+    assert plan_layout([0, 1], workers=1, threads=2, n_questions=1000,
+                       pool_cells_per_slot=4000).slots == 4  # never below 4
+    assert plan_layout([0, 1], workers=1, threads=2, slots=8, n_questions=1000,
+                       pool_cells_per_slot=4000).slots == 8  # as asked
 
 
 def test_context_fits_longest_prompt_capped_by_model():
@@ -175,7 +177,7 @@ def test_long_sequences_keep_every_slot_with_one_stream_per_sequence(longest, pr
     from ggbatch.runner.plan.memory import ModelDims
 
     dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
-    started = plan_layout([0, 1], None, None, 1, 1)
+    started = plan_layout([0, 1], slots=1, n_questions=1)
     layout, memory = settle(started, PromptFacts(1000, longest, prefix, 0, dims), None, None, 256, 512,
                             available=64 << 30)
     assert layout.kv_unified is unified
@@ -189,7 +191,7 @@ def test_scored_questions_keep_a_stream_each_under_a_long_shared_prefix():
     from ggbatch.runner.plan.memory import ModelDims
 
     dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
-    started = plan_layout([0, 1], None, None, 1, 1)
+    started = plan_layout([0, 1], slots=1, n_questions=1)
     for scored, unified in [(False, True), (True, False)]:
         layout, _ = settle(started, PromptFacts(100, 1743, 1100, 0, dims, scored=scored), None, None, 8, 512,
                            available=64 << 30)
@@ -205,7 +207,7 @@ def test_auto_n_batch_is_larger_for_the_prefix_cache_and_an_asked_one_is_kept():
     assert batch_budget(None, True, True) == 512  # batch-invariant shapes are laid out for 512
     assert batch_budget(256, True, False) == 256
     dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
-    started = plan_layout([0, 1], None, None, 1, 1)
+    started = plan_layout([0, 1], slots=1, n_questions=1)
     grouped = PromptFacts(64, 800, 17, 0, dims, shared_groups=10)
     for asked, want in [(None, 1024), (512, 512)]:
         layout, _ = settle(started, grouped, None, None, 32, asked, available=64 << 30)
@@ -226,7 +228,7 @@ def test_flash_attention_on_auto_is_off_on_a_cpu_up_to_its_context_bound():
     assert flash_attn_for(None, 28, 512) is True  # layers on a GPU
     assert flash_attn_for(True, 0, 512) is True and flash_attn_for(False, 28, 512) is False  # as asked
     dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
-    started = plan_layout([0, 1], None, None, 1, 1)
+    started = plan_layout([0, 1], slots=1, n_questions=1)
     facts = PromptFacts(2, 3444 - 4, 13, 0, dims)
     plain, plain_memory = settle(started, facts, 2, None, 4, 512, available=64 << 30)
     flash, flash_memory = settle(replace(started, flash_attn=True), facts, 2, None, 4, 512, available=64 << 30)
@@ -244,7 +246,7 @@ def test_flash_attention_on_auto_is_off_on_a_cpu_up_to_its_context_bound():
 
 
 def test_a_tuned_slot_count_is_the_cap_of_auto_slots():
-    started = start([0, 1], None, None, None, None, 1000, frozenset(), {"workers": 2, "threads": 1, "slots": 16,
+    started = start([0, 1], n_records=1000, flags=frozenset(), tuned={"workers": 2, "threads": 1, "slots": 16,
                                                                        "repack": False})
     assert (started.workers, started.threads, started.slots, started.slot_cap) == (2, 1, 16, 16)
     assert (started.repack, started.repack_reason) == (False, "ggbatch tune")

@@ -353,8 +353,8 @@ def test_node_plan_numbers_workers_across_nodes_and_keeps_their_ids_when_a_node_
     from ggbatch.runner.plan.nodes import Node, NodePlan, share
 
     small, big = Node("a" * 56, "10.0.0.1", tuple(range(2))), Node("b" * 56, "10.0.0.2", tuple(range(16)))
-    plan = NodePlan.of([small, big], [plan_layout(small.cores, None, 2, None, 100),
-                                      plan_layout(big.cores, None, 2, None, 100)])
+    plan = NodePlan.of([small, big], [plan_layout(small.cores, threads=2, n_questions=100),
+                                      plan_layout(big.cores, threads=2, n_questions=100)])
     assert plan.first_ids == (0, 1) and plan.node_of() == {0: 0, **{i: 1 for i in range(1, 9)}}
     fewer = replace(plan, layouts=(plan.layouts[0], replace(plan.layouts[1], workers=3)))
     assert fewer.node_of() == {0: 0, 1: 1, 2: 1, 3: 1}  # the big node's memory plan kept 3 of its 8

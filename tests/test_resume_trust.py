@@ -124,7 +124,8 @@ def plain_plan(available: int, longest: int = 40):
     bytes), so that memory binds early."""
     # flash attention on: the plan's compute stays the same at every context (without it a prompt
     # step's attention scores grow with the context too), so the KV cells alone bind
-    started = replace(layouts.start([0], 1, 1, 4, False, STREAMED, frozenset()), flash_attn=True)
+    started = replace(layouts.start([0], workers=1, threads=1, slots=4, repack=False, n_records=STREAMED,
+                                    flags=frozenset()), flash_attn=True)
     dims = ModelDims(file_bytes=1 << 20, n_layer=32, n_embd=64, n_head=8, n_head_kv=8, head_dim=64, n_vocab=512)
     facts = PromptFacts(STREAMED, longest, 0, 2048, dims)
     lay, memory = layouts.settle(started, facts, 4, None, 16, None, available, cores=[0])
@@ -168,7 +169,8 @@ def test_a_context_the_job_sets_never_grows():
 def test_a_context_grown_past_the_cpu_bound_keeps_the_flash_attention_its_first_window_decided():
     """Auto is off on a CPU up to 4,096 tokens a sequence: a streamed file whose context grew past
     it ran the rest of its questions with flash attention on, and reported it on for them all."""
-    started = layouts.start([0], 1, 1, 4, False, STREAMED, frozenset())  # flash_attn: auto
+    started = layouts.start([0], workers=1, threads=1, slots=4, repack=False, n_records=STREAMED,
+                            flags=frozenset())  # flash_attn: auto
     dims = ModelDims(file_bytes=1 << 20, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_vocab=512)
     facts = PromptFacts(STREAMED, 40, 0, 16384, dims)
     lay, memory = layouts.settle(started, facts, 4, None, 16, None, 8 << 30, cores=[0])

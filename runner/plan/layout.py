@@ -106,8 +106,8 @@ def usable_cores() -> list[int]:
 # -- phase 1: before tokenizing ------------------------------------------------------------------
 
 
-def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], slots: Optional[int],
-          repack: Optional[bool], n_records: int, flags: frozenset[str],
+def start(cores: Sequence[int], *, workers: Optional[int] = None, threads: Optional[int] = None,
+          slots: Optional[int] = None, repack: Optional[bool] = None, n_records: int, flags: frozenset[str],
           tuned: Optional[Mapping[str, Any]] = None, devices: Sequence[int] = (), n_gpu_layers: int = 0,
           batch_invariant: bool = False, hybrid: bool = False, repack_refused: str = "",
           nothing_to_repack: bool = False, where: str = "here") -> Layout:
@@ -121,15 +121,16 @@ def start(cores: Sequence[int], workers: Optional[int], threads: Optional[int], 
     threads_auto = threads is None and not tuned
     if tuned:
         workers, threads, cap = tuned["workers"], tuned["threads"], tuned["slots"]
-    layout = plan_layout(cores, workers, threads, slots, max(1, n_records), max_auto_slots=cap, where=where)
+    layout = plan_layout(cores, workers=workers, threads=threads, slots=slots, n_questions=max(1, n_records),
+                         max_auto_slots=cap, where=where)
     use_repack, why = repack_weights(repack, tuned.get("repack") if tuned else None, flags, layout.slots,
                                      batch_invariant, hybrid, repack_refused, nothing_to_repack)
     return replace(layout, repack=use_repack, repack_reason=why, slot_cap=cap, n_gpu_layers=n_gpu_layers,
                    devices=tuple(devices), threads_auto=threads_auto, batch_invariant=batch_invariant)
 
 
-def plan_layout(cores: Sequence[int], workers: Optional[int], threads: Optional[int],
-                slots: Optional[int], n_questions: int, pool_cells_per_slot: int = 0,
+def plan_layout(cores: Sequence[int], *, workers: Optional[int] = None, threads: Optional[int] = None,
+                slots: Optional[int] = None, n_questions: int, pool_cells_per_slot: int = 0,
                 max_auto_slots: int = MAX_AUTO_SLOTS, where: str = "here") -> Layout:
     """Choose workers × threads within the usable cores (None = auto) and give each worker a
     disjoint set of cores. Never more worker threads than usable cores. `pool_cells_per_slot`
@@ -214,8 +215,9 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
                          started.devices)
            if offload and started.n_gpu_layers else None)
     cap = gpu.auto_slot_cap(started.slot_cap, cpu_share, fit is not None)
-    wanted = plan_layout(usable_cores() if cores is None else cores, started.workers, started.threads, slots,
-                         facts.n_questions, pool_cells, cap).slots
+    wanted = plan_layout(usable_cores() if cores is None else cores, workers=started.workers,
+                         threads=started.threads, slots=slots, n_questions=facts.n_questions,
+                         pool_cells_per_slot=pool_cells, max_auto_slots=cap).slots
     if slots is None:  # past the auto cap if need be (the memory plan still has the last word)
         wanted = max(wanted, facts.samples)
     layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,

@@ -113,7 +113,7 @@ def overhead_row(model: str, workers: int, threads: int, pp: int, tg: int, b: in
     dispatch, answers, timed from the first worker ready to the last answer. The raw rate is the
     engine's alone times `workers`, as if the workers did not share the machine's memory
     bandwidth. Overhead = how much lower the runner's tokens/s is."""
-    layout = plan_layout(usable_cores(), workers, threads, b, 3 * b * workers)
+    layout = plan_layout(usable_cores(), workers=workers, threads=threads, slots=b, n_questions=3 * b * workers)
     questions = synthetic_questions(3 * b * workers, pp, n_vocab, seed=1)
     # No warm-up here: the runner's worker pays for the first use of its buffers too.
     config = batched_bench_config(model, threads, pp, tg, b, repack)

@@ -216,7 +216,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     model = resolve_model(args.model)
     npp, ntg, npl = _bench_sizes(args)
-    threads = plan_layout(usable_cores(), args.workers, args.threads, 1, 1).threads  # checks the cores
+    threads = plan_layout(usable_cores(), workers=args.workers, threads=args.threads, slots=1,
+                          n_questions=1).threads  # checks the cores
     _check_bench_outputs(args, model)
     gpu_layers = _gpu_layers(args.gpu_layers)
     n_vocab = _n_vocab(model)
