@@ -120,9 +120,10 @@ def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: Pr
                                        for node in started.nodes),
                         tuple(here.available if node.memory is None else node.memory for node in started.nodes),
                         config.slots, config.n_batch, config.n_ctx, prompting.info.gpu_offload)
-    settled = [layouts.settle(lay, facts_, config.slots, config.n_ctx, most_tokens, config.n_batch, available,
-                              offload=inputs.offload, cores=node.cores, gpus=node.gpus,
-                              cgroup_limit=here.limit if node.memory is None and here.by_cgroup else None)
+    cgroup_limit = here.limit if here.by_cgroup else None  # named by a refusal on this machine
+    settled = [layouts.settle(lay, facts_, slots=config.slots, n_ctx=config.n_ctx, max_tokens=most_tokens,
+                              n_batch=config.n_batch, available=available, offload=inputs.offload, cores=node.cores,
+                              gpus=node.gpus, cgroup_limit=cgroup_limit if node.memory is None else None)
                for node, lay, facts_, available in zip(started.nodes, started.layouts, inputs.facts, inputs.available)]
     plan = replace(started, layouts=tuple(lay for lay, _ in settled))
     return ContextGrowth(inputs, plan, [memory for _, memory in settled], model_path, prefix, prompting.generation,

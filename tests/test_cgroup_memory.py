@@ -74,9 +74,9 @@ def test_a_model_a_cgroup_has_no_room_for_is_refused_naming_the_cgroups_limit():
     facts = PromptFacts(10, 100, 0, 0, DIMS)
     with pytest.raises(ConfigError, match=r"not enough memory for one worker with one slot: .* 100 MiB available; "
                                           r"this process's cgroup limits it to 512 MiB \(a container's --memory"):
-        settle(started, facts, None, None, 64, None, 100 * 2**20, cgroup_limit=512 * 2**20)
+        settle(started, facts, max_tokens=64, available=100 * 2**20, cgroup_limit=512 * 2**20)
     with pytest.raises(ConfigError) as host_only:
-        settle(started, facts, None, None, 64, None, 100 * 2**20)
+        settle(started, facts, max_tokens=64, available=100 * 2**20)
     assert str(host_only.value).endswith("100 MiB available")
 
 

@@ -75,8 +75,8 @@ def test_settle_keeps_ram_for_the_layers_left_on_the_cpu_and_says_vram_is_llama_
     cores = usable_cores()
     started = start(cores, n_records=16, flags=frozenset(), devices=(0,), n_gpu_layers=GPU_ALL)
     facts = PromptFacts(16, 100, 0, 0, DIMS)
-    gpu, gpu_plan = settle(started, facts, None, None, 64, 512, 64 << 30, offload=True)
-    cpu, cpu_plan = settle(started, facts, None, None, 64, 512, 64 << 30, offload=False)
+    gpu, gpu_plan = settle(started, facts, max_tokens=64, n_batch=512, available=64 << 30, offload=True)
+    cpu, cpu_plan = settle(started, facts, max_tokens=64, n_batch=512, available=64 << 30, offload=False)
     assert (gpu.threads, cpu.threads) == (1, len(cores))
     assert gpu_plan.kv_per_worker == 0 and gpu_plan.shared_file_pages == 0 and gpu_plan.cpu_share == 0.0
     assert "VRAM not planned" in gpu_plan.vram and "VRAM not planned" in gpu_plan.as_report()["vram"]
@@ -111,8 +111,8 @@ def settle_on(gpus, devices=(0,), n_gpu_layers=GPU_ALL, questions=1000, longest=
               cores=None):
     started = start(cores or usable_cores(), workers=workers, n_records=questions, flags=frozenset(),
                     devices=devices, n_gpu_layers=n_gpu_layers)
-    return settle(started, PromptFacts(questions, longest, 0, 0, DIMS), slots, None, 64, None, 64 * GIB,
-                  offload=True, cores=cores, gpus=gpus)
+    return settle(started, PromptFacts(questions, longest, 0, 0, DIMS), slots=slots, max_tokens=64,
+                  available=64 * GIB, offload=True, cores=cores, gpus=gpus)
 
 
 def test_with_the_gpus_memory_known_auto_slots_go_to_what_a_context_holds_and_fit_vram():

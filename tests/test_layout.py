@@ -178,7 +178,7 @@ def test_long_sequences_keep_every_slot_with_one_stream_per_sequence(longest, pr
 
     dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
     started = plan_layout([0, 1], slots=1, n_questions=1)
-    layout, memory = settle(started, PromptFacts(1000, longest, prefix, 0, dims), None, None, 256, 512,
+    layout, memory = settle(started, PromptFacts(1000, longest, prefix, 0, dims), max_tokens=256, n_batch=512,
                             available=64 << 30)
     assert layout.kv_unified is unified
     assert layout.n_ctx_seq == longest + 256 + 1
@@ -193,7 +193,7 @@ def test_scored_questions_keep_a_stream_each_under_a_long_shared_prefix():
     dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
     started = plan_layout([0, 1], slots=1, n_questions=1)
     for scored, unified in [(False, True), (True, False)]:
-        layout, _ = settle(started, PromptFacts(100, 1743, 1100, 0, dims, scored=scored), None, None, 8, 512,
+        layout, _ = settle(started, PromptFacts(100, 1743, 1100, 0, dims, scored=scored), max_tokens=8, n_batch=512,
                            available=64 << 30)
         assert layout.kv_unified is unified
 
@@ -210,9 +210,9 @@ def test_auto_n_batch_is_larger_for_the_prefix_cache_and_an_asked_one_is_kept():
     started = plan_layout([0, 1], slots=1, n_questions=1)
     grouped = PromptFacts(64, 800, 17, 0, dims, shared_groups=10)
     for asked, want in [(None, 1024), (512, 512)]:
-        layout, _ = settle(started, grouped, None, None, 32, asked, available=64 << 30)
+        layout, _ = settle(started, grouped, max_tokens=32, n_batch=asked, available=64 << 30)
         assert (layout.prefix_cache, layout.n_batch) == (True, want)
-    layout, _ = settle(started, PromptFacts(64, 800, 17, 0, dims), None, None, 32, None, available=64 << 30)
+    layout, _ = settle(started, PromptFacts(64, 800, 17, 0, dims), max_tokens=32, available=64 << 30)
     assert (layout.prefix_cache, layout.n_batch) == (False, 512)
 
 
@@ -230,19 +230,21 @@ def test_flash_attention_on_auto_is_off_on_a_cpu_up_to_its_context_bound():
     dims = ModelDims(400 << 20, 28, 1024, 16, 8, 64, 151936, 3072)
     started = plan_layout([0, 1], slots=1, n_questions=1)
     facts = PromptFacts(2, 3444 - 4, 13, 0, dims)
-    plain, plain_memory = settle(started, facts, 2, None, 4, 512, available=64 << 30)
-    flash, flash_memory = settle(replace(started, flash_attn=True), facts, 2, None, 4, 512, available=64 << 30)
+    plain, plain_memory = settle(started, facts, slots=2, max_tokens=4, n_batch=512, available=64 << 30)
+    flash, flash_memory = settle(replace(started, flash_attn=True), facts, slots=2, max_tokens=4, n_batch=512,
+                                 available=64 << 30)
     assert (plain.flash_attn, flash.flash_attn) == (False, True)
     # Without it a prompt step writes 512 tokens x 3,584 cells x 16 heads of f32 scores (and part
     # of their softmax): 2 slots of 3,444 tokens measured 143 MiB more PSS than with it.
     extra = (plain_memory.compute_per_worker - flash_memory.compute_per_worker) / MIB
     assert 143 <= extra <= 200
     invariant = replace(started, batch_invariant=True, flash_attn=True)
-    assert settle(invariant, facts, 2, None, 4, 512, available=64 << 30)[0].flash_attn is False
+    assert settle(invariant, facts, slots=2, max_tokens=4, n_batch=512, available=64 << 30)[0].flash_attn is False
     # --gpu-layers on a build that cannot offload keeps every layer on the CPU: off, as with none
     asked_gpu = replace(started, n_gpu_layers=28)
-    assert settle(asked_gpu, facts, 2, None, 4, 512, available=64 << 30, offload=False)[0].flash_attn is False
-    assert settle(asked_gpu, facts, 2, None, 4, 512, available=64 << 30, offload=True)[0].flash_attn is True
+    for offload in (False, True):  # asked for, it is on where the build can offload
+        assert settle(asked_gpu, facts, slots=2, max_tokens=4, n_batch=512, available=64 << 30,
+                      offload=offload)[0].flash_attn is offload
 
 
 def test_a_tuned_slot_count_is_the_cap_of_auto_slots():

@@ -128,7 +128,7 @@ def plain_plan(available: int, longest: int = 40):
                                     flags=frozenset()), flash_attn=True)
     dims = ModelDims(file_bytes=1 << 20, n_layer=32, n_embd=64, n_head=8, n_head_kv=8, head_dim=64, n_vocab=512)
     facts = PromptFacts(STREAMED, longest, 0, 2048, dims)
-    lay, memory = layouts.settle(started, facts, 4, None, 16, None, available, cores=[0])
+    lay, memory = layouts.settle(started, facts, slots=4, max_tokens=16, available=available, cores=[0])
     plan = NodePlan.of([Node(None, "", (0,))], [started])
     inputs = PlanInputs(plan, (facts,), (available,), 4, None, None, False)
     return ContextGrowth(inputs, replace(plan, layouts=(lay,)), [memory], "m.gguf", array("i"),
@@ -173,7 +173,7 @@ def test_a_context_grown_past_the_cpu_bound_keeps_the_flash_attention_its_first_
                             flags=frozenset())  # flash_attn: auto
     dims = ModelDims(file_bytes=1 << 20, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_vocab=512)
     facts = PromptFacts(STREAMED, 40, 0, 16384, dims)
-    lay, memory = layouts.settle(started, facts, 4, None, 16, None, 8 << 30, cores=[0])
+    lay, memory = layouts.settle(started, facts, slots=4, max_tokens=16, available=8 << 30, cores=[0])
     plan = NodePlan.of([Node(None, "", (0,))], [started])
     growth = ContextGrowth(PlanInputs(plan, (facts,), (8 << 30,), 4, None, None, False), replace(plan, layouts=(lay,)),
                            [memory], "m.gguf", array("i"), GenerationParams(max_tokens=16))

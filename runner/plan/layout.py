@@ -169,8 +169,8 @@ def estimate_context(prompt_chars: int, max_tokens: int, n_ctx: Optional[int]) -
 # -- phase 2: after tokenizing -------------------------------------------------------------------
 
 
-def settle(started: Layout, facts: PromptFacts, slots: Optional[int], n_ctx: Optional[int],
-           max_tokens: int, n_batch: Optional[int], available: int, offload: bool = False,
+def settle(started: Layout, facts: PromptFacts, *, slots: Optional[int] = None, n_ctx: Optional[int] = None,
+           max_tokens: int, n_batch: Optional[int] = None, available: int, offload: bool = False,
            cores: Optional[Sequence[int]] = None, gpus: Sequence[GpuMemory] = (),
            cgroup_limit: Optional[int] = None) -> tuple[Layout, MemoryPlan]:
     """The layout of the workers already started, now that the prompts are known: context, KV
@@ -223,9 +223,9 @@ def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional
     layout = replace(started, slots=wanted, n_ctx_seq=n_ctx_seq, kv_unified=unified, prefix_cache=cache,
                      n_batch=step_budget(n_batch, wanted, invariant), flash_attn=flash,
                      threads=gpu.worker_threads(started.threads, started.threads_auto, started.n_gpu_layers, offload))
-    memory = fit_layout(facts.dims, layout.workers, layout.slots, cells, layout.n_batch, available, layout.repack,
-                        cpu_share, gpu.vram_note(layout.n_gpu_layers, offload), fit, scored_cells,
-                        scored_rows=layout.n_batch if facts.scored else 0)
+    memory = fit_layout(facts.dims, layout.workers, layout.slots, cells, layout.n_batch, available,
+                        repacked=layout.repack, cpu_share=cpu_share, vram=gpu.vram_note(layout.n_gpu_layers, offload),
+                        vram_fit=fit, scored_cells_for=scored_cells, scored_rows=layout.n_batch if facts.scored else 0)
     if memory.fits and memory.note:
         layout = replace(layout, workers=memory.workers, slots=memory.slots, cores=layout.cores[:memory.workers],
                          devices=layout.devices[:memory.workers], n_batch=step_budget(n_batch, memory.slots, invariant))

@@ -151,7 +151,7 @@ VramFit = Callable[[int, int], tuple[int, bool, str]]
 
 
 def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
-                n_batch: int, available: int, repacked: bool = True, safety: float = 0.9,
+                n_batch: int, available: int, *, repacked: bool = True, safety: float = 0.9,
                 cpu_share: float = 1.0, vram: str = "", vram_fit: Optional[VramFit] = None,
                 scored_cells_for: Callable[[int], int] = lambda slots: 0, scored_rows: int = 0) -> MemoryPlan:
     """The memory a layout needs, with `kv_cells_for(slots)` the KV pool a worker allocates and
@@ -176,7 +176,7 @@ def plan_memory(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callabl
 
 
 def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable[[int], int],
-               n_batch: int, available: int, repacked: bool = True, cpu_share: float = 1.0,
+               n_batch: int, available: int, *, repacked: bool = True, cpu_share: float = 1.0,
                vram: str = "", vram_fit: Optional[VramFit] = None,
                scored_cells_for: Callable[[int], int] = lambda slots: 0, scored_rows: int = 0) -> MemoryPlan:
     """The plan for the requested layout, shrunk to fit RAM and VRAM: slots first (halving), and
@@ -184,8 +184,9 @@ def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable
     with the slots asked, halving again. The returned plan has fits=False only if one worker
     with one slot does not fit."""
     def plan_for(workers: int, slots: int) -> MemoryPlan:
-        return plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked, cpu_share=cpu_share,
-                           vram=vram, vram_fit=vram_fit, scored_cells_for=scored_cells_for, scored_rows=scored_rows)
+        return plan_memory(dims, workers, slots, kv_cells_for, n_batch, available, repacked=repacked,
+                           cpu_share=cpu_share, vram=vram, vram_fit=vram_fit, scored_cells_for=scored_cells_for,
+                           scored_rows=scored_rows)
 
     asked = (workers, slots)
     for w in range(workers, 0, -1):  # each worker count from its full slots down, halving
