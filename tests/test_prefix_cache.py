@@ -85,7 +85,7 @@ def test_a_question_waits_for_the_passage_another_is_computing():
 
 def scheduler(slots=4):
     cache = SlotContents(PREFIX, slots, batch_invariant=False)
-    return Scheduler(slots, 512, PREFIX, None, 8, stream_per_sequence=True, contents=cache), cache
+    return Scheduler(slots, 512, prefix=PREFIX, max_new_tokens=8, stream_per_sequence=True, contents=cache), cache
 
 
 def test_admission_lets_other_passages_go_first_while_one_is_computed_once():
@@ -106,7 +106,7 @@ def test_admission_lets_other_passages_go_first_while_one_is_computed_once():
 
 
 def test_without_the_cache_admission_is_in_order_from_the_job_prefix():
-    sched = Scheduler(4, 512, PREFIX, None, 8, stream_per_sequence=True)
+    sched = Scheduler(4, 512, prefix=PREFIX, max_new_tokens=8, stream_per_sequence=True)
     for p in (1, 2):
         for j in range(3):
             sched.add(Sequence(Question(f"p{p}q{j}", prompt(p, j), 0)))

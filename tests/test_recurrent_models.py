@@ -64,7 +64,7 @@ def test_on_recurrent_memory_a_prompt_takes_the_shared_prefix_whole_or_not_at_al
     prefix = array("i", range(1, 9))
 
     def start(memory: MemoryKind, prompt: list[int]) -> Start:
-        sched = Scheduler(4, 64, prefix, memory=memory)
+        sched = Scheduler(4, 64, prefix=prefix, memory=memory)
         sched.add(Sequence(Question("q", array("i", prompt), 0)))
         seq = sched.admit()[0]
         return Start(seq.source, seq.n_cached)

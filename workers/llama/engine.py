@@ -100,9 +100,10 @@ class LlamaEngine:
                          slot_contents(config, prefix, self.prefix_id, self.memory_kind), self.counters)
         # With one stream per sequence, how llama.cpp cuts a batch into passes over the weights
         # depends on the sequence ids in it: the scheduler lays batches out for that.
-        self.sched = Scheduler(config.slots, self.n_batch, prefix, budget, self.gen.max_tokens,
-                               stream_per_sequence=not config.kv_unified, batch_invariant=self.invariant,
-                               contents=self.kv.contents, memory=self.memory_kind, n_ctx_seq=config.n_ctx_seq)
+        self.sched = Scheduler(config.slots, self.n_batch, prefix=prefix, kv_budget=budget,
+                               max_new_tokens=self.gen.max_tokens, stream_per_sequence=not config.kv_unified,
+                               batch_invariant=self.invariant, contents=self.kv.contents, memory=self.memory_kind,
+                               n_ctx_seq=config.n_ctx_seq)
         # Cores llama.cpp's threads leave free during a decode (every layer on a GPU) work out the
         # last step's token log-probabilities meanwhile (workers/llama/later_logprobs.py).
         spare = self.sampling.host_thread_count - self.runner.n_threads
