@@ -265,8 +265,8 @@ def _settle(config: JobConfig, started: NodePlan, preparer: Preparer, first: Win
     guess = 0 if first.last else math.ceil(longest_line / layouts.CHARS_PER_TOKEN) + layouts.CHAT_TEMPLATE_TOKENS
     job_facts, prefix = facts(first, preparer, n_todo, guess)
     most = max_tokens(first.questions, gen)
-    growth = settle(config, started, preparer.prompting, job_facts, prefix, most, model_path, journal.ran("flash_attn"),
-                    most_said_by=most_said_by(first.questions, gen, most))
+    growth = settle(config, started, preparer.prompting, job_facts, prefix, most, model_path,
+                    flash_attn=journal.ran("flash_attn"), most_said_by=most_said_by(first.questions, gen, most))
     journal.record_ran(growth.plan.ran_on_auto())
     if first.questions:  # a rerun that the journal answers whole has no sample to lay out
         check_sample_slots([lay.slots for lay in growth.plan.layouts], config.sampling.n, config)

@@ -152,8 +152,8 @@ class ContextGrowth:
     def _plans(self, n_ctx_seq: int) -> list[tuple[Layout, MemoryPlan]]:
         """Each node's layout and memory plan at this context per sequence."""
         i = self.inputs
-        return [layouts.settled(lay, facts, n_ctx_seq, i.slots, i.n_batch, available, i.offload, node.cores,
-                                node.gpus)
+        return [layouts.settled(lay, facts, n_ctx_seq, slots=i.slots, n_batch=i.n_batch, available=available,
+                                offload=i.offload, cores=node.cores, gpus=node.gpus)
                 for node, lay, facts, available in zip(i.started.nodes, i.started.layouts, i.facts, i.available)]
 
     def _largest_fitting(self, want: int) -> int:

@@ -181,7 +181,8 @@ def settle(started: Layout, facts: PromptFacts, *, slots: Optional[int] = None, 
     runner/plan/nodes.py gives a Ray node's). `cgroup_limit`: where `available` is a cgroup's room,
     its limit, which a refusal names (`free` on the host shows room the job does not have)."""
     n_ctx_seq = context_per_sequence(facts.longest, max_tokens, facts.n_ctx_train, n_ctx)
-    layout, memory = settled(started, facts, n_ctx_seq, slots, n_batch, available, offload, cores, gpus)
+    layout, memory = settled(started, facts, n_ctx_seq, slots=slots, n_batch=n_batch, available=available,
+                             offload=offload, cores=cores, gpus=gpus)
     if not memory.fits:
         raise ConfigError(too_little(memory, cgroup_limit))
     if memory.note:
@@ -189,7 +190,7 @@ def settle(started: Layout, facts: PromptFacts, *, slots: Optional[int] = None, 
     return layout, memory
 
 
-def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, slots: Optional[int], n_batch: Optional[int],
+def settled(started: Layout, facts: PromptFacts, n_ctx_seq: int, *, slots: Optional[int], n_batch: Optional[int],
             available: int, offload: bool = False, cores: Optional[Sequence[int]] = None,
             gpus: Sequence[GpuMemory] = ()) -> tuple[Layout, MemoryPlan]:
     """settle's layout for a given context per sequence, without a word: memory.fits says

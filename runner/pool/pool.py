@@ -88,7 +88,7 @@ class RunEvents(Protocol):
 
 
 class WorkerPool:
-    def __init__(self, specs: Sequence[WorkerSpec], on_answers: Callable[[list[Answer]], None] = lambda a: None,
+    def __init__(self, specs: Sequence[WorkerSpec], *, on_answers: Callable[[list[Answer]], None] = lambda a: None,
                  on_tick: Optional[Callable[["WorkerPool"], None]] = None,
                  max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None,
                  backend: Optional[Backend[Any]] = None,
