@@ -279,9 +279,11 @@ def _setup(config: JobConfig, model: ModelIdentity, preparer: Preparer, growth: 
     to, how many records and unique prompts, and their settings."""
     made, prompting, plan = preparer.made, preparer.prompting, growth.plan
     nodes = [] if plan.nodes[0].node_id is None else node_report(plan, growth.memory)
-    return JobSetup(config, model, plan.whole(), growth.memory[0], prompting.generation, prompting.chat_template,
-                    len(growth.prefix), len(preparer.maker.ids), made.unique + len(made.refused), formats,
-                    dict(made.own_settings), prompting.info.gpu_offload,
+    return JobSetup(config=config, model=model, layout=plan.whole(), memory=growth.memory[0],
+                    generation=prompting.generation, chat_template=prompting.chat_template,
+                    n_prefix=len(growth.prefix), records=len(preparer.maker.ids),
+                    unique_prompts=made.unique + len(made.refused), formats=formats,
+                    own_settings=dict(made.own_settings), gpu_offload=prompting.info.gpu_offload,
                     sharing=preparer.sharing if config.prefix_cache == "auto" else None,
                     kv_bytes_per_cell=prompting.dims.kv_bytes_per_cell, nodes=nodes)
 

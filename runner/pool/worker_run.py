@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerRun:
     """One worker as the pool saw it, for the report (runner/pool/pool.py fills these)."""
 

@@ -55,10 +55,12 @@ class WorkerState:
 
 def worker_run(w: WorkerState) -> WorkerRun:
     """What the worker did, for the report."""
-    return WorkerRun(w.spec.worker_id, w.spec.cores, w.restarts, w.ready.load_s if w.ready else None, w.contexts,
-                     w.ready.n_threads if w.ready else None, w.engine_totals(), w.spec.device,
-                     w.ready.n_gpu_layers if w.ready else None, w.ready.gpu_layers if w.ready else None,
-                     node(w.spec), w.ready.memory if w.ready else None)
+    ready = w.ready
+    return WorkerRun(worker_id=w.spec.worker_id, cores=w.spec.cores, restarts=w.restarts,
+                     load_s=ready.load_s if ready else None, contexts=w.contexts,
+                     n_threads=ready.n_threads if ready else None, engine=w.engine_totals(), device=w.spec.device,
+                     n_gpu_layers=ready.n_gpu_layers if ready else None, gpu_layers=ready.gpu_layers if ready else None,
+                     node=node(w.spec), memory=ready.memory if ready else None)
 
 
 def node(spec: WorkerSpec) -> Optional[dict[str, str]]:

@@ -63,7 +63,7 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobSetup:
     """What was planned."""
 
