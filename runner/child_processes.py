@@ -153,7 +153,8 @@ def _unreadable_script_kept_out() -> Iterator[None]:
     ggbatch's children need nothing of the script."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if main is None or path is None or getattr(main, "__spec__", None) is not None or os.path.isfile(path):
+    if main is None or path is None or getattr(main, "__spec__", None) is not None or \
+            os.path.isfile(os.path.join(mp_process.ORIGINAL_DIR or "", path)):  # as the child finds it
         yield
         return
     del main.__file__
