@@ -4,7 +4,8 @@
 #   engine    ggbatch against llama-batched-bench, whole jobs, where a step goes, the VRAM plan
 #   weighing  the issue's lm-eval runs against their peers (MMLU log-likelihood, GSM8K greedy),
 #             n = 8 samples against llama-server, top-5 token log-probabilities against none
-#             (and worked out during the next decode against before it)
+#             (and worked out during the next decode against before it), `ggbatch eval` against
+#             lm-eval's own command line
 # Steps already done on a still-warm machine are skipped.
 #
 # Prepared on the developer's machine by `bash bench/gpu_prepare.sh` (nothing of it is committed):
@@ -105,6 +106,9 @@ print('lm_eval', lm_eval.__version__, 'datasets', datasets.__version__, 'pyarrow
   step later 60 python3 bench/later_logprobs_bench.py --model "$MODEL" --repeat 2 $gpu
   step mmlu 90 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 2 --no-peer $gpu
   step engine32 60 python3 -m ggbatch bench --model "$MODEL" $gpu --npl 32 --threads 1 --no-runner
+  # The user's command against lm-eval's own command line, both on ggbatch's backend: lm-eval's
+  # own time that ggbatch eval cuts (its task index, its templates)
+  step commands 120 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 2 --commands $gpu
   # Last: the MMLU peer (llama-cpp-python inside lm-eval's process) crashed on the first H100
   # lease (a segmentation fault, or free(): invalid pointer), also without ggbatch in the process;
   # here its model lives in a process of its own.
