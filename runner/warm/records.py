@@ -35,7 +35,10 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
         elif isinstance(q, Mapping):
             rows.append({id_field: str(i), **q})
         else:
-            raise ConfigError(f"{source}: {name(i)} must be a string or a mapping, got {type(q).__name__}")
+            several = single and isinstance(q, (list, tuple))  # submit(["a", "b"]) meant submit_many
+            raise ConfigError(f"{source}: {name(i)} must be a string or a mapping, got {type(q).__name__}"
+                              + (" (submit takes one question; submit_many and answer take a list)" if several
+                                 else ""))
         if isinstance(q, str) or id_field not in q:
             numbered.append(i)
     _refuse_number_taken(rows, numbered, id_field, source, name)
