@@ -108,7 +108,7 @@ print('lm_eval', lm_eval.__version__, 'datasets', datasets.__version__, 'pyarrow
   step engine32 60 python3 -m ggbatch bench --model "$MODEL" $gpu --npl 32 --threads 1 --no-runner
   # The user's command against lm-eval's own command line, both on ggbatch's backend: lm-eval's
   # own time that ggbatch eval cuts (its task index, its templates)
-  step commands 120 python3 bench/lmeval_compare.py --model "$MODEL" --task mmlu --repeat 2 --commands $gpu
+  step commands 120 python3 bench/eval_commands_bench.py --model "$MODEL" --task mmlu --repeat 2 $gpu
   # Last: the MMLU peer (llama-cpp-python inside lm-eval's process) crashed on the first H100
   # lease (a segmentation fault, or free(): invalid pointer), also without ggbatch in the process;
   # here its model lives in a process of its own.

@@ -21,12 +21,6 @@ every core on both sides. `--gpu-layers N|all` puts that many layers on the GPU 
 tasks alone on both sides: its index of the few thousand tasks it ships (about 20 s of YAML
 parsing on this machine, the same for every backend) is skipped, so the times are the backends'
 and lm-eval's work on these tasks.
-
-`--commands` times the user's whole commands instead, for the same task, alternated: `ggbatch
-eval`, and lm-eval's own command line with ggbatch's model registered. Both run the same backend;
-the difference is lm-eval's own work that `ggbatch eval` cuts (its task index kept, its templates
-compiled once: docs/guide/evaluation.md), with every task lm-eval ships indexed, as a user's run
-does.
 """
 
 from __future__ import annotations
@@ -348,35 +342,6 @@ def run_gsm8k(model: str, folder: Path, rounds: int, settings: dict[str, Any], p
     print("gsm8k ggbatch counters:", json.dumps({k: v for k, v in kept["stats"].items() if "token" in k}))
 
 
-LM_EVAL_CLI = "import ggbatch.lm_eval; from lm_eval.__main__ import cli_evaluate; cli_evaluate()"
-
-
-def run_commands(model: str, task: str, folder: Path, rounds: int, settings: dict[str, Any]) -> None:
-    """`ggbatch eval` against lm-eval's command line with ggbatch's model, alternated."""
-    common = ["--tasks", task, "--include_path", str(folder), "--num_fewshot", str(SHOTS), "--device", "cpu"]
-    args = ["--model_args", json.dumps(settings)] if settings else []
-    pretrained = json.dumps({"pretrained": model, **settings})
-    sides = {"ggbatch eval": [sys.executable, "-m", "ggbatch", "eval", "--model", model, *args, *common],
-             "lm-eval's command line": [sys.executable, "-c", LM_EVAL_CLI, "--model", "ggbatch",
-                                        "--model_args", pretrained, *common]}
-
-    def timed(name: str) -> Callable[[], float]:
-        def run() -> float:
-            t0 = time.perf_counter()
-            done = subprocess.run(sides[name], capture_output=True, text=True, timeout=1800)
-            took = time.perf_counter() - t0
-            if done.returncode != 0:
-                raise SystemExit(f"{name} failed ({done.returncode}): {done.stderr[-2000:]}")
-            metric = [line for line in done.stdout.splitlines() if line.startswith(f"|{task}")]
-            print(f"{task} {name}: {took:.2f} s {metric}", flush=True)
-            return took
-        return run
-
-    for command in sides.values():  # untimed, one question: ggbatch eval's index kept, the files cached
-        subprocess.run([*command, "--limit", "1"], capture_output=True, timeout=1800, check=True)
-    alternate(rounds, timed("ggbatch eval"), timed("lm-eval's command line"), f"{task} commands")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None)
@@ -390,8 +355,6 @@ def main() -> None:
     ap.add_argument("--gpu-layers", default="0", help="layers on the GPU on every side: N or all (default 0)")
     ap.add_argument("--peer-in-child", action="store_true",
                     help="MMLU's peer holds its model in a process of its own (lm-eval's sends it tokens)")
-    ap.add_argument("--commands", action="store_true",
-                    help="time `ggbatch eval` against lm-eval's command line with ggbatch's model")
     args = ap.parse_args()
     settings = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.ggbatch.split(",") if kv)}
     gpu_layers = -1 if args.gpu_layers == "all" else int(args.gpu_layers)  # llama.h: negative is every layer
@@ -405,11 +368,6 @@ def main() -> None:
         folder = Path(tmp)
         write_task(folder, "mmlu", MMLU_TASK, DATA / "mmlu" / "questions.jsonl", args.mmlu)
         write_task(folder, "gsm8k", GSM8K_TASK, DATA / "gsm8k" / "questions.jsonl", args.gsm8k)
-        if args.commands:
-            for task in (["mmlu_val_local"] if args.task == "mmlu" else ["gsm8k_local"] if args.task == "gsm8k"
-                         else ["mmlu_val_local", "gsm8k_local"]):
-                run_commands(model, task, folder, args.repeat, settings)
-            return
         if args.task in ("mmlu", "both"):
             run_mmlu(model, folder, args.repeat, settings, not args.no_peer, gpu_layers, args.peer_in_child)
         if args.task in ("gsm8k", "both"):

@@ -127,3 +127,12 @@ def test_the_memory_page_gives_the_kv_cells_the_plan_counts() -> None:
     assert "a batch-invariant job has at least 8 slots' streams" in page
     assert kv_cells(2, 100, 0, unified=False, batch_invariant=True) == (8 + 1) * 100
     assert "the shared prefix counted once" not in page
+
+
+def test_contributing_lists_every_benchmark_script() -> None:
+    """The benchmarks table named 14 of bench/'s scripts; a script it leaves out is one a reader
+    of the performance pages cannot find."""
+    page = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([\w.]+\.(?:py|sh))` \|", page, re.M))
+    scripts = {p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")}
+    assert scripts - listed == set(), sorted(scripts - listed)
