@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ..model.gguf_header import HParam
+from ..words import counted
 from .attention import attention_scores_bytes
 from .layers import LayerMemory, layer_memory
 
@@ -199,14 +200,13 @@ def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable
             break
     if (plan.workers, plan.slots) != asked:
         where = f"{available / MIB:.0f} MiB available" + (f" and {plan.vram}" if vram_fit is not None else "")
-        plan = MemoryPlan(**{**asdict(plan), "note": f"shrunk from {asked[0]} worker"
-                             f"{'' if asked[0] == 1 else 's'} × {asked[1]} slots to fit {where}"})
+        plan = MemoryPlan(**{**asdict(plan), "note": f"shrunk from {counted(asked[0], 'worker')} × "
+                             f"{asked[1]} slots to fit {where}"})
     return plan
 
 
 def describe(plan: MemoryPlan) -> str:
-    return (f"{plan.workers} worker{'' if plan.workers == 1 else 's'} × "
-            f"({plan.weights_per_worker / MIB:.0f} MiB repacked weights + "
+    return (f"{counted(plan.workers, 'worker')} × ({plan.weights_per_worker / MIB:.0f} MiB repacked weights + "
             f"{plan.kv_per_worker / MIB:.0f} MiB KV + {plan.compute_per_worker / MIB:.0f} MiB compute) "
             f"+ {plan.shared_file_pages / MIB:.0f} MiB shared file pages = {plan.total / MIB:.0f} MiB, "
             f"{plan.available / MIB:.0f} MiB available"

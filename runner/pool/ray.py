@@ -34,6 +34,7 @@ from ...workers.spec import WorkerSpec
 from ..errors import ConfigError, Interrupted
 from ..plan.layout import usable_cores
 from ..plan.nodes import Node, nodes_from_ray
+from ..words import counted
 from .backend import Event
 from .intake import FEED_WAIT_S
 from .ray_address import check_address, resolve_auto
@@ -248,7 +249,7 @@ def _say_waiting(links: Sequence[RayLink]) -> None:
     for link in links:
         link.said_waiting()
         spec = link.spec
-        needs = f"{len(spec.cores)} CPU{'' if len(spec.cores) == 1 else 's'}"
+        needs = counted(len(spec.cores), "CPU")
         log.warning("worker %d waits for Ray to place it: it needs %s on node %s, %s (other jobs hold the rest: "
                     "`ray status` shows them); it starts once they are free",
                     spec.worker_id, needs, spec.node_ip, free(spec.node_id or ""))

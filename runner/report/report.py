@@ -26,6 +26,7 @@ from ..pool.worker_run import WorkerRun
 from ..questions.prefix_groups import Sharing
 from ..watch.monitor import UsageSummary
 from ..watch.tally import AnswerTally, RecordCounts
+from ..words import counted
 
 
 def percentiles(values: Iterable[float], most: Optional[float] = None) -> dict[str, Optional[float]]:
@@ -283,17 +284,13 @@ def format_written(report: RunReport, output: str, errors_output: Optional[str])
     answers. With errors_output those rows are that file's."""
     rows, answered = report.setup.records, report.answered
     if errors_output is not None:
-        return (f"wrote {_count(answered, 'answer')} to {output}, {_count(rows - answered, 'row')} without one "
+        return (f"wrote {counted(answered, 'answer')} to {output}, {counted(rows - answered, 'row')} without one "
                 f"to {errors_output}")
     if answered == rows:
-        return f"wrote {_count(rows, 'answer')} to {output}"
+        return f"wrote {counted(rows, 'answer')} to {output}"
     without = ", ".join(f"{n} {what}" for n, what in ((report.failed, "failed"), (report.not_answered, "not answered"))
                         if n)
-    return f"wrote {_count(rows, 'row')} to {output} ({answered} answered, {without})"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+    return f"wrote {counted(rows, 'row')} to {output} ({answered} answered, {without})"
 
 
 def format_summary(report: RunReport) -> str:
@@ -306,8 +303,8 @@ def format_summary(report: RunReport) -> str:
         + (f", {q['not_answered']} not answered" if q["not_answered"] else "")
         + (f", {q['from_journal']} from the journal" if q["from_journal"] else "")
         + (f" ({q['unique_prompts']} unique prompts)" if q["records"] != q["unique_prompts"] else ""),
-        f"layout     {_count(lay.workers, 'worker')} × {_count(lay.threads, 'thread')} × "
-        f"{_count(lay.slots, 'slot')}, {lay.n_ctx_seq} ctx/seq, {report.setup.n_prefix} shared prefix tokens, "
+        f"layout     {counted(lay.workers, 'worker')} × {counted(lay.threads, 'thread')} × "
+        f"{counted(lay.slots, 'slot')}, {lay.n_ctx_seq} ctx/seq, {report.setup.n_prefix} shared prefix tokens, "
         f"{'unified' if lay.kv_unified else 'per-sequence'} KV, flash attention {'on' if lay.flash_attn else 'off'}, "
         f"weights {'repacked' if lay.repack else 'not repacked'} ({lay.repack_reason})" + _gpu_summary(report),
         f"wall time  {timings['total_s']:.2f} s (prepare {timings['prepare_s']:.2f} s)",
@@ -321,7 +318,7 @@ def format_summary(report: RunReport) -> str:
     lines += _threads_summary(data["threads"]["changes"])
     for wid, w in data["workers"].items():
         where = f"node {w['node']['ip']} ({w['node']['node_id'][:12]}), " if "node" in w else ""
-        lines.append(f"worker {wid}   {where}cores {w['cores']}, {_count(w['questions'], 'question')}, "
+        lines.append(f"worker {wid}   {where}cores {w['cores']}, {counted(w['questions'], 'question')}, "
                      f"{_usage_summary(w)}")
     return "\n".join(lines)
 

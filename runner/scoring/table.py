@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import AbstractSet, Any, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
+from ..words import counted
 from .files import Answered
 from .rules import RULES, Gold, Scored, Tally, by_group, gold_key, group_of, score_one, tally
 from .samples import SampleScores
@@ -82,10 +83,6 @@ def first_sample(answer: Answered) -> Optional[str]:
     return answer[0] if isinstance(answer, list) else answer
 
 
-def plural(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def _percent(value: Optional[float]) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
@@ -107,7 +104,7 @@ def format_table(result: ScoreResult) -> str:
     lines += [_row(name, t, width) for name, t in groups.items()]
     lines.append(_row("all", overall, width))
     lines.append(f"accuracy {_percent(overall.accuracy)} ± {_percent(overall.stderr)} over "
-                 f"{plural(overall.n, 'question')} (standard error sqrt(p(1-p)/(n-1)))"
+                 f"{counted(overall.n, 'question')} (standard error sqrt(p(1-p)/(n-1)))"
                  + (" of each question's first sample" if result.samples else ""))
     if result.samples:
         lines.append(_samples_line(result.samples))
@@ -136,7 +133,7 @@ def _samples_line(s: SampleScores) -> str:
     if s.unanswered:
         parts.append(f"{s.unanswered} without an answer (wrong)")
     return (f"samples    maj@{s.k} {_percent(s.maj)} ({s.maj_correct} correct by majority vote), {passes} "
-            f"over {plural(s.questions, 'question')}: {', '.join(parts)}")
+            f"over {counted(s.questions, 'question')}: {', '.join(parts)}")
 
 
 def _tally_json(t: Tally) -> dict[str, Any]:
