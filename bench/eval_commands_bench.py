@@ -15,7 +15,6 @@ defaults to the benchmark model; the proxy (`ggbatch make-model --shape demo --v
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine_bench import bench_model  # noqa: E402
-from lmeval_compare import DATA, GSM8K_TASK, MMLU_TASK, SHOTS, alternate, write_task  # noqa: E402
+from lmeval_compare import SHOTS, alternate, task_options, write_tasks  # noqa: E402
 
 LM_EVAL_CLI = "import ggbatch.lm_eval; from lm_eval.__main__ import cli_evaluate; cli_evaluate()"
 
@@ -65,12 +64,7 @@ def run_task(model: str, task: str, folder: Path, rounds: int, settings: dict[st
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--task", choices=("mmlu", "gsm8k", "both"), default="both")
-    ap.add_argument("--mmlu", type=int, default=100, help="MMLU questions (default 100)")
-    ap.add_argument("--gsm8k", type=int, default=32, help="GSM8K questions (default 32)")
-    ap.add_argument("--repeat", type=int, default=2, help="rounds, each side once a round")
+    ap = task_options(__doc__.split("\n\n")[0])
     ap.add_argument("--gpu-layers", default="0", help="layers on the GPU on both sides: N or all (default 0)")
     args = ap.parse_args()
     settings = {"model.n_gpu_layers": args.gpu_layers} if args.gpu_layers != "0" else {}
@@ -78,8 +72,7 @@ def main() -> None:
     model = args.model or bench_model()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        write_task(folder, "mmlu", MMLU_TASK, DATA / "mmlu" / "questions.jsonl", args.mmlu)
-        write_task(folder, "gsm8k", GSM8K_TASK, DATA / "gsm8k" / "questions.jsonl", args.gsm8k)
+        write_tasks(folder, args)
         for name, task in (("mmlu", "mmlu_val_local"), ("gsm8k", "gsm8k_local")):
             if args.task in (name, "both"):
                 run_task(model, task, folder, args.repeat, settings)

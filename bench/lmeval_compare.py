@@ -342,13 +342,25 @@ def run_gsm8k(model: str, folder: Path, rounds: int, settings: dict[str, Any], p
     print("gsm8k ggbatch counters:", json.dumps({k: v for k, v in kept["stats"].items() if "token" in k}))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def task_options(description: str) -> argparse.ArgumentParser:
+    """The options every lm-eval comparison takes: the model, the tasks and their sizes, the rounds."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default=None)
     ap.add_argument("--task", choices=("mmlu", "gsm8k", "both"), default="both")
     ap.add_argument("--mmlu", type=int, default=100, help="MMLU questions (default 100)")
     ap.add_argument("--gsm8k", type=int, default=32, help="GSM8K questions (default 32)")
     ap.add_argument("--repeat", type=int, default=2, help="rounds, each side once a round")
+    return ap
+
+
+def write_tasks(folder: Path, args: argparse.Namespace) -> None:
+    """Both local tasks in `folder`, of --mmlu and --gsm8k questions."""
+    write_task(folder, "mmlu", MMLU_TASK, DATA / "mmlu" / "questions.jsonl", args.mmlu)
+    write_task(folder, "gsm8k", GSM8K_TASK, DATA / "gsm8k" / "questions.jsonl", args.gsm8k)
+
+
+def main() -> None:
+    ap = task_options(__doc__.split("\n\n")[0])
     ap.add_argument("--ggbatch", default="", metavar="KEY=VALUE,...",
                     help="ggbatch's job keys for its side (as lm-eval's --model_args: workers=2,slots=16)")
     ap.add_argument("--no-peer", action="store_true", help="time ggbatch's side alone")
@@ -366,8 +378,7 @@ def main() -> None:
     model = args.model or bench_model()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        write_task(folder, "mmlu", MMLU_TASK, DATA / "mmlu" / "questions.jsonl", args.mmlu)
-        write_task(folder, "gsm8k", GSM8K_TASK, DATA / "gsm8k" / "questions.jsonl", args.gsm8k)
+        write_tasks(folder, args)
         if args.task in ("mmlu", "both"):
             run_mmlu(model, folder, args.repeat, settings, not args.no_peer, gpu_layers, args.peer_in_child)
         if args.task in ("gsm8k", "both"):
