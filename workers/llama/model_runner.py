@@ -26,7 +26,6 @@ from ..engine.constraints import choice_spellings
 from ..engine.memory_kind import MemoryKind
 from ..helper_messages import VocabInfo
 from . import llama_log
-from .llama_log import init_backend
 from .load_errors import ModelLoadError, describe_context_failure, describe_load_failure
 from .vocab_gaps import SpmGaps
 
@@ -76,7 +75,7 @@ def model_params(vocab_only: bool, repack: bool = True, n_gpu_layers: int = 0,
 
 
 def _load_model(path: str, params: llama_cpp.llama_model_params) -> llama_cpp.llama_model_p:
-    init_backend()
+    llama_log.init_backend()
     llama_log.errors.clear()
     llama_log.offloaded.clear()
     model = llama_cpp.llama_model_load_from_file(path.encode(), params)
