@@ -52,8 +52,14 @@ def test_nel_inside_a_string_is_not_a_line_break(tmp_path):
 @pytest.mark.parametrize("name,text,message", [
     ("q.jsonl", '{"questionID": "1", "question": "a"}\n{"questionID": "2", "question": \n',
      "q.jsonl:2: malformed JSON"),
-    ("q.jsonl", '{"question": "a"}\n', "q.jsonl:1: record has no 'questionID'"),
-    ("q.jsonl", '{"questionID": "1"}\n', "q.jsonl:1: record has no 'question' (fields.question)"),
+    # the record's own fields are named, so a file whose id or question is called otherwise says which
+    ("q.jsonl", '{"id": 1, "question": "a"}\n', "q.jsonl:1: record has no 'questionID' (fields.id); its fields: "
+     "'id', 'question'"),
+    ("q.jsonl", '{"questionID": "1", "text": "a"}\n', "q.jsonl:1: record has no 'question' (fields.question); "
+     "its other fields: 'text'"),
+    ("q.jsonl", '{"questionID": "1"}\n', "q.jsonl:1: record has no 'question' (fields.question); it has no other "
+     "fields"),
+    ("q.jsonl", '{}\n', "q.jsonl:1: record has no 'questionID' (fields.id); it has no fields"),
     ("q.jsonl", '{"questionID": "1", "question": 5}\n', "'question' must be a string"),
     ("q.jsonl", '{"questionID": [1], "question": "a"}\n', "'questionID' must be a string or an integer"),
     ("q.jsonl", '{"questionID": "1", "question": "  "}\n', "'question' is empty"),

@@ -17,7 +17,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
-from ..errors import InputError
+from ..errors import InputError, quote
 from .compact import HashIndex, key64, text_key
 from .formats.csvfile import csv_rows
 from .formats.detect import detect_format, input_format, is_openai_output
@@ -275,19 +275,29 @@ def record_at(where: str, line: int, obj: Any, id_field: str, question_field: Op
     if id_field not in obj and is_openai_output(obj):
         raise InputError(f"{where}: {OUTPUT_NOT_REQUESTS}")
     if id_field not in obj:
-        raise InputError(f"{where}: record has no '{id_field}'{hint if 'custom_id' in obj else ''}")
+        said = hint if hint and "custom_id" in obj else f" (fields.id){_its_fields(obj)}"
+        raise InputError(f"{where}: record has no '{id_field}'{said}")
     qid = obj[id_field]
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise InputError(f"{where}: '{id_field}' must be a string or an integer, got {type(qid).__name__}")
     if question_field is not None:
-        _check_question(where, obj, question_field)
+        _check_question(where, obj, question_field, id_field)
     qid = checked_id(where, str(qid), id_field)
     return Record(qid, obj, line, digest=digest, key=text_key(qid))
 
 
-def _check_question(where: str, obj: Mapping[str, Any], question_field: str) -> None:
+def _its_fields(obj: Mapping[str, Any], besides: str = "") -> str:
+    """The names a record does have, so a file whose id or question is named otherwise says which."""
+    names = [name for name in obj if name != besides]
+    shown = ", ".join(map(quote, names[:12])) + (", ..." if len(names) > 12 else "")
+    other = " other" if besides else ""
+    return f"; its{other} fields: {shown}" if names else f"; it has no{other} fields"
+
+
+def _check_question(where: str, obj: Mapping[str, Any], question_field: str, id_field: str) -> None:
     if question_field not in obj:
-        raise InputError(f"{where}: record has no '{question_field}' (fields.question)")
+        raise InputError(f"{where}: record has no '{question_field}' (fields.question)"
+                         f"{_its_fields(obj, besides=id_field)}")
     question = obj[question_field]
     if not isinstance(question, str):
         raise InputError(f"{where}: '{question_field}' must be a string, got {type(question).__name__}")
