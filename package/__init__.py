@@ -15,15 +15,7 @@ it this package) never loads the coordinator.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING, Any
-
-# Set before numpy or llama.cpp load, here and (inherited) in every worker. NumPy's OpenBLAS is
-# never used for math here, but it reserves buffers for a thread per core in every process, which
-# under `ulimit -v` is enough to fail the import. llama.cpp's abort handler starts gdb to print a
-# backtrace to the terminal; ggbatch reports a worker's death in one line instead.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
 _API = {
     "run": "ggbatch.runner.api",

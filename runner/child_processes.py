@@ -41,9 +41,19 @@ UNGUARDED_MAIN = ("the script starts ggbatch when it is imported: ggbatch's proc
                   "the script again, so the call must sit under `if __name__ == \"__main__\":` "
                   "(docs/guide/python-api.md)")
 
+# What every child starts with, unless this process's own environment says otherwise. NumPy's
+# OpenBLAS (llama-cpp-python imports numpy; ggbatch never uses it for math) otherwise reserves
+# buffers for a thread per core in every child, which under `ulimit -v` is enough to fail the
+# import; llama.cpp's abort handler otherwise starts gdb to print a backtrace to the terminal, where
+# ggbatch reports a worker's death in one line. Given to the children only: set in this process
+# when ggbatch was imported, it made a caller's own numpy, imported after ggbatch, compute on one
+# thread.
+CHILD_ENVIRONMENT = {"OPENBLAS_NUM_THREADS": "1", "GGML_NO_BACKTRACE": "1"}
+
 _requests: "queue.SimpleQueue[tuple[Callable[[], None], Future[None]]]" = queue.SimpleQueue()
 _starter: Optional[threading.Thread] = None
 _starter_lock = threading.Lock()
+_environment_lock = threading.Lock()
 
 
 def _forget_starter() -> None:
@@ -52,8 +62,9 @@ def _forget_starter() -> None:
     are the parent's (a pool's workers and tokenizer): a child of os.fork() that kept them tried
     to join them as it exited ("AssertionError: can only join a child process", a traceback at
     a normal exit). A multiprocess child forgets them in the same way as it starts."""
-    global _requests, _starter, _starter_lock
+    global _requests, _starter, _starter_lock, _environment_lock
     _requests, _starter, _starter_lock = queue.SimpleQueue(), None, threading.Lock()
+    _environment_lock = threading.Lock()
     mp_process._children = set()
 
 
@@ -114,10 +125,25 @@ def _start_shielded(process: Any) -> None:
     is not lost."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_BLOCKED)
     try:
-        with _existing_folder(), _unreadable_script_kept_out():
+        with _existing_folder(), _unreadable_script_kept_out(), child_environment():
             process.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextmanager
+def child_environment() -> Iterator[None]:
+    """CHILD_ENVIRONMENT's variables this process lacks, set for the span of a start (a spawned
+    child, or a local Ray instance's processes, copy the environment as they start), then taken
+    away again."""
+    with _environment_lock:  # a start on the main thread and one on the starter thread at once
+        added = {name: value for name, value in CHILD_ENVIRONMENT.items() if name not in os.environ}
+        os.environ.update(added)
+        try:
+            yield
+        finally:
+            for name in added:
+                os.environ.pop(name, None)
 
 
 @contextmanager

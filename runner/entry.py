@@ -21,6 +21,10 @@ def main() -> None:
     from .pool.signals import STOP
 
     STOP.install()
+    from .child_processes import CHILD_ENVIRONMENT
+
+    for name, value in CHILD_ENVIRONMENT.items():  # the command's process is its own, unlike a caller's of the API
+        os.environ.setdefault(name, value)  # before llama.cpp (a JSON schema's grammar, --version) loads numpy here
     from .cli import entry_point
 
     entry_point()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -184,6 +185,32 @@ def test_a_script_python_reads_from_standard_input_starts_ggbatch(tmp_path, demo
     assert done.stdout.split() == (["None", "done"] if "answer(" in call else ["done"]), done.stdout  # no error
     if "run(" in call:
         assert json.loads((tmp_path / "a.jsonl").read_text())["questionID"] == "1"
+
+
+CHILD_ONLY = ("OPENBLAS_NUM_THREADS", "GGML_NO_BACKTRACE")
+CHILDREN_ENVIRONMENTS = f"""
+import json, os, psutil, ggbatch
+if __name__ == "__main__":
+    with ggbatch.Pool(model=MODEL, max_tokens=2) as pool:
+        pool.answer(["hi"])
+        children = [{{n: p.environ().get(n) for n in {CHILD_ONLY}}} for p in psutil.Process().children()
+                    if "resource_tracker" not in " ".join(p.cmdline())]  # multiprocess's, not ggbatch's
+    print(json.dumps({{"own": {{n: os.environ.get(n) for n in {CHILD_ONLY}}}, "children": children}}))
+"""
+
+
+def test_the_childrens_environment_is_theirs_not_the_callers(tmp_path, demo_model):
+    """OPENBLAS_NUM_THREADS=1, set in the caller's process when ggbatch was imported, made the
+    caller's own numpy, imported after ggbatch, compute on one thread. The workers and the
+    tokenizer still start with it and GGML_NO_BACKTRACE."""
+    (tmp_path / "script.py").write_text(f"MODEL = {demo_model!r}\n{CHILDREN_ENVIRONMENTS}")
+    env = {name: value for name, value in os.environ.items() if name not in CHILD_ONLY}
+    done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["own"] == dict.fromkeys(CHILD_ONLY), seen
+    assert seen["children"] == [dict.fromkeys(CHILD_ONLY, "1")] * 2, seen  # a worker and the tokenizer
 
 
 def python_blocks(markdown: str) -> list[str]:

@@ -68,6 +68,9 @@ def run_worker(spec: WorkerSpec, tasks: Any, results: Any) -> bool:
     Configure builds the engine again in place: _Engines). `tasks` has get()/get_nowait()
     (raising queue.Empty) of encoded messages, `results` has send_bytes(). Returns False after
     reporting an error (a WorkerError), True after a Stop."""
+    # Read when libggml loads: without it, an abort forks gdb to print a backtrace (seconds). A
+    # local worker starts with it (runner/child_processes.py); a Ray actor's process does not.
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     if spec.device is not None:  # before llama.cpp lists its GPUs (workers/devices.py)
         os.environ.update(visible_device_env(spec.device, os.environ))
     engines = _Engines(spec, results)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from ...workers.protocol import Ready, decode, encode
 from ...workers.ray_actor import RayWorker
 from ...workers.spec import WorkerSpec
+from ..child_processes import child_environment
 from ..errors import ConfigError, Interrupted
 from ..plan.layout import usable_cores
 from ..plan.nodes import Node, nodes_from_ray
@@ -81,7 +82,7 @@ def connect(address: Optional[str]) -> bool:
         # Workers at the coordinator's niceness, not Ray's default 15 (workers/ray_actor.py pin_process).
         options.update(num_cpus=len(usable_cores()), _system_config={"worker_niceness": 0})
     try:
-        with signals_kept():
+        with signals_kept(), child_environment():  # a local instance's processes start with it
             ray.init(address=address or "local", **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"ray_address {address}" if address else "backend ray: a Ray instance of the job's own"
