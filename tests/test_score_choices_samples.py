@@ -161,8 +161,8 @@ def test_run_score_on_log_likelihood_answers_scores_acc_and_acc_norm(tmp_path, s
     r = ggbatch("run", "--model", stories, "--input", questions, "--output", out, "--choices", "auto",
                 "--choice-scoring", "loglikelihood", "--progress", "off", "--score")
     assert r.returncode == 0, r.stderr
-    assert f"score of {out} against {questions} (extraction: letter 5)" in r.stdout
-    assert f"score of {out} (answer_norm) against {questions} (extraction: letter 5)" in r.stdout
+    assert f"score of {out} against {questions} (extraction: letter for 5)" in r.stdout
+    assert f"score of {out} (answer_norm) against {questions} (extraction: letter for 5)" in r.stdout
     for field in ("answer", "answer_norm"):  # each table as `ggbatch score` prints it
         again = ggbatch("score", "--answers", out, "--gold", questions, "--answer-field", field)
         assert again.returncode == 0 and again.stdout.strip() in r.stdout

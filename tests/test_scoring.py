@@ -386,7 +386,7 @@ def test_run_then_score_on_mmlu_with_a_real_model(tmp_path, stories):
     out = tmp_path / "answers.jsonl"
     r = ggbatch("run", "--model", stories, "--input", questions, "--output", out, "--max-tokens", 8, "--score")
     assert r.returncode == 0, r.stderr
-    assert f"score of {out} against {questions} (extraction: letter 6)" in r.stdout
+    assert f"score of {out} against {questions} (extraction: letter for 6)" in r.stdout
     row = [line.split() for line in r.stdout.splitlines() if line.startswith("all ")][0]
     n, correct, accuracy, stderr, invalid, missing = row[1:]
     assert (int(n), int(missing)) == (6, 0) and int(correct) + int(invalid) <= 6

@@ -97,7 +97,7 @@ def format_table(result: ScoreResult) -> str:
     overall = tally(result.scored)
     groups = by_group(result.scored) if result.by else {}
     width = max([len("group"), len("all"), *map(len, groups)])
-    rules = ", ".join(f"{rule} {n}" for rule, n in sorted(Counter(s.rule for s in result.scored).items()))
+    rules = ", ".join(f"{rule} for {n}" for rule, n in sorted(Counter(s.rule for s in result.scored).items()))
     field = "" if result.answer_field == "answer" else f" ({result.answer_field})"
     lines = [f"score of {result.answers_path}{field} against {result.gold_path} (extraction: {rules or 'none'})",
              f"{'group':<{width}} {'n':>6} {'correct':>8} {'accuracy':>9} {'± s.e.':>8} {'invalid':>8} {'missing':>8}"]
