@@ -35,11 +35,10 @@ Requeue = Callable[[list[Answer], list[tuple[Question, ...]]], None]
 
 
 class WorkerLives:
-    def __init__(self, backend: Backend[Any], n_workers: int, max_solo_deaths: int, max_barren_deaths: int,
-                 model: Optional[ModelIdentity] = None) -> None:
+    def __init__(self, backend: Backend[Any], n_workers: int, model: Optional[ModelIdentity] = None) -> None:
         self.backend = backend
         self.model_file = ModelFile(model)  # the file the run's answers come from, watched
-        self.crashes = CrashBudget(n_workers, max_solo_deaths, max_barren_deaths)
+        self.crashes = CrashBudget(n_workers)  # its limits: runner/pool/crashes.py
         self.log_dir = make_log_dir()
         self.engines: Union[EngineConfig, Mapping[int, EngineConfig], None] = None  # from the run on
         self.leaving: set[int] = set()  # workers a reconfigure lets go once they have finished

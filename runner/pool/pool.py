@@ -90,22 +90,22 @@ class RunEvents(Protocol):
 class WorkerPool:
     def __init__(self, specs: Sequence[WorkerSpec], *, on_answers: Callable[[list[Answer]], None] = lambda a: None,
                  on_tick: Optional[Callable[["WorkerPool"], None]] = None,
-                 max_solo_deaths: int = 2, max_barren_deaths: Optional[int] = None,
                  backend: Optional[Backend[Any]] = None,
                  on_threads: Optional[Callable[[ThreadsSet], None]] = None, keep_answers: bool = True,
                  on_ready: Optional[Callable[["WorkerPool", Ready], None]] = None,
                  model: Optional[ModelIdentity] = None) -> None:
-        """max_solo_deaths, max_barren_deaths: see runner/pool/crashes.py. backend: where workers live
-        (default: local processes, runner/pool/local.py). on_threads: called with a worker's
-        answer to set_threads; on_ready: with each Ready (a worker has loaded and built its
-        engine). keep_answers: keep every answer in `answers` (the job keeps them in
-        its journal instead, through on_answers). The callbacks may instead come with run()'s
-        `events`, when who hears of the run is made after the workers start. model: the file
-        the run answers with, checked at each worker's start (runner/pool/lives.py)."""
+        """backend: where workers live (default: local processes, runner/pool/local.py).
+        on_threads: called with a worker's answer to set_threads; on_ready: with each Ready (a
+        worker has loaded and built its engine). keep_answers: keep every answer in `answers`
+        (the job keeps them in its journal instead, through on_answers). The callbacks may
+        instead come with run()'s `events`, when who hears of the run is made after the workers
+        start. model: the file the run answers with, checked at each worker's start
+        (runner/pool/lives.py). How many deaths a question and the pool may take:
+        runner/pool/crashes.py."""
         self._backend: Backend[Any] = backend or LocalBackend()
         self._on_threads = on_threads
         self._on_ready = on_ready
-        self._lives = WorkerLives(self._backend, len(specs), max_solo_deaths, max_barren_deaths or 0, model)
+        self._lives = WorkerLives(self._backend, len(specs), model)
         self.workers = [WorkerState(replace(spec, log_path=self._lives.log_path(spec))) for spec in specs]
         self._on_answers = on_answers  # called with each batch of new answers
         self._on_tick = on_tick
