@@ -123,9 +123,10 @@ class FakeEngine:
 
     def add(self, question: Question) -> None:
         if self.fake.context and len(question.tokens) >= self.n_ctx_seq:
-            self.refused.append(Answer(question.qid, "", FinishReason.ERROR, len(question.tokens), 0, self.worker_id,
-                                       0.0, 0.0, error=f"prompt has {len(question.tokens)} tokens, context per "
-                                                       f"sequence is {self.n_ctx_seq}"))
+            self.refused.append(Answer(qid=question.qid, text="", finish_reason=FinishReason.ERROR,
+                                       prompt_tokens=len(question.tokens), worker_id=self.worker_id,
+                                       error=f"prompt has {len(question.tokens)} tokens, context per sequence is "
+                                             f"{self.n_ctx_seq}"))
             return
         self.waiting.append(question)
 
@@ -154,8 +155,9 @@ class FakeEngine:
                 signal.pthread_kill(threading.get_ident(), signal.SIGSEGV)
             if fake.memory_on in (q.qid, "*"):
                 bytearray(1 << 44)  # 16 TiB: refused under ulimit -v, as a long prompt's buffers can be
-            out.append(Answer(q.qid, f"answer to {q.qid} ({len(q.tokens)} tokens)", FinishReason.STOP,
-                              len(q.tokens), 3, self.worker_id, 0.001, 0.002))
+            out.append(Answer(qid=q.qid, text=f"answer to {q.qid} ({len(q.tokens)} tokens)",
+                              finish_reason=FinishReason.STOP, prompt_tokens=len(q.tokens), completion_tokens=3,
+                              worker_id=self.worker_id, ttft_s=0.001, latency_s=0.002))
             self.answered += 1
             self.prompt_tokens += len(q.tokens)
             self._maybe_fail()

@@ -30,8 +30,9 @@ def ggbatch(*args: object, timeout: float = 200, **kwargs: Any) -> subprocess.Co
 def answer(qid: str, text: str = "x", error: Optional[str] = None, finish: FinishReason = FinishReason.STOP,
            prompt_tokens: int = 3, tokens: int = 2, latency_s: float = 0.2, **fields: Any) -> Answer:
     """A finished answer as a worker would send it: an error makes it FinishReason.ERROR."""
-    return Answer(qid, text, FinishReason.ERROR if error else finish, prompt_tokens, tokens, 0, 0.1, latency_s,
-                  error, **fields)
+    return Answer(qid=qid, text=text, finish_reason=FinishReason.ERROR if error else finish,
+                  prompt_tokens=prompt_tokens, completion_tokens=tokens, worker_id=0, ttft_s=0.1,
+                  latency_s=latency_s, error=error, **fields)
 
 
 _NAMES = ["Janet", "Josh", "Maria", "Tom", "Aisha", "Ken", "Lucia", "Omar", "Priya", "Sam"]

@@ -73,7 +73,8 @@ def test_an_id_set_holds_exactly_the_ids_added():
 
 
 def test_json_rows_are_written_exactly_as_json_dumps_writes_the_array():
-    answers = [Answer(f"q{i}", f"text {i}\nmore", FinishReason.STOP, 3, 1, 0, 0.1, 0.2) for i in range(3)]
+    answers = [Answer(qid=f"q{i}", text=f"text {i}\nmore", finish_reason=FinishReason.STOP, prompt_tokens=3,
+                      completion_tokens=1) for i in range(3)]
     rows = [Row(a.qid, a) for a in answers] + [Row("q9", None, "not answered")]
     fields = [{"questionID": "q0", "answer": "text 0\nmore"}, {"questionID": "q1", "answer": "text 1\nmore"},
               {"questionID": "q2", "answer": "text 2\nmore"}, {"questionID": "q9", "answer": None,
@@ -88,8 +89,10 @@ def test_json_rows_put_each_item_of_a_fields_list_on_a_line_of_its_own():
     # entries a line each.
     entry = TokenLogprob(9, "é".encode(), -0.25, ((9, "é".encode(), -0.25), (4, b" x", -1.5)))
     samples = (Sample("a\nb", FinishReason.STOP, 2, (entry,)), Sample("c", FinishReason.LENGTH, 1, (entry,)))
-    rows = [Row("q0", Answer("q0", "éé", FinishReason.STOP, 3, 1, 0, 0.1, 0.2, token_logprobs=(entry, entry))),
-            Row("q1", Answer("q1", "a\nb", FinishReason.STOP, 3, 1, 0, 0.1, 0.2, samples=samples))]
+    rows = [Row("q0", Answer(qid="q0", text="éé", finish_reason=FinishReason.STOP, prompt_tokens=3, completion_tokens=1,
+                             token_logprobs=(entry, entry))),
+            Row("q1", Answer(qid="q1", text="a\nb", finish_reason=FinishReason.STOP, prompt_tokens=3,
+                             completion_tokens=1, samples=samples))]
     text = render(rows, OutputSpec("json"))
     got = json.loads(text)
     one = '{"token": "é", "logprob": -0.25, "bytes": [195, 169], "top_logprobs": [{"token": "é", "logprob": -0.25, ' \
@@ -103,9 +106,12 @@ def test_json_rows_put_each_item_of_a_fields_list_on_a_line_of_its_own():
 
 def test_the_tally_counts_what_the_report_says():
     tally = AnswerTally()
-    tally.add([Answer("a", "x", FinishReason.STOP, 10, 4, 0, 0.5, 1.0),
-               Answer("b", "", FinishReason.ERROR, 5, 0, 1, 0.0, 0.3, error="boom"),
-               Answer("c", "y", FinishReason.LENGTH, 7, 2, 1, 0.2, 2.0)])
+    tally.add([Answer(qid="a", text="x", finish_reason=FinishReason.STOP, prompt_tokens=10, completion_tokens=4,
+                      worker_id=0, ttft_s=0.5, latency_s=1.0),
+               Answer(qid="b", text="", finish_reason=FinishReason.ERROR, prompt_tokens=5, completion_tokens=0,
+                      worker_id=1, ttft_s=0.0, latency_s=0.3, error="boom"),
+               Answer(qid="c", text="y", finish_reason=FinishReason.LENGTH, prompt_tokens=7, completion_tokens=2,
+                      worker_id=1, ttft_s=0.2, latency_s=2.0)])
     assert tally.made == 3
     assert (tally.prompt_tokens, tally.generated_tokens) == (22, 6)
     assert list(tally.latency_s) == [1.0, 2.0] and list(tally.ttft_s) == [0.5, 0.2]
@@ -116,8 +122,10 @@ def test_finish_reasons_count_every_sample_of_a_question_with_several():
     """A line whose samples ended `stop` and `length` counted as `stop` only (its first sample)."""
     samples = (Sample("a", FinishReason.STOP, 2), Sample("bb", FinishReason.LENGTH, 8))
     counts = RecordCounts()
-    counts.count("q0", Answer("q0", "a", FinishReason.STOP, 3, 10, 0, 0.1, 0.5, samples=samples))
-    counts.count("q1", Answer("q1", "c", FinishReason.LENGTH, 3, 8, 0, 0.1, 0.5))
+    counts.count("q0", Answer(qid="q0", text="a", finish_reason=FinishReason.STOP, prompt_tokens=3,
+                              completion_tokens=10, worker_id=0, ttft_s=0.1, latency_s=0.5, samples=samples))
+    counts.count("q1", Answer(qid="q1", text="c", finish_reason=FinishReason.LENGTH, prompt_tokens=3,
+                              completion_tokens=8, worker_id=0, ttft_s=0.1, latency_s=0.5))
     assert counts.finish_reasons == {"stop": 1, "length": 2} and counts.answered == 2
 
 

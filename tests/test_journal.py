@@ -145,7 +145,8 @@ def test_a_question_whose_own_settings_changed_is_answered_again(tmp_path):
         return Question(qid, array("i", [1, 2]), 0, GenerationParams(max_tokens=n))
     j = Journal(path, FP)
     j.split([own("q1", 8), own("q2", 8), question("q3", 1, 2)])
-    j.append([answer("q1"), answer("q2"), Answer("q3", "t", FinishReason.STOP, 3, 1, 0, 0.1, 0.2, created=12.5)])
+    j.append([answer("q1"), answer("q2"), Answer(qid="q3", text="t", finish_reason=FinishReason.STOP, prompt_tokens=3,
+                                                 completion_tokens=1, created=12.5)])
     j.close()
     j = Journal(path, FP)
     todo, reused = j.split([own("q1", 8), own("q2", 16), question("q3", 1, 2)])

@@ -185,10 +185,13 @@ def parse_output(text):
 
 
 def test_output_lines_read_by_the_openai_types():
-    done = Answer("chat", "<think>sum</think>\n 4 ", FinishReason.STOP, 20, 3, 0, 0.1, 0.2, created=1_700_000_000.5)
-    cut = Answer("comp", " there was", FinishReason.LENGTH, 5, 8, 0, 0.1, 0.2, created=1_700_000_001.25)
+    done = Answer(qid="chat", text="<think>sum</think>\n 4 ", finish_reason=FinishReason.STOP, prompt_tokens=20,
+                  completion_tokens=3, created=1_700_000_000.5)
+    cut = Answer(qid="comp", text=" there was", finish_reason=FinishReason.LENGTH, prompt_tokens=5, completion_tokens=8,
+                 created=1_700_000_001.25)
     rows = [Row("chat", done), Row("comp", cut), Row("bad", None, "body.stream: no"),
-            Row("tok", Answer("tok", "", FinishReason.ERROR, 0, 0, -1, 0, 0, "no token for U+2019"),
+            Row("tok", Answer(qid="tok", text="", finish_reason=FinishReason.ERROR, prompt_tokens=0,
+                              completion_tokens=0, worker_id=-1, ttft_s=0, latency_s=0, error="no token for U+2019"),
                 "no token for U+2019"),
             Row("late", None, "not answered: stopped")]
     spec = OutputSpec("openai", keep_thinking=True, model_name="stories", completions=frozenset({"comp"}),
@@ -214,7 +217,8 @@ def test_output_lines_read_by_the_openai_types():
 
 
 def test_output_ids_are_stable_for_the_same_answer_and_differ_for_another():
-    a = Answer("q", "x", FinishReason.STOP, 1, 1, 0, 0, 0, created=5.0)
+    a = Answer(qid="q", text="x", finish_reason=FinishReason.STOP, prompt_tokens=1, completion_tokens=1, worker_id=0,
+               ttft_s=0, latency_s=0, created=5.0)
     spec = OutputSpec("openai", started=1.0)
     assert batch_line(Row("q", a), spec) == batch_line(Row("q", a), OutputSpec("openai", started=2.0))
     assert batch_line(Row("q", a), spec)["id"] != batch_line(Row("q2", a), spec)["id"]
@@ -238,9 +242,10 @@ def test_the_layout_guess_before_tokenizing_counts_a_lines_own_text_and_max_toke
 def test_a_choices_answer_carries_its_choice_logprobs_and_acc_norm_pick():
     from dataclasses import replace
 
-    scored = replace(Answer("mc", "B", FinishReason.STOP, 12, 1, 0, 0.1, 0.2), answer_norm="C",
+    scored = replace(Answer(qid="mc", text="B", finish_reason=FinishReason.STOP, prompt_tokens=12,
+                            completion_tokens=1), answer_norm="C",
                      choice_logprobs={"B": -0.5, "C": -0.9})
-    plain = Answer("gen", "4", FinishReason.STOP, 12, 1, 0, 0.1, 0.2)
+    plain = Answer(qid="gen", text="4", finish_reason=FinishReason.STOP, prompt_tokens=12, completion_tokens=1)
     parsed = parse_output(render([Row("mc", scored), Row("gen", plain)], OutputSpec("openai", model_name="m")))
     extra = parsed["mc"][1].choices[0].model_extra
     assert parsed["mc"][1].choices[0].message.content == "B"

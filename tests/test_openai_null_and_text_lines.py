@@ -106,7 +106,8 @@ def test_a_cut_completion_sample_says_it_has_no_answer():
     why = "max_tokens (12) ran out before the answer was complete"
     samples = (Sample('{"k": true}', FinishReason.STOP, 5), Sample("", FinishReason.LENGTH, 12, error=why),
                Sample("", FinishReason.STOP, 0))  # a real empty answer: no error key
-    answer = Answer("c", '{"k": true}', FinishReason.STOP, 4, 17, 0, 0.1, 0.2, samples=samples)
+    answer = Answer(qid="c", text='{"k": true}', finish_reason=FinishReason.STOP, prompt_tokens=4, completion_tokens=17,
+                    samples=samples)
     line = json.loads(render([Row("c", answer)], OutputSpec("openai", completions=frozenset({"c"}))))
     body = Completion.model_validate(line["response"]["body"])
     assert [c.text for c in body.choices] == ['{"k": true}', "", ""]

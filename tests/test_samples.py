@@ -47,7 +47,8 @@ def test_the_answer_comes_with_the_last_sample_in_sample_order():
     samples = SampleSet(3, forked=True)
 
     def answer(text: str, tokens: int) -> Answer:
-        return Answer("q", text, FinishReason.STOP, 5, tokens, 0, 0.1, 0.2 * tokens)
+        return Answer(qid="q", text=text, finish_reason=FinishReason.STOP, prompt_tokens=5, completion_tokens=tokens,
+                      worker_id=0, ttft_s=0.1, latency_s=0.2 * tokens)
 
     assert samples.finished(2, answer("c", 3)) is None
     assert samples.finished(0, answer("a", 1)) is None
@@ -263,7 +264,8 @@ def test_a_line_asking_past_the_auto_slots_gets_them_and_past_fixed_slots_fails_
 
 def test_a_cut_sample_keeps_the_others_and_only_all_cut_or_a_crash_fails_the_question():
     def answer(text: str, error: str | None = None, finish: FinishReason = FinishReason.STOP) -> Answer:
-        return Answer("q", "" if error else text, finish, 5, 2, 0, 0.1, 0.2, error=error)
+        return Answer(qid="q", text="" if error else text, finish_reason=finish, prompt_tokens=5, completion_tokens=2,
+                      error=error)
 
     cut = answer("", "max_tokens (4) ran out", FinishReason.LENGTH)
     mixed = SampleSet(3, forked=True)
@@ -288,7 +290,8 @@ def test_a_sample_without_an_answer_is_null_in_rows_and_kept_by_the_journal():
 
     samples = (Sample("yes", FinishReason.STOP, 1), Sample("", FinishReason.LENGTH, 4, error="cut"),
                Sample("of", FinishReason.LENGTH, 4, in_thinking=True))
-    answer = Answer("q", "yes", FinishReason.STOP, 5, 9, 0, 0.1, 0.2, samples=samples)
+    answer = Answer(qid="q", text="yes", finish_reason=FinishReason.STOP, prompt_tokens=5, completion_tokens=9,
+                    samples=samples)
     assert row_fields(Row("q", answer, None), "questionID", False) == {"questionID": "q", "answer": ["yes", None, ""]}
     assert answer_of(entry_of(answer, "p", "r")).samples == samples
 

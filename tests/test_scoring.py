@@ -301,8 +301,10 @@ def test_a_stopped_runs_unanswered_questions_are_said_apart_from_the_models_fail
     gold = write_jsonl(tmp_path / "g.jsonl", [{"questionID": f"q{i}", "question": "?", "answer": "1"}
                                               for i in range(4)])
     stopped = not_answered("the run was stopped by signal 2 first")
-    rows = [Row("q0", Answer("q0", "1", FinishReason.STOP, 3, 1, 0, 0.1, 0.1)),
-            Row("q1", Answer("q1", "", FinishReason.ERROR, 3, 0, 0, 0.0, 0.1, error="the prompt is too long"),
+    rows = [Row("q0", Answer(qid="q0", text="1", finish_reason=FinishReason.STOP, prompt_tokens=3, completion_tokens=1,
+                             worker_id=0, ttft_s=0.1, latency_s=0.1)),
+            Row("q1", Answer(qid="q1", text="", finish_reason=FinishReason.ERROR, prompt_tokens=3, completion_tokens=0,
+                             worker_id=0, ttft_s=0.0, latency_s=0.1, error="the prompt is too long"),
                 "the prompt is too long"),
             Row("q2", None, stopped), Row("q3", None, stopped)]
     spec = OutputSpec("openai", model_name="m", started=1.0)

@@ -41,7 +41,8 @@ def test_an_output_that_ended_inside_its_thinking_is_thinking_and_no_answer(text
 
 
 def test_row_fields_and_the_journal_keep_in_thinking_and_read_an_old_entry_as_closed():
-    cut = Answer("q1", "of part", FinishReason.LENGTH, 9, 8, 0, 0.0, 0.0, in_thinking=True,
+    cut = Answer(qid="q1", text="of part", finish_reason=FinishReason.LENGTH, prompt_tokens=9, completion_tokens=8,
+                 worker_id=0, in_thinking=True,
                  samples=(Sample("of part", FinishReason.LENGTH, 8, in_thinking=True),
                           Sample("x</think> y", FinishReason.STOP, 5)))
     entry = json.loads(json.dumps(entry_of(cut, "p", "r")))

@@ -145,7 +145,8 @@ def test_the_journal_form_reads_back_the_same_entries():
 
 
 def answered(text: str) -> Answer:
-    return Answer("q", text, FinishReason.STOP, 4, 3, 0, 0.1, 0.2, token_logprobs=entries())
+    return Answer(qid="q", text=text, finish_reason=FinishReason.STOP, prompt_tokens=4, completion_tokens=3,
+                  token_logprobs=entries())
 
 
 def test_openai_chat_logprobs_parse_as_the_openai_types_read_them():

@@ -99,16 +99,16 @@ class Sample:
     error: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Answer:
     qid: str
     text: str
     finish_reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    worker_id: int
-    ttft_s: float  # admission to first generated token
-    latency_s: float  # admission to finish
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    worker_id: int = -1  # -1: refused before any worker had it
+    ttft_s: float = 0.0  # admission to first generated token
+    latency_s: float = 0.0  # admission to finish
     error: Optional[str] = None
     created: float = 0.0  # Unix time it finished (0: unknown); an OpenAI Batch line's "created"
     # Fixed choices answered from the logits, when asked (AnswerSpec.logprobs): each choice's

@@ -32,9 +32,10 @@ def entry_of(answer: Answer, prompt: str, record: str) -> dict[str, Any]:
 
 
 def answer_of(e: Mapping[str, Any]) -> Answer:
-    return Answer(e["qid"], e["text"], FinishReason(e["finish_reason"]), e["prompt_tokens"],
-                  e["completion_tokens"], e["worker_id"], e["ttft_s"], e["latency_s"], e["error"],
-                  e.get("created", 0.0), e.get("choice_logprobs"),
+    return Answer(qid=e["qid"], text=e["text"], finish_reason=FinishReason(e["finish_reason"]),
+                  prompt_tokens=e["prompt_tokens"], completion_tokens=e["completion_tokens"],
+                  worker_id=e["worker_id"], ttft_s=e["ttft_s"], latency_s=e["latency_s"], error=e["error"],
+                  created=e.get("created", 0.0), choice_logprobs=e.get("choice_logprobs"),
                   token_logprobs=from_journal(e.get("token_logprobs")), samples=samples_of(e.get("samples")),
                   answer_norm=e.get("answer_norm"), in_thinking=e.get("in_thinking", False))
 

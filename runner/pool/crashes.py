@@ -93,7 +93,8 @@ class CrashBudget:
         n = self.solo_deaths[q.qid] = self.solo_deaths.get(q.qid, 0) + 1
         if n < self.max_solo_deaths:
             return [], [(q,)]
-        return [Answer(q.qid, "", FinishReason.ERROR, len(q.tokens), 0, death.worker_id, 0.0, 0.0,
+        return [Answer(qid=q.qid, text="", finish_reason=FinishReason.ERROR, prompt_tokens=len(q.tokens),
+                       worker_id=death.worker_id,
                        error=f"a worker died {n} times while answering it alone (last: {death}){death.limit()}",
                        prompt_decoded=False)], []
 

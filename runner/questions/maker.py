@@ -334,7 +334,7 @@ class QuestionMaker:
         return gen
 
     def _fail(self, qid: str, why: str) -> None:
-        self.made.rejected[qid] = Answer(qid, "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error=why)
+        self.made.rejected[qid] = Answer(qid=qid, text="", finish_reason=FinishReason.ERROR, error=why)
 
 
 def _format_problem(settings: QuestionSettings) -> Optional[str]:

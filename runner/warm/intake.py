@@ -40,7 +40,7 @@ def too_wide(questions: Sequence[Question], generation: GenerationParams,
         if n <= most_per_worker:
             kept.append(q)
             continue
-        refused[q.qid] = Answer(q.qid, "", FinishReason.ERROR, 0, 0, -1, 0.0, 0.0, error=(
+        refused[q.qid] = Answer(qid=q.qid, text="", finish_reason=FinishReason.ERROR, error=(
             f"n: {n} samples decode together, a slot each, and a worker of this pool holds {most_per_worker} at most "
             "(the auto cap, or slots=): ask for fewer, or give the pool its sampling.n, planned for from the start"))
     return kept, refused

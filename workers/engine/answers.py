@@ -23,8 +23,9 @@ def answer(seq: Sequence, gen: GenerationParams, worker_id: int, complete: bool 
     text, n_out, logprobs = answer_text(seq, gen)
     error = seq.error or (None if complete else cut_error(seq, gen))
     finish = FinishReason.ERROR if seq.error else seq.finish or FinishReason.STOP
-    return Answer(seq.question.qid, "" if error else text, finish, seq.n_prompt, n_out, worker_id,
-                  max(0.0, seq.t_first - seq.t_admit), now - seq.t_admit, error=error,
+    return Answer(qid=seq.question.qid, text="" if error else text, finish_reason=finish,
+                  prompt_tokens=seq.n_prompt, completion_tokens=n_out, worker_id=worker_id,
+                  ttft_s=max(0.0, seq.t_first - seq.t_admit), latency_s=now - seq.t_admit, error=error,
                   created=time.time(), choice_logprobs=None if error else logprobs,
                   prompt_decoded=seq.n_cached >= seq.n_prompt,
                   token_logprobs=None if error else answer_logprobs(seq, gen), in_thinking=in_thinking(seq))
@@ -80,8 +81,8 @@ def answer_text(seq: Sequence, gen: GenerationParams) -> tuple[str, int, Optiona
 def rejected(question: Question, worker_id: int, why: str) -> Answer:
     """The Answer of a question turned away before any of it went into the model."""
     n_prompt = len(question.tokens) + sum(len(c) for c in question.continuations)
-    return Answer(question.qid, "", FinishReason.ERROR, n_prompt, 0, worker_id, 0.0, 0.0, error=why,
-                  prompt_decoded=False)
+    return Answer(qid=question.qid, text="", finish_reason=FinishReason.ERROR, prompt_tokens=n_prompt,
+                  worker_id=worker_id, error=why, prompt_decoded=False)
 
 
 def from_logits(seq: Sequence) -> bool:

@@ -232,7 +232,8 @@ def answer(parent: Parent, worker_id: int, spec: Optional[AnswerSpec]) -> Answer
     scored = alike(texts, tuple(r for r in parent.results if r is not None))
     sums = (choice_logprobs(choices, [s.logprob for s in scored]) if spec is not None and spec.logprobs
             and len(choices) == len(scored) else None)
-    return Answer(q.qid, pick_text(choices, scored), FinishReason.STOP, n_prompt, 0, worker_id, took, took,
+    return Answer(qid=q.qid, text=pick_text(choices, scored), finish_reason=FinishReason.STOP,
+                  prompt_tokens=n_prompt, worker_id=worker_id, ttft_s=took, latency_s=took,
                   created=time.time(), choice_logprobs=sums, scored=scored,
                   answer_norm=pick_text(choices, scored, per_char=texts) if choices else None)
 
