@@ -45,8 +45,9 @@ def run(model: str, questions: list, mode: str, slots: int, threads: int, max_to
     answer = None if mode == "free" else AnswerSpec(grammar=schema_grammar(json.dumps(SCHEMA, sort_keys=True)))
     Sampling.grammar_check_first = mode != "grammar-always-masked"
     n_ctx_seq = max(len(q.tokens) for q in questions) + max_tokens + 1
-    config = EngineConfig(model, threads, slots, n_ctx_seq, 512, common_prefix([q.tokens for q in questions]),
-                          GenerationParams(max_tokens, answer=answer), kv_unified=False, repack=False)
+    config = EngineConfig(model_path=model, n_threads=threads, slots=slots, n_ctx_seq=n_ctx_seq, n_batch=512,
+                          prefix_tokens=common_prefix([q.tokens for q in questions]),
+                          generation=GenerationParams(max_tokens, answer=answer), kv_unified=False, repack=False)
     engine = LlamaEngine(config, worker_id=0)
     try:
         for q in questions:

@@ -55,9 +55,10 @@ def run(model: str, questions: list[Question], slots: int, layout: str, threads:
     from ggbatch.workers.llama.engine import LlamaEngine
 
     n_ctx_seq = max(len(q.tokens) for q in questions) + max_tokens + 1
-    config = EngineConfig(model, threads, slots, n_ctx_seq, max(512, slots),
-                          common_prefix([q.tokens for q in questions]), GenerationParams(max_tokens, stop),
-                          kv_unified=False, repack=False, **LAYOUTS[layout])
+    config = EngineConfig(model_path=model, n_threads=threads, slots=slots, n_ctx_seq=n_ctx_seq,
+                          n_batch=max(512, slots), prefix_tokens=common_prefix([q.tokens for q in questions]),
+                          generation=GenerationParams(max_tokens, stop), kv_unified=False, repack=False,
+                          **LAYOUTS[layout])
     engine = LlamaEngine(config, worker_id=0)
     try:
         for q in questions:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from array import array
 from pathlib import Path
 from typing import Optional
 
@@ -45,8 +44,8 @@ def one_round(model: str, questions: list[Question], threads: int, mode: str, k:
     LlamaEngine.logprobs_beside_decode = mode == "later"
     asked: Optional[int] = None if mode == "none" else k
     n_ctx_seq = max(len(q.tokens) for q in questions) + TOKENS + 1
-    config = EngineConfig(model, threads, len(questions), n_ctx_seq, 512, array("i"),
-                          GenerationParams(TOKENS, ignore_eos=True, token_logprobs=asked), kv_unified=False)
+    config = EngineConfig(model_path=model, n_threads=threads, slots=len(questions), n_ctx_seq=n_ctx_seq, n_batch=512,
+                          generation=GenerationParams(TOKENS, ignore_eos=True, token_logprobs=asked), kv_unified=False)
     wall, stats = run_engine(config, questions, warm_up=True, gpu_layers=gpu_layers)
     return {"wall_s": wall, **stats}
 

@@ -68,7 +68,8 @@ def ggbatch_scores(model: str, pairs, slots: int, threads: int, n_ctx: int):
         contexts.setdefault(tuple(ctx), []).append(i)
     qs = [Question(f"c{k}", array("i", ctx), 0, continuations=tuple(array("i", pairs[i][1]) for i in idx))
           for k, (ctx, idx) in enumerate(contexts.items())]
-    engine = LlamaEngine(EngineConfig(model, threads, slots, n_ctx, 512, array("i"), GenerationParams(max_tokens=1),
+    engine = LlamaEngine(EngineConfig(model_path=model, n_threads=threads, slots=slots, n_ctx_seq=n_ctx, n_batch=512,
+                                      generation=GenerationParams(max_tokens=1),
                                       kv_unified=False, flash_attn=False, prefix_cache=True), worker_id=0)
     t0 = time.perf_counter()
     got = answers_of(engine, qs)

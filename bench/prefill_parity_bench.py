@@ -55,7 +55,8 @@ def ggbatch_engine(model: str, ctxs: list[list[int]], threads: int, slots: int, 
 
     letters = tuple(array("i", [t]) for t in (362, 425, 356, 422))
     qs = [Question(f"c{k}", array("i", ctx), 0, continuations=letters) for k, ctx in enumerate(ctxs)]
-    engine = LlamaEngine(EngineConfig(model, threads, slots, 1024, 512, array("i"), GenerationParams(max_tokens=1),
+    engine = LlamaEngine(EngineConfig(model_path=model, n_threads=threads, slots=slots, n_ctx_seq=1024, n_batch=512,
+                                      generation=GenerationParams(max_tokens=1),
                                       kv_unified=False, flash_attn=False, prefix_cache=True, repack=repack), 0)
     t0 = time.perf_counter()
     answers_of(engine, qs)

@@ -235,7 +235,8 @@ def engine_answers(model: str, questions: list[Any], slots: int, prefix: Any, ma
     `stats` gets the engine's counters and its memory kind."""
     from ggbatch.workers.protocol import EngineConfig, GenerationParams
 
-    answers = engine_run(EngineConfig(model, 1, slots, 512, 256, prefix, GenerationParams(max_tokens=max_tokens),
+    answers = engine_run(EngineConfig(model_path=model, n_threads=1, slots=slots, n_ctx_seq=512, n_batch=256,
+                                      prefix_tokens=prefix, generation=GenerationParams(max_tokens=max_tokens),
                                       **config), questions, stats)
     assert all(a.error is None for a in answers.values()), answers
     return {qid: a.text for qid, a in answers.items()}

@@ -5,7 +5,6 @@ starts, and the journal refusing answers made under other choices."""
 
 import json
 import re
-from array import array
 
 import jsonschema
 import pytest
@@ -146,7 +145,8 @@ def test_logits_path_answers_as_the_grammar_path_on_single_token_choices(model, 
     tok.close()
 
     def run(from_logits):
-        config = EngineConfig(path, 1, 8, 1400, 512, array("i"), GenerationParams(4), kv_unified=False)
+        config = EngineConfig(model_path=path, n_threads=1, slots=8, n_ctx_seq=1400, n_batch=512,
+                              generation=GenerationParams(4), kv_unified=False)
         engine = LlamaEngine(config, 0)
         for r in records:
             spec = AnswerSpec(tuple(r["choices"]), logprobs=True, choice_logits=from_logits)

@@ -33,8 +33,9 @@ def answer_all(model, qs, slots, prefix=None, n_ctx_seq=512, n_batch=256, unifie
                kv=0, stats=None, prefix_cache=False, **gen):
     """invariant: the batch_invariant mode (per-sequence KV streams, no flash attention, no
     repacked weights, batches laid out by workers/engine/invariant.py)."""
-    config = EngineConfig(model, 1, slots, n_ctx_seq, n_batch, prefix if prefix is not None else array("i"),
-                          GenerationParams(**gen), kv_unified=unified and not invariant,
+    config = EngineConfig(model_path=model, n_threads=1, slots=slots, n_ctx_seq=n_ctx_seq, n_batch=n_batch,
+                          prefix_tokens=prefix if prefix is not None else array("i"),
+                          generation=GenerationParams(**gen), kv_unified=unified and not invariant,
                           flash_attn=not invariant, kv_cells=kv, repack=not invariant,
                           batch_invariant=invariant, prefix_cache=prefix_cache)
     return engine_run(config, qs, stats)

@@ -1,7 +1,6 @@
 """The greedy argmax over many logits rows, split among the worker's cores
 (workers/llama/sampling.py row_argmax): the same tokens as one numpy pass, ties included."""
 
-from array import array
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -36,7 +35,8 @@ def test_an_engine_splitting_every_greedy_step_answers_the_same(stories, monkeyp
         qs = [Question(f"q{i}", tok.tokenize(b.render(r["question"])), i) for i, r in enumerate(gsm8k_records(12))]
     finally:
         tok.close()
-    config = EngineConfig(stories, 1, 8, 512, 128, array("i"), GenerationParams(max_tokens=32), kv_unified=False)
+    config = EngineConfig(model_path=stories, n_threads=1, slots=8, n_ctx_seq=512, n_batch=128,
+                          generation=GenerationParams(max_tokens=32), kv_unified=False)
     one_pass = {k: a.text for k, a in engine_run(config, qs).items()}
     monkeypatch.setattr(Sampling, "floats_per_thread", 1)  # every step with 2+ greedy rows splits
     assert {k: a.text for k, a in engine_run(config, qs).items()} == one_pass

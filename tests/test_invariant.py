@@ -102,8 +102,9 @@ def test_invariant_steps_are_one_prompt_chunk_alone_or_every_decode_token():
 
 def test_batch_invariant_config_needs_its_layout():
     with pytest.raises(ValueError, match="batch_invariant needs"):
-        EngineConfig("m.gguf", 1, 4, 64, 64, array("i"), batch_invariant=True)
-    EngineConfig("m.gguf", 1, 4, 64, 64, array("i"), kv_unified=False, flash_attn=False, repack=False,
+        EngineConfig(model_path="m.gguf", n_threads=1, slots=4, n_ctx_seq=64, n_batch=64, batch_invariant=True)
+    EngineConfig(model_path="m.gguf", n_threads=1, slots=4, n_ctx_seq=64, n_batch=64, kv_unified=False,
+                 flash_attn=False, repack=False,
                  batch_invariant=True)
 
 
@@ -142,7 +143,8 @@ def test_scored_continuations_are_the_same_with_a_shared_prefix_and_without(stor
     scores = []
     for prefix in (array("i"), array("i", context[:10])):
         for slots in (1, 4):
-            config = EngineConfig(stories, 1, slots, 64, 16, prefix, GenerationParams(max_tokens=4), kv_unified=False,
+            config = EngineConfig(model_path=stories, n_threads=1, slots=slots, n_ctx_seq=64, n_batch=16,
+                                  prefix_tokens=prefix, generation=GenerationParams(max_tokens=4), kv_unified=False,
                                   flash_attn=False, repack=False, batch_invariant=True)
             scores.append([s.token_logprobs for s in engine_run(config, [question])["s"].scored])
     assert all(s == scores[0] for s in scores), scores

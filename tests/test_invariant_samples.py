@@ -31,7 +31,8 @@ def passage_questions(seed: int) -> list[Question]:
 
 
 def run(model: str, qs: list[Question], slots: int) -> dict[str, Answer]:
-    config = EngineConfig(model, 1, slots, 128, 64, array("i"), GEN, kv_unified=False, flash_attn=False,
+    config = EngineConfig(model_path=model, n_threads=1, slots=slots, n_ctx_seq=128, n_batch=64, generation=GEN,
+                          kv_unified=False, flash_attn=False,
                           repack=False, batch_invariant=True, prefix_cache=True)
     return engine_run(config, qs)
 

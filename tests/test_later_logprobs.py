@@ -36,7 +36,8 @@ def run(model: str, host_threads: int, monkeypatch) -> tuple[dict[str, Answer], 
 
     monkeypatch.setattr(host.Sampling, "host_threads", host_threads)
     monkeypatch.setattr(host.Sampling, "floats_per_thread", 1)  # the demo model's rows spread too
-    engine = LlamaEngine(EngineConfig(model, 1, 8, 64, 64, array("i"), GenerationParams()), worker_id=0)
+    engine = LlamaEngine(EngineConfig(model_path=model, n_threads=1, slots=8, n_ctx_seq=64, n_batch=64,
+                                      generation=GenerationParams()), worker_id=0)
     try:
         return answers_of(engine, questions()), engine.stats()
     finally:

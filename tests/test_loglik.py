@@ -60,7 +60,8 @@ def engine_scores(model: str, pairs, slots: int = 4, stats: dict | None = None, 
 
     config.setdefault("flash_attn", False)
     config.setdefault("repack", repack_runs())  # a quantized model's weights as the plan lays them out
-    engine = LlamaEngine(EngineConfig(model, 1, slots, 512, 256, array("i"), GenerationParams(max_tokens=1),
+    engine = LlamaEngine(EngineConfig(model_path=model, n_threads=1, slots=slots, n_ctx_seq=512, n_batch=256,
+                                      generation=GenerationParams(max_tokens=1),
                                       **config), worker_id=0)
     try:
         if grouped:
@@ -200,7 +201,8 @@ def test_questions_on_one_context_are_all_answered_whatever_the_slots(stories, s
     the engine waited for good (lm-eval's rolling windows at slots=1: every first window is BOS)."""
     from ggbatch.workers.llama.engine import LlamaEngine
 
-    engine = LlamaEngine(EngineConfig(stories, 1, slots, 128, 64, array("i"), GenerationParams(max_tokens=1),
+    engine = LlamaEngine(EngineConfig(model_path=stories, n_threads=1, slots=slots, n_ctx_seq=128, n_batch=64,
+                                      generation=GenerationParams(max_tokens=1),
                                       kv_unified=False, flash_attn=False, prefix_cache=True, repack=False), 0)
     try:
         for k in range(2):
@@ -284,7 +286,8 @@ def test_one_token_and_longer_continuations_of_one_context(stories):
 def test_a_continuation_too_long_fails_alone(stories):
     from ggbatch.workers.llama.engine import LlamaEngine
 
-    engine = LlamaEngine(EngineConfig(stories, 1, 2, 64, 64, array("i"), GenerationParams(max_tokens=1),
+    engine = LlamaEngine(EngineConfig(model_path=stories, n_threads=1, slots=2, n_ctx_seq=64, n_batch=64,
+                                      generation=GenerationParams(max_tokens=1),
                                       kv_unified=False), worker_id=0)
     try:
         got = answers_of(engine, [Question("long", array("i", [1] * 40), 0, continuations=(array("i", [5] * 30),)),
@@ -327,7 +330,8 @@ def test_a_one_token_context_with_one_token_continuations_in_batch_invariant_mod
            for k in range(3)]
     scores = {}
     for invariant in (False, True):
-        engine = LlamaEngine(EngineConfig(stories, 1, 4, 512, 256, prefix, GenerationParams(max_tokens=1),
+        engine = LlamaEngine(EngineConfig(model_path=stories, n_threads=1, slots=4, n_ctx_seq=512, n_batch=256,
+                                          prefix_tokens=prefix, generation=GenerationParams(max_tokens=1),
                                           flash_attn=False, batch_invariant=invariant, kv_unified=False,
                                           repack=not invariant), worker_id=0)
         try:

@@ -35,7 +35,8 @@ def test_a_pause_the_runs_own_workers_cause_ends_and_every_question_is_answered(
     # What a job short of memory sees once its workers hold the KV caches the plan gave them:
     # 4 % of RAM left, under the 5 % threshold, and nothing the pause waits for gives any back.
     guard, answered = LowMemoryPause(RAM), []
-    engine = EngineConfig("fake.gguf", 1, 4, 64, 64, array("i"), GenerationParams())
+    engine = EngineConfig(model_path="fake.gguf", n_threads=1, slots=4, n_ctx_seq=64, n_batch=64,
+                          generation=GenerationParams())
     pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", Fake(slow=0.2)) for i in range(2)],
                       on_answers=lambda answers: answered.extend(a.qid for a in answers),
                       on_tick=lambda p: guard.update(RAM if len(answered) < 40 else 40 * MIB, p))

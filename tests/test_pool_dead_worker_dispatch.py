@@ -23,7 +23,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def engine(slots=2):
-    return EngineConfig("fake.gguf", 1, slots, 64, 64, array("i"), GenerationParams())
+    return EngineConfig(model_path="fake.gguf", n_threads=1, slots=slots, n_ctx_seq=64, n_batch=64,
+                        generation=GenerationParams())
 
 
 def qs(n):

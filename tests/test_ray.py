@@ -53,7 +53,8 @@ def ray_specs(n_workers, fake=Fake(), slots=4):
 
     backend = RayBackend(None)  # joins the module's instance
     node = backend.nodes()[0]
-    engine = EngineConfig("fake.gguf", 1, slots, 64, 64, array("i"), GenerationParams())
+    engine = EngineConfig(model_path="fake.gguf", n_threads=1, slots=slots, n_ctx_seq=64, n_batch=64,
+                          generation=GenerationParams())
     specs = [WorkerSpec(i, (i,), "fake.gguf", fake, node_id=node.node_id, node_ip=node.ip) for i in range(n_workers)]
     return backend, specs, engine
 

@@ -10,7 +10,6 @@ special token itself, so every forced end is the budget's."""
 from __future__ import annotations
 
 import json
-from array import array
 from itertools import islice
 from pathlib import Path
 
@@ -164,7 +163,8 @@ def _engine_texts(model: str, budget: int, max_tokens: int, slots: int, **config
     finally:
         tok.close()
     gen = GenerationParams(max_tokens=max_tokens, thinking=think)
-    engine = LlamaEngine(EngineConfig(model, 1, slots, 256, 256, array("i"), gen, **config), worker_id=0)
+    engine = LlamaEngine(EngineConfig(model_path=model, n_threads=1, slots=slots, n_ctx_seq=256, n_batch=256,
+                                      generation=gen, **config), worker_id=0)
     try:
         return answers_of(engine, questions), questions
     finally:

@@ -170,7 +170,8 @@ def test_scored_continuations_fork_from_their_contexts_state(arch_models, arch_t
     qs = [Question(f"c{i}", ctx, 0, continuations=continuations) for i, ctx in enumerate(contexts)]
 
     def scored(slots: int, stats: dict) -> dict[str, list[float]]:
-        config = EngineConfig(model, 1, slots, 512, 256, array("i"), GenerationParams(max_tokens=1),
+        config = EngineConfig(model_path=model, n_threads=1, slots=slots, n_ctx_seq=512, n_batch=256,
+                              generation=GenerationParams(max_tokens=1),
                               kv_unified=False, flash_attn=False, repack=False)
         answers = engine_run(config, qs, stats)
         return {qid: [s.logprob for s in a.scored] for qid, a in answers.items()}

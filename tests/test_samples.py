@@ -65,7 +65,8 @@ def run(model: str, questions: list[Question], slots: int, stats: dict | None = 
     # Weights as the plan lays them out: never repacked on a hybrid model (llama.cpp mixed its
     # sequences so), nor where this CPU refuses the repacked kernels.
     repack = not model_is_hybrid(model) and repack_runs()
-    config = EngineConfig(model, 1, slots, 64, 128, array("i"), GenerationParams(**gen), kv_unified=False,
+    config = EngineConfig(model_path=model, n_threads=1, slots=slots, n_ctx_seq=64, n_batch=128,
+                          generation=GenerationParams(**gen), kv_unified=False,
                           repack=repack)
     return engine_run(config, questions, stats)
 

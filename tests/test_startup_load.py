@@ -68,7 +68,8 @@ def load_beside_a_busy_loop(tmp_path, adapt: bool):
     ThreadsSet answers, the thread count of the worker's first step)."""
     first = tmp_path / "threads"
     fake = Fake(threads=True, build_s=2.5, first_step_threads_to=str(first))
-    engine = EngineConfig("fake.gguf", 2, 4, 64, 64, array("i"), GenerationParams())
+    engine = EngineConfig(model_path="fake.gguf", n_threads=2, slots=4, n_ctx_seq=64, n_batch=64,
+                          generation=GenerationParams())
     questions = [Question(f"q{i}", array("i", range(i % 7 + 1)), i) for i in range(20)]
     loop = outside_loop()
     try:

@@ -43,7 +43,8 @@ def _texts(model: str, slots: int, grammar: Optional[str] = None) -> dict[str, s
     gen = GenerationParams(max_tokens=8, thinking=Thinking((start[0],), (end[0],), (end[0],), budget=BUDGET),
                            logit_bias=((start[0], 3.0),), sampling=SamplingParams(temperature=1.0),
                            answer=AnswerSpec(grammar=grammar) if grammar else None)
-    engine = LlamaEngine(EngineConfig(model, 1, slots, 64, 64, array("i"), gen, **INVARIANT), worker_id=0)
+    engine = LlamaEngine(EngineConfig(model_path=model, n_threads=1, slots=slots, n_ctx_seq=64, n_batch=64,
+                                      generation=gen, **INVARIANT), worker_id=0)
     try:
         got = answers_of(engine, [Question(f"q{i}", prompt, i) for i in range(N_QUESTIONS)])
     finally:

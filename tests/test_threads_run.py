@@ -93,7 +93,8 @@ def test_the_thread_count_changes_no_logit(demo_model, flash_attn, kv_unified, r
 
 
 def test_a_real_worker_runs_the_thread_count_it_is_told(demo_model):
-    engine = EngineConfig(demo_model, 2, 4, 96, 64, array("i"), GenerationParams(max_tokens=48, ignore_eos=True))
+    engine = EngineConfig(model_path=demo_model, n_threads=2, slots=4, n_ctx_seq=96, n_batch=64,
+                          generation=GenerationParams(max_tokens=48, ignore_eos=True))
     questions = [Question(f"q{i}", array("i", [1, 50 + i, 300, 20 + i]), i) for i in range(40)]
     acks: list[ThreadsSet] = []
 

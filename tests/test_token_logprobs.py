@@ -212,7 +212,8 @@ def engine_answers(model: str, questions: list[Question], slots: int, threads: i
                    **gen) -> dict[str, Answer]:
     from ggbatch.workers.llama.engine import LlamaEngine
 
-    config = EngineConfig(model, threads, slots, 96, 128, array("i"), GenerationParams(**gen))
+    config = EngineConfig(model_path=model, n_threads=threads, slots=slots, n_ctx_seq=96, n_batch=128,
+                          generation=GenerationParams(**gen))
     engine = LlamaEngine(config, worker_id=0)
     try:
         return answers_of(engine, questions)
@@ -365,7 +366,8 @@ def test_a_choice_read_from_the_logits_has_the_number_of_its_tokens_entry(storie
     from ggbatch.workers.protocol import AnswerSpec
     rng = random.Random(1)
     gen = GenerationParams(max_tokens=4, answer=AnswerSpec(choices=("a", "b", "c"), logprobs=True), token_logprobs=0)
-    engine = LlamaEngine(EngineConfig(stories, 1, 8, 64, 64, array("i"), gen, kv_unified=False, flash_attn=False), 0)
+    engine = LlamaEngine(EngineConfig(model_path=stories, n_threads=1, slots=8, n_ctx_seq=64, n_batch=64,
+                                      generation=gen, kv_unified=False, flash_attn=False), 0)
     questions = [Question(f"q{i}", array("i", [1] + [rng.randrange(3, 500) for _ in range(10)]), i) for i in range(64)]
     answers = answers_of(engine, questions)
     assert all(a.choice_logprobs[a.text] == a.token_logprobs[0].logprob for a in answers.values()), answers

@@ -61,7 +61,8 @@ class Results:
 
 
 def engine(model: str, slots: int, repack: bool) -> EngineConfig:
-    return EngineConfig(model, 1, slots, 128, 64, array("i"), GenerationParams(max_tokens=6, ignore_eos=True),
+    return EngineConfig(model_path=model, n_threads=1, slots=slots, n_ctx_seq=128, n_batch=64,
+                        generation=GenerationParams(max_tokens=6, ignore_eos=True),
                         kv_unified=False, repack=repack)
 
 

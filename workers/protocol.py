@@ -226,7 +226,7 @@ def kv_cells(slots: int, n_ctx_seq: int, n_prefix: int, unified: bool, batch_inv
     return kv_streams(slots, batch_invariant) * n_ctx_seq
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """What a worker needs to build its engine, decided by the coordinator."""
 
@@ -235,7 +235,8 @@ class EngineConfig:
     slots: int  # sequences decoded together in one llama_decode
     n_ctx_seq: int  # context per sequence: longest prompt + max_tokens, capped by the model
     n_batch: int  # token budget of one step (decode tokens + prefill chunks)
-    prefix_tokens: array  # tokens every prompt starts with; decoded once, then shared
+    # tokens every prompt starts with; decoded once, then shared
+    prefix_tokens: array = field(default_factory=lambda: array("i"))
     generation: GenerationParams = GenerationParams()
     # One KV pool shared by all slots (a shared prefix is stored once), or one stream per slot
     # (attention scans only the sequence's own cells). See workers/llama/engine.py.

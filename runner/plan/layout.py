@@ -307,8 +307,9 @@ def batch_budget(n_batch: Optional[int], prefix_cache: bool, batch_invariant: bo
 def engine_config(model_path: str, layout: Layout, prefix: array, generation: GenerationParams) -> EngineConfig:
     """What each worker builds its engine from."""
     invariant = layout.batch_invariant
-    return EngineConfig(model_path, layout.threads, layout.slots, layout.n_ctx_seq, layout.n_batch, prefix,
-                        generation, kv_unified=layout.kv_unified,
+    return EngineConfig(model_path=model_path, n_threads=layout.threads, slots=layout.slots,
+                        n_ctx_seq=layout.n_ctx_seq, n_batch=layout.n_batch, prefix_tokens=prefix,
+                        generation=generation, kv_unified=layout.kv_unified,
                         kv_cells=kv_cells(layout.slots, layout.n_ctx_seq, len(prefix), layout.kv_unified, invariant),
                         flash_attn=bool(layout.flash_attn) and not invariant, repack=layout.repack,
                         batch_invariant=invariant, prefix_cache=layout.prefix_cache)
