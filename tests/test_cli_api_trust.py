@@ -78,9 +78,8 @@ def test_an_unknown_keyword_argument_lists_the_valid_ones():
 def test_a_record_without_a_question_is_named_by_its_index_in_the_callers_list(demo_model):
     with pytest.raises(ggbatch.GgbatchError) as err:
         ggbatch.answer(["Once upon a time", {"text": "no question field"}], model=demo_model, max_tokens=4)
-    message = str(err.value)
-    assert message == ("ggbatch.answer(): questions[1]: record has no 'question' (fields.question); "
-                       "its other fields: 'text'")
+    assert str(err.value) == ("ggbatch.answer(): questions[1]: record has no 'question' (fields.question); "
+                              "its other fields: 'text'")
     with pytest.raises(ggbatch.GgbatchError, match=r"duplicate questionID: 'a' \(questions\[0\] and \[2\]\)"):
         ggbatch.answer([{"questionID": i, "question": q} for i, q in (("a", "Hi"), ("b", "Yo"), ("a", "Ho"))],
                        model=demo_model, max_tokens=4)
