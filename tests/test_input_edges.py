@@ -6,7 +6,6 @@ it is; a JSON Lines object left open. The readers first, then `ggbatch run` on t
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -209,20 +208,6 @@ def test_an_old_excel_workbook_is_named_a_spreadsheet(tmp_path):
     path = tmp_path / "q.xls"
     path.write_bytes(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(504))
     assert error_of(path) == f"{path}: {SHEET}"
-
-
-@pytest.mark.parametrize("content, said", [
-    (open(sys.executable, "rb").read(3000), "a program (ELF), not text"),
-    (b"GGUF\x03\x00\x00\x00" + bytes(64), "a GGUF model, not text (a model is given as --model)"),
-    (b"".join(struct.pack("<I", i) for i in range(1000)), "binary data, not text"),  # zeros on both sides of a pair
-])
-@pytest.mark.parametrize("fmt", [None, "csv", "jsonl"])
-def test_a_binary_file_is_said_to_be_binary(tmp_path, content, said, fmt):
-    """/bin/ls named .jsonl was 'this looks like CSV; name it .csv', and read as CSV 'UTF-16 text
-    without a byte order mark'."""
-    path = tmp_path / "q.jsonl"
-    path.write_bytes(content)
-    assert error_of(path, fmt=fmt) == f"{path}: {said}; give a text file: JSON, JSON Lines or CSV, in UTF-8"
 
 
 def test_a_zip_of_questions_says_unzip_it(tmp_path):

@@ -24,8 +24,21 @@ BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
 ZIP_MAGIC = b"PK\x03\x04"  # .xlsx, .ods
 OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # .xls
 # other files that are not text, by their first bytes (their zero bytes alone would read as UTF-16)
-BINARY_MAGIC = {b"\x7fELF": "a program (ELF)", b"GGUF": "a GGUF model", b"\x1f\x8b": "a gzip archive",
-                b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"%PDF-": "a PDF document"}
+TEXT_FILE = "give a text file: JSON, JSON Lines or CSV, in UTF-8"
+_TO_JSON_LINES = "convert it to JSON Lines (pandas: {}(PATH).to_json('questions.jsonl', orient='records', lines=True))"
+# first bytes -> what the file is, and what to do instead (the formats a dataset comes in, and
+# what ends up given by mistake)
+BINARY_MAGIC = {b"\x7fELF": ("a program (ELF)", TEXT_FILE),
+                b"GGUF": ("a GGUF model", "a model is given as --model, and questions as a text file: JSON, JSON Lines "
+                                          "or CSV, in UTF-8"),
+                b"\x1f\x8b": ("a gzip archive", "decompress it (gunzip) and give the question file inside"),
+                b"\xfd7zXZ\x00": ("an xz archive", "decompress it (unxz) and give the question file inside"),
+                b"\x28\xb5\x2f\xfd": ("a zstd archive", "decompress it (unzstd) and give the question file inside"),
+                b"PAR1": ("a Parquet file", _TO_JSON_LINES.format("read_parquet")),
+                b"ARROW1": ("an Arrow file", _TO_JSON_LINES.format("read_feather")),
+                b"SQLite format 3\x00": ("an SQLite database", "export the table as CSV (sqlite3 -header -csv)"),
+                b"\x89PNG": ("a PNG image", TEXT_FILE), b"\xff\xd8\xff": ("a JPEG image", TEXT_FILE),
+                b"%PDF-": ("a PDF document", TEXT_FILE)}
 SPREADSHEET_SUFFIXES = {".xlsx", ".xlsm", ".xls", ".ods"}
 # names a workbook's first ZIP entries hold (a piped workbook has no suffix to tell it by)
 SPREADSHEET_MARKS = (b"xl/", b"opendocument.spreadsheet")
@@ -196,13 +209,13 @@ def no_binary(path: str, start: bytes) -> None:
     if start.startswith(ZIP_MAGIC):
         raise InputError(f"{path}: a ZIP archive, not text; unzip it and give the question file inside "
                          "(a spreadsheet: save it as CSV (UTF-8))")
-    kind = next((kind for magic, kind in BINARY_MAGIC.items() if start.startswith(magic)), None)
+    known = next((known for magic, known in BINARY_MAGIC.items() if start.startswith(magic)), None)
     even, odd = start[0::2].count(0), start[1::2].count(0)
-    if kind is None and min(even, odd) * 8 > len(start) > 0:  # UTF-16's zeros are on one side only
-        kind = "binary data"
-    if kind is not None:
-        model = " (a model is given as --model)" if kind == BINARY_MAGIC[b"GGUF"] else ""
-        raise InputError(f"{path}: {kind}, not text{model}; give a text file: JSON, JSON Lines or CSV, in UTF-8")
+    if known is None and min(even, odd) * 8 > len(start) > 0:  # UTF-16's zeros are on one side only
+        known = ("binary data", TEXT_FILE)
+    if known is not None:
+        kind, instead = known
+        raise InputError(f"{path}: {kind}, not text; {instead.replace('PATH', repr(str(path)))}")
 
 
 def no_utf16(path: str, first_line: bytes) -> None:
