@@ -43,6 +43,15 @@ def test_a_bad_setting_is_a_ggbatch_error_naming_it(demo_model):
     assert err.value.exit_code == 2
 
 
+def test_settings_that_do_not_hold_together_are_said_after_the_call_that_gave_them(demo_model):
+    """A key's own error named the call (`ggbatch.answer(): max_tokens: ...`), and an error
+    between keys did not: `sampling.n: 3 samples need sampling.temperature > 0`."""
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.answer\(\): sampling.n: 3 samples need sampling.temp"):
+        ggbatch.answer(["x"], model=demo_model, sampling={"n": 3})
+    with pytest.raises(ggbatch.GgbatchError, match=r"^ggbatch.run\(\): answer.logprobs: needs answer.choices"):
+        ggbatch.run(model=demo_model, input="q.jsonl", output="a.json", answer={"logprobs": True})
+
+
 def test_a_missing_model_is_said_as_the_keyword_run_takes(tmp_path, questions_file):
     """It said 'give it in the job file or as --model', a flag ggbatch.run() has not."""
     with pytest.raises(ggbatch.GgbatchError) as err:

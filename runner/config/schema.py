@@ -62,7 +62,7 @@ def build_config(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> JobConfig:
     try:
         check_between_keys(config)
     except KeysError as exc:
-        raise said_in_files(config, exc) from None
+        raise said_in_files(config, exc, _call(layers)) from None
     return _shard_files(_scoring_defaults(config))
 
 
@@ -138,23 +138,30 @@ def key_said_by_call(source: str, given: Mapping[str, Any]) -> Iterator[None]:
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def said_in_files(config: JobConfig, error: KeysError) -> ConfigError:
+def said_in_files(config: JobConfig, error: KeysError, call: Optional[str] = None) -> ConfigError:
     """The error between keys named after the job file that set the key it begins with
     (`j.yaml: ray_address: ...`), as a key's own error is; the other keys a file set said after
-    it (`sampling.n: 3 samples with ... (answer.choice_scoring from j.yaml)`, n a flag's);
-    unchanged where none came from a file."""
+    it (`sampling.n: 3 samples with ... (answer.choice_scoring from j.yaml)`, n a flag's). Where
+    no file set the first key, named after the function whose keywords did (`call`:
+    `ggbatch.answer()`), else unchanged (a flag's)."""
     sources = {key: (set_in_file(config, key) or (None,))[0] for key in error.keys}
     first = sources.get(error.keys[0]) if error.keys else None
     if first is not None:
         return ConfigError(f"{first}: {error}")
     others = "; ".join(f"{key} from {source}" for key, source in sources.items() if source is not None)
-    return ConfigError(f"{error} ({others})") if others else error
+    said = f"{call}: {error}" if call else str(error)
+    return ConfigError(f"{said} ({others})") if others else ConfigError(said) if call else error
+
+
+def _call(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> Optional[str]:
+    """The function whose keywords are the last layer (`ggbatch.run()`), or None (flags, files)."""
+    return layers[-1][0] if layers and layers[-1][0].endswith("()") else None
 
 
 def _missing(key: str, layers: Sequence[tuple[str, Mapping[str, Any]]]) -> ConfigError:
     """A required setting no layer gave, and how to give it: a flag on the command line, the
     keyword of a function (`ggbatch.run()`: it has no flags), named as its other errors are."""
-    call = layers[-1][0] if layers and layers[-1][0].endswith("()") else None
+    call = _call(layers)
     how = f"{key}=" if call else f"--{key}"
     return ConfigError(f"{call + ': ' if call else ''}missing required setting '{key}' "
                        f"(give it in {_job_file(layers)} or as {how})")
