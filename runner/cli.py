@@ -49,6 +49,7 @@ FLAG_KEYS = {
     "id_field": "fields.id", "question_field": "fields.question",
     "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
     "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
+    "presence_penalty": "sampling.presence_penalty", "frequency_penalty": "sampling.frequency_penalty",
     "n": "sampling.n",
     "choices": "answer.choices", "choice_logprobs": "answer.logprobs",
     "choice_scoring": "answer.choice_scoring", "json_schema": "answer.json_schema",
@@ -98,6 +99,10 @@ def _add_answer_flags(a: Callable[..., Any]) -> None:
     a("--top-p", dest="top_p")
     a("--min-p", dest="min_p")
     a("--repeat-penalty", dest="repeat_penalty")
+    a("--presence-penalty", dest="presence_penalty",
+      help="OpenAI's: subtracted from a token's logit once it is in the answer (-2 to 2)")
+    a("--frequency-penalty", dest="frequency_penalty",
+      help="OpenAI's: subtracted from a token's logit for each time it is in the answer (-2 to 2)")
     a("--seed", help="job seed; each question's seed derives from it and the question id")
     a("--n", metavar="N", help="answers per question (samples: needs --temperature > 0), all from one "
                                "computation of its prompt; written as a list")

@@ -3,6 +3,7 @@ rerun refused where it changed, in words where the change is ggbatch's own rule 
 
 import pytest
 
+from ggbatch import build_config
 from ggbatch.runner.errors import ConfigError
 from ggbatch.runner.journal.journal import Journal
 from ggbatch.workers.protocol import GenerationParams
@@ -102,3 +103,26 @@ def test_a_changed_schema_is_said_as_the_answers_grammar_not_as_pages_of_gbnf(tm
         Journal(path, {**FP, "answer": {"choices": [], "grammar": 'root ::= ("true" | "false")'}})
     assert str(refused.value) == (f"{path}: the answer's grammar (answer.json_schema, or answer.grammar) changed "
                                   "since the journaled run; pass fresh=True to start over")
+
+
+def test_penalties_are_fingerprinted_when_set_and_journals_from_before_them_stay_valid(tmp_path):
+    """sampling.presence_penalty and frequency_penalty at 0 are left out, as journals written
+    before they existed have no such keys; set, a change is refused naming the setting."""
+    from ggbatch.runner.journal.fingerprint import fingerprint
+    from ggbatch.runner.model.identity import ModelIdentity
+    from ggbatch.workers.protocol import SamplingParams
+
+    def printed(**sampling):
+        return fingerprint(build_config([("test", {"model": "m.gguf", "input": "q", "output": "a"})]),
+                           ModelIdentity("m.gguf", 1, 0, "abc"), GenerationParams(sampling=SamplingParams(**sampling)),
+                           "t")
+
+    assert not [key for key in printed() if "penalty" in key and key != "sampling.repeat_penalty"]
+    assert printed(presence_penalty=0.5)["sampling.presence_penalty"] == 0.5
+    path = str(tmp_path / "j.jsonl")
+    j = Journal(path, printed())
+    j.split([question("q1", 1)])
+    j.append([answer("q1")])
+    j.close()
+    with pytest.raises(ConfigError, match=r"'sampling.frequency_penalty' changed since the journaled run \(0.0 -> 1"):
+        Journal(path, printed(frequency_penalty=1.0))

@@ -279,10 +279,12 @@ def test_generation_kwargs_become_ggbatch_settings_and_unknown_ones_are_said(cap
     from ggbatch.runner.tools.lm_eval_requests import generation_of
 
     sampled = generation_of({"until": "\n\n", "max_gen_toks": 7, "do_sample": True, "temperature": 0.7,
-                             "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1})
+                             "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
+                             "presence_penalty": 0.5, "frequency_penalty": -0.25})
     assert sampled.stop == ("\n\n",) and sampled.max_tokens == 7
     s = sampled.sampling
     assert (s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty) == (0.7, 0.9, 20, 0.05, 1.1)
+    assert (s.presence_penalty, s.frequency_penalty) == (0.5, -0.25)
     greedy = generation_of({"until": ["."], "do_sample": False, "temperature": 0.7, "top_p": 0.9})
     assert greedy.sampling.temperature == 0.0 and greedy.sampling.top_p == 1.0
     with caplog.at_level("WARNING", logger="ggbatch"):

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from ggbatch.runner.errors import InputError
 from ggbatch.runner.files.formats.openai_output import batch_line
 from ggbatch.runner.files.formats.openai_request import parse_request
-from ggbatch.runner.files.formats.own_settings import QuestionSettings, own_generation, vocabulary_problem
+from ggbatch.runner.files.formats.own_settings import QuestionSettings, own_generation, settings_key, vocabulary_problem
 from ggbatch.runner.files.inputs import read_question_file
 from ggbatch.runner.files.outputs import OutputSpec, Row, render
 from ggbatch.workers.protocol import Answer, FinishReason, GenerationParams, ResponseFormat, SamplingParams
@@ -29,15 +29,17 @@ def line(body=None, url=CHAT, **extra):
 def test_a_chat_line_with_every_honoured_field():
     req = parse_request(line({"max_completion_tokens": 16, "temperature": 0.7, "top_p": 0.9, "seed": -3,
                               "stop": "\n", "logit_bias": {"42": -100, "7": 2.5}, "n": 1, "stream": False,
-                              "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": False,
+                              "presence_penalty": 0.5, "frequency_penalty": -1, "logprobs": False,
                               "response_format": {"type": "json_schema", "json_schema": {
                                   "name": "answer", "strict": True,
                                   "schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}}}))
     assert req.error is None and req.endpoint == "chat" and req.model == "gpt-4o-mini"
     assert req.messages == (("user", "hi"),)
     schema = '{"properties":{"n":{"type":"integer"}},"type":"object"}'
-    assert req.settings == QuestionSettings(16, 0.7, 0.9, -3, ("\n",), ((7, 2.5), (42, -100.0)),
-                                            ResponseFormat("json_schema", schema, "answer", True),
+    assert req.settings == QuestionSettings(max_tokens=16, temperature=0.7, top_p=0.9, seed=-3, stop=("\n",),
+                                            presence_penalty=0.5, frequency_penalty=-1.0,
+                                            logit_bias=((7, 2.5), (42, -100.0)),
+                                            response_format=ResponseFormat("json_schema", schema, "answer", True),
                                             token_logprobs=-1, n=1)  # logprobs false: none, whatever the job says
 
 
@@ -64,6 +66,8 @@ def test_a_completion_line_and_message_shapes():
     (line({"temperature": "hot"}), "body.temperature: must be a number, got 'hot'"),
     (line({"temperature": 3}), "body.temperature: must be >= 0 and <= 2, got 3"),
     (line({"top_p": 0}), "body.top_p: must be > 0 and <= 1, got 0"),
+    (line({"presence_penalty": 2.5}), "body.presence_penalty: must be >= -2 and <= 2, got 2.5"),
+    (line({"frequency_penalty": "high"}), "body.frequency_penalty: must be a number, got 'high'"),
     (line({"max_tokens": 0}), "body.max_tokens: must be from 1 to"),
     (line({"max_tokens": 8, "max_completion_tokens": 9}),
      "body.max_tokens (8) and body.max_completion_tokens (9) differ"),
@@ -142,6 +146,10 @@ def test_own_generation_lays_the_line_over_the_job():
     own = own_generation(job, QuestionSettings(max_tokens=8, temperature=0.5, seed=9, stop=("x",)), job.stop)
     assert (own.max_tokens, own.stop, own.sampling.temperature, own.sampling.seed, own.sampling.top_k) == \
         (8, ("x",), 0.5, 9, 40)
+    penalised = own_generation(job, QuestionSettings(presence_penalty=0.5, frequency_penalty=-1.0), job.stop)
+    assert (penalised.sampling.presence_penalty, penalised.sampling.frequency_penalty) == (0.5, -1.0)
+    # no penalty (the default) is left out of the journal's hash: journals from before penalties stay valid
+    assert b"presence_penalty" not in settings_key(job) and b'"presence_penalty": 0.5' in settings_key(penalised)
     assert own_generation(job, QuestionSettings(), ()).stop == ()  # a raw completion prompt: no template stop
     assert vocabulary_problem(QuestionSettings(logit_bias=((31999, 1.0),)), 32000) is None
     assert "token 32000 is not in the model's vocabulary (ids 0-31999)" in \

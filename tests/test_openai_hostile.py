@@ -12,7 +12,8 @@ VALUES = [None, True, 0, -1, 1.5, "", "x", [], [1], ["a", "b"], {}, {"a": 1}, [{
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 COMPLETION_BODY = {"model": "m", "prompt": "Once", "max_tokens": 4}
 BODY_KEYS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-             "stop", "logit_bias", "response_format", "n", "logprobs", "top_logprobs", "frequency_penalty"]
+             "stop", "logit_bias", "response_format", "n", "logprobs", "top_logprobs", "frequency_penalty",
+             "presence_penalty"]
 
 
 def line(url="/v1/chat/completions", **body):

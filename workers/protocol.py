@@ -144,6 +144,10 @@ class SamplingParams:
     min_p: float = 0.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    # OpenAI's: subtracted from a token's logit once it is in the answer (presence), and once per
+    # time it is (frequency), over the whole answer so far, as vLLM and OpenAI count them
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int = 0
     # Answers per question, all from one computation of its prompt; sample i is drawn with seed
     # workers/engine/samples.py sample_seed(question seed, i).

@@ -56,6 +56,8 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "sampling.min_p": check.number(0.0, 1.0),
     "sampling.repeat_penalty": check.number(0.0, lo_open=True),
     "sampling.repeat_last_n": check.integer(0),
+    "sampling.presence_penalty": check.number(-2.0, 2.0),  # OpenAI's range
+    "sampling.frequency_penalty": check.number(-2.0, 2.0),
     "sampling.seed": check.integer(0, hi=2**64 - 1),  # only hashed into per-question seeds
     "sampling.n": check.integer(1, hi=MAX_SLOTS, why_hi=f" (a question's samples decode together, in at most "
                                                            f"{MAX_SLOTS} slots)"),

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional
 
 from ...workers.protocol import AnswerSpec, GenerationParams
 from ..config.schema import CHOICES_AUTO, FIRST_TOKEN, LOGLIKELIHOOD, JobConfig, flash_attn_auto
+from ..files.formats.own_settings import NEWER_SAMPLING_DEFAULTS
 from ..model.identity import ModelIdentity
 from ..model.versions import package_version
 
@@ -52,8 +53,10 @@ def fingerprint(config: JobConfig, model: ModelIdentity, generation: GenerationP
             # (runner/config/answer.py scored_texts); journals that scored the labels have no such key
             **({"answer.labelled_choices": TEXTS_UNLESS_LISTED}
                if config.choice_scoring == LOGLIKELIHOOD and config.choices == CHOICES_AUTO else {}),
-            # one sample (the default) is left out: journals written before n existed stay valid
-            **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items() if k != "n" or v != 1}}
+            # one sample and no penalties (the defaults) are left out: journals written before
+            # those settings existed stay valid
+            **{f"sampling.{k}": v for k, v in asdict(generation.sampling).items()
+               if k not in NEWER_SAMPLING_DEFAULTS or v != NEWER_SAMPLING_DEFAULTS[k]}}
 
 
 def answer_settings(answer: Optional[AnswerSpec]) -> Optional[dict[str, Any]]:
@@ -68,7 +71,8 @@ def answer_settings(answer: Optional[AnswerSpec]) -> Optional[dict[str, Any]]:
 
 # the fingerprint's keys left out at their default (so that older journals stay valid): a change
 # names the default rather than null
-LEFT_OUT = {"fields.id": "questionID", "answer.choice_scoring": FIRST_TOKEN, "sampling.n": 1, "flash_attn": "auto",
+LEFT_OUT = {"fields.id": "questionID", "answer.choice_scoring": FIRST_TOKEN, "flash_attn": "auto",
+            **{f"sampling.{name}": default for name, default in NEWER_SAMPLING_DEFAULTS.items()},
             "answer.choice_scoring_context": "inside the open thinking block",
             "answer.labelled_choices": "their labels"}
 SCORED_AFTER_EMPTY_BLOCK = "after an empty thinking block"

@@ -126,7 +126,7 @@ DECIDED_BY_REQUESTS = {
     "max_tokens": "a task's generation_kwargs max_gen_toks (--gen_kwargs max_gen_toks=N)",
     "stop": "a task's generation_kwargs until (--gen_kwargs until=...)",
     "ignore_eos": "a task's generation_kwargs max_gen_toks and until (an answer ends at the model's end of text)",
-    "sampling": "a task's generation_kwargs do_sample, temperature, top_k, top_p, min_p and repetition_penalty "
+    "sampling": "a task's generation_kwargs do_sample, temperature, top_k, top_p, min_p and the penalties "
                 "(--gen_kwargs do_sample=true,temperature=0.7); only sampling.seed is a model_args setting",
     "answer": "the task's output_type and metrics",
     "fields": "the task's doc_to_text and doc_to_target",
@@ -264,7 +264,8 @@ def device_settings(device: Optional[str], settings: dict[str, Any]) -> dict[str
 # lm-eval's gen_kwargs that have a ggbatch setting, beside until and max_gen_toks (Hugging Face's
 # names, as task YAMLs write them), and what each becomes when sampling
 SAMPLING_KWARGS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                   "repetition_penalty": "repeat_penalty"}
+                   "repetition_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
+                   "frequency_penalty": "frequency_penalty"}
 # lm-eval's names for the most tokens to generate, the first given winning: its own models' rule
 # (lm_eval/models/utils.py normalize_gen_kwargs, 0.4.13, used by its Hugging Face, vLLM and TRT-LLM
 # models; mirrored, as this module runs without lm-eval and the function came after 0.4.10).
@@ -276,8 +277,9 @@ def generation_of(gen_kwargs: dict[str, Any], name: str = "a request") -> Genera
     """lm-eval's gen_kwargs as ggbatch's settings: until (a string or a list), max_gen_toks (or
     one of its aliases: _max_gen_toks), and greedy unless a temperature above 0 asks for sampling
     (do_sample true or not given, as lm-eval's models take it), then with top_k (none unless
-    given), top_p, min_p and repetition_penalty where given. Others are said once in the log and not used. A
-    value that is not a number is refused in one line naming it and the request (`name`)."""
+    given), top_p, min_p, repetition_penalty, presence_penalty and frequency_penalty where given.
+    Others are said once in the log and not used. A value that is not a number is refused in one
+    line naming it and the request (`name`)."""
     until = gen_kwargs.get("until") or ()
     stop = (until,) if isinstance(until, str) else tuple(until)
     unknown = sorted(set(gen_kwargs) - KNOWN_KWARGS - _said)

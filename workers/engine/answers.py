@@ -92,6 +92,8 @@ def from_logits(seq: Sequence) -> bool:
 
 def needs_sampler(gen: GenerationParams) -> bool:
     """Plain greedy needs no sampler state: one argmax per row does it (the engine's _sample), a
-    grammar included (it is asked about the argmax). Sampling, a repetition penalty or a logit
-    bias need llama.cpp's chain."""
-    return gen.sampling.temperature > 0 or gen.sampling.repeat_penalty != 1.0 or bool(gen.logit_bias)
+    grammar included (it is asked about the argmax). Sampling, a penalty or a logit bias need
+    llama.cpp's chain."""
+    sampling = gen.sampling
+    penalised = sampling.repeat_penalty != 1.0 or bool(sampling.presence_penalty or sampling.frequency_penalty)
+    return sampling.temperature > 0 or penalised or bool(gen.logit_bias)

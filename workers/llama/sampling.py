@@ -165,6 +165,9 @@ class Sampling:
         if params.repeat_penalty != 1.0:
             add(llama_cpp.llama_sampler_init_penalties(self.vocab.n_tokens, params.repeat_last_n,
                                                        params.repeat_penalty, 0.0, 0.0))
+        if params.presence_penalty or params.frequency_penalty:  # over every token the answer may have
+            add(llama_cpp.llama_sampler_init_penalties(self.vocab.n_tokens, gen.max_tokens, 1.0,
+                                                       params.frequency_penalty, params.presence_penalty))
         if params.temperature <= 0.0:
             add(llama_cpp.llama_sampler_init_greedy())
             return chain

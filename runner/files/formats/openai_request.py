@@ -6,9 +6,9 @@ cannot answer it as asked, why. Pure: no model needed.
      "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 64}}
 
 A body field is honoured (max_tokens or max_completion_tokens, temperature, top_p, seed, stop,
-response_format, logit_bias, logprobs and top_logprobs, n, reasoning_effort as a thinking
-budget), ignored (model: the job's model answers every line), accepted at its neutral value only
-(stream false, presence_penalty and frequency_penalty 0), or refused. A refused line is answered
+presence_penalty and frequency_penalty, response_format, logit_bias, logprobs and top_logprobs, n,
+reasoning_effort as a thinking budget), ignored (model: the job's model answers every line),
+accepted at its neutral value only (stream false), or refused. A refused line is answered
 with the reason, which names the field, and the rest of the file is answered, as OpenAI answers a
 bad line of a batch with a 400. A field set to null is one not given, as OpenAI reads it. A
 setting the line leaves out (or sets to null) is the job's, not OpenAI's default
@@ -30,9 +30,10 @@ CHAT, COMPLETION = "chat", "completion"
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
 LINE_KEYS = ("custom_id", "method", "url", "body")
 HONOURED = {CHAT: ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-                   "stop", "response_format", "logit_bias", "logprobs", "top_logprobs", "n", "reasoning_effort"),
-            COMPLETION: ("prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias",
-                         "logprobs", "n")}
+                   "stop", "presence_penalty", "frequency_penalty", "response_format", "logit_bias", "logprobs",
+                   "top_logprobs", "n", "reasoning_effort"),
+            COMPLETION: ("prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
+                         "frequency_penalty", "logit_bias", "logprobs", "n")}
 MAX_N = 128  # samples per line (OpenAI's own limit)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 EFFORTS = ("none", "minimal", "low", "medium", "high")  # budgets: runner/config/reasoning.py
@@ -48,7 +49,6 @@ def _zero(v: Any) -> bool:
 # field -> (its neutral value as said in an error, the test)
 NEUTRAL: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "stream": ("false", lambda v: v is False),
-    "presence_penalty": ("0", _zero), "frequency_penalty": ("0", _zero),
 }
 
 
@@ -129,6 +129,8 @@ def _settings(body: Mapping[str, Any], endpoint: str) -> QuestionSettings:
         top_p=_field(body, "top_p", _number(0.0, 1.0, lo_open=True)),
         seed=_field(body, "seed", _integer(-2**63, 2**63 - 1)),
         stop=_field(body, "stop", _stop),
+        presence_penalty=_field(body, "presence_penalty", _number(-2.0, 2.0)),
+        frequency_penalty=_field(body, "frequency_penalty", _number(-2.0, 2.0)),
         logit_bias=_field(body, "logit_bias", _logit_bias) or (),
         response_format=_field(body, "response_format", _response_format),
         token_logprobs=_token_logprobs(body, endpoint),

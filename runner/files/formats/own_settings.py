@@ -1,5 +1,6 @@
 """A question's own generation settings: what its line of the question file asks for (an OpenAI
-Batch line's max_tokens, temperature, top_p, seed, stop, logit_bias, response_format, logprobs),
+Batch line's max_tokens, temperature, top_p, seed, stop, penalties, logit_bias, response_format,
+logprobs),
 laid over the job's. Pure.
 
 A question with settings of its own carries them to the worker (Question.generation); one whose
@@ -17,7 +18,7 @@ from typing import Optional
 from ....workers.protocol import RESPONSE_FORMAT_ENFORCED, AnswerSpec, GenerationParams, ResponseFormat
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuestionSettings:
     """What one line asks for; None (or empty) where it takes the job's setting."""
 
@@ -26,6 +27,8 @@ class QuestionSettings:
     top_p: Optional[float] = None
     seed: Optional[int] = None  # this question's sampling seed, used as given
     stop: Optional[tuple[str, ...]] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), by token id
     response_format: Optional[ResponseFormat] = None
     # alternatives per token with each token's log-probability; NO_LOGPROBS: none, whatever the job says
@@ -35,6 +38,9 @@ class QuestionSettings:
 
 
 NO_LOGPROBS = -1  # a line that says `logprobs: false`
+# Sampling settings at a default that journals written before the setting existed do not hold:
+# left out of a journal's hashes and fingerprint there, so those journals stay valid
+NEWER_SAMPLING_DEFAULTS = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 # a line's response_format {"type": "text"}: free text, whatever the job's answer.* holds it to
 PLAIN_TEXT = ResponseFormat("text")
 
@@ -46,10 +52,9 @@ def own_generation(job: GenerationParams, own: QuestionSettings, stop: tuple[str
     a raw completion prompt has no template, so no template stop). `grammar`: its response_format
     as GBNF (runner/config/answer.py format_grammar), which replaces the job's answer.*, as a
     PLAIN_TEXT response_format does with none."""
-    base = job.sampling
-    sampling = replace(base, temperature=base.temperature if own.temperature is None else own.temperature,
-                       top_p=base.top_p if own.top_p is None else own.top_p,
-                       seed=base.seed if own.seed is None else own.seed, n=base.n if own.n is None else own.n)
+    asked = {name: value for name in ("temperature", "top_p", "seed", "n", "presence_penalty", "frequency_penalty")
+             if (value := getattr(own, name)) is not None}
+    sampling = replace(job.sampling, **asked)
     logprobs = job.token_logprobs if own.token_logprobs is None else \
         None if own.token_logprobs == NO_LOGPROBS else own.token_logprobs
     text = own.response_format == PLAIN_TEXT  # nothing to enforce, so no format goes to the worker
@@ -93,8 +98,9 @@ def settings_key(gen: GenerationParams) -> bytes:
     Settings at their default that older journals never had (one sample, no token
     log-probabilities) are left out, so those journals' hashes still match."""
     data = asdict(gen)
-    if data["sampling"]["n"] == 1:
-        del data["sampling"]["n"]
+    for name, default in NEWER_SAMPLING_DEFAULTS.items():
+        if data["sampling"][name] == default:
+            del data["sampling"][name]
     if data["token_logprobs"] is None:
         del data["token_logprobs"]
     if data["answer"] is not None and not data["answer"]["texts"]:
