@@ -43,6 +43,19 @@ def test_a_chat_line_with_every_honoured_field():
                                             token_logprobs=-1, n=1)  # logprobs false: none, whatever the job says
 
 
+def test_fields_about_the_caller_or_the_service_are_taken_and_not_used():
+    """A batch file written for OpenAI that says who asks (`user`) or how to keep the request
+    (`store`, `metadata`) had every line refused: "body.user: not supported"."""
+    unseen = {"user": "u-1", "safety_identifier": "s", "prompt_cache_key": "k", "metadata": {"run": "7"},
+              "store": True, "service_tier": "flex"}
+    req = parse_request(line(unseen))
+    assert req.error is None and req.settings == parse_request(line()).settings
+    completion = {"custom_id": "c", "url": COMPLETIONS, "body": {"prompt": "a", "user": "u-1"}}
+    assert parse_request(completion).error is None
+    completion["body"]["store"] = True  # a chat field, as OpenAI's completions refuse it
+    assert parse_request(completion).error.startswith("body.store: not supported on /v1/completions")
+
+
 def test_a_completion_line_and_message_shapes():
     req = parse_request({"custom_id": "c", "url": COMPLETIONS, "body": {"prompt": ["Once"], "max_tokens": 4}})
     assert (req.endpoint, req.prompt, req.settings.max_tokens, req.messages) == ("completion", "Once", 4, ())

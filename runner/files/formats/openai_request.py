@@ -7,8 +7,9 @@ cannot answer it as asked, why. Pure: no model needed.
 
 A body field is honoured (max_tokens or max_completion_tokens, temperature, top_p, seed, stop,
 presence_penalty and frequency_penalty, response_format, logit_bias, logprobs and top_logprobs, n,
-reasoning_effort as a thinking budget), ignored (model: the job's model answers every line),
-accepted at its neutral value only (stream false), or refused. A refused line is answered
+reasoning_effort as a thinking budget), ignored (model: the job's model answers every line; user,
+metadata and the other fields about the caller or the service, not the answer: UNSEEN), accepted
+at its neutral value only (stream false), or refused. A refused line is answered
 with the reason, which names the field, and the rest of the file is answered, as OpenAI answers a
 bad line of a batch with a 400. A field set to null is one not given, as OpenAI reads it. A
 setting the line leaves out (or sets to null) is the job's, not OpenAI's default
@@ -34,6 +35,10 @@ HONOURED = {CHAT: ("messages", "model", "max_tokens", "max_completion_tokens", "
                    "top_logprobs", "n", "reasoning_effort"),
             COMPLETION: ("prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
                          "frequency_penalty", "logit_bias", "logprobs", "n")}
+# Fields about who asks or how OpenAI serves and keeps the request, which do not change its
+# answer: taken and not used, as a batch file written for OpenAI holds them
+UNSEEN = {CHAT: ("user", "safety_identifier", "prompt_cache_key", "metadata", "store", "service_tier"),
+          COMPLETION: ("user",)}
 MAX_N = 128  # samples per line (OpenAI's own limit)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 EFFORTS = ("none", "minimal", "low", "medium", "high")  # budgets: runner/config/reasoning.py
@@ -111,7 +116,7 @@ def _check_fields(endpoint: str, body: Mapping[str, Any]) -> None:
             said, neutral = NEUTRAL[key]
             if not neutral(value):
                 raise Refused(f"body.{key}: only {said} is supported, got {quote(value)}")
-        elif key not in HONOURED[endpoint]:
+        elif key not in HONOURED[endpoint] and key not in UNSEEN[endpoint]:
             raise Refused(f"body.{key}: not supported on {_url(endpoint)} (ggbatch honours "
                           f"{', '.join(HONOURED[endpoint])})")
     if "model" in body and body["model"] is not None and not isinstance(body["model"], str):
