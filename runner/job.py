@@ -331,8 +331,9 @@ def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: fl
     header comes before any row, from what questions asked of their own (an OpenAI line's `n` or
     `logprobs`): a column no setting planned would be dropped from CSV."""
     made = preparer.made
-    return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.prompting.model_name, made.completions,
-                      made.refused, started_at, choice_logprobs=config.choice_logprobs,
+    return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.prompting.model_name,
+                      completions=made.completions, responses=made.responses, refused=made.refused,
+                      started=started_at, choice_logprobs=config.choice_logprobs,
                       token_logprobs=config.token_logprobs is not None or bool(made.own_settings.get("token_logprobs")),
                       answer_norm=config.choice_scoring == LOGLIKELIHOOD,
                       samples=config.sampling.n > 1 or bool(made.own_settings.get("n")))

@@ -27,7 +27,8 @@ from ..config.reasoning import answer_room_problem, effort_problem, scoring_cont
 from ..config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError, quote
 from ..files.compact import HashIndex, IdColumn, IdSet, key64, text_key
-from ..files.formats.openai_request import COMPLETION
+from ..files.formats.openai_request import COMPLETION, RESPONSES, Request
+from ..files.formats.openai_responses import in_own_names
 from ..files.formats.own_settings import (
     PLAIN_TEXT,
     QuestionSettings,
@@ -71,6 +72,7 @@ class QuestionSet:
     # Ids among the job's (runner/files/compact.py: compact, as every line of a big OpenAI Batch file may be one)
     refused: IdSet  # requests refused as asked (each also in `rejected`)
     completions: IdSet  # /v1/completions lines (answered with text_completion bodies)
+    responses: IdSet  # /v1/responses lines (answered with response bodies)
     from_journal: IdSet  # questions whose answer the journal held (an identical prompt's records take it too)
     # qid -> its error answer, never sent to a worker nor journaled (a rerun tries again): a prompt
     # the model's tokenizer cannot take, a request refused as asked
@@ -100,7 +102,8 @@ class QuestionMaker:
         # self.ids of the first one; 95 bits must match for a question to take another's answer.
         self._first = HashIndex()
         self.ids = IdColumn()
-        self.made = QuestionSet(IdSet(self.ids), IdSet(self.ids), IdSet(self.ids))
+        self.made = QuestionSet(refused=IdSet(self.ids), completions=IdSet(self.ids), responses=IdSet(self.ids),
+                                from_journal=IdSet(self.ids))
         self._failed_prompts: set[int] = set()  # key64 of the prompts the tokenizer refused (and settings)
         self._opens_block: Optional[bool] = None  # whether the chat template opens the thinking block
         self._said_texts = False  # _say_texts_scored, once a run
@@ -192,11 +195,12 @@ class QuestionMaker:
         return first, journaled
 
     def _kinds(self, records: Sequence[Record], first: int) -> None:
-        """Which lines are /v1/completions requests, from the lines themselves: an answer the
-        journal holds is written as the kind of body its line asks for, like a new one."""
+        """Which lines are /v1/completions or /v1/responses requests, from the lines themselves:
+        an answer the journal holds is written as the kind of body its line asks for, like a new one."""
+        kinds = {COMPLETION: self.made.completions, RESPONSES: self.made.responses}
         for index, rec in enumerate(records, start=first):
-            if rec.request is not None and rec.request.endpoint == COMPLETION:
-                self.made.completions.add(rec.qid, index)
+            if rec.request is not None and rec.request.endpoint in kinds:
+                kinds[rec.request.endpoint].add(rec.qid, index)
 
     def _journaled(self, held: list[tuple[int, Record, int]]) -> None:
         """Records whose answer the journal holds (index in self.ids, record, its prompt's key):
@@ -217,7 +221,8 @@ class QuestionMaker:
         if req is None:
             return self.builder.render(_user_message(self.builder, rec, self.where(rec)))
         why = (req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
-               or samples_problem(req.settings, self.job) or self._thinking_problem(rec))
+               or samples_problem(req.settings, self.job) or self._one_answer_problem(req)
+               or self._thinking_problem(rec))
         if why is None and req.prompt is not None:
             return req.prompt
         dropped = self.builder.system_problem(req.messages)
@@ -227,10 +232,19 @@ class QuestionMaker:
                 return self.builder.render_messages(req.messages)
             except ChatTemplateError as exc:
                 why = f"body.messages: {exc}"
+        why = in_own_names(why) if req.endpoint == RESPONSES else why
         self._fail(rec.qid, why)
         self.made.refused.add(rec.qid, index)
         self.made.first_refused = self.made.first_refused or f"{self.where(rec)}: {why}"
         return None
+
+    def _one_answer_problem(self, req: Request) -> Optional[str]:
+        """Why a /v1/responses line cannot take the job's n samples: the Responses API has no n,
+        and its response holds one answer."""
+        n = self.job.sampling.n
+        if req.endpoint != RESPONSES or n == 1:
+            return None
+        return f"sampling.n (--n {n}) of the job: a /v1/responses line has one answer (the Responses API has no n)"
 
     def _thinking_problem(self, rec: Record) -> Optional[str]:
         """Why a line's reasoning_effort cannot apply (runner/config/reasoning.py effort_problem),

@@ -110,11 +110,15 @@ def openai_text(row: Mapping[str, Any]) -> Answered:
 
 
 def openai_norm(row: Mapping[str, Any]) -> Optional[str]:
-    """The acc_norm pick ggbatch writes beside an OpenAI line's first choice (`answer_norm`, with
-    answer.choice_scoring: loglikelihood), or None."""
+    """The acc_norm pick ggbatch writes beside an OpenAI line's first choice, or in a response's
+    output_text part (`answer_norm`, with answer.choice_scoring: loglikelihood), or None."""
     body = _body(row)
-    choices = body.get("choices") if body is not None else None
-    first = choices[0] if isinstance(choices, list) and choices else None
+    if body is None:
+        return None
+    choices = body.get("choices")
+    parts = [c for item in body.get("output") or [] if isinstance(item, dict)
+             for c in item.get("content") or [] if isinstance(c, dict) and c.get("type") == "output_text"]
+    first = choices[0] if isinstance(choices, list) and choices else parts[0] if parts else None
     norm = first.get("answer_norm") if isinstance(first, dict) else None
     return norm if isinstance(norm, str) else None
 

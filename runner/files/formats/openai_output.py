@@ -2,7 +2,8 @@
 (and the openai package's types read them):
 
     {"id": "batch_req_…", "custom_id": "q1", "error": null, "response": {"status_code": 200,
-     "request_id": "req_…", "body": <a chat.completion, or a text_completion for /v1/completions>}}
+     "request_id": "req_…", "body": <a chat.completion, a text_completion for /v1/completions,
+     or a response for /v1/responses (openai_responses.py)>}}
 
 The body's usage is the answer's own token counts and its model the GGUF's general.name (else
 its file name). A line without an answer has "response": null and "error": {"code", "message"};
@@ -25,6 +26,7 @@ import hashlib
 from typing import Any
 
 from ....workers.protocol import Answer, FinishReason, Sample
+from .openai_responses import response_body
 from .rows import OutputSpec, Row, answer_logprobs, shown_answer
 from .token_logprobs import completion_logprobs
 
@@ -53,6 +55,8 @@ def _body(answer: Answer, qid: str, spec: OutputSpec, key: str, when: float) -> 
              "total_tokens": answer.prompt_tokens + answer.completion_tokens}
     samples = answer.samples or (Sample(answer.text, answer.finish_reason, answer.completion_tokens,
                                         answer.token_logprobs, answer.in_thinking),)
+    if qid in spec.responses:
+        return response_body(answer, spec, key, when, _weighed(answer))
     completion = qid in spec.completions
     picked = answer.answer_norm is not None
     choices = [_completion_choice(i, s) if completion else _chat_choice(i, s, picked) for i, s in enumerate(samples)]

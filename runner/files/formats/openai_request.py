@@ -1,6 +1,6 @@
-"""One line of an OpenAI Batch input file, checked: the messages (/v1/chat/completions) or the
-prompt (/v1/completions) it asks to answer and its own generation settings, or, when ggbatch
-cannot answer it as asked, why. Pure: no model needed.
+"""One line of an OpenAI Batch input file, checked: the messages (/v1/chat/completions; the input
+of /v1/responses, openai_responses.py) or the prompt (/v1/completions) it asks to answer and its
+own generation settings, or, when ggbatch cannot answer it as asked, why. Pure: no model needed.
 
     {"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions",
      "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 64}}
@@ -9,7 +9,8 @@ A body field is honoured (max_tokens or max_completion_tokens, temperature, top_
 presence_penalty and frequency_penalty, response_format, logit_bias, logprobs and top_logprobs, n,
 reasoning_effort as a thinking budget), ignored (model: the job's model answers every line; user,
 metadata and the other fields about the caller or the service, not the answer: UNSEEN), accepted
-at its neutral value only (stream false), or refused. A refused line is answered
+at its neutral value only (stream false; a response's background false, truncation disabled), or
+refused. A refused line is answered
 with the reason, which names the field, and the rest of the file is answered, as OpenAI answers a
 bad line of a batch with a 400. A field set to null is one not given, as OpenAI reads it. A
 setting the line leaves out (or sets to null) is the job's, not OpenAI's default
@@ -18,30 +19,30 @@ setting the line leaves out (or sets to null) is the job's, not OpenAI's default
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ....workers.protocol import ResponseFormat
-from ...errors import half_surrogate, quote
+from ...errors import quote
+from . import openai_responses as responses
+from .openai_checks import Refused, body_value, boolean, effort, integer, number, role, schema_format, text_parts, utf8
 from .own_settings import NO_LOGPROBS, PLAIN_TEXT, QuestionSettings
 
-CHAT, COMPLETION = "chat", "completion"
-ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
+CHAT, COMPLETION, RESPONSES = "chat", "completion", "responses"
+ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION, "/v1/responses": RESPONSES}
 LINE_KEYS = ("custom_id", "method", "url", "body")
 HONOURED = {CHAT: ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
                    "stop", "presence_penalty", "frequency_penalty", "response_format", "logit_bias", "logprobs",
                    "top_logprobs", "n", "reasoning_effort"),
             COMPLETION: ("prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
-                         "frequency_penalty", "logit_bias", "logprobs", "n")}
+                         "frequency_penalty", "logit_bias", "logprobs", "n"),
+            RESPONSES: responses.HONOURED}
 # Fields about who asks or how OpenAI serves and keeps the request, which do not change its
 # answer: taken and not used, as a batch file written for OpenAI holds them
 UNSEEN = {CHAT: ("user", "safety_identifier", "prompt_cache_key", "metadata", "store", "service_tier"),
           COMPLETION: ("user",)}
+UNSEEN[RESPONSES] = UNSEEN[CHAT]
 MAX_N = 128  # samples per line (OpenAI's own limit)
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-EFFORTS = ("none", "minimal", "low", "medium", "high")  # budgets: runner/config/reasoning.py
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_TOP_LOGPROBS = {CHAT: 20, COMPLETION: 5}  # alternatives per token, as OpenAI allows
 INT32_MAX = 2**31 - 1
@@ -54,17 +55,15 @@ def _zero(v: Any) -> bool:
 # field -> (its neutral value as said in an error, the test)
 NEUTRAL: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "stream": ("false", lambda v: v is False),
+    "background": ("false", lambda v: v is False),  # /v1/responses: answered in the batch, not later
+    "truncation": ("disabled", lambda v: v == "disabled"),  # /v1/responses: a prompt too long fails
 }
-
-
-class Refused(ValueError):
-    """Why a line cannot be answered as asked, naming the field."""
 
 
 @dataclass(frozen=True)
 class Request:
-    endpoint: str  # CHAT or COMPLETION
-    messages: tuple[tuple[str, str], ...] = ()  # chat: (role, content), developer as system
+    endpoint: str  # CHAT, COMPLETION or RESPONSES
+    messages: tuple[tuple[str, str], ...] = ()  # chat, responses: (role, content), developer as system
     prompt: Optional[str] = None  # completion: the text as it is, no chat template
     settings: QuestionSettings = QuestionSettings()
     model: Optional[str] = None  # as the line names it: ignored
@@ -93,7 +92,8 @@ def _request(line: Mapping[str, Any]) -> Request:
         raise Refused(f"method: must be POST, got {quote(line.get('method'))}")
     url = line.get("url")
     if not isinstance(url, str) or url not in ENDPOINTS:
-        raise Refused(f"url: {quote(url)} is not answered here (ggbatch answers {' and '.join(ENDPOINTS)})")
+        *others, last = ENDPOINTS
+        raise Refused(f"url: {quote(url)} is not answered here (ggbatch answers {', '.join(others)} and {last})")
     body = line.get("body")
     if not isinstance(body, dict):
         raise Refused("body: must be a JSON object")
@@ -103,6 +103,8 @@ def _request(line: Mapping[str, Any]) -> Request:
     settings = _settings(body, endpoint)
     if endpoint == CHAT:
         return Request(CHAT, messages=_messages(body.get("messages")), settings=settings, model=model)
+    if endpoint == RESPONSES:
+        return Request(RESPONSES, messages=responses.responses_messages(body), settings=settings, model=model)
     return Request(COMPLETION, prompt=_prompt(body.get("prompt")), settings=settings, model=model)
 
 
@@ -128,31 +130,33 @@ def _url(endpoint: str) -> str:
 
 
 def _settings(body: Mapping[str, Any], endpoint: str) -> QuestionSettings:
+    if endpoint == RESPONSES:
+        return responses.responses_settings(body)
     return QuestionSettings(
         max_tokens=_max_tokens(body),
-        temperature=_field(body, "temperature", _number(0.0, 2.0)),
-        top_p=_field(body, "top_p", _number(0.0, 1.0, lo_open=True)),
-        seed=_field(body, "seed", _integer(-2**63, 2**63 - 1)),
-        stop=_field(body, "stop", _stop),
-        presence_penalty=_field(body, "presence_penalty", _number(-2.0, 2.0)),
-        frequency_penalty=_field(body, "frequency_penalty", _number(-2.0, 2.0)),
-        logit_bias=_field(body, "logit_bias", _logit_bias) or (),
-        response_format=_field(body, "response_format", _response_format),
+        temperature=body_value(body, "temperature", number(0.0, 2.0)),
+        top_p=body_value(body, "top_p", number(0.0, 1.0, lo_open=True)),
+        seed=body_value(body, "seed", integer(-2**63, 2**63 - 1)),
+        stop=body_value(body, "stop", _stop),
+        presence_penalty=body_value(body, "presence_penalty", number(-2.0, 2.0)),
+        frequency_penalty=body_value(body, "frequency_penalty", number(-2.0, 2.0)),
+        logit_bias=body_value(body, "logit_bias", _logit_bias) or (),
+        response_format=body_value(body, "response_format", _response_format),
         token_logprobs=_token_logprobs(body, endpoint),
-        n=_field(body, "n", _integer(1, MAX_N)),
-        reasoning_effort=_field(body, "reasoning_effort", _effort))
+        n=body_value(body, "n", integer(1, MAX_N)),
+        reasoning_effort=body_value(body, "reasoning_effort", effort))
 
 
 def _token_logprobs(body: Mapping[str, Any], endpoint: str) -> Optional[int]:
     """How many alternatives per token a line asks for with its log-probabilities: chat's
     `logprobs: true` with `top_logprobs` (0 when absent), a completion's `logprobs: k`; NO_LOGPROBS
     for an explicit `logprobs: false` (on either endpoint); None when the line does not say (the job's setting)."""
-    top = _integer(0, MAX_TOP_LOGPROBS[endpoint])
+    top = integer(0, MAX_TOP_LOGPROBS[endpoint])
     if endpoint == COMPLETION:
         # OpenAI's completions take an integer, but false says "none" as on chat (weighing-answers.md)
-        return NO_LOGPROBS if body.get("logprobs") is False else _field(body, "logprobs", top)
-    asked = _field(body, "logprobs", _boolean)
-    k = _field(body, "top_logprobs", top)
+        return NO_LOGPROBS if body.get("logprobs") is False else body_value(body, "logprobs", top)
+    asked = body_value(body, "logprobs", boolean)
+    k = body_value(body, "top_logprobs", top)
     if k is not None and asked is not True:
         raise Refused(f"body.top_logprobs: needs body.logprobs true, got {quote(body.get('logprobs'))}")
     if asked is None:
@@ -160,55 +164,12 @@ def _token_logprobs(body: Mapping[str, Any], endpoint: str) -> Optional[int]:
     return (k or 0) if asked else NO_LOGPROBS
 
 
-def _boolean(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError("must be true or false")
-    return v
-
-
-def _field(body: Mapping[str, Any], key: str, check: Callable[[Any], Any]) -> Any:
-    """The checked value of body[key]; None when absent or null (the job's setting)."""
-    value = body.get(key)
-    if value is None:
-        return None
-    try:
-        return check(value)
-    except ValueError as exc:
-        raise Refused(f"body.{key}: {exc}, got {quote(value)}") from None
-
-
 def _max_tokens(body: Mapping[str, Any]) -> Optional[int]:
-    check = _integer(1, INT32_MAX)
-    old, new = _field(body, "max_tokens", check), _field(body, "max_completion_tokens", check)
+    check = integer(1, INT32_MAX)
+    old, new = body_value(body, "max_tokens", check), body_value(body, "max_completion_tokens", check)
     if old is not None and new is not None and old != new:
         raise Refused(f"body.max_tokens ({old}) and body.max_completion_tokens ({new}) differ: give one")
     return new if new is not None else old
-
-
-def _number(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
-    def check(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError("must be a number")
-        if v < lo or (lo_open and v == lo) or v > hi:
-            raise ValueError(f"must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}")
-        return float(v)
-    return check
-
-
-def _integer(lo: int, hi: int) -> Callable[[Any], int]:
-    def check(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError("must be an integer")
-        if not lo <= v <= hi:
-            raise ValueError(f"must be from {lo} to {hi}")
-        return v
-    return check
-
-
-def _effort(v: Any) -> str:
-    if v not in EFFORTS:
-        raise ValueError(f"must be one of {', '.join(EFFORTS)}")
-    return str(v)
 
 
 def _stop(v: Any) -> tuple[str, ...]:
@@ -221,7 +182,7 @@ def _stop(v: Any) -> tuple[str, ...]:
 def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
     if not isinstance(v, dict):
         raise ValueError("must map token ids to biases from -100 to 100")
-    bias = _number(-100.0, 100.0)
+    bias = number(-100.0, 100.0)
     out: dict[int, float] = {}
     for token, value in v.items():
         if not (isinstance(token, str) and token.isascii() and token.isdigit()):
@@ -247,16 +208,7 @@ def _response_format(v: Any) -> ResponseFormat:
     spec = v.get("json_schema")
     if set(v) != {"type", "json_schema"} or not isinstance(spec, dict):
         raise ValueError("json_schema: must be {\"name\": ..., \"schema\": {...}, \"strict\": ...}")
-    unknown = set(spec) - {"name", "schema", "strict", "description"}
-    name, schema, strict = spec.get("name"), spec.get("schema"), spec.get("strict")
-    if unknown or not isinstance(name, str) or not name:
-        raise ValueError("json_schema: needs a name, and takes only name, schema, strict and description")
-    if schema is not None and not isinstance(schema, dict):
-        raise ValueError("json_schema.schema: must be a JSON Schema object")
-    if strict is not None and not isinstance(strict, bool):
-        raise ValueError("json_schema.strict: must be true or false")
-    text = json.dumps(schema, sort_keys=True, separators=(",", ":")) if schema is not None else None
-    return ResponseFormat("json_schema", text, name, bool(strict))
+    return schema_format(spec, "json_schema")
 
 
 def _messages(v: Any) -> tuple[tuple[str, str], ...]:
@@ -271,34 +223,7 @@ def _message(where: str, m: Any) -> tuple[str, str]:
     extra = {k for k, v in m.items() if v is not None} - {"role", "content", "name"}  # null: not given
     if extra:
         raise Refused(f"{where}.{sorted(extra)[0]}: not supported (tools and function calls are not)")
-    role = m.get("role")
-    if role not in ROLES:
-        raise Refused(f"{where}.role: must be one of {', '.join(ROLES)}, got {quote(role)}")
-    return ROLES[role], _content(f"{where}.content", m.get("content"))
-
-
-def _content(where: str, v: Any) -> str:
-    """A message's text: a string, or text parts (joined by line breaks)."""
-    if isinstance(v, str):
-        return _utf8(where, v)
-    if not isinstance(v, list) or not v:
-        raise Refused(f"{where}: must be a string or a list of text parts")
-    texts = []
-    for i, part in enumerate(v):
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise Refused(f"{where}[{i}]: only text parts are supported, got {quote(kind)}")
-        texts.append(_utf8(f"{where}[{i}].text", part["text"]))
-    return "\n".join(texts)
-
-
-def _utf8(where: str, text: str) -> str:
-    """The text, refused where it holds half of a surrogate pair (JSON's escape "\\ud800" writes
-    one), which no tokenizer takes: named here, in the line's terms, not at a character of the
-    prompt the chat template makes of it."""
-    if why := half_surrogate(text):
-        raise Refused(f"{where}: {why}: must be text UTF-8 can write")
-    return text
+    return role(where, m.get("role")), text_parts(f"{where}.content", m.get("content"), ("text",))
 
 
 def _prompt(v: Any) -> str:
@@ -306,4 +231,4 @@ def _prompt(v: Any) -> str:
         v = v[0]
     if not isinstance(v, str) or not v:
         raise Refused("body.prompt: must be one non-empty string (one prompt per line)")
-    return _utf8("body.prompt", v)
+    return utf8("body.prompt", v)

@@ -39,6 +39,7 @@ class OutputSpec:
     # OpenAI Batch output only
     model_name: str = ""  # the GGUF's general.name, else its file name
     completions: Container[str] = frozenset()  # ids of /v1/completions lines (text_completion objects)
+    responses: Container[str] = frozenset()  # ids of /v1/responses lines (response objects)
     refused: Container[str] = frozenset()  # ids of requests refused as asked (answered with a 400)
     started: float = 0.0  # Unix time the run started: "created" of a line that has no answer
     choice_logprobs: bool = False  # answers carry choice_logprobs (answer.logprobs): CSV gives them a column
