@@ -91,7 +91,7 @@ def test_auto_values(tmp_path):
     ("sampling:\n  top_p: 0\n", "sampling.top_p: must be > 0.0 and <= 1.0"),
     # a section given a plain value: its keys, and the one the value most likely meant, as YAML
     ("sampling: 0.5\n", "sampling: must be a mapping of its keys (temperature, top_k, top_p, min_p, repeat_penalty, "
-                        "repeat_last_n, seed, n), got 0.5"),
+                        "repeat_last_n, presence_penalty, frequency_penalty, seed, n), got 0.5"),
     ("answer: A,B\n", "answer: must be a mapping of its keys (choices, logprobs, choice_logits, choice_scoring, "
                       "token_logprobs, json_schema, grammar), got 'A,B' (did you mean answer: {choices: 'A,B'}?)"),
     ("prompt: '{{ question }}'\n", "prompt: must be a mapping of its keys (template, chat_template, template_kwargs), "

@@ -22,6 +22,7 @@ from .compact import HashIndex, key64, text_key
 from .formats.csvfile import csv_rows
 from .formats.detect import detect_format, input_format, is_openai_output
 from .formats.jsonfile import json_array, json_lines, loads
+from .formats.openai_checks import Refused, messages
 from .formats.openai_input import OUTPUT_NOT_REQUESTS, openai_record, say_models
 from .formats.record import Record, checked_id
 from .formats.textfile import decoded, no_binary, no_utf16, open_bytes, read_text, split_lone_cr
@@ -299,7 +300,14 @@ def _check_question(where: str, obj: Mapping[str, Any], question_field: str, id_
         raise InputError(f"{where}: record has no '{question_field}' (fields.question)"
                          f"{_its_fields(obj, besides=id_field)}")
     question = obj[question_field]
+    if isinstance(question, list):  # a conversation, as a chat line's messages (runner/questions/prompts.py)
+        try:
+            messages(question_field, question)
+        except Refused as exc:
+            raise InputError(f"{where}: {exc}") from None
+        return
     if not isinstance(question, str):
-        raise InputError(f"{where}: '{question_field}' must be a string, got {type(question).__name__}")
+        raise InputError(f"{where}: '{question_field}' must be a string or a conversation (a list of messages), "
+                         f"got {type(question).__name__}")
     if not question.strip():
         raise InputError(f"{where}: '{question_field}' is empty")

@@ -219,7 +219,10 @@ class QuestionMaker:
         """The prompt text, or None for a request refused as asked (its error answer is made)."""
         req = rec.request
         if req is None:
-            return self.builder.render(_user_message(self.builder, rec, self.where(rec)))
+            turns = self.builder.conversation(rec.fields)
+            if turns is None:
+                return self.builder.render(_user_message(self.builder, rec, self.where(rec)))
+            return self._conversation_prompt(rec, turns)
         why = (req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
                or samples_problem(req.settings, self.job) or self._one_answer_problem(req)
                or self._thinking_problem(rec))
@@ -236,6 +239,19 @@ class QuestionMaker:
         self._fail(rec.qid, why)
         self.made.refused.add(rec.qid, index)
         self.made.first_refused = self.made.first_refused or f"{self.where(rec)}: {why}"
+        return None
+
+    def _conversation_prompt(self, rec: Record, turns: Sequence[tuple[str, str]]) -> Optional[str]:
+        """A record's conversation through the chat template, as a chat line's messages are; None,
+        and the record failed with why, where its system message would be dropped or the
+        template refuses it."""
+        why = self.builder.system_problem(turns)
+        if why is None:
+            try:
+                return self.builder.render_messages(turns)
+            except ChatTemplateError as exc:
+                why = str(exc)
+        self._fail(rec.qid, f"{self.builder.question_field}: {why}")
         return None
 
     def _one_answer_problem(self, req: Request) -> Optional[str]:

@@ -20,6 +20,7 @@ import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ConfigError, quote
+from ..files.formats.openai_checks import messages
 
 PLAIN_TEMPLATE = (
     "{% for m in messages %}"
@@ -249,6 +250,13 @@ class PromptBuilder:
         if self.writes_system is False and any(role == "system" for role, _ in messages):
             return f"{self.template_key} writes no system message, so this conversation's would be dropped"
         return None
+
+    def conversation(self, fields: Mapping[str, Any]) -> Optional[tuple[tuple[str, str], ...]]:
+        """The record's conversation, (role, text) turns, where its question is a list of messages
+        (checked as the file was read: runner/files/inputs.py) and no prompt.template makes the
+        user message; else None."""
+        question = fields.get(self.question_field) if self._user is None else None
+        return messages(self.question_field, question) if isinstance(question, list) else None
 
     def user_message(self, fields: Mapping[str, Any]) -> str:
         if self._user is None:

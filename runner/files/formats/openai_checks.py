@@ -15,6 +15,7 @@ from ...errors import half_surrogate, quote
 EFFORTS = ("none", "minimal", "low", "medium", "high")  # budgets: runner/config/reasoning.py
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+INT32_MAX = 2**31 - 1  # the most tokens a line may ask for
 
 
 class Refused(ValueError):
@@ -78,6 +79,23 @@ def schema_format(spec: Mapping[str, Any], where: str) -> ResponseFormat:
         raise ValueError(f"{where}.strict: must be true or false")
     text = json.dumps(schema, sort_keys=True, separators=(",", ":")) if schema is not None else None
     return ResponseFormat("json_schema", text, name, bool(strict))
+
+
+def messages(where: str, v: Any) -> tuple[tuple[str, str], ...]:
+    """A conversation: (role, text) of each message, from a non-empty list of {role, content}
+    (and name) objects, as chat lines and a question file's conversations hold them."""
+    if not isinstance(v, list) or not v:
+        raise Refused(f"{where}: must be a non-empty list of messages")
+    return tuple(_message(f"{where}[{i}]", m) for i, m in enumerate(v))
+
+
+def _message(where: str, m: Any) -> tuple[str, str]:
+    if not isinstance(m, dict):
+        raise Refused(f"{where}: must be an object with a role and a content")
+    extra = {k for k, v in m.items() if v is not None} - {"role", "content", "name"}  # null: not given
+    if extra:
+        raise Refused(f"{where}.{sorted(extra)[0]}: not supported (tools and function calls are not)")
+    return role(where, m.get("role")), text_parts(f"{where}.content", m.get("content"), ("text",))
 
 
 def role(where: str, v: Any) -> str:

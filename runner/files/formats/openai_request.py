@@ -25,7 +25,18 @@ from typing import Any, Callable, Mapping, Optional
 from ....workers.protocol import ResponseFormat
 from ...errors import quote
 from . import openai_responses as responses
-from .openai_checks import Refused, body_value, boolean, effort, integer, number, role, schema_format, text_parts, utf8
+from .openai_checks import (
+    INT32_MAX,
+    Refused,
+    body_value,
+    boolean,
+    effort,
+    integer,
+    messages,
+    number,
+    schema_format,
+    utf8,
+)
 from .own_settings import NO_LOGPROBS, PLAIN_TEXT, QuestionSettings
 
 CHAT, COMPLETION, RESPONSES = "chat", "completion", "responses"
@@ -39,17 +50,11 @@ HONOURED = {CHAT: ("messages", "model", "max_tokens", "max_completion_tokens", "
             RESPONSES: responses.HONOURED}
 # Fields about who asks or how OpenAI serves and keeps the request, which do not change its
 # answer: taken and not used, as a batch file written for OpenAI holds them
-UNSEEN = {CHAT: ("user", "safety_identifier", "prompt_cache_key", "metadata", "store", "service_tier"),
-          COMPLETION: ("user",)}
-UNSEEN[RESPONSES] = UNSEEN[CHAT]
+_ABOUT_THE_CALL = ("user", "safety_identifier", "prompt_cache_key", "metadata", "store", "service_tier")
+UNSEEN = {CHAT: _ABOUT_THE_CALL, COMPLETION: ("user",), RESPONSES: _ABOUT_THE_CALL}
 MAX_N = 128  # samples per line (OpenAI's own limit)
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_TOP_LOGPROBS = {CHAT: 20, COMPLETION: 5}  # alternatives per token, as OpenAI allows
-INT32_MAX = 2**31 - 1
-
-
-def _zero(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
 
 
 # field -> (its neutral value as said in an error, the test)
@@ -102,7 +107,7 @@ def _request(line: Mapping[str, Any]) -> Request:
     model = body.get("model")
     settings = _settings(body, endpoint)
     if endpoint == CHAT:
-        return Request(CHAT, messages=_messages(body.get("messages")), settings=settings, model=model)
+        return Request(CHAT, messages=messages("body.messages", body.get("messages")), settings=settings, model=model)
     if endpoint == RESPONSES:
         return Request(RESPONSES, messages=responses.responses_messages(body), settings=settings, model=model)
     return Request(COMPLETION, prompt=_prompt(body.get("prompt")), settings=settings, model=model)
@@ -209,21 +214,6 @@ def _response_format(v: Any) -> ResponseFormat:
     if set(v) != {"type", "json_schema"} or not isinstance(spec, dict):
         raise ValueError("json_schema: must be {\"name\": ..., \"schema\": {...}, \"strict\": ...}")
     return schema_format(spec, "json_schema")
-
-
-def _messages(v: Any) -> tuple[tuple[str, str], ...]:
-    if not isinstance(v, list) or not v:
-        raise Refused("body.messages: must be a non-empty list of messages")
-    return tuple(_message(f"body.messages[{i}]", m) for i, m in enumerate(v))
-
-
-def _message(where: str, m: Any) -> tuple[str, str]:
-    if not isinstance(m, dict):
-        raise Refused(f"{where}: must be an object with a role and a content")
-    extra = {k for k, v in m.items() if v is not None} - {"role", "content", "name"}  # null: not given
-    if extra:
-        raise Refused(f"{where}.{sorted(extra)[0]}: not supported (tools and function calls are not)")
-    return role(where, m.get("role")), text_parts(f"{where}.content", m.get("content"), ("text",))
 
 
 def _prompt(v: Any) -> str:

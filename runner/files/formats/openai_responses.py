@@ -25,7 +25,18 @@ from typing import Any, Mapping, Optional
 
 from ....workers.protocol import Answer, FinishReason, ResponseFormat
 from ...errors import quote
-from .openai_checks import Refused, body_value, effort, integer, number, role, schema_format, text_parts, utf8
+from .openai_checks import (
+    INT32_MAX,
+    Refused,
+    body_value,
+    effort,
+    integer,
+    number,
+    role,
+    schema_format,
+    text_parts,
+    utf8,
+)
 from .own_settings import PLAIN_TEXT, QuestionSettings
 from .rows import OutputSpec, answer_logprobs, shown_answer
 
@@ -33,7 +44,6 @@ HONOURED = ("input", "instructions", "model", "max_output_tokens", "temperature"
             "top_logprobs", "include")
 LOGPROBS = "message.output_text.logprobs"  # the include that asks for the answer's token log-probabilities
 MAX_TOP_LOGPROBS = 20
-INT32_MAX = 2**31 - 1
 TEXT_KINDS = ("input_text", "output_text")  # a message's text parts: the caller's, an earlier answer's
 MESSAGE_KEYS = {"role", "content", "type", "id", "status"}  # an earlier answer given back has an id and status
 # The chat fields the checks shared with chat lines name (runner/config/reasoning.py, the chat
