@@ -48,7 +48,7 @@ def test_answer_refuses_questions_of_the_wrong_kind(questions, kind):
 
 
 def test_answer_refuses_an_item_of_the_wrong_kind_naming_its_index():
-    with pytest.raises(ggbatch.GgbatchError, match=r"questions\[1\] must be a string or a mapping, got int"):
+    with pytest.raises(ggbatch.GgbatchError, match=r"questions\[1\] must be a string, a record .* got int"):
         ggbatch.answer(["Hi?", 7], model="no-such-model.gguf")
 
 

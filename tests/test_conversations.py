@@ -27,7 +27,8 @@ def write_jsonl(path, rows):
     ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
      "messages[0].content[0]: only text parts are supported, got 'image_url'"),
     ([{"role": "user", "content": "Hi", "tool_calls": []}], "messages[0].tool_calls: not supported"),
-    ({"role": "user"}, "'messages' must be a string or a conversation (a list of messages), got dict"),
+    ({"role": "user"}, "'messages' must be a string or a conversation (a list of messages, each an object with a "
+     "role and a content), got dict"),
 ])
 def test_a_conversation_is_checked_as_the_file_is_read(tmp_path, question, message):
     path = write_jsonl(tmp_path / "q.jsonl", [{"questionID": "1", "messages": TURNS},
@@ -55,7 +56,8 @@ def test_a_conversation_is_answered_as_the_same_chat_line_is(demo_model, tmp_pat
     line = json.loads((tmp_path / "b.jsonl").read_text())
     assert answers["c"] == line["response"]["body"]["choices"][0]["message"]["content"]
     called = ggbatch.answer([{"messages": TURNS}], model=demo_model, max_tokens=12, fields={"question": "messages"})
-    assert called[0].text == answers["c"]
+    given = ggbatch.answer([TURNS, "Hi"], model=demo_model, max_tokens=12)  # a conversation as one question
+    assert called[0].text == given[0].text == answers["c"] and given[1].text == answers["s"]
 
 
 @pytest.mark.model

@@ -89,10 +89,10 @@ def test_overrides_change_one_call_only(demo_model):
 def test_a_bad_call_is_said_of_the_method_called(demo_model):
     """pool.submit(5) said `ggbatch.Pool.answer(): questions[0] ...`, a method the caller never called."""
     with ggbatch.Pool(model=demo_model, max_tokens=4, workers=1) as pool:
-        calls = [(lambda: pool.submit(5), "ggbatch.Pool.submit(): question must be a string or a mapping, got int"),
-                 (lambda: pool.submit(["a", "b"]), "ggbatch.Pool.submit(): question must be a string or a mapping, "
-                                                   "got list (submit takes one question; submit_many and answer "
-                                                   "take a list)"),
+        either = "must be a string, a record (a mapping) or a conversation (a list of messages)"
+        calls = [(lambda: pool.submit(5), f"ggbatch.Pool.submit(): question {either}, got int"),
+                 (lambda: pool.submit(["a", "b"]), f"ggbatch.Pool.submit(): question {either}, got list (submit "
+                                                   "takes one question; submit_many and answer take a list)"),
                  (lambda: pool.submit({"text": "Hi"}), "ggbatch.Pool.submit(): question: "),
                  (lambda: pool.submit("Hi", max_tokenz=3), "ggbatch.Pool.submit(): "),
                  (lambda: pool.submit_many(["Hi", 5]), "ggbatch.Pool.submit_many(): questions[1] must be a string"),

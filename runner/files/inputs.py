@@ -300,14 +300,16 @@ def _check_question(where: str, obj: Mapping[str, Any], question_field: str, id_
         raise InputError(f"{where}: record has no '{question_field}' (fields.question)"
                          f"{_its_fields(obj, besides=id_field)}")
     question = obj[question_field]
-    if isinstance(question, list):  # a conversation, as a chat line's messages (runner/questions/prompts.py)
-        try:
+    if isinstance(question, list) and all(isinstance(m, dict) for m in question):
+        try:  # a conversation, as a chat line's messages (runner/questions/prompts.py)
             messages(question_field, question)
         except Refused as exc:
             raise InputError(f"{where}: {exc}") from None
         return
     if not isinstance(question, str):
-        raise InputError(f"{where}: '{question_field}' must be a string or a conversation (a list of messages), "
-                         f"got {type(question).__name__}")
+        kind = type(question).__name__
+        kind += f" of {type(question[0]).__name__}" if isinstance(question, list) else ""
+        raise InputError(f"{where}: '{question_field}' must be a string or a conversation (a list of messages, each "
+                         f"an object with a role and a content), got {kind}")
     if not question.strip():
         raise InputError(f"{where}: '{question_field}' is empty")

@@ -7,39 +7,44 @@ from __future__ import annotations
 
 import json
 from array import array
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeGuard, Union
 
 from ...workers.protocol import Question as MadeQuestion
 from ..errors import ConfigError, InputError, quote
 from ..files.inputs import Record, record_at
 
-Question = Union[str, Mapping[str, Any]]
+# a question's text, a record, or a conversation (messages: {role, content} mappings)
+Question = Union[str, Mapping[str, Any], Sequence[Mapping[str, Any]]]
 
 
 def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, question_field: str,
                 source: str, single: bool = False) -> list[dict[str, Any]]:
-    """The caller's questions as rows (strings numbered by their index); a mapping, bytes or
+    """The caller's questions as rows (strings and conversations numbered by their index); a mapping, bytes or
     anything not iterable is refused: iterating them would ask their keys, bytes or nothing.
     `single`: the caller gave one question (Pool.submit's, in a list of one), named `question`."""
     if isinstance(questions, str):
         questions = [questions]
     if isinstance(questions, (Mapping, bytes, bytearray)) or not isinstance(questions, Iterable):
-        raise ConfigError(f"{source}: questions must be a string or a list of strings and records "
-                          f"(mappings), got {type(questions).__name__}"
+        raise ConfigError(f"{source}: questions must be a string or a list of strings, records (mappings) and "
+                          f"conversations, got {type(questions).__name__}"
                           + (" (for one record, pass [record])" if isinstance(questions, Mapping) else ""))
-    rows, numbered = [], []
+    rows: list[dict[str, Any]] = []
+    numbered: list[int] = []
     name = caller_namer(single)
     for i, q in enumerate(questions):
         if isinstance(q, str):
             rows.append({id_field: str(i), question_field: q})
+        elif _is_conversation(q):
+            rows.append({id_field: str(i), question_field: [dict(m) for m in q]})
         elif isinstance(q, Mapping):
             rows.append({id_field: str(i), **q})
         else:
             several = single and isinstance(q, (list, tuple))  # submit(["a", "b"]) meant submit_many
-            raise ConfigError(f"{source}: {name(i)} must be a string or a mapping, got {type(q).__name__}"
+            raise ConfigError(f"{source}: {name(i)} must be a string, a record (a mapping) or a conversation (a list "
+                              f"of messages), got {type(q).__name__}"
                               + (" (submit takes one question; submit_many and answer take a list)" if several
                                  else ""))
-        if isinstance(q, str) or id_field not in q:
+        if not isinstance(q, Mapping) or id_field not in q:  # a string's or a conversation's id is its index
             numbered.append(i)
     _refuse_number_taken(rows, numbered, id_field, source, name)
     for i, row in enumerate(rows):
@@ -48,6 +53,12 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {name(i)}: {exc}") from None
     return rows
+
+
+def _is_conversation(q: Any) -> TypeGuard[Sequence[Mapping[str, Any]]]:
+    """A list of messages ({role, content} mappings): one question, rendered through the chat
+    template (runner/questions/prompts.py conversation)."""
+    return isinstance(q, (list, tuple)) and bool(q) and all(isinstance(m, Mapping) for m in q)
 
 
 def _refuse_number_taken(rows: list[dict[str, Any]], numbered: list[int], id_field: str, source: str,
