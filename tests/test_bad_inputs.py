@@ -41,7 +41,7 @@ BAD = [
     ("latin1.jsonl", b'{"questionID": "1", "question": "caf\xe9"}\n', [], "latin1.jsonl:1: not UTF-8"),
     ("types.jsonl", '{"questionID": "1", "question": ["a"]}\n', [],
      "'question' must be a string or a conversation (a list of messages, each an object with a role and a "
-     "content), got list of str"),
+     "content), got list holding str"),
     ("ok.jsonl", None, ["--workers", "zero"], "workers: must be an integer or auto, got 'zero'"),
     ("ok.jsonl", None, ["--temperature", "-1"], "sampling.temperature: must be >= 0.0, got '-1'"),
     ("ok.jsonl", None, ["--model", "MISSING"], "missing.gguf: model file not found"),

@@ -29,6 +29,8 @@ def write_jsonl(path, rows):
     ([{"role": "user", "content": "Hi", "tool_calls": []}], "messages[0].tool_calls: not supported"),
     ({"role": "user"}, "'messages' must be a string or a conversation (a list of messages, each an object with a "
      "role and a content), got dict"),
+    ([{"role": "user", "content": "Hi"}, "and more"], "'messages' must be a string or a conversation (a list of "
+     "messages, each an object with a role and a content), got list holding str"),
 ])
 def test_a_conversation_is_checked_as_the_file_is_read(tmp_path, question, message):
     path = write_jsonl(tmp_path / "q.jsonl", [{"questionID": "1", "messages": TURNS},

@@ -308,7 +308,8 @@ def _check_question(where: str, obj: Mapping[str, Any], question_field: str, id_
         return
     if not isinstance(question, str):
         kind = type(question).__name__
-        kind += f" of {type(question[0]).__name__}" if isinstance(question, list) else ""
+        if isinstance(question, list):  # not every item an object: say what one is
+            kind += f" holding {type(next(m for m in question if not isinstance(m, dict))).__name__}"
         raise InputError(f"{where}: '{question_field}' must be a string or a conversation (a list of messages, each "
                          f"an object with a role and a content), got {kind}")
     if not question.strip():

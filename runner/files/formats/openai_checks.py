@@ -1,7 +1,8 @@
 """The checks of an OpenAI request body's values, shared by its endpoints (openai_request.py:
-/v1/chat/completions and /v1/completions; openai_responses.py: /v1/responses). Each check
-raises ValueError saying what the value must be; `body_value` turns that into a Refused naming the
-body's key, which the line is answered with."""
+/v1/chat/completions and /v1/completions; openai_responses.py: /v1/responses), and of a
+conversation, which a question file's record may hold as its question (runner/files/inputs.py).
+Each check raises ValueError saying what the value must be; `body_value` turns that into a
+Refused naming the body's key, which the line is answered with."""
 
 from __future__ import annotations
 
