@@ -95,22 +95,26 @@ def test_responses_lines_are_answered_by_the_model_and_resumed_as_responses(demo
              line("weighed", max_output_tokens=4, include=["message.output_text.logprobs"], top_logprobs=2),
              line("json", max_output_tokens=48, text={"format": {"type": "json_schema", "name": "n",
                                                                  "schema": SCHEMA, "strict": True}}),
-             line("tool", tools=[{"type": "function", "name": "f"}])]
+             line("tool", tools=[{"type": "function", "name": "f"}]),
+             line("effort", reasoning={"effort": "low"})]  # the demo model does not think
     questions = tmp_path / "batch.jsonl"
     questions.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "out.jsonl"
     done = ggbatch("run", "--model", demo_model, "--input", questions, "--output", out, "-q")
     assert done.returncode == 1, done.stderr  # one line refused, as OpenAI answers it with a 400
     rows = {row["custom_id"]: row for row in map(json.loads, out.read_text().splitlines())}
-    bodies = {k: Response.model_validate(r["response"]["body"]) for k, r in rows.items() if k != "tool"}
+    refused = ("tool", "effort")
+    bodies = {k: Response.model_validate(r["response"]["body"]) for k, r in rows.items() if k not in refused}
     assert bodies["plain"].usage.output_tokens == 6 and bodies["plain"].status == "incomplete"
     logprobs = bodies["weighed"].output[0].content[0].logprobs
     assert len(logprobs) == 4 and all(len(entry.top_logprobs) == 2 for entry in logprobs)
     assert isinstance(json.loads(bodies["json"].output_text)["n"], int)
     assert rows["tool"]["response"]["status_code"] == 400
+    # a check shared with chat lines names the field as this line does, not body.reasoning_effort
+    assert rows["effort"]["error"]["message"].startswith("body.reasoning.effort: 'low': the model's vocabulary has no")
     again = ggbatch("run", "--model", demo_model, "--input", questions, "--output", out, "-q")
     assert again.returncode == 1  # the answers from the journal, written as responses again
-    assert [row for row in map(json.loads, out.read_text().splitlines()) if row["custom_id"] != "tool"] == \
+    assert [row for row in map(json.loads, out.read_text().splitlines()) if row["custom_id"] not in refused] == \
         [rows[k] for k in ("plain", "weighed", "json")]
     refused = ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp_path / "n.jsonl",
                       "--n", "2", "--temperature", "0.5", "-q")

@@ -73,17 +73,18 @@ def with_effort(own: Optional[GenerationParams], job: GenerationParams,
     return None if gen == job else gen
 
 
-def effort_problem(effort: Optional[str], job: GenerationParams, scored: bool = False) -> Optional[str]:
+def effort_problem(effort: Optional[str], job: GenerationParams, scored: bool = False,
+                   field: str = "body.reasoning_effort") -> Optional[str]:
     """Why a line's reasoning_effort cannot apply to this model, as OpenAI refuses it on a model
     that does not reason; or to choices scored by log-likelihood (`scored`), which no thinking
-    comes before."""
+    comes before. `field`: the line's name for it (a /v1/responses line's body.reasoning.effort)."""
     if effort is None:
         return None
     if job.thinking is None:
-        return (f"body.reasoning_effort: {effort!r}: the model's vocabulary has no thinking block (<think> and "
+        return (f"{field}: {effort!r}: the model's vocabulary has no thinking block (<think> and "
                 "</think>, or gpt-oss's harmony channels), so there is no reasoning to set")
     if scored and EFFORT_BUDGETS[effort]:
-        return (f"body.reasoning_effort: {effort!r}: the choices are scored by log-likelihood after an empty "
+        return (f"{field}: {effort!r}: the choices are scored by log-likelihood after an empty "
                 "thinking block (nothing is generated), so only 'none' applies")
     return None
 

@@ -28,7 +28,6 @@ from ..config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig
 from ..errors import ConfigError, quote
 from ..files.compact import HashIndex, IdColumn, IdSet, key64, text_key
 from ..files.formats.openai_request import COMPLETION, RESPONSES, Request
-from ..files.formats.openai_responses import in_own_names
 from ..files.formats.own_settings import (
     PLAIN_TEXT,
     QuestionSettings,
@@ -229,13 +228,12 @@ class QuestionMaker:
         if why is None and req.prompt is not None:
             return req.prompt
         dropped = self.builder.system_problem(req.messages)
-        why = why or (dropped and f"body.messages: {dropped}")
+        why = why or (dropped and f"{req.field('messages')}: {dropped}")
         if why is None:
             try:
                 return self.builder.render_messages(req.messages)
             except ChatTemplateError as exc:
-                why = f"body.messages: {exc}"
-        why = in_own_names(why) if req.endpoint == RESPONSES else why
+                why = f"{req.field('messages')}: {exc}"
         self._fail(rec.qid, why)
         self.made.refused.add(rec.qid, index)
         self.made.first_refused = self.made.first_refused or f"{self.where(rec)}: {why}"
@@ -269,7 +267,8 @@ class QuestionMaker:
         response_format in such a job is generated, and does)."""
         assert rec.request is not None
         scored = bool(self._tokenized_choices(rec, self._own_generation(rec))[0])
-        return (effort_problem(rec.request.settings.reasoning_effort, self.job, scored)
+        return (effort_problem(rec.request.settings.reasoning_effort, self.job, scored,
+                               rec.request.field("reasoning_effort"))
                 or (None if scored else self._room_problem(rec)))
 
     def _room_problem(self, rec: Record) -> Optional[str]:
@@ -281,9 +280,10 @@ class QuestionMaker:
         if own is None or own.answer is None:
             return None
         settings = rec.request.settings
-        tokens = "body.max_tokens" if settings.max_tokens else "max_tokens"
+        tokens = rec.request.field("max_tokens") if settings.max_tokens else "max_tokens"
         effort = settings.reasoning_effort
-        budget = f"the thinking budget of body.reasoning_effort {effort!r}" if effort else "reasoning.max_tokens"
+        budget = (f"the thinking budget of {rec.request.field('reasoning_effort')} {effort!r}" if effort
+                  else "reasoning.max_tokens")
         if self._opens_block is None:  # the job's template, as the first line that asks shows: once
             self._opens_block = template_opens_block(self.builder, self.job.thinking)
         return answer_room_problem(own.thinking, own.max_tokens, (tokens, budget), self._opens_block)

@@ -74,6 +74,12 @@ class Request:
     model: Optional[str] = None  # as the line names it: ignored
     error: Optional[str] = None  # why it cannot be answered (nothing else is set then)
 
+    def field(self, chat_name: str) -> str:
+        """body.NAME of a chat line's field, as this line names it (a /v1/responses line's
+        max_output_tokens for max_tokens: openai_responses.py CHAT_NAMES)."""
+        own = responses.CHAT_NAMES.get(chat_name, chat_name) if self.endpoint == RESPONSES else chat_name
+        return f"body.{own}"
+
     @property
     def chars(self) -> int:
         """Characters of its text, before any chat template."""

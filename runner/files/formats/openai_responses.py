@@ -20,7 +20,6 @@ cached_tokens and reasoning_tokens are 0: ggbatch does not count them apart.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping, Optional
 
 from ....workers.protocol import Answer, FinishReason, ResponseFormat
@@ -46,15 +45,9 @@ LOGPROBS = "message.output_text.logprobs"  # the include that asks for the answe
 MAX_TOP_LOGPROBS = 20
 TEXT_KINDS = ("input_text", "output_text")  # a message's text parts: the caller's, an earlier answer's
 MESSAGE_KEYS = {"role", "content", "type", "id", "status"}  # an earlier answer given back has an id and status
-# The chat fields the checks shared with chat lines name (runner/config/reasoning.py, the chat
-# template's), as this API names them
+# A chat line's fields the checks shared with chat lines name (runner/questions/maker.py,
+# runner/config/reasoning.py), as this API names them (openai_request.py Request.field)
 CHAT_NAMES = {"messages": "input", "reasoning_effort": "reasoning.effort", "max_tokens": "max_output_tokens"}
-_CHAT_NAME = re.compile(r"\bbody\.(" + "|".join(CHAT_NAMES) + r")\b")
-
-
-def in_own_names(why: str) -> str:
-    """A refusal a check shared with chat lines wrote, its fields named as a /v1/responses line names them."""
-    return _CHAT_NAME.sub(lambda m: f"body.{CHAT_NAMES[m.group(1)]}", why)
 
 
 def responses_messages(body: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
