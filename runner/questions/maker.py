@@ -221,36 +221,36 @@ class QuestionMaker:
             turns = self.builder.conversation(rec.fields)
             if turns is None:
                 return self.builder.render(_user_message(self.builder, rec, self.where(rec)))
-            return self._conversation_prompt(rec, turns)
+            text, refused = self._rendered(turns)  # a conversation that cannot be rendered fails alone
+            if refused is not None:
+                self._fail(rec.qid, f"{self.builder.question_field}: {refused}")
+            return text
         why = (req.error or vocabulary_problem(req.settings, self.n_vocab) or _format_problem(req.settings)
                or samples_problem(req.settings, self.job) or self._one_answer_problem(req)
                or self._thinking_problem(rec))
         if why is None and req.prompt is not None:
             return req.prompt
-        dropped = self.builder.system_problem(req.messages)
-        why = why or (dropped and f"{req.field('messages')}: {dropped}")
         if why is None:
-            try:
-                return self.builder.render_messages(req.messages)
-            except ChatTemplateError as exc:
-                why = f"{req.field('messages')}: {exc}"
+            text, refused = self._rendered(req.messages)
+            if refused is None:
+                return text
+            why = f"{req.field('messages')}: {refused}"
         self._fail(rec.qid, why)
         self.made.refused.add(rec.qid, index)
         self.made.first_refused = self.made.first_refused or f"{self.where(rec)}: {why}"
         return None
 
-    def _conversation_prompt(self, rec: Record, turns: Sequence[tuple[str, str]]) -> Optional[str]:
-        """A record's conversation through the chat template, as a chat line's messages are; None,
-        and the record failed with why, where its system message would be dropped or the
-        template refuses it."""
+    def _rendered(self, turns: Sequence[tuple[str, str]]) -> tuple[Optional[str], Optional[str]]:
+        """(the prompt of a conversation through the chat template, None) for a chat line's
+        messages and a record's conversation alike; (None, why) where its system message would be
+        dropped or the template refuses it."""
         why = self.builder.system_problem(turns)
-        if why is None:
-            try:
-                return self.builder.render_messages(turns)
-            except ChatTemplateError as exc:
-                why = str(exc)
-        self._fail(rec.qid, f"{self.builder.question_field}: {why}")
-        return None
+        if why is not None:
+            return None, why
+        try:
+            return self.builder.render_messages(turns), None
+        except ChatTemplateError as exc:
+            return None, str(exc)
 
     def _one_answer_problem(self, req: Request) -> Optional[str]:
         """Why a /v1/responses line cannot take the job's n samples: the Responses API has no n,

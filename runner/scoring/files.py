@@ -104,8 +104,7 @@ def openai_text(row: Mapping[str, Any]) -> Answered:
     if isinstance(choices, list) and choices and all(isinstance(c, dict) for c in choices):
         texts = [_choice_text(c) for c in sorted(choices, key=lambda c: c.get("index") or 0)]
         return texts[0] if len(texts) == 1 else texts  # a choice without content: a sample without an answer
-    parts = [c.get("text") for item in body.get("output") or [] if isinstance(item, dict)
-             for c in item.get("content") or [] if isinstance(c, dict) and c.get("type") == "output_text"]
+    parts = [part.get("text") for part in _output_texts(body)]
     return "".join(p for p in parts if isinstance(p, str)) if parts else None
 
 
@@ -116,11 +115,16 @@ def openai_norm(row: Mapping[str, Any]) -> Optional[str]:
     if body is None:
         return None
     choices = body.get("choices")
-    parts = [c for item in body.get("output") or [] if isinstance(item, dict)
-             for c in item.get("content") or [] if isinstance(c, dict) and c.get("type") == "output_text"]
+    parts = _output_texts(body)
     first = choices[0] if isinstance(choices, list) and choices else parts[0] if parts else None
     norm = first.get("answer_norm") if isinstance(first, dict) else None
     return norm if isinstance(norm, str) else None
+
+
+def _output_texts(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A Responses API body's output_text parts, in order (its reasoning items hold none)."""
+    return [c for item in body.get("output") or [] if isinstance(item, dict)
+            for c in item.get("content") or [] if isinstance(c, dict) and c.get("type") == "output_text"]
 
 
 def _body(row: Mapping[str, Any]) -> Optional[dict[str, Any]]:
