@@ -372,6 +372,26 @@ def test_answers_and_gold_that_are_one_file_are_refused(tmp_path):
                             "itself, every answer is right; give the answers file a run wrote\n")
 
 
+def test_gold_that_is_a_runs_answers_file_and_answers_that_are_not_say_they_look_swapped(tmp_path):
+    """--answers and --gold the wrong way round scored 0% with exit 0 and no word of why. A run
+    keeps its journal beside its answers file, so a --gold with one and an --answers without is
+    warned of; two runs' answers scored against each other (agreement) are not."""
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"questionID": "a", "question": "1+1?", "answer": "2"}])
+    run = write_jsonl(tmp_path / "a.jsonl", [{"questionID": "a", "answer": "It is 2."}])
+    (tmp_path / "a.jsonl.journal.jsonl").write_text("")
+    r = score_cli("--answers", questions, "--gold", run)
+    assert r.returncode == 0 and "0.00%" in r.stdout
+    assert r.stderr == (f"ggbatch score: warning: --gold {run} is a run's answers file (its journal is beside it) "
+                        f"and --answers {questions} is not: if they are the wrong way round, every answer scores "
+                        "wrong; swap --answers and --gold\n")
+    r = score_cli("--answers", run, "--gold", questions)
+    assert r.returncode == 0 and "100.00%" in r.stdout and r.stderr == ""
+    other = write_jsonl(tmp_path / "b.jsonl", [{"questionID": "a", "answer": "2"}])
+    (tmp_path / "b.jsonl.journal.jsonl").write_text("")
+    r = score_cli("--answers", other, "--gold", run)
+    assert r.returncode == 0 and r.stderr == ""
+
+
 def test_format_table_without_answers():
     result = ScoreResult(score([Gold("a", "1")], {}, "auto")[0], 0, 0, "a.jsonl", "g.jsonl", "auto")
     table = format_table(result)

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from ..errors import ConfigError, GgbatchError, Interrupted
 from ..files.outputs import write_atomic
-from ..files.paths import check_output, same_file
+from ..files.paths import check_output, journal_of, same_file
 from ..files.piped import STDIN, readable_file
 from .files import read_answers, read_gold
 from .samples import score_samples
@@ -70,6 +70,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.answers != STDIN and same_file(args.answers, args.gold):
         raise ConfigError(f"--answers and --gold are the same file ({args.gold}): scored against itself, every "
                           "answer is right; give the answers file a run wrote")
+    _warn_if_swapped(args.answers, args.gold)
     with readable_file(args.answers) as answers, readable_file(args.gold) as gold:
         result = score_files(answers, gold, args.extract, args.by, args.id_field, args.answer_field,
                              args.gold_field)
@@ -79,6 +80,18 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.details:
         write_atomic(args.details, details(result), "the score's --details file")
     return 0
+
+
+def _warn_if_swapped(answers: str, gold: str) -> None:
+    """A run keeps its journal beside its answers file, never beside a question file: a --gold
+    with one and an --answers without looks like the two the wrong way round, which scores every
+    answer wrong. Only a warning: two runs' answers scored against each other (agreement) are
+    fine, and an answers file another tool wrote has no journal."""
+    if STDIN in (answers, gold) or not os.path.exists(journal_of(gold)) or os.path.exists(journal_of(answers)):
+        return
+    print(f"ggbatch score: warning: --gold {gold} is a run's answers file (its journal is beside it) and "
+          f"--answers {answers} is not: if they are the wrong way round, every answer scores wrong; swap "
+          "--answers and --gold", file=sys.stderr)
 
 
 def _refuse_overwriting(out: str, *inputs: str) -> None:
