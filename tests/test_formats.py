@@ -137,6 +137,16 @@ def test_errors_output_takes_the_rows_without_an_answer(tmp_path, fmt):
     assert read_ids(errors, fmt) == []  # written even when empty: never a stale one
 
 
+def test_a_csv_answers_file_whose_errors_go_elsewhere_has_no_error_column(tmp_path):
+    """A competition's submission file is `id,answer`: with errors_output the answers file's error
+    column was always empty, and a checker that counts columns refused the file."""
+    rows = answer_rows(["a", "b"], {"a": answer("a", "yes"), "b": answer("b", error="bad")})
+    out, errors = tmp_path / "out.csv", tmp_path / "errors.csv"
+    write_answers(str(out), rows, OutputSpec("csv", id_field="id"), str(errors))
+    assert out.read_bytes() == b"id,answer\r\na,yes\r\n"
+    assert errors.read_bytes() == b"id,answer,error\r\nb,,bad\r\n"
+
+
 @pytest.mark.parametrize("out_fmt,errors_name,errors_fmt", [
     ("jsonl", "errs.json", "json"), ("json", "errs.jsonl", "jsonl"), ("json", "errs.csv", "csv"),
     ("csv", "errs.ndjson", "jsonl"), ("openai", "errs.jsonl", "openai"), ("csv", "errs.txt", "csv")])

@@ -132,7 +132,8 @@ def write_answers(path: str, rows: Iterable[Row], spec: OutputSpec, errors_path:
                 out.write(piece)
         return
     with AtomicFile(path, ANSWERS) as out, AtomicFile(errors_path, ERRORS_OUTPUT) as errors:
-        answered, failed = RowText(spec), RowText(replace(spec, format=errors_format(errors_path, spec.format)))
+        answered = RowText(replace(spec, errors_apart=True))
+        failed = RowText(replace(spec, format=errors_format(errors_path, spec.format)))
         out.write(answered.head())
         errors.write(failed.head())
         for row in rows:

@@ -35,7 +35,8 @@ SAMPLE_TEXT = {"answer": list, "thinking": list}
 
 def csv_columns(spec: OutputSpec) -> list[str]:
     """The columns of a CSV answers file written to `spec`, in order."""
-    columns = [spec.id_field, "answer"] + (["answer_norm"] if spec.answer_norm else []) + ["error"]
+    columns = [spec.id_field, "answer"] + (["answer_norm"] if spec.answer_norm else [])
+    columns += [] if spec.errors_apart else ["error"]
     columns += ["thinking"] if spec.keep_thinking else []
     return columns + [key for key in ("choice_logprobs", "token_logprobs", "samples") if getattr(spec, key)]
 
