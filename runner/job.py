@@ -336,7 +336,8 @@ def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: fl
                       started=started_at, choice_logprobs=config.choice_logprobs,
                       token_logprobs=config.token_logprobs is not None or bool(made.own_settings.get("token_logprobs")),
                       answer_norm=config.choice_scoring == LOGLIKELIHOOD,
-                      samples=config.sampling.n > 1 or bool(made.own_settings.get("n")))
+                      samples=config.sampling.n > 1 or bool(made.own_settings.get("n")),
+                      integer_ids=not made.text_ids)
 
 
 def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ended: Optional[Exception],

@@ -159,3 +159,38 @@ def test_csv_in_and_out_and_scored(tmp_path, demo_model):
     assert r.returncode == 0, r.stderr
     overall = json.loads((tmp_path / "s.json").read_text())["overall"]
     assert (overall["n"], overall["missing"]) == (3, 0)  # every CSV answer joined to its gold row
+
+
+def test_integer_ids_are_written_back_as_integers_unless_some_id_is_text(tmp_path, demo_model):
+    """A dataset's `{"id": 5}` came back as `{"id": "5"}`, which a caller's lookup by the dataset's
+    ids missed. While every id is a JSON integer, JSON and JSON Lines answers write them as such
+    (so do the errors file, a rerun from the journal and a merge of shards); one text id among
+    them, and every id is written as text, as before."""
+    rows = [{"id": 5, "question": "Once upon a time"}, {"id": 12345678901234567890, "question": "Lily"}]
+    questions = write_lines(tmp_path / "q.jsonl", rows)
+    for name in ("a.jsonl", "a.jsonl", "a.json"):  # the second from the journal
+        out = tmp_path / name
+        r = ggbatch("run", "--model", demo_model, "--input", questions, "--output", out, "--id-field", "id",
+                    "--max-tokens", "2", "-q")
+        assert r.returncode == 0, r.stderr
+        written = json.loads(out.read_text()) if name.endswith(".json") else parse_lines(out)
+        assert [row["id"] for row in written] == [5, 12345678901234567890]
+    for i in (0, 1):
+        ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp_path / "s.jsonl",
+                "--id-field", "id", "--max-tokens", "2", "-q", "--shard", f"{i}/2")
+    r = ggbatch("merge", "--output", tmp_path / "m.jsonl", "--input", questions, "--id-field", "id",
+                *sorted(tmp_path.glob("s.shard-*.jsonl")))
+    assert r.returncode == 0, r.stderr
+    assert [row["id"] for row in parse_lines(tmp_path / "m.jsonl")] == [5, 12345678901234567890]
+    long = write_lines(tmp_path / "long.jsonl", [*rows, {"id": 9, "question": "The dog ran " * 40}])
+    r = ggbatch("run", "--model", demo_model, "--input", long, "--output", tmp_path / "c.jsonl", "--id-field", "id",
+                "--max-tokens", "2", "--n-ctx", "32", "--errors-output", tmp_path / "e.jsonl", "-q")
+    assert r.returncode == 1 and [row["id"] for row in parse_lines(tmp_path / "e.jsonl")] == [9]
+    mixed = write_lines(tmp_path / "mixed.jsonl", [*rows, {"id": "x", "question": "The dog"}])
+    r = ggbatch("run", "--model", demo_model, "--input", mixed, "--output", tmp_path / "b.jsonl", "--id-field", "id",
+                "--max-tokens", "2", "-q")
+    assert [row["id"] for row in parse_lines(tmp_path / "b.jsonl")] == ["5", "12345678901234567890", "x"]
+
+
+def parse_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]

@@ -62,7 +62,10 @@ class RowText:
         if self.spec.format == "openai":
             self.rows += 1
             return json.dumps(batch_line(row, self.spec), ensure_ascii=False) + "\n"
-        return self.fields(row_fields(row, self.spec.id_field, self.spec.keep_thinking))
+        fields = row_fields(row, self.spec.id_field, self.spec.keep_thinking)
+        if self.spec.integer_ids:
+            fields[self.spec.id_field] = int(row.qid)
+        return self.fields(fields)
 
     def fields(self, fields: Mapping[str, Any]) -> str:
         """A row given as the fields of a JSON answers row (row_fields), in a format other than

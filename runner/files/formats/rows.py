@@ -46,6 +46,7 @@ class OutputSpec:
     token_logprobs: bool = False  # answers carry token_logprobs (answer.token_logprobs): CSV gives them a column
     answer_norm: bool = False  # answers carry answer_norm (choices scored by log-likelihood): CSV gives it a column
     samples: bool = False  # some questions draw several samples: CSV writes their list as JSON, and a samples column
+    integer_ids: bool = False  # every id was a JSON integer: JSON and JSON Lines write them as numbers
     errors_apart: bool = False  # the rows without an answer go to errors_output: CSV has no error column
 
 
