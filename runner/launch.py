@@ -82,8 +82,9 @@ def start_layout(config: JobConfig, model: ModelIdentity, records: list[Record],
 
 def worker_specs(plan: NodePlan, model_path: str, engine_factory: EngineFactory) -> list[WorkerSpec]:
     """What each planned worker is started with (engine_factory: llama.cpp's, or the tests' fake engine)."""
-    return [WorkerSpec(first + i, cores, model_path, engine_factory, lay.repack, n_gpu_layers=lay.n_gpu_layers,
-                       device=lay.devices[i] if lay.devices else None, node_id=node.node_id, node_ip=node.ip or None)
+    return [WorkerSpec(first + i, cores, model_path, engine_factory=engine_factory, repack=lay.repack,
+                       n_gpu_layers=lay.n_gpu_layers, device=lay.devices[i] if lay.devices else None,
+                       node_id=node.node_id, node_ip=node.ip or None)
             for node, lay, first in zip(plan.nodes, plan.layouts, plan.first_ids)
             for i, cores in enumerate(lay.cores)]
 

@@ -37,7 +37,7 @@ def test_a_pause_the_runs_own_workers_cause_ends_and_every_question_is_answered(
     guard, answered = LowMemoryPause(RAM), []
     engine = EngineConfig(model_path="fake.gguf", n_threads=1, slots=4, n_ctx_seq=64, n_batch=64,
                           generation=GenerationParams())
-    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", Fake(slow=0.2)) for i in range(2)],
+    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", engine_factory=Fake(slow=0.2)) for i in range(2)],
                       on_answers=lambda answers: answered.extend(a.qid for a in answers),
                       on_tick=lambda p: guard.update(RAM if len(answered) < 40 else 40 * MIB, p))
     with caplog.at_level("WARNING", logger="ggbatch"):

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(60)
 def specs(n_workers, fake=Fake(), slots=4):
     engine = EngineConfig(model_path="fake.gguf", n_threads=1, slots=slots, n_ctx_seq=64, n_batch=64,
                           generation=GenerationParams())
-    return [WorkerSpec(i, (0,), "fake.gguf", fake) for i in range(n_workers)], engine
+    return [WorkerSpec(i, (0,), "fake.gguf", engine_factory=fake) for i in range(n_workers)], engine
 
 
 def qs(n):

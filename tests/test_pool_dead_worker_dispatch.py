@@ -45,7 +45,7 @@ def test_a_worker_that_asked_for_work_and_died_is_given_none(caplog):
     # The coordinator is busy (here in its tick; in a run, a journal's fsync) while its one worker
     # answers all it holds, asks for more and is killed: its WantWork and its death arrive in one
     # wait. The questions must stay pending, not go to the dead worker and come back as suspects.
-    pool = WorkerPool([WorkerSpec(0, (0,), "fake.gguf", Fake(slow=0.05))])
+    pool = WorkerPool([WorkerSpec(0, (0,), "fake.gguf", engine_factory=Fake(slow=0.05))])
     killed = []
 
     def tick(p):
@@ -81,7 +81,8 @@ class TightRestart(Fake):
 
 def test_a_worker_that_cannot_make_its_context_again_is_a_death_not_the_end_of_the_run(tmp_path, caplog):
     gate = tmp_path / "memory-short"
-    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", TightRestart(slow=0.02, gate=str(gate))) for i in range(2)])
+    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", engine_factory=TightRestart(slow=0.02, gate=str(gate)))
+                       for i in range(2)])
 
     def on_answers(answers):
         if pool.n_answered >= 50 and not gate.exists():
@@ -102,7 +103,7 @@ def test_workers_let_go_of_before_the_run_leave_the_crash_budget():
     # Four workers started, the memory plan keeps one, whose engine cannot start: as with one
     # worker started, no worker could ever start (StartupError, exit 2), not "no worker can
     # start any more" (WorkerFailure, exit 1) as if three more workers had been there to try.
-    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", Fake(fail_load=True)) for i in range(4)])
+    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", engine_factory=Fake(fail_load=True)) for i in range(4)])
     pool.start()
     pool.keep({0})
     with pytest.raises(StartupError, match=r"workers cannot start: worker 0 died while starting"):
@@ -122,7 +123,7 @@ class SlowLoad(Fake):
 def test_workers_let_go_of_while_loading_the_model_go_at_once():
     # A worker reads Stop only once it has loaded the model: asking it to stop waited for that,
     # 5 s each, one after another (15 s for three). They hold nothing: they are killed.
-    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", SlowLoad()) for i in range(4)])
+    pool = WorkerPool([WorkerSpec(i, (0,), "fake.gguf", engine_factory=SlowLoad()) for i in range(4)])
     with pool:
         pool.start()
         pids = dict(pool.live_pids)

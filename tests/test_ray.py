@@ -55,7 +55,8 @@ def ray_specs(n_workers, fake=Fake(), slots=4):
     node = backend.nodes()[0]
     engine = EngineConfig(model_path="fake.gguf", n_threads=1, slots=slots, n_ctx_seq=64, n_batch=64,
                           generation=GenerationParams())
-    specs = [WorkerSpec(i, (i,), "fake.gguf", fake, node_id=node.node_id, node_ip=node.ip) for i in range(n_workers)]
+    specs = [WorkerSpec(i, (i,), "fake.gguf", engine_factory=fake, node_id=node.node_id, node_ip=node.ip)
+             for i in range(n_workers)]
     return backend, specs, engine
 
 
@@ -104,7 +105,7 @@ def test_actor_pins_itself_and_overrides_omp_num_threads(cluster):
 
     node = RayBackend(None).nodes()[0]
     # Two threads on one reserved CPU, so Ray's OMP_NUM_THREADS (1, from num_cpus) is not ours.
-    spec = WorkerSpec(0, (0, 1), "fake.gguf", Fake(), node_id=node.node_id, node_ip=node.ip)
+    spec = WorkerSpec(0, (0, 1), "fake.gguf", engine_factory=Fake(), node_id=node.node_id, node_ip=node.ip)
     # the coordinator's niceness, as RayLink gives it (a suite run under `nice` too)
     actor = ray.remote(RayWorker).options(num_cpus=1).remote(spec, os.getpriority(os.PRIO_PROCESS, 0))
     try:

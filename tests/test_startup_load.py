@@ -82,8 +82,8 @@ def load_beside_a_busy_loop(tmp_path, adapt: bool):
             watch.on_threads(msg)
 
         # No on_tick: only the load since the start feeds the controller.
-        pool = WorkerPool([WorkerSpec(0, two_cores(), "fake.gguf", fake)], on_answers=lambda answers: None,
-                          on_threads=on_threads, on_ready=watch.on_ready)
+        pool = WorkerPool([WorkerSpec(0, two_cores(), "fake.gguf", engine_factory=fake)],
+                          on_answers=lambda answers: None, on_threads=on_threads, on_ready=watch.on_ready)
         assert len(pool.run(questions, engine)) == 20
     finally:
         loop.kill()

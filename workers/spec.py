@@ -3,7 +3,7 @@ workers/protocol.py). Picklable: it crosses into the spawned process or the Ray 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Optional
 
 from .engine.interface import EngineFactory
@@ -18,6 +18,7 @@ class WorkerSpec:
     worker_id: int
     cores: tuple[int, ...]  # the worker pins itself to these before loading the model
     model_path: str
+    _: KW_ONLY  # the rest by name
     # What builds the engine inside the worker: llama.cpp's, or the coordinator tests' fake engine.
     engine_factory: EngineFactory = LLAMA_ENGINE
     # Load the weights into llama.cpp's CPU_REPACK layout. Decided before the worker starts,
