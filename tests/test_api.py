@@ -351,3 +351,19 @@ def test_questions_mixing_records_with_and_without_ids_are_refused_whatever_the_
         said = str(err.value)
         assert said.startswith("ggbatch.answer(): questions["), said
         assert said.endswith("give every question its questionID, or none"), said
+
+
+def test_a_data_frame_or_a_table_is_answered_by_its_rows(demo_model):
+    """`ggbatch.answer(df)` answered a pandas DataFrame's column names, one question each, and gave
+    their answers as the rows' (a polars one is iterated by its columns; a pyarrow Table cannot be)."""
+    pd, pa = pytest.importorskip("pandas"), pytest.importorskip("pyarrow")
+    records = [{"questionID": "a", "question": "Once upon a time", "who": "cat"},
+               {"questionID": "b", "question": "The little dog", "who": "dog"}]
+    settings = dict(model=demo_model, max_tokens=6, prompt={"template": "{{question}} and the {{who}}"})
+    expected = [(a.id, a.text) for a in ggbatch.answer(records, **settings)]
+    for table in (pd.DataFrame(records), pa.Table.from_pylist(records)):
+        assert [(a.id, a.text) for a in ggbatch.answer(table, **settings)] == expected
+    texts = pd.DataFrame({"question": ["Once upon a time", "The little dog", "Lily"]})
+    assert [a.id for a in ggbatch.answer(texts, model=demo_model, max_tokens=2)] == ["0", "1", "2"]
+    with ggbatch.Pool(model=demo_model, max_tokens=6, prompt={"template": "{{question}} and the {{who}}"}) as pool:
+        assert [(a.id, a.text) for a in pool.answer(pd.DataFrame(records))] == expected

@@ -24,6 +24,9 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
     `single`: the caller gave one question (Pool.submit's, in a list of one), named `question`."""
     if isinstance(questions, str):
         questions = [questions]
+    table = table_rows(questions)
+    if table is not None:
+        questions = table
     if isinstance(questions, (Mapping, bytes, bytearray)) or not isinstance(questions, Iterable):
         raise ConfigError(f"{source}: questions must be a string or a list of strings, records (mappings) and "
                           f"conversations, got {type(questions).__name__}"
@@ -53,6 +56,19 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {name(i)}: {exc}") from None
     return rows
+
+
+def table_rows(questions: Any) -> Optional[list[dict[str, Any]]]:
+    """A data frame's or a table's rows as records (None for anything else): iterating a pandas
+    DataFrame gives its column names and a polars one its columns, each taken for a question;
+    a pyarrow Table cannot be iterated. Found by their own methods, so none of them is imported."""
+    if callable(getattr(questions, "to_dicts", None)):  # polars
+        return list(questions.to_dicts())
+    if callable(getattr(questions, "to_pylist", None)) and hasattr(questions, "schema"):  # pyarrow
+        return list(questions.to_pylist())
+    if callable(getattr(questions, "to_dict", None)) and hasattr(questions, "columns"):  # pandas
+        return list(questions.to_dict(orient="records"))
+    return None
 
 
 def _is_conversation(q: Any) -> TypeGuard[Sequence[Mapping[str, Any]]]:
