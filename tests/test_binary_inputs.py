@@ -2,6 +2,7 @@
 dataset's Parquet or Arrow file, an archive, a program, a model), never a CSV reader's error
 about its stray bytes."""
 
+import bz2
 import gzip
 import json
 import struct
@@ -31,6 +32,8 @@ TEXT_FILE = "give a text file: JSON, JSON Lines or CSV, in UTF-8"
     (b"".join(struct.pack("<I", i) for i in range(1000)), f"binary data, not text; {TEXT_FILE}"),  # zeros both sides
     (gzip.compress(JSONL.encode()), "a gzip archive, not text; decompress it (gunzip) and give the question file "
      "inside"),
+    *[(bz2.compress(JSONL.encode(), level), "a bzip2 archive, not text; decompress it (bunzip2) and give the "
+       "question file inside") for level in (1, 9)],  # was 'q.jsonl:1: not UTF-8 text (byte 0xf9 at column 13)'
 ])
 @pytest.mark.parametrize("fmt", [None, "csv", "jsonl"])
 def test_a_binary_file_is_said_to_be_binary(tmp_path, content, said, fmt):

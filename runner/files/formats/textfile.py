@@ -34,6 +34,9 @@ BINARY_MAGIC = {b"\x7fELF": ("a program (ELF)", TEXT_FILE),
                 b"\x1f\x8b": ("a gzip archive", "decompress it (gunzip) and give the question file inside"),
                 b"\xfd7zXZ\x00": ("an xz archive", "decompress it (unxz) and give the question file inside"),
                 b"\x28\xb5\x2f\xfd": ("a zstd archive", "decompress it (unzstd) and give the question file inside"),
+                # bzip2: "BZh", the block size 1-9, then a block's magic (pi's digits)
+                **{b"BZh%d1AY&SY" % level: ("a bzip2 archive", "decompress it (bunzip2) and give the question file "
+                                                             "inside") for level in range(1, 10)},
                 b"PAR1": ("a Parquet file", _TO_JSON_LINES.format("read_parquet")),
                 b"ARROW1": ("an Arrow file", _TO_JSON_LINES.format("read_feather")),
                 b"SQLite format 3\x00": ("an SQLite database", "export the table as CSV (sqlite3 -header -csv)"),
