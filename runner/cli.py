@@ -18,6 +18,7 @@ from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO, cast
 from ..workers.limits import under_address_space_limit
 from .closed_pipe import ClosedPipeSafe
 from .config.job_file import load_job_file
+from .config.keys import SCHEMA
 from .config.schema import LOGLIKELIHOOD, JobConfig, build_config
 from .errors import GgbatchError, Interrupted, StartOver, WorkerFailure
 from .files.formats import FORMATS
@@ -32,31 +33,6 @@ from .watch.progress import setup_logging
 
 log = logging.getLogger("ggbatch")
 
-# flag dest -> dotted job key
-FLAG_KEYS = {
-    "model": "model", "input": "input", "output": "output", "report": "report",
-    "input_format": "input_format", "output_format": "output_format", "errors_output": "errors_output",
-    "shard": "shard",
-    "workers": "workers", "threads": "threads", "threads_adapt": "threads_adapt", "slots": "slots",
-    "n_ctx": "model.n_ctx",
-    "repack": "model.repack", "n_gpu_layers": "model.n_gpu_layers", "devices": "devices",
-    "flash_attn": "flash_attn",
-    "n_batch": "n_batch", "max_tokens": "max_tokens", "system": "system",
-    "template": "prompt.template", "chat_template": "prompt.chat_template", "stop": "stop",
-    "ignore_eos": "ignore_eos", "batch_invariant": "batch_invariant", "keep_thinking": "keep_thinking",
-    "thinking_budget": "reasoning.max_tokens",
-    "prefix_cache": "prefix_cache",
-    "id_field": "fields.id", "question_field": "fields.question",
-    "temperature": "sampling.temperature", "top_k": "sampling.top_k", "top_p": "sampling.top_p",
-    "min_p": "sampling.min_p", "repeat_penalty": "sampling.repeat_penalty", "seed": "sampling.seed",
-    "presence_penalty": "sampling.presence_penalty", "frequency_penalty": "sampling.frequency_penalty",
-    "n": "sampling.n",
-    "choices": "answer.choices", "choice_logprobs": "answer.logprobs",
-    "choice_scoring": "answer.choice_scoring", "json_schema": "answer.json_schema",
-    "token_logprobs": "answer.token_logprobs",
-    "grammar": "answer.grammar",
-    "backend": "backend", "ray_address": "ray_address",
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,32 +70,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_answer_flags(a: Callable[..., Any]) -> None:
     """Sampling, and what an answer must be."""
-    a("--temperature")
-    a("--top-k", dest="top_k")
-    a("--top-p", dest="top_p")
-    a("--min-p", dest="min_p")
-    a("--repeat-penalty", dest="repeat_penalty")
-    a("--presence-penalty", dest="presence_penalty",
+    a("--temperature", dest="sampling.temperature")
+    a("--top-k", dest="sampling.top_k")
+    a("--top-p", dest="sampling.top_p")
+    a("--min-p", dest="sampling.min_p")
+    a("--repeat-penalty", dest="sampling.repeat_penalty")
+    a("--presence-penalty", dest="sampling.presence_penalty",
       help="OpenAI's: subtracted from a token's logit once it is in the answer (-2 to 2)")
-    a("--frequency-penalty", dest="frequency_penalty",
+    a("--frequency-penalty", dest="sampling.frequency_penalty",
       help="OpenAI's: subtracted from a token's logit for each time it is in the answer (-2 to 2)")
-    a("--seed", help="job seed; each question's seed derives from it and the question id")
-    a("--n", metavar="N", help="answers per question (samples: needs --temperature > 0), all from one "
-                               "computation of its prompt; written as a list")
-    a("--choices", help="the answer is exactly one of these: A,B,C,D, or auto (each record's 'choices')")
-    a("--choice-logprobs", dest="choice_logprobs", action=argparse.BooleanOptionalAction, default=None,
+    a("--seed", dest="sampling.seed", help="job seed; each question's seed derives from it and the question id")
+    a("--n", dest="sampling.n", metavar="N",
+      help="answers per question (samples: needs --temperature > 0), all from one computation of its prompt; "
+           "written as a list")
+    a("--choices", dest="answer.choices",
+      help="the answer is exactly one of these: A,B,C,D, or auto (each record's 'choices')")
+    a("--choice-logprobs", dest="answer.logprobs", action=argparse.BooleanOptionalAction, default=None,
       help="with --choices: write each choice's log-probability (choice_logprobs): choices of one token "
            "each (a choice of several is refused); with --choice-scoring loglikelihood, any choice, the sum "
            "over its tokens")
-    a("--choice-scoring", dest="choice_scoring", choices=["first_token", "loglikelihood"],
+    a("--choice-scoring", dest="answer.choice_scoring", choices=["first_token", "loglikelihood"],
       help="with --choices: first_token (default: the choice the model writes), or loglikelihood: each "
            "choice scored as a continuation of the prompt; the answer is lm-eval's acc pick, answer_norm its acc_norm")
-    a("--token-logprobs", dest="token_logprobs", metavar="K",
+    a("--token-logprobs", dest="answer.token_logprobs", metavar="K",
       help="write each answer token's log-probability and the K most likely tokens there (0-20; 0: the "
            "token's alone) as token_logprobs")
-    a("--json-schema", dest="json_schema", help="the answer is JSON valid under this schema (a .json file, or inline)")
-    a("--grammar", help="the answer matches this GBNF grammar (llama.cpp's; root rule 'root')")
-    a("--thinking-budget", dest="thinking_budget", metavar="N",
+    a("--json-schema", dest="answer.json_schema",
+      help="the answer is JSON valid under this schema (a .json file, or inline)")
+    a("--grammar", dest="answer.grammar", help="the answer matches this GBNF grammar (llama.cpp's; root rule 'root')")
+    a("--thinking-budget", dest="reasoning.max_tokens", metavar="N",
       help="a reasoning model thinks N tokens at most, then its </think> (gpt-oss: the final channel) is "
            "written for it and it answers (reasoning.max_tokens); choices and grammars hold the answer after it")
 
@@ -128,13 +107,13 @@ def _add_run(sub: Any) -> None:
     run = sub.add_parser("run", help="answer a question file",
                          description="Flags override the job file; the job file overrides defaults.")
     run.add_argument("job", nargs="?", help="YAML job file (see jobs/example.yaml)")
-    _add_file_flags(run.add_argument)
-    a = run.add_argument
+    a = _key_flag(run.add_argument)
+    _add_file_flags(a)
     _add_layout_flags(a)
     a("--max-tokens", dest="max_tokens", help="most tokens generated per answer (default 256)")
     a("--system", help="system prompt")
-    a("--template", help="Jinja template over the record's fields giving the user message")
-    a("--chat-template", dest="chat_template", help="auto (the model's), plain, or a Jinja chat template")
+    a("--template", dest="prompt.template", help="Jinja template over the record's fields giving the user message")
+    a("--chat-template", dest="prompt.chat_template", help="auto (the model's), plain, or a Jinja chat template")
     a("--stop", action="append", help="stop string (repeatable)")
     a("--ignore-eos", dest="ignore_eos", action=argparse.BooleanOptionalAction, default=None,
       help="generate max tokens even past end-of-generation (benchmarks)")
@@ -145,8 +124,8 @@ def _add_run(sub: Any) -> None:
            "and reuse its KV; off: only the prefix every prompt shares is reused")
     a("--keep-thinking", dest="keep_thinking", action=argparse.BooleanOptionalAction, default=None,
       help="write a reasoning model's <think> block too, as \"thinking\" (it is always cut from the answer)")
-    a("--id-field", dest="id_field", help="record field holding the id (default questionID)")
-    a("--question-field", dest="question_field", help="record field holding the question (default question)")
+    a("--id-field", dest="fields.id", help="record field holding the id (default questionID)")
+    a("--question-field", dest="fields.question", help="record field holding the question (default question)")
     _add_answer_flags(a)
     a("--fresh", action="store_true", help="ignore the journal of an earlier run and start over")
     a("--score", action="store_true", help="then score the answers against the input's gold 'answer' fields")
@@ -165,15 +144,15 @@ def _add_layout_flags(a: Any) -> None:
       help="auto: run fewer llama.cpp threads while other processes take a worker's cores, and take them back "
            "when the cores are free (default); off: always the layout's")
     a("--slots", help="sequences decoded together per worker, or auto")
-    a("--n-ctx", dest="n_ctx", help="context tokens per sequence, or auto (longest prompt + max tokens)")
-    a("--repack", choices=["auto", "true", "false"],
+    a("--n-ctx", dest="model.n_ctx", help="context tokens per sequence, or auto (longest prompt + max tokens)")
+    a("--repack", dest="model.repack", choices=["auto", "true", "false"],
       help="copy the weights into llama.cpp's repacked layout (auto: by CPU, or as ggbatch tune measured)")
     a("--flash-attn", dest="flash_attn", choices=["auto", "true", "false"],
       help="llama.cpp's flash attention (auto: off on a CPU up to 4096 tokens a sequence, where its kernel "
            "decodes several times slower; llama.cpp's choice past that or with layers on a GPU; off for "
            "--choice-scoring loglikelihood, whose numbers it moves by up to about 0.01 nats a token; off with "
            "--batch-invariant, which refuses true)")
-    a("--gpu-layers", "-ngl", dest="n_gpu_layers",
+    a("--gpu-layers", "-ngl", dest="model.n_gpu_layers",
       help="layers llama.cpp stores in VRAM: a number, all, or auto (all with --devices, else none); "
            "needs a llama-cpp-python built with CUDA, Metal, ... (docs/guide/gpu.md)")
     a("--devices", help="GPUs, as 0,1: one worker per GPU, which sees only its own")
@@ -218,12 +197,19 @@ def _add_file_flags(a: Any) -> None:
 
 
 def _flag_layer(args: argparse.Namespace) -> dict[str, Any]:
-    layer = {}
-    for dest, key in FLAG_KEYS.items():
-        value = getattr(args, dest)
-        if value is not None:
-            layer[key] = value
-    return layer
+    """The flags given that set a job key: their dest is the key (_key_flag)."""
+    return {dest: value for dest, value in vars(args).items() if dest in SCHEMA and value is not None}
+
+
+def _key_flag(add: Callable[..., Any]) -> Callable[..., Any]:
+    """`run`'s add_argument: a flag that sets a job key has the dotted key as its dest, so the
+    flag's definition says which key it sets (sampling.top_k) and _flag_layer reads it back; the
+    value's name in --help stays the flag's (TOP_K)."""
+    def a(*names: str, **options: Any) -> Any:
+        if "." in options.get("dest", "") and not {"metavar", "choices", "action"} & set(options):
+            options["metavar"] = names[0].lstrip("-").replace("-", "_").upper()
+        return add(*names, **options)
+    return a
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -88,6 +88,22 @@ def test_the_help_offers_no_ray_address_the_check_refuses():
 
 
 
+def test_every_run_flag_sets_the_job_key_it_names_or_is_runs_own():
+    """A flag's dest is the job key it sets (runner/cli.py _key_flag): one misspelt would be dropped
+    from the command line's layer without a word, so each must be a key of the table."""
+    from ggbatch.runner.cli import _command_parser, _flag_layer, build_parser
+    from ggbatch.runner.config.keys import SCHEMA
+
+    run = _command_parser(build_parser(), "run")
+    own = {"help", "job", "fresh", "score", "progress", "verbose", "quiet"}
+    dests = {action.dest for action in run._actions}
+    assert dests - own <= set(SCHEMA), dests - own - set(SCHEMA)
+    args = build_parser().parse_args(["run", "--top-k", "5", "-ngl", "all", "--id-field", "id", "--no-choice-logprobs",
+                                      "--thinking-budget", "9", "--model", "m.gguf"])
+    assert _flag_layer(args) == {"sampling.top_k": "5", "model.n_gpu_layers": "all", "fields.id": "id",
+                                 "answer.logprobs": False, "reasoning.max_tokens": "9", "model": "m.gguf"}
+
+
 @pytest.mark.parametrize("flag, key, field", [
     ("ignore-eos", "ignore_eos", "ignore_eos"), ("batch-invariant", "batch_invariant", "batch_invariant"),
     ("keep-thinking", "keep_thinking", "keep_thinking"), ("choice-logprobs", "answer.logprobs", "choice_logprobs")])

@@ -1,6 +1,7 @@
 """The job's keys: each dotted key's value check (SCHEMA), the sections that hold them, and the
 JobConfig field each sets (TARGET). One table for the job file's reader (runner/config/job_file.py),
-the builder (runner/config/schema.py) and the keyword and model_args checks that name keys.
+the builder (runner/config/schema.py), the keyword and model_args checks that name keys, and the
+command line, whose flags each name the key they set as their dest (runner/cli.py).
 """
 
 from __future__ import annotations
