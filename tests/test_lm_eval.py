@@ -105,6 +105,8 @@ def test_eval_says_in_one_line_a_task_lm_eval_lacks_or_a_data_set_it_cannot_reac
     # an empty Hugging Face cache, offline: hellaswag's data set (the docs' first example) is out of reach
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     for tasks, said in (("no_such_task", "ggbatch eval: lm-eval has no task named no_such_task (`lm-eval ls tasks`"),
+                        ("hellaswg,arc_esy", "ggbatch eval: lm-eval has no task named hellaswg, arc_esy; did you mean "
+                                             "hellaswag (for hellaswg), arc_easy (for arc_esy)? (`lm-eval ls tasks`"),
                         ("hellaswag", "ggbatch eval --tasks hellaswag: cannot load the task's data set: "
                                       "Couldn't reach 'Rowan/hellaswag' on the Hub (OfflineModeIsEnabled); "
                                       "HF_DATASETS_OFFLINE is set")):

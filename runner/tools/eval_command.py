@@ -10,6 +10,7 @@ how to install it (exit 2), as it says a task lm-eval does not know or a data se
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -74,6 +75,18 @@ LOCAL_TASKS = ("or use a task over local files (dataset_path: json; docs/guide/e
                "'Tasks over local files')")
 
 
+def _closest_tasks(missing: str, include_path: Optional[str]) -> str:
+    """"; did you mean ...?" with the task, group or tag name closest to each one missing (lm-eval
+    joins them with ", "), or "" where none is close. Its task index is read again: lm-eval's
+    error does not carry the one it searched (ggbatch keeps it, so about a second)."""
+    from lm_eval.tasks import TaskManager
+
+    names, known = missing.split(", "), TaskManager(include_path=include_path).all_tasks
+    close = {name: difflib.get_close_matches(name, known, n=1, cutoff=0.8) for name in names}
+    meant = [f"{match[0]}" + (f" (for {name})" if len(names) > 1 else "") for name, match in close.items() if match]
+    return f"; did you mean {', '.join(meant)}?" if meant else ""
+
+
 def usage_error(exc: Exception, tasks: Optional[str], include_path: Optional[str] = None) -> Optional[ConfigError]:
     """The one line for what lm-eval raises when the command cannot run as given: a task it does
     not know, a data set the datasets library cannot reach. None for anything else, which is a bug
@@ -83,8 +96,8 @@ def usage_error(exc: Exception, tasks: Optional[str], include_path: Optional[str
         missing = str(exc)[len(TASKS_NOT_FOUND):]
         broken = unreadable_yaml(include_path)  # lm-eval leaves such a file out with a warning
         return ConfigError(f"ggbatch eval: lm-eval has no task named {missing}" + (
-            f": {broken}" if broken else " (`lm-eval ls tasks` lists them; a task of your own: --include_path DIR "
-            "with its YAML)"))
+            f": {broken}" if broken else _closest_tasks(missing, include_path) + " (`lm-eval ls tasks` lists them; "
+            "a task of your own: --include_path DIR with its YAML)"))
     if (type(exc).__module__, type(exc).__name__) == ("jinja2.exceptions", "UndefinedError"):  # a task's template
         return ConfigError(f"ggbatch eval --tasks {tasks}: the task's templates name what its data does not hold: "
                            f"{one_line(exc)}")
