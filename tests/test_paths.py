@@ -262,3 +262,23 @@ def test_an_output_ending_in_a_separator_is_refused_naming_its_role(tmp_path, st
     assert done.stderr.strip().splitlines() == [f"ggbatch: error: {said} is a folder's name (it ends in /); "
                                                 "give a file's path"], done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q.jsonl"]
+
+
+def test_a_file_not_found_names_the_closest_name_in_its_folder(tmp_path, demo_model):
+    """A quantization or an extension mistyped was 'model file not found' and no more: the name in
+    the folder closest to the one given is offered, or that the folder itself does not exist."""
+    (tmp_path / "qwen2.5-0.5b-instruct-q4_k_m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "questions.jsonl").write_text("")
+    (tmp_path / "job.yaml").write_text("")
+    for args, said in (
+            (["--model", "qwen2.5-0.5b-instruct-q4_k.gguf", "--input", "questions.jsonl", "--output", "a.jsonl"],
+             "qwen2.5-0.5b-instruct-q4_k.gguf: model file not found; did you mean qwen2.5-0.5b-instruct-q4_k_m.gguf?"),
+            (["--model", demo_model, "--input", "question.jsonl", "--output", "a.jsonl"],
+             "question.jsonl: input file not found; did you mean questions.jsonl?"),
+            (["job.yml"], "job.yml: job file not found; did you mean job.yaml?"),
+            (["--model", "models/m.gguf", "--input", "questions.jsonl", "--output", "a.jsonl"],
+             "models/m.gguf: model file not found"),
+            (["--model", "zzz.gguf", "--input", "questions.jsonl", "--output", "a.jsonl"],
+             "zzz.gguf: model file not found")):
+        r = subprocess.run(ggbatch_command("run", *args), capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert r.returncode == 2 and r.stderr == f"ggbatch: error: {said}\n", r.stderr

@@ -14,6 +14,7 @@ import yaml
 from ..errors import ConfigError, InputError, quote
 from ..files.formats.jsonfile import too_long_integer
 from ..files.formats.textfile import decoded_text
+from ..files.paths import closest_file
 
 # What a question file is named (runner/files/formats/detect.py); a `.json` one is an array,
 # which no job file (a mapping) is.
@@ -42,7 +43,7 @@ def _job_text(path: str) -> str:
     try:
         data = p.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"{path}: job file not found") from None
+        raise ConfigError(f"{path}: job file not found{closest_file(path)}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read job file: {exc.strerror or exc}") from None
     if data.startswith(b"GGUF"):

@@ -15,6 +15,7 @@ and lock sit beside the real file, so two links to one file share one lock.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tempfile
@@ -55,6 +56,19 @@ def writable_cache(what: str) -> Path:
 def cache_refusal(what: str, exc: OSError) -> str:
     return (f"{what} in ggbatch's cache folder {ggbatch_cache()} ({exc.strerror or exc}: {exc.filename}): "
             "set XDG_CACHE_HOME to a folder this user can write")
+
+
+def closest_file(path: str) -> str:
+    """What to add to "PATH: ... not found": the name in its folder closest to the one given ("; did
+    you mean models/qwen2.5-0.5b-instruct-q4_k_m.gguf?": a quantization, a version or an extension
+    mistyped), or nothing (none is close, or the folder cannot be listed)."""
+    folder, name = os.path.split(path)
+    try:
+        names = os.listdir(os.path.expanduser(folder) or ".")
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    return f"; did you mean {os.path.join(folder, close[0])}?" if close else ""
 
 
 def journal_path(output: str) -> str:

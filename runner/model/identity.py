@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ModelError
-from ..files.paths import cache_refusal
+from ..files.paths import cache_refusal, closest_file
 from .gguf_header import NO_MAGIC, GGUFFormatError, GGUFLayout, read_layout
 from .hub import hub_hint, is_hub_name, model_parts, resolve_hub_name
 
@@ -54,7 +54,7 @@ def resolve_model(model: str) -> str:
         with open(path, "rb") as f:
             magic = f.read(4)
     except FileNotFoundError:
-        raise ModelError(f"{model}: model file not found{hub_hint(model)}") from None
+        raise ModelError(f"{model}: model file not found{hub_hint(model) or closest_file(model)}") from None
     except IsADirectoryError:
         raise ModelError(f"{model}: model path is a directory, not a GGUF file") from None
     except OSError as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator, Union
 
 from ...errors import InputError
+from ..paths import closest_file
 from ..piped import copy_of
 
 # UTF-32's marks first: UTF-32 LE's starts with UTF-16 LE's
@@ -118,7 +119,7 @@ def open_bytes(path: str) -> Union[BinaryIO, RecodedLines]:
 def cannot_read(path: str, exc: OSError) -> InputError:
     """The error every reader gives for a file it cannot open or read."""
     if isinstance(exc, FileNotFoundError):
-        return InputError(f"{path}: input file not found")
+        return InputError(f"{path}: input file not found{closest_file(path)}")
     if isinstance(exc, IsADirectoryError):
         return InputError(f"{path}: input is a directory, not a file")
     return InputError(f"{path}: cannot read input: {exc.strerror}")
