@@ -288,6 +288,8 @@ def test_tune_picks_the_fastest_layout_and_auto_uses_it(tmp_path, demo_q4_model,
     assert r.returncode == 0, r.stderr
     # says how long first, in seconds when under a minute (it said "about 0 min")
     assert re.search(r"^trying .*: about \d+ s \(a rough guess\)$", r.stdout.splitlines()[0]), r.stdout
+    # a layout's counts in the singular where they are one (it said "1 workers × 1 threads")
+    assert re.search(r"^  1 worker  × ", r.stdout, re.M) and not re.search(r"\b1 (workers|threads|slots)\b", r.stdout)
     cache = json.loads((tmp_path / "cache" / "ggbatch" / "layouts.json").read_text())
     (model_entry,) = cache.values()
     (bucket, entry), = model_entry["contexts"].items()

@@ -22,6 +22,7 @@ from ..files.inputs import Record
 from ..files.outputs import write_atomic
 from ..files.paths import ggbatch_cache
 from ..model.identity import ModelIdentity
+from ..words import layout_words
 from .layout import estimate_context, usable_cores
 
 log = logging.getLogger("ggbatch")
@@ -142,6 +143,6 @@ def for_job(config: JobConfig, model: ModelIdentity, records: Sequence[Record]) 
         return None
     bucket, choice = found
     log.info("layout from ggbatch tune (%s, tuned for <= %d tokens per sequence, this job ~%d): "
-             "%d workers × %d threads × up to %d slots", cache_file(), bucket, n_ctx_guess,
-             choice["workers"], choice["threads"], choice["slots"])
+             "%s", cache_file(), bucket, n_ctx_guess,
+             layout_words(choice["workers"], choice["threads"], choice["slots"], up_to=True))
     return choice

@@ -26,7 +26,7 @@ from ..pool.worker_run import WorkerRun
 from ..questions.prefix_groups import Sharing
 from ..watch.monitor import UsageSummary
 from ..watch.tally import AnswerTally, RecordCounts
-from ..words import counted
+from ..words import counted, layout_words
 
 
 def percentiles(values: Iterable[float], most: Optional[float] = None) -> dict[str, Optional[float]]:
@@ -303,8 +303,8 @@ def format_summary(report: RunReport) -> str:
         + (f", {q['not_answered']} not answered" if q["not_answered"] else "")
         + (f", {q['from_journal']} from the journal" if q["from_journal"] else "")
         + (f" ({q['unique_prompts']} unique prompts)" if q["records"] != q["unique_prompts"] else ""),
-        f"layout     {counted(lay.workers, 'worker')} × {counted(lay.threads, 'thread')} × "
-        f"{counted(lay.slots, 'slot')}, {lay.n_ctx_seq} ctx/seq, {report.setup.n_prefix} shared prefix tokens, "
+        f"layout     {layout_words(lay.workers, lay.threads, lay.slots)}, {lay.n_ctx_seq} ctx/seq, "
+        f"{report.setup.n_prefix} shared prefix tokens, "
         f"{'unified' if lay.kv_unified else 'per-sequence'} KV, flash attention {'on' if lay.flash_attn else 'off'}, "
         f"weights {'repacked' if lay.repack else 'not repacked'} ({lay.repack_reason})" + _gpu_summary(report),
         f"wall time  {timings['total_s']:.2f} s (prepare {timings['prepare_s']:.2f} s)",

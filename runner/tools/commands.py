@@ -27,6 +27,7 @@ from ..plan.layout import plan_layout, usable_cores
 from ..plan.repack import cpu_flags, model_is_hybrid, repack_weights
 from ..plan.repack_check import repack_refused
 from ..plan.repack_share import nothing_to_repack
+from ..words import counted, layout_words
 
 log = logging.getLogger("ggbatch")
 
@@ -304,7 +305,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                        _show_trial, plain_only)
     n_ctx_seq = tuned.sample_context(trials)
     path = tuned.save_choice(identify(model), choice, trials, n_ctx_seq)
-    print(f"fastest: {choice['workers']} workers × {choice['threads']} threads × {choice['slots']} slots, "
+    print(f"fastest: {layout_words(choice['workers'], choice['threads'], choice['slots'])}, "
           f"weights {'repacked' if choice['repack'] else 'not repacked'}; "
           f"saved to {path} under context {tuned.context_bucket(n_ctx_seq)} ({n_ctx_seq} tokens per sequence "
           f"here): `auto` uses it for this model on this machine when no saved context is nearer a job's")
@@ -360,7 +361,8 @@ def _say_trials(args: argparse.Namespace, model: str, slot_options: list[int], n
 
 
 def _show_trial(trial: dict[str, Any]) -> None:
-    print(f"  {trial['workers']} workers × {trial['threads']} threads × {trial['slots']:>2} slots, "
+    workers, threads = counted(trial['workers'], 'worker'), counted(trial['threads'], 'thread')
+    print(f"  {workers:<9} × {threads:<9} × {counted(trial['slots'], 'slot'):>8}, "
           f"weights {'repacked    ' if trial['repack'] else 'not repacked'}: "
           f"{trial['generated_tok_s']:7.1f} generated tok/s", flush=True)
 

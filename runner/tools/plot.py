@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 from ..errors import ConfigError, quote
 from ..files.outputs import write_atomic
+from ..words import layout_words
 
 # (key in a timeline sample, panel title, whether each worker has its own line)
 PANELS = (("done", "questions done", False),
@@ -162,8 +163,10 @@ def _title(report: dict[str, Any]) -> str:
     lay, q, t = report.get("layout", {}), report.get("questions", {}), report.get("timings_s", {})
     model = Path(report.get("model", {}).get("path", "?")).name
     n = lay.get("workers", "?")
-    return (f"{model}: {n} {'worker' if n == 1 else 'workers'} × {lay.get('threads_per_worker', '?')} threads × "
-            f"{lay.get('slots_per_worker', '?')} slots; {q.get('answered', '?')} answered, "
+    threads, slots = lay.get("threads_per_worker", "?"), lay.get("slots_per_worker", "?")
+    known = all(isinstance(v, int) for v in (n, threads, slots))  # a report cut short lacks some
+    shape = layout_words(n, threads, slots) if known else f"{n} workers × {threads} threads × {slots} slots"
+    return (f"{model}: {shape}; {q.get('answered', '?')} answered, "
             f"{q.get('failed', 0)} failed in {t.get('total_s', 0):.1f} s")
 
 
