@@ -72,6 +72,7 @@ from .watch.rates import expected_length
 from .watch.startup_load import SinceStart
 from .watch.tally import RecordCounts
 from .watch.watch import RunWatch
+from .words import counted
 
 log = logging.getLogger("ggbatch")
 
@@ -227,7 +228,7 @@ def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterat
     rest = itertools.chain(first[window:], records) if len(first) > window else None
     first = first[:window]
     if config.shard is not None:
-        counts = f"{len(first)} of the {read[0]} questions" if rest is None else "its questions, streamed"
+        counts = f"{len(first)} of {counted(read[0], 'question')}" if rest is None else "its questions, streamed"
         log.info("shard %s%s: %s, answers to %s", config.shard,
                  f" ({config.shard.source})" if config.shard.source else "", counts, config.output)
     return first, rest, stream

@@ -299,3 +299,13 @@ def test_parts_of_two_answer_grammars_are_refused_without_the_grammars_text(tmp_
     assert str(refused.value) == (f"parts of two jobs: {parts[0]} and {parts[1]} were answered with different "
                                   "grammars (answer.json_schema, or answer.grammar, as their journals say); merge "
                                   "the shards of one job")
+
+
+@pytest.mark.timeout(60)
+def test_one_row_from_one_part_is_said_in_the_singular(tmp_path):
+    """It said 'merged 1 rows from 1 parts'."""
+    part = tmp_path / "a.shard-0-of-1.jsonl"
+    part.write_text(json.dumps({"questionID": "q", "answer": "yes"}) + "\n")
+    r = ggbatch("--output", tmp_path / "m.jsonl", part)
+    assert r.returncode == 0 and r.stdout == f"merged 1 row from 1 part into {tmp_path / 'm.jsonl'} (jsonl, in the " \
+                                             "parts' order)\n", r.stdout

@@ -38,6 +38,7 @@ from ..files.piped import readable_file, shown_name
 from ..files.shards import Shard, shard_in_name, shard_of
 from ..journal.fingerprint import parts_rule_change, setting_change
 from ..journal.journal import PENDING_SUFFIX
+from ..words import counted
 from .join import Merged, merge_rows, render_merged
 from .parts import Part, part_ran, part_settings, part_shard, read_part
 from .runs import answered_otherwise, refuse_running, unwritten
@@ -78,7 +79,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if not args.quiet:
         order = f"in the order of {shown_name(args.input)}" if args.input else "in the parts' order"
         journals = _left_out(outcome)
-        print(f"merged {len(outcome.merged.rows)} rows from {outcome.parts} parts into {outcome.output} "
+        print(f"merged {counted(len(outcome.merged.rows), 'row')} from {counted(outcome.parts, 'part')} into "
+              f"{outcome.output} "
               f"({outcome.format}, {order}{journals})")
     problems = outcome.problems()
     for line in problems:

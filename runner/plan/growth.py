@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ...workers.protocol import EngineConfig, GenerationParams, Question
+from ..words import counted
 from . import layout as layouts
 from .layout import Layout, PromptFacts, answer_tokens, prompt_length
 from .memory import MemoryPlan, describe
@@ -133,8 +134,9 @@ class ContextGrowth:
         plans = self._plans(self.n_ctx_seq)
         if sum(lay.workers * lay.slots for lay, _ in plans) <= before:
             return None
-        why = (f"calls hold {sequences} sequences, more than the pool's {before} slots" if sequences > before
-               else f"a question's {widest} samples decode together, more than a worker's {per_worker} slots")
+        why = (f"calls hold {sequences} sequences, more than the pool's {counted(before, 'slot')}"
+               if sequences > before else
+               f"a question's {widest} samples decode together, more than a worker's {counted(per_worker, 'slot')}")
         engines = self._replanned(plans)
         log.info("%s: it grows to %d (each worker builds its context again in place once it has answered what it "
                  "holds)", why, self.slots)

@@ -201,7 +201,7 @@ def fit_layout(dims: ModelDims, workers: int, slots: int, kv_cells_for: Callable
     if (plan.workers, plan.slots) != asked:
         where = f"{available / MIB:.0f} MiB available" + (f" and {plan.vram}" if vram_fit is not None else "")
         plan = MemoryPlan(**{**asdict(plan), "note": f"shrunk from {counted(asked[0], 'worker')} × "
-                             f"{asked[1]} slots to fit {where}"})
+                             f"{counted(asked[1], 'slot')} to fit {where}"})
     return plan
 
 

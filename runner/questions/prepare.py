@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from ..files.inputs import Record
 from ..journal.journal import Journal
 from ..plan.layout import PromptFacts, answer_tokens, context_limit, prompt_length
+from ..words import counted
 from .maker import QuestionMaker, QuestionSet
 from .prefix_groups import Sharing, grouped_order
 from .prompting import Prompting
@@ -152,7 +153,7 @@ def check_sample_slots(slots: Sequence[int], samples: int, config: JobConfig) ->
     if fewest >= samples:
         return
     why = (f"slots is {config.slots} (--slots)" if config.slots is not None
-           else f"the memory plan leaves a worker {fewest} slots")
+           else f"the memory plan leaves a worker {counted(fewest, 'slot')}")
     raise ConfigError(f"sampling.n: {samples} samples of a question decode together in {samples} slots, but {why}: "
                       "give more slots, or fewer samples")
 

@@ -352,7 +352,8 @@ def _say_trials(args: argparse.Namespace, model: str, slot_options: list[int], n
     trials = tune.candidates(n_cores, slot_options, n_questions, invariant, plain_only)
     estimate = tune.rough_seconds(model_bytes(model), len(trials), n_questions, args.max_tokens)
     fewer = f" (all the file holds; --questions {args.questions})" if n_questions < args.questions else ""
-    print(f"trying {len(trials)} layouts on {n_questions} questions{fewer} × {args.max_tokens} tokens: "
+    print(f"trying {counted(len(trials), 'layout')} on {counted(n_questions, 'question')}{fewer} × "
+          f"{counted(args.max_tokens, 'token')}: "
           f"{tune.said_duration(estimate)} (a rough guess)", flush=True)
     skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant, plain_only)) - len(trials)
     if skipped:

@@ -142,7 +142,8 @@ class LlamaEngine:
         elif samples > self.slots:  # a line's own n past what memory (or --slots) left
             self._rejected.append(answers.rejected(
                 question, self.worker_id, f"n: {samples} samples decode together, a slot each, and the worker has "
-                                          f"{self.slots} slots (the job's slots, or the memory plan): ask for fewer"))
+                                          f"{self.slots} slot{'' if self.slots == 1 else 's'} (the job's slots, or "
+                                          "the memory plan): ask for fewer"))
         else:
             self.sched.add(Sequence(question, samples=SampleSet(samples) if samples > 1 else None))
 
