@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -67,7 +68,7 @@ class JournalLines:
 
 
 def run(questions: Path, out: Path, args: argparse.Namespace, kill_at: int = 0, first_after: int = 0,
-        sig: int = signal.SIGKILL) -> dict:
+        sig: int = signal.SIGKILL) -> dict[str, Any]:
     """One run of the CLI; kill_at: send `sig` once the journal holds that many answers (and wait
     for the run to end). Returns the seconds to the first answer beyond first_after, the wall time
     and the report."""

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -32,7 +33,7 @@ SYSTEM = "Answer with the letter of the correct choice."
 SIDES = {"choices": ["--choices", "A,B,C,D"], "max_tokens_1": ["--max-tokens", "1"]}
 
 
-def run_job(model: str, questions: Path, side: str, tmp: Path) -> dict:
+def run_job(model: str, questions: Path, side: str, tmp: Path) -> dict[str, Any]:
     """One whole `ggbatch run`: its wall time and what its report says."""
     out, report = tmp / f"{side}.jsonl", tmp / f"{side}.report.json"
     cmd = [sys.executable, "-m", "ggbatch", "run", "--model", model, "--input", str(questions),

@@ -37,6 +37,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -51,7 +52,7 @@ TOKENS = 64  # generated per question in W1, W2 and W4
 @dataclass(frozen=True)
 class Workload:
     system: str
-    records: list[dict]
+    records: list[dict[str, Any]]
     tokens: int = TOKENS  # generated per question, exactly (ignore_eos)
     ctx_per_slot: int = 1024  # llama-server's context per slot (-c = 16 × this)
 
@@ -80,7 +81,7 @@ def workload(name: str) -> Workload:
 @dataclass(frozen=True)
 class GgbatchRun:
     wall: float  # seconds, the whole command
-    report: dict  # its --report
+    report: dict[str, Any]  # its --report
     stderr: bytes  # its log
 
 
@@ -147,7 +148,7 @@ def run_server(server: str, model: str, work: Workload, extra: list[str], port: 
                 raise RuntimeError("llama-server did not start")
             time.sleep(0.3)
 
-        def ask(r: dict) -> int:
+        def ask(r: dict[str, Any]) -> int:
             body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": r["question"]}],
                     "max_tokens": tokens, "temperature": temperature, "ignore_eos": True, "cache_prompt": True,
                     "n": n}

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -50,7 +51,7 @@ VARIANTS = {"auto": ["--threads-adapt", "auto"], "off": ["--threads-adapt", "off
             "workers2": ["--workers", "2", "--threads", "1", "--threads-adapt", "off"]}
 
 
-def busy_loops(n: int) -> list[subprocess.Popen]:
+def busy_loops(n: int) -> list[subprocess.Popen[Any]]:
     return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(n)]
 
 
@@ -78,7 +79,7 @@ def wait_idle(limit: float, patience_s: float) -> None:
     print(f"  (still more than {limit} busy cores after {patience_s:.0f} s: running anyway)", flush=True)
 
 
-def run_variant(model: str, work: Workload, adapt: str, log: Path | None) -> dict:
+def run_variant(model: str, work: Workload, adapt: str, log: Path | None) -> dict[str, Any]:
     """One whole `ggbatch run` (-v): its wall time and the report's thread changes."""
     run = time_ggbatch(model, work, [*VARIANTS[adapt], "-v"])
     if log is not None:  # the wall time last: the log alone says what the run took
@@ -86,7 +87,7 @@ def run_variant(model: str, work: Workload, adapt: str, log: Path | None) -> dic
     return {"wall": run.wall, "changes": run.report["threads"]["changes"]}
 
 
-def one_run(model: str, work: Workload, loops: int, adapt: str, log: Path | None) -> dict:
+def one_run(model: str, work: Workload, loops: int, adapt: str, log: Path | None) -> dict[str, Any]:
     """One run beside `loops` busy loops; `foreign`: cores' worth of everybody else's work meanwhile."""
     load = os.getloadavg()[0]
     busy0, mine0, t0 = machine_busy_s(), children_cpu_s(), time.perf_counter()
@@ -106,7 +107,7 @@ def one_run(model: str, work: Workload, loops: int, adapt: str, log: Path | None
     return {**out, "load": load, "foreign": foreign}
 
 
-def summary(results: dict[tuple[int, str], list[dict]], limit: float) -> None:
+def summary(results: dict[tuple[int, str], list[dict[str, Any]]], limit: float) -> None:
     clean = {k: [r for r in runs if r["foreign"] <= limit] or runs for k, runs in results.items()}
     median = {k: statistics.median(r["wall"] for r in runs) for k, runs in clean.items()}
     print(f"\n{'loops':>5} {'adapt':>8} {'median wall s':>13} {'× quiet':>8} {'runs':>7} {'load before':>11} "
@@ -147,7 +148,7 @@ def main() -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
     print(f"model {model}, {args.workload}: {len(work.records)} questions × {TOKENS} tokens, "
           f"{len(os.sched_getaffinity(0))} usable cores")
-    results: dict[tuple[int, str], list[dict]] = {}
+    results: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for rnd in range(args.repeat):
         print(f"round {rnd + 1}/{args.repeat}", flush=True)
         for loops in (int(n) for n in args.loops.split(",")):

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_MODEL = ROOT.parent / "shared" / "models" / "stories260K.gguf"  # for tokenizing only
@@ -44,7 +44,7 @@ def write_questions(path: Path, n: int, source: Optional[str]) -> int:
         return len(records[:n or None])
 
 
-def one_run(n: int, workers: int, model: str, source: Optional[str]) -> dict:
+def one_run(n: int, workers: int, model: str, source: Optional[str]) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from fake_engine import Fake
     from ggbatch import build_config

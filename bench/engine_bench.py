@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +69,7 @@ def load_questions(model: str, n: int, system: str, path: Path = GSM8K) -> list[
 
 
 def run_once(model: str, questions: list[Question], slots: int, threads: int, tokens: int,
-             repack: bool) -> dict:
+             repack: bool) -> dict[str, Any]:
     prefix = common_prefix([q.tokens for q in questions])
     n_ctx_seq = max(len(q.tokens) for q in questions) + tokens + 1
     wall, st = run_engine(engine_config(model, threads, slots, n_ctx_seq, prefix, tokens, repack), questions,

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -32,7 +33,7 @@ def parse_run(text: str) -> tuple[str, list[str]]:
     return name, extra
 
 
-def summary(name: str, extra: list[str], wall: float, report: dict) -> dict:
+def summary(name: str, extra: list[str], wall: float, report: dict[str, Any]) -> dict[str, Any]:
     lay = report["layout"]
     engine: dict[str, float] = {}
     for worker in report.get("workers", {}).values():

@@ -22,6 +22,7 @@ import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -37,8 +38,8 @@ SCHEMA = {"type": "object", "properties": {"reasoning": {"type": "string"}, "ans
 MODES = ("free", "grammar", "grammar-always-masked")
 
 
-def run(model: str, questions: list, mode: str, slots: int, threads: int, max_tokens: int,
-        lengths: dict[str, int]) -> dict:
+def run(model: str, questions: list[Any], mode: str, slots: int, threads: int, max_tokens: int,
+        lengths: dict[str, int]) -> dict[str, Any]:
     from ggbatch.workers.llama.engine import LlamaEngine
     from ggbatch.workers.llama.sampling import Sampling
 
@@ -90,7 +91,7 @@ def main() -> int:
     model = args.model or bench_model()
     questions = load_questions(model, args.questions, SYSTEM)
     modes = args.modes.split(",")
-    results: dict[str, list[dict]] = {m: [] for m in modes}
+    results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     lengths: dict[str, int] = {}
     for round_ in range(args.repeat):
         for mode in (modes if round_ % 2 else list(reversed(modes))):  # the first round ends with free

@@ -91,7 +91,7 @@ class ChildScorer:
         self._process.join(30)
 
 
-class LlamaCppOnceLM(TemplateLM):
+class LlamaCppOnceLM(TemplateLM):  # type: ignore[misc]  # lm-eval ships no type information
     """loglikelihood only: each distinct context decoded once, its continuations (one token each)
     scored from the last row's log-softmax."""
 

@@ -97,7 +97,7 @@ def warm_up(task: str, folder: Path) -> None:
     fall on neither side: about 5 s, which on a GPU is the size of a whole side."""
     from lm_eval.api.model import LM
 
-    class Instant(LM):
+    class Instant(LM):  # type: ignore[misc]  # lm-eval ships no type information
         def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
             return [(0.0, False)] * len(requests)
 
@@ -222,7 +222,7 @@ def server_side(model: str, folder: Path, gpu_layers: int, port: int = 18111) ->
         log.close()
 
 
-def wait_for(url: str, process: subprocess.Popen, log: Any, limit_s: float = 300) -> None:
+def wait_for(url: str, process: subprocess.Popen[Any], log: Any, limit_s: float = 300) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

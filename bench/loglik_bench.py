@@ -19,15 +19,16 @@ import sys
 import time
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+Pairs = list[tuple[list[int], list[int]]]  # (context tokens, continuation tokens)
 WORDS = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()
 
 
-def pairs_for(tokenize, n_contexts: int, per_context: int, seed: int = 1) -> list[tuple[list[int], list[int]]]:
+def pairs_for(tokenize: Callable[[str], Sequence[int]], n_contexts: int, per_context: int, seed: int = 1) -> Pairs:
     rng = random.Random(seed)
     out = []
     for _ in range(n_contexts):
@@ -39,7 +40,7 @@ def pairs_for(tokenize, n_contexts: int, per_context: int, seed: int = 1) -> lis
     return out
 
 
-def reference(model: str, pairs, n_ctx: int) -> tuple[list[tuple[list[float], bool]], float]:
+def reference(model: str, pairs: Pairs, n_ctx: int) -> tuple[list[tuple[list[float], bool]], float]:
     from llama_cpp import Llama
 
     from ggbatch.workers.engine.loglik import token_scores
@@ -58,12 +59,13 @@ def reference(model: str, pairs, n_ctx: int) -> tuple[list[tuple[list[float], bo
     return out, took
 
 
-def ggbatch_scores(model: str, pairs, slots: int, threads: int, n_ctx: int):
+def ggbatch_scores(model: str, pairs: Pairs, slots: int, threads: int,
+                   n_ctx: int) -> tuple[list[Any], float, dict[str, float]]:
     from ggbatch.workers.llama.engine import LlamaEngine
     from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
     from helpers import answers_of
 
-    contexts: dict[tuple, list[int]] = {}
+    contexts: dict[tuple[int, ...], list[int]] = {}
     for i, (ctx, _) in enumerate(pairs):
         contexts.setdefault(tuple(ctx), []).append(i)
     qs = [Question(f"c{k}", array("i", ctx), 0, continuations=tuple(array("i", pairs[i][1]) for i in idx))

@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -25,7 +26,7 @@ from compare_server import gpu_flags, time_ggbatch, workload  # noqa: E402
 from engine_bench import bench_model  # noqa: E402
 
 
-def one_run(model: str, name: str, flags: list[str]) -> dict:
+def one_run(model: str, name: str, flags: list[str]) -> dict[str, Any]:
     run = time_ggbatch(model, workload(name), ["--fresh", *flags])
     engine = [w["engine"] for w in run.report["workers"].values() if w.get("engine")]
     work = {k: sum(e.get(k, 0.0) for e in engine) for k in ("step_s", "decode_s", "sample_s", "logprob_s")}
@@ -44,7 +45,7 @@ def main() -> int:
     model = args.model or bench_model()
     gpu = gpu_flags(args.gpu_layers)
     sides = {"without": gpu, "with": [*gpu, "--token-logprobs", str(args.k)]}
-    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     for round_ in range(args.repeat):
         order = list(sides) if round_ % 2 == 0 else list(reversed(sides))  # alternate who goes first
         for side in order:

@@ -28,7 +28,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -132,10 +132,11 @@ def main() -> None:
     ap.add_argument("--only", choices=("sequential", "threads", "idle", "slots"), help="one measure (default: all)")
     args = ap.parse_args()
     model = args.model or bench_model()
-    measures = {"sequential": lambda: sequential(model, questions(args.calls), args.tokens),
-                "threads": lambda: threaded(model, questions(args.threads), args.thread_tokens),
-                "idle": lambda: idle(model),
-                "slots": lambda: slots(model, questions(args.threads), args.thread_tokens)}
+    measures: dict[str, Callable[[], Any]] = {
+        "sequential": lambda: sequential(model, questions(args.calls), args.tokens),
+        "threads": lambda: threaded(model, questions(args.threads), args.thread_tokens),
+        "idle": lambda: idle(model),
+        "slots": lambda: slots(model, questions(args.threads), args.thread_tokens)}
     print(json.dumps({name: measure() for name, measure in measures.items() if args.only in (None, name)}, indent=1))
 
 

@@ -18,6 +18,7 @@ import sys
 import time
 from array import array
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -25,7 +26,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 WORDS = "the a cat dog ran sat big small red blue tree house little girl boy happy sad".split()
 
 
-def contexts(tokenize, n: int, tokens: int, seed: int = 1) -> list[list[int]]:
+def contexts(tokenize: Callable[[str], Sequence[int]], n: int, tokens: int, seed: int = 1) -> list[list[int]]:
     rng = random.Random(seed)
     return [list(tokenize(" ".join(rng.choice(WORDS) for _ in range(tokens)) + "\nAnswer:"))[:tokens]
             for _ in range(n)]
@@ -48,7 +49,8 @@ def peer(model: str, ctxs: list[list[int]], threads: int) -> float:
     return took
 
 
-def ggbatch_engine(model: str, ctxs: list[list[int]], threads: int, slots: int, repack: bool) -> tuple[float, dict]:
+def ggbatch_engine(model: str, ctxs: list[list[int]], threads: int, slots: int,
+                   repack: bool) -> tuple[float, dict[str, Any]]:
     from ggbatch.workers.llama.engine import LlamaEngine
     from ggbatch.workers.protocol import EngineConfig, GenerationParams, Question
     from helpers import answers_of

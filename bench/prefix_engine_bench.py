@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -42,7 +43,7 @@ def lsat_questions(model: str, n: int) -> list[Question]:
     return load_questions(model, n, SYSTEM, LSAT)
 
 
-def run(model: str, questions: list[Question], variant: str, threads: int) -> dict:
+def run(model: str, questions: list[Question], variant: str, threads: int) -> dict[str, Any]:
     from ggbatch.workers.llama.engine import LlamaEngine
 
     parts = variant.split("+")

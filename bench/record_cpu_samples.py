@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -34,7 +35,7 @@ SAMPLE = re.compile(r"worker (\d+): cores \[([\d, ]+)\] over ([\d.]+) s"
                     r"([\d.]+) other \(([\d.]+) steal\) cores; (\d+) llama.cpp threads")
 
 
-def parse_samples(log: str) -> list[dict]:
+def parse_samples(log: str) -> list[dict[str, Any]]:
     """The controller's input lines of a -v log, as numbers (per-second rates in cores). A
     worker's interval from the job's start to its Ready (which spans the ticks before it) is
     marked `at_ready`."""
@@ -47,10 +48,10 @@ def parse_samples(log: str) -> list[dict]:
     return out
 
 
-def follow_schedule(proc: subprocess.Popen, schedule: list[tuple[float, int]]) -> None:
+def follow_schedule(proc: subprocess.Popen[Any], schedule: list[tuple[float, int]]) -> None:
     """Start and stop busy loops on schedule while ggbatch runs."""
     t0 = time.monotonic()
-    loops: list[subprocess.Popen] = []
+    loops: list[subprocess.Popen[Any]] = []
     try:
         for at, n in schedule:
             while proc.poll() is None and time.monotonic() - t0 < at:
@@ -97,7 +98,7 @@ def main() -> None:
     print(f"{len(samples)} samples, changes {changes}, load before {load:.2f}: {args.out}")
 
 
-def dump(head: dict, samples: list[dict]) -> str:
+def dump(head: dict[str, Any], samples: list[dict[str, Any]]) -> str:
     """JSON with one sample a line: readable, and a diff shows which samples changed."""
     lines = ",\n".join("  " + json.dumps(s) for s in samples)
     return json.dumps(head, indent=1)[:-2] + ',\n "samples": [\n' + lines + "\n ]\n}\n"

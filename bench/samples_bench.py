@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -29,7 +30,7 @@ from compare_server import Workload, gpu_flags, run_server, workload  # noqa: E4
 from engine_bench import bench_model  # noqa: E402
 
 
-def run(model: str, work: Workload, n: int, gpu_layers: str) -> tuple[float, dict]:
+def run(model: str, work: Workload, n: int, gpu_layers: str) -> tuple[float, dict[str, Any]]:
     """One whole `ggbatch run` of the workload with n samples a question: (wall seconds, report)."""
     with tempfile.TemporaryDirectory() as tmp:
         q = Path(tmp) / "q.jsonl"

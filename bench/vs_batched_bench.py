@@ -35,11 +35,12 @@ from ggbatch.runner.config.checks import bool_or_auto  # noqa: E402
 from ggbatch.runner.plan.layout import usable_cores  # noqa: E402
 from ggbatch.runner.plan.repack import cpu_flags, repack_weights  # noqa: E402
 
+Rates = dict[tuple[int, int, int], dict[str, float]]  # (PP, TG, B) -> metric -> tokens/s
 METRICS = ("S_PP", "S_TG", "S")
 
 
 def run_batched_bench(binary: str, model: str, npp: str, ntg: str, npl: str, threads: int,
-                      repack: bool, gpu_layers: str = "0") -> dict[tuple[int, int, int], dict]:
+                      repack: bool, gpu_layers: str = "0") -> Rates:
     # -b 512: ggbatch's engine takes at most n_batch = 512 tokens per llama_decode. With its
     # default -b 2048 batched-bench hands llama.cpp all 16 prompts of 128 tokens at once, which
     # it splits into ubatches of 16 sequences x 32 tokens: 7-10% slower prompt processing here.
@@ -57,7 +58,7 @@ def run_batched_bench(binary: str, model: str, npp: str, ntg: str, npl: str, thr
 
 
 def run_ggbatch(model: str, npp: str, ntg: str, npl: str, threads: int, repack: bool,
-                gpu_layers: str = "0") -> dict[tuple[int, int, int], dict]:
+                gpu_layers: str = "0") -> Rates:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         subprocess.run([sys.executable, "-m", "ggbatch", "bench", "--model", model, "--npp", npp, "--ntg", ntg,
@@ -69,7 +70,7 @@ def run_ggbatch(model: str, npp: str, ntg: str, npl: str, threads: int, repack: 
             for r in rows}
 
 
-def medians(rounds: list[dict]) -> dict:
+def medians(rounds: list[Rates]) -> Rates:
     return {key: {m: statistics.median(r[key][m] for r in rounds) for m in METRICS} for key in rounds[0]}
 
 
@@ -95,11 +96,11 @@ def main() -> None:
                                                           args.threads, repacked[b], args.gpu_layers),
              "ggbatch": lambda b: run_ggbatch(model, args.npp, args.ntg, b, args.threads, repacked[b],
                                               args.gpu_layers)}
-    runs: dict[str, list[dict]] = {name: [] for name in tools}
+    runs: dict[str, list[Rates]] = {name: [] for name in tools}
     for i in range(args.rounds):
         # One B at a time, the two tools back to back, in ABBA order: a slow spell of the
         # machine then lands on both tools rather than on one.
-        results: dict[str, dict] = {name: {} for name in tools}
+        results: dict[str, Rates] = {name: {} for name in tools}
         for j, b in enumerate(args.npl.split(",")):
             for name in (list(tools) if (i + j) % 2 == 0 else list(tools)[::-1]):
                 results[name].update(tools[name](b))

@@ -102,7 +102,7 @@ def as_model_args(exc: ConfigError) -> ConfigError:
 
 
 @register_model("ggbatch")
-class GgbatchLM(TemplateLM):
+class GgbatchLM(TemplateLM):  # type: ignore[misc]  # lm-eval ships no type information
     """lm-eval's model over one ggbatch.Pool. `model`: a GGUF path (or a Hugging Face name, as
     ggbatch takes it); other keyword arguments are ggbatch's job keys (workers, threads, slots, ...)."""
 
@@ -333,7 +333,7 @@ class GgbatchLM(TemplateLM):
             out[int(question.qid)] = answered.completion
         return out
 
-    def _tokenize(self, texts: list[str], names: list[str], add_bos: bool = True) -> list[array]:
+    def _tokenize(self, texts: list[str], names: list[str], add_bos: bool = True) -> list[array[int]]:
         """pool.tokenize, a text its vocabulary cannot take refused naming its request (task and
         doc), as lm-eval's user knows it: not the pool's method, which they never called."""
         try:

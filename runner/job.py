@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Iterator, Optional
 
+from ..workers.engine.interface import EngineFactory
 from ..workers.llama.factory import LLAMA_ENGINE
 from ..workers.protocol import EngineConfig
 from .child_processes import leave_if_importing_script
@@ -46,7 +47,7 @@ from .files.shards import Shard, in_shard
 from .journal.fingerprint import fingerprint
 from .journal.index import Earlier, start_reading
 from .journal.journal import Journal
-from .launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
+from .launch import STREAMED, open_backend, settle, start_layout, worker_specs
 from .model.identity import ModelIdentity, identify, resolve_model
 from .plan import layout as layouts
 from .plan.growth import ContextGrowth

@@ -89,7 +89,7 @@ def worker_specs(plan: NodePlan, model_path: str, engine_factory: EngineFactory)
             for i, cores in enumerate(lay.cores)]
 
 
-def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: PromptFacts, prefix: array,
+def settle(config: JobConfig, started: NodePlan, prompting: Prompting, facts: PromptFacts, prefix: array[int],
            most_tokens: int, model_path: str, *, flash_attn: Optional[bool] = None,
            first_slots: Optional[int] = None, most_said_by: Optional[str] = "max_tokens") -> ContextGrowth:
     """The layout of the started workers, now that the prompts are known (phase 2), node by node

@@ -75,6 +75,6 @@ class SpellChoices:
 class TokenizedBatch:
     """One result per text of a TokenizeBatch, as flat arrays (one pickled object, not hundreds)."""
 
-    tokens: array  # array('i'): every text's tokens, one text after the other
-    counts: array  # array('i'): each text's token count; -1 where it could not be tokenized
+    tokens: array[int]  # array('i'): every text's tokens, one text after the other
+    counts: array[int]  # array('i'): each text's token count; -1 where it could not be tokenized
     errors: dict[int, str] = field(default_factory=dict)  # index in the batch -> why not

@@ -50,7 +50,7 @@ class Question:
     """One prompt to answer. `tokens` is the full rendered prompt (shared prefix included)."""
 
     qid: str
-    tokens: array  # array('i'): compact to pickle, cheap to slice
+    tokens: array[int]  # array('i'): compact to pickle, cheap to slice
     seed: int  # per-question sampling seed, so an answer never depends on worker or slot
     # Its own generation settings (an OpenAI Batch line's max_tokens, temperature, stop, ...);
     # None: the job's (EngineConfig.generation), as for most questions.
@@ -60,7 +60,7 @@ class Question:
     group: int = 0
     # Log-likelihood scoring: nothing is generated; each continuation's tokens are scored as they
     # follow `tokens` (workers/engine/loglik.py), and the answer carries their Scored.
-    continuations: tuple[array, ...] = ()
+    continuations: tuple[array[int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -240,7 +240,7 @@ class EngineConfig:
     n_ctx_seq: int  # context per sequence: longest prompt + max_tokens, capped by the model
     n_batch: int  # token budget of one step (decode tokens + prefill chunks)
     # tokens every prompt starts with; decoded once, then shared
-    prefix_tokens: array = field(default_factory=lambda: array("i"))
+    prefix_tokens: array[int] = field(default_factory=lambda: array("i"))
     generation: GenerationParams = GenerationParams()
     # One KV pool shared by all slots (a shared prefix is stored once), or one stream per slot
     # (attention scans only the sequence's own cells). See workers/llama/engine.py.

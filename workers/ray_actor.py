@@ -65,7 +65,7 @@ def pin_process(cores: Sequence[int], niceness: int) -> int:
 class _Outbox:
     """The results pipe's one call, onto a queue the coordinator polls."""
 
-    def __init__(self, out: queue.Queue) -> None:
+    def __init__(self, out: queue.Queue[Any]) -> None:
         self._out = out
 
     def send_bytes(self, data: bytes) -> None:
@@ -82,8 +82,8 @@ class RayWorker:
         self._niceness = pin_process(cores, niceness)
         os.environ["OMP_NUM_THREADS"] = str(len(cores))  # Ray's value is the reservation, not ours to keep
         self._spec = replace(spec, cores=cores, log_path=None)  # stderr stays in Ray's worker log
-        self._tasks: queue.Queue = queue.Queue()
-        self._out: queue.Queue = queue.Queue()
+        self._tasks: queue.Queue[Any] = queue.Queue()
+        self._out: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
         self._next_seq = 0
         self._early: dict[int, bytes] = {}

@@ -119,8 +119,8 @@ class Entries(NamedTuple):
 
     at: list[int]  # offset of each in the file
     qids: list[str]
-    prompts: array  # prompt_key of each prompt hash ('Q')
-    records: array  # prompt_key of each record hash, 0 for none ('Q')
+    prompts: array[int]  # prompt_key of each prompt hash ('Q')
+    records: array[int]  # prompt_key of each record hash, 0 for none ('Q')
     ok: list[bool]  # answered without an error
     end: int  # offset after the block's last line
 
@@ -163,7 +163,7 @@ def parsed_entries(block: bytes, at: int) -> Entries:
     return Entries(offsets, qids, hex_keys(prompts), hex_keys(records), ok, end)
 
 
-def hex_keys(hashes: list[bytes]) -> array:
+def hex_keys(hashes: list[bytes]) -> array[int]:
     """prompt_key of each hex hash, converted together."""
     digits = b"".join(h[:16].rjust(16, b"0") for h in hashes)
     try:

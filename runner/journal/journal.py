@@ -45,7 +45,7 @@ VERSION = 1
 PENDING_SUFFIX = ".fresh"  # a fresh run's journal until its first answer (Journal._take_place)
 
 
-def prompt_hash(tokens: array, own: Optional[GenerationParams] = None) -> str:
+def prompt_hash(tokens: array[int], own: Optional[GenerationParams] = None) -> str:
     """Of a question's prompt tokens, and of its own generation settings if it has any."""
     h = hashlib.blake2b(tokens.tobytes(), digest_size=12)
     if own is not None:

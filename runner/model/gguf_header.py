@@ -18,7 +18,7 @@ import functools
 import os
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Union
+from typing import Any, BinaryIO, Union
 
 MAGIC = b"GGUF"
 NO_MAGIC = "no GGUF magic at the start"  # why a file is not a GGUF, in every refusal of one
@@ -30,7 +30,7 @@ UINT_FORMAT = {0: "<B", 2: "<H", 4: "<I", 10: "<Q"}  # the types general.alignme
 # gguf_type -> struct format of one scalar (uint8, int8, uint16, int16, uint32, int32, float32,
 # bool, uint64, int64, float64)
 SCALAR_FORMAT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-HParam = Union[int, float, bool, str, list]
+HParam = Union[int, float, bool, str, list[Any]]
 
 
 class GGUFFormatError(ValueError):

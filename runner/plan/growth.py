@@ -62,7 +62,7 @@ class ContextGrowth:
     pool's calls more slots."""
 
     def __init__(self, inputs: PlanInputs, plan: NodePlan, memory: Sequence[MemoryPlan], model_path: str,
-                 prefix: array, generation: GenerationParams, slot_caps: Sequence[int] = ()) -> None:
+                 prefix: array[int], generation: GenerationParams, slot_caps: Sequence[int] = ()) -> None:
         # flash attention is decided once, on the first window: a context grown past
         # runner/plan/attention.py's CPU bound keeps it, as the rest of the file's answers do
         self.inputs = replace(inputs, started=inputs.started.with_flash_attn([lay.flash_attn for lay in plan.layouts]))

@@ -304,7 +304,7 @@ def batch_budget(n_batch: Optional[int], prefix_cache: bool, batch_invariant: bo
     return N_BATCH_PREFIX_CACHE if prefix_cache and not batch_invariant else N_BATCH
 
 
-def engine_config(model_path: str, layout: Layout, prefix: array, generation: GenerationParams) -> EngineConfig:
+def engine_config(model_path: str, layout: Layout, prefix: array[int], generation: GenerationParams) -> EngineConfig:
     """What each worker builds its engine from."""
     invariant = layout.batch_invariant
     return EngineConfig(model_path=model_path, n_threads=layout.threads, slots=layout.slots,

@@ -53,7 +53,7 @@ def resolve_auto() -> tuple[str, str]:
     helper gives ("", ""): ray.init alone resolves it."""
     try:
         from ray._private.services import canonicalize_bootstrap_address
-        from ray._private.utils import get_ray_address_file, read_ray_address
+        from ray._private.utils import get_ray_address_file, read_ray_address  # type: ignore[attr-defined]
     except ImportError:
         return "", ""
     given = os.environ.get("RAY_ADDRESS", "")

@@ -54,7 +54,7 @@ def pair_texts_of(prompt: str, choices: tuple[str, ...]) -> list[str]:
     return [pairs[0][0]] + [whole for _, whole in pairs]
 
 
-def unspellable(choices: tuple[str, ...], tokenized: list[Union[array, Rejected]],
+def unspellable(choices: tuple[str, ...], tokenized: list[Union[array[int], Rejected]],
                 unknown_token: Optional[int]) -> Optional[Rejected]:
     """The first of a record's own choices the model cannot write, as the record's failure: by the
     rule the job's own choices are checked by (runner/config/answer.py spelling_problem)."""
@@ -65,8 +65,8 @@ def unspellable(choices: tuple[str, ...], tokenized: list[Union[array, Rejected]
     return None
 
 
-def split_tokens(context: Union[array, Rejected], wholes: list[Union[array, Rejected]]
-                 ) -> tuple[Union[array, Rejected], tuple[array, ...]]:
+def split_tokens(context: Union[array[int], Rejected], wholes: list[Union[array[int], Rejected]]
+                 ) -> tuple[Union[array[int], Rejected], tuple[array[int], ...]]:
     """(the context's tokens, each continuation's) from what the tokenizer gave pair_texts_of's
     texts, or the first Rejected among them."""
     for tokens in (context, *wholes):
@@ -76,7 +76,7 @@ def split_tokens(context: Union[array, Rejected], wholes: list[Union[array, Reje
     return context, tuple(split_pair(whole, context)[1] for whole in wholes if isinstance(whole, array))
 
 
-def scored_tokens(context: array, continuations: tuple[array, ...]) -> array:
+def scored_tokens(context: array[int], continuations: tuple[array[int], ...]) -> array[int]:
     """What identifies a question's prompt in its hash: its tokens, and each continuation after a
     separator no vocabulary holds (equal contexts with other continuations are other questions)."""
     if not continuations:

@@ -39,7 +39,8 @@ from ..files.formats.own_settings import (
     vocabulary_problem,
 )
 from ..files.formats.record import Record
-from ..journal.journal import Expected, prompt_hash, prompt_key, record_hash
+from ..journal.index import prompt_key
+from ..journal.journal import Expected, prompt_hash, record_hash
 from .continuations import pair_texts_of, scored_tokens, split_tokens, unspellable
 from .prompting import template_opens_block
 from .prompts import PLAIN_STOP, ChatTemplateError, PromptBuilder, TemplateFieldError
@@ -293,8 +294,8 @@ class QuestionMaker:
             self._opens_block = template_opens_block(self.builder, self.job.thinking)
         return answer_room_problem(own.thinking, own.max_tokens, (tokens, budget), self._opens_block)
 
-    def add(self, rec: Record, index: int, tokens: Union[array, Rejected], own: Optional[GenerationParams],
-            continuations: tuple[array, ...] = ()) -> Optional[Question]:
+    def add(self, rec: Record, index: int, tokens: Union[array[int], Rejected], own: Optional[GenerationParams],
+            continuations: tuple[array[int], ...] = ()) -> Optional[Question]:
         """The question to answer, or None: it failed, takes an identical prompt's answer, or the
         journal holds its answer. `own`: its own generation (_own_generation)."""
         if isinstance(tokens, Rejected):

@@ -45,7 +45,7 @@ class Sharing:
     shareable: int  # prompt tokens that need not be computed again (beyond the job's prefix)
 
 
-def find_groups(prompts: Sequence[array], n_prefix: int, min_shared: int = MIN_SHARED) -> list[Group]:
+def find_groups(prompts: Sequence[array[int]], n_prefix: int, min_shared: int = MIN_SHARED) -> list[Group]:
     """Every prompt in exactly one group (most are groups of one when nothing is shared)."""
     order = sorted(range(len(prompts)), key=prompts.__getitem__)
     groups: list[Group] = []
@@ -65,12 +65,12 @@ def find_groups(prompts: Sequence[array], n_prefix: int, min_shared: int = MIN_S
     return groups
 
 
-def _group(run: list[int], shared: int, prompts: Sequence[array]) -> Group:
+def _group(run: list[int], shared: int, prompts: Sequence[array[int]]) -> Group:
     work = sum(len(prompts[i]) for i in run) - (len(run) - 1) * shared
     return Group(tuple(run), shared, work)
 
 
-def grouped_order(prompts: Sequence[array], n_prefix: int) -> tuple[list[tuple[int, int]], Sharing]:
+def grouped_order(prompts: Sequence[array[int]], n_prefix: int) -> tuple[list[tuple[int, int]], Sharing]:
     """(index of a prompt, its group number from 1, or 0 alone) in dispatch order, and what
     sharing it found."""
     groups = find_groups(prompts, n_prefix)

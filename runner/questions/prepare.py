@@ -104,7 +104,8 @@ class Preparer:
                         "(first: %s: %s)", len(failed), "s" if len(failed) > 1 else "", qid, answer.error)
 
 
-def facts(first: Window, preparer: Preparer, n_questions: int, longest_guess: int = 0) -> tuple[PromptFacts, array]:
+def facts(first: Window, preparer: Preparer, n_questions: int,
+          longest_guess: int = 0) -> tuple[PromptFacts, array[int]]:
     """What the layout needs to know, from the first window (and, for a streamed file, a guess of
     the longest prompt to come), and the prefix every prompt of the first window shares."""
     prompts = [q.tokens for q in first.questions]
@@ -230,7 +231,7 @@ def check_requests(config: JobConfig, first: Sequence[Record]) -> None:
                           "Batch requests, whose lines carry none: list the choices (--choices A,B,C,D)")
 
 
-def common_prefix(prompts: Sequence[array]) -> array:
+def common_prefix(prompts: Sequence[array[int]]) -> array[int]:
     """The tokens every prompt starts with (system prompt, few-shot examples): decoded once per
     worker and shared by every sequence."""
     if not prompts:

@@ -211,7 +211,7 @@ class _Sent:
 
 
 def tokenize_all(processes: Sequence[TokenizerProcess], prompts: Iterable[tuple[str, bool]],
-                 batch_texts: int = BATCH_TEXTS) -> Iterator[Union[array, Rejected]]:
+                 batch_texts: int = BATCH_TEXTS) -> Iterator[Union[array[int], Rejected]]:
     """The tokens of each (text, add_bos) prompt, or Rejected, in order. `prompts` is consumed a
     batch at a time, so rendering overlaps tokenizing."""
     in_flight: deque[_Sent] = deque()
@@ -290,7 +290,7 @@ def _batches(prompts: Iterable[tuple[str, bool]], size: int) -> Iterator[tuple[l
         yield texts, add_bos
 
 
-def _split(batch: TokenizedBatch) -> Iterator[Union[array, Rejected]]:
+def _split(batch: TokenizedBatch) -> Iterator[Union[array[int], Rejected]]:
     offset = 0
     for i, n in enumerate(batch.counts):
         if n < 0:

@@ -40,7 +40,7 @@ def synthetic_questions(n: int, pp: int, n_vocab: int, seed: int = 0) -> list[Qu
             for i in range(n)]
 
 
-def engine_config(model: str, threads: int, slots: int, n_ctx_seq: int, prefix: array, max_tokens: int,
+def engine_config(model: str, threads: int, slots: int, n_ctx_seq: int, prefix: array[int], max_tokens: int,
                   repack: bool) -> EngineConfig:
     """One worker's engine configured as a job's would be (runner/plan/layout.py), greedy, generating
     exactly max_tokens per question."""

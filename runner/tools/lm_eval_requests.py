@@ -49,7 +49,7 @@ def scored_window(context: list[int], continuation: list[int], max_length: int,
     return whole[:len(whole) - len(continuation)], continuation
 
 
-def generation_window(tokens: array, max_gen_toks: int, max_length: int) -> tuple[array, int]:
+def generation_window(tokens: array[int], max_gen_toks: int, max_length: int) -> tuple[array[int], int]:
     """(the context's tokens kept, the most tokens to generate) within max_length: lm-eval's vLLM
     and Hugging Face models' rule, the context's last max_length - max_gen_toks tokens; when
     max_gen_toks leaves no room (HF refuses that), lm-eval's maybe_truncate(shrink_gen_toks) rule:

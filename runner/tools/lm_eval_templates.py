@@ -34,7 +34,7 @@ def compile_templates_once() -> bool:
         return False
     compiled = lru_cache(maxsize=TEMPLATES_KEPT)(utils.env.from_string)
 
-    def apply_template(template: str, doc: dict) -> str:
+    def apply_template(template: str, doc: dict[str, Any]) -> str:
         rendered = compiled(template) if isinstance(template, str) else utils.env.from_string(template)
         return rendered.render(**doc)
 

@@ -39,7 +39,8 @@ def probe_records(fields: Iterable[str]) -> list[Record]:
     return [Record(q, {**{name: q for name in fields}, "choices": PROBE_CHOICES}, 0) for q in PROBES]
 
 
-def call_facts(n_records: int, questions: Sequence[Question], prompting: Prompting) -> tuple[PromptFacts, array, int]:
+def call_facts(n_records: int, questions: Sequence[Question],
+               prompting: Prompting) -> tuple[PromptFacts, array[int], int]:
     """(the facts, the shared prefix, the most tokens an answer may take) of a call's records and
     the questions made of them (fewer where prompts repeat or are refused)."""
     prompts = [q.tokens for q in questions]
@@ -51,7 +52,8 @@ def call_facts(n_records: int, questions: Sequence[Question], prompting: Prompti
     return facts, prefix, max_tokens(questions, prompting.generation)
 
 
-def warm_facts(probes: Sequence[Question], prompting: Prompting, prefix_cache: bool) -> tuple[PromptFacts, array, int]:
+def warm_facts(probes: Sequence[Question], prompting: Prompting,
+               prefix_cache: bool) -> tuple[PromptFacts, array[int], int]:
     """The same for a warm pool, from its made probes: a prompt of GUESS_PROMPT tokens, the prefix
     the probes share. A warm pool cannot know whether its calls' prompts will share prefixes (an
     lm-eval task's few-shot examples and contexts do): with the prefix cache on (`prefix_cache`)

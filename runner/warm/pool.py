@@ -26,6 +26,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
+from ...workers.engine.interface import EngineFactory
 from ...workers.llama.factory import LLAMA_ENGINE
 from ...workers.protocol import Answer, Question
 from ..child_processes import leave_if_importing_script
@@ -34,7 +35,7 @@ from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
 from ..errors import ConfigError, WorkerFailure
 from ..files.inputs import Record
-from ..launch import STREAMED, EngineFactory, open_backend, settle, start_layout, worker_specs
+from ..launch import STREAMED, open_backend, settle, start_layout, worker_specs
 from ..model.identity import check_local_model, identify, resolve_model
 from ..plan.growth import ContextGrowth
 from ..plan.layout import PromptFacts
@@ -178,7 +179,7 @@ class Pool:
         if self._ended is not None:
             raise self._ended
 
-    def _facts(self, records: list[Record]) -> tuple[PromptFacts, array, int]:
+    def _facts(self, records: list[Record]) -> tuple[PromptFacts, array[int], int]:
         """What the layout is planned on (runner/warm/facts.py): a call's records (ggbatch.answer),
         or a warm pool's probes."""
         default = self._variants.default
@@ -266,7 +267,7 @@ class Pool:
         return future
 
     def tokenize(self, texts: Union[str, Sequence[str]], add_bos: bool = True,
-                 names: Optional[Sequence[str]] = None) -> list[array]:
+                 names: Optional[Sequence[str]] = None) -> list[array[int]]:
         """Each text's tokens by the model's tokenizer (special tokens written in it parsed as such),
         BOS first if asked and the text does not start with the BOS text already (a chat template
         may write it: chat_prompt), as a job's prompts are tokenized. `names`: how an error names

@@ -48,7 +48,7 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-class _Bar(tqdm):
+class _Bar(tqdm):  # type: ignore[type-arg]  # tqdm[...] is the stubs' alone: not subscriptable at run time
     """tqdm whose time left is Progress's estimate from tokens when there is one (tqdm's own,
     from finished questions, says `?` until the first wave of answers)."""
 

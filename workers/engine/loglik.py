@@ -58,7 +58,7 @@ class Scoring:
     parent: "Parent"
     index: int
     n: int
-    targets: array
+    targets: array[int]
     alternatives: tuple[tuple[int, int], ...] = ()
     logprobs: list[float] = field(default_factory=list)
     greedy: list[bool] = field(default_factory=list)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, TypeAlias
 
 from . import invariant
 from .sequence import Phase, Sequence, common_prefix_len
@@ -50,10 +50,10 @@ def start_len(common: int, n_prompt: int, n_held: int, batch_invariant: bool) ->
 
 # A waiting prompt's common prefix lengths with token arrays held in KV, by the array's id, the
 # array kept beside its length so that the id cannot be another array's while it is remembered.
-Known = dict[int, tuple[array, int]]
+Known: TypeAlias = "dict[int, tuple[array[int], int]]"  # a string: array takes [int] at run time from 3.12
 
 
-def shared_len(prompt: array, held: array, known: Optional[Known]) -> int:
+def shared_len(prompt: array[int], held: array[int], known: Optional[Known]) -> int:
     """common_prefix_len(prompt, held), remembered in `known` (Sequence.known_prefixes): a
     question waiting through many steps is compared with the same held prompts at each admission,
     and with a hundred prompts held those comparisons were most of a step's own work."""
@@ -70,13 +70,13 @@ def shared_len(prompt: array, held: array, known: Optional[Known]) -> int:
 class SlotContents:
     """What each KV stream holds of which prompt, and the best start for a new prompt."""
 
-    def __init__(self, prefix: array, prefix_id: int, batch_invariant: bool) -> None:
+    def __init__(self, prefix: array[int], prefix_id: int, batch_invariant: bool) -> None:
         self.prefix = prefix
         self.prefix_id = prefix_id
         self.batch_invariant = batch_invariant
-        self.kept: dict[int, array] = {}  # free slot -> the prompt tokens its stream holds
+        self.kept: dict[int, array[int]] = {}  # free slot -> the prompt tokens its stream holds
 
-    def keep(self, slot: int, prompt: array, n: int) -> None:
+    def keep(self, slot: int, prompt: array[int], n: int) -> None:
         """A sequence finished in `slot`: the cells of its prompt's first n tokens (what went in)
         stay there until the slot is taken."""
         if n:
@@ -90,7 +90,7 @@ class SlotContents:
     def kept_tokens(self) -> int:
         return sum(len(t) for t in self.kept.values())
 
-    def start(self, prompt: array, slot: int, running: Iterable[Sequence], known: Optional[Known] = None) -> Start:
+    def start(self, prompt: array[int], slot: int, running: Iterable[Sequence], known: Optional[Known] = None) -> Start:
         """The longest usable prefix for `prompt` about to go into `slot`; its own slot's kept
         cells win a tie (no copy). `known`: the prompt's common prefixes found so far (shared_len)."""
         best = Start(-1, 0)
@@ -112,7 +112,7 @@ class SlotContents:
                 wanted[start.source] = wanted.get(start.source, 0) + 1
         return wanted
 
-    def wanted_soon(self, prompt: array, running: Iterable[Sequence], known: Optional[Known] = None) -> int:
+    def wanted_soon(self, prompt: array[int], running: Iterable[Sequence], known: Optional[Known] = None) -> int:
         """Tokens of `prompt` that a running sequence's prompt, still going in, will offer."""
         best = 0
         for seq in running:
@@ -123,7 +123,7 @@ class SlotContents:
                     best = max(best, n)
         return best
 
-    def _held(self, running: Iterable[Sequence]) -> Iterable[tuple[int, array, int]]:
+    def _held(self, running: Iterable[Sequence]) -> Iterable[tuple[int, array[int], int]]:
         """(sequence id, tokens, how many of them are in its KV) for every stream holding some."""
         if len(self.prefix):
             yield self.prefix_id, self.prefix, len(self.prefix)

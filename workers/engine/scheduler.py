@@ -53,7 +53,7 @@ class Scheduler:
     # cache; bench/prefix_engine_bench.py sets it on one scheduler to compare).
     shaped_prefill: bool = True
 
-    def __init__(self, slots: int, n_batch: int, *, prefix: array | None = None,
+    def __init__(self, slots: int, n_batch: int, *, prefix: array[int] | None = None,
                  kv_budget: int | None = None, max_new_tokens: int = 0,
                  stream_per_sequence: bool = False, batch_invariant: bool = False,
                  contents: Optional[SlotContents] = None,

@@ -51,7 +51,7 @@ class Sequence:
     forks: list["Sequence"] = field(default_factory=list)
     fork_at: int = 0
     # While it waits, its context's common prefix lengths with prompts held in KV (prefix_cache.shared_len)
-    known_prefixes: dict[int, tuple[array, int]] = field(default_factory=dict)
+    known_prefixes: dict[int, tuple[array[int], int]] = field(default_factory=dict)
     t_admit: float = 0.0
     t_first: float = 0.0
     finish: Optional[FinishReason] = None
@@ -64,7 +64,7 @@ class Sequence:
     scoring: Any = None
 
     @property
-    def prompt(self) -> array:
+    def prompt(self) -> array[int]:
         return self.question.tokens
 
     @property
@@ -107,7 +107,7 @@ class Sequence:
         return bool(self.fork_ids) and self.phase is Phase.PREFILL and self.n_cached >= self.prefill_end
 
     @property
-    def context(self) -> array:
+    def context(self) -> array[int]:
         """The prompt tokens its KV may start from (workers/engine/prefix_cache.py): all of them but the
         scored ones, whose rows must be computed (a start leaves the last of these to compute too)."""
         return self.question.tokens if self.scoring is None else self.question.tokens[:self.n_prompt - self.scoring.n]

@@ -195,7 +195,7 @@ class LlamaEngine:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _decode_prefix(self, prefix: array) -> None:
+    def _decode_prefix(self, prefix: array[int]) -> None:
         tokens = np.frombuffer(prefix, dtype=np.int32)
         start = 0
         while start < len(tokens):

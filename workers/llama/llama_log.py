@@ -28,7 +28,7 @@ _last_level = 0
 _backend_ready = False
 
 
-@llama_cpp.llama_log_callback
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]  # a ctypes callback type, unannotated
 def _keep(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     global _last_level
     line = text.decode("utf-8", "replace")

@@ -104,7 +104,7 @@ class _Vocab:
         self._pieces: dict[int, bytes] = {}
         self._buf = ctypes.create_string_buffer(256)
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> array:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> array[int]:
         data = text.encode("utf-8")
         capacity = len(data) + 8
         out = (llama_cpp.llama_token * capacity)()
@@ -186,7 +186,7 @@ class Tokenizer:
         return VocabInfo(self.chat_template, self.bos_text, self.eos_text, self.n_ctx_train, self.n_vocab,
                          self.all_metadata(), gpu_offload_supported())
 
-    def tokenize(self, text: str, add_bos: bool = True) -> array:
+    def tokenize(self, text: str, add_bos: bool = True) -> array[int]:
         """Prompt tokens; special tokens written in the text (<|im_start|>) are parsed as such."""
         return self._vocab.tokenize(text, add_special=add_bos, parse_special=True)
 

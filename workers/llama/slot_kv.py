@@ -26,7 +26,7 @@ from ..protocol import EngineConfig
 from .model_runner import ModelRunner
 
 
-def slot_contents(config: EngineConfig, prefix: array, prefix_id: int,
+def slot_contents(config: EngineConfig, prefix: array[int], prefix_id: int,
                   memory: MemoryKind) -> Optional[SlotContents]:
     """The prefix cache's bookkeeping when the job asks for it and the model's memory allows it,
     else None. It needs a stream per sequence: a free slot's kept cells then take no room from
@@ -40,7 +40,7 @@ def slot_contents(config: EngineConfig, prefix: array, prefix_id: int,
 class SlotKv:
     """The KV streams of an engine's slots: filled from a source on admission, moved, kept, freed."""
 
-    def __init__(self, runner: ModelRunner, prefix: array, prefix_id: int,
+    def __init__(self, runner: ModelRunner, prefix: array[int], prefix_id: int,
                  contents: Optional[SlotContents], counters: StepCounters) -> None:
         self.runner = runner
         self.prefix = prefix
