@@ -47,9 +47,14 @@ def test_fields_about_the_caller_or_the_service_are_taken_and_not_used():
     """A batch file written for OpenAI that says who asks (`user`) or how to keep the request
     (`store`, `metadata`) had every line refused: "body.user: not supported"."""
     unseen = {"user": "u-1", "safety_identifier": "s", "prompt_cache_key": "k", "metadata": {"run": "7"},
-              "store": True, "service_tier": "flex"}
+              "store": True, "service_tier": "flex", "prompt_cache_retention": "24h",
+              "prediction": {"type": "content", "content": "a draft"},  # sooner, the same answer
+              # no tool is ever called (a line's tools are refused): these ask for what it gets
+              "tool_choice": "none", "parallel_tool_calls": False, "modalities": ["text"]}
     req = parse_request(line(unseen))
     assert req.error is None and req.settings == parse_request(line()).settings
+    for key, value in (("tool_choice", "auto"), ("modalities", ["text", "audio"]), ("parallel_tool_calls", 1)):
+        assert parse_request(line({key: value})).error.startswith(f"body.{key}: only "), key
     completion = {"custom_id": "c", "url": COMPLETIONS, "body": {"prompt": "a", "user": "u-1"}}
     assert parse_request(completion).error is None
     completion["body"]["store"] = True  # a chat field, as OpenAI's completions refuse it

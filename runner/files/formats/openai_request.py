@@ -50,8 +50,10 @@ HONOURED = {CHAT: ("messages", "model", "max_tokens", "max_completion_tokens", "
             RESPONSES: responses.HONOURED}
 # Fields about who asks or how OpenAI serves and keeps the request, which do not change its
 # answer: taken and not used, as a batch file written for OpenAI holds them
-_ABOUT_THE_CALL = ("user", "safety_identifier", "prompt_cache_key", "metadata", "store", "service_tier")
-UNSEEN = {CHAT: _ABOUT_THE_CALL, COMPLETION: ("user",), RESPONSES: _ABOUT_THE_CALL}
+_ABOUT_THE_CALL = ("user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "metadata", "store",
+                   "service_tier")
+# prediction (Predicted Outputs) makes OpenAI answer sooner, with the answer it gives without it
+UNSEEN = {CHAT: (*_ABOUT_THE_CALL, "prediction"), COMPLETION: ("user",), RESPONSES: _ABOUT_THE_CALL}
 MAX_N = 128  # samples per line (OpenAI's own limit)
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_TOP_LOGPROBS = {CHAT: 20, COMPLETION: 5}  # alternatives per token, as OpenAI allows
@@ -62,6 +64,11 @@ NEUTRAL: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "stream": ("false", lambda v: v is False),
     "background": ("false", lambda v: v is False),  # /v1/responses: answered in the batch, not later
     "truncation": ("disabled", lambda v: v == "disabled"),  # /v1/responses: a prompt too long fails
+    "modalities": ('["text"]', lambda v: v == ["text"]),  # an answer in text alone, as ggbatch writes it
+    # A line's tools are refused, so no tool is ever called: "none" is what it gets, and whether
+    # several calls may run at once does not arise
+    "tool_choice": ('"none"', lambda v: v == "none"),
+    "parallel_tool_calls": ("true or false", lambda v: isinstance(v, bool)),
 }
 
 
