@@ -361,7 +361,8 @@ def test_a_data_frame_or_a_table_is_answered_by_its_rows(demo_model):
                {"questionID": "b", "question": "The little dog", "who": "dog"}]
     settings = dict(model=demo_model, max_tokens=6, prompt={"template": "{{question}} and the {{who}}"})
     expected = [(a.id, a.text) for a in ggbatch.answer(records, **settings)]
-    for table in (pd.DataFrame(records), pa.Table.from_pylist(records)):
+    frame = pd.DataFrame(records)
+    for table in (frame, frame.set_index("questionID"), pa.Table.from_pylist(records)):  # a named index is a field
         assert [(a.id, a.text) for a in ggbatch.answer(table, **settings)] == expected
     texts = pd.DataFrame({"question": ["Once upon a time", "The little dog", "Lily"]})
     assert [a.id for a in ggbatch.answer(texts, model=demo_model, max_tokens=2)] == ["0", "1", "2"]

@@ -89,7 +89,7 @@ def test_a_shard_rerun_after_a_crash_answers_only_what_its_journal_lacks(tmp_pat
     assert q["shard"] == {"index": 0, "count": 3}
     answers = len(lines) - JOURNAL_HEAD
     assert (q["records"], q["from_journal"], q["answered"]) == (answers, 2, answers)
-    assert "shard 0/3: " in r.stderr and f" of the {N} questions, answers to {part}" in r.stderr
+    assert "shard 0/3: " in r.stderr and f" of {N} questions, answers to {part}" in r.stderr
 
 
 def chat(cid, text):

@@ -19,12 +19,13 @@ Question = Union[str, Mapping[str, Any], Sequence[Mapping[str, Any]]]
 
 def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, question_field: str,
                 source: str, single: bool = False) -> list[dict[str, Any]]:
-    """The caller's questions as rows (strings and conversations numbered by their index); a mapping, bytes or
-    anything not iterable is refused: iterating them would ask their keys, bytes or nothing.
+    """The caller's questions as rows (strings and conversations numbered by their index; a data
+    frame's or table's rows, _table_rows); a mapping, bytes or anything not iterable is refused:
+    iterating them would ask their keys, bytes or nothing.
     `single`: the caller gave one question (Pool.submit's, in a list of one), named `question`."""
     if isinstance(questions, str):
         questions = [questions]
-    table = table_rows(questions)
+    table = _table_rows(questions)
     if table is not None:
         questions = table
     if isinstance(questions, (Mapping, bytes, bytearray)) or not isinstance(questions, Iterable):
@@ -58,16 +59,18 @@ def caller_rows(questions: Union[str, Iterable[Question]], id_field: str, questi
     return rows
 
 
-def table_rows(questions: Any) -> Optional[list[dict[str, Any]]]:
+def _table_rows(questions: Any) -> Optional[list[dict[str, Any]]]:
     """A data frame's or a table's rows as records (None for anything else): iterating a pandas
     DataFrame gives its column names and a polars one its columns, each taken for a question;
-    a pyarrow Table cannot be iterated. Found by their own methods, so none of them is imported."""
+    a pyarrow Table cannot be iterated. Found by their own methods, so none of them is imported.
+    A pandas index with a name (df.set_index("questionID")) is a field of each record too."""
     if callable(getattr(questions, "to_dicts", None)):  # polars
         return list(questions.to_dicts())
     if callable(getattr(questions, "to_pylist", None)) and hasattr(questions, "schema"):  # pyarrow
         return list(questions.to_pylist())
     if callable(getattr(questions, "to_dict", None)) and hasattr(questions, "columns"):  # pandas
-        return list(questions.to_dict(orient="records"))
+        named = any(name is not None for name in getattr(getattr(questions, "index", None), "names", [None]))
+        return list((questions.reset_index() if named else questions).to_dict(orient="records"))
     return None
 
 
