@@ -282,3 +282,27 @@ def test_a_file_not_found_names_the_closest_name_in_its_folder(tmp_path, demo_mo
              "zzz.gguf: model file not found")):
         r = subprocess.run(ggbatch_command("run", *args), capture_output=True, text=True, cwd=tmp_path, timeout=60)
         assert r.returncode == 2 and r.stderr == f"ggbatch: error: {said}\n", r.stderr
+
+
+def test_a_folder_given_as_the_model_or_the_questions_names_the_files_it_holds(tmp_path, demo_model):
+    """A model's or a dataset's folder was 'is a directory, not a file' and no more: the GGUF or
+    question files in it are named, and a Hugging Face dataset saved with save_to_disk is said."""
+    models, questions, saved = tmp_path / "models", tmp_path / "questions", tmp_path / "saved"
+    for folder in (models, questions, saved):
+        folder.mkdir()
+    (models / "m-q8_0.gguf").write_bytes(b"GGUF")
+    for name in ("a.jsonl", "b.csv", "notes.txt"):
+        (questions / name).write_text("")
+    for name in ("state.json", "dataset_info.json", "data-00000-of-00001.arrow"):
+        (saved / name).write_text("")
+    for args, said in (
+            (["--model", "models", "--input", "q.jsonl"],
+             "models: model path is a directory, not a GGUF file (give the file it holds: models/m-q8_0.gguf)"),
+            (["--model", demo_model, "--input", "questions"],
+             "questions: input is a directory, not a file (it holds a.jsonl and b.csv: give one of them)"),
+            (["--model", demo_model, "--input", "saved"],
+             "saved: input is a directory, not a file (a Hugging Face dataset saved with save_to_disk: write it "
+             "as JSON Lines, datasets.load_from_disk('saved').to_json('questions.jsonl'))")):
+        r = subprocess.run(ggbatch_command("run", *args, "--output", "a.jsonl"), capture_output=True, text=True,
+                           cwd=tmp_path, timeout=60)
+        assert r.returncode == 2 and r.stderr == f"ggbatch: error: {said}\n", r.stderr

@@ -71,6 +71,21 @@ def closest_file(path: str) -> str:
     return f"; did you mean {os.path.join(folder, close[0])}?" if close else ""
 
 
+def files_inside(folder: str, suffixes: tuple[str, ...]) -> str:
+    """What to add to "FOLDER: ... is a directory": the files in it with these suffixes, which
+    the user likely meant one of (" (it holds a.gguf and b.gguf: give one of them)"), or nothing."""
+    try:
+        names = sorted(name for name in os.listdir(folder) if name.lower().endswith(suffixes))
+    except OSError:
+        return ""
+    if len(names) == 1:
+        return f" (give the file it holds: {os.path.join(folder, names[0])})"
+    if not names:
+        return ""
+    shown = " and ".join(names) if len(names) <= 2 else f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
+    return f" (it holds {shown}: give one of them)"
+
+
 def journal_path(output: str) -> str:
     return output + JOURNAL_SUFFIX
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ModelError
-from ..files.paths import cache_refusal, closest_file
+from ..files.paths import cache_refusal, closest_file, files_inside
 from .gguf_header import NO_MAGIC, GGUFFormatError, GGUFLayout, read_layout
 from .hub import hub_hint, is_hub_name, model_parts, resolve_hub_name
 
@@ -56,7 +56,8 @@ def resolve_model(model: str) -> str:
     except FileNotFoundError:
         raise ModelError(f"{model}: model file not found{hub_hint(model) or closest_file(model)}") from None
     except IsADirectoryError:
-        raise ModelError(f"{model}: model path is a directory, not a GGUF file") from None
+        inside = files_inside(model, (".gguf",))
+        raise ModelError(f"{model}: model path is a directory, not a GGUF file{inside}") from None
     except OSError as exc:
         raise ModelError(f"{model}: cannot read the model file ({exc.strerror or exc})") from None
     if magic != b"GGUF":

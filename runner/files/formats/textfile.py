@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator, Union
 
 from ...errors import InputError
-from ..paths import closest_file
+from ..paths import closest_file, files_inside
 from ..piped import copy_of
 
 # UTF-32's marks first: UTF-32 LE's starts with UTF-16 LE's
@@ -121,8 +121,17 @@ def cannot_read(path: str, exc: OSError) -> InputError:
     if isinstance(exc, FileNotFoundError):
         return InputError(f"{path}: input file not found{closest_file(path)}")
     if isinstance(exc, IsADirectoryError):
-        return InputError(f"{path}: input is a directory, not a file")
+        return InputError(f"{path}: input is a directory, not a file{_folder_hint(path)}")
     return InputError(f"{path}: cannot read input: {exc.strerror}")
+
+
+def _folder_hint(path: str) -> str:
+    """A Hugging Face dataset saved with save_to_disk (its state.json and Arrow files), or the
+    question files a folder holds."""
+    if Path(path, "state.json").is_file() and any(Path(path).glob("*.arrow")):
+        return (" (a Hugging Face dataset saved with save_to_disk: write it as JSON Lines, "
+                f"datasets.load_from_disk({str(path)!r}).to_json('questions.jsonl'))")
+    return files_inside(path, (".jsonl", ".ndjson", ".json", ".csv", ".tsv"))
 
 
 def split_lone_cr(lines: Iterable[bytes]) -> Iterator[bytes]:
