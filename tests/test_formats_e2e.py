@@ -178,10 +178,14 @@ def test_integer_ids_are_written_back_as_integers_unless_some_id_is_text(tmp_pat
     for i in (0, 1):
         ggbatch("run", "--model", demo_model, "--input", questions, "--output", tmp_path / "s.jsonl",
                 "--id-field", "id", "--max-tokens", "2", "-q", "--shard", f"{i}/2")
-    r = ggbatch("merge", "--output", tmp_path / "m.jsonl", "--input", questions, "--id-field", "id",
-                *sorted(tmp_path.glob("s.shard-*.jsonl")))
+    parts = sorted(tmp_path.glob("s.shard-*-of-2.jsonl"))
+    r = ggbatch("merge", "--output", tmp_path / "m.jsonl", "--input", questions, "--id-field", "id", *parts)
     assert r.returncode == 0, r.stderr
     assert [row["id"] for row in parse_lines(tmp_path / "m.jsonl")] == [5, 12345678901234567890]
+    for part in parts:  # a question no part holds is said with its id as the others are written
+        r = ggbatch("merge", "--output", tmp_path / "m.jsonl", "--input", questions, "--id-field", "id", part)
+        ids = [row["id"] for row in parse_lines(tmp_path / "m.jsonl")]
+        assert r.returncode == 1 and ids == [5, 12345678901234567890], r.stderr
     long = write_lines(tmp_path / "long.jsonl", [*rows, {"id": 9, "question": "The dog ran " * 40}])
     r = ggbatch("run", "--model", demo_model, "--input", long, "--output", tmp_path / "c.jsonl", "--id-field", "id",
                 "--max-tokens", "2", "--n-ctx", "32", "--errors-output", tmp_path / "e.jsonl", "-q")

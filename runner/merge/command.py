@@ -157,17 +157,18 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
     refuse_running(present)
     settings = _check_one_job(present)
     _say_decided_apart(present)
-    order, question_fmt, digests = None, None, {}
+    order, question_fmt, digests, integer_ids = None, None, {}, None
     if questions is not None:
         question_file = read_question_file(questions, id_field, question_field, input_fmt)
         order, question_fmt = [r.qid for r in question_file.records], question_file.format
         digests = {r.qid: r.digest for r in question_file.records}
+        integer_ids = all(type(r.fields.get(id_field)) is int for r in question_file.records)
     parts = [read_part(p, id_field) for p in present]
     merged = merge_rows(parts, order, questions or "")
     said = [line for p in parts if (line := unwritten(p))]
     said += [line for p in parts if questions is not None and (line := answered_otherwise(p, digests, questions))]
     fmt = _format(output, output_fmt, parts, question_fmt)
-    write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings))
+    write_atomic(output, render_merged(merged, fmt, id_field, _csv_header(parts), time.time(), settings, integer_ids))
     return MergeOutcome(output, fmt, merged, len(parts), [p for p in paths if not os.path.exists(p)], split,
                         absent_shards, journals, locks, said, by_names)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Mapping, Optional, Sequence, TypeVar, Union
 
 from ..config.checks import LOGLIKELIHOOD
 from ..errors import InputError, quote
@@ -81,18 +81,25 @@ def _places(first: PartRow, second: PartRow) -> str:
 
 
 def render_merged(merged: Merged, fmt: str, id_field: str = "questionID", columns: Sequence[str] = (),
-                  started: float = 0.0, settings: Optional[Mapping[str, Any]] = None) -> str:
+                  started: float = 0.0, settings: Optional[Mapping[str, Any]] = None,
+                  integer_ids: Optional[bool] = None) -> str:
     """OUT's text in `fmt`: OpenAI Batch output lines as they are; fields as a run writing `fmt`
     writes them (runner/files/outputs.py RowText; a CSV part's cells were decoded as it was read).
     `columns`: a CSV part's header; `settings`: the job's, from a part's journal (part_settings);
-    `started`: the time of an OpenAI Batch line written for a missing question."""
+    `started`: the time of an OpenAI Batch line written for a missing question; `integer_ids`:
+    whether every id of the question file is a JSON integer, as a run writes them then (None: as
+    the parts' rows are, all integers or not), for every row, a missing question's too."""
     if fmt == "openai":
         spec = OutputSpec("openai", started=started)
         return "".join((_held(row.line, row) if row is not None
                         else json.dumps(batch_line(Row(qid, None, MISSING), spec), ensure_ascii=False)) + "\n"
                        for qid, row in merged.rows)
-    fields = [_held(row.fields, row) if row is not None else row_fields(Row(qid, None, MISSING), id_field, False)
+    fields = [dict(_held(row.fields, row)) if row is not None else row_fields(Row(qid, None, MISSING), id_field, False)
               for qid, row in merged.rows]
+    if integer_ids is None:
+        integer_ids = all(type(f[id_field]) is int for f, (_, row) in zip(fields, merged.rows) if row is not None)
+    for f in fields:
+        f[id_field] = _id_as(str(f[id_field]), integer_ids)
     text = RowText(run_spec(fmt, id_field, fields, columns, settings))
     text.columns += [c for c in _columns(fields, columns) if c not in text.columns]
     return text.head() + "".join(text.fields(f) for f in fields) + text.tail()
@@ -119,6 +126,17 @@ def _asked(settings: Mapping[str, Any]) -> set[str]:
     asked |= {"token_logprobs"} if settings.get("answer.token_logprobs") is not None else set()
     asked |= {"answer_norm"} if settings.get("answer.choice_scoring") == LOGLIKELIHOOD else set()
     return asked | ({"samples"} if isinstance(n, int) and n > 1 else set())
+
+
+def _id_as(qid: str, integer_ids: bool) -> Union[int, str]:
+    """An id as a run writes it: a JSON integer while every id is one (runner/job.py), else text."""
+    if integer_ids:
+        try:
+            if str(int(qid)) == qid:  # "007" stays text
+                return int(qid)
+        except ValueError:
+            pass
+    return qid
 
 
 def _held(value: Optional[V], row: PartRow) -> V:
