@@ -76,7 +76,8 @@ from ggbatch.runner.tools.lm_eval_requests import (
 from ggbatch.runner.tools.lm_eval_task_index import cache_task_index
 from ggbatch.runner.tools.lm_eval_templates import compile_templates_once
 from ggbatch.runner.warm.calls import Answered
-from ggbatch.runner.warm.pool import SOURCE, Pool
+from ggbatch.runner.warm.overrides import SOURCE
+from ggbatch.runner.warm.pool import Pool
 from ggbatch.runner.warm.pool_errors import Untokenizable
 from ggbatch.workers.protocol import Question
 

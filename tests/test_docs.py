@@ -102,7 +102,7 @@ def test_the_keys_pipelines_says_a_pool_takes_are_keywords_it_takes() -> None:
     as an unknown key, and no `limits` key exists."""
     from ggbatch.runner.config.keywords import check_keywords
     from ggbatch.runner.errors import ConfigError
-    from ggbatch.runner.warm.pool import POOL_OWN, SOURCE
+    from ggbatch.runner.warm.overrides import POOL_OWN, SOURCE
 
     page = " ".join((ROOT / "docs" / "guide" / "pipelines.md").read_text(encoding="utf-8").split())
     taken, refused = re.search(r"The pool takes [^(]*\(([^)]*)\)(?:[^(]*\(([^)]*)\))?", page).groups()

@@ -21,7 +21,7 @@ from ..config.keywords import key_parts, keywords
 from ..errors import ConfigError, InputError, quote
 from ..model.gguf_header import GGUFFormatError, read_hparams
 from ..questions.maker import question_seed
-from ..warm.pool import POOL_OWN
+from ..warm.overrides import POOL_OWN
 
 log = logging.getLogger("ggbatch")
 

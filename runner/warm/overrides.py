@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 
 from ...workers.protocol import GenerationParams
 from ..config.answer import job_answer
-from ..config.keywords import settings_layer
+from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
 from ..errors import ConfigError
 from ..questions.prompting import Prompting
@@ -30,6 +30,19 @@ OVERRIDES = {"max_tokens": "max_tokens", "sampling": "sampling", "choices": "ans
              "system": "system"}
 ANSWER_KEYS = ("answer.choices", "answer.json_schema", "answer.grammar")
 CACHED = 64  # distinct override sets whose builder and settings are kept
+
+# the job's keys that name files: a pool takes questions and gives answers
+POOL_OWN = ("input", "output", "input_format", "output_format", "errors_output", "shard", "report")
+SOURCE = "ggbatch.Pool()"  # how errors name a pool made by its constructor
+
+
+def pool_config(model: str, settings: dict[str, Any]) -> tuple[JobConfig, dict[str, Any]]:
+    """(the pool's job settings, its settings layer) from Pool()'s keywords: ConfigError naming a
+    key that is not one. A call's own are laid over them (Variants)."""
+    check_keywords(SOURCE, settings, POOL_OWN)
+    # input and output are placeholders: a pool has no files
+    layer = settings_layer({"model": model, "input": "-", "output": "-", **settings}, SOURCE)
+    return build_config([(SOURCE, layer)]), layer
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,7 @@ from ...workers.llama.factory import LLAMA_ENGINE
 from ...workers.protocol import Answer, Question
 from ..child_processes import leave_if_importing_script
 from ..config.answer import job_answer
-from ..config.keywords import check_keywords, settings_layer
-from ..config.schema import JobConfig, build_config
+from ..config.schema import JobConfig
 from ..errors import ConfigError, WorkerFailure
 from ..files.inputs import Record
 from ..launch import STREAMED, open_backend, settle, start_layout, worker_specs
@@ -51,28 +50,15 @@ from .calls import Answered, Calls, NoReuse
 from .events import PoolEvents
 from .facts import call_facts, first_slots, probe_records, warm_facts
 from .intake import Submissions, load_of, too_wide
-from .overrides import Variant, Variants, said_by_call
+from .overrides import SOURCE, Variant, Variants, pool_config, said_by_call
 from .pool_errors import PoolClosed, Untokenizable
 from .records import caller_namer, caller_records, caller_rows, caller_texts, check_vocabulary
 from .resolver import Resolver
 from .starting import start_in_thread
 from .stats import pool_stats
 
-# the job's keys that name files: a pool takes questions and gives answers
-POOL_OWN = ("input", "output", "input_format", "output_format", "errors_output", "shard", "report")
-
-SOURCE = "ggbatch.Pool()"  # how errors name a pool made by its constructor
 log = logging.getLogger("ggbatch")
 _T = TypeVar("_T")
-
-
-def _configured(model: str, settings: dict[str, Any]) -> tuple[JobConfig, dict[str, Any]]:
-    """(the pool's job settings, its settings layer) from Pool()'s keywords: ConfigError naming a
-    key that is not one."""
-    check_keywords(SOURCE, settings, POOL_OWN)
-    # input and output are placeholders: a pool has no files
-    layer = settings_layer({"model": model, "input": "-", "output": "-", **settings}, SOURCE)
-    return build_config([(SOURCE, layer)]), layer
 
 
 class Pool:
@@ -86,7 +72,7 @@ class Pool:
 
     def __init__(self, model: str, *, engine_factory: EngineFactory = LLAMA_ENGINE, start_small: bool = True,
                  **settings: Any) -> None:
-        config, layer = _configured(model, settings)
+        config, layer = pool_config(model, settings)
         self._start(config, layer, SOURCE, [], engine_factory, start_small)
 
     @classmethod
@@ -100,7 +86,7 @@ class Pool:
         gives (a process that exits meanwhile waits for the start, then closes it). For a caller
         with work of its own first: lm-eval builds its tasks while the model loads (ggbatch.lm_eval).
         `per_question`: each question brings its own generation (lm-eval's): no max_tokens warning."""
-        config, layer = _configured(model, settings)
+        config, layer = pool_config(model, settings)
         check_local_model(config.model)
         with said_by_call(SOURCE, {}):  # these need no model: said now, not by .result()
             job_answer(config)
