@@ -34,7 +34,7 @@ from ..workers.protocol import EngineConfig
 from .child_processes import leave_if_importing_script
 from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig, key_said_in_file, model_said_in_file
-from .errors import Interrupted, JournalError, ModelError, OutputError, WorkerFailure
+from .errors import InputError, Interrupted, JournalError, ModelError, OutputError, WorkerFailure
 from .files.formats.cells import check_id_column
 from .files.formats.detect import errors_format, output_format
 from .files.formats.rows import OutputSpec, Row, not_answered
@@ -149,7 +149,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                             first, stream.records_guess, config.shard, journal.kept, len(preparer.made.from_journal)))
                         watch.progress.resumed(journal.kept)
                         ended = _answer(pool, first, growth.engines(), _feed(preparer, rest, window, watch, pool,
-                                                                             growth), window, watch)
+                                                                             growth), window, watch, journal.path)
                         preparer.say()
                         counts = _write_answers(config, preparer, journal, ended,
                                                 _output_spec(config, preparer, formats[1], clock["started_at"]))
@@ -291,9 +291,11 @@ def _setup(config: JobConfig, model: ModelIdentity, preparer: Preparer, growth: 
 
 
 def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], feed: Optional[QuestionFeed],
-            window: int, watch: RunWatch) -> Optional[Exception]:
+            window: int, watch: RunWatch, journal: str) -> Optional[Exception]:
     """What ended the run early, if anything (the answers so far are in the journal). A stop asked
-    when nothing was left to answer ends the run as any stop does."""
+    when nothing was left to answer ends the run as any stop does. A record the file reads on to
+    that cannot be read ends it with no answers file (the rest of the file cannot be listed), its
+    error saying that the answers so far are kept."""
     try:
         if first.questions or feed is not None:
             pool.run(first.questions, engine, feed, feed_below=window // 2, events=watch)
@@ -302,6 +304,9 @@ def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], fe
         if feed is not None:
             feed.read_rest()
         return exc
+    except InputError as exc:
+        raise InputError(f"{exc}; the answers so far are kept in the journal {journal}: mend the file and run the "
+                         "same command again, which answers only the rest") from None
     finally:
         watch.end(pool)
         STOP.detach()  # the pool is done: a signal from now on ends the run as it is written

@@ -109,8 +109,11 @@ def test_a_tokenizer_process_killed_mid_run_is_started_again_and_the_run_goes_on
 def test_a_bad_line_far_into_a_streamed_file_stops_the_run_naming_it_and_keeps_the_answers(tmp_path, demo_model):
     questions(tmp_path / "q.jsonl", 12000, line=lambda i: '{"questionID": "q", "question": \n' if i == 11000 else None)
     out = tmp_path / "a.json"
-    with pytest.raises(InputError, match=r"q.jsonl:11001: malformed JSON"):
+    with pytest.raises(InputError, match=r"q.jsonl:11001: malformed JSON") as err:
         run_job(job(tmp_path, demo_model, out), engine_factory=Fake(), progress="log", window=500)
+    # it said the line and no more, as though every answer were lost with the run
+    assert str(err.value).endswith(f"; the answers so far are kept in the journal {out}.journal.jsonl: mend the "
+                                   "file and run the same command again, which answers only the rest")
     journal = (tmp_path / "a.json.journal.jsonl").read_text().splitlines()
     assert len(journal) > 5000  # the windows before it were answered, and are kept for the rerun
 
