@@ -34,7 +34,7 @@ from ..workers.protocol import EngineConfig
 from .child_processes import leave_if_importing_script
 from .config.answer import job_answer
 from .config.schema import CHOICES_AUTO, LOGLIKELIHOOD, JobConfig, key_said_in_file, model_said_in_file
-from .errors import InputError, Interrupted, JournalError, ModelError, OutputError, WorkerFailure
+from .errors import ConfigError, InputError, Interrupted, JournalError, ModelError, OutputError, WorkerFailure
 from .files.formats.cells import check_id_column
 from .files.formats.detect import errors_format, output_format
 from .files.formats.rows import OutputSpec, Row, not_answered
@@ -294,8 +294,8 @@ def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], fe
             window: int, watch: RunWatch, journal: str) -> Optional[Exception]:
     """What ended the run early, if anything (the answers so far are in the journal). A stop asked
     when nothing was left to answer ends the run as any stop does. A record the file reads on to
-    that cannot be read ends it with no answers file (the rest of the file cannot be listed), its
-    error saying that the answers so far are kept."""
+    that cannot be read, or made into a prompt, ends it with no answers file (the rest of the file
+    cannot be listed), its error saying that the answers so far are kept."""
     try:
         if first.questions or feed is not None:
             pool.run(first.questions, engine, feed, feed_below=window // 2, events=watch)
@@ -304,9 +304,10 @@ def _answer(pool: WorkerPool, first: Window, engine: dict[int, EngineConfig], fe
         if feed is not None:
             feed.read_rest()
         return exc
-    except InputError as exc:
-        raise InputError(f"{exc}; the answers so far are kept in the journal {journal}: mend the file and run the "
-                         "same command again, which answers only the rest") from None
+    except (InputError, ConfigError) as exc:  # a later window's record: a bad line, a template it fails
+        kind = InputError if isinstance(exc, InputError) else ConfigError
+        raise kind(f"{exc}; the answers so far are kept in the journal {journal}: fix what this names and run "
+                   "the same command again, which answers only the rest") from None
     finally:
         watch.end(pool)
         STOP.detach()  # the pool is done: a signal from now on ends the run as it is written

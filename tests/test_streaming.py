@@ -14,7 +14,7 @@ import pytest
 
 from fake_engine import Fake
 from ggbatch import build_config
-from ggbatch.runner.errors import InputError, Interrupted, WorkerFailure
+from ggbatch.runner.errors import ConfigError, InputError, Interrupted, WorkerFailure
 from ggbatch.runner.job import run_job
 from ggbatch.runner.pool.signals import STOP
 from helpers import wait_for
@@ -112,10 +112,24 @@ def test_a_bad_line_far_into_a_streamed_file_stops_the_run_naming_it_and_keeps_t
     with pytest.raises(InputError, match=r"q.jsonl:11001: malformed JSON") as err:
         run_job(job(tmp_path, demo_model, out), engine_factory=Fake(), progress="log", window=500)
     # it said the line and no more, as though every answer were lost with the run
-    assert str(err.value).endswith(f"; the answers so far are kept in the journal {out}.journal.jsonl: mend the "
-                                   "file and run the same command again, which answers only the rest")
+    assert str(err.value).endswith(f"; the answers so far are kept in the journal {out}.journal.jsonl: fix what "
+                                   "this names and run the same command again, which answers only the rest")
     journal = (tmp_path / "a.json.journal.jsonl").read_text().splitlines()
     assert len(journal) > 5000  # the windows before it were answered, and are kept for the rerun
+
+
+def test_a_record_far_into_a_file_its_template_fails_says_the_answers_are_kept(tmp_path, demo_model):
+    questions(tmp_path / "q.jsonl", 3000, line=lambda i: '{"questionID": "late", "question": "x"}\n' if i == 2500 else
+              json.dumps({"questionID": f"q{i}", "question": f"What is {i} plus 2?", "hint": "add"}) + "\n")
+    out = tmp_path / "a.json"
+    with pytest.raises(ConfigError) as err:
+        run_job(job(tmp_path, demo_model, out, **{"prompt.template": "{{question}} ({{hint}})"}), engine_factory=Fake(),
+                progress="log", window=500)
+    assert str(err.value) == (f"{tmp_path / 'q.jsonl'}:2501: record 'late' has no field 'hint' that prompt.template "
+                              "uses (its fields: 'questionID, question'); the answers so far are kept in the journal "
+                              f"{out}.journal.jsonl: fix what this names and run the same command again, which "
+                              "answers only the rest")
+    assert len((tmp_path / "a.json.journal.jsonl").read_text().splitlines()) > 1000
 
 
 def test_peak_memory_of_the_coordinator_stays_small_for_100000_questions(tmp_path, demo_model):
