@@ -34,7 +34,6 @@ from .watch.progress import setup_logging
 log = logging.getLogger("ggbatch")
 
 
-
 class _Parser(argparse.ArgumentParser):
     """A mistyped flag or value is one line naming it, as every other error is, not the whole usage
     (which --help gives)."""

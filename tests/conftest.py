@@ -70,7 +70,6 @@ def demo_q4_model(tmp_path_factory) -> str:
     return str(mg.make_model(tmp_path_factory.mktemp("demo_q4") / "demo-q4_0.gguf", "demo", quant="q4_0", seed=0))
 
 
-
 @pytest.fixture(scope="session")
 def think_model(tmp_path_factory) -> str:
     """The demo model as a reasoning model that writes <think> blocks (`make-model --reasoning

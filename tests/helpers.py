@@ -120,7 +120,6 @@ def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "t
         time.sleep(every)
 
 
-
 def answers_of(engine: Any, questions: Iterable[Any]) -> dict[str, Answer]:
     """qid -> answer of every question, the engine (made by the caller, with the settings the
     test is about) stepped until none is unfinished."""
@@ -164,7 +163,6 @@ def alone(model: str, tokens: Iterable[int], max_tokens: int, flash_attn: bool =
         return llm.create_completion(list(tokens), max_tokens=max_tokens, temperature=0)["choices"][0]["text"]
     finally:
         llm.close()
-
 
 
 def loaded_memory(model: str) -> tuple[Any, int]:

@@ -87,7 +87,6 @@ def test_the_help_offers_no_ray_address_the_check_refuses():
         "out, got 'none'\n"), given.stderr
 
 
-
 def test_every_run_flag_sets_the_job_key_it_names_or_is_runs_own():
     """A flag's dest is the job key it sets (runner/cli.py _key_flag): one misspelt would be dropped
     from the command line's layer without a word, so each must be a key of the table."""
@@ -121,7 +120,6 @@ def test_a_boolean_flag_turns_a_job_files_key_off_as_well_as_on(tmp_path, flag, 
         config = build_config([(str(job), load_job_file(str(job))), ("command line", _flag_layer(args))])
         assert getattr(config, field) is value, given
     assert _flag_layer(build_parser().parse_args(["run", str(job)])) == {}  # neither: the job file's stands
-
 
 
 def test_no_ignore_eos_overrides_the_job_file_in_a_real_run(tmp_path, demo_model, questions_file):

@@ -26,7 +26,6 @@ def test_json_array_with_line_numbers(tmp_path):
     assert [(r.qid, r.line) for r in read_records(path)] == [("a", 2), ("b", 3)]
 
 
-
 def test_json_array_elements_of_many_lines_each_say_the_line_they_start_on(tmp_path):
     """Counted on from the element before (a 20,000-record array took 6 s when each element
     counted its line breaks from the file's start)."""

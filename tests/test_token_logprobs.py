@@ -63,7 +63,6 @@ def test_row_logprobs_match_a_float64_reference_and_order_ties_by_id():
     assert [t for t, _ in row_logprobs(spread, 0, 4, scratch)[1]] == [3, 0, 1, 2]
 
 
-
 def test_row_logprobs_of_a_flat_row_take_the_k_highest_ties_by_id():
     # A random or very unsure model puts most of a large vocabulary within a few nats of the top:
     # the top k then come from a partition of the row, still in order, ties to the lower id.

@@ -58,7 +58,6 @@ def test_stats_count_the_answers_callers_got_failures_apart(demo_model):
     assert idle["answering_s"] == after_second["answering_s"] < idle["elapsed_s"] - 1.0
 
 
-
 @pytest.mark.timeout(120)
 def test_the_pools_age_counts_from_pool_its_workers_load_included(demo_model):
     """elapsed_s counted from the watch's start, after the workers, the tokenizer and the layout:
