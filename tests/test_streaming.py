@@ -132,6 +132,18 @@ def test_a_record_far_into_a_file_its_template_fails_says_the_answers_are_kept(t
     assert len((tmp_path / "a.json.journal.jsonl").read_text().splitlines()) > 1000
 
 
+def test_integer_ids_stay_integers_when_a_rerun_reuses_lines_without_parsing_them(tmp_path, demo_model):
+    """A rerun takes a line the journal answered as it is, unparsed: its id, an integer in the
+    file, was taken for text, and every id of the answers file was written as text."""
+    def line(i):  # 1.9 MB: lines past the first reads (runner/files/inputs.py READ_BYTES) are looked up
+        return json.dumps({"questionID": i, "question": f"{i} plus 1?", "notes": "x" * 100}) + "\n"
+    questions(tmp_path / "q.jsonl", 12000, line=line)
+    out = tmp_path / "a.jsonl"
+    for _ in range(2):
+        run_job(job(tmp_path, demo_model, out), engine_factory=Fake(), progress="log", window=100)
+        assert [json.loads(line)["questionID"] for line in out.read_text().splitlines()] == list(range(12000))
+
+
 def test_peak_memory_of_the_coordinator_stays_small_for_100000_questions(tmp_path, demo_model):
     """The coordinator alone (the workers and the tokenizer are processes of their own), in a
     fresh process so that the peak is this run's (the report's, from VmHWM: getrusage's peak

@@ -194,7 +194,7 @@ class QuestionMaker:
         self.ids.extend(rec.qid for rec in records)
         self._kinds(records, first)
         if not self.made.text_ids:
-            self.made.text_ids = any(type(rec.fields.get(self.config.id_field)) is not int for rec in records)
+            self.made.text_ids = not all(rec.integer_id(self.config.id_field) for rec in records)
         self._journaled([(first + i, rec, prompt) for i, (rec, prompt) in enumerate(zip(records, journaled))
                          if prompt is not None])
         return first, journaled

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from ...errors import InputError, half_surrogate, quote
 from .openai_request import Request
+
+INTEGER = re.compile(r"-?[1-9][0-9]*|0")  # an integer as JSON writes it: no sign but -, no leading zero
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass is slow to make, and a big file makes millions
@@ -19,6 +22,13 @@ class Record:
     request: Optional[Request] = None
     digest: int = 0  # a 64-bit hash of the record as written (runner/journal/journal.py reuses answers by it)
     key: int = 0  # a 64-bit hash of its id (runner/files/compact.py text_key), once read
+
+    def integer_id(self, id_field: str) -> bool:
+        """Whether the file wrote its id as a JSON integer. A line the journal answered before is
+        not parsed again (its fields are empty): an id that reads as an integer is taken for one."""
+        if not self.fields:
+            return INTEGER.fullmatch(self.qid) is not None
+        return type(self.fields.get(id_field)) is int  # bool, an int's subclass, is no id
 
 
 def checked_id(where: str, qid: str, name: str) -> str:
