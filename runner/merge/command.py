@@ -80,8 +80,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         order = f"in the order of {shown_name(args.input)}" if args.input else "in the parts' order"
         journals = _left_out(outcome)
         print(f"merged {counted(len(outcome.merged.rows), 'row')} from {counted(outcome.parts, 'part')} into "
-              f"{outcome.output} "
-              f"({outcome.format}, {order}{journals})")
+              f"{outcome.output} ({outcome.format}, {order}{journals})")
     problems = outcome.problems()
     for line in problems:
         print(f"ggbatch: merge: {line}", file=sys.stderr)
@@ -162,7 +161,7 @@ def merge_files(output: str, paths: Sequence[str], questions: Optional[str] = No
         question_file = read_question_file(questions, id_field, question_field, input_fmt)
         order, question_fmt = [r.qid for r in question_file.records], question_file.format
         digests = {r.qid: r.digest for r in question_file.records}
-        integer_ids = all(type(r.fields.get(id_field)) is int for r in question_file.records)
+        integer_ids = all(r.integer_id(id_field) for r in question_file.records)
     parts = [read_part(p, id_field) for p in present]
     merged = merge_rows(parts, order, questions or "")
     said = [line for p in parts if (line := unwritten(p))]

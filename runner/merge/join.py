@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Sequence, TypeVar, Union
 from ..config.checks import LOGLIKELIHOOD
 from ..errors import InputError, quote
 from ..files.formats.openai_output import batch_line
+from ..files.formats.record import INTEGER
 from ..files.formats.rows import OutputSpec, Row, not_answered, row_fields
 from ..files.outputs import RowText
 from .parts import Part, PartRow
@@ -129,14 +130,9 @@ def _asked(settings: Mapping[str, Any]) -> set[str]:
 
 
 def _id_as(qid: str, integer_ids: bool) -> Union[int, str]:
-    """An id as a run writes it: a JSON integer while every id is one (runner/job.py), else text."""
-    if integer_ids:
-        try:
-            if str(int(qid)) == qid:  # "007" stays text
-                return int(qid)
-        except ValueError:
-            pass
-    return qid
+    """An id as a run writes it: a JSON integer while every id is one (runner/job.py), else text
+    ("007" stays text)."""
+    return int(qid) if integer_ids and INTEGER.fullmatch(qid) else qid
 
 
 def _held(value: Optional[V], row: PartRow) -> V:
