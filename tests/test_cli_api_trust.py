@@ -79,7 +79,8 @@ def test_a_record_without_a_question_is_named_by_its_index_in_the_callers_list(d
     with pytest.raises(ggbatch.GgbatchError) as err:
         ggbatch.answer(["Once upon a time", {"text": "no question field"}], model=demo_model, max_tokens=4)
     assert str(err.value) == ("ggbatch.answer(): questions[1]: record has no 'question' (fields.question); "
-                              "its other fields: 'text'")
+                              "its other fields: 'text'; if 'text' is the question, set fields.question: text "
+                              "(--question-field text)")
     with pytest.raises(ggbatch.GgbatchError, match=r"duplicate questionID: 'a' \(questions\[0\] and \[2\]\)"):
         ggbatch.answer([{"questionID": i, "question": q} for i, q in (("a", "Hi"), ("b", "Yo"), ("a", "Ho"))],
                        model=demo_model, max_tokens=4)

@@ -83,6 +83,26 @@ def test_bad_input_names_file_and_line(tmp_path, name, text, message):
     assert str(err.value).startswith(path)
 
 
+@pytest.mark.parametrize("name,text,hint", [
+    # a dataset's own name for the id or the question, or the job's name spelt as a spreadsheet spells it
+    ("q.jsonl", '{"id": 1, "question": "a"}\n', "; if 'id' is the id, set fields.id: id (--id-field id)"),
+    ("q.jsonl", '{"questionID": 1, "prompt": "a"}\n',
+     "; if 'prompt' is the question, set fields.question: prompt (--question-field prompt)"),
+    ("q.csv", "ID,Question\n1,a\n", "; if 'ID' is the id, set fields.id: ID (--id-field ID)"),
+    ("q.csv", "questionID;Question Text\n1;a\n",
+     "; if 'Question Text' is the question, set fields.question: Question Text (--question-field 'Question Text')"),
+    ("q.jsonl", '{"question_id": 1, "question": "a"}\n',
+     "; if 'question_id' is the id, set fields.id: question_id (--id-field question_id)"),
+    # two likely fields, or none: no guess
+    ("q.jsonl", '{"questionID": 1, "prompt": "a", "text": "b"}\n', "its other fields: 'prompt', 'text'"),
+    ("q.jsonl", '{"questionID": 1, "gold": "a"}\n', "its other fields: 'gold'"),
+])
+def test_a_missing_field_names_the_likely_one_and_its_setting(tmp_path, name, text, hint):
+    with pytest.raises(InputError) as err:
+        read_records(write(tmp_path, name, text))
+    assert str(err.value).endswith(hint)
+
+
 def test_the_first_duplicate_id_is_named_with_both_lines(tmp_path):
     lines = "".join(json.dumps({"questionID": q, "question": "x"}) + "\n" for q in ["a", "b", "a", "c", "b"])
     with pytest.raises(InputError, match=r"duplicate questionID: 'a' \(lines 1 and 3\)$"):

@@ -22,6 +22,7 @@ from .compact import HashIndex, key64, text_key
 from .formats.csvfile import csv_rows
 from .formats.detect import detect_format, input_format, is_openai_output
 from .formats.jsonfile import json_array, json_lines, loads
+from .formats.likely_fields import field_hint
 from .formats.openai_checks import Refused, messages
 from .formats.openai_input import OUTPUT_NOT_REQUESTS, openai_record, say_models
 from .formats.record import Record, checked_id
@@ -276,7 +277,8 @@ def record_at(where: str, line: int, obj: Any, id_field: str, question_field: Op
     if id_field not in obj and is_openai_output(obj):
         raise InputError(f"{where}: {OUTPUT_NOT_REQUESTS}")
     if id_field not in obj:
-        said = hint if hint and "custom_id" in obj else f" (fields.id){_its_fields(obj)}"
+        likely = field_hint("fields.id", id_field, obj)
+        said = hint if hint and "custom_id" in obj else f" (fields.id){_its_fields(obj)}{likely}"
         raise InputError(f"{where}: record has no '{id_field}'{said}")
     qid = obj[id_field]
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
@@ -297,8 +299,9 @@ def _its_fields(obj: Mapping[str, Any], besides: str = "") -> str:
 
 def _check_question(where: str, obj: Mapping[str, Any], question_field: str, id_field: str) -> None:
     if question_field not in obj:
+        others = [name for name in obj if name != id_field]
         raise InputError(f"{where}: record has no '{question_field}' (fields.question)"
-                         f"{_its_fields(obj, besides=id_field)}")
+                         f"{_its_fields(obj, besides=id_field)}{field_hint('fields.question', question_field, others)}")
     question = obj[question_field]
     if isinstance(question, list) and all(isinstance(m, dict) for m in question):
         try:  # a conversation, as a chat line's messages (runner/questions/prompts.py)

@@ -18,6 +18,7 @@ import sys
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 from ...errors import InputError, quote
+from .likely_fields import field_hint
 
 DELIMITERS = (",", ";", "\t", "|")
 # A long passage or document is one field: csv.writer writes fields of any length, and the
@@ -104,7 +105,9 @@ def _require(path: str, header: Sequence[str], columns: Mapping[str, str]) -> No
     for column, key in columns.items():
         if column not in header:
             names = ", ".join(map(quote, header[:12]))
-            raise InputError(f"{path}:1: the header has no column {quote(column)} ({key}); its columns: {names}")
+            others = [name for name in header if name not in columns]
+            raise InputError(f"{path}:1: the header has no column {quote(column)} ({key}); its columns: {names}"
+                             f"{field_hint(key, column, others)}")
 
 
 def csv_line(cells: Sequence[Any]) -> str:
