@@ -78,3 +78,22 @@ def test_an_empty_path_is_refused_naming_the_key_in_a_job_file_and_as_a_flag(tmp
     assert (flag.returncode, flag.stderr) == (2, f"ggbatch: error: command line: {key}: must be a non-empty string, "
                                                  "got ''\n")
     assert not (tmp_path / "a.json").exists()
+
+
+def test_a_job_files_paths_read_the_environments_variables(tmp_path, demo_model):
+    """`model: $MODELS/m.gguf` was a file not found in a folder named `$MODELS`, beside the job file,
+    where the same path as a flag is the shell's to expand."""
+    models, data = tmp_path / "models", tmp_path / "data"
+    models.mkdir(), data.mkdir()
+    (models / "m.gguf").symlink_to(demo_model)
+    (data / "q.jsonl").write_text('{"questionID": "a", "question": "Hi?"}\n')
+    job = _job(tmp_path / "sub", "model: $MODELS/m.gguf\ninput: ${DATA}/q.jsonl\noutput: ${DATA}/a.json\n"
+                                 "max_tokens: 2\n")
+    env = {**os.environ, "MODELS": str(models), "DATA": str(data)}
+    done = ggbatch("run", job, "-q", env=env, timeout=150)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((data / "a.json").read_text())[0]["questionID"] == "a"
+    del env["DATA"]
+    unset = ggbatch("run", job, "-q", env=env, timeout=150)
+    assert (unset.returncode, unset.stderr) == (2, f"ggbatch: error: {job}: input: ${{DATA}}/q.jsonl: the environment "
+                                                   "has no variable DATA (set it, or write the path out)\n")

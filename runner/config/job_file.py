@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -113,8 +114,25 @@ def load_job_file(path: str) -> dict[str, Any]:
     for key in PATH_KEYS:
         value = flat.get(key)
         if isinstance(value, str) and value != "demo" and not not_a_path(key, value):
-            flat[key] = _job_path(key, value, base)
+            flat[key] = _job_path(key, _with_variables(str(path), key, value), base)
     return JobFileLayer(flat)
+
+
+# $NAME or ${NAME}, as a shell reads a variable's name
+_VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
+
+
+def _with_variables(source: str, key: str, value: str) -> str:
+    """A path key's `$NAME` and `${NAME}` replaced by the environment's values, as a shell does in a
+    flag: a cron job's file names `$MODELS/qwen.gguf`. A variable the environment lacks is an error
+    naming it, not a file not found in a folder called `$MODELS`."""
+    def value_of(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in os.environ:
+            raise ConfigError(f"{source}: {key}: {value}: the environment has no variable {name} (set it, or write "
+                              "the path out)")
+        return os.environ[name]
+    return _VARIABLE.sub(value_of, value)
 
 
 def _job_path(key: str, value: str, base: Path) -> str:
