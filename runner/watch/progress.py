@@ -174,9 +174,11 @@ class Progress:
             self._last_log = time.perf_counter()
             elapsed = self._last_log - self._t0
             rate = self.done / elapsed if elapsed > 0 else 0.0
-            # answered and failed apart, as the summary says them: a failure is no answer
-            log.info("%d/%s%d %sdone: %d answered, %d failed, %.2f q/s, %.1f generated tok/s, %.1f prompt tok/s, "
-                     "ETA %s", self.done, "" if self._estimate is None else "~", self.total,
+            # answered and failed apart, as the summary says them: a failure is no answer; the clock
+            # for a log read later (cron's mail, a Slurm job's file): when it slowed, when it stopped
+            log.info("%s %d/%s%d %sdone: %d answered, %d failed, %.2f q/s, %.1f generated tok/s, %.1f prompt tok/s, "
+                     "ETA %s", time.strftime("%Y-%m-%d %H:%M:%S"), self.done, "" if self._estimate is None else "~",
+                     self.total,
                      f"left ({self.journaled} in the journal) " if self.journaled else "", self.done - self.failed,
                      self.failed, rate, gen_s, prompt_s, f"{eta:.0f} s" if eta is not None else "?")
 
