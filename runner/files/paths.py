@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import ConfigError, OutputError
+from .formats.written import check_text_output
 
 JOURNAL_SUFFIX = ".journal.jsonl"
 LOCK_SUFFIX = ".lock"
@@ -133,7 +134,7 @@ class JobPaths:
 
 def job_paths(input_path: str, model: str, output: str, report: Optional[str] = None,
               job_file: Optional[str] = None, errors_output: Optional[str] = None) -> JobPaths:
-    """The job's files, outputs resolved through symlinks, checked: distinct and writable."""
+    """The job's files, outputs resolved through symlinks, checked: distinct, text, writable."""
     for role, path in ((OUTPUT, output), (REPORT, report), (ERRORS_OUTPUT, errors_output)):
         if path:
             check_not_a_stream(path)
@@ -143,6 +144,7 @@ def job_paths(input_path: str, model: str, output: str, report: Optional[str] = 
                      os.path.realpath(errors_output) if errors_output else None)
     check_distinct(paths)
     for role, path in paths.outputs():
+        check_text_output(path, role)
         check_writable(path, role)
     return paths
 

@@ -31,6 +31,7 @@ from ..errors import ConfigError, InputError, quote
 from ..files.formats import FORMATS
 from ..files.formats.cells import check_id_column
 from ..files.formats.detect import output_format
+from ..files.formats.written import check_text_output
 from ..files.inputs import read_question_file
 from ..files.outputs import write_atomic
 from ..files.paths import JOURNAL_SUFFIX, LOCK_SUFFIX, check_output, journal_of, lock_path, same_file
@@ -205,6 +206,7 @@ def _check_paths(output: str, paths: Sequence[str], questions: Optional[str]) ->
         if other is not None and same_file(output, other):
             raise ConfigError(f"the merged output {output} is {role} ({other}); give another path")
     check_output(output, "the merged output")
+    check_text_output(output, "the merged output")
 
 
 def _check_one_job(paths: Sequence[str]) -> Optional[dict[str, Any]]:

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Optional
 
 from ..errors import ConfigError, GgbatchError, Interrupted
+from ..files.formats.written import check_text_output
 from ..files.outputs import write_atomic
 from ..files.paths import check_output, journal_of, same_file
 from ..files.piped import STDIN, readable_file
@@ -64,6 +65,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     for flag, out in (("--json", args.json), ("--details", args.details)):
         if out:
             check_output(out, f"the score's {flag} file")
+            check_text_output(out, f"the score's {flag} file")
             _refuse_overwriting(out, args.answers, args.gold)
     if args.answers == STDIN and args.gold == STDIN:
         raise ConfigError("--answers and --gold both name standard input (-): one of them must be a file")
