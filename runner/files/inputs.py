@@ -27,7 +27,7 @@ from .formats.openai_checks import Refused, messages
 from .formats.openai_input import OUTPUT_NOT_REQUESTS, openai_record, say_models
 from .formats.record import Record, checked_id
 from .formats.textfile import decoded, no_binary, no_utf16, open_bytes, read_text, split_lone_cr
-from .read_on import at_start, read_whole
+from .read_on import FileAtStart, at_start, read_whole
 
 __all__ = ["QuestionFile", "QuestionStream", "Record", "open_question_file", "record_at", "read_question_file",
            "read_records", "read_text", "detect_format", "json_array", "json_lines"]
@@ -71,29 +71,57 @@ def open_question_file(path: str, id_field: str = "questionID", question_field: 
     if fmt in (None, "csv", "json"):  # by extension too (.csv, .json), before its format's reader refuses it
         _no_batch_output(path, head)
     requested, fmt = fmt, input_format(path, head, fmt)
-    hint = _openai_hint(fmt, requested)
-    if fmt == "json":
-        text = read_text(path)
-        items = ((line, obj, json.dumps(obj, sort_keys=True).encode()) for line, obj in json_array(path, text))
-        records = (_record(path, line, obj, id_field, question_field, key64(raw), hint) for line, obj, raw in items)
-        return QuestionStream(fmt, _unique(path, records, id_field), max(map(len, text.split("\n")), default=0),
-                              Known())
-    if fmt == "openai":
-        models: dict[str, int] = {}  # the models its lines name, said once the whole file is read and checked
-        longest, lines = _line_stats(path)
-        return QuestionStream(fmt, read_whole(path, was, _then(_unique(path, _openai(path, models), "custom_id"),
-                                                           lambda: say_models(path, models))), longest, Known(), lines)
+    return _STREAMS[fmt](_Opening(path, was, id_field, question_field, _openai_hint(fmt, requested)))
+
+
+@dataclass(frozen=True)
+class _Opening:
+    """A question file to read, its format known: what each format's reader takes."""
+
+    path: str
+    was: Optional[FileAtStart]  # the file as its first read found it: a line file is read on as the run goes
+    id_field: str
+    question_field: Optional[str]
+    hint: str  # said of a record without its id that is an OpenAI Batch request (_openai_hint)
+
+
+def _json_stream(f: _Opening) -> QuestionStream:
+    """A JSON array: read whole (one value), each record hashed as its canonical JSON."""
+    text = read_text(f.path)
+    items = ((line, obj, json.dumps(obj, sort_keys=True).encode()) for line, obj in json_array(f.path, text))
+    records = (_record(f.path, line, obj, f.id_field, f.question_field, key64(raw), f.hint)
+               for line, obj, raw in items)
+    return QuestionStream("json", _unique(f.path, records, f.id_field), max(map(len, text.split("\n")), default=0),
+                          Known())
+
+
+def _openai_stream(f: _Opening) -> QuestionStream:
+    models: dict[str, int] = {}  # the models its lines name, said once the whole file is read and checked
+    longest, lines = _line_stats(f.path)
+    records = _then(_unique(f.path, _openai(f.path, models), "custom_id"), lambda: say_models(f.path, models))
+    return QuestionStream("openai", read_whole(f.path, f.was, records), longest, Known(), lines)
+
+
+def _csv_stream(f: _Opening) -> QuestionStream:
+    required = {f.id_field: "fields.id", **({f.question_field: "fields.question"} if f.question_field else {})}
+    records = (_record(f.path, line, row, f.id_field, f.question_field, _row_digest(row))
+               for line, row in csv_rows(f.path, _csv_lines(f.path), required))
+    longest, lines = _line_stats(f.path, csv=True)
+    return QuestionStream("csv", read_whole(f.path, f.was, _unique(f.path, records, f.id_field)), longest, Known(),
+                          max(lines - 1, 0))
+
+
+def _jsonl_stream(f: _Opening) -> QuestionStream:
+    """JSON Lines: a line the journal already answered is not parsed (Known)."""
     known = Known()
-    if fmt == "csv":
-        required = {id_field: "fields.id", **({question_field: "fields.question"} if question_field else {})}
-        records = (_record(path, line, row, id_field, question_field, _row_digest(row))
-                   for line, row in csv_rows(path, _csv_lines(path), required))
-        longest, lines = _line_stats(path, csv=True)
-        return QuestionStream(fmt, read_whole(path, was, _unique(path, records, id_field)), longest, known,
-                              max(lines - 1, 0))
-    longest, lines = _line_stats(path)
-    lines_read = _unique(path, _jsonl_records(path, id_field, question_field, known, hint), id_field)
-    return QuestionStream(fmt, read_whole(path, was, lines_read), longest, known, lines)
+    longest, lines = _line_stats(f.path)
+    lines_read = _unique(f.path, _jsonl_records(f.path, f.id_field, f.question_field, known, f.hint), f.id_field)
+    return QuestionStream("jsonl", read_whole(f.path, f.was, lines_read), longest, known, lines)
+
+
+# a question file's format (formats/detect.py input_format) -> its reader
+_STREAMS: dict[str, Callable[[_Opening], QuestionStream]] = {
+    "json": _json_stream, "openai": _openai_stream, "csv": _csv_stream, "jsonl": _jsonl_stream}
 
 
 def _no_batch_output(path: str, head: str) -> None:

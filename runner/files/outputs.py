@@ -1,11 +1,10 @@
 """Merging answers back into input order and writing the answers file atomically, in its format
 (runner/files/formats: a JSON array, JSON Lines, CSV, or OpenAI Batch output). Rows are written as
 they come (a file of millions of answers is never one string in memory): each format's text is
-a head, one piece per row, and a tail (RowText)."""
+a head, one piece per row, and a tail (RowText, through formats/answers_text.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -16,8 +15,8 @@ from typing import IO, Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from ...workers.protocol import Answer
 from ..errors import OutputError
-from .formats.cells import csv_cells, csv_columns
-from .formats.csvfile import csv_line
+from .formats.answers_text import TEXT_FORMATS
+from .formats.cells import csv_columns
 from .formats.detect import errors_format
 from .formats.openai_output import batch_line
 from .formats.rows import NOT_ANSWERED, OutputSpec, Row, row_fields
@@ -48,68 +47,34 @@ def merge(ids: Sequence[str], answers: Mapping[str, Answer],
 
 
 class RowText:
-    """An answers file's text in one format, a row at a time: head(), row()..., tail()."""
+    """An answers file's text in one format, a row at a time: head(), row()..., tail(); the
+    format's own text from formats/answers_text.py."""
 
     def __init__(self, spec: OutputSpec) -> None:
         self.spec = spec
+        self.text = TEXT_FORMATS[spec.format]
         self.columns = csv_columns(spec)
         self.rows = 0
 
     def head(self) -> str:
-        return csv_line(self.columns) if self.spec.format == "csv" else ""
+        return self.text.head(self.columns)
 
     def row(self, row: Row) -> str:
-        if self.spec.format == "openai":
-            self.rows += 1
-            return json.dumps(batch_line(row, self.spec), ensure_ascii=False) + "\n"
+        if self.spec.format == "openai":  # a line of its own kind, not the fields of an answers row
+            return self.fields(batch_line(row, self.spec))
         fields = row_fields(row, self.spec.id_field, self.spec.keep_thinking)
         if self.spec.integer_ids:
             fields[self.spec.id_field] = int(row.qid)
         return self.fields(fields)
 
     def fields(self, fields: Mapping[str, Any]) -> str:
-        """A row given as the fields of a JSON answers row (row_fields), in a format other than
-        OpenAI Batch output: CSV's cells (runner/files/formats/cells.py) under self.columns."""
+        """A row given as the fields of an answers row (row_fields), or an OpenAI Batch output
+        line; a CSV row's cells are those under self.columns."""
         self.rows += 1
-        if self.spec.format == "csv":
-            cells = csv_cells(fields)
-            return csv_line(["" if cells.get(c) is None else cells[c] for c in self.columns])
-        if self.spec.format == "jsonl":
-            return json.dumps(fields, ensure_ascii=False) + "\n"
-        return ("[\n" if self.rows == 1 else ",\n") + json_element(fields)
+        return self.text.row(fields, self.columns, first=self.rows == 1)
 
     def tail(self) -> str:
-        if self.spec.format != "json":
-            return ""
-        return "\n]\n" if self.rows else "[]\n"
-
-
-def json_element(fields: Mapping[str, Any]) -> str:
-    """One row of a JSON answers file, laid out as json.dumps(rows, indent=1) lays out an array's
-    element except below a field: a list is opened while its items are lists, and each item that
-    is not a list is written compact on a line of its own; a field's object has a key a line. A
-    token's log-probability entry is then one line, where indent gives it dozens (a line per byte
-    of its text) and only Python's slower encoder can write it (json's C encoder cannot indent:
-    0.11 s for W1's 2,048 tokens with their top 5, against 0.02 s)."""
-    if not fields:
-        return " {}"
-    return " {\n" + ",\n".join(f"  {_compact(key)}: {_laid_out(value, 2)}" for key, value in fields.items()) + "\n }"
-
-
-def _laid_out(value: Any, depth: int) -> str:
-    """A value json_element writes at this depth (its closing bracket indented by depth)."""
-    if isinstance(value, list) and value:
-        items = [_laid_out(item, depth + 1) if isinstance(item, list) else _compact(item) for item in value]
-    elif isinstance(value, dict) and value and depth == 2:
-        items = [f"{_compact(key)}: {_compact(item)}" for key, item in value.items()]
-    else:
-        return _compact(value)
-    inner, brackets = " " * (depth + 1), "[]" if isinstance(value, list) else "{}"
-    return brackets[0] + "\n" + ",\n".join(inner + item for item in items) + "\n" + " " * depth + brackets[1]
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+        return self.text.tail(self.rows)
 
 
 def render(rows: Iterable[Row], spec: OutputSpec) -> str:

@@ -23,9 +23,9 @@ from typing import Any, Iterable, Optional
 
 from ..errors import InputError
 from ..files.formats.cells import csv_fields
-from ..files.formats.csvfile import csv_rows
 from ..files.formats.detect import is_openai_output
-from ..files.inputs import detect_format, json_array, json_lines, read_text
+from ..files.formats.table_rows import table_rows
+from ..files.inputs import detect_format, json_lines, read_text
 from ..files.paths import journal_of
 from ..files.shards import Shard, parse_shard
 from ..journal.ran import legacy_ran, ran_problem, read_ran
@@ -116,11 +116,10 @@ def read_part(path: str, id_field: str = "questionID") -> Part:
     fmt = part_format(path, text)
     if fmt == "openai":
         return Part(path, fmt, list(_openai_rows(path, text)))
+    items = table_rows(path, text, fmt, finite=False, required={id_field: "--id-field"})
     if fmt == "csv":
-        rows = [_row(f"{path}:{line}", csv_fields(f"{path}:{line}", row, id_field), id_field)
-                for line, row in csv_rows(path, text, {id_field: "--id-field"})]
+        rows = [_row(f"{path}:{line}", csv_fields(f"{path}:{line}", row, id_field), id_field) for line, row in items]
         return Part(path, fmt, rows, tuple(next(csv.reader(io.StringIO(text, newline="")), [])))
-    items = json_array(path, text, finite=False) if fmt == "json" else json_lines(path, text, finite=False)
     return Part(path, fmt, [_row(f"{path}:{line}", obj, id_field, item)
                             for item, (line, obj) in enumerate(items, start=1)])
 

@@ -28,10 +28,10 @@ from ..errors import InputError, quote
 # line they start on) is the one every file of questions goes through; answers and gold files
 # are read the same way.
 from ..files.formats.choices import Choices, read_choices
-from ..files.formats.csvfile import csv_rows
 from ..files.formats.record import checked_id
 from ..files.formats.rows import is_not_answered
-from ..files.inputs import detect_format, json_array, json_lines, read_text
+from ..files.formats.table_rows import table_rows
+from ..files.inputs import detect_format, read_text
 from .rules import Gold
 
 
@@ -40,10 +40,8 @@ def read_rows(path: str, what: str) -> Iterator[tuple[int, Any]]:
     the file is to the score, for its errors."""
     text = read_text(path)
     fmt = detect_format(path, text, what=what)
-    if fmt == "csv":
-        return csv_rows(path, text)
     finite = what != "answers file"  # ggbatch's answers may hold a logprob of -Infinity; gold files are questions
-    return json_array(path, text, finite) if fmt == "json" else json_lines(path, text, finite)
+    return table_rows(path, text, fmt, finite)
 
 
 # An answer's text, or the texts of its samples (sampling.n), in sample order (None: a sample

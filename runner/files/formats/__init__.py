@@ -11,7 +11,10 @@
                openai   OpenAI Batch output lines                   openai_output.py (a response: openai_responses.py)
 
 Which format a file is (the job's input_format / output_format, else its extension and content):
-detect.py. A record of any format is a formats.record.Record.
+detect.py. A record of any format is a formats.record.Record. An answers file's text, a row at a
+time, per format: answers_text.py (TEXT_FORMATS); the rows of an answers or gold file:
+table_rows.py. Files that are no text, by their first bytes: magic.py (refused as questions, not
+written over: written.py). A missing id or question field's likely name: likely_fields.py.
 """
 
 FORMATS = ("json", "jsonl", "csv", "openai")
