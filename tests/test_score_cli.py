@@ -65,3 +65,23 @@ def test_gold_that_is_a_runs_answers_file_and_answers_that_are_not_say_they_look
     (tmp_path / "b.jsonl.journal.jsonl").write_text("")
     r = score_cli("--answers", other, "--gold", run)
     assert r.returncode == 0 and r.stderr == ""
+
+
+def test_a_field_not_found_names_the_one_the_file_probably_means(tmp_path):
+    """A gold file with `label`, an id column `id`, answers under `prediction`: each refusal listed
+    the fields, and now names the flag that reads the likely one."""
+    gold = tmp_path / "g.csv"
+    gold.write_text("questionID,question,label\na,What is 1+1?,2\n")
+    answers = write_jsonl(tmp_path / "a.jsonl", [{"questionID": "a", "answer": "2"}])
+    r = score_cli("--answers", answers, "--gold", gold)
+    assert (r.returncode, r.stderr) == (2, f"ggbatch: error: {gold}: no record has a gold 'answer' (name it with "
+                                           "--gold-field); if 'label' is the gold answer, give --gold-field label\n")
+    assert score_cli("--answers", answers, "--gold", gold, "--gold-field", "label").returncode == 0
+    by_id = write_jsonl(tmp_path / "i.jsonl", [{"id": "a", "answer": "2"}])
+    r = score_cli("--answers", answers, "--gold", by_id)
+    assert r.returncode == 2 and r.stderr.endswith("name the id field with --id-field; if 'id' is the id, give "
+                                                   "--id-field id\n")
+    predicted = write_jsonl(tmp_path / "p.jsonl", [{"questionID": "a", "prediction": "2"}])
+    r = score_cli("--answers", predicted, "--gold", gold, "--gold-field", "label")
+    assert r.returncode == 2 and r.stderr.endswith("name it with --answer-field; if 'prediction' is the answer, give "
+                                                   "--answer-field prediction\n")

@@ -12,11 +12,12 @@ import sys
 from typing import Any, Optional
 
 from ..errors import ConfigError, GgbatchError, Interrupted
+from ..files.formats.likely_fields import field_hint
 from ..files.formats.written import check_text_output
 from ..files.outputs import write_atomic
 from ..files.paths import check_output, journal_of, same_file
 from ..files.piped import STDIN, readable_file
-from .files import read_answers, read_gold
+from .files import first_fields, read_answers, read_gold
 from .samples import score_samples
 from .table import ScoreResult, details, format_table, naming_no_choice, parse_by, parse_extract, score, summary
 
@@ -50,7 +51,9 @@ def score_files(answers_path: str, gold_path: str, extract: str = "auto", by: Op
     groups = parse_by(by)
     gold, without = read_gold(gold_path, id_field, gold_field)
     if not gold:
-        raise ConfigError(f"{gold_path}: no record has a gold '{gold_field}' (name it with --gold-field)")
+        others = [name for name in first_fields(gold_path) if name not in (gold_field, id_field, "question")]
+        raise ConfigError(f"{gold_path}: no record has a gold '{gold_field}' (name it with --gold-field)"
+                          f"{field_hint('--gold-field', gold_field, others)}")
     answers, unanswered = read_answers(answers_path, id_field, answer_field)
     scored, unknown, without_gold = score(gold, answers, rule, pattern, groups, without)
     return ScoreResult(scored, unknown, len(without), answers_path, gold_path, extract, by, without_gold,

@@ -28,6 +28,7 @@ from ..errors import InputError, quote
 # line they start on) is the one every file of questions goes through; answers and gold files
 # are read the same way.
 from ..files.formats.choices import Choices, read_choices
+from ..files.formats.likely_fields import field_hint
 from ..files.formats.record import checked_id
 from ..files.formats.rows import is_not_answered
 from ..files.formats.table_rows import table_rows
@@ -79,7 +80,8 @@ def read_answers(path: str, id_field: str = "questionID",
             unanswered.add(qid)
     if fields:  # a misspelt --answer-field would score every answer missing
         raise InputError(f"{path}: no row has an answer '{answer_field}' (the rows have: "
-                         f"{', '.join(list(fields)[:8])}); name it with --answer-field")
+                         f"{', '.join(list(fields)[:8])}); name it with --answer-field"
+                         f"{field_hint('--answer-field', answer_field, [f for f in fields if f != id_field])}")
     return answers, unanswered
 
 
@@ -157,11 +159,19 @@ def read_gold(path: str, id_field: str = "questionID", gold_field: str = "answer
     return gold, without
 
 
+def first_fields(path: str) -> list[str]:
+    """The field names of a file's first record (none for an empty file), for an error that says
+    which field was probably meant."""
+    first = next(read_rows(path, "gold file"), None)
+    return [str(name) for name in first[1]] if first and isinstance(first[1], dict) else []
+
+
 def row_id(where: str, row: Mapping[str, Any], field: str) -> str:
     """A row's id as a string (ids are kept as strings, as the question reader keeps them)."""
     if field not in row:
         keys = ", ".join(map(str, list(row)[:8]))
-        raise InputError(f"{where}: no '{field}' field (it has: {keys}); name the id field with --id-field")
+        raise InputError(f"{where}: no '{field}' field (it has: {keys}); name the id field with --id-field"
+                         f"{field_hint('--id-field', field, row)}")
     qid = row[field]
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise InputError(f"{where}: '{field}' must be a string or an integer, got {type(qid).__name__}")
