@@ -33,6 +33,13 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
     ("owner/repo:Q4_K_M", HubRef("owner/repo:Q4_K_M", "owner/repo", quant="Q4_K_M")),
     ("hf:owner/Repo-GGUF:q8_0", HubRef("hf:owner/Repo-GGUF:q8_0", "owner/Repo-GGUF", quant="q8_0")),
     ("hf:owner/repo", HubRef("hf:owner/repo", "owner/repo")),
+    # a link copied from the Hub: the file's download or its page, at a branch or a commit
+    ("https://huggingface.co/owner/repo/resolve/main/sub/m%20Q4.gguf?download=true",
+     HubRef("https://huggingface.co/owner/repo/resolve/main/sub/m%20Q4.gguf?download=true", "owner/repo",
+            filename="sub/m Q4.gguf", revision="main")),
+    ("https://hf.co/owner/repo/blob/0123abc/m.gguf", HubRef("https://hf.co/owner/repo/blob/0123abc/m.gguf",
+                                                             "owner/repo", filename="m.gguf", revision="0123abc")),
+    ("https://example.com/owner/repo/resolve/main/m.gguf", None),
     ("models/m.gguf", None), ("m.gguf", None), ("/abs/path:with/colon.gguf", None), ("demo", None),
 ])
 def test_parse_names(name, ref):
@@ -135,6 +142,30 @@ def test_names_resolve_offline_from_the_cache(hub):
         r = resolve(name, env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == str(snapshot / file)
+
+
+def test_a_hub_link_resolves_as_its_hf_name_does(hub):
+    """The link a user copies from the file's page was a model file not found."""
+    cache, snapshot, env = hub
+    for link in ("https://huggingface.co/owner/repo/resolve/main/stories260K.gguf?download=true",
+                 f"https://huggingface.co/owner/repo/blob/{COMMIT}/stories260K.gguf"):
+        r = resolve(link, env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == str(snapshot / "stories260K.gguf")
+
+
+def test_other_links_are_said_to_be_links(tmp_path):
+    """A link to a model or a question file elsewhere was 'file not found', as if a path."""
+    for flag, link, what, file in (("--model", "https://example.com/m.gguf", "the model", "model file"),
+                                   ("--input", "https://example.com/q.jsonl", "the questions", "input file")):
+        args = {"--model": "demo", "--input": tmp_path / "q.jsonl", "--output": tmp_path / "a.json", flag: link}
+        r = cli("run", *[str(x) for pair in args.items() for x in pair], "-q")
+        assert (r.returncode, r.stderr) == (2, f"ggbatch: error: {link}: {file} not found (a link: ggbatch reads "
+                                               f"{what} from a local file; download it first (curl -LO URL) and give "
+                                               "its path)\n")
+    r = cli("run", "--model", "demo", "--input", "hf://datasets/openai/gsm8k", "--output", tmp_path / "a.json", "-q")
+    assert r.returncode == 2 and "(a Hugging Face dataset: ggbatch reads the questions from a local file; write the " \
+                                 "split as JSON Lines first: datasets.load_dataset(NAME, split=SPLIT)" in r.stderr
 
 
 def test_offline_misses_are_one_line_errors(hub):

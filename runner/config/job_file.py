@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import ConfigError, quote
+from ..files.paths import URL
 from ..model.hub import is_hub_name
 from .job_yaml import read_job_yaml
 from .keys import LEAF_MAPPINGS, PATH_KEYS, SCHEMA, SECTIONS, TARGET, not_a_path
@@ -139,7 +140,7 @@ def _job_path(key: str, value: str, base: Path) -> str:
     """A path key's value as the run reads it: `~` expanded for every key (input's and output's were
     not), a relative path made the job folder's."""
     expanded = os.path.expanduser(value)
-    if os.path.isabs(expanded):
+    if os.path.isabs(expanded) or URL.match(value):  # a link is refused where it is read, as written
         return expanded  # a string, not a Path: a trailing separator stays, refused later as a folder's name
     if key.startswith("model") and is_hub_name(value) and not (base / value).exists():
         return value  # a Hugging Face model name (runner/model/hub.py), not a path beside the job file

@@ -59,6 +59,21 @@ def cache_refusal(what: str, exc: OSError) -> str:
             "set XDG_CACHE_HOME to a folder this user can write")
 
 
+# a link (https://, s3://, hf://): ggbatch reads local files, and downloads models only through
+# huggingface_hub's cache (runner/model/hub.py)
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def url_hint(name: str, what: str) -> str:
+    """What to say of a link given as a file ggbatch reads (`what`: "the model"), '' for a path."""
+    if not URL.match(name):
+        return ""
+    if name.startswith("hf://datasets/"):
+        return (f" (a Hugging Face dataset: ggbatch reads {what} from a local file; write the split as JSON "
+                "Lines first: datasets.load_dataset(NAME, split=SPLIT).to_json('questions.jsonl'))")
+    return f" (a link: ggbatch reads {what} from a local file; download it first (curl -LO URL) and give its path)"
+
+
 def closest_file(path: str) -> str:
     """What to add to "PATH: ... not found": the name in its folder closest to the one given ("; did
     you mean models/qwen2.5-0.5b-instruct-q4_k_m.gguf?": a quantization, a version or an extension

@@ -2,6 +2,8 @@
 through huggingface_hub's own cache and download code (the optional extra `ggbatch[hf]`):
 
 - `hf:OWNER/REPO/FILE.gguf`: that file of that repository (FILE may hold folders).
+- `https://huggingface.co/OWNER/REPO/resolve/REV/FILE.gguf` (or `/blob/`, as the file's page is
+  addressed; `hf.co` too): that file at that revision, as a link copied from the Hub reads.
 - `OWNER/REPO:QUANT` or `hf:OWNER/REPO:QUANT`: the repository's GGUF file of that quantization,
   picked as llama.cpp's `-hf OWNER/REPO:QUANT` picks it; `hf:OWNER/REPO`: llama.cpp's default.
   A bare `OWNER/REPO:QUANT` that exists as a local path stays a path.
@@ -26,6 +28,7 @@ import re
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Optional, Sequence
+from urllib.parse import unquote
 
 from ..errors import ModelError
 
@@ -44,6 +47,12 @@ class HubRef:
     repo_id: str
     filename: Optional[str] = None  # hf:OWNER/REPO/FILE
     quant: Optional[str] = None  # OWNER/REPO:QUANT; neither: llama.cpp's default tags
+    revision: Optional[str] = None  # a link's branch, tag or commit; None: the Hub's default (main)
+
+
+# a file's link on the Hub: its download (resolve) or its page (blob), a query string after it
+HUB_URL = re.compile(r"^https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)/"
+                     r"(?:resolve|blob)/(?P<revision>[^/?#]+)/(?P<file>[^?#]+)(?:[?#].*)?$")
 
 
 REPO_ALONE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # OWNER/REPO: a path unless hf: or :QUANT says not
@@ -58,13 +67,16 @@ def hub_hint(name: str) -> str:
 
 def is_hub_name(name: str) -> bool:
     """Whether `name` reads as a Hub model name (a bare OWNER/REPO:QUANT may still be a local path)."""
-    return name.startswith(HF_PREFIX) or QUANT_NAME.match(name) is not None
+    return name.startswith(HF_PREFIX) or QUANT_NAME.match(name) is not None or HUB_URL.match(name) is not None
 
 
 def parse_hub_name(name: str) -> Optional[HubRef]:
     """The Hub reference `name` spells, or None when it is not one (a path, `demo`)."""
     if not is_hub_name(name):
         return None
+    link = HUB_URL.match(name)
+    if link:
+        return HubRef(name, link["repo"], filename=unquote(link["file"]), revision=unquote(link["revision"]))
     rest = name[len(HF_PREFIX):] if name.startswith(HF_PREFIX) else name
     found = QUANT_NAME.match(rest)
     if found:
@@ -86,7 +98,7 @@ def resolve_hub_name(name: str) -> str:
     hf = _import_hub(name)
     try:
         filename = ref.filename or pick_file(_repo_files(hf, ref), ref)
-        paths = [hf.hf_hub_download(ref.repo_id, part) for part in split_parts(filename)]
+        paths = [hf.hf_hub_download(ref.repo_id, part, revision=ref.revision) for part in split_parts(filename)]
     except ModelError:
         raise
     except Exception as exc:  # the library's errors, each turned into one line below

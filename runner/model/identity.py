@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ModelError
-from ..files.paths import cache_refusal, closest_file, files_inside
+from ..files.paths import cache_refusal, closest_file, files_inside, url_hint
 from .gguf_header import NO_MAGIC, GGUFFormatError, GGUFLayout, read_layout
 from .hub import hub_hint, is_hub_name, model_parts, resolve_hub_name
 
@@ -54,7 +54,8 @@ def resolve_model(model: str) -> str:
         with open(path, "rb") as f:
             magic = f.read(4)
     except FileNotFoundError:
-        raise ModelError(f"{model}: model file not found{hub_hint(model) or closest_file(model)}") from None
+        said = hub_hint(model) or url_hint(model, "the model") or closest_file(model)
+        raise ModelError(f"{model}: model file not found{said}") from None
     except IsADirectoryError:
         inside = files_inside(model, (".gguf",))
         raise ModelError(f"{model}: model path is a directory, not a GGUF file{inside}") from None

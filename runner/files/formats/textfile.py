@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator, Union
 
 from ...errors import InputError
-from ..paths import closest_file, files_inside
+from ..paths import closest_file, files_inside, url_hint
 from ..piped import copy_of
 from .magic import binary_kind
 
@@ -96,7 +96,7 @@ def open_bytes(path: str) -> Union[BinaryIO, RecodedLines]:
 def cannot_read(path: str, exc: OSError) -> InputError:
     """The error every reader gives for a file it cannot open or read."""
     if isinstance(exc, FileNotFoundError):
-        return InputError(f"{path}: input file not found{closest_file(path)}")
+        return InputError(f"{path}: input file not found{url_hint(path, 'the questions') or closest_file(path)}")
     if isinstance(exc, IsADirectoryError):
         return InputError(f"{path}: input is a directory, not a file{_folder_hint(path)}")
     return InputError(f"{path}: cannot read input: {exc.strerror}")
