@@ -37,11 +37,12 @@ K and V to F16, which moves a log-likelihood by up to about 0.01 nats a token).
 from __future__ import annotations
 
 import logging
+import queue
 from array import array
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from tqdm import tqdm
 
@@ -280,7 +281,14 @@ class GgbatchLM(TemplateLM):  # type: ignore[misc]  # lm-eval ships no type info
         questions = [Question(f"c{k}", array("i", ctx), 0,
                               continuations=tuple(array("i", windows[i][1]) for i in members))
                      for k, (ctx, members) in enumerate(contexts.items())]
-        answers = self._answers(questions, [len(m) for m in contexts.values()], what, disable_tqdm)
+        members_of = dict(zip((q.qid for q in questions), contexts.values()))
+
+        def keep(row: Answered) -> None:  # lm-eval's cache key is a request's (context, continuation)
+            for i, scored in zip(members_of[row.id], row.scored or ()):
+                if requests[i][0] is not None:  # a rolling window is cached as its whole text's sum
+                    self.cache_hook.add_partial(what, requests[i][0], (scored.logprob, scored.is_greedy))
+
+        answers = self._answers(questions, [len(m) for m in contexts.values()], what, disable_tqdm, keep)
         out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
         for answered, members in zip(answers, contexts.values()):
             if answered.scored is None:
@@ -327,7 +335,12 @@ class GgbatchLM(TemplateLM):  # type: ignore[misc]  # lm-eval ships no type info
         say_cut("generate_until", cut, len(requests), "the context's last max_length - max_gen_toks tokens")
         say_shrunk(shrunk, len(requests), self.max_length)
         out = [""] * len(requests)
-        answers = self._answers(questions, [1] * len(questions), "generate_until", disable_tqdm) if questions else []
+        def keep(row: Answered) -> None:
+            if row.completion is not None:
+                self.cache_hook.add_partial("generate_until", requests[int(row.id)].args, row.completion)
+
+        answers = self._answers(questions, [1] * len(questions), "generate_until", disable_tqdm,
+                                keep) if questions else []
         for question, answered in zip(questions, answers):
             if answered.error is not None or answered.completion is None:
                 raise unanswered("generate_until", names[int(question.qid)], answered.error)
@@ -343,13 +356,22 @@ class GgbatchLM(TemplateLM):  # type: ignore[misc]  # lm-eval ships no type info
             raise InputError(f"ggbatch.lm_eval: {exc.name}: the model's tokenizer cannot take its text: "
                              f"{exc.reason}") from None
 
-    def _answers(self, questions: list[Question], requests: list[int], what: str,
-                 disable_tqdm: bool) -> list[Answered]:
+    def _answers(self, questions: list[Question], requests: list[int], what: str, disable_tqdm: bool,
+                 keep: Callable[[Answered], None]) -> list[Answered]:
         """The pool's answers, with a progress bar of lm-eval's requests (a question answers
-        `requests[i]` of them) as its answers come back."""
+        `requests[i]` of them) as its answers come back, each handed to `keep` then, on this
+        thread: lm-eval's cache (--use_cache) holds it before the call ends, so a run stopped
+        halfway keeps what it answered, and the pool's thread never waits on the cache's disk."""
         weight = {q.qid: n for q, n in zip(questions, requests)}
+        heard: queue.SimpleQueue[list[Answered]] = queue.SimpleQueue()
         with tqdm(total=sum(requests), desc=f"ggbatch {what}", unit="request", disable=disable_tqdm) as bar:
-            def answered(ids: list[str]) -> None:
-                bar.update(sum(weight[i] for i in ids))
-
-            return self.pool.submit_questions(questions, answered).result()
+            call = self.pool.submit_questions(questions, heard.put)
+            while not (call.done() and heard.empty()):
+                try:
+                    rows = heard.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                bar.update(sum(weight[row.id] for row in rows))
+                for row in rows:
+                    keep(row)
+            return call.result()

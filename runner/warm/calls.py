@@ -90,9 +90,9 @@ class Call:
     future: "Future[list[Answered]]"
     got: dict[str, Answer] = field(default_factory=dict)
     waiting: int = 0
-    # told the caller's ids of each batch of its questions answered (a progress bar), from the
-    # pool's loop thread
-    on_answered: Optional[Callable[[list[str]], None]] = None
+    # told each batch of its questions answered, as the caller's answers (a progress bar, a cache
+    # kept as they come), from the pool's loop thread
+    on_answered: Optional[Callable[[list[Answered]], None]] = None
 
 
 class Calls:
@@ -121,7 +121,7 @@ class Calls:
         self._busy_since: Optional[float] = None
 
     def open(self, answered_as: Sequence[tuple[str, str]], questions: Sequence[Question],
-             rejected: dict[str, Answer], on_answered: Optional[Callable[[list[str]], None]] = None,
+             rejected: dict[str, Answer], on_answered: Optional[Callable[[list[Answered]], None]] = None,
              ) -> tuple["Future[list[Answered]]", list[Question]]:
         """A call of these (id, id whose answer it takes) pairs, of which `questions` go to the
         workers: its Future, and the questions under the pool's ids."""
@@ -155,7 +155,7 @@ class Calls:
 
     def append(self, answers: list[Answer]) -> None:
         done: list[Call] = []
-        heard: dict[int, tuple[Callable[[list[str]], None], list[str]]] = {}
+        heard: dict[int, tuple[Callable[[list[Answered]], None], list[Answered]]] = {}
         with self._lock:
             for a in answers:
                 entry = self._forget(a.qid)
@@ -165,14 +165,14 @@ class Calls:
                 call.got[qid] = a
                 call.waiting -= 1
                 if call.on_answered is not None:
-                    heard.setdefault(id(call), (call.on_answered, []))[1].append(qid)
+                    heard.setdefault(id(call), (call.on_answered, []))[1].append(self._answered(qid, a))
                 if call.waiting == 0:
                     done.append(call)
             if not self._open:
                 self._idle()
-        for tell, qids in heard.values():
+        for tell, rows in heard.values():
             try:
-                tell(qids)
+                tell(rows)
             except Exception:  # the caller's progress bar must not stop the pool's loop
                 log.exception("a call's on_answered failed; its answers go on")
         for call in done:
@@ -181,19 +181,20 @@ class Calls:
 
     def _rows(self, call: Call) -> list[Answered]:
         """The call's answers, in its order, counted as given to the caller."""
-        rows = []
-        for qid, first in zip(call.ids, call.takes):
-            answer = call.got.get(first)
-            fields = row_fields(Row(qid, answer, "no answer came back" if answer is None else answer.error),
-                                self._id_field, self._keep_thinking)
-            made = answer if answer is not None and answer.error is None else None
-            rows.append(replace(answered(qid, fields), scored=answer.scored if answer is not None else None,
-                                completion=made.text if made is not None else None))
+        rows = [self._answered(qid, call.got.get(first)) for qid, first in zip(call.ids, call.takes)]
         failed = sum(row.error is not None for row in rows)
         with self._lock:
             self.answered += len(rows) - failed
             self.failed += failed
         return rows
+
+    def _answered(self, qid: str, answer: Optional[Answer]) -> Answered:
+        """The caller's answer under its own id (None: no answer came back)."""
+        fields = row_fields(Row(qid, answer, "no answer came back" if answer is None else answer.error),
+                            self._id_field, self._keep_thinking)
+        made = answer if answer is not None and answer.error is None else None
+        return replace(answered(qid, fields), scored=answer.scored if answer is not None else None,
+                       completion=made.text if made is not None else None)
 
     def one(self, many: "Future[list[Answered]]") -> "Future[Answered]":
         """A call of one question (Pool.submit) as a Future of its answer; cancelling it cancels the call."""

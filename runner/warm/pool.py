@@ -233,11 +233,12 @@ class Pool:
         return self._calls.one(self._submit([question], overrides, self._method("submit"), single=True))
 
     def submit_questions(self, questions: Sequence[Question],
-                         on_answered: Optional[Callable[[list[str]], None]] = None) -> "Future[list[Answered]]":
+                         on_answered: Optional[Callable[[list[Answered]], None]] = None) -> "Future[list[Answered]]":
         """Questions already tokenized (distinct ids; ggbatch.lm_eval's), as they are: their own
         generation settings or the pool's, continuations scored. Those sharing a prefix go out
         together (runner/questions/prefix_groups.py), for the workers' prefix cache. on_answered
-        hears the ids of each batch answered (from the pool's thread: keep it short)."""
+        hears each batch's answers as they come, before the Future resolves (from the pool's
+        thread: keep it short, as a queue's put is)."""
         self._check_usable(f"{self._source}.submit_questions()")
         for question in questions:
             check_vocabulary(question, self._prompting.info.n_vocab, f"{self._source}.submit_questions()")
