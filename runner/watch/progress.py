@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, MutableMapping, Optional, Sequence, TextIO
+from typing import Any, Callable, MutableMapping, Optional, Sequence, TextIO
 
 from tqdm import tqdm
 
@@ -71,9 +71,10 @@ BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{left}, {rate_fmt}{po
 
 class Progress:
     def __init__(self, total: int, stream: Optional[TextIO] = None, log_every_s: float = 5.0,
-                 mode: str = "auto") -> None:
+                 mode: str = "auto", clock: Callable[[], float] = time.perf_counter) -> None:
         """mode: "bar", "log" (a line every log_every_s), "off", or "auto" (bar on a terminal).
-        stream: sys.stderr as it is now (the command line's, safe from a closed pipe)."""
+        stream: sys.stderr as it is now (the command line's, safe from a closed pipe). clock: the
+        seconds the rates and the time left are measured in (a test's own, which it moves)."""
         stream = stream if stream is not None else sys.stderr
         self._total = total
         self._estimate: Optional[int] = None  # a streamed file's questions in all, until its last window is in
@@ -87,7 +88,8 @@ class Progress:
         self.slots = 1  # decoded together over all workers
         self._rates = RateWindow()
         self._generating = False  # the in-flight questions have a token each (runner/watch/rates.py)
-        self._t0 = time.perf_counter()
+        self._clock = clock
+        self._t0 = clock()
         self._log_every = log_every_s
         self._last_log = self._t0
         self._silent = mode == "off"
@@ -104,7 +106,7 @@ class Progress:
     def total(self, value: int) -> None:
         """Set once the questions left to answer are known (after tokenizing and the journal)."""
         self._total = value
-        self._t0 = self._last_log = time.perf_counter()
+        self._t0 = self._last_log = self._clock()
         self._rates = RateWindow()
         self._rates.add(self._t0, 0, 0)  # the engines' counters start with the run
         if self._bar is not None:
@@ -146,14 +148,14 @@ class Progress:
     def tokens(self, generated: int, prompt: int) -> None:
         """The engines' counters summed (generated and prompt tokens so far in this run)."""
         self.generated, self.prompt = generated, prompt
-        self._rates.add(time.perf_counter(), generated, prompt)
+        self._rates.add(self._clock(), generated, prompt)
         self._generating = self._generating or generating(generated, self.done_tokens, self.slots,
                                                           self.total - self.done)
 
     def eta_s(self) -> Optional[float]:
         """Seconds left: tokens left at the live generation rate once the engines generate in
         earnest (runner/watch/rates.py); before that, from finished questions if any; else None."""
-        now = time.perf_counter()
+        now = self._clock()
         if self._generating:
             left = tokens_left(self.total, self.done, self.done_tokens, self.generated, self.max_tokens)
             return eta_s(left, self._rates.rates(now)[0])
@@ -161,17 +163,17 @@ class Progress:
         return (self.total - self.done) / q_rate if q_rate > 0 else None
 
     def tick(self) -> None:
-        gen_s, prompt_s = self._rates.rates(time.perf_counter())
+        gen_s, prompt_s = self._rates.rates(self._clock())
         if self.generated == 0 and self.done_tokens:  # an engine without counters: count the answers
-            elapsed = time.perf_counter() - self._t0
+            elapsed = self._clock() - self._t0
             gen_s = self.done_tokens / elapsed if elapsed > 0 else 0.0
         eta = self.eta_s()
         if self._bar is not None:
             self._bar.ends_at = time.monotonic() + eta if eta is not None else None
             self._bar.set_postfix_str(f"gen {gen_s:.1f} tok/s, prompt {prompt_s:.0f} tok/s"
                                       + (f", {self.failed} failed" if self.failed else ""))
-        elif not self._silent and time.perf_counter() - self._last_log >= self._log_every:
-            self._last_log = time.perf_counter()
+        elif not self._silent and self._clock() - self._last_log >= self._log_every:
+            self._last_log = self._clock()
             elapsed = self._last_log - self._t0
             rate = self.done / elapsed if elapsed > 0 else 0.0
             # answered and failed apart, as the summary says them: a failure is no answer; the clock
