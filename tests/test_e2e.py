@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, two_cores
 from ggbatch.runner.plan.tuned import context_bucket
 from helpers import ggbatch as cli
 from helpers import ggbatch_command, repack_refusal, repack_runs
@@ -19,11 +19,6 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.model]
 
 def ggbatch(*args, timeout=200):
     return cli("run", *args, timeout=timeout)
-
-
-def two_cores():
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs 2 usable cores")
 
 
 @pytest.mark.parametrize("model", ["file", "demo"])
