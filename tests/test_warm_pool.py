@@ -73,6 +73,7 @@ def test_the_pools_age_counts_from_pool_its_workers_load_included(demo_model):
     # what Pool() took before the workers were asked to start is small: all but it is counted
     assert stats["elapsed_s"] >= age - 0.25, (stats["elapsed_s"], age)
 
+
 @pytest.mark.timeout(120)
 def test_overrides_change_one_call_only(demo_model):
     with ggbatch.Pool(model=demo_model, max_tokens=8) as pool:
@@ -81,8 +82,14 @@ def test_overrides_change_one_call_only(demo_model):
         plain = pool.answer(["Once upon a time"])
         with pytest.raises(ggbatch.GgbatchError, match=r"workers= cannot change per call"):
             pool.answer(["Hi"], workers=3)
+        for name in ("temperature", "sampling__temperature"):  # Pool()'s spelling, or none: said how
+            with pytest.raises(ggbatch.GgbatchError) as err:
+                pool.answer(["Hi"], **{name: 0.5})
+            assert str(err.value) == (f"ggbatch.Pool.answer(): {name}= is a sampling setting: a call gives it as "
+                                      "sampling={'temperature': ...}")
+        warm = pool.answer(["Once upon a time"], sampling={"temperature": 0.9, "seed": 1})
     assert plain[0].text.startswith(short[0].text) and len(short[0].text) < len(plain[0].text)
-    assert chosen[0].text in ("yes", "no")
+    assert chosen[0].text in ("yes", "no") and warm[0].error is None
 
 
 @pytest.mark.timeout(120)

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Mapping
 
 from ...workers.protocol import GenerationParams
 from ..config.answer import job_answer
+from ..config.keys import SCHEMA
 from ..config.keywords import check_keywords, settings_layer
 from ..config.schema import JobConfig, build_config
 from ..errors import ConfigError
@@ -72,6 +73,10 @@ class Variants:
         if not overrides:
             return self.default
         for name in overrides:
+            sampled = name.removeprefix("sampling__")
+            if name not in OVERRIDES and f"sampling.{sampled}" in SCHEMA:
+                raise ConfigError(f"{where}: {name}= is a sampling setting: a call gives it as "
+                                  f"sampling={{{sampled!r}: ...}}")
             if name not in OVERRIDES:
                 raise ConfigError(f"{where}: {name}= cannot change per call; a call may change "
                                   f"{', '.join(sorted(OVERRIDES))}")
