@@ -152,7 +152,8 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                                                                              growth), window, watch, journal.path)
                         preparer.say()
                         counts = _write_answers(config, preparer, journal, ended,
-                                                _output_spec(config, preparer, formats[1], clock["started_at"]))
+                                                _output_spec(config, preparer, formats[1], clock["started_at"],
+                                                             stream.text_ids))
                         setup = _setup(config, model, preparer, growth, formats)
                     _say_cut(counts)
     if not isinstance(ended, ModelError):  # which wrote no answers file: no report either, an earlier one stays
@@ -223,6 +224,8 @@ def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterat
             read[0] += 1
             if in_shard(rec.qid, config.shard):
                 yield rec
+            elif not stream.text_ids and not rec.integer_id(config.id_field):
+                stream.text_ids = True  # another shard's: every shard writes ids as one run of the file would
 
     records = mine()
     first = list(itertools.islice(records, window + 1))
@@ -334,10 +337,10 @@ def _were(n: int) -> tuple[str, str, str]:
     return ("s", "were", "they were") if n > 1 else ("", "was", "it was")
 
 
-def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: float) -> OutputSpec:
+def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: float, text_ids: bool) -> OutputSpec:
     """How the answers file is written. Its columns are planned from the job's settings and, as the
     header comes before any row, from what questions asked of their own (an OpenAI line's `n` or
-    `logprobs`): a column no setting planned would be dropped from CSV."""
+    `logprobs`): a column no setting planned would be dropped from CSV. text_ids: another shard holds a text id."""
     made = preparer.made
     return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.prompting.model_name,
                       completions=made.completions, responses=made.responses, refused=made.refused,
@@ -345,7 +348,7 @@ def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: fl
                       token_logprobs=config.token_logprobs is not None or bool(made.own_settings.get("token_logprobs")),
                       answer_norm=config.choice_scoring == LOGLIKELIHOOD,
                       samples=config.sampling.n > 1 or bool(made.own_settings.get("n")),
-                      integer_ids=not made.text_ids)
+                      integer_ids=not (made.text_ids or text_ids))
 
 
 def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ended: Optional[Exception],

@@ -194,6 +194,11 @@ def test_integer_ids_are_written_back_as_integers_unless_some_id_is_text(tmp_pat
     r = ggbatch("run", "--model", demo_model, "--input", mixed, "--output", tmp_path / "b.jsonl", "--id-field", "id",
                 "--max-tokens", "2", "-q")
     assert [row["id"] for row in parse_lines(tmp_path / "b.jsonl")] == ["5", "12345678901234567890", "x"]
+    for i in (0, 1):  # shard 0 holds the integers alone, and writes them as the whole file's run does
+        ggbatch("run", "--model", demo_model, "--input", mixed, "--output", tmp_path / "t.jsonl",
+                "--id-field", "id", "--max-tokens", "2", "-q", "--shard", f"{i}/2")
+    assert [[row["id"] for row in parse_lines(tmp_path / f"t.shard-{i}-of-2.jsonl")] for i in (0, 1)] == [
+        ["5", "12345678901234567890"], ["x"]]
 
 
 def parse_lines(path):
