@@ -158,7 +158,7 @@ def run_server(server: str, model: str, work: Workload, extra: list[str], port: 
                 answer = json.load(resp)
             # llama-server's usage counts one completion's tokens whatever n is: each of the n
             # choices holds exactly `tokens` (EOS ignored)
-            return answer["usage"]["completion_tokens"] * len(answer["choices"])
+            return int(answer["usage"]["completion_tokens"]) * len(answer["choices"])
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(parallel) as pool:

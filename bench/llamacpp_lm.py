@@ -81,10 +81,12 @@ class ChildScorer:
         return result
 
     def tokenize(self, text: str, add_bos: bool) -> list[int]:
-        return self._call("tokenize", text, add_bos)
+        tokens: list[int] = self._call("tokenize", text, add_bos)
+        return tokens
 
     def score(self, context: list[int], tokens: list[int]) -> list[tuple[float, bool]]:
-        return self._call("score", context, tokens)
+        scored: list[tuple[float, bool]] = self._call("score", context, tokens)
+        return scored
 
     def close(self) -> None:
         self._conn.send(None)
@@ -115,7 +117,8 @@ class LlamaCppOnceLM(TemplateLM):  # type: ignore[misc]  # lm-eval ships no type
         return self._bos
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
-        return self.scorer.tokenize(string, add_special_tokens is not False)
+        tokens: list[int] = self.scorer.tokenize(string, add_special_tokens is not False)
+        return tokens
 
     def tok_decode(self, tokens: list[int]) -> str:
         raise NotImplementedError("the peer scores multiple choice only")

@@ -87,8 +87,9 @@ def evaluate(lm: Any, task: str, folder: Path, **kwargs: Any) -> dict[str, Any]:
     from lm_eval.tasks import TaskManager
 
     tasks = TaskManager(include_path=str(folder), include_defaults=False)
-    return lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=SHOTS, log_samples=True,
-                                   task_manager=tasks, **kwargs)
+    results: dict[str, Any] = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=SHOTS, log_samples=True,
+                                                      task_manager=tasks, **kwargs)
+    return results
 
 
 def warm_up(task: str, folder: Path) -> None:

@@ -152,8 +152,7 @@ def _run(config: JobConfig, engine_factory: EngineFactory, progress: str, fresh:
                                                                              growth), window, watch, journal.path)
                         preparer.say()
                         counts = _write_answers(config, preparer, journal, ended,
-                                                _output_spec(config, preparer, formats[1], clock["started_at"],
-                                                             stream.text_ids))
+                                                _output_spec(config, preparer, formats[1], clock, stream.text_ids))
                         setup = _setup(config, model, preparer, growth, formats)
                     _say_cut(counts)
     if not isinstance(ended, ModelError):  # which wrote no answers file: no report either, an earlier one stays
@@ -337,14 +336,15 @@ def _were(n: int) -> tuple[str, str, str]:
     return ("s", "were", "they were") if n > 1 else ("", "was", "it was")
 
 
-def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, started_at: float, text_ids: bool) -> OutputSpec:
+def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, clock: dict[str, float],
+                 text_ids: bool) -> OutputSpec:
     """How the answers file is written. Its columns are planned from the job's settings and, as the
     header comes before any row, from what questions asked of their own (an OpenAI line's `n` or
     `logprobs`): a column no setting planned would be dropped from CSV. text_ids: another shard holds a text id."""
     made = preparer.made
     return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.prompting.model_name,
                       completions=made.completions, responses=made.responses, refused=made.refused,
-                      started=started_at, choice_logprobs=config.choice_logprobs,
+                      started=clock["started_at"], choice_logprobs=config.choice_logprobs,
                       token_logprobs=config.token_logprobs is not None or bool(made.own_settings.get("token_logprobs")),
                       answer_norm=config.choice_scoring == LOGLIKELIHOOD,
                       samples=config.sampling.n > 1 or bool(made.own_settings.get("n")),

@@ -188,7 +188,7 @@ def schema_grammar(schema_text: str) -> str:
     if unenforced is not None:
         raise ValueError(unenforced)
     try:
-        return json_schema_to_gbnf(schema_text)
+        return str(json_schema_to_gbnf(schema_text))
     except Exception as exc:  # the converter raises whatever it meets; one line says it
         raise ValueError(f"cannot turn this JSON schema into a grammar ({type(exc).__name__}: {exc})") from None
 

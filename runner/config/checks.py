@@ -131,7 +131,7 @@ def one_of(*choices: str) -> Callable[[Any], Optional[str]]:
             return AUTO
         if v not in choices:
             raise ValueError(f"must be auto, {', '.join(choices[:-1])} or {choices[-1]}")
-        return v
+        return str(v)
     return check
 
 
@@ -141,7 +141,7 @@ def auto_or_off(v: Any) -> str:
         return "auto" if v else "off"
     if v not in ("auto", "off"):
         raise ValueError("must be auto or off")
-    return v
+    return str(v)
 
 
 def mapping(v: Any) -> dict[str, Any]:
@@ -199,7 +199,7 @@ def shard(v: Any) -> Optional[Shard]:
 def backend(v: Any) -> str:
     if v not in ("local", "ray"):
         raise ValueError("must be local or ray")
-    return v
+    return str(v)
 
 
 def ray_address(v: Any) -> Optional[str]:
@@ -307,7 +307,7 @@ def grammar(v: Any) -> str:
     gbnf_escapes(v)
     if not ROOT_RULE.search(v):
         raise ValueError("has no `root` rule: an answer is what `root` matches (root ::= ...)")
-    return v
+    return str(v)
 
 
 # GBNF's literals ("..." and [...]) and comments; llama.cpp's parser reads \uXXXX and \UXXXXXXXX

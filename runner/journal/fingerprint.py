@@ -117,7 +117,8 @@ JOB_KEYS = {"reasoning.budget": "reasoning.max_tokens"}
 def as_written(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     """A fingerprint as the journal's header holds it, read back: one form to compare, whatever
     spelled the settings (a tuple from the command line, a list from JSON, a dataclass's tuples)."""
-    return json.loads(json.dumps(dict(fingerprint)))
+    written: dict[str, Any] = json.loads(json.dumps(dict(fingerprint)))
+    return written
 
 
 def changed_setting(old: Mapping[str, Any], new: Mapping[str, Any]) -> Optional[str]:

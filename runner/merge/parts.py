@@ -59,7 +59,7 @@ def _settings(header_line: bytes) -> Optional[dict[str, Any]]:
     fingerprint = _fingerprint(header_line)
     if fingerprint is None:
         return None
-    settings = json.loads(json.dumps(fingerprint))
+    settings: dict[str, Any] = json.loads(json.dumps(fingerprint))
     settings.pop("shard", None)
     return settings
 

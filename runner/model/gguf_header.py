@@ -88,10 +88,10 @@ class _Cursor:
         return data
 
     def u32(self) -> int:
-        return struct.unpack("<I", self.take(4))[0]
+        return int(struct.unpack("<I", self.take(4))[0])
 
     def u64(self) -> int:
-        return struct.unpack("<Q", self.take(8))[0]
+        return int(struct.unpack("<Q", self.take(8))[0])
 
     def string(self) -> bytes:
         return self.take(self.u64())
@@ -212,7 +212,8 @@ def _hparams(file: FileKey, path: str) -> dict[str, HParam]:
 def _value(cur: _Cursor, kind: int) -> HParam | None:
     """The value at the cursor (consumed either way); None for what read_hparams skips."""
     if kind in SCALAR_FORMAT:
-        return struct.unpack("<" + SCALAR_FORMAT[kind], cur.take(SCALAR_SIZE[kind]))[0]
+        scalar: HParam = struct.unpack("<" + SCALAR_FORMAT[kind], cur.take(SCALAR_SIZE[kind]))[0]
+        return scalar
     if kind == STRING:
         return cur.string().decode("utf-8", "replace")
     if kind == ARRAY:

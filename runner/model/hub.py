@@ -103,7 +103,7 @@ def resolve_hub_name(name: str) -> str:
         raise
     except Exception as exc:  # the library's errors, each turned into one line below
         raise _one_line(hf, ref, exc) from None
-    return paths[0]
+    return str(paths[0])
 
 
 def model_files(files: Sequence[str]) -> list[str]:

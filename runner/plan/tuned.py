@@ -107,7 +107,7 @@ def save_choice(model: ModelIdentity, choice: dict[str, int], trials: Sequence[d
 
 def sample_context(trials: Sequence[dict[str, Any]]) -> int:
     """Tokens per sequence the trials ran with (the same sample and max_tokens for all)."""
-    return max(t["n_ctx_per_sequence"] for t in trials)
+    return int(max(t["n_ctx_per_sequence"] for t in trials))
 
 
 def longest_prompt_chars(records: Sequence[Record], config: JobConfig) -> int:

@@ -260,7 +260,8 @@ class PromptBuilder:
 
     def user_message(self, fields: Mapping[str, Any]) -> str:
         if self._user is None:
-            return fields[self.question_field]
+            question: str = fields[self.question_field]  # a string: record_at checked it
+            return question
         try:
             # `record` names the whole record, for a field Jinja cannot name: {{ record["Prompt Text"] }};
             # it is the record even where the record has a field of that name

@@ -113,7 +113,7 @@ class TokenizerProcess:
 
     def _handshake(self) -> VocabInfo:
         try:
-            msg = decode(self._receive())
+            msg: Union[VocabInfo, TokenizerLoadError] = decode(self._receive())
         except _Died as exc:
             if self._process.exitcode == UNGUARDED_MAIN_EXIT:
                 raise ConfigError(UNGUARDED_MAIN) from None
@@ -135,14 +135,16 @@ class TokenizerProcess:
         no batch in flight: results come back in order)."""
         self._requests.put(encode(SpellChoices(tuple(choices))))
         try:
-            return decode(self._receive())
+            single: tuple[bool, ...] = decode(self._receive())
+            return single
         except _Died as exc:
             raise WorkerFailure(f"the tokenizer process died ({exc}){exc.limit()}") from None
 
     def receive(self) -> TokenizedBatch:
         """The result of the oldest batch submitted and not yet received."""
         try:
-            return decode(self._receive())
+            batch: TokenizedBatch = decode(self._receive())
+            return batch
         except _Died as exc:
             raise WorkerFailure(f"the tokenizer process died ({exc}){exc.limit()}") from None
 

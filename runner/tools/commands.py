@@ -145,7 +145,7 @@ def _n_vocab(model: str) -> int:
         tokenizer = Tokenizer(model)
     except ModelLoadError as exc:
         raise ModelError(str(exc)) from None
-    n_vocab = tokenizer.n_vocab
+    n_vocab = int(tokenizer.n_vocab)
     tokenizer.close()
     return n_vocab
 

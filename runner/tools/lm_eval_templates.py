@@ -36,7 +36,7 @@ def compile_templates_once() -> bool:
 
     def apply_template(template: str, doc: dict[str, Any]) -> str:
         rendered = compiled(template) if isinstance(template, str) else utils.env.from_string(template)
-        return rendered.render(**doc)
+        return str(rendered.render(**doc))
 
     apply_template.compiled = compiled  # type: ignore[attr-defined]  # its cache, for tests and a second call
     utils.apply_template = apply_template

@@ -80,14 +80,16 @@ def _shifted(block: "np.ndarray", scratch: "np.ndarray", highest: "np.ndarray") 
     """Each row less its highest logit, in scratch (exp of it cannot overflow)."""
     import numpy as np
 
-    return np.subtract(block, highest[:, None], out=scratch[:len(block)])
+    shifted: np.ndarray = np.subtract(block, highest[:, None], out=scratch[:len(block)])
+    return shifted
 
 
 def _log_z(shifted: "np.ndarray") -> list[float]:
     """Each shifted row's log-sum-exp (its log-softmax's normaliser); shifted is overwritten."""
     import numpy as np
 
-    return np.log(np.exp(shifted, out=shifted).sum(axis=1)).tolist()
+    log_z: list[float] = np.log(np.exp(shifted, out=shifted).sum(axis=1)).tolist()
+    return log_z
 
 
 def _top_ids(block: "np.ndarray", k: int) -> tuple["np.ndarray", list[list[int]]]:
@@ -133,7 +135,8 @@ def _order(row: "np.ndarray", ids: "np.ndarray", k: int) -> list[int]:
     """The k of these ids whose logits are highest, highest first, a tie to the lower id."""
     import numpy as np
 
-    return ids[np.lexsort((ids, -row[ids]))[:k]].tolist()
+    highest: list[int] = ids[np.lexsort((ids, -row[ids]))[:k]].tolist()
+    return highest
 
 
 NORMALIZER_ROWS = 16  # rows made float64 at once: a scored step's 1024 rows × 150k vocabulary would be 1.2 GB

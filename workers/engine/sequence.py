@@ -81,7 +81,7 @@ class Sequence:
         """A scored sequence's first position whose logits are needed: its context's last token
         (the rows from it on score the targets, one each)."""
         assert self.scoring is not None
-        return self.n_prompt - self.scoring.n - 1
+        return int(self.n_prompt - self.scoring.n - 1)
 
     @property
     def seed(self) -> int:

@@ -64,7 +64,7 @@ def model_params(vocab_only: bool, repack: bool = True, n_gpu_layers: int = 0,
     decides (runner/plan/repack.py repack_weights). n_gpu_layers: layers stored in VRAM (negative: all;
     llama.cpp's own default is all, so 0 is set explicitly); one_device: the worker sees one GPU
     (workers/devices.py) and puts the whole model on it rather than splitting it by layer."""
-    params = llama_cpp.llama_model_default_params()
+    params: llama_cpp.llama_model_params = llama_cpp.llama_model_default_params()
     # mmap: the file's pages are the page cache's, shared by every worker (the memory plan counts
     # them once); only repacked weights are private.
     set_fields(params, vocab_only=vocab_only, load_mode=llama_cpp.LLAMA_LOAD_MODE_MMAP,
@@ -78,7 +78,7 @@ def _load_model(path: str, params: llama_cpp.llama_model_params) -> llama_cpp.ll
     llama_log.init_backend()
     llama_log.errors.clear()
     llama_log.offloaded.clear()
-    model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+    model: llama_cpp.llama_model_p = llama_cpp.llama_model_load_from_file(path.encode(), params)
     if not model:
         raise ModelLoadError(describe_load_failure(path, list(llama_log.errors), llama_cpp.__version__))
     return model

@@ -94,7 +94,8 @@ def row_argmax(logits: np.ndarray, rows: list[int], pool: Optional[ThreadPoolExe
     contiguous = rows == list(range(first, first + len(rows)))  # the usual case: views, no copy
 
     def argmax(a: int, b: int) -> np.ndarray:
-        return (logits[first + a:first + b] if contiguous else logits[rows[a:b]]).argmax(axis=1)
+        best: np.ndarray = (logits[first + a:first + b] if contiguous else logits[rows[a:b]]).argmax(axis=1)
+        return best
 
     n_threads = min(threads, len(rows), len(rows) * logits.shape[1] // max(1, floats_per_thread))
     if pool is None or n_threads < 2:
@@ -156,7 +157,8 @@ class Sampling:
         """A llama.cpp sampler chain for one sequence (it keeps that sequence's penalty history).
         A response format's grammar (gen.response_format, not enforced yet: protocol.py
         RESPONSE_FORMAT_ENFORCED) goes at the head of this chain."""
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        defaults = llama_cpp.llama_sampler_chain_default_params()
+        chain: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_chain_init(defaults)
         def add(s: llama_cpp.llama_sampler_p) -> None:
             llama_cpp.llama_sampler_chain_add(chain, s)
         params = gen.sampling
@@ -184,7 +186,9 @@ class Sampling:
     def _logit_bias(self, bias: Sequence[tuple[int, float]]) -> llama_cpp.llama_sampler_p:
         """OpenAI's logit_bias: each value added to its token's logit (llama.cpp copies the array)."""
         entries = (llama_cpp.llama_logit_bias * len(bias))(*(llama_cpp.llama_logit_bias(t, b) for t, b in bias))
-        return llama_cpp.llama_sampler_init_logit_bias(self.vocab.n_tokens, len(bias), entries)
+        biased: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_init_logit_bias(self.vocab.n_tokens, len(bias),
+                                                                                   entries)
+        return biased
 
     def greedy(self, rows: list[int], n_outputs: int) -> np.ndarray:
         """Argmax of the given rows of the last decode's n_outputs logits rows (stored in batch
@@ -245,7 +249,8 @@ class Sampling:
 
     def new_grammar(self, gbnf: str) -> llama_cpp.llama_sampler_p:
         """A grammar sampler for one sequence (it keeps that sequence's parse state)."""
-        sampler = llama_cpp.llama_sampler_init_grammar(self.vocab.vocab, gbnf.encode("utf-8"), ROOT.encode())
+        vocab, text = self.vocab.vocab, gbnf.encode("utf-8")
+        sampler: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_init_grammar(vocab, text, ROOT.encode())
         if not sampler:
             raise ValueError(f"llama.cpp cannot parse the grammar: {grammar_problem(gbnf)}")
         return sampler

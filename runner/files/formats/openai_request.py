@@ -184,7 +184,8 @@ def _token_logprobs(body: Mapping[str, Any], endpoint: str) -> Optional[int]:
 
 def _max_tokens(body: Mapping[str, Any]) -> Optional[int]:
     check = integer(1, INT32_MAX)
-    old, new = body_value(body, "max_tokens", check), body_value(body, "max_completion_tokens", check)
+    old: Optional[int] = body_value(body, "max_tokens", check)
+    new: Optional[int] = body_value(body, "max_completion_tokens", check)
     if old is not None and new is not None and old != new:
         raise Refused(f"body.max_tokens ({old}) and body.max_completion_tokens ({new}) differ: give one")
     return new if new is not None else old

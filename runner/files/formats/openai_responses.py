@@ -133,7 +133,8 @@ def _effort(reasoning: Any) -> Optional[str]:
         return None
     if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary", "generate_summary"}:
         raise Refused("body.reasoning: takes effort (and summary)")
-    return body_value(reasoning, "effort", effort, "body.reasoning")
+    said: Optional[str] = body_value(reasoning, "effort", effort, "body.reasoning")
+    return said
 
 
 def response_body(answer: Answer, spec: OutputSpec, key: str, when: float,

@@ -13,7 +13,7 @@ import codecs
 import io
 import re
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator, Union
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Union
 
 from ...errors import InputError
 from ..paths import closest_file, files_inside, url_hint
@@ -64,7 +64,7 @@ class RecodedLines:
         except UnicodeDecodeError:
             return b""
 
-    def _decode(self, read: Any) -> bytes:
+    def _decode(self, read: Callable[[], str]) -> bytes:
         try:
             return read().encode("utf-8")
         except (UnicodeDecodeError, UnicodeEncodeError) as exc:  # (a bare UnicodeError has no reason)
