@@ -341,3 +341,13 @@ def test_an_error_between_keys_the_command_line_set_names_no_job_file(tmp_path):
     path = job(tmp_path, "model: m\ninput: i\noutput: o\nray_address: auto\n")
     with pytest.raises(ConfigError, match=r"^ray_address: 10.0.0.1:6379 is for backend: ray"):
         build_config([(path, load_job_file(path)), ("command line", {"ray_address": "10.0.0.1:6379"})])
+
+
+def test_a_tab_in_a_job_file_says_yaml_indents_with_spaces(tmp_path):
+    """An editor's tab was 'found character '\\t' that cannot start any token', which did not say why."""
+    path = tmp_path / "job.yaml"
+    path.write_text("model: m.gguf\nsampling:\n\ttemperature: 0.5\n")
+    with pytest.raises(ConfigError) as err:
+        load_job_file(str(path))
+    assert str(err.value) == (f"{path}:3: found character '\\t' that cannot start any token (YAML indents with "
+                              "spaces, not tabs)")

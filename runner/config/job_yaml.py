@@ -35,6 +35,8 @@ def read_job_yaml(path: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
+        if "'\\t'" in problem:  # an editor's tab where YAML takes spaces alone
+            problem += " (YAML indents with spaces, not tabs)"
         raise ConfigError(f"{path}{where}: {problem}") from None
 
 
