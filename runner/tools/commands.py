@@ -357,7 +357,8 @@ def _say_trials(args: argparse.Namespace, model: str, slot_options: list[int], n
           f"{tune.said_duration(estimate)} (a rough guess)", flush=True)
     skipped = len(tune.candidates(n_cores, slot_options, 1 << 30, invariant, plain_only)) - len(trials)
     if skipped:
-        print(f"  ({skipped} layouts skipped: their slots are more than {n_questions} questions can "
+        their = "their slots are" if skipped > 1 else "its slots are"
+        print(f"  ({counted(skipped, 'layout')} skipped: {their} more than {n_questions} questions can "
               "fill; a bigger --questions tries them)", flush=True)
 
 
