@@ -45,6 +45,17 @@ def test_never_more_threads_than_cores(workers, threads, message):
         plan_layout([0, 1], workers=workers, threads=threads, n_questions=10)
 
 
+@pytest.mark.parametrize("workers,threads,message", [
+    (2, None, "workers: 2 workers need at least 2 cores, 1 is usable here"),
+    (None, 2, "threads: 2 threads per worker exceed the 1 core usable here"),
+])
+def test_one_core_is_said_in_the_singular(workers, threads, message):
+    """A one-core container was told `1 are usable` and `the 1 cores usable`."""
+    with pytest.raises(ConfigError) as err:
+        plan_layout([0], workers=workers, threads=threads, n_questions=10)
+    assert str(err.value) == message
+
+
 @pytest.mark.model
 @pytest.mark.timeout(120)
 def test_too_many_workers_or_threads_from_a_job_file_name_the_file(tmp_path, demo_model):

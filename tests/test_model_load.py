@@ -166,7 +166,7 @@ def test_a_context_too_big_for_the_address_space_says_memory(stories):
     # 2^22 KV cells of stories260K are 2.5 GiB (5 layers × 32 K and 32 V values × 2 bytes), more than the limit.
     r = subprocess.run([sys.executable, "-c", CONTEXT.format(model=stories)], capture_output=True, text=True,
                        timeout=60, preexec_fn=limit_address_space)
-    assert r.stdout.startswith(f"not enough memory to create a context of 4194304 tokens for 1 sequences on "
+    assert r.stdout.startswith(f"not enough memory to create a context of 4194304 tokens for 1 sequence on "
                                f"{stories} ("), r.stdout + r.stderr
     assert r.stdout.count("\n") == 1
 

@@ -16,6 +16,7 @@ from typing import Optional, Sequence, Union
 
 from ..config.checks import GPU_ALL
 from ..errors import ConfigError
+from ..words import counted
 
 # llama.cpp threads of a worker whose every layer is on a GPU. Only the input embedding lookup
 # stays on the CPU then (llama.cpp keeps the input layer there: "very little benefit to
@@ -43,7 +44,7 @@ def gpu_layers_text(n_gpu_layers: Optional[int]) -> Union[int, str, None]:
 def workers_for_devices(devices: Sequence[int], workers: Optional[int], n_cores: int) -> int:
     """One worker per device; refuses a worker count that says otherwise, or too few cores."""
     if workers is not None and workers != len(devices):
-        raise ConfigError(f"workers: {workers} workers, but devices lists {len(devices)} GPUs "
+        raise ConfigError(f"workers: {counted(workers, 'worker')}, but devices lists {counted(len(devices), 'GPU')} "
                           "(one worker per device; leave workers on auto)")
     if len(devices) > n_cores:
         raise ConfigError(f"devices: {len(devices)} GPUs need a core each for their workers, "

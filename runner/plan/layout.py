@@ -31,6 +31,7 @@ from ...workers.helper_messages import GpuMemory
 from ...workers.protocol import EngineConfig, GenerationParams, Question, kv_cells
 from ..config.checks import AUTO
 from ..errors import ConfigError, KeysError
+from ..words import counted
 from . import attention, gpu, vram
 from .memory import MemoryPlan, ModelDims, allocated_kv_cells, describe, fit_layout, too_little
 from .repack import repack_weights
@@ -139,9 +140,9 @@ def plan_layout(cores: Sequence[int], *, workers: Optional[int] = None, threads:
     n_cores = len(cores)
     if workers is not None and workers > n_cores:
         raise KeysError(f"workers: {workers} workers need at least {workers} cores, "
-                        f"{n_cores} are usable {where}", ("workers",))
+                        f"{n_cores} {'is' if n_cores == 1 else 'are'} usable {where}", ("workers",))
     if threads is not None and threads > n_cores:
-        raise KeysError(f"threads: {threads} threads per worker exceed the {n_cores} cores usable {where}",
+        raise KeysError(f"threads: {threads} threads per worker exceed the {counted(n_cores, 'core')} usable {where}",
                         ("threads",))
     if workers is None:
         # Neither given: one worker using every core: continuous batching inside one context shares
@@ -151,7 +152,7 @@ def plan_layout(cores: Sequence[int], *, workers: Optional[int] = None, threads:
         threads = max(1, n_cores // workers)
     if workers * threads > n_cores:
         raise KeysError(f"workers × threads = {workers} × {threads} = {workers * threads} "
-                        f"exceeds the {n_cores} cores usable {where}", ("workers", "threads"))
+                        f"exceeds the {counted(n_cores, 'core')} usable {where}", ("workers", "threads"))
     if slots is None:
         by_kv = MAX_AUTO_POOL_CELLS // pool_cells_per_slot if pool_cells_per_slot > 0 else max_auto_slots
         slots = max(1, min(max_auto_slots, max(4, by_kv), math.ceil(n_questions / workers)))

@@ -223,7 +223,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     gpu_layers = _gpu_layers(args.gpu_layers)
     n_vocab = _n_vocab(model)
     repacked = _bench_repack(bool_or_auto(args.repack), model)
-    print(f"model {model}, {threads} threads; raw engine, one context, no coordinator; weights repacked "
+    print(f"model {model}, {counted(threads, 'thread')}; raw engine, one context, no coordinator; weights repacked "
           f"or not as a job of B sequences per worker would ({args.repack}):", flush=True)
     columns = [*bench.COLUMNS, "repacked"]
     print(bench.header(columns), flush=True)
@@ -238,7 +238,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 print(bench.row_line(rows[-1], columns), flush=True)
     overhead = []
     if args.runner:
-        print(f"\nthe whole runner ({args.workers} pinned worker process(es) × {threads} threads) against "
+        processes = "process" if args.workers == 1 else "processes"
+        print(f"\nthe whole runner ({args.workers} pinned worker {processes} × {counted(threads, 'thread')}) "
+              "against "
               f"the raw engine (× {args.workers}), same work per worker:", flush=True)
         for pp in npp:
             for tg in ntg:

@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from ..words import counted
 from .monitor import CoreTime
 
 LOWER_AFTER_S = 2.0  # seconds of contention before a thread is given up
@@ -187,5 +188,5 @@ def reason(lowering: bool, other: float, steal: float, cores: int, lasted: float
     stolen = f" ({steal:.1f} of it CPU steal)" if steal >= 0.05 else ""
     if lowering:
         return (f"about {other:.1f} core{'' if round(other, 1) == 1 else 's'} of other load on its "
-                f"{cores} cores for {lasted:.0f} s{stolen}")
+                f"{counted(cores, 'core')} for {lasted:.0f} s{stolen}")
     return f"its cores have been free for {lasted:.0f} s (other load about {other:.1f} core{stolen})"

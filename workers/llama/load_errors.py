@@ -94,7 +94,7 @@ def describe_load_failure(path: str, log_lines: Sequence[str], version: str = ""
 def describe_context_failure(path: str, n_ctx: int, n_seq_max: int, log_lines: Sequence[str]) -> str:
     """One line saying why llama_init_from_model failed (the KV cache or compute buffers)."""
     found = reasons(log_lines)
-    what = f"a context of {n_ctx} tokens for {n_seq_max} sequences on {path}"
+    what = f"a context of {n_ctx} tokens for {n_seq_max} sequence{'' if n_seq_max == 1 else 's'} on {path}"
     if _first(_MEMORY, found):
         return f"not enough memory to create {what} ({'; '.join(found)}){under_address_space_limit()}"
     return f"could not create {what}" + (f" ({'; '.join(found)})" if found else "")
