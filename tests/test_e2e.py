@@ -268,7 +268,7 @@ def test_bench_runner_row_with_several_workers(tmp_path, demo_model):
     assert r.returncode == 0, r.stderr
     (row,) = json.loads((tmp_path / "b.json").read_text())["runner"]
     assert row["workers"] == n_cores and row["runner S t/s"] > 0
-    assert f"{n_cores} pinned worker process(es) × 1 threads" in r.stdout
+    assert f"{n_cores} pinned worker process{'es' if n_cores > 1 else ''} × 1 thread)" in r.stdout
     bad = cli("bench", "--model", demo_model,
                   "--workers", str(n_cores + 1), timeout=60)
     assert bad.returncode == 2 and f"{n_cores + 1} workers need at least {n_cores + 1} cores" in bad.stderr
