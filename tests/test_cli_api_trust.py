@@ -1,7 +1,6 @@
-"""The command line and the Python API as a careful user meets them: one string given to answer(),
-keyword arguments that are not settings, a reader that leaves the pipe early, choices the model
-cannot spell, a stop in the first moments of a run, and messages that say values as the user
-wrote them."""
+"""The command line and the Python API as a careful user meets them: one string given to answer(), keyword
+arguments that are not settings, a reader that leaves the pipe early, choices the model cannot spell, a stop
+in the first moments of a run, and messages that say values as the user wrote them."""
 
 from __future__ import annotations
 
@@ -78,9 +77,9 @@ def test_an_unknown_keyword_argument_lists_the_valid_ones():
 def test_a_record_without_a_question_is_named_by_its_index_in_the_callers_list(demo_model):
     with pytest.raises(ggbatch.GgbatchError) as err:
         ggbatch.answer(["Once upon a time", {"text": "no question field"}], model=demo_model, max_tokens=4)
-    assert str(err.value) == ("ggbatch.answer(): questions[1]: record has no 'question' (fields.question); "
-                              "its other fields: 'text'; if 'text' is the question, set fields.question: text "
-                              "(--question-field text)")
+    assert str(err.value) == ("ggbatch.answer(): questions[1]: record has no 'question' (fields.question); its other "
+                              "fields: 'text'; if 'text' is the question, set fields.question: text (--question-field "
+                              "text)")
     with pytest.raises(ggbatch.GgbatchError, match=r"duplicate questionID: 'a' \(questions\[0\] and \[2\]\)"):
         ggbatch.answer([{"questionID": i, "question": q} for i, q in (("a", "Hi"), ("b", "Yo"), ("a", "Ho"))],
                        model=demo_model, max_tokens=4)

@@ -15,7 +15,7 @@ import ctypes
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, cast
 
 import llama_cpp
 import numpy as np
@@ -94,8 +94,7 @@ def row_argmax(logits: np.ndarray, rows: list[int], pool: Optional[ThreadPoolExe
     contiguous = rows == list(range(first, first + len(rows)))  # the usual case: views, no copy
 
     def argmax(a: int, b: int) -> np.ndarray:
-        best: np.ndarray = (logits[first + a:first + b] if contiguous else logits[rows[a:b]]).argmax(axis=1)
-        return best
+        return cast(np.ndarray, (logits[first + a:first + b] if contiguous else logits[rows[a:b]]).argmax(axis=1))
 
     n_threads = min(threads, len(rows), len(rows) * logits.shape[1] // max(1, floats_per_thread))
     if pool is None or n_threads < 2:
@@ -186,9 +185,8 @@ class Sampling:
     def _logit_bias(self, bias: Sequence[tuple[int, float]]) -> llama_cpp.llama_sampler_p:
         """OpenAI's logit_bias: each value added to its token's logit (llama.cpp copies the array)."""
         entries = (llama_cpp.llama_logit_bias * len(bias))(*(llama_cpp.llama_logit_bias(t, b) for t, b in bias))
-        biased: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_init_logit_bias(self.vocab.n_tokens, len(bias),
-                                                                                   entries)
-        return biased
+        return cast(llama_cpp.llama_sampler_p,
+                    llama_cpp.llama_sampler_init_logit_bias(self.vocab.n_tokens, len(bias), entries))
 
     def greedy(self, rows: list[int], n_outputs: int) -> np.ndarray:
         """Argmax of the given rows of the last decode's n_outputs logits rows (stored in batch
