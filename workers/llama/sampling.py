@@ -185,7 +185,7 @@ class Sampling:
     def _logit_bias(self, bias: Sequence[tuple[int, float]]) -> llama_cpp.llama_sampler_p:
         """OpenAI's logit_bias: each value added to its token's logit (llama.cpp copies the array)."""
         entries = (llama_cpp.llama_logit_bias * len(bias))(*(llama_cpp.llama_logit_bias(t, b) for t, b in bias))
-        return cast(llama_cpp.llama_sampler_p,
+        return cast("llama_cpp.llama_sampler_p",  # declared under TYPE_CHECKING alone
                     llama_cpp.llama_sampler_init_logit_bias(self.vocab.n_tokens, len(bias), entries))
 
     def greedy(self, rows: list[int], n_outputs: int) -> np.ndarray:
