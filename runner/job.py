@@ -221,10 +221,10 @@ def _read(config: JobConfig, window: int) -> tuple[list[Record], Optional[Iterat
     def mine() -> Iterator[Record]:
         for rec in stream.records:
             read[0] += 1
+            if not stream.text_ids and not rec.integer_id(config.id_field):
+                stream.text_ids = True  # another shard's too: every shard writes ids as one run of the file would
             if in_shard(rec.qid, config.shard):
                 yield rec
-            elif not stream.text_ids and not rec.integer_id(config.id_field):
-                stream.text_ids = True  # another shard's: every shard writes ids as one run of the file would
 
     records = mine()
     first = list(itertools.islice(records, window + 1))
@@ -340,7 +340,7 @@ def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, clock: dict[st
                  text_ids: bool) -> OutputSpec:
     """How the answers file is written. Its columns are planned from the job's settings and, as the
     header comes before any row, from what questions asked of their own (an OpenAI line's `n` or
-    `logprobs`): a column no setting planned would be dropped from CSV. text_ids: another shard holds a text id."""
+    `logprobs`): a column no setting planned would be dropped from CSV. text_ids: a record has a text id."""
     made = preparer.made
     return OutputSpec(fmt, config.id_field, config.keep_thinking, preparer.prompting.model_name,
                       completions=made.completions, responses=made.responses, refused=made.refused,
@@ -348,7 +348,7 @@ def _output_spec(config: JobConfig, preparer: Preparer, fmt: str, clock: dict[st
                       token_logprobs=config.token_logprobs is not None or bool(made.own_settings.get("token_logprobs")),
                       answer_norm=config.choice_scoring == LOGLIKELIHOOD,
                       samples=config.sampling.n > 1 or bool(made.own_settings.get("n")),
-                      integer_ids=not (made.text_ids or text_ids))
+                      integer_ids=not text_ids)
 
 
 def _write_answers(config: JobConfig, preparer: Preparer, journal: Journal, ended: Optional[Exception],

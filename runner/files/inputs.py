@@ -60,7 +60,9 @@ class QuestionStream:
     longest_line: int  # characters of the longest line (a JSON array: of the longest record's text)
     known: Known
     records_guess: int = 0  # about how many records: its lines (a CSV file's less the header); 0: not counted
-    text_ids: bool = False  # a record another shard answers has a text id (runner/job.py _read)
+    # a record read so far, of any shard, has a text id (a JSON string, a CSV cell, a custom_id): the
+    # answers file writes every id as text; while none has, JSON integers are written back as such
+    text_ids: bool = False  # (set by runner/job.py _read)
 
 
 def open_question_file(path: str, id_field: str = "questionID", question_field: Optional[str] = "question",

@@ -82,9 +82,6 @@ class QuestionSet:
     # Distinct prompts, answered now or before (from the journal) or failing to tokenize: identical
     # ones count once when they are answered once (greedy, equal settings)
     unique: int = 0
-    # Some record's id was text (a JSON string, a CSV cell, a custom_id): the answers file writes
-    # every id as text. While none is, ids written as JSON integers are written back as integers.
-    text_ids: bool = False
 
 
 class QuestionMaker:
@@ -193,8 +190,6 @@ class QuestionMaker:
         first = len(self.ids)
         self.ids.extend(rec.qid for rec in records)
         self._kinds(records, first)
-        if not self.made.text_ids:
-            self.made.text_ids = not all(rec.integer_id(self.config.id_field) for rec in records)
         self._journaled([(first + i, rec, prompt) for i, (rec, prompt) in enumerate(zip(records, journaled))
                          if prompt is not None])
         return first, journaled
